@@ -1,0 +1,205 @@
+"""The ``basm-probes`` command line.
+
+Subcommands are registered in :data:`COMMANDS` (name → adder of arguments, runner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from probes.configs import CONFIGS
+from probes.dataset import BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
+from probes.rendering import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer, strip_offsets
+from probes.retrieval import RetrievalWeights, Retriever, make_embedder
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def register(name: str, help_text: str, add_arguments: Callable[[argparse.ArgumentParser], None], run: Callable[[argparse.Namespace], int]) -> None:
+    COMMANDS[name] = Command(help_text, add_arguments, run)
+
+
+# ---------------------------------------------------------------------------- shared options
+def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("items")
+    group.add_argument("--dataset", type=Path, default=DEFAULT_DATASET_DIR, help="probe dataset folder (default: bundled)")
+    group.add_argument("--bucket", action="append", choices=BUCKETS, help="keep only these buckets (repeatable)")
+    group.add_argument("--domain", action="append", help="keep only these domains (repeatable)")
+    group.add_argument("--split", choices=("train", "eval", "all"), default="eval", help="dataset split (default: eval)")
+    group.add_argument("--limit", type=int, help="keep the first N items of each bucket")
+    group.add_argument("--item", action="append", dest="item_ids", help="keep only these item ids (repeatable)")
+
+
+def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("prompt builder")
+    group.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="'qwen3' (bundled real Qwen3 tokenizer) or a local folder")
+    group.add_argument("--embedder", choices=("auto", "minilm", "lexical"), default="auto")
+    group.add_argument("--gamma", type=float, default=BuildSettings.gamma, help="boundary relevance gate γ (Eq. 10)")
+    group.add_argument("--beta", type=int, default=BuildSettings.beta, help="boundary token budget β (Eq. 10)")
+    group.add_argument("--k-max", type=int, default=BuildSettings.k_max, help="largest retrieval depth K")
+
+
+def select_items(dataset: ProbeDataset, args: argparse.Namespace) -> tuple[Item, ...]:
+    return dataset.select(
+        buckets=args.bucket, domains=args.domain, split=None if args.split == "all" else args.split,
+        ids=args.item_ids, limit_per_bucket=args.limit,
+    )
+
+
+def make_builder(args: argparse.Namespace, dataset: ProbeDataset, tokenizer: Any | None = None) -> PromptBuilder:
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args.tokenizer)
+    settings = BuildSettings(k_max=args.k_max, gamma=args.gamma, beta=args.beta)
+    return PromptBuilder(tokenizer, dataset, Retriever(make_embedder(args.embedder), RetrievalWeights()), settings, tokenizer_name=str(args.tokenizer))
+
+
+# ---------------------------------------------------------------------------- build
+_WORKER_BUILDER: PromptBuilder | None = None
+_WORKER_JOB: tuple[Sequence[str], Sequence[int], Sequence[str]] = ((), (), ())
+
+
+def _build_item(item: Item) -> tuple[list[dict[str, Any]], SpanReport]:
+    assert _WORKER_BUILDER is not None
+    configs, ks, formats = _WORKER_JOB
+    report = SpanReport()
+    records = []
+    for record in _WORKER_BUILDER.build_many([item], configs, ks, formats):
+        check_spans(record, _WORKER_BUILDER.tokenizer, report)
+        records.append(strip_offsets(record))
+    return records, report
+
+
+def build_records(builder: PromptBuilder, items: Sequence[Item], configs: Sequence[str], ks: Sequence[int], formats: Sequence[str], *, workers: int = 1):
+    """Yield (records of one item, span report) in item order; ``workers`` > 1 forks processes."""
+    global _WORKER_BUILDER, _WORKER_JOB
+    builder.warm(items)  # embeddings computed once in the parent, inherited by forked workers
+    _WORKER_BUILDER, _WORKER_JOB = builder, (configs, ks, formats)
+    if workers <= 1:
+        yield from map(_build_item, items)
+        return
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        yield from pool.imap(_build_item, items, chunksize=4)
+
+
+def _build_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataset_arguments(parser)
+    add_builder_arguments(parser)
+    parser.add_argument("--config", action="append", dest="configs", choices=sorted(CONFIGS), help="memory configurations (default: all)")
+    parser.add_argument("--format", action="append", dest="formats", choices=FORMATS, help="decision formats (default: native)")
+    parser.add_argument("--workers", type=int, default=min(2, multiprocessing.cpu_count()))
+    parser.add_argument("--out", type=Path, default=Path("results/records.jsonl"), help="JSON Lines output")
+
+
+def _build(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    dataset = load_dataset(args.dataset)
+    items = select_items(dataset, args)
+    builder = make_builder(args, dataset)
+    configs = args.configs or list(CONFIGS)
+    formats = args.formats or ["native"]
+    ks = list(range(args.k_max + 1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = SpanReport()
+    n_records = 0
+    collisions: Counter[str] = Counter()
+    tempting_first: Counter[str] = Counter()
+    with args.out.open("w") as handle:
+        for records, item_report in build_records(builder, items, configs, ks, formats, workers=args.workers):
+            report.exact += item_report.exact
+            report.whitespace_edges += item_report.whitespace_edges
+            report.mismatches += item_report.mismatches
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
+                collisions[record["bucket"]] += record["collision"]
+            n_records += len(records)
+            tempting_first[records[0]["bucket"]] += records[0]["tempting_rank"] == 1
+    elapsed = time.perf_counter() - start
+    per_bucket = Counter(item.bucket for item in items)
+    print(f"wrote {n_records} prompt records for {len(items)} items to {args.out} in {elapsed:.1f} s")
+    print(f"embedder: {builder.retriever.embedder.name}; tokenizer: {args.tokenizer}; configs: {', '.join(configs)}; k = 0..{args.k_max}; formats: {', '.join(formats)}")
+    print(f"span round-trip: {report.summary()}")
+    for bucket in BUCKETS:
+        if per_bucket[bucket]:
+            print(f"{bucket}: {per_bucket[bucket]} items, tempting skill ranked first in {tempting_first[bucket] / per_bucket[bucket]:.1%}, records with first-token collisions: {collisions[bucket]}")
+    for line in report.mismatches[:20]:
+        print("MISMATCH", line, file=sys.stderr)
+    return 1 if report.mismatches else 0
+
+
+register("build", "Build prompt records (JSON Lines) for items × configs × k × format.", _build_arguments, _build)
+
+
+# ---------------------------------------------------------------------------- show
+def _show_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("item", help="item id, e.g. retail-wrong-0003")
+    parser.add_argument("--dataset", type=Path, default=DEFAULT_DATASET_DIR)
+    add_builder_arguments(parser)
+    parser.add_argument("--config", default="basm", choices=sorted(CONFIGS))
+    parser.add_argument("--k", type=int, default=2)
+    parser.add_argument("--format", default="native", choices=FORMATS)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    dataset = load_dataset(args.dataset)
+    (item,) = dataset.select(ids=[args.item])
+    builder = make_builder(args, dataset)
+    record = builder.build(item, args.config, args.k, args.format)
+    styles = {"procedure": "bold green", "boundary": "bold magenta"}
+    text = Text(record["text"])
+    offsets = record["offsets"]
+    for name, style in styles.items():
+        for lo, hi in record["spans"].get(name, []):
+            text.stylize(style, offsets[lo][0], offsets[hi - 1][1])
+    console = Console()
+    console.rule(f"{record['record_id']}  ({record['n_tokens']} tokens, {record['bucket']}, correct: {record['correct_action']})")
+    console.print(text)
+    console.print(Text.assemble(("procedure span P", styles["procedure"]), "   ", (f"boundary span B ({record['spans_kind']['boundary']})", styles["boundary"])))
+    table = Table(title=f"candidates (decision row {record['decision_index']}, open row {record['open_index']})")
+    for column in ("role", "action", "anchor", "token ids", "collides with"):
+        table.add_column(column)
+    for candidate in record["candidates"]:
+        table.add_row(candidate["role"], candidate["action"], str(candidate["anchor_index"]), str(candidate["token_ids"]), ", ".join(candidate["collides_with"]))
+    console.print(table)
+    skills = ", ".join(f"{s['rank']}. {s['skill_id']} ({s['score']:.3f}{', boundary' if s['boundary_exposed'] else ''})" for s in record["skills"])
+    console.print(f"retrieved: {skills or '—'}  | embedder: {record['retrieval']['embedder']}")
+    return 0
+
+
+register("show", "Print one prompt with its procedure and boundary spans highlighted.", _show_arguments, _show)
+
+
+# ---------------------------------------------------------------------------- entry point
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="basm-probes", description="Probe boundary-aware skill memory inside local HF models.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name, command in COMMANDS.items():
+        command.add_arguments(subparsers.add_parser(name, help=command.help, description=command.help))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return COMMANDS[args.command].run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,222 @@
+"""The probe dataset: tool domains, skill libraries and T_ok / T_wrong / T_repair decision items.
+
+Layout on disk (see ``datasets/basm_probe/README.md``)::
+
+    datasets/basm_probe/domains/<domain>.json   # tools (JSON schemas) + seven-slot skills
+    datasets/basm_probe/items.jsonl             # one decision item per line
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from probes.schema import LibraryReport, Skill, ToolCatalog, build_library, tools_from_json
+
+BUCKETS: tuple[str, ...] = ("T_ok", "T_wrong", "T_repair")
+SPLITS: tuple[str, ...] = ("train", "eval")
+ABSTAIN = "<abstain>"
+
+DEFAULT_DATASET_DIR = Path(__file__).resolve().parent.parent / "datasets" / "basm_probe"
+
+
+class DatasetError(ValueError):
+    """The dataset on disk is malformed; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One decision point x_t."""
+
+    id: str
+    bucket: str
+    split: str
+    domain: str
+    task_group: str
+    catalog_domains: tuple[str, ...]
+    unavailable_tools: tuple[str, ...]
+    user: str
+    history: tuple[Mapping[str, Any], ...]
+    correct_action: str  # a tool name, or ABSTAIN
+    correct_arguments: Mapping[str, Any] | None
+    wrong_tools: tuple[str, ...]
+    tempting_skill: str
+    state_cues: tuple[str, ...]
+
+    @property
+    def state_text(self) -> str:
+        """All text of the decision state: the user request plus any prior call and observation."""
+        parts = [self.user]
+        for message in self.history:
+            if message["role"] == "assistant":
+                call = message["tool_call"]
+                parts.append(f"{call['name']} {json.dumps(call.get('arguments', {}), sort_keys=True)}")
+            else:
+                parts.append(str(message["content"]))
+        return "\n".join(parts)
+
+
+_ITEM_FIELDS = (
+    "id", "bucket", "split", "domain", "task_group", "catalog_domains", "unavailable_tools",
+    "user", "history", "correct_action", "wrong_tools", "tempting_skill", "state_cues",
+)
+
+
+def _parse_item(raw: Mapping[str, Any], where: str) -> Item:
+    missing = [name for name in _ITEM_FIELDS if name not in raw]
+    if missing:
+        raise DatasetError(f"{where}: item is missing fields {missing}")
+    if raw["bucket"] not in BUCKETS:
+        raise DatasetError(f"{where}: bucket {raw['bucket']!r} is not one of {BUCKETS}")
+    if raw["split"] not in SPLITS:
+        raise DatasetError(f"{where}: split {raw['split']!r} is not one of {SPLITS}")
+    action = raw["correct_action"]
+    if action.get("kind") == "abstain":
+        correct, arguments = ABSTAIN, None
+    elif action.get("kind") == "call" and isinstance(action.get("tool"), str):
+        correct, arguments = action["tool"], action.get("arguments")
+    else:
+        raise DatasetError(f"{where}: correct_action must be {{kind: call, tool}} or {{kind: abstain}}, got {action}")
+    return Item(
+        id=raw["id"],
+        bucket=raw["bucket"],
+        split=raw["split"],
+        domain=raw["domain"],
+        task_group=raw["task_group"],
+        catalog_domains=tuple(raw["catalog_domains"]),
+        unavailable_tools=tuple(raw["unavailable_tools"]),
+        user=raw["user"],
+        history=tuple(raw["history"]),
+        correct_action=correct,
+        correct_arguments=arguments,
+        wrong_tools=tuple(raw["wrong_tools"]),
+        tempting_skill=raw["tempting_skill"],
+        state_cues=tuple(raw["state_cues"]),
+    )
+
+
+@dataclass(frozen=True)
+class Domain:
+    name: str
+    description: str
+    catalog: ToolCatalog
+    library: LibraryReport
+
+
+@dataclass(frozen=True)
+class ProbeDataset:
+    """Domains, their validated skill libraries, and the decision items."""
+
+    root: Path
+    domains: Mapping[str, Domain]
+    items: tuple[Item, ...]
+
+    @cached_property
+    def skills(self) -> dict[str, Skill]:
+        return {skill.id: skill for domain in self.domains.values() for skill in domain.library.skills}
+
+    def catalog_for(self, item: Item) -> ToolCatalog:
+        """The tools shown to the model for ``item``: its catalog domains minus unavailable tools."""
+        tools = tuple(tool for name in item.catalog_domains for tool in self.domains[name].catalog)
+        return ToolCatalog(tools).without(item.unavailable_tools)
+
+    def library_for(self, item: Item) -> tuple[Skill, ...]:
+        """Skills retrievable for ``item``: those of its catalog domains."""
+        return tuple(skill for name in item.catalog_domains for skill in self.domains[name].library.skills)
+
+    def select(
+        self,
+        *,
+        buckets: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        split: str | None = None,
+        ids: Iterable[str] | None = None,
+        limit_per_bucket: int | None = None,
+    ) -> tuple[Item, ...]:
+        """Filter items; ``limit_per_bucket`` keeps the first N of each bucket in file order."""
+        buckets = set(buckets) if buckets is not None else None
+        domains = set(domains) if domains is not None else None
+        ids = set(ids) if ids is not None else None
+        for name, chosen, known in (("bucket", buckets, set(BUCKETS)), ("domain", domains, set(self.domains))):
+            if chosen is not None and not chosen <= known:
+                raise ValueError(f"unknown {name}(s) {sorted(chosen - known)}; known: {sorted(known)}")
+        chosen_items = [
+            item for item in self.items
+            if (buckets is None or item.bucket in buckets)
+            and (domains is None or item.domain in domains)
+            and (split is None or item.split == split)
+            and (ids is None or item.id in ids)
+        ]
+        if ids is not None and (unknown := ids - {item.id for item in chosen_items}):
+            raise ValueError(f"unknown or filtered-out item id(s) {sorted(unknown)}")
+        if limit_per_bucket is not None:
+            counts: dict[str, int] = {}
+            kept = []
+            for item in chosen_items:
+                if counts.get(item.bucket, 0) < limit_per_bucket:
+                    counts[item.bucket] = counts.get(item.bucket, 0) + 1
+                    kept.append(item)
+            chosen_items = kept
+        return tuple(chosen_items)
+
+
+def _check_item_references(item: Item, dataset: ProbeDataset, where: str) -> None:
+    unknown_domains = [name for name in item.catalog_domains if name not in dataset.domains]
+    if unknown_domains:
+        raise DatasetError(f"{where}: unknown catalog domain(s) {unknown_domains}")
+    shown = dataset.catalog_for(item)
+    if item.correct_action != ABSTAIN and item.correct_action not in shown:
+        raise DatasetError(f"{where}: correct tool {item.correct_action!r} is not in the shown catalog")
+    hidden = [name for name in item.wrong_tools if name not in shown]
+    if hidden:
+        raise DatasetError(f"{where}: wrong tool(s) {hidden} are not in the shown catalog")
+    if item.tempting_skill not in dataset.skills:
+        raise DatasetError(f"{where}: tempting skill {item.tempting_skill!r} is not in any (valid) skill library")
+
+
+def load_dataset(root: str | Path = DEFAULT_DATASET_DIR, *, strict: bool = True) -> ProbeDataset:
+    """Load and validate the dataset. With ``strict``, a skill rejected by ψ is an error."""
+    root = Path(root)
+    domain_dir = root / "domains"
+    items_path = root / "items.jsonl"
+    if not domain_dir.is_dir() or not items_path.is_file():
+        raise DatasetError(f"{root} is not a probe dataset: expected {domain_dir}/ and {items_path}")
+    domains: dict[str, Domain] = {}
+    for path in sorted(domain_dir.glob("*.json")):
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise DatasetError(f"{path}: invalid JSON: {error}") from error
+        name = raw.get("domain", path.stem)
+        catalog = ToolCatalog(tools_from_json(raw.get("tools", []), domain=name))
+        library = build_library(raw.get("skills", []), catalog, domain=name)
+        if strict and library.rejected:
+            raise DatasetError(f"{path}: {library.summary()}")
+        domains[name] = Domain(name, raw.get("description", ""), catalog, library)
+    items = []
+    for line_number, line in enumerate(items_path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{items_path}:{line_number}"
+        try:
+            raw_item = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DatasetError(f"{where}: invalid JSON: {error}") from error
+        items.append(_parse_item(raw_item, where))
+    dataset = ProbeDataset(root, domains, tuple(items))
+    duplicate_ids = sorted(item_id for item_id, count in Counter(item.id for item in items).items() if count > 1)
+    if duplicate_ids:
+        raise DatasetError(f"{items_path}: duplicate item ids {duplicate_ids[:5]}")
+    for item in items:
+        _check_item_references(item, dataset, f"{items_path} item {item.id}")
+    return dataset
+
+
+def task_groups(items: Sequence[Item]) -> list[str]:
+    """Group labels for task-disjoint cross-validation."""
+    return [item.task_group for item in items]

