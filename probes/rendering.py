@@ -24,12 +24,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from probes.configs import MemoryConfig, get_config
@@ -40,6 +42,8 @@ from probes.schema import BOUNDARY_SLOTS, SLOT_LABELS, Skill, ToolCatalog
 FORMATS: tuple[str, ...] = ("native", "prompted")
 NATIVE_FORCED_PREFIX = '<tool_call>\n{"name": "'
 ABSTAIN_TEXT = "None of the available functions can be used for this request."
+USER_PLACEHOLDER = "@@basm-user-turn@@"
+REQUEST_HEADER = "\n\n# Current request\n"
 SYSTEM_INSTRUCTION = (
     "You are a careful tool-use agent. Decide the single next action for the user's request "
     "using the available functions."
@@ -148,15 +152,13 @@ class TemplateSupport:
         self.thinking_switch = thinking_off != plain
 
 
-def _tokens_overlapping(offsets: Sequence[tuple[int, int]], start: int, end: int, first: int = 0) -> tuple[int, int]:
-    """Half-open token range of the tokens whose character offsets overlap [start, end)."""
-    lo = first
-    while lo < len(offsets) and offsets[lo][1] <= start:
-        lo += 1
-    hi = lo
-    while hi < len(offsets) and offsets[hi][0] < end:
-        hi += 1
-    return lo, hi
+def _tokens_overlapping(offsets: np.ndarray, start: int, end: int) -> tuple[int, int]:
+    """Half-open token range of the tokens whose character offsets overlap [start, end).
+
+    ``offsets`` is [n_tokens, 2] (start, end) in increasing order."""
+    lo = int(np.searchsorted(offsets[:, 1], start, side="right"))
+    hi = int(np.searchsorted(offsets[:, 0], end, side="left"))
+    return lo, max(lo, hi)
 
 
 class PromptBuilder:
@@ -179,10 +181,21 @@ class PromptBuilder:
         self.settings = settings
         self.tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", "")
         self.template = TemplateSupport(tokenizer)
+        self._backend = tokenizer.backend_tokenizer
+        added = tokenizer.added_tokens_decoder
+        plain = all(not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values())
+        self._added_ids = {token.content: token_id for token_id, token in added.items()}
+        self._added_pattern = (
+            re.compile("|".join(re.escape(c) for c in sorted(self._added_ids, key=len, reverse=True)))
+            if plain and added else None
+        )
+        self._piece_cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._render_cache: dict[tuple[str, str], str] = {}
+        self._continuation_cache: dict[tuple[str, str, int | None], tuple[list[int], bool]] = {}
         self._special_ids = frozenset(tokenizer.all_special_ids) | frozenset(tokenizer.added_tokens_decoder)
         self._token_count_cache: dict[str, int] = {}
         self._retrieval_cache: dict[str, list[ScoredSkill]] = {}
-        self._control_sources: dict[tuple, list[int]] = {}
+        self._control_sources: dict[tuple, list[str]] = {}
         self._control_plans: dict[tuple, tuple[int, dict[int, int]]] = {}
 
     # ------------------------------------------------------------------ retrieval
@@ -203,7 +216,7 @@ class PromptBuilder:
     # ------------------------------------------------------------------ memory block
     def _count_tokens(self, text: str) -> int:
         if text not in self._token_count_cache:
-            self._token_count_cache[text] = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            self._token_count_cache[text] = len(self._backend.encode(text, add_special_tokens=False).ids)
         return self._token_count_cache[text]
 
     def _boundary_plan(self, item: Item, retrieved: Sequence[ScoredSkill], config: MemoryConfig) -> list[dict[str, tuple[str, ...]]]:
@@ -237,7 +250,7 @@ class PromptBuilder:
         if not retrieved or not config.slots:
             return block
         plan = self._boundary_plan(item, retrieved, config)
-        block.add("\n\n# Retrieved skills\nThese skills were distilled from past successful tasks.")
+        block.add("# Retrieved skills\nThese skills were distilled from past successful tasks.")
         for rank, (entry, boundary) in enumerate(zip(retrieved, plan), start=1):
             skill = entry.skill
             block.add(f"\n\n## Skill {rank}\n{SLOT_LABELS['goal']}: ", rank)
@@ -267,14 +280,15 @@ class PromptBuilder:
         return block
 
     # ------------------------------------------------------------------ rendering
-    def _messages(self, item: Item, system: str, fmt: str, catalog: ToolCatalog) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    def _messages(self, item: Item, user: str, fmt: str, catalog: ToolCatalog) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         schemas = [tool.as_function_schema() for tool in catalog]
+        system = SYSTEM_INSTRUCTION
         native_tools = fmt == "native" and self.template.tools
         if fmt == "prompted":
             system = PROMPTED_INSTRUCTION + json.dumps([schema["function"] for schema in schemas]) + "\n\n" + system
         elif not native_tools:
             system = system + "\n\n" + TOOLS_BLOCK_HEADER + "".join("\n" + json.dumps(s) for s in schemas) + TOOLS_BLOCK_FOOTER
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": item.user}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         for message in item.history:
             call_or_result = message.get("tool_call")
             if native_tools:
@@ -293,6 +307,21 @@ class PromptBuilder:
                 messages.append({"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"})
         return messages, (schemas if native_tools else None)
 
+    def _render_with_user(self, item: Item, fmt: str, catalog: ToolCatalog, user: str) -> str:
+        """Render once per (item, format) with a placeholder user turn, then substitute the text.
+
+        The substitution is checked against a direct rendering the first time, so a template
+        that transforms message content fails loudly instead of producing a different prompt."""
+        key = (item.id, fmt)
+        template = self._render_cache.get(key)
+        if template is None:
+            template = self._render(*self._messages(item, USER_PLACEHOLDER, fmt, catalog))
+            direct = self._render(*self._messages(item, user, fmt, catalog))
+            if template.count(USER_PLACEHOLDER) != 1 or template.replace(USER_PLACEHOLDER, user) != direct:
+                raise ValueError("the chat template transforms the user message; its prompts cannot be spanned exactly")
+            self._render_cache[key] = template
+        return template.replace(USER_PLACEHOLDER, user)
+
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
         if tools is not None:
@@ -301,12 +330,44 @@ class PromptBuilder:
             kwargs["enable_thinking"] = self.settings.enable_thinking
         return self.tokenizer.apply_chat_template(messages, **kwargs)
 
-    def _tokenize(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return encoded["input_ids"], encoded["offset_mapping"]
+    def _encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        # The Rust backend directly: identical ids/offsets to tokenizer(text, add_special_tokens=False)
+        # (checked in the tests) without the Python wrapper's per-call overhead.
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        return np.asarray(encoding.ids, dtype=np.int64), np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+
+    def _tokenize(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Tokenize ``text`` piecewise between added special tokens, reusing cached pieces.
+
+        HF tokenizers cut the text at added tokens before normalisation and pre-tokenisation, so
+        the pieces are tokenized independently; caching them makes the shared system turn and
+        history free after their first use. Falls back to one call when the added tokens have
+        strip/word flags that make the cut context-dependent.
+        """
+        if self._added_pattern is None:
+            return self._encode(text)
+        id_pieces: list[np.ndarray] = []
+        offset_pieces: list[np.ndarray] = []
+        cursor = 0
+        for match in [*self._added_pattern.finditer(text), None]:
+            end = match.start() if match else len(text)
+            if end > cursor:
+                piece = text[cursor:end]
+                cached = self._piece_cache.get(piece)
+                if cached is None:
+                    cached = self._piece_cache[piece] = self._encode(piece)
+                id_pieces.append(cached[0])
+                offset_pieces.append(cached[1] + cursor)
+            if match:
+                id_pieces.append(np.asarray([self._added_ids[match.group()]], dtype=np.int64))
+                offset_pieces.append(np.asarray([match.span()], dtype=np.int64))
+                cursor = match.end()
+        if not id_pieces:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
+        return np.concatenate(id_pieces), np.concatenate(offset_pieces)
 
     # ------------------------------------------------------------------ candidates
-    def _continuation_ids(self, ids: list[int], offsets: list[tuple[int, int]], text: str, anchor: int, continuation: str, stop_char: int | None) -> tuple[list[int], bool]:
+    def _continuation_ids(self, ids: np.ndarray, offsets: np.ndarray, text: str, anchor: int, continuation: str, stop_char: int | None) -> tuple[list[int], bool]:
         """Token ids of ``continuation`` after ``text[:offsets[anchor][1]]``, tokenized in context.
 
         Tokenization restarts at the last special token at or before ``anchor``: HF tokenizers split
@@ -315,22 +376,26 @@ class PromptBuilder:
         tokenization changed tokens of the prompt itself (a BPE merge across the boundary).
         ``stop_char`` keeps only tokens up to the one containing that continuation character.
         """
-        restart = max((i for i in range(anchor + 1) if ids[i] in self._special_ids), default=0)
+        restart = next((i for i in range(anchor, -1, -1) if ids[i] in self._special_ids), 0)
         prefix_end = offsets[anchor][1]
         tail_start = offsets[restart][0]
-        tail_ids, tail_offsets = self._tokenize(text[tail_start:prefix_end] + continuation)
-        expected = ids[restart : anchor + 1]
-        merge = tail_ids[: len(expected)] != expected
-        common = 0
-        while common < min(len(expected), len(tail_ids)) and tail_ids[common] == expected[common]:
-            common += 1
+        key = (text[tail_start:prefix_end], continuation, stop_char)
+        if key not in self._continuation_cache:
+            self._continuation_cache[key] = self._tokenize_continuation(ids[restart : anchor + 1], *key)
+        return self._continuation_cache[key]
+
+    def _tokenize_continuation(self, expected: np.ndarray, prefix: str, continuation: str, stop_char: int | None) -> tuple[list[int], bool]:
+        tail_ids, tail_offsets = self._tokenize(prefix + continuation)
+        shared = min(len(expected), len(tail_ids))
+        differs = np.flatnonzero(tail_ids[:shared] != expected[:shared])
+        common = int(differs[0]) if len(differs) else shared
+        merge = common < len(expected)
         cont_ids, cont_offsets = tail_ids[common:], tail_offsets[common:]
         if stop_char is not None:
-            stop = prefix_end - tail_start + stop_char
-            cont_ids = [tid for tid, (s, _) in zip(cont_ids, cont_offsets) if s <= stop]
-        return cont_ids, merge
+            cont_ids = cont_ids[cont_offsets[:, 0] <= len(prefix) + stop_char]
+        return [int(token) for token in cont_ids], merge
 
-    def _candidates(self, item: Item, fmt: str, ids: list[int], offsets: list[tuple[int, int]], text: str, open_index: int | None, catalog: ToolCatalog) -> list[dict[str, Any]]:
+    def _candidates(self, item: Item, fmt: str, ids: np.ndarray, offsets: np.ndarray, text: str, open_index: int | None, catalog: ToolCatalog) -> list[dict[str, Any]]:
         decision = len(ids) - 1
         wrong = set(item.wrong_tools)
         entries: list[tuple[str, str]] = [("correct", item.correct_action)]
@@ -363,49 +428,70 @@ class PromptBuilder:
         return candidates
 
     # ------------------------------------------------------------------ equal-length controls
+    def _control_words(self, kind: str, item: Item, retrieved: Sequence[ScoredSkill], rank: int) -> list[str]:
+        """Source words of a control section. Trailing punctuation is dropped: punctuation merges
+        with the following newline into one token, which would make in-context counts parity-bound."""
+        if kind == "filler":
+            text = FILLER_SOURCE
+        else:
+            shown = {entry.skill.id for entry in retrieved}
+            others = [s for s in self.dataset.library_for(item) if s.id not in shown] or [e.skill for e in retrieved]
+            start = rank % len(others)
+            text = " ".join(step for skill in others[start:] + others[:start] for step in skill.procedure)
+        return [word.rstrip(".,;:!?") for word in text.split() if word.rstrip(".,;:!?")]
+
     def _control_text(self, kind: str, n_tokens: int, item: Item, retrieved: Sequence[ScoredSkill], rank: int) -> str:
-        """Text of exactly ``n_tokens`` tokens (standalone) of neutral filler or extra procedure."""
+        """Text of exactly ``n_tokens`` tokens (standalone) of neutral filler or extra procedure.
+
+        Whole words are taken while they fit (binary search on the word count); the remainder is
+        filled with a prefix of the next word, one character at a time. The text always ends in a
+        letter or digit, so its count stays additive next to the following newline.
+        """
         if n_tokens <= 0:
             return ""
         key = (kind, item.id, tuple(entry.skill.id for entry in retrieved), rank)
-        ids = self._control_sources.get(key)
-        if ids is None or len(ids) < n_tokens + 8:
-            if kind == "filler":
-                source = FILLER_SOURCE
+        words = self._control_sources.get(key)
+        if words is None:
+            words = self._control_sources[key] = self._control_words(kind, item, retrieved, rank)
+        while self._count_tokens(" ".join(words)) < n_tokens + 8:
+            words = self._control_sources[key] = words + words
+        lo, hi = 0, len(words)  # largest m with count(words[:m]) <= n_tokens
+        while lo < hi:
+            middle = (lo + hi + 1) // 2
+            if self._count_tokens(" ".join(words[:middle])) <= n_tokens:
+                lo = middle
             else:
-                shown = {entry.skill.id for entry in retrieved}
-                others = [s for s in self.dataset.library_for(item) if s.id not in shown] or [e.skill for e in retrieved]
-                start = rank % len(others)
-                source = " ".join(step for skill in others[start:] + others[:start] for step in skill.procedure)
-            while self._count_tokens(source) < n_tokens + 8:
-                source = source + " " + source
-            ids = self._control_sources[key] = self.tokenizer(source, add_special_tokens=False)["input_ids"]
-        # A decoded token prefix can re-tokenize differently when cut inside a word: search nearby cuts.
-        for cut in sorted(range(max(1, n_tokens - 4), n_tokens + 5), key=lambda c: abs(c - n_tokens)):
-            text = self.tokenizer.decode(ids[:cut]).strip()
-            if self._count_tokens(text) == n_tokens:
-                return text
+                hi = middle - 1
+        text = " ".join(words[:lo])
+        if self._count_tokens(text) == n_tokens:
+            return text
+        next_word = words[lo]
+        for length in range(1, len(next_word) + 1):
+            candidate = (text + " " + next_word[:length]).strip()
+            if candidate[-1].isalnum() and self._count_tokens(candidate) == n_tokens:
+                return candidate
         raise ValueError(f"no {kind} text of exactly {n_tokens} tokens could be cut from its source")
 
     # ------------------------------------------------------------------ records
     def _assemble(self, item: Item, block: _MemoryBlock, fmt: str) -> dict[str, Any]:
         catalog = self.dataset.catalog_for(item)
-        system = SYSTEM_INSTRUCTION + block.text
-        messages, tools = self._messages(item, system, fmt, catalog)
-        rendered = self._render(messages, tools)
+        # The memory block opens the user turn: the system turn (instruction + tool schemas) then
+        # stays identical across configurations and k, and its tokens are reused from the cache.
+        user = block.text + REQUEST_HEADER + item.user if block.text else item.user
+        rendered = self._render_with_user(item, fmt, catalog, user)
         text = rendered + (NATIVE_FORCED_PREFIX if fmt == "native" else "")
         ids, offsets = self._tokenize(text)
         open_index = None
         if fmt == "native":
             # the generation prompt must end on a token boundary, else the forced prefix merged into it
-            open_index = next((i for i, (_, end) in enumerate(offsets) if end >= len(rendered)), len(offsets))
-            if open_index >= len(offsets) - 1 or offsets[open_index][1] != len(rendered):
+            open_index = int(np.searchsorted(offsets[:, 1], len(rendered), side="left"))
+            if open_index >= len(offsets) - 1 or offsets[open_index, 1] != len(rendered):
                 raise ValueError(f"{item.id}: the forced tool-call prefix merged with the end of the generation prompt")
-        memory_start = rendered.find(system) + len(SYSTEM_INSTRUCTION)
-        if rendered.count(system) != 1:
-            raise ValueError(f"{item.id}: the system message does not occur exactly once in the rendered prompt")
+        memory_start = rendered.find(user)
+        if rendered.count(user) != 1:
+            raise ValueError(f"{item.id}: the user message does not occur exactly once in the rendered prompt")
         return {
-            "text": text, "input_ids": ids, "offsets": offsets, "open_index": open_index,
+            "text": text, "input_ids": ids.tolist(), "offsets": offsets, "open_index": open_index,
             "memory_start": memory_start, "catalog": catalog,
         }
 
@@ -413,10 +499,8 @@ class PromptBuilder:
         """Per (rank, slot): character and token spans of the slot body in the final prompt."""
         ranges = block.char_ranges(assembled["memory_start"], lambda segment: segment.body)
         out = []
-        first = 0
         for (rank, slot), (start, end) in sorted(ranges.items(), key=lambda kv: kv[1][0]):
-            lo, hi = _tokens_overlapping(assembled["offsets"], start, end, first)
-            first = lo
+            lo, hi = _tokens_overlapping(assembled["offsets"], start, end)
             out.append({"rank": rank, "slot": slot, "char_span": [start, end], "token_span": [lo, hi], "text": assembled["text"][start:end]})
         return out
 
@@ -428,16 +512,20 @@ class PromptBuilder:
             spans.setdefault(entry["slot"], []).append(entry["token_span"])
             if entry["slot"] in BOUNDARY_SLOTS or entry["slot"] == "control":
                 spans.setdefault("boundary", []).append(entry["token_span"])
+        slots_by_rank: dict[int, dict[str, Any]] = {}
+        for entry in slot_spans:
+            slots_by_rank.setdefault(entry["rank"], {})[entry["slot"]] = {key: entry[key] for key in ("text", "char_span", "token_span")}
         skills = []
         for rank, entry in enumerate(retrieved, start=1):
+            slots = slots_by_rank.get(rank, {})
             skills.append({
                 "skill_id": entry.skill.id, "rank": rank, "score": round(entry.score, 6),
-                "boundary_exposed": any(s["rank"] == rank and s["slot"] in BOUNDARY_SLOTS + ("control",) for s in slot_spans),
-                "slots": {s["slot"]: {k_: s[k_] for k_ in ("text", "char_span", "token_span")} for s in slot_spans if s["rank"] == rank},
+                "boundary_exposed": any(slot in BOUNDARY_SLOTS or slot == "control" for slot in slots),
+                "slots": slots,
             })
         decision = len(ids) - 1
         open_index = assembled["open_index"]
-        candidates = self._candidates(item, fmt, ids, assembled["offsets"], assembled["text"], open_index, assembled["catalog"])
+        candidates = self._candidates(item, fmt, np.asarray(ids), assembled["offsets"], assembled["text"], open_index, assembled["catalog"])
         tempting_rank = next((rank for rank, e in enumerate(self.retrieve(item), 1) if e.skill.id == item.tempting_skill), None)
         return {
             "record_id": f"{item.id}|{config.name}|k{k}|{fmt}",
@@ -519,11 +607,17 @@ class PromptBuilder:
         raise ValueError(f"{item.id}: could not build the {config.name} control at k={k} with exactly {target} tokens")
 
     def build_many(self, items: Iterable[Item], configs: Sequence[str], ks: Sequence[int], formats: Sequence[str]) -> Iterator[dict[str, Any]]:
+        """All records; at k = 0 the prompt is built once and shared by every configuration
+        (their byte identity is asserted per configuration by the tests through :meth:`build`)."""
         for item in items:
             for fmt in formats:
-                for config in configs:
-                    for k in ks:
-                        yield self.build(item, config, k, fmt)
+                for k in ks:
+                    shared = self.build(item, "base", 0, fmt) if k == 0 else None
+                    for config in configs:
+                        if shared is None:
+                            yield self.build(item, config, k, fmt)
+                        else:
+                            yield {**shared, "record_id": f"{item.id}|{config}|k0|{fmt}", "config": config}
 
 
 def strip_offsets(record: dict[str, Any]) -> dict[str, Any]:

@@ -42,9 +42,9 @@ def jaccard(a: Iterable[str], b: Iterable[str]) -> float:
 
 
 def step_overlap(state: str, skill: Skill) -> float:
-    """Share of the skill's goal and procedure content words that also occur in the state."""
-    skill_words = content_words(" ".join((skill.goal, *skill.procedure)))
-    return len(skill_words & content_words(state)) / len(skill_words) if skill_words else 0.0
+    """overlap(x, g, π): share of the state's content words that occur in the skill's goal or procedure."""
+    state_words = content_words(state)
+    return len(state_words & content_words(" ".join((skill.goal, *skill.procedure)))) / len(state_words) if state_words else 0.0
 
 
 def boundary_relevance(state: str, skill: Skill) -> float:
@@ -89,7 +89,7 @@ class LexicalEmbedder:
 
     def __init__(self) -> None:
         self._vectorizer = HashingVectorizer(
-            n_features=2**18, ngram_range=(1, 2), stop_words="english", alternate_sign=False, norm="l2"
+            n_features=2**16, ngram_range=(1, 2), stop_words="english", alternate_sign=False, norm="l2"
         )
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -115,9 +115,9 @@ def make_embedder(kind: str = "auto") -> Embedder:
 class RetrievalWeights:
     """λ_sem, λ_tool, λ_step of Eq. 8."""
 
-    sem: float = 0.6
-    tool: float = 0.2
-    step: float = 0.2
+    sem: float = 0.5
+    tool: float = 0.25
+    step: float = 0.25
 
 
 @dataclass(frozen=True)
