@@ -441,11 +441,10 @@ class PromptBuilder:
         return [word.rstrip(".,;:!?") for word in text.split() if word.rstrip(".,;:!?")]
 
     def _control_text(self, kind: str, n_tokens: int, item: Item, retrieved: Sequence[ScoredSkill], rank: int) -> str:
-        """Text of exactly ``n_tokens`` tokens (standalone) of neutral filler or extra procedure.
+        """Neutral filler or extra procedure text of ``n_tokens`` tokens (standalone) where possible.
 
-        Whole words are taken while they fit (binary search on the word count); the remainder is
-        filled with a prefix of the next word, one character at a time. The text always ends in a
-        letter or digit, so its count stays additive next to the following newline.
+        The source is cut at the character where its token count reaches ``n_tokens`` (binary
+        search, then a scan of nearby cuts).
         """
         if n_tokens <= 0:
             return ""
@@ -455,22 +454,22 @@ class PromptBuilder:
             words = self._control_sources[key] = self._control_words(kind, item, retrieved, rank)
         while self._count_tokens(" ".join(words)) < n_tokens + 8:
             words = self._control_sources[key] = words + words
-        lo, hi = 0, len(words)  # largest m with count(words[:m]) <= n_tokens
+        source = " ".join(words)
+
+        def count(text: str) -> int:  # uncached: prefixes are one-off strings
+            return len(self._backend.encode(text, add_special_tokens=False).ids)
+
+        lo, hi = 0, len(source)  # largest cut with count(source[:cut]) <= n_tokens (counts grow with the cut)
         while lo < hi:
             middle = (lo + hi + 1) // 2
-            if self._count_tokens(" ".join(words[:middle])) <= n_tokens:
+            if count(source[:middle]) <= n_tokens:
                 lo = middle
             else:
                 hi = middle - 1
-        text = " ".join(words[:lo])
-        if self._count_tokens(text) == n_tokens:
-            return text
-        next_word = words[lo]
-        for length in range(1, len(next_word) + 1):
-            candidate = (text + " " + next_word[:length]).strip()
-            if candidate[-1].isalnum() and self._count_tokens(candidate) == n_tokens:
-                return candidate
-        raise ValueError(f"no {kind} text of exactly {n_tokens} tokens could be cut from its source")
+        # exact count first, then an alphanumeric last character (punctuation can merge with the
+        # following newline); when no cut is exact the caller's in-context search absorbs the residue
+        texts = {source[:cut].rstrip() for cut in range(max(1, lo - 24), min(len(source), lo + 24) + 1)}
+        return min((t for t in texts if t), key=lambda t: (abs(count(t) - n_tokens), not t[-1].isalnum(), abs(len(t) - lo), t))
 
     # ------------------------------------------------------------------ records
     def _assemble(self, item: Item, block: _MemoryBlock, fmt: str) -> dict[str, Any]:

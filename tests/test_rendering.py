@@ -1,0 +1,202 @@
+"""The prompt builder on the whole dataset, with the real Qwen3 tokenizer and an offline byte-level BPE.
+
+Bar: spans round-trip for every item × config × k (only whitespace merged at span edges is allowed,
+and the count is reported); k = 0 prompts are byte-identical across configurations; equal-length
+controls have exactly the BASM token count; first-token collisions are flagged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from probes.bpe import train_bpe_tokenizer
+from probes.configs import CONFIGS, get_config
+from probes.dataset import ABSTAIN, load_dataset
+from probes.rendering import (
+    ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, TOOLS_BLOCK_HEADER, BuildSettings, PromptBuilder, SpanReport,
+    TemplateSupport, check_spans, load_tokenizer,
+)
+from probes.retrieval import Retriever, make_embedder
+from probes.schema import BOUNDARY_SLOTS
+
+K_MAX = 4
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return load_dataset()
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return load_tokenizer("qwen3")
+
+
+@pytest.fixture(scope="module")
+def bpe(dataset):
+    texts = [item.user for item in dataset.items]
+    texts += [json.dumps(skill.to_json()) for skill in dataset.skills.values()]
+    texts += [json.dumps(tool.as_function_schema()) for domain in dataset.domains.values() for tool in domain.catalog]
+    return train_bpe_tokenizer(texts, vocab_size=1024)
+
+
+def make_builder(tokenizer, dataset, **settings):
+    return PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(**settings), tokenizer_name="test")
+
+
+@pytest.fixture(scope="module")
+def qwen3_builder(qwen3, dataset):
+    return make_builder(qwen3, dataset)
+
+
+def all_records(builder, dataset, fmt):
+    for item in dataset.items:
+        for config in CONFIGS:
+            for k in range(K_MAX + 1):
+                yield builder.build(item, config, k, fmt)
+
+
+@pytest.mark.parametrize("tokenizer_name", ["qwen3", "bpe"])
+def test_spans_round_trip_for_every_item_config_and_k(tokenizer_name, request, dataset):
+    """Every slot span decodes to its slot text (whitespace at edges only); chunked tokenization is exact."""
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    builder = make_builder(tokenizer, dataset)
+    report = SpanReport()
+    k0_prompts: dict[str, set[str]] = {}
+    basm_lengths: dict[tuple[str, int], int] = {}
+    control_lengths: dict[tuple[str, int, str], int] = {}
+    n_records = 0
+    for record in all_records(builder, dataset, "native"):
+        n_records += 1
+        check_spans(record, tokenizer, report)
+        if record["k"] == 0:
+            k0_prompts.setdefault(record["item_id"], set()).add(record["text"])
+        if record["config"] == "basm":
+            basm_lengths[record["item_id"], record["k"]] = record["n_tokens"]
+        if get_config(record["config"]).control:
+            control_lengths[record["item_id"], record["k"], record["config"]] = record["n_tokens"]
+        if n_records % 97 == 0:  # the piecewise tokenization equals one full tokenizer call
+            full = tokenizer(record["text"], add_special_tokens=False, return_offsets_mapping=True)
+            assert full["input_ids"] == record["input_ids"]
+            assert np.array_equal(np.asarray(full["offset_mapping"]).reshape(-1, 2), record["offsets"])
+    print(f"\n[{tokenizer_name}] {n_records} records: {report.summary()}")
+    assert n_records == len(dataset.items) * len(CONFIGS) * (K_MAX + 1)
+    assert report.mismatches == []
+    assert report.exact + report.whitespace_edges == report.total > 0
+    # k = 0: every configuration renders the same bytes
+    assert all(len(texts) == 1 for texts in k0_prompts.values())
+    # equal-length controls: exactly the BASM token count under this tokenizer
+    mismatched = {key: n for key, n in control_lengths.items() if n != basm_lengths[key[0], key[1]]}
+    assert not mismatched, list(mismatched.items())[:5]
+    assert len(control_lengths) == 2 * len(dataset.items) * (K_MAX + 1)
+
+
+def test_prompted_format_spans_and_candidates(qwen3_builder, qwen3, dataset):
+    report = SpanReport()
+    for item in dataset.select(split="eval", limit_per_bucket=10):
+        for config in ("proc", "basm", "pad-procedure"):
+            record = qwen3_builder.build(item, config, 2, "prompted")
+            check_spans(record, qwen3, report)
+            assert record["open_index"] is None and record["query_rows"] == [record["decision_index"]]
+            assert all(c["anchor_index"] == record["decision_index"] for c in record["candidates"])
+            assert not record["text"].endswith(NATIVE_FORCED_PREFIX)
+    assert report.mismatches == []
+
+
+def test_native_format_layout(qwen3_builder, qwen3, dataset):
+    item = dataset.select(buckets=["T_wrong"], split="eval")[0]
+    record = qwen3_builder.build(item, "basm", 2, "native")
+    ids, text = record["input_ids"], record["text"]
+    assert text.endswith(NATIVE_FORCED_PREFIX)
+    assert "<think>\n\n</think>" in text  # thinking disabled through the real template switch
+    assert record["decision_index"] == len(ids) - 1
+    # the open row is the last token of the generation prompt; the forced prefix starts with <tool_call>
+    assert qwen3.decode(ids[record["open_index"] + 1 :]) == NATIVE_FORCED_PREFIX
+    assert ids[record["open_index"] + 1] == qwen3.convert_tokens_to_ids("<tool_call>")
+    assert record["query_rows"] == [record["open_index"], record["decision_index"]]
+    for candidate in record["candidates"]:
+        full = qwen3(text + candidate["text"] if candidate["action"] != ABSTAIN else qwen3.decode(ids[: record["open_index"] + 1]) + ABSTAIN_TEXT, add_special_tokens=False)["input_ids"]
+        start = candidate["anchor_index"] + 1
+        assert full[start : start + len(candidate["token_ids"])] == candidate["token_ids"]
+        assert not candidate["boundary_merge"]
+
+
+def test_qwen3_get_tools_collide_on_first_token(qwen3_builder, qwen3, dataset):
+    """get_stock_info vs get_order_details share the first token 'get': flagged, never silent."""
+    item = next(i for i in dataset.items if i.correct_action == "get_stock_info" and "get_order_details" in i.wrong_tools)
+    record = qwen3_builder.build(item, "proc", 1, "native")
+    by_action = {c["action"]: c for c in record["candidates"]}
+    assert qwen3.decode([by_action["get_stock_info"]["first_token_id"]]) == "get"
+    assert by_action["get_stock_info"]["first_token_id"] == by_action["get_order_details"]["first_token_id"]
+    assert "get_order_details" in by_action["get_stock_info"]["collides_with"]
+    assert record["collision"] is True
+    # the abstain candidate is anchored at the open row and collides with nothing
+    assert by_action[ABSTAIN]["anchor_index"] == record["open_index"] and by_action[ABSTAIN]["collides_with"] == []
+
+
+def test_template_without_tool_support_gets_schemas_in_system_message(bpe, dataset):
+    assert not TemplateSupport(bpe).tools
+    builder = make_builder(bpe, dataset)
+    item = dataset.select(buckets=["T_repair"], split="eval")[0]
+    record = builder.build(item, "basm", 1, "native")
+    system = record["text"].split("<|im_end|>")[0]
+    assert TOOLS_BLOCK_HEADER in system
+    assert all(f'"name": "{name}"' in system for name in dataset.catalog_for(item).names)
+    # the failed call of the history is written as text, the error as a tool response
+    assert "<tool_response>" in record["text"] and item.history[0]["tool_call"]["name"] in record["text"]
+
+
+def test_configurations_show_their_slots(qwen3_builder, dataset):
+    item = dataset.select(buckets=["T_wrong"], split="eval")[0]
+    expected = {
+        "base": set(), "proc": {"goal", "procedure", "tools"},
+        "app": {"goal", "procedure", "tools", "applicability"},
+        "basm": {"goal", "procedure", "tools", *BOUNDARY_SLOTS},
+        "basm-no-avoid": {"goal", "procedure", "tools", *BOUNDARY_SLOTS} - {"avoidance_rules"},
+        "basm-no-recovery": {"goal", "procedure", "tools", *BOUNDARY_SLOTS} - {"recovery_notes"},
+        "pad-filler": {"goal", "procedure", "tools", "control"},
+        "pad-procedure": {"goal", "procedure", "tools", "control"},
+    }
+    for config, slots in expected.items():
+        record = qwen3_builder.build(item, config, 1, "native")
+        shown = {slot for skill in record["skills"] for slot in skill["slots"]}
+        assert shown == slots, config
+        if get_config(config).control:
+            assert record["spans_kind"]["boundary"] == f"control:{get_config(config).control}"
+            assert "Risk cues" not in record["text"]
+
+
+def test_gate_and_budget(qwen3, dataset):
+    item = dataset.select(buckets=["T_wrong"], split="eval")[0]
+    closed = make_builder(qwen3, dataset, gamma=1.0).build(item, "basm", 3, "native")
+    assert not any(skill["boundary_exposed"] for skill in closed["skills"]) and "boundary" not in closed["spans"]
+    budget = 40
+    tight = make_builder(qwen3, dataset, beta=budget).build(item, "basm", 3, "native")
+    boundary_text = [span["text"] for skill in tight["skills"] for slot, span in skill["slots"].items() if slot in BOUNDARY_SLOTS]
+    items = [part for text in boundary_text for part in text.split("\n- ")]
+    assert sum(len(qwen3(part, add_special_tokens=False)["input_ids"]) for part in items) <= budget
+    assert tight["n_tokens"] < make_builder(qwen3, dataset).build(item, "basm", 3, "native")["n_tokens"]
+
+
+def test_invalid_requests_are_rejected(qwen3_builder, dataset):
+    item = dataset.items[0]
+    with pytest.raises(ValueError, match="unknown memory configuration"):
+        qwen3_builder.build(item, "procedural", 1)
+    with pytest.raises(ValueError, match="decision format"):
+        qwen3_builder.build(item, "basm", 1, "json")
+    with pytest.raises(ValueError, match="k must be"):
+        qwen3_builder.build(item, "basm", -1)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_tokenizer("/nonexistent/tokenizer")
+
+
+def test_records_are_deterministic(qwen3, dataset):
+    item = dataset.select(buckets=["T_repair"], split="eval")[0]
+    first = make_builder(qwen3, dataset).build(item, "pad-procedure", 4, "native")
+    second = make_builder(qwen3, dataset).build(item, "pad-procedure", 4, "native")
+    assert first["text"] == second["text"] and first["input_ids"] == second["input_ids"]
+    assert re.search(r"## Skill 4", first["text"])
