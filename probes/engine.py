@@ -1,0 +1,825 @@
+"""Probe engine: decision-row attention, edge knockouts and cached branching.
+
+The instrument under every probe. It measures, at a handful of *query rows* (the decision row
+``d_t`` and, in the native tool-call format, the row that opens the call), what the model attends
+to and what it would predict if some attention edges were removed.
+
+Algorithm
+---------
+A custom attention function is registered with transformers under ``"basm_probe"`` (together
+with the sdpa mask builder; without it transformers silently drops the causal mask for
+unregistered implementations). Models call it with the final ``q, k, v`` (after q/k norms and
+RoPE), so it works for every causal LM that uses transformers' attention interface (Qwen3,
+Qwen2, Llama, ...). Outside a probe call it *is* sdpa.
+
+``ProbeSession.run`` evaluates one prompt under many conditions:
+
+1. **Prefix.** ``input_ids[:p]`` with ``p = min(query_rows)`` runs once through sdpa. A knockout
+   only edits query rows, and rows before ``p`` never see a query row (causality), so the
+   prefix keys/values are identical under every condition. The attention function keeps each
+   layer's prefix ``k, v`` (``[1, kv_head, p, d_head]``), shared, never copied per condition.
+2. **Branch.** ``input_ids[p:]`` (a few tokens) runs as *one batch* holding every condition
+   (condition 0 is the unmodified baseline) plus every multi-token candidate continuation under
+   every condition. Each branch row attends to the shared prefix keys and to its own branch keys.
+   This attention is computed explicitly in fp32, in row chunks, with the prefix keys broadcast
+   rather than expanded, so an extra condition costs about one decode step over ``n`` keys.
+3. **Query rows.** At every query row of every batch element, the exact fp32 softmax row is
+   available: span masses (sum of probabilities over each span's key positions) per (layer, head)
+   are recorded, optionally the full row. A knockout sets the scores of its key positions to
+   ``-inf`` before the softmax, at query rows only, in the requested layers / (layer, head) pairs,
+   so the blocked keys are *removed* from the softmax (the row renormalises over the rest).
+
+``ProbeSession.forward`` is the single-pass reference path: the whole sequence goes through sdpa,
+then only the query rows are recomputed exactly (recorded; and substituted in the output where a
+knockout applies). It is used for validation and for the benchmark.
+
+Memory: only ``[batch, head, rows, n_keys]`` score blocks are ever materialised (rows = query rows
+or a chunk of branch rows), so per prompt the cost is O(L·H·n), never O(L·H·n²).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from probes import margins as margins_mod
+from probes.loading import check_context_length, load_model
+
+ATTN_IMPLEMENTATION = "basm_probe"
+
+
+# --------------------------------------------------------------------------------------------
+# Conditions
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Knockout:
+    """Block the query rows from ``key_positions``.
+
+    ``layers=None, heads=None``: every layer and head. ``layers``: a window of layers (all heads),
+    as in Geva et al. (2023). ``heads``: explicit ``(layer, head)`` pairs (then ``layers`` must be
+    None). An empty ``key_positions`` is the unmodified baseline.
+    """
+
+    name: str
+    key_positions: tuple[int, ...] = ()
+    layers: tuple[int, ...] | None = None
+    heads: tuple[tuple[int, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key_positions", tuple(sorted({int(k) for k in self.key_positions})))
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
+        if self.heads is not None:
+            object.__setattr__(self, "heads", tuple((int(a), int(b)) for a, b in self.heads))
+            if self.layers is not None:
+                raise ValueError(f"knockout {self.name!r}: give `layers` or `heads`, not both")
+
+    @classmethod
+    def from_spans(
+        cls,
+        name: str,
+        ranges: Sequence[Sequence[int]],
+        layers: Sequence[int] | None = None,
+        heads: Sequence[tuple[int, int]] | None = None,
+    ) -> Knockout:
+        """Build a knockout from half-open token ranges ``[[s, e], ...]`` (prompt-record spans)."""
+        return cls(
+            name,
+            tuple(span_positions(ranges)),
+            tuple(layers) if layers is not None else None,
+            tuple(heads) if heads is not None else None,
+        )
+
+    def active(self, n_layers: int, n_heads: int) -> torch.Tensor:
+        """Where this knockout applies: bool ``[layer, head]``."""
+        out = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+        if not self.key_positions:
+            return out
+        if self.heads is not None:
+            for layer, head in self.heads:
+                if not (0 <= layer < n_layers and 0 <= head < n_heads):
+                    raise ValueError(f"knockout {self.name!r}: (layer, head)=({layer}, {head}) out of range")
+                out[layer, head] = True
+        elif self.layers is not None:
+            for layer in self.layers:
+                if not 0 <= layer < n_layers:
+                    raise ValueError(f"knockout {self.name!r}: layer {layer} out of range 0..{n_layers - 1}")
+                out[layer] = True
+        else:
+            out[:] = True
+        return out
+
+
+BASELINE = Knockout("baseline")
+
+
+def span_positions(ranges: Sequence[Sequence[int]]) -> list[int]:
+    """Sorted unique token positions covered by half-open ranges ``[[s, e], ...]``."""
+    return sorted({i for s, e in ranges for i in range(int(s), int(e))})
+
+
+# --------------------------------------------------------------------------------------------
+# Per-call state read by the attention function
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _ProbeState:
+    mode: Literal["prefix", "single", "branch"]
+    # Absolute position of the first token of this forward's input.
+    q_offset: int = 0
+    # Absolute positions of the query rows: [rows]
+    row_pos: torch.Tensor | None = None
+    # Whether each query row is a query row for each batch element: [batch, rows]
+    # (a candidate continuation overwrites the query rows after its anchor).
+    row_query: torch.Tensor | None = None
+    # Knocked-out key positions per element: [batch, n_keys]; where it applies: [batch, layer, head]
+    key_block: torch.Tensor | None = None
+    active: torch.Tensor | None = None
+    # The first `n_record` batch elements are the conditions; only they are recorded.
+    n_record: int = 0
+    # Span indicator over prompt positions: [n_prompt, span]
+    span_matrix: torch.Tensor | None = None
+    # Recordings: [layer, cond, head, rows, span] and optionally [layer, cond, head, rows, n_prompt]
+    span_mass: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+    row_chunk: int = 256
+    prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _moved: dict[torch.device, _ProbeState] = field(default_factory=dict)
+
+    def on(self, device: torch.device) -> _ProbeState:
+        """A view of the small control tensors on ``device`` (layers may sit on several GPUs)."""
+        if self.row_pos is None or self.row_pos.device == device:
+            return self
+        if device not in self._moved:
+            self._moved[device] = _ProbeState(
+                mode=self.mode,
+                q_offset=self.q_offset,
+                row_pos=self.row_pos.to(device),
+                row_query=self.row_query.to(device),
+                key_block=self.key_block.to(device),
+                active=self.active.to(device),
+                n_record=self.n_record,
+                span_matrix=self.span_matrix.to(device),
+                row_chunk=self.row_chunk,
+            )
+        return self._moved[device]
+
+
+_STATE: ContextVar[_ProbeState | None] = ContextVar("basm_probe_state", default=None)
+
+
+@contextlib.contextmanager
+def _activate(state: _ProbeState) -> Iterator[_ProbeState]:
+    token = _STATE.set(state)
+    try:
+        yield state
+    finally:
+        _STATE.reset(token)
+
+
+# --------------------------------------------------------------------------------------------
+# The attention function
+# --------------------------------------------------------------------------------------------
+
+
+def _grouped_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q: [batch, head, rows, d_head]; k: [batch | 1, kv_head, n_keys, d_head] -> [batch, head, rows, n_keys].
+
+    GQA without ``repeat_kv``: query head h reads kv head h // (head / kv_head), as in transformers.
+    A batch-1 ``k`` (the shared prefix) is broadcast by folding the batch into the rows, so the
+    prefix is never copied per condition.
+    """
+    b, h, r, d = q.shape
+    g = k.shape[1]
+    q5 = q.reshape(b, g, h // g, r, d)
+    if k.shape[0] == 1 and b > 1:
+        s = torch.einsum("bgrqd,gkd->bgrqk", q5, k[0])
+    else:
+        s = torch.einsum("bgrqd,bgkd->bgrqk", q5, k)
+    return s.reshape(b, h, r, k.shape[2])
+
+
+def _grouped_mix(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """p: [batch, head, rows, n_keys]; v: [batch | 1, kv_head, n_keys, d_head] -> [batch, head, rows, d_head]."""
+    b, h, r, n = p.shape
+    g = v.shape[1]
+    p5 = p.reshape(b, g, h // g, r, n)
+    if v.shape[0] == 1 and b > 1:
+        o = torch.einsum("bgrqk,gkd->bgrqd", p5, v[0])
+    else:
+        o = torch.einsum("bgrqk,bgkd->bgrqd", p5, v)
+    return o.reshape(b, h, r, v.shape[-1])
+
+
+def _allowed(q_pos: torch.Tensor, n_keys: int, sliding_window: int | None) -> torch.Tensor:
+    """Causal (and sliding-window) visibility: bool [rows, n_keys]."""
+    k_pos = torch.arange(n_keys, device=q_pos.device)
+    ok = k_pos[None, :] <= q_pos[:, None]
+    if sliding_window is not None:
+        # transformers' sliding_window_overlay: kv_idx > q_idx - sliding_window
+        ok &= k_pos[None, :] > q_pos[:, None] - sliding_window
+    return ok
+
+
+def _exact_probs(
+    state: _ProbeState,
+    layer: int,
+    scores: torch.Tensor,
+    allowed: torch.Tensor,
+    is_query: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked fp32 softmax with knockouts.
+
+    scores: [batch, head, rows, n_keys] fp32; allowed: [rows | batch.., n_keys] bool (broadcastable);
+    is_query: [batch, rows] bool. Returns probs [batch, head, rows, n_keys] and the knocked
+    (element, head, row) cells [batch, head, rows].
+    """
+    n_keys = scores.shape[-1]
+    visible = allowed.expand_as(scores)
+    # knocked: [batch, head, rows]
+    knocked = state.active[:, layer, :, None] & is_query[:, None, :]
+    block = knocked[..., None] & state.key_block[:, None, None, :n_keys]
+    scores = scores.masked_fill(~visible | block, float("-inf"))
+    return torch.softmax(scores, dim=-1), knocked
+
+
+def _record(
+    state: _ProbeState,
+    ctl: _ProbeState,
+    layer: int,
+    probs: torch.Tensor,
+    local_rows: torch.Tensor,
+    rec_rows: torch.Tensor,
+) -> None:
+    """Store span masses (and full rows) for the condition elements.
+
+    probs: [batch, head, rows, n_keys]; local_rows: indices into probs' rows; rec_rows: the
+    matching indices into the query-row axis of the recordings. ``ctl`` holds the control
+    tensors on this layer's device; the recordings live in ``state`` on the session device.
+    """
+    if local_rows.numel() == 0:
+        return
+    n_prompt = ctl.span_matrix.shape[0]
+    # p_q: [cond, head, r, n_prompt]; keys past the prompt are padding of candidate elements.
+    p_q = probs[: state.n_record, :, local_rows, :n_prompt]
+    if p_q.shape[-1] < n_prompt:
+        p_q = torch.nn.functional.pad(p_q, (0, n_prompt - p_q.shape[-1]))
+    home = state.span_mass.device
+    rec_rows = rec_rows.to(home)
+    state.span_mass[layer][:, :, rec_rows] = (p_q @ ctl.span_matrix).to(home)
+    if state.rows is not None:
+        state.rows[layer][:, :, rec_rows] = p_q.to(home)
+
+
+def probe_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention for ``attn_implementation="basm_probe"``.
+
+    query: [batch, head, q_len, d_head]; key/value: [batch, kv_head, kv_len, d_head].
+    Returns ([batch, q_len, head, d_head], None) like transformers' sdpa.
+    """
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None:
+        raise NotImplementedError("basm_probe attention supports plain softmax attention only (no softcap/sinks/bias)")
+    state = _STATE.get()
+    if state is None or state.mode == "prefix":
+        if state is not None:
+            state.prefix_kv[module.layer_idx] = (key, value)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+    layer = module.layer_idx
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if state.mode == "single":
+        return _single_forward(state, layer, module, query, key, value, attention_mask, dropout, scaling, sliding_window, kwargs)
+    return _branch_forward(state, layer, query, key, value, scaling, sliding_window)
+
+
+def _single_forward(
+    state: _ProbeState,
+    layer: int,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    scaling: float,
+    sliding_window: int | None,
+    kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, None]:
+    # Fast path for every position. out: [batch, q_len, head, d_head]
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    n_keys = key.shape[2]
+    if n_keys != query.shape[2]:
+        raise RuntimeError("the single-pass probe path runs without a KV cache")
+    ctl = state.on(query.device)
+    local = ctl.row_pos
+    # q_rows: [batch, head, r, d_head] -> scores: [batch, head, r, n_keys]
+    q_rows = query[:, :, local].float()
+    scores = _grouped_scores(q_rows, key.float()) * scaling
+    allowed = _allowed(local, n_keys, sliding_window)
+    if attention_mask is not None:
+        if attention_mask.dtype != torch.bool:
+            raise TypeError("basm_probe expects the boolean sdpa mask; got an additive mask")
+        allowed = allowed & attention_mask[:, :, local, :]
+    probs, knocked = _exact_probs(ctl, layer, scores, allowed, ctl.row_query)
+    rec = torch.arange(local.numel(), device=local.device)
+    _record(state, ctl, layer, probs, rec, rec)
+    if knocked.any():
+        # Recompute only the knocked rows' outputs; everything else keeps the sdpa result.
+        row_out = _grouped_mix(probs, value.float()).to(out.dtype)  # [batch, head, r, d_head]
+        out[:, local] = torch.where(knocked.transpose(1, 2)[..., None], row_out.transpose(1, 2), out[:, local])
+    return out, None
+
+
+def _branch_forward(
+    state: _ProbeState,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    sliding_window: int | None,
+) -> tuple[torch.Tensor, None]:
+    b, h, t, d = query.shape
+    prefix = state.prefix_kv.get(layer)
+    ctl = state.on(query.device)
+    p = state.q_offset
+    qf = query.float()
+    kb, vb = key.float(), value.float()
+    kp = vp = None
+    if prefix is not None:
+        # kp, vp: [1, kv_head, p, d_head], shared by every batch element
+        kp, vp = prefix[0].float(), prefix[1].float()
+    out = torch.empty(b, h, t, vb.shape[-1], dtype=torch.float32, device=query.device)
+    row_local = ctl.row_pos - p
+    for i0 in range(0, t, state.row_chunk):
+        i1 = min(t, i0 + state.row_chunk)
+        q_c = qf[:, :, i0:i1]  # [batch, head, c, d_head]
+        # Keys after the chunk are causally invisible: use branch keys [0, i1) only.
+        parts = [_grouped_scores(q_c, kb[:, :, :i1])]
+        if kp is not None:
+            parts.insert(0, _grouped_scores(q_c, kp))
+        scores = torch.cat(parts, dim=-1) * scaling  # [batch, head, c, p + i1]
+        q_pos = torch.arange(p + i0, p + i1, device=query.device)
+        allowed = _allowed(q_pos, p + i1, sliding_window)
+        in_chunk = (row_local >= i0) & (row_local < i1)
+        is_query = torch.zeros(b, i1 - i0, dtype=torch.bool, device=query.device)
+        is_query[:, row_local[in_chunk] - i0] = ctl.row_query[:, in_chunk]
+        probs, _ = _exact_probs(ctl, layer, scores, allowed, is_query)
+        _record(state, ctl, layer, probs, row_local[in_chunk] - i0, in_chunk.nonzero().flatten())
+        o = _grouped_mix(probs[..., p:], vb[:, :, :i1])
+        if vp is not None:
+            o = o + _grouped_mix(probs[..., :p], vp)
+        out[:, :, i0:i1] = o
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, probe_attention_forward)
+# Without a registered mask function transformers builds no causal mask for custom names.
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConditionResult:
+    """Everything measured for one prompt under one condition.
+
+    logits: [n - row_offset, vocab] fp32 at absolute rows ``row_offset .. n-1``.
+    span_mass: span -> [layer, head, query_row] (sum of softmax probability over the span).
+    rows: [layer, head, query_row, n] full softmax rows, when requested.
+    residual: [layer + 1, d_model] at the last query row: embeddings, then each decoder layer's
+        output (before the final norm), when requested.
+    candidate_token_logprobs: name -> [len(ids)] log P(ids[j] | prefix, ids[:j]).
+    """
+
+    condition: Knockout
+    row_offset: int
+    logits: torch.Tensor
+    span_mass: dict[str, torch.Tensor]
+    entropy: float
+    candidate_token_logprobs: dict[str, torch.Tensor]
+    rows: torch.Tensor | None = None
+    residual: torch.Tensor | None = None
+
+    def logits_at(self, row: int) -> torch.Tensor:
+        """Next-token logits [vocab] predicted at absolute row ``row``."""
+        if not self.row_offset <= row < self.row_offset + self.logits.shape[0]:
+            raise IndexError(f"row {row} outside the recorded rows {self.row_offset}..{self.row_offset + self.logits.shape[0] - 1}")
+        return self.logits[row - self.row_offset]
+
+    @property
+    def row_logits(self) -> dict[int, torch.Tensor]:
+        return {self.row_offset + i: self.logits[i] for i in range(self.logits.shape[0])}
+
+    def candidate_logprob(self, name: str) -> float:
+        return float(self.candidate_token_logprobs[name].sum())
+
+
+@dataclass
+class ProbeResult:
+    input_ids: list[int]
+    query_rows: list[int]
+    span_sizes: dict[str, int]
+    conditions: list[ConditionResult]
+
+    def __getitem__(self, name: str) -> ConditionResult:
+        for c in self.conditions:
+            if c.condition.name == name:
+                return c
+        raise KeyError(name)
+
+    def attention_rows(self) -> list[dict[str, Any]]:
+        """Tidy span attention: one dict per (condition, span, layer, head, query row).
+
+        ``mass`` is Σ_{i∈X} A_{q,i}; ``mean`` divides by |X| (Eq. 2's α_X).
+        """
+        out: list[dict[str, Any]] = []
+        for c in self.conditions:
+            for span, mass in c.span_mass.items():
+                size = self.span_sizes[span]
+                m = mass.tolist()
+                for layer, per_head in enumerate(m):
+                    for head, per_row in enumerate(per_head):
+                        for qi, v in enumerate(per_row):
+                            out.append(
+                                {
+                                    "condition": c.condition.name,
+                                    "span": span,
+                                    "layer": layer,
+                                    "head": head,
+                                    "query_row": self.query_rows[qi],
+                                    "mass": v,
+                                    "mean": v / size if size else math.nan,
+                                }
+                            )
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Session
+# --------------------------------------------------------------------------------------------
+
+
+class ProbeSession:
+    """A model loaded for probing. See the module docstring for the algorithm.
+
+    ``model_or_dir``: a local model directory, a name in the local HF cache, a ``.gguf`` file, or
+    an already loaded causal LM (its attention implementation is switched to ``basm_probe``).
+    """
+
+    def __init__(
+        self,
+        model_or_dir: str | Path | PreTrainedModel,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        device_map: str | dict[str, Any] | None = None,
+        allow_pickle: bool = False,
+        trust_remote_code: bool = False,
+        tokenizer: Any = None,
+        row_chunk: int = 256,
+    ) -> None:
+        if isinstance(model_or_dir, PreTrainedModel):
+            model = model_or_dir
+            model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        else:
+            model, tokenizer = load_model(
+                model_or_dir,
+                dtype=dtype,
+                device=device,
+                device_map=device_map,
+                allow_pickle=allow_pickle,
+                trust_remote_code=trust_remote_code,
+                attn_implementation=ATTN_IMPLEMENTATION,
+            )
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.row_chunk = row_chunk
+        cfg = model.config.get_text_config()
+        self.n_layers: int = cfg.num_hidden_layers
+        self.n_heads: int = cfg.num_attention_heads
+        self.max_context: int | None = getattr(cfg, "max_position_embeddings", None)
+        self._layers = model.base_model.layers
+        self._embed = model.get_input_embeddings()
+
+    @property
+    def device(self) -> torch.device:
+        return self._embed.weight.device
+
+    # ----------------------------------------------------------------------------------------
+
+    def _validate(
+        self,
+        ids: list[int],
+        query_rows: Sequence[int],
+        conditions: Sequence[Knockout],
+    ) -> list[int]:
+        n = len(ids)
+        if n == 0:
+            raise ValueError("empty prompt")
+        check_context_length(n, self.model)
+        rows = sorted({int(r) for r in query_rows})
+        if not rows or rows[0] < 0 or rows[-1] >= n:
+            raise ValueError(f"query_rows {list(query_rows)} must be non-empty positions in 0..{n - 1}")
+        for c in conditions:
+            if c.key_positions and (c.key_positions[0] < 0 or c.key_positions[-1] >= n):
+                raise ValueError(f"knockout {c.name!r}: key positions must lie in 0..{n - 1}")
+            blocked = set(c.key_positions)
+            for r in rows:
+                if blocked.issuperset(range(r + 1)):
+                    raise ValueError(f"knockout {c.name!r} blocks every key of query row {r}; its softmax is undefined")
+        return rows
+
+    def _new_state(
+        self,
+        mode: Literal["single", "branch"],
+        n: int,
+        rows: list[int],
+        spans: Mapping[str, Sequence[int]],
+        conds: list[Knockout],
+        elem_cond: list[int],
+        n_keys: int,
+        row_query: torch.Tensor,
+        q_offset: int,
+        record_rows: bool,
+    ) -> _ProbeState:
+        dev = self.device
+        span_matrix = torch.zeros(n, len(spans), dtype=torch.float32, device=dev)
+        for j, (name, pos) in enumerate(spans.items()):
+            pos = list(pos)
+            if pos and (min(pos) < 0 or max(pos) >= n):
+                raise ValueError(f"span {name!r} has positions outside 0..{n - 1}")
+            span_matrix[pos, j] = 1.0
+        actives = torch.stack([c.active(self.n_layers, self.n_heads) for c in conds])
+        key_block = torch.zeros(len(conds), n_keys, dtype=torch.bool)
+        for i, c in enumerate(conds):
+            key_block[i, list(c.key_positions)] = True
+        idx = torch.tensor(elem_cond)
+        c, r, h, L = len(conds), len(rows), self.n_heads, self.n_layers
+        return _ProbeState(
+            mode=mode,
+            q_offset=q_offset,
+            row_pos=torch.tensor(rows, device=dev),
+            row_query=row_query.to(dev),
+            key_block=key_block[idx].to(dev),
+            active=actives[idx].to(dev),
+            n_record=c,
+            span_matrix=span_matrix,
+            span_mass=torch.zeros(L, c, h, r, len(spans), device=dev),
+            rows=torch.zeros(L, c, h, r, n, device=dev) if record_rows else None,
+            row_chunk=self.row_chunk,
+        )
+
+    @contextlib.contextmanager
+    def _residual_hooks(self, enabled: bool, n_record: int, local_row: int) -> Iterator[list[torch.Tensor]]:
+        """Capture [cond, d_model] at one local row from the embeddings and every decoder layer."""
+        captured: list[torch.Tensor] = []
+        if not enabled:
+            yield captured
+            return
+
+        def hook(_m: torch.nn.Module, _inp: Any, output: Any) -> None:
+            hs = output[0] if isinstance(output, tuple) else output
+            captured.append(hs[:n_record, local_row].detach().float().cpu())
+
+        handles = [self._embed.register_forward_hook(hook)] + [layer.register_forward_hook(hook) for layer in self._layers]
+        try:
+            yield captured
+        finally:
+            for hd in handles:
+                hd.remove()
+
+    def _collect(
+        self,
+        state: _ProbeState,
+        conds: list[Knockout],
+        spans: Mapping[str, Sequence[int]],
+        logits: torch.Tensor,
+        row_offset: int,
+        last_row: int,
+        residual: list[torch.Tensor],
+        cand_lp: list[dict[str, torch.Tensor]],
+    ) -> list[ConditionResult]:
+        out = []
+        names = list(spans)
+        for i, c in enumerate(conds):
+            lg = logits[i].float()
+            dec = lg[last_row - row_offset]
+            margins_mod.check_finite(dec, f"decision-row logits under condition {c.name!r}")
+            out.append(
+                ConditionResult(
+                    condition=c,
+                    row_offset=row_offset,
+                    logits=lg.cpu(),
+                    span_mass={s: state.span_mass[:, i, :, :, j].cpu() for j, s in enumerate(names)},
+                    entropy=margins_mod.entropy(dec),
+                    candidate_token_logprobs=cand_lp[i],
+                    rows=state.rows[:, i].cpu() if state.rows is not None else None,
+                    residual=torch.stack([r[i] for r in residual]).cpu() if residual else None,
+                )
+            )
+        return out
+
+    # ----------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(
+        self,
+        input_ids: Sequence[int] | torch.Tensor,
+        query_rows: Sequence[int],
+        spans: Mapping[str, Sequence[int]] | None = None,
+        conditions: Sequence[Knockout] = (),
+        candidates: Mapping[str, tuple[int, Sequence[int]]] | None = None,
+        record_rows: bool = False,
+        record_residual: bool = False,
+    ) -> ProbeResult:
+        """Score one prompt under the baseline plus ``conditions`` by cached branching.
+
+        ``candidates``: name -> (anchor_index, token_ids); the result holds
+        log P(token_ids | input_ids[:anchor_index + 1]) under each condition. Anchors must be
+        at or after the first query row (the branch point).
+        """
+        ids = [int(x) for x in (input_ids.flatten().tolist() if isinstance(input_ids, torch.Tensor) else input_ids)]
+        spans = dict(spans or {})
+        candidates = dict(candidates or {})
+        conds = [BASELINE, *conditions]
+        rows = self._validate(ids, query_rows, conds)
+        n, p = len(ids), rows[0]
+        dev = self.device
+        for name, (anchor, toks) in candidates.items():
+            if not p <= anchor < n or not toks:
+                raise ValueError(f"candidate {name!r}: anchor {anchor} must lie in {p}..{n - 1} (query rows start at {p}) and ids be non-empty")
+            check_context_length(anchor + len(toks), self.model)
+
+        # Branch elements: the conditions, then each multi-token candidate under each condition.
+        multi = [(name, a, list(t)) for name, (a, t) in candidates.items() if len(t) > 1]
+        seqs: list[list[int]] = [ids[p:]] * len(conds)
+        elem_cond = list(range(len(conds)))
+        anchors = [n - 1] * len(conds)
+        for ci in range(len(conds)):
+            for _name, a, t in multi:
+                seqs.append(ids[p : a + 1] + t[:-1])
+                elem_cond.append(ci)
+                anchors.append(a)
+        t_len = max(len(s) for s in seqs)
+        # Right padding is harmless under causal attention: pads come after every real row.
+        branch = torch.tensor([s + [0] * (t_len - len(s)) for s in seqs], device=dev)
+        row_query = torch.tensor([[r <= a for r in rows] for a in anchors])
+        state = self._new_state("branch", n, rows, spans, conds, elem_cond, p + t_len, row_query, p, record_rows)
+
+        if p > 0:
+            with _activate(_ProbeState(mode="prefix")) as pre:
+                self.model.base_model(input_ids=torch.tensor([ids[:p]], device=dev), use_cache=False)
+            state.prefix_kv = pre.prefix_kv
+        positions = torch.arange(p, p + t_len, device=dev).expand(len(seqs), -1)
+        with _activate(state), self._residual_hooks(record_residual, len(conds), rows[-1] - p) as resid:
+            logits = self.model(input_ids=branch, position_ids=positions, use_cache=False).logits
+
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        cand_lp: list[dict[str, torch.Tensor]] = [{} for _ in conds]
+        for ci in range(len(conds)):
+            for name, (a, t) in candidates.items():
+                if len(t) == 1:
+                    cand_lp[ci][name] = logp[ci, a - p, t[0]].reshape(1).cpu()
+            for k, (name, a, t) in enumerate(multi):
+                e = len(conds) + ci * len(multi) + k
+                r = torch.arange(a - p, a - p + len(t), device=logp.device)
+                cand_lp[ci][name] = logp[e, r, torch.tensor(t, device=logp.device)].cpu()
+        results = self._collect(state, conds, spans, logits[: len(conds), : n - p], p, rows[-1], resid, cand_lp)
+        return ProbeResult(ids, rows, {s: len(set(v)) for s, v in spans.items()}, results)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: Sequence[int] | torch.Tensor,
+        query_rows: Sequence[int],
+        spans: Mapping[str, Sequence[int]] | None = None,
+        conditions: Sequence[Knockout] = (),
+        record_rows: bool = False,
+        record_residual: bool = False,
+        include_baseline: bool = True,
+    ) -> ProbeResult:
+        """Single-pass path: one full sdpa forward per condition (batched), exact query rows.
+
+        No cache branching and no candidates; logits are kept at rows ``min(query_rows) .. n-1``
+        like ``run``. This is the reference for ``run`` and the benchmark's "engine forward".
+        """
+        ids = [int(x) for x in (input_ids.flatten().tolist() if isinstance(input_ids, torch.Tensor) else input_ids)]
+        spans = dict(spans or {})
+        conds = [BASELINE, *conditions] if include_baseline else list(conditions)
+        if not conds:
+            raise ValueError("no conditions to run")
+        rows = self._validate(ids, query_rows, conds)
+        n, p = len(ids), rows[0]
+        dev = self.device
+        row_query = torch.ones(len(conds), len(rows), dtype=torch.bool)
+        state = self._new_state("single", n, rows, spans, conds, list(range(len(conds))), n, row_query, 0, record_rows)
+        batch = torch.tensor([ids], device=dev).expand(len(conds), -1)
+        with _activate(state), self._residual_hooks(record_residual, len(conds), rows[-1]) as resid:
+            logits = self.model(
+                input_ids=batch, use_cache=False, logits_to_keep=torch.arange(p, n, device=dev)
+            ).logits
+        cand_lp: list[dict[str, torch.Tensor]] = [{} for _ in conds]
+        results = self._collect(state, conds, spans, logits, p, rows[-1], resid, cand_lp)
+        return ProbeResult(ids, rows, {s: len(set(v)) for s, v in spans.items()}, results)
+
+    # ----------------------------------------------------------------------------------------
+
+    def score_record(
+        self,
+        record: Mapping[str, Any],
+        conditions: Sequence[Knockout] = (),
+        *,
+        record_rows: bool = False,
+        record_residual: bool = False,
+        extra_tool_first_tokens: Sequence[int] = (),
+    ) -> list[dict[str, Any]]:
+        """Score a prompt record (docs/architecture.md) and return one tidy dict per condition.
+
+        Each row carries the record's identifying fields, the condition, decision-row entropy,
+        the four margins (value, variant, format, collision, note), the span attention mass per
+        [layer][head] at every query row, and optionally rows / residual.
+        ``extra_tool_first_tokens``: first tokens of further catalog tools for the broader
+        tool-vs-control margin (the record's wrong candidates are always included).
+        """
+        cands = margins_mod.candidates_from_record(record)
+        spans = {name: span_positions(r) for name, r in record.get("spans", {}).items()}
+        res = self.run(
+            record["input_ids"],
+            record["query_rows"],
+            spans=spans,
+            conditions=conditions,
+            candidates={str(i): (c.anchor_index, list(c.token_ids)) for i, c in enumerate(cands)},
+            record_rows=record_rows,
+            record_residual=record_residual,
+        )
+        fmt = record.get("format", "native")
+        dec, opn = int(record["decision_index"]), record.get("open_index")
+        out = []
+        for c in res.conditions:
+            seq_lp = {str(i): c.candidate_token_logprobs[str(i)] for i in range(len(cands))}
+            kw = dict(
+                row_logits=c.row_logits,
+                input_ids=res.input_ids,
+                candidates=cands,
+                fmt=fmt,
+                decision_index=dec,
+                open_index=opn,
+            )
+            m = [
+                margins_mod.wrong_tool_margin(**kw),
+                margins_mod.tool_vs_control_margin(**kw, extra_tool_first_tokens=extra_tool_first_tokens),
+                margins_mod.divergence_margin(**kw, token_logprobs=seq_lp),
+                margins_mod.sequence_logprob_margin(**kw, token_logprobs=seq_lp),
+            ]
+            row: dict[str, Any] = {
+                k: record.get(k) for k in ("record_id", "item_id", "bucket", "domain", "task_group", "config", "k", "format")
+            }
+            row.update(
+                condition=c.condition.name,
+                knockout_layers=list(c.condition.layers) if c.condition.layers is not None else None,
+                knockout_heads=[list(x) for x in c.condition.heads] if c.condition.heads is not None else None,
+                knockout_size=len(c.condition.key_positions),
+                n_tokens=len(res.input_ids),
+                query_rows=res.query_rows,
+                entropy=c.entropy,
+                record_collision=bool(record.get("collision", False)),
+                margins={r.variant: r.as_dict() for r in m},
+                span_size=res.span_sizes,
+                span_mass={s: v.tolist() for s, v in c.span_mass.items()},
+            )
+            for r in m:
+                row[r.variant] = r.value
+                row[f"{r.variant}_collision"] = r.collision
+            if c.rows is not None:
+                row["rows"] = c.rows.tolist()
+            if c.residual is not None:
+                row["residual"] = c.residual.tolist()
+            out.append(row)
+        return out

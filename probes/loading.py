@@ -1,0 +1,217 @@
+"""Local-only model loading.
+
+Models come from a local directory, a name already in the local Hugging Face cache, or a GGUF
+file (converted once into a cached HF folder). Nothing here touches the network: every
+transformers / huggingface_hub call uses ``local_files_only=True``. Weights must be safetensors
+unless ``allow_pickle=True`` (pickle checkpoints can execute code on load), and remote code is
+off unless ``trust_remote_code=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+DTYPES: dict[str, torch.dtype | str] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "auto": "auto",
+}
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+# A bare "name" or "org/name" that does not exist on disk is read as a hub id.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded; the message says exactly why and what to do."""
+
+
+class PromptTooLongError(ValueError):
+    """A prompt does not fit the model's context window."""
+
+
+def gguf_cache_dir() -> Path:
+    """Where converted GGUF models live (``$BASM_PROBES_CACHE`` or ~/.cache/basm-probes)."""
+    root = os.environ.get("BASM_PROBES_CACHE") or Path.home() / ".cache" / "basm-probes"
+    return Path(root) / "gguf"
+
+
+def _has_safetensors(d: Path) -> bool:
+    return any(d.glob("*.safetensors")) or (d / "model.safetensors.index.json").exists()
+
+
+def _pickle_files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.suffix in PICKLE_SUFFIXES)
+
+
+def _check_model_dir(d: Path, allow_pickle: bool) -> None:
+    if not (d / "config.json").is_file():
+        raise ModelLoadError(f"{d} has no config.json; it is not a Hugging Face model directory")
+    if _has_safetensors(d):
+        return
+    pickles = _pickle_files(d)
+    if pickles and not allow_pickle:
+        raise ModelLoadError(
+            f"{d} has only pickle weights ({', '.join(pickles)}); pickle can run arbitrary code on load. "
+            "Convert them to safetensors, or pass --allow-pickle (allow_pickle=True) if you trust the source"
+        )
+    if not pickles:
+        raise ModelLoadError(f"{d} has a config.json but no weights (no *.safetensors, no {'/'.join(PICKLE_SUFFIXES)} files)")
+
+
+def _hub_cache_lookup(name: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError) as e:
+        raise ModelLoadError(
+            f"{name!r} is not a local directory and is not in the local Hugging Face cache ({HF_HUB_CACHE}). "
+            "basm-probes runs offline and never downloads: fetch it first (e.g. `huggingface-cli download "
+            f"{name}`) or pass the path of a local model directory"
+        ) from e
+
+
+def resolve_model_dir(model: str | Path, *, allow_pickle: bool = False) -> Path:
+    """The local HF model directory for ``model`` (a path or a cached hub name); checked, not loaded.
+
+    ``.gguf`` files are handled by :func:`load_model` (they are converted first).
+    """
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"{path} is a file; expected a model directory or a .gguf file")
+        d = path
+    elif isinstance(model, str) and _HUB_ID.match(model) and not model.startswith("."):
+        d = _hub_cache_lookup(model)
+    else:
+        raise ModelLoadError(f"model directory {path} does not exist")
+    _check_model_dir(d, allow_pickle)
+    return d
+
+
+def _file_sha256(path: Path) -> str:
+    """SHA-256 of a file, memoised per (path, size, mtime) so large GGUFs are hashed once."""
+    index = gguf_cache_dir() / "hashes.json"
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    memo: dict[str, str] = json.loads(index.read_text()) if index.exists() else {}
+    if key not in memo:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+        memo[key] = h.hexdigest()
+        index.parent.mkdir(parents=True, exist_ok=True)
+        index.write_text(json.dumps(memo, indent=1))
+    return memo[key]
+
+
+def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
+    """Dequantise a GGUF file into a cached HF folder (safetensors) once; return that folder."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file {path} does not exist")
+    out = gguf_cache_dir() / _file_sha256(path)
+    if (out / "config.json").exists() and _has_safetensors(out):
+        return out
+    tmp = out.with_name(out.name + ".partial")
+    kw: dict[str, Any] = dict(gguf_file=path.name, local_files_only=True, trust_remote_code=trust_remote_code)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kw)
+        tok = AutoTokenizer.from_pretrained(path.parent, **kw)
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot convert GGUF {path}: {e}") from e
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    tmp.replace(out)
+    return out
+
+
+def _check_architecture(cfg: PretrainedConfig, d: Path, trust_remote_code: bool) -> None:
+    archs = ", ".join(cfg.architectures or []) or "no architectures"
+    if trust_remote_code and getattr(cfg, "auto_map", None):
+        return  # remote code: checked when the probe attention is installed
+    if cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"unsupported architecture in {d}: model_type={cfg.model_type!r} ({archs}) "
+            "is not a causal language model known to transformers"
+        )
+    cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.model_type], None)
+    if not getattr(cls, "_supports_attention_backend", False):
+        raise ModelLoadError(
+            f"unsupported architecture {cfg.model_type!r} in {d}: its attention does not go through transformers' "
+            "attention interface, so the probe attention cannot be installed (Qwen3, Qwen2, Llama and similar work)"
+        )
+
+
+def load_model(
+    model: str | Path,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    device_map: str | dict[str, Any] | None = None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    attn_implementation: str = "sdpa",
+) -> tuple[PreTrainedModel, Any]:
+    """Load ``(model, tokenizer)`` from local files only.
+
+    ``model``: a model directory, a name in the local HF cache, or a ``.gguf`` file.
+    ``dtype``: float32 | bfloat16 | float16 | auto. ``device_map="auto"`` spreads the model over
+    the available GPUs (then ``device`` is ignored). ``ProbeSession`` passes
+    ``attn_implementation="basm_probe"``.
+    """
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if str(model).endswith(".gguf"):
+        d = convert_gguf(model, trust_remote_code=trust_remote_code)
+    else:
+        d = resolve_model_dir(model, allow_pickle=allow_pickle)
+    try:
+        cfg = AutoConfig.from_pretrained(d, local_files_only=True, trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError) as e:
+        raise ModelLoadError(f"unsupported architecture in {d}: {e}") from e
+    _check_architecture(cfg, d, trust_remote_code)
+    if not any((d / f).exists() for f in TOKENIZER_FILES):
+        raise ModelLoadError(f"{d} has weights but no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    m = AutoModelForCausalLM.from_pretrained(
+        d,
+        dtype=DTYPES[dtype],
+        device_map=device_map,
+        attn_implementation=attn_implementation,
+        local_files_only=True,
+        trust_remote_code=trust_remote_code,
+        use_safetensors=_has_safetensors(d) or not allow_pickle,
+    )
+    if device_map is None:
+        m = m.to(device)
+    tok = AutoTokenizer.from_pretrained(d, local_files_only=True, trust_remote_code=trust_remote_code)
+    return m.eval(), tok
+
+
+def check_context_length(n_tokens: int, model: PreTrainedModel | PretrainedConfig) -> None:
+    """Raise :class:`PromptTooLongError` if ``n_tokens`` exceeds the model's context window."""
+    cfg = model.config if isinstance(model, PreTrainedModel) else model
+    limit = getattr(cfg.get_text_config(), "max_position_embeddings", None)
+    if limit is not None and n_tokens > limit:
+        raise PromptTooLongError(
+            f"prompt has {n_tokens} tokens but the model's context is {limit} (max_position_embeddings); "
+            "shorten the memory block or lower k"
+        )

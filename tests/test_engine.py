@@ -1,0 +1,301 @@
+"""Engine exactness against independent references (tiny random fp32 models, GQA 4 heads / 2 KV).
+
+Tolerances (fp32): recorded rows vs eager ``output_attentions`` ≤ 1e-5; knockout logits vs an
+explicit per-layer/per-head float 4D additive mask on an *eager* model ≤ 1e-5; vs TransformerLens
+TransformerBridge hook edits ≤ 1e-4; cached branch vs full forward ≤ 1e-5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from probes.engine import ATTN_IMPLEMENTATION, BASELINE, Knockout, ProbeSession, span_positions
+
+N = 48
+QUERY_ROWS = [20, 33, 47]
+SPANS = {"boundary": list(range(4, 14)), "procedure": list(range(14, 26)), "self": [47]}
+CONDITIONS = [
+    Knockout("all_layers", range(4, 14)),
+    Knockout("window", range(4, 14), layers=(1,)),
+    Knockout("pairs", list(range(4, 14)) + [30, 31], heads=((0, 1), (1, 2), (1, 3))),
+]
+TOL = 1e-5
+
+
+def _ids(seed: int = 0, n: int = N) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 300, (n,), generator=g).tolist()
+
+
+@pytest.fixture(scope="module")
+def sessions(model_root: Path) -> dict[str, ProbeSession]:
+    return {arch: ProbeSession(model_root / arch) for arch in ("qwen3", "llama")}
+
+
+@pytest.fixture(scope="module")
+def eager_models(model_root: Path) -> dict[str, torch.nn.Module]:
+    return {
+        arch: AutoModelForCausalLM.from_pretrained(model_root / arch, attn_implementation="eager").eval()
+        for arch in ("qwen3", "llama")
+    }
+
+
+def _masks(n: int, n_layers: int, n_heads: int, ko: Knockout, query_rows: Sequence[int]) -> list[torch.Tensor]:
+    """Independent reference: one float additive mask [1, head, n, n] per layer (0 / -inf)."""
+    causal = torch.full((n, n), float("-inf")).triu(1)
+    active = ko.active(n_layers, n_heads)
+    out = []
+    for layer in range(n_layers):
+        m = causal.expand(n_heads, n, n).clone()
+        for h in range(n_heads):
+            if active[layer, h]:
+                for q in query_rows:
+                    m[h, q, list(ko.key_positions)] = float("-inf")
+        out.append(m[None])
+    return out
+
+
+@torch.no_grad()
+def _reference_logits(model: torch.nn.Module, ids: list[int], ko: Knockout, query_rows: Sequence[int]) -> torch.Tensor:
+    """Logits [n, vocab] of an eager forward where each layer gets its own 4D float mask via a pre-hook."""
+    cfg = model.config
+    masks = _masks(len(ids), cfg.num_hidden_layers, cfg.num_attention_heads, ko, query_rows)
+    handles = []
+    for i, layer in enumerate(model.model.layers):
+
+        def pre(_m, args, kwargs, mask=masks[i]):
+            kwargs["attention_mask"] = mask
+            return args, kwargs
+
+        handles.append(layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        return model(torch.tensor([ids]), use_cache=False).logits[0].float()
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_recorded_rows_match_eager_output_attentions(arch, sessions, eager_models):
+    sess, ids = sessions[arch], _ids(1)
+    with torch.no_grad():
+        att = eager_models[arch](torch.tensor([ids]), output_attentions=True).attentions
+    eager_rows = torch.stack([a[0][:, QUERY_ROWS, :] for a in att])  # [layer, head, r, n]
+    for res in (sess.run(ids, QUERY_ROWS, SPANS, record_rows=True), sess.forward(ids, QUERY_ROWS, SPANS, record_rows=True)):
+        base = res.conditions[0]
+        assert base.rows.shape == (sess.n_layers, sess.n_heads, len(QUERY_ROWS), N)
+        assert (base.rows - eager_rows).abs().max() <= TOL
+        for name, pos in SPANS.items():
+            assert (base.span_mass[name] - eager_rows[..., pos].sum(-1)).abs().max() <= TOL
+    # Rows are far from uniform, so the comparison is not vacuous.
+    assert eager_rows.max() > 0.2
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_knockouts_match_explicit_4d_mask(arch, sessions, eager_models):
+    sess, ids = sessions[arch], _ids(2)
+    p = QUERY_ROWS[0]
+    cached = sess.run(ids, QUERY_ROWS, SPANS, CONDITIONS, record_rows=True)
+    single = sess.forward(ids, QUERY_ROWS, SPANS, CONDITIONS, record_rows=True)
+    for ko in [BASELINE, *CONDITIONS]:
+        ref = _reference_logits(eager_models[arch], ids, ko, QUERY_ROWS)[p:]
+        for res in (cached, single):
+            assert (res[ko.name].logits - ref).abs().max() <= TOL, ko.name
+        if ko.key_positions:
+            # The knockout really changed something, and blocked keys get exactly zero mass.
+            assert (cached[ko.name].logits - cached["baseline"].logits).abs().max() > 1e-3
+            act = ko.active(sess.n_layers, sess.n_heads)
+            assert cached[ko.name].rows[act][..., list(ko.key_positions)].abs().max() == 0
+
+
+def test_no_knockout_equals_plain_sdpa(qwen3_dir, sessions):
+    sess, ids = sessions["qwen3"], _ids(3)
+    sdpa = AutoModelForCausalLM.from_pretrained(qwen3_dir, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        ref = sdpa(torch.tensor([ids]), use_cache=False).logits[0, QUERY_ROWS[0] :]
+    single = sess.forward(ids, QUERY_ROWS, SPANS)
+    # The single path runs the sdpa kernel itself for every row: bit-identical.
+    assert torch.equal(single.conditions[0].logits, ref)
+    cached = sess.run(ids, QUERY_ROWS, SPANS)
+    assert (cached.conditions[0].logits - ref).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_cached_branch_equals_full_forwards(arch, sessions, eager_models):
+    sess, ids = sessions[arch], _ids(4)
+    cands = {"multi": (47, [5, 6, 7, 8]), "single": (47, [9]), "early": (33, [10, 11, 12])}
+    cached = sess.run(ids, QUERY_ROWS, SPANS, CONDITIONS, cands, record_rows=True, record_residual=True)
+    for ko in [BASELINE, *CONDITIONS]:
+        full = sess.forward([*ids], QUERY_ROWS, SPANS, [ko], record_rows=True, record_residual=True, include_baseline=False)
+        a, b = cached[ko.name], full.conditions[0]
+        assert (a.logits - b.logits).abs().max() <= TOL
+        assert (a.rows - b.rows).abs().max() <= TOL
+        for s in SPANS:
+            assert (a.span_mass[s] - b.span_mass[s]).abs().max() <= TOL
+        assert (a.residual - b.residual).abs().max() <= TOL
+        assert abs(a.entropy - b.entropy) <= TOL
+        # Candidates: a full forward over prompt[:anchor+1] + ids, knocking out the query rows up to the anchor.
+        for name, (anchor, toks) in cands.items():
+            seq = ids[: anchor + 1] + toks
+            ref = torch.log_softmax(_reference_logits(eager_models[arch], seq, ko, [r for r in QUERY_ROWS if r <= anchor]), -1)
+            want = ref[torch.arange(anchor, anchor + len(toks)), toks]
+            assert (a.candidate_token_logprobs[name] - want).abs().max() <= TOL, (ko.name, name)
+
+
+def test_condition_batching_does_not_change_results(sessions):
+    sess, ids = sessions["qwen3"], _ids(5)
+    together = sess.run(ids, QUERY_ROWS, SPANS, CONDITIONS, {"c": (47, [1, 2])})
+    for ko in CONDITIONS:
+        alone = sess.run(ids, QUERY_ROWS, SPANS, [ko], {"c": (47, [1, 2])})
+        assert (together[ko.name].logits - alone[ko.name].logits).abs().max() <= TOL
+        assert (together[ko.name].candidate_token_logprobs["c"] - alone[ko.name].candidate_token_logprobs["c"]).abs().max() <= TOL
+
+
+def test_residual_matches_hidden_states(qwen3_dir, sessions):
+    sess, ids = sessions["qwen3"], _ids(6)
+    sdpa = AutoModelForCausalLM.from_pretrained(qwen3_dir).eval()
+    with torch.no_grad():
+        hs = sdpa(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    res = sess.run(ids, QUERY_ROWS, record_residual=True).conditions[0].residual
+    assert res.shape == (sess.n_layers + 1, 64)
+    # hidden_states[L] is after the final norm in transformers; ours is the raw layer output.
+    for layer in range(sess.n_layers):
+        assert (res[layer] - hs[layer][0, QUERY_ROWS[-1]]).abs().max() <= TOL
+
+
+def test_transformer_lens_hook_edits(qwen3_dir, sessions):
+    """TransformerLens bridge reference, two ways: scores set to -inf on the knocked edges
+    (hook_attn_scores, pre-softmax: the keys leave the softmax) and the pattern zeroed on those
+    edges and renormalised (hook_pattern) — the same distribution, written post-softmax."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    sess, ids = sessions["qwen3"], _ids(7)
+    hf = AutoModelForCausalLM.from_pretrained(qwen3_dir)  # its own copy: the bridge rewrites it in place
+    bridge = TransformerBridge.boot_transformers(str(qwen3_dir), hf_model=hf, tokenizer=sess.tokenizer)
+    res = sess.run(ids, QUERY_ROWS, SPANS, CONDITIONS)
+    p = QUERY_ROWS[0]
+    for ko in CONDITIONS:
+        act = ko.active(sess.n_layers, sess.n_heads)
+        keys = list(ko.key_positions)
+        rows = torch.tensor(QUERY_ROWS)
+
+        def edge_mask(shape: torch.Size, layer: int) -> torch.Tensor:
+            m = torch.zeros(shape, dtype=torch.bool)
+            for h in range(sess.n_heads):
+                if act[layer, h]:
+                    m[:, h, rows[:, None], torch.tensor(keys)[None, :]] = True
+            return m
+
+        def scores_hook(x, hook):
+            return x.masked_fill(edge_mask(x.shape, hook.layer()), float("-inf"))
+
+        def pattern_hook(x, hook):
+            x = x.masked_fill(edge_mask(x.shape, hook.layer()), 0.0)
+            return x / x.sum(-1, keepdim=True)
+
+        layers = range(sess.n_layers)
+        for suffix, fn in (("hook_attn_scores", scores_hook), ("hook_pattern", pattern_hook)):
+            hooks = [(f"blocks.{layer}.attn.{suffix}", fn) for layer in layers]
+            with torch.no_grad():
+                logits = bridge.run_with_hooks(torch.tensor([ids]), fwd_hooks=hooks)[0, p:].float()
+            assert (res[ko.name].logits - logits).abs().max() <= 1e-4, (ko.name, suffix)
+
+
+def test_registered_attention_is_sdpa_outside_probes(qwen3_dir, sessions):
+    """Generation etc. still work with the probe attention installed (it defers to sdpa)."""
+    sess = sessions["qwen3"]
+    assert sess.model.config._attn_implementation == ATTN_IMPLEMENTATION
+    sdpa = AutoModelForCausalLM.from_pretrained(qwen3_dir).eval()
+    x = torch.tensor([_ids(8, 20)])
+    with torch.no_grad():
+        assert torch.equal(sess.model(x).logits, sdpa(x).logits)
+
+
+def test_session_from_loaded_model(qwen3_dir, sessions):
+    """An already loaded model gets the probe attention installed and behaves identically."""
+    sess = ProbeSession(AutoModelForCausalLM.from_pretrained(qwen3_dir), tokenizer=sessions["qwen3"].tokenizer)
+    assert sess.model.config._attn_implementation == ATTN_IMPLEMENTATION
+    ids = _ids(11)
+    a = sess.run(ids, QUERY_ROWS, SPANS, CONDITIONS[:1])
+    b = sessions["qwen3"].run(ids, QUERY_ROWS, SPANS, CONDITIONS[:1])
+    for x, y in zip(a.conditions, b.conditions):
+        assert torch.equal(x.logits, y.logits)
+
+
+def test_attention_rows_tidy(sessions):
+    sess = sessions["qwen3"]
+    res = sess.run(_ids(9), QUERY_ROWS, SPANS, CONDITIONS[:1])
+    rows = res.attention_rows()
+    assert len(rows) == 2 * len(SPANS) * sess.n_layers * sess.n_heads * len(QUERY_ROWS)
+    r = next(x for x in rows if x["span"] == "boundary" and x["condition"] == "baseline")
+    assert r["mean"] == pytest.approx(r["mass"] / 10)
+
+
+def test_invalid_requests(sessions):
+    sess, ids = sessions["qwen3"], _ids(10)
+    with pytest.raises(ValueError, match="blocks every key"):
+        sess.run(ids, [5], conditions=[Knockout("all", range(6))])
+    with pytest.raises(ValueError, match="anchor"):
+        sess.run(ids, [30], candidates={"x": (10, [1])})
+    with pytest.raises(ValueError, match="layers` or `heads"):
+        Knockout("bad", [1], layers=(0,), heads=((0, 0),))
+    with pytest.raises(ValueError, match="out of range"):
+        sess.run(ids, [30], conditions=[Knockout("bad", [1], layers=(7,))])
+    assert span_positions([[3, 5], [4, 7]]) == [3, 4, 5, 6]
+
+
+def _native_record(tok, names: dict[str, str], collide: bool) -> dict:
+    """A native-format record: prompt, then `<tool_call>\\n{"name": "` forced up to the decision row."""
+    prompt = tok.encode("Use the tool only when the applicability conditions hold. Risk: the account is locked.")
+    forced = tok.encode('<tool_call>\n{"name": "')
+    ids = prompt + forced
+    open_index = len(prompt) - 1
+    d = len(ids) - 1
+    cands = []
+    for role, action in names.items():
+        t = tok.encode(action + '"')
+        cands.append({"role": role, "action": action, "anchor_index": d, "token_ids": t, "first_token_id": t[0]})
+    cands.append({"role": "abstain", "action": "abstain", "anchor_index": open_index, "token_ids": [tok.encode("I")[0]],
+                  "first_token_id": tok.encode("I")[0]})
+    return {
+        "record_id": "x|proc|k2|native", "item_id": "x", "bucket": "T_wrong", "format": "native",
+        "input_ids": ids, "decision_index": d, "open_index": open_index, "query_rows": [open_index, d],
+        "spans": {"boundary": [[2, 8]], "procedure": [[8, 14]]}, "candidates": cands, "collision": collide,
+    }
+
+
+def test_score_record_flags_collisions(sessions):
+    sess = sessions["qwen3"]
+    tok = sess.tokenizer
+    rec = _native_record(tok, {"wrong": "get_user_orders", "correct": "get_user_profile"}, True)
+    assert rec["candidates"][0]["first_token_id"] == rec["candidates"][1]["first_token_id"]
+    rows = sess.score_record(rec, [Knockout.from_spans("boundary", rec["spans"]["boundary"])])
+    assert [r["condition"] for r in rows] == ["baseline", "boundary"]
+    for r in rows:
+        m = r["margins"]
+        assert m["wrong_tool"]["collision"] and m["wrong_tool"]["value"] != m["wrong_tool"]["value"]  # nan
+        assert "collision" in m["wrong_tool"]["note"]
+        assert not m["divergence"]["collision"] and torch.isfinite(torch.tensor(m["divergence"]["value"]))
+        assert not m["sequence_logprob"]["collision"]
+        assert r["format"] == "native" and r["record_collision"]
+        assert len(r["span_mass"]["boundary"]) == sess.n_layers
+
+
+def test_score_record_without_collision_matches_eq1(sessions):
+    sess = sessions["qwen3"]
+    tok = sess.tokenizer
+    rec = _native_record(tok, {"wrong": "cancel_order", "correct": "refund_payment"}, False)
+    rec["candidates"] = [c for c in rec["candidates"] if c["role"] != "abstain"]
+    row = sess.score_record(rec)[0]
+    res = sess.run(rec["input_ids"], rec["query_rows"])
+    dec = res.conditions[0].logits_at(rec["decision_index"])
+    w, c = (x["first_token_id"] for x in rec["candidates"])
+    assert row["wrong_tool"] == pytest.approx(float(dec[w] - dec[c]), abs=1e-6)
+    assert not row["wrong_tool_collision"]
+    # Without shared first tokens the divergence variant is Eq. 1 itself.
+    assert row["divergence"] == pytest.approx(row["wrong_tool"], abs=1e-5)

@@ -1,0 +1,100 @@
+"""Local-only loading: precise errors, pickle policy, dtype, context length."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from probes.engine import ProbeSession
+from probes.loading import ModelLoadError, PromptTooLongError, check_context_length, load_model, resolve_model_dir
+
+
+def test_loads_local_dir(qwen3_dir):
+    model, tok = load_model(qwen3_dir)
+    assert model.config.model_type == "qwen3" and tok is not None
+    assert next(model.parameters()).dtype == torch.float32
+    assert resolve_model_dir(str(qwen3_dir)) == qwen3_dir
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(tmp_path / "nope")
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(tmp_path)
+
+
+def test_no_weights(tmp_path, qwen3_dir):
+    shutil.copy(qwen3_dir / "config.json", tmp_path / "config.json")
+    with pytest.raises(ModelLoadError, match="no weights"):
+        load_model(tmp_path)
+
+
+def test_pickle_requires_allow_pickle(tmp_path, llama_dir):
+    model = AutoModelForCausalLM.from_pretrained(llama_dir)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    for f in [*llama_dir.glob("tokenizer*"), llama_dir / "config.json"]:
+        shutil.copy(f, tmp_path / f.name)
+    assert not list(tmp_path.glob("*.safetensors"))
+    with pytest.raises(ModelLoadError, match="allow-pickle"):
+        load_model(tmp_path)
+    loaded, _ = load_model(tmp_path, allow_pickle=True)
+    x = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, model(x).logits)
+
+
+def test_unsupported_architecture(tmp_path, qwen3_dir):
+    shutil.copytree(qwen3_dir, tmp_path / "m")
+    cases = [
+        ({"model_type": "mamba", "architectures": ["MambaForCausalLM"]}, "unsupported architecture 'mamba'"),  # no attention
+        ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}, "not a causal language model"),
+        ({"model_type": "not_a_model_type", "architectures": ["X"]}, "unsupported architecture"),
+    ]
+    for cfg, msg in cases:
+        (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ModelLoadError, match=msg):
+            load_model(tmp_path / "m")
+
+
+def test_hub_name_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelLoadError, match="not in the local Hugging Face cache"):
+        load_model("Qwen/Qwen3-8B")
+
+
+def test_missing_gguf(tmp_path):
+    with pytest.raises(ModelLoadError, match="GGUF file .* does not exist"):
+        load_model(tmp_path / "model.gguf")
+
+
+def test_prompt_longer_than_context(qwen3_dir):
+    sess = ProbeSession(qwen3_dir)
+    assert sess.max_context == 256
+    check_context_length(256, sess.model)
+    with pytest.raises(PromptTooLongError, match="300 tokens but the model's context is 256"):
+        check_context_length(300, sess.model)
+    with pytest.raises(PromptTooLongError):
+        sess.run(list(range(3, 260)), [250])
+
+
+def test_bf16_load_smoke(qwen3_dir):
+    sess = ProbeSession(qwen3_dir, dtype="bfloat16")
+    assert next(sess.model.parameters()).dtype == torch.bfloat16
+    res = sess.run(list(range(3, 40)), [30, 36], {"s": list(range(5, 10))}, record_rows=True)
+    c = res.conditions[0]
+    assert c.logits.dtype == torch.float32 and torch.isfinite(c.logits).all()
+    # Recorded softmax rows are computed in fp32 and sum to one.
+    assert (c.rows.sum(-1) - 1).abs().max() < 1e-5
+
+
+def test_unknown_dtype(qwen3_dir):
+    with pytest.raises(ModelLoadError, match="unknown dtype"):
+        load_model(qwen3_dir, dtype="int3")
