@@ -138,6 +138,11 @@ def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
         tok = AutoTokenizer.from_pretrained(path.parent, **kw)
     except (ValueError, KeyError, RuntimeError) as e:
         raise ModelLoadError(f"cannot convert GGUF {path}: {e}") from e
+    # The weights are already dequantised to fp32; transformers still marks a GGUF-loaded model as
+    # quantized and refuses to serialise it, so drop the marker before saving.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     tmp.replace(out)
