@@ -6,6 +6,7 @@ Subcommands are registered in :data:`COMMANDS` (name → adder of arguments, run
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing
 import sys
@@ -185,6 +186,31 @@ def _show(args: argparse.Namespace) -> int:
 
 
 register("show", "Print one prompt with its procedure and boundary spans highlighted.", _show_arguments, _show)
+
+
+# ---------------------------------------------------------------------------- probe analyses
+def lazy(module: str, attr: str) -> Callable[..., Any]:
+    """Defer importing an analysis module until its subcommand is used (fast startup; no import
+    cycle with probes.analysis, which imports the shared options above)."""
+
+    def call(*args: Any) -> Any:
+        return getattr(importlib.import_module(module), attr)(*args)
+
+    return call
+
+
+for _name, _help in (
+    ("sweep", "Fig. 2: wrong-tool margin against retrieval depth k per memory configuration."),
+    ("ratios", "Figs. 3a/4: length-normalised boundary/procedure attention ratio η per bucket and configuration."),
+    ("suppression", "Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls, BASM."),
+    ("knockout", "Figs. 3c/d, 6, 7: same-prompt knockout of decision-token → boundary attention, with controls."),
+    ("heads", "Figs. 8/9: per-head log2(boundary/procedure) attention, head ranking and its causal check."),
+    ("report", "Run the chosen analyses; write figures/ (PNG+PDF) and report.md next to the paper's numbers."),
+):
+    register(_name, _help, lazy(f"probes.{_name}", "add_arguments"), lazy(f"probes.{_name}", "run"))
+register("linear", "Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer.", lazy("probes.linear", "add_arguments"), lazy("probes.linear", "run"))
+register("calls", "Fig. 11: greedy next-action calls per k; wrong-/correct-call and parse-failure rates.", lazy("probes.calls", "add_arguments"), lazy("probes.calls", "run"))
+register("paired", "Fig. 12: paired outcome status of BASM vs procedure padding (reuses calls results).", lazy("probes.paired", "add_arguments"), lazy("probes.paired", "run"))
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -1,0 +1,540 @@
+"""The shared runner of every probe analysis (``sweep``, ``ratios``, ``suppression``, ``knockout``,
+``heads``, ``linear``, ``calls``, ``paired``).
+
+An analysis is a list of :class:`Job` s, one per prompt record (item × memory config × k), and a
+scorer that turns the record into tidy rows, one per condition. :func:`run_jobs` builds each
+record lazily with the tokenizer of the model under study, scores it, and appends its rows to a
+resumable :class:`~probes.results.ResultsStore` (key ``"{record_id}|{condition}"``), under one
+tqdm bar whose total is every job of the run, so the ETA covers the whole run. A rerun skips the
+keys already written and never writes one twice.
+
+:func:`score_record` is the common scorer: one cached-branching engine call per record evaluates
+the baseline and every knockout at once, and returns per condition:
+
+- ``margin``: the wrong-tool margin (Eq. 1) under the chosen ``margin_variant``;
+- ``broad_margin``: the same variant with every non-correct catalog tool in the wrong set
+  (the paper's "tool-vs-control" / broader tool preference);
+- ``correct_margin``: preference for the correct tool over the wrong tools and abstention
+  (defined when the correct action is a tool call, else NaN);
+- ``alpha_boundary`` / ``alpha_procedure``: Eq. 2's length-normalised span attention from one
+  query row, averaged over layers and heads (and, on request, per ``[layer][head]``).
+
+The default margin variant is ``divergence``: on real tokenizers many tool names share a first
+token (Qwen3: ``get``), where the first-token Eq. 1 is undefined (NaN, flagged); the divergence
+margin compares the candidates at their first differing token and equals Eq. 1 when first
+tokens differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import math
+import tomllib
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from probes import margins as margins_mod
+from probes.cli import add_dataset_arguments, select_items
+from probes.configs import CONFIGS
+from probes.dataset import BUCKETS, ABSTAIN, Item, ProbeDataset, load_dataset
+from probes.engine import Knockout, ProbeSession, span_positions
+from probes.rendering import FORMATS, BuildSettings, PromptBuilder
+from probes.results import ResultsStore
+from probes.retrieval import RetrievalWeights, Retriever, make_embedder
+from probes.stats import bootstrap_mean
+
+MARGIN_VARIANTS: tuple[str, ...] = ("divergence", "wrong_tool", "sequence_logprob")
+DEFAULT_VARIANT = "divergence"
+EPSILON = 1e-6  # ε of Eq. 2's ratio (stated in every output that uses it)
+# --quick: a small item subset so that `report --quick` finishes in minutes on 2 CPU cores.
+QUICK = {"limit": 3, "k_max": 2, "random_draws": 2}
+
+
+class AnalysisError(RuntimeError):
+    """A run cannot start as configured; the message says what to do."""
+
+
+# ---------------------------------------------------------------------------- options
+def default_model() -> Path:
+    """The bundled model organism; a clear error until it has been trained and committed."""
+    from probes.organism import ORGANISM_DIR
+
+    if not (ORGANISM_DIR / "config.json").is_file():
+        raise AnalysisError(
+            f"the bundled model organism is not in {ORGANISM_DIR} yet; pass --model PATH "
+            "(a local HF folder, a name in the local HF cache, or a .gguf file)"
+        )
+    return ORGANISM_DIR
+
+
+def parse_items(spec: str) -> dict[str, Any]:
+    """``--items`` compact filter: colon-separated bucket names, domain names and one count,
+    e.g. ``T_wrong:retail:10`` (any order; each part optional)."""
+    out: dict[str, Any] = {"buckets": [], "domains": [], "limit": None}
+    for part in filter(None, spec.split(":")):
+        if part in BUCKETS:
+            out["buckets"].append(part)
+        elif part.isdigit():
+            out["limit"] = int(part)
+        else:
+            out["domains"].append(part)
+    return out
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, *, k_max: int = 2, buckets: Sequence[str] | None = None) -> None:
+    """Options shared by every analysis. ``k_max``/``buckets``: this analysis's defaults."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", help="local HF folder, local-cache name or .gguf (default: the bundled organism)")
+    group.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto (default: float32)")
+    group.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    group = parser.add_argument_group("probe")
+    group.add_argument("--format", default="native", choices=FORMATS, help="decision format (default: native)")
+    group.add_argument(
+        "--margin-variant", default=DEFAULT_VARIANT, choices=MARGIN_VARIANTS,
+        help="margin variant (default: divergence, defined under first-token collisions; "
+        "wrong_tool = Eq. 1 verbatim, NaN where wrong and control share a first token)",
+    )
+    group.add_argument("--k-max", type=int, default=k_max, help=f"largest retrieval depth K (default: {k_max})")
+    group.add_argument("--embedder", choices=("auto", "minilm", "lexical"), default="auto", help="retrieval embedder")
+    group.add_argument("--gamma", type=float, default=BuildSettings.gamma, help="boundary relevance gate γ (Eq. 10)")
+    group.add_argument("--beta", type=int, default=BuildSettings.beta, help="boundary token budget β (Eq. 10)")
+    group.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
+    add_dataset_arguments(parser)
+    parser.set_defaults(_default_buckets=tuple(buckets) if buckets else None)
+    parser.add_argument("--items", help="compact item filter BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10")
+    group = parser.add_argument_group("run")
+    group.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
+    group.add_argument("--config", type=Path, dest="config_file", help="TOML file of options; explicit flags override it")
+    group.add_argument("--overwrite", action="store_true", help="discard existing results instead of resuming")
+    group.add_argument("--quick", action="store_true", help=f"small run: {QUICK['limit']} items per bucket, k ≤ {QUICK['k_max']}")
+    group.add_argument("--no-figure", dest="figure", action="store_false", help="write rows only")
+    parser.set_defaults(_parser=parser)
+
+
+def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
+    """Apply the TOML file (for options left at their defaults), ``--items`` and ``--quick``."""
+    parser: argparse.ArgumentParser = args._parser
+    if args.config_file is not None:
+        with Path(args.config_file).open("rb") as handle:
+            table = tomllib.load(handle)
+        # keys are flag names without dashes (`k-max`, `item`) or their destinations (`k_max`, `item_ids`)
+        actions = {action.dest: action for action in parser._actions}
+        actions |= {o.lstrip("-").replace("-", "_"): a for a in parser._actions for o in a.option_strings}
+        for key, value in table.items():
+            action = actions.get(key.replace("-", "_"))
+            if action is None:
+                raise AnalysisError(f"{args.config_file}: unknown option {key!r}")
+            if isinstance(value, str) and callable(action.type):  # same parsing as the flag
+                value = action.type(value)
+            if isinstance(value, str) and action.nargs is None and isinstance(action, argparse._AppendAction):
+                value = [value]
+            if getattr(args, action.dest) == parser.get_default(action.dest):  # explicit flags win
+                setattr(args, action.dest, value)
+    if args.items:
+        spec = parse_items(args.items)
+        args.bucket = spec["buckets"] or args.bucket
+        args.domain = spec["domains"] or args.domain
+        args.limit = spec["limit"] if spec["limit"] is not None else args.limit
+    if args.bucket is None and args._default_buckets:
+        args.bucket = list(args._default_buckets)
+    if args.quick:
+        args.limit = QUICK["limit"] if args.limit is None else args.limit
+        args.k_max = QUICK["k_max"] if args.k_max is None else min(args.k_max, QUICK["k_max"])
+        if hasattr(args, "random_draws"):
+            args.random_draws = min(args.random_draws, QUICK["random_draws"])
+    return args
+
+
+# ---------------------------------------------------------------------------- the run context
+@dataclass
+class Analysis:
+    """Everything an analysis run needs, opened once by :func:`open_analysis`."""
+
+    name: str
+    args: argparse.Namespace
+    session: ProbeSession
+    dataset: ProbeDataset
+    items: tuple[Item, ...]
+    builder: PromptBuilder
+    model_path: str
+    out_dir: Path
+    _score_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def variant(self) -> str:
+        return self.args.margin_variant
+
+    @property
+    def fmt(self) -> str:
+        return self.args.format
+
+    def config(self, **extra: Any) -> dict[str, Any]:
+        """The full configuration recorded in the results header (resuming requires equality)."""
+        a = self.args
+        return {
+            "model": self.model_path,
+            "model_fingerprint": _fingerprint(Path(self.model_path)),
+            "dtype": a.dtype, "device": a.device, "format": a.format, "margin_variant": a.margin_variant,
+            "epsilon": EPSILON, "k_max": a.k_max, "seed": a.seed,
+            "builder": {"embedder": self.builder.retriever.embedder.name, "gamma": a.gamma, "beta": a.beta},
+            "dataset": str(a.dataset),
+            "items": {"n": len(self.items), "digest": hashlib.sha256(",".join(i.id for i in self.items).encode()).hexdigest()[:16],
+                      "bucket": a.bucket, "domain": a.domain, "split": a.split, "limit": a.limit},
+            **extra,
+        }
+
+    def store(self, **extra: Any) -> ResultsStore:
+        return ResultsStore(self.out_dir / f"{self.name}.jsonl", self.name, self.config(**extra), overwrite=self.args.overwrite)
+
+    def items_in(self, buckets: Iterable[str]) -> list[Item]:
+        buckets = set(buckets)
+        return [item for item in self.items if item.bucket in buckets]
+
+
+def _fingerprint(model_dir: Path) -> str:
+    """Hash of the model's config.json (a cheap identity; weights are not hashed)."""
+    cfg = model_dir / "config.json"
+    return hashlib.sha256(cfg.read_bytes()).hexdigest()[:16] if cfg.is_file() else ""
+
+
+# Shared by the analyses of one process (``report``): loaded and embedded once.
+@functools.cache
+def _dataset(root: str) -> ProbeDataset:
+    return load_dataset(root)
+
+
+@functools.cache
+def _retriever(embedder: str) -> Retriever:
+    return Retriever(make_embedder(embedder), RetrievalWeights())
+
+
+def open_analysis(args: argparse.Namespace, name: str, *, session: ProbeSession | None = None) -> Analysis:
+    """Resolve options, load the model (unless ``session`` is given), the dataset and the builder.
+
+    The prompt builder uses the tokenizer of the model under study, so spans and candidates are
+    in the model's own token space.
+    """
+    args = resolve_options(args)
+    torch.manual_seed(args.seed)
+    model = args.model if args.model is not None else default_model()
+    if session is None:
+        session = ProbeSession(model, dtype=args.dtype, device=args.device)
+    if session.tokenizer is None:
+        raise AnalysisError(f"{model}: no tokenizer next to the weights")
+    dataset = _dataset(str(args.dataset))
+    items = select_items(dataset, args)
+    if not items:
+        raise AnalysisError("no items match the filters (--bucket/--domain/--split/--limit/--item/--items)")
+    retriever = _retriever(args.embedder)
+    builder = PromptBuilder(session.tokenizer, dataset, retriever, BuildSettings(k_max=args.k_max, gamma=args.gamma, beta=args.beta),
+                            tokenizer_name=str(model))
+    builder.warm(items)
+    model_path = str(Path(model).resolve()) if Path(str(model)).exists() else str(model)
+    return Analysis(name, args, session, dataset, items, builder, model_path, Path(args.out))
+
+
+# ---------------------------------------------------------------------------- jobs
+@dataclass(frozen=True)
+class Job:
+    """One prompt record to score, and the names of the conditions (rows) it yields."""
+
+    item: Item
+    config: str
+    k: int
+    fmt: str
+    conditions: tuple[str, ...]
+
+    @property
+    def record_id(self) -> str:
+        return f"{self.item.id}|{self.config}|k{self.k}|{self.fmt}"
+
+    def keys(self) -> list[str]:
+        return [f"{self.record_id}|{c}" for c in self.conditions]
+
+
+Scorer = Callable[[dict[str, Any], Job], list[dict[str, Any]]]
+
+
+def run_jobs(analysis: Analysis, store: ResultsStore, jobs: Sequence[Job], scorer: Scorer) -> int:
+    """Score every job whose rows are not all in ``store`` yet; returns the number scored.
+
+    A job whose rows are partly present (a run killed mid-write) is rescored and only the
+    missing rows are appended; scoring is deterministic, so the table is the same.
+    """
+    done = store.done
+    pending = [job for job in jobs if not all(key in done for key in job.keys())]
+    with tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=analysis.name, unit="prompt",
+              dynamic_ncols=True, smoothing=0.1) as bar:
+        for job in pending:
+            record = analysis.builder.build(job.item, job.config, job.k, job.fmt)
+            rows = scorer(record, job)
+            for row in rows:
+                row["key"] = f"{record['record_id']}|{row['condition']}"
+            missing = [row for row in rows if row["key"] not in store]
+            unexpected = {row["key"] for row in rows} ^ set(job.keys())
+            if unexpected:
+                raise RuntimeError(f"{job.record_id}: scorer rows {sorted(unexpected)} do not match the job's conditions")
+            store.append(missing)
+            bar.update(1)
+    return len(pending)
+
+
+# ---------------------------------------------------------------------------- scoring
+MARGINS: tuple[str, ...] = ("margin", "broad_margin", "correct_margin")
+ROW_FIELDS = ("record_id", "item_id", "bucket", "domain", "task_group", "config", "k", "format")
+
+
+def _candidate(c: Mapping[str, Any], key: str, role: str) -> margins_mod.CandidateInfo:
+    return margins_mod.CandidateInfo(key, role, str(c["action"]), int(c["anchor_index"]), tuple(int(t) for t in c["token_ids"]))
+
+
+def _margin(variant: str, cands: list[margins_mod.CandidateInfo], kw: dict[str, Any], token_logprobs: Mapping[str, torch.Tensor]) -> margins_mod.MarginResult:
+    if variant == "wrong_tool":
+        return margins_mod.wrong_tool_margin(**kw, candidates=cands)
+    fn = margins_mod.divergence_margin if variant == "divergence" else margins_mod.sequence_logprob_margin
+    return fn(**kw, candidates=cands, token_logprobs=token_logprobs)
+
+
+def margin_sets(record: Mapping[str, Any]) -> dict[str, list[margins_mod.CandidateInfo]]:
+    """Candidate role assignments of the three margins (keys index ``record["candidates"]``).
+
+    ``margin``: wrong tools vs correct + abstain (Eq. 1). ``broad_margin``: every tool except the
+    correct one vs correct + abstain. ``correct_margin``: the correct tool vs wrong tools +
+    abstain (only when the correct action is a tool).
+    """
+    raw = list(enumerate(record["candidates"]))
+    role = {"correct": "correct", "wrong": "wrong", "abstain": "abstain"}
+    out = {
+        "margin": [_candidate(c, str(i), role[c["role"]]) for i, c in raw if c["role"] in role],
+        "broad_margin": [_candidate(c, str(i), "wrong" if c["role"] == "other" else c["role"]) for i, c in raw],
+    }
+    correct = [c for _, c in raw if c["role"] == "correct"]
+    if correct and correct[0]["action"] != ABSTAIN:
+        swap = {"correct": "wrong", "wrong": "correct", "abstain": "abstain"}
+        out["correct_margin"] = [_candidate(c, str(i), swap[c["role"]]) for i, c in raw if c["role"] in swap]
+    return out
+
+
+def query_row(record: Mapping[str, Any], which: str = "decision") -> int:
+    """The query row whose attention Eq. 2 reads: the decision row d_t (default), or in the native
+    format the row that opens the tool call."""
+    if which == "open":
+        if record.get("open_index") is None:
+            raise AnalysisError("--attention-row open needs the native format")
+        return int(record["open_index"])
+    return int(record["decision_index"])
+
+
+def score_record(
+    session: ProbeSession,
+    record: Mapping[str, Any],
+    conditions: Sequence[Knockout] = (),
+    *,
+    variant: str = DEFAULT_VARIANT,
+    attention_row: str = "decision",
+    per_head: bool = False,
+    margins: Sequence[str] = MARGINS,
+) -> list[dict[str, Any]]:
+    """One engine call (baseline + ``conditions``); one row per condition (see module docstring).
+
+    ``margins``: which of :data:`MARGINS` to compute; only their candidates are scored (every
+    multi-token candidate is one more branch element per condition).
+    """
+    all_sets = margin_sets(record)
+    sets = {name: all_sets[name] for name in margins if name in all_sets}
+    used = sorted({int(c.key) for cands in sets.values() for c in cands})
+    spans = {name: span_positions(record["spans"].get(name, [])) for name in ("boundary", "procedure")}
+    res = session.run(
+        record["input_ids"], record["query_rows"], spans=spans, conditions=conditions,
+        candidates={str(i): (int(record["candidates"][i]["anchor_index"]), list(record["candidates"][i]["token_ids"])) for i in used},
+    )
+    qi = res.query_rows.index(query_row(record, attention_row))
+    kw = dict(input_ids=res.input_ids, fmt=record["format"], decision_index=int(record["decision_index"]), open_index=record.get("open_index"))
+    rows = []
+    for c in res.conditions:
+        row: dict[str, Any] = {f: record.get(f) for f in ROW_FIELDS}
+        cond = c.condition
+        row.update(condition=cond.name, knockout_size=len(cond.key_positions), n_tokens=len(res.input_ids),
+                   margin_variant=variant, entropy=c.entropy)
+        if cond.layers is not None:
+            row["knockout_layers"] = list(cond.layers)
+        if cond.heads is not None:
+            row["knockout_heads"] = [list(h) for h in cond.heads]
+        for name in margins:
+            if name not in sets:
+                row[name], row[f"{name}_collision"] = math.nan, False
+                continue
+            m = _margin(variant, sets[name], {**kw, "row_logits": c.row_logits}, c.candidate_token_logprobs)
+            row[name], row[f"{name}_collision"] = m.value, m.collision
+            if name == "margin":
+                row["margin_note"] = m.note
+        for span in ("boundary", "procedure"):
+            size = res.span_sizes[span]
+            # alpha: [layer, head] = Eq. 2's α_X at the chosen query row
+            alpha = c.span_mass[span][:, :, qi] / size if size else torch.full(c.span_mass[span].shape[:2], math.nan)
+            row[f"alpha_{span}"] = float(alpha.mean())
+            row[f"{span}_size"] = size
+            if per_head:
+                row[f"alpha_{span}_heads"] = alpha.tolist()
+        rows.append(row)
+    return rows
+
+
+def cached_scorer(
+    analysis: Analysis,
+    conditions_for: Callable[[dict[str, Any], Job], Sequence[Knockout]],
+    *,
+    per_head: bool = False,
+    attention_row: str = "decision",
+    margins: Sequence[str] = MARGINS,
+) -> Scorer:
+    """A scorer over :func:`score_record` that reuses results for byte-identical prompts within
+    a run (e.g. k = 0, where every configuration renders the same prompt)."""
+
+    def scorer(record: dict[str, Any], job: Job) -> list[dict[str, Any]]:
+        conditions = list(conditions_for(record, job))
+        digest = hashlib.sha256(json.dumps([record["input_ids"], record["candidates"], record["spans"],
+                                            [repr(c) for c in conditions], per_head, attention_row, list(margins)]).encode()).hexdigest()
+        if digest not in analysis._score_cache:
+            analysis._score_cache.clear()  # identical prompts are consecutive (same item): keep memory flat
+            analysis._score_cache[digest] = score_record(analysis.session, record, conditions, variant=analysis.variant,
+                                                         per_head=per_head, attention_row=attention_row, margins=margins)
+        rows = []
+        for cached in analysis._score_cache[digest]:
+            row = dict(cached)
+            row.update({f: record.get(f) for f in ROW_FIELDS})
+            row["prompt_digest"] = digest[:16]
+            rows.append(row)
+        return rows
+
+    return scorer
+
+
+def record_rng(seed: int, record_id: str, salt: str = "") -> np.random.Generator:
+    """A generator seeded by (seed, record, purpose): draws do not depend on run order."""
+    return np.random.default_rng([seed, zlib.crc32(f"{record_id}|{salt}".encode())])
+
+
+def configs_arg(value: str) -> list[str]:
+    """``--configs base,proc,...`` (names from probes.configs)."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
+    return names
+
+
+def provenance(analysis: Analysis, n_items: int | None = None) -> str:
+    """One line naming model, dataset, format, margin variant, items and k (figure footnotes, report)."""
+    a = analysis.args
+    n = len(analysis.items) if n_items is None else n_items
+    return (f"model: {Path(analysis.model_path).name} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({a.split}) · "
+            f"format: {a.format} · margin: {a.margin_variant} · items: {n} · k ≤ {a.k_max} · seed {a.seed}")
+
+
+# ---------------------------------------------------------------------------- summaries
+def summarise(rows: pd.DataFrame, by: Sequence[str], value: str = "margin", *, seed: int = 0) -> pd.DataFrame:
+    """Mean of ``value`` per ``by`` cell with a 95% bootstrap CI over task groups.
+
+    Columns: *by, value, low, high, n (task groups), n_items (finite rows), n_nan (undefined
+    rows, e.g. margins under first-token collisions; excluded).
+    """
+
+
+    out = []
+    for key, sub in rows.groupby(list(by), sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        finite = sub[np.isfinite(sub[value].astype(float))]
+        est = bootstrap_mean(finite[value].astype(float).to_numpy(), finite["task_group"].to_numpy(), seed=seed)
+        out.append({**dict(zip(by, key)), "value": est.value, "low": est.low, "high": est.high, "n": est.n_units,
+                    "n_items": len(finite), "n_nan": len(sub) - len(finite)})
+    return pd.DataFrame(out, columns=[*by, "value", "low", "high", "n", "n_items", "n_nan"])
+
+
+def bootstrap_ratio(
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    groups: Sequence[str],
+    *,
+    epsilon: float = 0.0,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float, float, int]:
+    """mean(numerator) / (mean(denominator) + ε) with a percentile CI from resampling task groups
+    *jointly* for numerator and denominator. Returns (value, low, high, n groups)."""
+    num, den, groups = np.asarray(numerator, float), np.asarray(denominator, float), np.asarray(groups)
+    ok = np.isfinite(num) & np.isfinite(den)
+    num, den, groups = num[ok], den[ok], groups[ok]
+    labels = list(dict.fromkeys(groups.tolist()))
+    if not labels:
+        return math.nan, math.nan, math.nan, 0
+    g_num = np.array([num[groups == g].mean() for g in labels])
+    g_den = np.array([den[groups == g].mean() for g in labels])
+    value = float(g_num.mean() / (g_den.mean() + epsilon))
+    if len(labels) == 1:
+        return value, value, value, 1
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(labels), size=(resamples, len(labels)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stats = g_num[idx].mean(1) / (g_den[idx].mean(1) + epsilon)
+    stats = stats[np.isfinite(stats)]
+    low, high = np.percentile(stats, [2.5, 97.5]) if len(stats) else (math.nan, math.nan)
+    return value, float(low), float(high), len(labels)
+
+
+# ---------------------------------------------------------------------------- report sections
+@dataclass(frozen=True)
+class Comparison:
+    """One line of the report's "ours vs paper" table (``paper`` None: not published)."""
+
+    quantity: str
+    ours: float
+    paper: float | None
+    unit: str = "logits"
+    note: str = ""
+
+
+@dataclass
+class ReportSection:
+    """What an analysis contributes to ``basm-probes report``: its figures, a markdown body, the
+    comparisons with the paper, and its summary object (reused by composite figures)."""
+
+    name: str
+    title: str
+    figures: list[Path]
+    markdown: str
+    comparisons: list[Comparison] = field(default_factory=list)
+    summary: Any = None
+
+
+def markdown_table(frame: pd.DataFrame, digits: int = 3) -> str:
+    """A GitHub markdown table (no extra dependency)."""
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float | np.floating):
+            return "nan" if not np.isfinite(v) else f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
+        return str(v)
+
+    head = "| " + " | ".join(map(str, frame.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def cell(table: pd.DataFrame, column: str = "value", **where: Any) -> float:
+    """The single value of ``column`` where every ``where`` column matches (NaN if absent)."""
+    mask = np.ones(len(table), dtype=bool)
+    for key, value in where.items():
+        mask &= (table[key] == value).to_numpy()
+    return float(table.loc[mask, column].iloc[0]) if mask.any() else math.nan

@@ -1,0 +1,511 @@
+"""Figures of the probe analyses, one function per paper figure (Figs. 2–12).
+
+Shared style helpers come first; every figure function takes the tidy summary tables of its
+analysis module and returns a matplotlib ``Figure``. :func:`save_figure` writes PNG and PDF.
+Names follow the paper: buckets T_ok / T_wrong / T_repair (mathtext subscripts), configuration
+labels from :mod:`probes.configs`, margins in logits, error bars = 95% bootstrap CIs over task
+groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # figures are files; never open a window (CI, servers)
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from probes.configs import CONFIGS, config_label  # noqa: E402
+
+BUCKET_LABELS: dict[str, str] = {
+    "T_ok": r"$T_{\mathrm{ok}}$",
+    "T_wrong": r"$T_{\mathrm{wrong}}$",
+    "T_repair": r"$T_{\mathrm{repair}}$",
+}
+
+# One colour per configuration, stable across figures (colour-blind safe palette).
+_PALETTE = sns.color_palette("colorblind", 10)
+CONFIG_COLORS: dict[str, tuple[float, float, float]] = {
+    "base": (0.45, 0.45, 0.45),
+    "proc": _PALETTE[3],
+    "app": _PALETTE[1],
+    "basm": _PALETTE[0],
+    "basm-no-avoid": _PALETTE[9],
+    "basm-no-recovery": _PALETTE[4],
+    "pad-filler": _PALETTE[7],
+    "pad-procedure": _PALETTE[5],
+}
+CONDITION_COLORS: dict[str, tuple[float, float, float]] = {
+    "boundary": _PALETTE[0],
+    "random": (0.6, 0.6, 0.6),
+    "procedure": _PALETTE[3],
+}
+
+MARGIN_LABELS: dict[str, str] = {
+    "divergence": "divergence-token",
+    "wrong_tool": "first-token (Eq. 1)",
+    "sequence_logprob": "sequence log-prob",
+    "tool_vs_control": "tool-vs-control",
+}
+
+
+def bucket_label(bucket: str) -> str:
+    return BUCKET_LABELS.get(bucket, bucket)
+
+
+def label(config: str) -> str:
+    """Paper label of a configuration (falls back to the name for unknown ones)."""
+    return config_label(config) if config in CONFIGS else config
+
+
+def color(config: str) -> tuple[float, float, float]:
+    return CONFIG_COLORS.get(config, (0.2, 0.2, 0.2))
+
+
+def style() -> None:
+    """The common look: white grid, readable sizes, tight layout."""
+    sns.set_theme(style="whitegrid", context="paper", font_scale=1.15)
+    plt.rcParams.update({
+        "figure.dpi": 110,
+        "savefig.dpi": 160,
+        "axes.titleweight": "bold",
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "legend.frameon": False,
+        "pdf.fonttype": 42,  # editable text in the PDFs
+    })
+
+
+def save_figure(fig: plt.Figure, out_dir: str | Path, name: str) -> list[Path]:
+    """Write ``name.png`` and ``name.pdf`` into ``out_dir``; closes the figure."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    fig.tight_layout()
+    for path in paths:
+        # Fixed metadata: identical inputs give identical files.
+        fig.savefig(path, bbox_inches="tight", metadata={"CreationDate": None} if path.suffix == ".pdf" else {"Software": None})
+    plt.close(fig)
+    return paths
+
+
+def footnote(fig: plt.Figure, text: str, y: float = -0.01) -> None:
+    """Small provenance lines under the axes (model, margin variant, n, aggregate...)."""
+    fig.text(0.01, y, text, ha="left", va="top", fontsize=7.5, color="0.35", wrap=True)
+
+
+def ci_errors(frame: pd.DataFrame, value: str = "value", low: str = "low", high: str = "high") -> np.ndarray:
+    """Asymmetric error bars ``[2, n]`` from point estimates and CI bounds (NaN-safe)."""
+    lo = (frame[value] - frame[low]).to_numpy(dtype=float)
+    hi = (frame[high] - frame[value]).to_numpy(dtype=float)
+    return np.nan_to_num(np.vstack([lo, hi]), nan=0.0).clip(min=0.0)
+
+
+def grouped_bars(
+    ax: plt.Axes,
+    frame: pd.DataFrame,
+    groups: Sequence[str],
+    series: Sequence[str],
+    *,
+    group_col: str,
+    series_col: str,
+    series_label=label,
+    series_color=color,
+    group_label=bucket_label,
+    annotate: bool = True,
+) -> None:
+    """Bars of ``frame.value`` with CI whiskers: x = ``groups``, one bar per ``series`` in each.
+
+    ``frame`` has columns group_col, series_col, value, low, high, n.
+    """
+    width = 0.8 / max(1, len(series))
+    x = np.arange(len(groups))
+    for j, s in enumerate(series):
+        sub = frame[frame[series_col] == s].set_index(group_col).reindex(list(groups))
+        pos = x - 0.4 + width * (j + 0.5)
+        ax.bar(pos, sub["value"].fillna(0.0), width * 0.92, yerr=ci_errors(sub), capsize=3,
+               color=series_color(s), label=series_label(s), error_kw={"elinewidth": 1})
+        if annotate:
+            for p, v, n in zip(pos, sub["value"], sub["n"]):
+                if np.isfinite(v):
+                    ax.annotate(number(v), (p, v), xytext=(0, 3 if v >= 0 else -10), textcoords="offset points",
+                                ha="center", fontsize=7)
+    ax.set_xticks(x, [group_label(g) for g in groups])
+    ax.axhline(0.0, color="0.3", lw=0.8)
+    ax.margins(y=0.12)
+
+
+def number(v: float) -> str:
+    """Bar label: two decimals, or two significant digits for small values (never "-0.00")."""
+    return f"{v:.2f}" if abs(v) >= 0.1 or v == 0 else f"{v:.2g}"
+
+
+def legend_outside(ax: plt.Axes) -> None:
+    """Legend to the right of the axes, never over the bars."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+
+
+# --- Figures 2–9 (probe analyses: sweep, ratios, suppression, knockout, heads)
+def _ordered(values, preferred: Sequence[str]) -> list[str]:
+    values = list(dict.fromkeys(values))
+    return [v for v in preferred if v in values] + [v for v in values if v not in preferred]
+
+
+BUCKET_ORDER = ("T_ok", "T_wrong", "T_repair")
+CONFIG_ORDER = tuple(CONFIGS)
+
+
+def fig02_retrieval_trap(table: pd.DataFrame, note: str) -> plt.Figure:
+    """Wrong-tool margin vs k per configuration, one panel per bucket (T_wrong first).
+
+    table: bucket, config, k, value, low, high, n.
+    """
+    buckets = _ordered(table["bucket"], ("T_wrong", "T_ok", "T_repair"))
+    fig, axes = plt.subplots(1, len(buckets), figsize=(4.2 * len(buckets), 3.8), sharey=True, squeeze=False)
+    for ax, bucket in zip(axes[0], buckets):
+        sub = table[table["bucket"] == bucket]
+        for config in _ordered(sub["config"], CONFIG_ORDER):
+            line = sub[sub["config"] == config].sort_values("k")
+            ax.plot(line["k"], line["value"], marker="o", color=color(config), label=label(config))
+            ax.fill_between(line["k"], line["low"], line["high"], color=color(config), alpha=0.15, lw=0)
+        ax.set_title(f"{bucket_label(bucket)}  (n = {int(sub['n'].max()) if len(sub) else 0} task groups)")
+        ax.set_xlabel("retrieval depth k")
+        ax.set_xticks(sorted(set(sub["k"])))
+        ax.axhline(0.0, color="0.3", lw=0.8)
+    axes[0][0].set_ylabel("wrong-tool margin (logits)")
+    legend_outside(axes[0][-1])
+    fig.suptitle("Retrieval trap: wrong-tool margin vs retrieval depth", y=1.02)
+    footnote(fig, note)
+    return fig
+
+
+def _eta_panels(axes: Sequence[plt.Axes], eta: pd.DataFrame) -> None:
+    """η (ratio of mean span attentions) and the median per-head log2 ratio, bucket × config.
+
+    eta: bucket, config, eta, eta_low, eta_high, log2_median, log2_low, log2_high, n.
+    """
+    buckets = _ordered(eta["bucket"], BUCKET_ORDER)
+    configs = _ordered(eta["config"], CONFIG_ORDER)
+    panels = (("eta", "η = mean α_B / (mean α_P + ε)"), ("log2", "median over heads of log2(α_B / α_P)"))
+    for ax, (col, ylabel) in zip(axes, panels):
+        value = "eta" if col == "eta" else "log2_median"
+        frame = eta.rename(columns={value: "value", f"{col}_low": "low", f"{col}_high": "high"})
+        grouped_bars(ax, frame, buckets, configs, group_col="bucket", series_col="config")
+        ax.set_ylabel(ylabel)
+    axes[0].axhline(1.0, color="0.5", lw=0.8, ls="--")
+
+
+def fig04_boundary_attention(eta: pd.DataFrame, note: str) -> plt.Figure:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.9))
+    _eta_panels(axes, eta)
+    legend_outside(axes[1])
+    axes[0].set_title("boundary / procedure attention (η)")
+    axes[1].set_title("per-head log-ratio (robust)")
+    fig.suptitle("Decision-token attention to boundary vs procedure spans", y=1.02)
+    footnote(fig, note)
+    return fig
+
+
+def _margin_bars(ax: plt.Axes, table: pd.DataFrame, column: str, ylabel: str) -> None:
+    """One bar per configuration (T_wrong), with CI. table: config, measure, value, low, high, n."""
+    sub = table[table["measure"] == column]
+    configs = _ordered(sub["config"], ("proc", "pad-filler", "pad-procedure", "basm"))
+    sub = sub.assign(group="all")
+    grouped_bars(ax, sub, ["all"], configs, group_col="group", series_col="config", group_label=lambda g: "")
+    ax.set_xticks([])
+    ax.set_ylabel(ylabel)
+
+
+def fig05_suppression(table: pd.DataFrame, note: str) -> plt.Figure:
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.9))
+    _margin_bars(axes[0], table, "margin", "wrong-tool margin (logits)")
+    _margin_bars(axes[1], table, "broad_margin", "tool-vs-control margin (logits)")
+    axes[0].set_title(f"{bucket_label('T_wrong')}: wrong-tool margin")
+    axes[1].set_title(f"{bucket_label('T_wrong')}: tool-vs-control margin")
+    legend_outside(axes[1])
+    fig.suptitle("Boundary fields suppress the wrong tool beyond equal-length controls", y=1.02)
+    footnote(fig, note)
+    return fig
+
+
+KNOCKOUT_LABELS = {"boundary": "boundary span", "random": "random same-length span", "procedure": "procedure span"}
+MEASURE_LABELS = {"margin": "wrong-tool margin", "broad_margin": "tool-vs-control margin", "correct_margin": "correct-tool margin"}
+
+
+def _knockout_panel(ax: plt.Axes, deltas: pd.DataFrame, recovery: pd.DataFrame | None) -> None:
+    """Δm per knockout (boundary / random / procedure) for the wrong-tool and broad margins on T_wrong.
+
+    deltas: bucket, knockout, measure, value, low, high, n.
+    """
+    sub = deltas[(deltas["bucket"] == "T_wrong") & deltas["knockout"].isin(KNOCKOUT_LABELS) & deltas["measure"].isin(("margin", "broad_margin"))]
+    measures = _ordered(sub["measure"], ("margin", "broad_margin"))
+    knockouts = _ordered(sub["knockout"], tuple(KNOCKOUT_LABELS))
+    grouped_bars(ax, sub, measures, knockouts, group_col="measure", series_col="knockout",
+                 series_label=lambda k: KNOCKOUT_LABELS[k], series_color=lambda k: CONDITION_COLORS[k],
+                 group_label=lambda m: MEASURE_LABELS[m])
+    ax.set_ylabel("Δm = m_knockout − m_BASM (logits)")
+    if recovery is not None and len(recovery):
+        text = "\n".join(f"{MEASURE_LABELS[r.measure]}: {100 * r.value:.1f}% [{100 * r.low:.0f}, {100 * r.high:.0f}] of the Proc.–BASM gap recovered"
+                         for r in recovery.itertuples())
+        ax.text(0.5, -0.16, text, transform=ax.transAxes, ha="center", va="top", fontsize=8)
+
+
+def _window_panel(ax: plt.Axes, windows: pd.DataFrame) -> None:
+    """Δ wrong-tool margin per layer window of the boundary knockout. windows: window, value, low, high, n."""
+    x = np.arange(len(windows))
+    ax.bar(x, windows["value"], color=CONDITION_COLORS["boundary"], yerr=ci_errors(windows), capsize=3)
+    ax.set_xticks(x, windows["window"], rotation=45, ha="right")
+    ax.axhline(0.0, color="0.3", lw=0.8)
+    ax.set_xlabel("boundary knockout in layers")
+    ax.set_ylabel("Δ wrong-tool margin (logits)")
+    ax.set_title("layer windows")
+
+
+def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, windows: pd.DataFrame | None, note: str) -> plt.Figure:
+    has_windows = windows is not None and len(windows) > 0
+    fig, axes = plt.subplots(1, 2 if has_windows else 1, figsize=(11 if has_windows else 6.5, 4.0), squeeze=False)
+    _knockout_panel(axes[0][0], deltas, recovery)
+    axes[0][0].set_title(f"{bucket_label('T_wrong')}: same-prompt knockout")
+    legend_outside(axes[0][0])
+    if has_windows:
+        _window_panel(axes[0][1], windows)
+    fig.suptitle("Removing decision-token → boundary attention reopens the imitation trap", y=1.02)
+    footnote(fig, note)
+    return fig
+
+
+SELECTIVITY = (("T_wrong", "margin", r"$T_{\mathrm{wrong}}$–wrong"), ("T_wrong", "correct_margin", r"$T_{\mathrm{wrong}}$–correct"),
+               ("T_ok", "correct_margin", r"$T_{\mathrm{ok}}$–correct"))
+
+
+def selectivity_table(deltas: pd.DataFrame) -> pd.DataFrame:
+    """The three cells of Fig. 7 per knockout: cell, knockout, value, low, high, n."""
+    parts = []
+    for bucket, measure, cell in SELECTIVITY:
+        sub = deltas[(deltas["bucket"] == bucket) & (deltas["measure"] == measure) & deltas["knockout"].isin(KNOCKOUT_LABELS)]
+        parts.append(sub.assign(cell=cell))
+    return pd.concat(parts) if parts else pd.DataFrame()
+
+
+def _selectivity_panel(ax: plt.Axes, deltas: pd.DataFrame) -> None:
+    table = selectivity_table(deltas)
+    cells = [c for _, _, c in SELECTIVITY if c in set(table["cell"])]
+    knockouts = _ordered(table["knockout"], tuple(KNOCKOUT_LABELS))
+    grouped_bars(ax, table, cells, knockouts, group_col="cell", series_col="knockout",
+                 series_label=lambda k: KNOCKOUT_LABELS[k], series_color=lambda k: CONDITION_COLORS[k], group_label=lambda c: c)
+    ax.set_ylabel("Δ margin after knockout (logits)")
+
+
+def fig07_knockout_selectivity(deltas: pd.DataFrame, note: str) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    _selectivity_panel(ax, deltas)
+    ax.set_title("Selectivity of the boundary knockout")
+    legend_outside(ax)
+    footnote(fig, note)
+    return fig
+
+
+def legend_below(ax: plt.Axes) -> None:
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7.5)
+
+
+def fig03_mechanism(eta: pd.DataFrame, suppression: pd.DataFrame, deltas: pd.DataFrame, recovery: pd.DataFrame, note: str) -> plt.Figure:
+    """The four panels of Fig. 3: η per bucket, T_wrong margins, knockout controls, selectivity."""
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.6))
+    _eta_panels([axes[0]], eta)
+    axes[0].set_title("(a) boundary attention η")
+    legend_below(axes[0])
+    _margin_bars(axes[1], suppression, "margin", "wrong-tool margin (logits)")
+    axes[1].set_title(f"(b) {bucket_label('T_wrong')} wrong-tool margin")
+    legend_below(axes[1])
+    _knockout_panel(axes[2], deltas, None)
+    wrong = recovery[recovery["measure"] == "margin"] if len(recovery) else recovery
+    share = f": {100 * float(wrong['value'].iloc[0]):.1f}% of gap recovered" if len(wrong) else ""
+    axes[2].set_title(f"(c) boundary knockout vs controls{share}")
+    legend_below(axes[2])
+    _selectivity_panel(axes[3], deltas)
+    axes[3].set_title("(d) knockout selectivity")
+    legend_below(axes[3])
+    fig.suptitle("Boundary fields suppress wrong-tool preference through state-conditioned attention", y=1.03)
+    footnote(fig, note, y=-0.1)
+    return fig
+
+
+def fig08_head_heatmap(log2_ratio: np.ndarray, note: str, title: str) -> plt.Figure:
+    """log2_ratio: [layer, head] log2((α_B + ε) / (α_P + ε)), diverging colours centred at 0."""
+    n_layers, n_heads = log2_ratio.shape
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.35 * n_heads + 2.5), max(3.2, 0.28 * n_layers + 1.5)))
+    lim = float(np.nanmax(np.abs(log2_ratio))) if np.isfinite(log2_ratio).any() else 1.0
+    sns.heatmap(log2_ratio, ax=ax, cmap="RdBu_r", center=0.0, vmin=-lim, vmax=lim,
+                cbar_kws={"label": "log2(boundary / procedure attention)"})
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    footnote(fig, note)
+    return fig
+
+
+def fig09_candidate_heads(ranking: pd.DataFrame, causal: pd.DataFrame | None, top: int, note: str) -> plt.Figure:
+    """ranking: layer, head, shift (log2 ratio T_wrong − T_ok), sorted descending.
+    causal: selection (top-N / random-N), value, low, high, n (Δ wrong-tool margin)."""
+    has_causal = causal is not None and len(causal) > 0
+    fig, axes = plt.subplots(1, 2 if has_causal else 1, figsize=(11 if has_causal else 6.5, 4.0), squeeze=False,
+                             gridspec_kw={"width_ratios": [2, 1]} if has_causal else None)
+    ax = axes[0][0]
+    shown = ranking.head(max(top, 12))
+    colors = [CONDITION_COLORS["boundary"] if i < top else (0.7, 0.7, 0.7) for i in range(len(shown))]
+    ax.bar(np.arange(len(shown)), shown["shift"], color=colors)
+    ax.set_xticks(np.arange(len(shown)), [f"L{r.layer}H{r.head}" for r in shown.itertuples()], rotation=60, ha="right", fontsize=8)
+    ax.axhline(0.0, color="0.3", lw=0.8)
+    ax.set_ylabel(f"Δ log2(α_B / α_P): {bucket_label('T_wrong')} − {bucket_label('T_ok')}")
+    ax.set_title(f"heads ranked by the {bucket_label('T_ok')} → {bucket_label('T_wrong')} shift (top {top} highlighted)")
+    if has_causal:
+        ax2 = axes[0][1]
+        x = np.arange(len(causal))
+        ax2.bar(x, causal["value"], yerr=ci_errors(causal), capsize=3,
+                color=[CONDITION_COLORS["boundary"] if s.startswith("top") else CONDITION_COLORS["random"] for s in causal["selection"]])
+        ax2.set_xticks(x, causal["selection"])
+        ax2.axhline(0.0, color="0.3", lw=0.8)
+        ax2.set_ylabel("Δ wrong-tool margin (logits)")
+        ax2.set_title("boundary knockout in these heads")
+    footnote(fig, note)
+    return fig
+
+
+# --- Figures 10–12 (linear probe control, recall-depth call rates, equal-token paired status)
+def fig10_linear_probe(table: pd.DataFrame, note: str) -> plt.Figure:
+    """AUC of the task-disjoint applicability probe per layer, one line per configuration (band:
+    95% CI over task groups), one panel per retrieval depth k; grey: shuffled-label baseline.
+
+    table: config, k, layer, auc, low, high, null_mean, null_low, null_high, n, n_groups, note.
+    """
+    ks = sorted(int(k) for k in table["k"].unique())
+    shown = [k for k in ks if k > 0] or ks  # k = 0 is the same prompt for every configuration
+    fig, axes = plt.subplots(1, len(shown), figsize=(max(7.0, 3.9 * len(shown)), 3.9), sharey=True, squeeze=False)
+    for ax, k in zip(axes[0], shown):
+        sub = table[table["k"] == k]
+        null = sub.groupby("layer")[["null_mean", "null_low", "null_high"]].mean().reset_index()
+        if null["null_mean"].notna().any():
+            ax.fill_between(null["layer"], null["null_low"], null["null_high"], color="0.6", alpha=0.25, lw=0,
+                            label="shuffled labels (95% range)")
+            ax.plot(null["layer"], null["null_mean"], color="0.45", lw=1, ls="--")
+        for config in _ordered(sub["config"], CONFIG_ORDER):
+            line = sub[sub["config"] == config].sort_values("layer")
+            ax.plot(line["layer"], line["auc"], marker="o", ms=3, color=color(config), label=label(config))
+            ax.fill_between(line["layer"], line["low"], line["high"], color=color(config), alpha=0.15, lw=0)
+        ax.axhline(0.5, color="0.3", lw=0.8)
+        n_items = int(sub["n"].max()) if len(sub) else 0
+        n_groups = int(sub["n_groups"].max()) if len(sub) else 0
+        ax.set_title(f"k = {k}  ({n_items} items, {n_groups} task group{'s' if n_groups != 1 else ''})")
+        ax.set_xlabel("layer (0 = embeddings)")
+        layers = sorted(int(x) for x in sub["layer"].unique())
+        step = max(1, len(layers) // 8)
+        ax.set_xticks(layers[::step])
+        ax.set_ylim(0.0, 1.02)
+        if sub["auc"].isna().all():
+            reason = sub["note"].dropna().iloc[0] if sub["note"].notna().any() else "no AUC"
+            ax.text(0.5, 0.5, reason, ha="center", va="center", transform=ax.transAxes, fontsize=8, color="0.3", wrap=True)
+    axes[0][0].set_ylabel(f"probe AUC, {bucket_label('T_ok')} vs {bucket_label('T_wrong')}")
+    axes[0][-1].legend(loc="lower right", fontsize=7.5)
+    fig.suptitle("Residual-stream probe control: task-disjoint linear probes for applicability", y=1.03)
+    footnote(fig, note)
+    return fig
+
+
+CALL_RATE_LABELS: dict[str, str] = {
+    "wrong_call": "wrong-call rate",
+    "correct_call": "correct-call rate",
+    "parse_failure": "parse-failure rate",
+}
+
+
+def fig11_call_rates(rates: pd.DataFrame, note: str) -> plt.Figure:
+    """Greedy call rates vs retrieval depth: rows = wrong / correct / parse-failure rate,
+    columns = buckets (T_wrong first), one line per configuration with 95% CI error bars.
+
+    rates: format, config, k, bucket, rate, value, low, high, n, n_groups, count.
+    """
+    buckets = _ordered(rates["bucket"], ("T_wrong", "T_ok", "T_repair"))
+    kinds = [r for r in CALL_RATE_LABELS if r in set(rates["rate"])]
+    configs = _ordered(rates["config"], CONFIG_ORDER)
+    fig, axes = plt.subplots(len(kinds), len(buckets), figsize=(4.0 * len(buckets), 2.6 * len(kinds) + 0.6),
+                             sharex=True, sharey="row", squeeze=False)
+    offsets = {c: (i - (len(configs) - 1) / 2) * 0.05 for i, c in enumerate(configs)}  # dodge overlapping bars
+    for row, kind in enumerate(kinds):
+        for col, bucket in enumerate(buckets):
+            ax = axes[row][col]
+            sub = rates[(rates["rate"] == kind) & (rates["bucket"] == bucket)]
+            for config in configs:
+                line = sub[sub["config"] == config].sort_values("k")
+                if not len(line):
+                    continue
+                ax.errorbar(line["k"] + offsets[config], line["value"], yerr=ci_errors(line), marker="o", ms=4, capsize=2.5,
+                            color=color(config), label=label(config), lw=1.4, elinewidth=0.9)
+            ax.set_ylim(-0.04, 1.04)
+            ax.set_xticks(sorted(int(k) for k in rates["k"].unique()))
+            if row == 0:
+                n_items = int(sub["n"].max()) if len(sub) else 0
+                n_groups = int(sub["n_groups"].max()) if len(sub) else 0
+                ax.set_title(f"{bucket_label(bucket)}  ({n_items} items, {n_groups} task group{'s' if n_groups != 1 else ''})")
+            if row == len(kinds) - 1:
+                ax.set_xlabel("retrieval depth k")
+            if col == 0:
+                ax.set_ylabel(CALL_RATE_LABELS[kind])
+    axes[0][-1].legend(loc="best", fontsize=7.5)
+    fig.suptitle("Recall-depth call rates: realized greedy calls", y=1.01)
+    footnote(fig, note)
+    return fig
+
+
+PAIRED_STATUS_STYLE: dict[str, tuple[str, tuple[float, float, float]]] = {
+    "both_solved": ("both solved", (0.55, 0.78, 0.55)),
+    "only_basm": ("only BASM", CONFIG_COLORS["basm"]),
+    "only_padding": ("only procedure padding", CONFIG_COLORS["pad-procedure"]),
+    "both_failed": ("both failed", (0.78, 0.78, 0.78)),
+}
+
+
+def fig12_paired_status(summary: pd.DataFrame, note: str) -> plt.Figure:
+    """Paired outcome shares of BASM vs procedure padding: one panel per bucket (and all items),
+    one horizontal stacked bar per k ≥ 1, counts in the segments, Δ solve rate and p at the right.
+
+    summary: format, k, bucket, n, both_solved, only_basm, only_padding, both_failed (+ _share),
+    solve_difference, p_value.
+    """
+    data = summary[summary["k"] > 0] if (summary["k"] > 0).any() else summary
+    panels = _ordered(data["bucket"], ("T_wrong", "T_ok", "T_repair", "all"))
+    ks = sorted(int(k) for k in data["k"].unique())
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.6, 0.55 * len(ks) * len(panels) + 1.0 * len(panels) + 0.4),
+                             sharex=True, squeeze=False)
+    for ax, bucket in zip(axes[:, 0], panels):
+        sub = data[data["bucket"] == bucket].set_index("k").reindex(ks)
+        y = np.arange(len(ks))
+        left = np.zeros(len(ks))
+        for status, (name, col) in PAIRED_STATUS_STYLE.items():
+            share = sub[f"{status}_share"].fillna(0.0).to_numpy()
+            ax.barh(y, share, left=left, color=col, label=name, height=0.7, edgecolor="white", lw=0.6)
+            for yi, (s, lft, count) in enumerate(zip(share, left, sub[status].fillna(0).astype(int))):
+                if s >= 0.06:
+                    ax.text(lft + s / 2, yi, str(count), ha="center", va="center", fontsize=7.5)
+            left += share
+        for yi, row in zip(y, sub.itertuples()):
+            if np.isfinite(row.n):
+                p = "n/a" if not np.isfinite(row.p_value) else f"{row.p_value:.2g}"
+                ax.text(1.01, yi, f"Δ = {row.solve_difference:+.2f}, p = {p}  (n = {int(row.n)})", va="center", fontsize=7.5,
+                        transform=ax.get_yaxis_transform())
+        ax.set_yticks(y, [f"k = {k}" for k in ks])
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.set_title(bucket_label(bucket) if bucket != "all" else "all buckets", loc="left", fontsize=10)
+    axes[-1][0].set_xlabel("share of paired items (counts in segments)")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.suptitle("Equal-token control: BASM vs procedure padding, paired outcome status", y=1.04)
+    fig.legend(handles, names, ncol=4, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 0.985))
+    footnote(fig, note)
+    return fig

@@ -1,0 +1,158 @@
+"""``ratios`` (Figs. 3a and 4): boundary vs procedure attention at the decision token.
+
+For every record, Eq. 2's length-normalised span attention α_X^{(l,h)} = (1/|X|) Σ_{i∈X} A_{d_t,i}
+is measured at the decision row d_t (``--attention-row open``: the native row that opens the
+tool call) for the boundary span B and the procedure span P, per (layer, head). In the
+equal-length controls B is the control text that occupies the boundary positions.
+
+Per-head ratios η^{(l,h)} = α_B / (α_P + ε) explode by orders of magnitude on heads whose
+procedure attention is near zero, so they are never averaged. Two robust aggregates are reported:
+
+- **η (ratio of means)**: mean α_B / (mean α_P + ε), means over items, layers and heads;
+  95% CI by resampling task groups jointly for numerator and denominator;
+- **median per-head log2 ratio**: α averaged over items per (layer, head), then the median over
+  heads of log2((α_B + ε) / (α_P + ε)); 95% CI by resampling task groups.
+
+ε = :data:`probes.analysis.EPSILON` (1e-6), stated in every output.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from probes import plots
+from probes.analysis import (
+    EPSILON,
+    Analysis,
+    Comparison,
+    Job,
+    ReportSection,
+    add_common_arguments,
+    bootstrap_ratio,
+    cached_scorer,
+    cell,
+    configs_arg,
+    markdown_table,
+    open_analysis,
+    provenance,
+    run_jobs,
+)
+from probes.configs import CONTROL_CONFIGS
+from probes.results import load_results
+
+NAME = "ratios"
+FIGURE = "fig04_boundary_attention"
+DEFAULT_CONFIGS = ("basm", *CONTROL_CONFIGS)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, k_max=2)
+    parser.add_argument("--configs", type=configs_arg, default=list(DEFAULT_CONFIGS),
+                        help=f"configurations with a boundary (or control) span (default: {','.join(DEFAULT_CONFIGS)})")
+    parser.add_argument("--k", type=int, help="retrieval depth (default: --k-max)")
+    parser.add_argument("--attention-row", choices=("decision", "open"), default="decision",
+                        help="query row of Eq. 2: the decision token d_t (default) or the native tool-call opening row")
+
+
+@dataclass
+class RatiosSummary:
+    eta: pd.DataFrame  # bucket, config, eta, eta_low, eta_high, log2_median, log2_low, log2_high, n, n_items
+    heads: pd.DataFrame  # bucket, config, layer, head, alpha_boundary, alpha_procedure, log2_ratio
+    note: str
+
+
+def depth(args: argparse.Namespace) -> int:
+    return args.k if args.k is not None else args.k_max
+
+
+def collect(analysis: Analysis) -> pd.DataFrame:
+    a = analysis.args
+    k = depth(a)
+    jobs = [Job(item, config, k, analysis.fmt, ("baseline",)) for item in analysis.items for config in a.configs]
+    store = analysis.store(configs=a.configs, k=k, attention_row=a.attention_row)
+    scorer = cached_scorer(analysis, lambda record, job: (), per_head=True, attention_row=a.attention_row, margins=())
+    run_jobs(analysis, store, jobs, scorer)
+    return load_results(store.path)
+
+
+def head_alphas(rows: pd.DataFrame, span: str) -> np.ndarray:
+    """[item, layer, head] α of ``span`` from the per-head row columns."""
+    return np.array(rows[f"alpha_{span}_heads"].tolist(), dtype=float)
+
+
+def median_log2(alpha_b: np.ndarray, alpha_p: np.ndarray, epsilon: float = EPSILON) -> float:
+    """alpha_*: [item, layer, head] -> median over heads of log2 of the item-averaged ratio."""
+    return float(np.median(np.log2((alpha_b.mean(0) + epsilon) / (alpha_p.mean(0) + epsilon))))
+
+
+def _median_ci(alpha_b: np.ndarray, alpha_p: np.ndarray, groups: np.ndarray, seed: int, resamples: int = 1000) -> tuple[float, float]:
+    labels = list(dict.fromkeys(groups.tolist()))
+    if len(labels) < 2:
+        value = median_log2(alpha_b, alpha_p)
+        return value, value
+    members = [np.flatnonzero(groups == g) for g in labels]
+    rng = np.random.default_rng(seed)
+    stats = []
+    for _ in range(resamples):
+        idx = np.concatenate([members[i] for i in rng.integers(0, len(labels), len(labels))])
+        stats.append(median_log2(alpha_b[idx], alpha_p[idx]))
+    low, high = np.percentile(stats, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> RatiosSummary:
+    rows = rows[(rows["boundary_size"] > 0) & (rows["procedure_size"] > 0)]
+    eta, heads = [], []
+    for (bucket, config), sub in rows.groupby(["bucket", "config"], sort=False):
+        groups = sub["task_group"].to_numpy()
+        value, low, high, n = bootstrap_ratio(sub["alpha_boundary"], sub["alpha_procedure"], groups, epsilon=EPSILON, seed=seed)
+        a_b, a_p = head_alphas(sub, "boundary"), head_alphas(sub, "procedure")
+        l_low, l_high = _median_ci(a_b, a_p, groups, seed)
+        eta.append({"bucket": bucket, "config": config, "eta": value, "eta_low": low, "eta_high": high,
+                    "log2_median": median_log2(a_b, a_p), "log2_low": l_low, "log2_high": l_high, "n": n, "n_items": len(sub)})
+        mean_b, mean_p = a_b.mean(0), a_p.mean(0)
+        for layer in range(mean_b.shape[0]):
+            for head in range(mean_b.shape[1]):
+                heads.append({"bucket": bucket, "config": config, "layer": layer, "head": head,
+                              "alpha_boundary": mean_b[layer, head], "alpha_procedure": mean_p[layer, head],
+                              "log2_ratio": float(np.log2((mean_b[layer, head] + EPSILON) / (mean_p[layer, head] + EPSILON)))})
+    return RatiosSummary(pd.DataFrame(eta), pd.DataFrame(heads), note)
+
+
+def aggregate_note(args: argparse.Namespace) -> str:
+    return (f"query row: {args.attention_row} · k = {depth(args)} · η = ratio of mean span attentions (not a mean of per-head ratios), "
+            f"ε = {EPSILON:g} · right: median over (layer, head) of log2 of item-averaged α · 95% CIs resample task groups")
+
+
+def figure(summary: RatiosSummary, out_dir: Path) -> list[Path]:
+    plots.style()
+    return plots.save_figure(plots.fig04_boundary_attention(summary.eta, summary.note), out_dir, FIGURE)
+
+
+def run(args: argparse.Namespace) -> int:
+    analysis = open_analysis(args, NAME)
+    summary = summarise_rows(collect(analysis), f"{provenance(analysis)}\n{aggregate_note(analysis.args)}", analysis.args.seed)
+    summary.eta.to_csv(analysis.out_dir / f"{NAME}_summary.csv", index=False)
+    summary.heads.to_csv(analysis.out_dir / f"{NAME}_heads.csv", index=False)
+    print(summary.eta.round(3).to_string(index=False))
+    print(aggregate_note(analysis.args))
+    if analysis.args.figure:
+        print("figure:", ", ".join(map(str, figure(summary, analysis.out_dir / "figures"))))
+    return 0
+
+
+def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
+    note = aggregate_note(analysis.args)
+    summary = summarise_rows(collect(analysis), f"{provenance(analysis)}\n{note}", analysis.args.seed)
+    paths = figure(summary, figures_dir)
+    e = summary.eta
+    table = e[["bucket", "config", "eta", "eta_low", "eta_high", "log2_median", "n", "n_items"]]
+    body = f"{note}.\n\n{markdown_table(table)}"
+    comparisons = [Comparison(f"Fig. 3a: η, BASM, {b}", cell(e, "eta", bucket=b, config="basm"), p, "ratio")
+                   for b, p in (("T_ok", 0.15), ("T_wrong", 1.23), ("T_repair", 1.81))]
+    return ReportSection(NAME, "Figs. 3a/4 — boundary vs procedure attention (`ratios`)", paths, body, comparisons, summary)
