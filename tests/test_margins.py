@@ -131,4 +131,15 @@ def test_missing_roles_raise():
     with pytest.raises(ValueError, match="no wrong"):
         wrong_tool_margin(rows, IDS, [_cand("c", "correct", (1,))], "prompted", D)
     with pytest.raises(ValueError, match="role"):
-        _cand("x", "other", (1,))
+        _cand("x", "distractor", (1,))
+
+
+def test_other_catalog_tools_enter_only_the_broad_margin():
+    """An "other" catalog tool with a higher logit raises tool-vs-control but not Eq. 1."""
+    rows = _rows()
+    cands = [_cand("w", "wrong", (3,)), _cand("c", "correct", (4,)), _cand("o", "other", (7,))]
+    narrow = wrong_tool_margin(rows, IDS, cands, "prompted", D)
+    broad = tool_vs_control_margin(rows, IDS, cands, "prompted", D)
+    logits = rows[D]
+    assert narrow.value == pytest.approx(float(logits[3] - logits[4]), abs=1e-6)
+    assert broad.value == pytest.approx(float(max(logits[3], logits[7]) - logits[4]), abs=1e-6)
