@@ -98,6 +98,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, k_max: int = 2, buc
     group.add_argument("--model", help="local HF folder, local-cache name or .gguf (default: the bundled organism)")
     group.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto (default: float32)")
     group.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    group.add_argument("--device-map", default=None, help='accelerate device map for multi-GPU models, e.g. "auto"')
+    group.add_argument("--allow-pickle", action="store_true", help="allow .bin (pickle) weights; safetensors only by default")
+    group.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped in the model folder")
     group = parser.add_argument_group("probe")
     group.add_argument("--format", default="native", choices=FORMATS, help="decision format (default: native)")
     group.add_argument(
@@ -229,7 +232,10 @@ def open_analysis(args: argparse.Namespace, name: str, *, session: ProbeSession 
     torch.manual_seed(args.seed)
     model = args.model if args.model is not None else default_model()
     if session is None:
-        session = ProbeSession(model, dtype=args.dtype, device=args.device)
+        session = ProbeSession(
+            model, dtype=args.dtype, device=args.device, device_map=args.device_map,
+            allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
+        )
     if session.tokenizer is None:
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
     dataset = _dataset(str(args.dataset))

@@ -466,10 +466,22 @@ class PromptBuilder:
                 lo = middle
             else:
                 hi = middle - 1
-        # exact count first, then an alphanumeric last character (punctuation can merge with the
-        # following newline); when no cut is exact the caller's in-context search absorbs the residue
-        texts = {source[:cut].rstrip() for cut in range(max(1, lo - 24), min(len(source), lo + 24) + 1)}
-        return min((t for t in texts if t), key=lambda t: (abs(count(t) - n_tokens), not t[-1].isalnum(), abs(len(t) - lo), t))
+        # Nearest cuts first; return the first exact count ending in a letter or digit (punctuation
+        # can merge with the following newline). Otherwise the closest count: the caller's
+        # in-context search absorbs the residue.
+        best: tuple[tuple[int, bool, int], str] | None = None
+        for cut in sorted(range(max(1, lo - 24), min(len(source), lo + 24) + 1), key=lambda c: (abs(c - lo), c)):
+            text = source[:cut].rstrip()
+            if not text:
+                continue
+            n = count(text)
+            if n == n_tokens and text[-1].isalnum():
+                return text
+            score = (abs(n - n_tokens), not text[-1].isalnum(), abs(cut - lo))
+            if best is None or score < best[0]:
+                best = (score, text)
+        assert best is not None, "the control source is never empty"
+        return best[1]
 
     # ------------------------------------------------------------------ records
     def _assemble(self, item: Item, block: _MemoryBlock, fmt: str) -> dict[str, Any]:
