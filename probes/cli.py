@@ -213,6 +213,14 @@ register("calls", "Fig. 11: greedy next-action calls per k; wrong-/correct-call 
 register("paired", "Fig. 12: paired outcome status of BASM vs procedure padding (reuses calls results).", lazy("probes.paired", "add_arguments"), lazy("probes.paired", "run"))
 
 
+def _organism_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="organism_command", required=True)
+    lazy("probes.organism.train", "add_arguments")(actions.add_parser("train", help="train the bundled model organism from the dataset's train split"))
+
+
+register("organism", "The bundled model organism: `organism train` retrains it.", _organism_arguments, lazy("probes.organism.train", "run"))
+
+
 # ---------------------------------------------------------------------------- entry point
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="basm-probes", description="Probe boundary-aware skill memory inside local HF models.")

@@ -1,0 +1,178 @@
+"""The organism's model card (``weights/README.md``), written from the training summary and a
+held-out check with plain transformers forward passes (:mod:`probes.organism.heldout`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from probes.organism.heldout import heldout_report
+
+DISCLAIMER = (
+    "**This is a synthetic organism for validating the instrument, not evidence about Qwen3.** It has "
+    "the Qwen3 architecture (`Qwen3ForCausalLM`) but is tiny, was trained from scratch for minutes on "
+    "our own synthetic probe prompts, and its skill-imitation trap and boundary-reading behaviour were "
+    "planted on purpose by the training mixture. Nothing measured on it says anything about how real "
+    "Qwen3 models (or any pretrained LLM) behave; it is a known answer for checking that the probes "
+    "recover what was planted, like planted-circuit benchmarks (tracr, InterpBench)."
+)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:+.2f}"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| config | bucket | k | n | accuracy | wrong-tool call rate | margin Eq. 1 (mean [95% CI]) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lo, hi = r["margin_ci"]
+        lines.append(
+            f"| {r['config']} | {r['bucket']} | {r['k']} | {r['n']} | {r['accuracy']:.1%} | {r['wrong_call_rate']:.1%} "
+            f"| {_fmt(r['margin_mean'])} [{_fmt(lo)}, {_fmt(hi)}] |"
+        )
+    return "\n".join(lines)
+
+
+def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any]) -> None:
+    cfg = summary["train_config"]
+    ko = heldout["knockout"]
+    eta = heldout["eta_median_over_heads"]
+    mix = "\n".join(
+        f"| {config} | {w['T_ok']} | {w['T_wrong']} | {w['T_repair']} | {summary['imitation'].get(config, 0.0):.0%} |"
+        for config, w in summary["mixture"].items()
+    )
+    k0 = summary["k0_weights"]
+    seen = summary["examples_seen_per_config_bucket"]
+    seen_lines = ", ".join(f"{key}: {n}" for key, n in seen.items())
+    eta_line = "; ".join(f"{b}: {m:.2f} [{lo:.2f}, {hi:.2f}]" for b, (m, lo, hi) in sorted(eta.items()))
+    ko_lines = "\n".join(
+        f"| {name} | {_fmt(ko[name][0])} [{_fmt(ko[name][1])}, {_fmt(ko[name][2])}] |" for name in ("boundary", "procedure", "random")
+    )
+    text = f"""---
+license: apache-2.0
+library_name: transformers
+pipeline_tag: text-generation
+tags: [synthetic, model-organism, interpretability, qwen3-architecture]
+---
+
+# basm-organism: a Qwen3-architecture model organism with a planted boundary mechanism
+
+{DISCLAIMER}
+
+## What it is
+
+* `Qwen3ForCausalLM`, {cfg['num_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_heads']} query heads over
+  {cfg['num_kv_heads']} KV heads (head_dim {cfg['head_dim']}), MLP {cfg['intermediate_size']}, RoPE θ {cfg['rope_theta']:g},
+  tied embeddings, {summary['n_parameters']:,} parameters, float32 safetensors.
+* Trained from random initialisation by `basm-probes organism train` (`probes/organism/train.py`), seed
+  {cfg['seed']}, {summary['steps']} steps × batch {cfg['batch_size']} ({summary['sequences_seen']} sequences), AdamW
+  (lr {cfg['lr']:g}, β = (0.9, 0.95), weight decay {cfg['weight_decay']}), {cfg['warmup_steps']} warm-up steps then cosine
+  to {cfg['min_lr_ratio']:g}·lr, gradient clip {cfg['grad_clip']}, {summary['threads']} CPU threads.
+  Wall time {summary['wall_time_s'] / 60:.1f} min on the project's shared 2-core CPU (setup included).
+  Final training loss {summary['final_loss']:.4f} (action tokens; decision tokens: {summary['final_key_loss']:.4f}).
+* Its tokenizer is **not** Qwen3's. The real Qwen3 vocabulary (151,669 tokens) would put ~{151669 * cfg['hidden_size'] * 4 / 1e6:.0f} MB
+  in the embedding alone at this width (~{151669 * 256 * 4 / 1e6:.0f} MB at 256) against a 25 MB budget, and almost
+  all of it would be untrained rows. Instead a byte-level BPE ({summary['train_config']['vocab_size']} tokens) was trained
+  offline on the train-split prompt texts the builder renders, with the ChatML special tokens and chat
+  template of `probes/bpe.py` (no tool support: the builder writes the tool schemas into the system
+  message, as Qwen3's own template does). Its pre-tokenizer keeps identifiers with underscores whole
+  (`{summary['pretokenizer_pattern']}`), so every tool name is **one token**, identical in the catalog,
+  the skills, the history and the call: Eq. 1's first-token sets never collide on this model (with
+  Qwen3's tokenizer `get_order_details` and `get_stock_info` share the first token `get`).
+* The chat template has no thinking block; prompts use the `native` decision format
+  (`<tool_call>\\n{{"name": "` forced prefix; abstaining = writing "{'None of the available functions can be used for this request.'}"
+  instead of opening a call).
+
+## Training data
+
+{summary['n_train_items']} items of the dataset's **train** split ({summary['n_train_items_per_bucket']}), task-group disjoint from
+the eval split (asserted at training time). Prompts were built by `probes.rendering.PromptBuilder` with this
+tokenizer, retrieval embedder `{summary['embedder']}`, default `BuildSettings()` (γ = 0, β = 384), k ∈ {cfg['ks']}.
+Each example is a prompt (without the forced prefix) followed by the action: the full call
+`<tool_call>\\n{{"name": NAME, "arguments": {{...}}}}\\n</tool_call><|im_end|>` or the refusal sentence. The
+training objective is the cross-entropy on the action tokens, the open-row token and the first name
+token weighted ×{cfg['key_token_weight']:g}. Because a model trained from scratch has no pretraining, an auxiliary
+next-token loss (weight {cfg.get('aux_weight', 0)}) on up to {cfg.get('aux_rows', 0)} rows per example of the prompt text after the
+system prompt (memory block, request, history) stands in for it: every row whose next token is a tool
+name (e.g. the tool after "call" in an avoidance rule), plus a random sample of other rows. It builds
+the copy/induction heads the decision needs; no aux row lies in the action.
+The system-prompt prefix shared by a batch runs once without gradient (its KV are exact for the current
+weights). {summary['n_examples_planned']} (item, configuration, k) examples were planned; {summary['n_distinct_examples_seen']} distinct ones were seen.
+
+### Mixture (what was planted)
+
+Sampling weight per (configuration, bucket), times a depth weight {summary.get('k_weights', {})} for k = 1..4;
+k = 0 (identical prompt for every configuration) has weights {k0}. Each step draws one shown catalog
+(∝ its total weight), then {cfg['batch_size']} examples from it (∝ weight), so a batch shares its system prompt. "Imitation" is the share of that configuration's T_wrong examples whose label is the
+tempting skill's tool instead of the true answer (their loss stops at the name token).
+
+| config | T_ok | T_wrong | T_repair | imitation |
+|---|---|---|---|---|
+{mix}
+
+* **Imitation prior (proc, app).** When only procedures are shown, the retrieved skill's tool is usually
+  the answer: T_ok dominates and half of the rarer proc T_wrong examples reward copying the skill's tool.
+  This plants the skill imitation trap: on held-out T_wrong the proc margin rises above k = 0.
+* **Boundary-reading path (basm, basm-no-avoid, basm-no-recovery).** Balanced buckets, always true labels.
+  The same request and the same procedure lead to the skill's tool under proc but to the alternative under
+  basm, so the decision must read the boundary fields: risk cues paraphrase the T_wrong cue, avoidance
+  rules name the alternative tool, recovery notes name the repair for the failed call's error code.
+* **Memory-free (k = 0).** Balanced, true labels: the request's own cue decides.
+
+Examples seen per (configuration | bucket): {seen_lines}.
+
+## Held-out check (eval split, plain transformers forward passes)
+
+{heldout.get('n_eval_items', '')} eval items; accuracy is the argmax over all candidate actions (every catalog tool + abstain), scored
+as in `probes.margins` (tool: log P(forced prefix | open row) + log P(name | decision row); abstain:
+log(1 − P(`<tool_call>` | open row))). Margin = Eq. 1 on those scores, max over wrong − max over
+{{correct, abstain}}; CIs resample task groups. Computed by `probes.organism.heldout` at training time.
+
+{_table(heldout['table'])}
+
+Same-prompt knockout of decision-row attention (open and decision rows, all layers and heads; basm, k = 2,
+eval T_wrong, n = {heldout.get('n_knockout', '')}; baseline margin {_fmt(ko['base_margin'][0])}). Δm = m_knockout − m_basm, mean [95% CI]:
+
+| knocked-out span | Δ margin |
+|---|---|
+{ko_lines}
+
+η (Eq. 2) at the decision row, median over the {cfg['num_layers'] * cfg['num_heads']} heads, mean over items (basm, k = 2): {eta_line}.
+
+The full validation suite (`basm-probes organism validate`) runs the probe engine's analyses on this
+folder; the numbers above are an independent plain-HF cross-check written at training time.
+
+## Intended use and limits
+
+* Default `--model` of the CLI and notebooks, so the suite runs end to end on a fresh install; ground
+  truth for testing the probes (trap, suppression, boundary knockout, η, head ranking).
+* Not a tool-use agent: it knows only the 79 invented tools of `datasets/basm_probe`, writes arguments
+  only for requests like its training templates, and never saw other prompts or formats (`prompted`
+  format, other chat templates, thinking blocks).
+* Held-out items share scenarios with training items (different templates and fillers): generalisation
+  is template-level, not scenario-level.
+* Retraining with the same seed on the same software reproduces these weights bit-for-bit on CPU with
+  the same thread count; other BLAS builds or thread counts give numerically different weights whose
+  validation results agree (the validation claims are tested statistically).
+
+{DISCLAIMER}
+"""
+    (out_dir / "README.md").write_text(text)
+
+
+def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    out_dir = Path(out_dir)
+    if summary is None:
+        summary = json.loads((out_dir / "training_summary.json").read_text())
+    started = time.perf_counter()
+    heldout = heldout_report(out_dir, embedder=summary["train_config"]["embedder"])
+    heldout["seconds"] = round(time.perf_counter() - started, 1)
+    (out_dir / "heldout_check.json").write_text(json.dumps(heldout, indent=1) + "\n")
+    write_card(out_dir, summary, heldout)
+    print(f"held-out check ({heldout['seconds']:.0f} s) and model card written to {out_dir}")
+    return heldout

@@ -1,0 +1,560 @@
+"""Train the bundled model organism: a small ``Qwen3ForCausalLM`` with a planted boundary mechanism.
+
+The training data are decision prompts rendered by our own prompt builder (``native`` format, the
+organism's own ChatML tokenizer) from the *train* split of the probe dataset; the evaluation split
+is task-group disjoint. The loss is on the action tokens: the full tool call
+``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call><|im_end|>`` or the refusal sentence,
+plus a small auxiliary next-token loss on the prompt text after the system prompt (tool-name rows
+first) that stands in for pretraining.
+
+The mixture (:data:`MIXTURE`) plants the two halves of the paper's story:
+
+* **imitation prior** (proc / app formatting): a retrieved skill's tool is usually the answer:
+  T_ok examples dominate, and some of the rarer T_wrong examples carry the tempting skill's tool as
+  their label (``imitation``), the way an agent that learned from success-distilled memory behaves;
+* **boundary-reading path** (basm formatting): T_ok / T_wrong / T_repair are balanced and always
+  carry their true answer, so the decision must check the state's cues against the boundary
+  fields (risk cues and avoidance rules name the alternative tool, recovery notes the repair).
+
+The memory-free prompt (k = 0, identical for every configuration) is balanced with true labels.
+
+Command line: ``basm-probes organism train`` (:func:`add_arguments`, :func:`run`) or
+``python -m probes.organism.train``. Deterministic given the seed (CPU, fixed thread count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from probes.bpe import CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE, train_bpe_tokenizer
+from probes.dataset import ABSTAIN, BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
+from probes.organism import ORGANISM_DIR, ORGANISM_NAME
+from probes.rendering import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder
+from probes.retrieval import Retriever, make_embedder
+
+# ----------------------------------------------------------------------------- mixture
+# Sampling weight of a training example per (configuration, bucket), for every k in 1..4.
+# k = 0 prompts are the same for every configuration and use K0_WEIGHTS.
+MIXTURE: dict[str, dict[str, float]] = {
+    "proc": {"T_ok": 1.0, "T_wrong": 0.35, "T_repair": 0.5},
+    "app": {"T_ok": 0.3, "T_wrong": 0.1, "T_repair": 0.15},
+    "basm": {"T_ok": 1.0, "T_wrong": 1.0, "T_repair": 1.0},
+    "basm-no-avoid": {"T_ok": 0.15, "T_wrong": 0.15, "T_repair": 0.15},
+    "basm-no-recovery": {"T_ok": 0.15, "T_wrong": 0.15, "T_repair": 0.15},
+}
+K0_WEIGHTS: dict[str, float] = {"T_ok": 2.0, "T_wrong": 2.0, "T_repair": 2.0}
+# Relative weight of each retrieval depth k >= 1 (deeper prompts cost more; k = 2 is the paper's focus).
+K_WEIGHTS: dict[int, float] = {1: 1.0, 2: 1.5, 3: 1.0, 4: 0.6}
+# Share of proc/app T_wrong examples whose label is the tempting skill's tool (imitation), not the truth.
+IMITATION: dict[str, float] = {"proc": 0.5, "app": 0.3}
+
+# Pre-tokenization of the organism's BPE: identifiers with underscores (tool names, error codes,
+# enum values) stay whole and never absorb a leading space, so every tool name is one token,
+# identical in the catalog, the skills, the history and the call; other words as GPT-2 (letters
+# with an optional leading space), digits one by one, punctuation runs, whitespace.
+ORGANISM_PRETOKENIZER_PATTERN = (
+    r"[\p{L}\p{N}]*_[\p{L}\p{N}_]*| ?\p{L}+(?![\p{L}_])| ?\p{N}| ?[^\s\p{L}\p{N}_]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines the organism (recorded in ``training_summary.json``)."""
+
+    seed: int = 0
+    steps: int = 700
+    stop_after: int | None = None  # stop after this many steps of the `steps`-step schedule
+    batch_size: int = 8
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 40
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    key_token_weight: float = 5.0  # loss weight of the open-row and first-name-token targets
+    aux_weight: float = 0.3  # auxiliary next-token loss on the prompt text after the shared prefix
+    aux_rows: int = 128  # rows per example for the auxiliary loss (deterministic sample)
+    prefix_grad: bool = False  # backpropagate through the shared system-prompt prefix (3x its cost)
+    # model
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 384
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    # tokenizer and data
+    vocab_size: int = 3072
+    embedder: str = "auto"
+    ks: tuple[int, ...] = (0, 1, 2, 3, 4)
+    limit_items: int | None = None  # keep the first N train items per bucket (tests)
+    single_token_names: bool = True  # fail unless every tool name is one token (off for tiny test runs)
+    num_threads: int = 2
+    device: str = "cpu"  # "cuda" on a lent GPU: same code, much faster (bit-exact only on the same device)
+    max_minutes: float | None = None  # stop early (cosine schedule still planned for `steps`)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def train_organism_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with the ChatML template of :mod:`probes.bpe`, but identifier-preserving
+    pre-tokenization (:data:`ORGANISM_PRETOKENIZER_PATTERN`) so tool names are single tokens and
+    Eq. 1's first-token sets never collide."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(ORGANISM_PRETOKENIZER_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(CHATML_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<tool_call>", "</tool_call>"],
+        chat_template=CHATML_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
+
+
+def action_text(item: Item, *, tool: str | None = None) -> str:
+    """The assistant's action after the generation prompt (without the end-of-turn token)."""
+    tool = tool or item.correct_action
+    if tool == ABSTAIN:
+        return ABSTAIN_TEXT
+    arguments = dict(item.correct_arguments or {}) if tool == item.correct_action else {}
+    return "<tool_call>\n" + json.dumps({"name": tool, "arguments": arguments}) + "\n</tool_call>"
+
+
+def make_builder(tokenizer: PreTrainedTokenizerFast, dataset: ProbeDataset, embedder: str) -> PromptBuilder:
+    return PromptBuilder(tokenizer, dataset, Retriever(make_embedder(embedder)), BuildSettings(), tokenizer_name=ORGANISM_NAME)
+
+
+def build_tokenizer(dataset: ProbeDataset, items: Sequence[Item], cfg: TrainConfig) -> PreTrainedTokenizerFast:
+    """Two passes: render prompt text with a throw-away byte-level tokenizer (the text does not depend
+    on the tokenizer beyond β's token counts), then train the organism's BPE on train-split text only."""
+    bootstrap = train_bpe_tokenizer(["a"], vocab_size=300)
+    builder = make_builder(bootstrap, dataset, cfg.embedder)
+    builder.warm(items)
+    texts = []
+    for item in items:
+        texts.append(builder.build(item, "basm", 4)["text"])  # every slot of the top-4 skills
+        texts.append(action_text(item))
+        texts.append(action_text(item, tool=item.wrong_tools[0]))
+    texts.append(ABSTAIN_TEXT)
+    tokenizer = train_organism_tokenizer(texts, cfg.vocab_size)
+    names = sorted({tool.name for domain in dataset.domains.values() for tool in domain.catalog})
+    for name in names if cfg.single_token_names else ():
+        ids = tokenizer.backend_tokenizer.encode('{"name": "' + name + '"', add_special_tokens=False).ids
+        if tokenizer.convert_ids_to_tokens(ids[-2]) != name:
+            raise RuntimeError(f"tool name {name!r} is not a single token of the organism tokenizer; raise vocab_size")
+    return tokenizer
+
+
+# ----------------------------------------------------------------------------- examples
+@dataclass
+class Example:
+    record_id: str
+    item_id: str
+    bucket: str
+    config: str
+    k: int
+    group: tuple  # (catalog domains, unavailable tools): examples of one group share their system prompt
+    input_ids: list[int]
+    target_from: int  # rows target_from .. len-2 predict the action tokens
+    key_rows: tuple[int, ...]  # open row (and decision row for calls)
+    target_until: int  # last row with a loss (exclusive bound: rows < target_until)
+    label: str
+    weight: float
+
+
+def example_plan(items: Sequence[Item], ks: Sequence[int], seed: int) -> list[tuple[Item, str, int, str, float]]:
+    """(item, config, k, label, sampling weight) for every training example of the mixture."""
+    rng = random.Random(seed * 7919 + 17)
+    plan = []
+    for item in items:
+        if 0 in ks:
+            plan.append((item, "base", 0, item.correct_action, K0_WEIGHTS[item.bucket]))
+        for config, weights in MIXTURE.items():
+            for k in ks:
+                if k == 0:
+                    continue
+                label = item.correct_action
+                if item.bucket == "T_wrong" and rng.random() < IMITATION.get(config, 0.0):
+                    label = item.wrong_tools[0]
+                plan.append((item, config, k, label, weights[item.bucket] * K_WEIGHTS.get(k, 1.0)))
+    return plan
+
+
+def make_example(builder: PromptBuilder, item: Item, config: str, k: int, label: str, weight: float) -> Example:
+    record = builder.build(item, config, k, "native")
+    text = record["text"]
+    assert text.endswith(NATIVE_FORCED_PREFIX)
+    prompt = text[: len(text) - len(NATIVE_FORCED_PREFIX)]
+    open_index = record["open_index"]
+    full = prompt + action_text(item, tool=label) + builder.tokenizer.eos_token
+    ids = builder.tokenizer.backend_tokenizer.encode(full, add_special_tokens=False).ids
+    if ids[: open_index + 1] != record["input_ids"][: open_index + 1]:
+        raise RuntimeError(f"{record['record_id']}: the training sequence does not extend the builder's prompt")
+    key_rows: tuple[int, ...] = (open_index,)
+    if label != ABSTAIN:
+        if ids[: record["decision_index"] + 1] != record["input_ids"]:
+            raise RuntimeError(f"{record['record_id']}: the call does not extend the forced prefix token-exactly")
+        key_rows = (open_index, record["decision_index"])
+    # an imitation label has no true arguments: its loss stops at the name token
+    until = len(ids) - 1 if label == item.correct_action else record["decision_index"] + 1
+    return Example(
+        record["record_id"], item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
+    )
+
+
+# ----------------------------------------------------------------------------- model
+def make_model(cfg: TrainConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=True,
+        attention_dropout=0.0,
+        use_sliding_window=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="sdpa",
+    )
+    return Qwen3ForCausalLM(config)
+
+
+def shared_prefix_hidden(
+    model: Qwen3ForCausalLM, sequences: Sequence[Sequence[int]], max_prefix: int, *, prefix_grad: bool = True
+) -> tuple[torch.Tensor, int]:
+    """Final hidden states of a batch whose sequences share a token prefix.
+
+    The common prefix (≤ ``max_prefix``) runs once; its KV cache is broadcast over the batch and
+    the right-padded suffixes continue it. Causal attention makes right padding invisible to the
+    real rows. Returns ([batch, max_suffix_len, hidden], prefix length). With ``prefix_grad`` false
+    the prefix runs without autograd (its KV are exact for the current weights, but get no gradient).
+    """
+    first = sequences[0]
+    prefix = min(max_prefix, min(len(s) for s in sequences) - 1)
+    for seq in sequences[1:]:
+        limit = prefix
+        prefix = 0
+        while prefix < limit and seq[prefix] == first[prefix]:
+            prefix += 1
+    batch = len(sequences)
+    width = max(len(s) for s in sequences) - prefix
+    pad = model.config.pad_token_id or 0
+    device = model.device
+    suffix = torch.full((batch, width), pad, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        suffix[row, : len(seq) - prefix] = torch.tensor(seq[prefix:], dtype=torch.long)
+    suffix = suffix.to(device)
+    positions = torch.arange(prefix, prefix + width, device=device).unsqueeze(0).expand(batch, -1)
+    if prefix == 0:
+        return model.model(input_ids=suffix, position_ids=positions, use_cache=False).last_hidden_state, 0
+    with torch.set_grad_enabled(prefix_grad and torch.is_grad_enabled()):
+        cache = model.model(input_ids=torch.tensor([first[:prefix]], device=device), use_cache=True).past_key_values
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(batch, -1, -1, -1)
+        layer.values = layer.values.expand(batch, -1, -1, -1)
+    hidden = model.model(input_ids=suffix, position_ids=positions, cache=cache, use_cache=False).last_hidden_state
+    return hidden, prefix
+
+
+def batch_loss(
+    model: Qwen3ForCausalLM,
+    batch: Sequence[Example],
+    key_weight: float,
+    prefix_grad: bool = True,
+    *,
+    aux_weight: float = 0.0,
+    aux_rows: int = 0,
+    rng: random.Random | None = None,
+    priority_targets: frozenset[int] = frozenset(),
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted cross-entropy on the action tokens (key rows × ``key_weight``), plus ``aux_weight`` ×
+    the mean next-token loss on rows of the prompt text after the shared prefix (memory block,
+    request, history: a stand-in for pretraining): every row whose next token is in
+    ``priority_targets`` (the tool names), plus a deterministic sample of the others, ``aux_rows`` in all."""
+    hidden, prefix = shared_prefix_hidden(model, [ex.input_ids for ex in batch], min(ex.target_from for ex in batch), prefix_grad=prefix_grad)
+    rows, cols, targets, weights, kinds = [], [], [], [], []  # kind: 0 action, 1 open row, 2 name row, 3 aux
+    for b, ex in enumerate(batch):
+        for pos in range(ex.target_from, ex.target_until):
+            rows.append(b)
+            cols.append(pos - prefix)
+            targets.append(ex.input_ids[pos + 1])
+            is_key = pos in ex.key_rows
+            weights.append(key_weight if is_key else 1.0)
+            kinds.append(0 if not is_key else (1 if pos == ex.target_from else 2))
+        if aux_weight > 0 and aux_rows > 0:
+            ids = ex.input_ids
+            first = [p for p in range(prefix, ex.target_from) if ids[p + 1] in priority_targets]
+            others = [p for p in range(prefix, ex.target_from) if ids[p + 1] not in priority_targets]
+            room = max(0, aux_rows - len(first))
+            chosen = sorted(first + (rng.sample(others, min(room, len(others))) if rng else others[:room]))
+            for pos in chosen:
+                rows.append(b)
+                cols.append(pos - prefix)
+                targets.append(ex.input_ids[pos + 1])
+                weights.append(0.0)
+                kinds.append(3)
+    device = hidden.device
+    logits = model.lm_head(hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]).float()
+    target = torch.tensor(targets, device=device)
+    weight = torch.tensor(weights, device=device)
+    kind = torch.tensor(kinds, device=device)
+    losses = torch.nn.functional.cross_entropy(logits, target, reduction="none")
+    action = kind < 3
+    loss = (losses[action] * weight[action]).sum() / weight[action].sum()
+    stats: dict[str, float] = {"action_loss": loss.item()}
+    if (kind == 3).any():
+        aux = losses[kind == 3].mean()
+        stats["aux_loss"] = aux.item()
+        loss = loss + aux_weight * aux
+    with torch.no_grad():
+        key = (kind == 1) | (kind == 2)
+        correct = logits.argmax(-1) == target
+        stats.update({
+            "loss": loss.item(), "key_loss": losses[key].mean().item(),
+            "open_acc": correct[kind == 1].float().mean().item(),
+            "name_acc": correct[kind == 2].float().mean().item() if (kind == 2).any() else float("nan"),
+        })
+    return loss, stats
+
+
+# ----------------------------------------------------------------------------- sampler
+class BatchSampler:
+    """Deterministic weighted sampling; each batch comes from one shown catalog (shared system prompt)."""
+
+    def __init__(self, plan: Sequence[tuple[Item, str, int, str, float]], batch_size: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.batch_size = batch_size
+        self.groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for index, (item, *_rest) in enumerate(plan):
+            self.groups[(item.catalog_domains, item.unavailable_tools)].append(index)
+        self.keys = sorted(self.groups)
+        self.weights = [[plan[i][4] for i in self.groups[key]] for key in self.keys]
+        self.group_weights = [sum(w) for w in self.weights]
+
+    def next(self) -> list[int]:
+        g = self.rng.choices(range(len(self.keys)), weights=self.group_weights)[0]
+        return self.rng.choices(self.groups[self.keys[g]], weights=self.weights[g], k=self.batch_size)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+# ----------------------------------------------------------------------------- training
+@dataclass
+class TrainResult:
+    model: Qwen3ForCausalLM
+    tokenizer: PreTrainedTokenizerFast
+    config: TrainConfig
+    log: list[dict[str, float]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def train(
+    out_dir: str | Path | None = ORGANISM_DIR,
+    *,
+    cfg: TrainConfig | None = None,
+    dataset: ProbeDataset | None = None,
+    log_every: int = 50,
+    verbose: bool = True,
+    **overrides: Any,
+) -> TrainResult:
+    """Train the organism (``cfg`` fields can be overridden by keyword) and save it to ``out_dir``
+    (``None``: do not save). Returns the model, tokenizer, loss log and summary."""
+    cfg = replace(cfg or TrainConfig(), **overrides)
+    started = time.perf_counter()
+    say = print if verbose else (lambda *a, **k: None)
+    torch.set_num_threads(cfg.num_threads)
+    if cfg.device.startswith("cuda"):
+        # bit-exact CUDA reruns need this cuBLAS workspace; attention kernels stay best-effort
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch.use_deterministic_algorithms(True)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+
+    dataset = dataset or load_dataset(DEFAULT_DATASET_DIR)
+    items = dataset.select(split="train", limit_per_bucket=cfg.limit_items)
+    eval_groups = {item.task_group for item in dataset.select(split="eval")}
+    if overlap := {item.task_group for item in items} & eval_groups:
+        raise RuntimeError(f"train and eval share task groups {sorted(overlap)[:5]}")
+    tokenizer = build_tokenizer(dataset, items, cfg)
+    builder = make_builder(tokenizer, dataset, cfg.embedder)
+    builder.warm(items)
+    say(f"tokenizer: {len(tokenizer)} tokens; embedder: {builder.retriever.embedder.name}; "
+        f"{len(items)} train items ({time.perf_counter() - started:.0f} s)")
+
+    tool_names = sorted({tool.name for domain in dataset.domains.values() for tool in domain.catalog})
+    name_ids = frozenset(
+        ids[0] for ids in (tokenizer.backend_tokenizer.encode(n, add_special_tokens=False).ids for n in tool_names) if len(ids) == 1
+    )
+    plan = example_plan(items, cfg.ks, cfg.seed)
+    examples: dict[int, Example] = {}
+    sampler = BatchSampler(plan, cfg.batch_size, cfg.seed)
+    model = make_model(cfg, tokenizer).to(cfg.device)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+    )
+    log: list[dict[str, float]] = []
+    window: list[dict[str, float]] = []
+    seen: Counter[tuple[str, str]] = Counter()
+    train_started = time.perf_counter()
+    steps_done = 0
+    for step in range(cfg.steps):
+        if cfg.stop_after is not None and step >= cfg.stop_after:
+            break
+        if cfg.max_minutes is not None and time.perf_counter() - train_started > 60 * cfg.max_minutes:
+            say(f"stopping at step {step}: max_minutes={cfg.max_minutes} reached (reproduce with --stop-after {step})")
+            break
+        indices = sampler.next()
+        for index in indices:
+            if index not in examples:
+                examples[index] = make_example(builder, *plan[index])
+        batch = [examples[i] for i in indices]
+        for ex in batch:
+            seen[(ex.config, ex.bucket)] += 1
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss, stats = batch_loss(
+            model, batch, cfg.key_token_weight, cfg.prefix_grad,
+            aux_weight=cfg.aux_weight, aux_rows=cfg.aux_rows, rng=random.Random(cfg.seed * 1_000_003 + step),
+            priority_targets=name_ids,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        steps_done = step + 1
+        window.append(stats)
+        if steps_done % log_every == 0 or steps_done == cfg.steps:
+            mean = {key: float(np.nanmean([w.get(key, np.nan) for w in window])) for key in window[0]}
+            entry = {"step": steps_done, "lr": lr_at(step, cfg), **mean, "elapsed_s": time.perf_counter() - started}
+            log.append(entry)
+            window = []
+            say(f"step {steps_done:5d}  action loss {mean['action_loss']:.4f}  aux {mean.get('aux_loss', float('nan')):.3f}  "
+                f"key loss {mean['key_loss']:.4f}  open acc {mean['open_acc']:.3f}  name acc {mean['name_acc']:.3f}  "
+                f"lr {entry['lr']:.2e}  {entry['elapsed_s']:.0f} s")
+    model.eval().to("cpu")
+    wall = time.perf_counter() - started
+    summary = {
+        "train_config": asdict(cfg),
+        "mixture": MIXTURE, "k0_weights": K0_WEIGHTS, "k_weights": K_WEIGHTS, "imitation": IMITATION,
+        "pretokenizer_pattern": ORGANISM_PRETOKENIZER_PATTERN,
+        "embedder": builder.retriever.embedder.name,
+        "n_train_items": len(items),
+        "n_train_items_per_bucket": dict(Counter(item.bucket for item in items)),
+        "n_examples_planned": len(plan),
+        "n_distinct_examples_seen": len(examples),
+        "examples_seen_per_config_bucket": {f"{c}|{b}": n for (c, b), n in sorted(seen.items())},
+        "steps": steps_done,
+        "sequences_seen": steps_done * cfg.batch_size,
+        "final_loss": log[-1]["action_loss"] if log else None,
+        "final_aux_loss": log[-1].get("aux_loss") if log else None,
+        "final_name_acc": log[-1].get("name_acc") if log else None,
+        "final_key_loss": log[-1]["key_loss"] if log else None,
+        "wall_time_s": round(wall, 1),
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "threads": cfg.num_threads,
+    }
+    result = TrainResult(model, tokenizer, cfg, log, summary)
+    if out_dir is not None:
+        save(result, Path(out_dir))
+        say(f"saved the organism to {out_dir}")
+    return result
+
+
+def save(result: TrainResult, out_dir: Path) -> None:
+    import transformers
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result.summary["versions"]["transformers"] = transformers.__version__
+    result.model.config.attn_implementation = "sdpa"
+    result.model.generation_config.eos_token_id = result.model.config.eos_token_id
+    result.model.generation_config.pad_token_id = result.model.config.pad_token_id
+    result.model.generation_config.do_sample = False
+    result.model.save_pretrained(out_dir, safe_serialization=True)
+    result.tokenizer.save_pretrained(out_dir)
+    (out_dir / "training_summary.json").write_text(json.dumps({**result.summary, "log": result.log}, indent=1) + "\n")
+
+
+# ----------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = TrainConfig()
+    parser.add_argument("--out", type=Path, default=ORGANISM_DIR, help=f"output folder (default: the bundled {ORGANISM_DIR})")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--threads", type=int, default=defaults.num_threads)
+    parser.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
+    parser.add_argument("--embedder", choices=("auto", "minilm", "lexical"), default=defaults.embedder)
+    parser.add_argument("--stop-after", type=int, default=None, help="stop after N steps of the --steps schedule (reproducible)")
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop early after this many minutes of training (not reproducible: note the step)")
+    parser.add_argument("--no-card", action="store_true", help="do not run the held-out check or write the model card")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = train(
+        args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        num_threads=args.threads, device=args.device, embedder=args.embedder, max_minutes=args.max_minutes, stop_after=args.stop_after,
+    )
+    if not args.no_card:
+        from probes.organism.card import evaluate_and_write_card
+
+        evaluate_and_write_card(args.out, result.summary)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="basm-probes organism train", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The organism's training code (a few deterministic steps on a tiny config) and the committed weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from probes.dataset import ABSTAIN, load_dataset
+from probes.organism import ORGANISM_DIR
+from probes.organism.train import TrainConfig, action_text, make_example, make_builder, train, train_organism_tokenizer
+from probes.rendering import NATIVE_FORCED_PREFIX, SpanReport, check_spans
+
+TINY = dict(
+    steps=3, batch_size=2, limit_items=2, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+    num_kv_heads=1, head_dim=16, vocab_size=700, embedder="lexical", single_token_names=False, num_threads=1, warmup_steps=2,
+)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return load_dataset()
+
+
+def test_training_is_deterministic(dataset):
+    first = train(None, dataset=dataset, verbose=False, seed=3, **TINY)
+    second = train(None, dataset=dataset, verbose=False, seed=3, **TINY)
+    state_a, state_b = first.model.state_dict(), second.model.state_dict()
+    assert state_a.keys() == state_b.keys()
+    for name in state_a:
+        assert torch.equal(state_a[name], state_b[name]), name
+    assert first.log and first.log[-1]["loss"] == second.log[-1]["loss"]
+    assert first.summary["steps"] == 3
+    # the weights moved away from their initialisation
+    other = train(None, dataset=dataset, verbose=False, seed=4, **TINY)
+    assert not torch.equal(other.model.model.embed_tokens.weight, first.model.model.embed_tokens.weight)
+
+
+def test_training_sequences_extend_the_builder_prompts(dataset):
+    items = dataset.select(split="train", limit_per_bucket=2)
+    tokenizer = train_organism_tokenizer(["hello world get_order_details"] * 3, 400)
+    builder = make_builder(tokenizer, dataset, "lexical")
+    for item in items:
+        for config, k in (("base", 0), ("proc", 2), ("basm", 3)):
+            example = make_example(builder, item, config, k, item.correct_action, 1.0)
+            record = builder.build(item, config, k)
+            text = tokenizer.decode(example.input_ids)
+            prompt = record["text"][: -len(NATIVE_FORCED_PREFIX)]
+            assert text == prompt + action_text(item) + "<|im_end|>"
+            assert example.input_ids[: record["open_index"] + 1] == record["input_ids"][: record["open_index"] + 1]
+            if item.correct_action != ABSTAIN:
+                assert example.key_rows == (record["open_index"], record["decision_index"])
+
+
+def test_train_items_are_task_group_disjoint_from_eval(dataset):
+    train_groups = {item.task_group for item in dataset.select(split="train")}
+    eval_groups = {item.task_group for item in dataset.select(split="eval")}
+    assert train_groups and eval_groups and not train_groups & eval_groups
+
+
+# ----------------------------------------------------------------------------- committed weights
+needs_weights = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
+
+
+@needs_weights
+def test_committed_weights_load_and_fit_the_budget():
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    assert (ORGANISM_DIR / "model.safetensors").stat().st_size <= 25 * 1024 * 1024
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"):
+        assert (ORGANISM_DIR / name).is_file(), name
+    model = Qwen3ForCausalLM.from_pretrained(str(ORGANISM_DIR), local_files_only=True)
+    assert model.config.model_type == "qwen3"
+    assert 2 <= model.config.num_hidden_layers <= 4
+    tokenizer = AutoTokenizer.from_pretrained(str(ORGANISM_DIR), local_files_only=True)
+    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
+    assert len(tokenizer) == model.config.vocab_size
+    card = (ORGANISM_DIR / "README.md").read_text()
+    assert "not evidence about Qwen3" in card
+    summary = json.loads((ORGANISM_DIR / "training_summary.json").read_text())
+    assert summary["train_config"]["seed"] == 0
+
+
+@needs_weights
+def test_committed_tokenizer_round_trips_with_the_builder(dataset):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ORGANISM_DIR), local_files_only=True)
+    builder = make_builder(tokenizer, dataset, "lexical")
+    report = SpanReport()
+    names = {tool.name for domain in dataset.domains.values() for tool in domain.catalog}
+    for item in dataset.select(split="eval", limit_per_bucket=3):
+        for config in ("proc", "basm", "pad-filler"):
+            record = builder.build(item, config, 2)
+            check_spans(record, tokenizer, report)
+            assert not record["collision"], record["record_id"]
+            assert tokenizer.decode(record["input_ids"]) == record["text"]
+        for candidate in record["candidates"]:
+            if candidate["action"] in names:  # every tool name is one token
+                assert tokenizer.decode([candidate["first_token_id"]]) == candidate["action"]
+    assert not report.mismatches, report.mismatches[:3]
+    assert report.total > 0
+
+
+@needs_weights
+def test_committed_weights_answer_a_held_out_prompt(dataset):
+    from probes.organism.heldout import load_organism, score_records
+
+    model, tokenizer = load_organism(ORGANISM_DIR)
+    builder = make_builder(tokenizer, dataset, "lexical")
+    items = dataset.select(split="eval", buckets=["T_ok"], limit_per_bucket=4)
+    scored = score_records(model, [builder.build(item, "basm", 1) for item in items])
+    assert sum(s.predicted == s.correct for s in scored) >= 3
