@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 CHATML_SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
@@ -23,10 +23,25 @@ CHATML_TEMPLATE = (
 )
 
 
-def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, *, chat_template: str = CHATML_TEMPLATE) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE (GPT-2 pre-tokenization) on ``texts``; deterministic for fixed input."""
+def train_bpe_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int = 2048,
+    *,
+    chat_template: str = CHATML_TEMPLATE,
+    split_pattern: str | None = None,
+    model_max_length: int | None = None,
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``texts``; deterministic for fixed input.
+
+    Pre-tokenization is GPT-2's unless ``split_pattern`` (a regex of isolated pieces) is given."""
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if split_pattern is None:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split_pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -42,4 +57,5 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, *, chat_te
         additional_special_tokens=["<|im_start|>", "<tool_call>", "</tool_call>"],
         chat_template=chat_template,
         clean_up_tokenization_spaces=False,
+        **({"model_max_length": model_max_length} if model_max_length is not None else {}),
     )

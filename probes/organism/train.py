@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from probes.bpe import CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE, train_bpe_tokenizer
+from probes.bpe import train_bpe_tokenizer
 from probes.dataset import ABSTAIN, BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_DIR, ORGANISM_NAME
 from probes.rendering import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder
@@ -116,28 +115,7 @@ def train_organism_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTraine
     """Byte-level BPE with the ChatML template of :mod:`probes.bpe`, but identifier-preserving
     pre-tokenization (:data:`ORGANISM_PRETOKENIZER_PATTERN`) so tool names are single tokens and
     Eq. 1's first-token sets never collide."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(ORGANISM_PRETOKENIZER_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(CHATML_SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<tool_call>", "</tool_call>"],
-        chat_template=CHATML_TEMPLATE,
-        clean_up_tokenization_spaces=False,
-        model_max_length=4096,
-    )
+    return train_bpe_tokenizer(texts, vocab_size, split_pattern=ORGANISM_PRETOKENIZER_PATTERN, model_max_length=4096)
 
 
 def action_text(item: Item, *, tool: str | None = None) -> str:
