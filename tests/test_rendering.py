@@ -119,9 +119,15 @@ def test_native_format_layout(qwen3_builder, qwen3, dataset):
     assert ids[record["open_index"] + 1] == qwen3.convert_tokens_to_ids("<tool_call>")
     assert record["query_rows"] == [record["open_index"], record["decision_index"]]
     for candidate in record["candidates"]:
-        full = qwen3(text + candidate["text"] if candidate["action"] != ABSTAIN else qwen3.decode(ids[: record["open_index"] + 1]) + ABSTAIN_TEXT, add_special_tokens=False)["input_ids"]
+        # independent in-context tokenization: the whole prompt plus the call as the model writes it
+        if candidate["action"] == ABSTAIN:
+            full_text = qwen3.decode(ids[: record["open_index"] + 1]) + ABSTAIN_TEXT
+        else:
+            full_text = text + candidate["action"] + '", "arguments": {'
+        full = qwen3(full_text, add_special_tokens=False)["input_ids"]
         start = candidate["anchor_index"] + 1
         assert full[start : start + len(candidate["token_ids"])] == candidate["token_ids"]
+        assert qwen3.decode(candidate["token_ids"]).startswith(candidate["action"] if candidate["action"] != ABSTAIN else ABSTAIN_TEXT)
         assert not candidate["boundary_merge"]
 
 
