@@ -104,3 +104,20 @@ def smollm2_dir() -> Path:
     from probes.loading import convert_gguf
 
     return convert_gguf(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3 (2 layers, 4 heads over 2 KV heads) with the real Qwen3 tokenizer and
+    chat template (vocab 151669), so the prompt builder runs on true Qwen3 tokenization."""
+    from probes.rendering import load_tokenizer
+
+    tokenizer = load_tokenizer("qwen3")
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=8192,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    out = tmp_path_factory.mktemp("tiny_qwen3_real_tokenizer")
+    Qwen3ForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -27,29 +27,6 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen3 (2 layers, 4 heads over 2 KV heads) with the real Qwen3 tokenizer."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from probes.rendering import load_tokenizer
-
-    tokenizer = load_tokenizer("qwen3")
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=8192,
-                         tie_word_embeddings=True)
-    model = Qwen3ForCausalLM(config).eval()
-    with torch.no_grad():  # sharpen the random attention so spans get distinct masses
-        for name, p in model.named_parameters():
-            if "q_proj" in name or "k_proj" in name:
-                p.mul_(8.0)
-    out = tmp_path_factory.mktemp("tiny_qwen3_analyses")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 def check_figure(out: Path, name: str) -> None:
     for suffix in (".png", ".pdf"):
         path = out / "figures" / f"{name}{suffix}"

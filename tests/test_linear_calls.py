@@ -177,32 +177,14 @@ def test_spread_limit_takes_several_task_groups():
 
 
 # ------------------------------------------------------------------------------------- models
-@pytest.fixture(scope="session")
-def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen3 with the real Qwen3 tokenizer and chat template (vocab 151669)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from probes.rendering import load_tokenizer
-
-    tokenizer = load_tokenizer("qwen3")
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=8192,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    out = tmp_path_factory.mktemp("tiny_qwen3_real_tokenizer")
-    Qwen3ForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def test_generation_through_probe_attention_equals_sdpa(tiny_qwen3):
+def test_generation_through_probe_attention_equals_sdpa(tiny_qwen3_dir):
     """HF generate on the session's model (probe attention registered) = a plain sdpa model."""
     from transformers import AutoModelForCausalLM
 
     from probes.engine import ProbeSession
 
-    session = ProbeSession(tiny_qwen3)
-    reference = AutoModelForCausalLM.from_pretrained(tiny_qwen3, attn_implementation="sdpa").eval()
+    session = ProbeSession(tiny_qwen3_dir)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, attn_implementation="sdpa").eval()
     prompt = session.tokenizer("<|im_start|>user\nhello, which tool?<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     stops = stop_token_ids(session.model, session.tokenizer)
     session.run(prompt, [len(prompt) - 1], record_residual=True)  # a probe call before must leave no state behind
@@ -211,13 +193,13 @@ def test_generation_through_probe_attention_equals_sdpa(tiny_qwen3):
     assert ours == theirs and len(ours[0]) > 0
 
 
-def test_generation_prompt_drops_the_forced_prefix(tiny_qwen3):
+def test_generation_prompt_drops_the_forced_prefix(tiny_qwen3_dir):
     from probes.rendering import NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, load_tokenizer
     from probes.retrieval import RetrievalWeights, Retriever, make_embedder
 
     dataset = load_dataset()
     (item,) = dataset.select(split="eval", buckets=["T_wrong"], limit_per_bucket=1)
-    tokenizer = load_tokenizer(str(tiny_qwen3))
+    tokenizer = load_tokenizer(str(tiny_qwen3_dir))
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical"), RetrievalWeights()), BuildSettings(k_max=1))
     native, prompted = builder.build(item, "basm", 1, "native"), builder.build(item, "basm", 1, "prompted")
     assert tokenizer.decode(generation_prompt(native)) == native["text"][: -len(NATIVE_FORCED_PREFIX)]
@@ -231,8 +213,8 @@ def _check_figure(out: Path, name: str) -> None:
         assert path.is_file() and path.stat().st_size > 5000, path
 
 
-def test_cli_calls_paired_linear_tiny_qwen3(tiny_qwen3, tmp_path):
-    common = ["--model", str(tiny_qwen3), *COMMON, "--out", str(tmp_path), "--max-new-tokens", "6"]
+def test_cli_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
+    common = ["--model", str(tiny_qwen3_dir), *COMMON, "--out", str(tmp_path), "--max-new-tokens", "6"]
     assert main(["calls", *common, "--configs", "proc,basm"]) == 0
     rows = load_results(tmp_path / "calls.jsonl")
     assert len(rows) == 6 * 2 * 2 and rows["key"].is_unique  # 6 items × k ∈ {0, 1} × 2 configs
@@ -256,7 +238,7 @@ def test_cli_calls_paired_linear_tiny_qwen3(tiny_qwen3, tmp_path):
     assert (paired[paired["k"] == 0]["status"].isin(["both_solved", "both_failed"])).all()
     _check_figure(tmp_path, "fig12_paired_status")
 
-    assert main(["linear", "--model", str(tiny_qwen3), *COMMON, "--out", str(tmp_path), "--configs", "basm",
+    assert main(["linear", "--model", str(tiny_qwen3_dir), *COMMON, "--out", str(tmp_path), "--configs", "basm",
                  "--permutations", "2", "--resamples", "100"]) == 0
     probes_ = load_results(tmp_path / "linear_probe.jsonl")
     assert len(probes_) == 2 * 3 and probes_["key"].is_unique  # k ∈ {0, 1} × (embeddings + 2 layers)

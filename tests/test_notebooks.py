@@ -36,29 +36,11 @@ def test_committed_without_outputs(path):
     assert "parameters" in nb.cells[1].metadata.get("tags", []) and "BASM_MODEL" in nb.cells[1].source
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen3 with the real Qwen3 tokenizer (the builder needs a chat template)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from probes.rendering import load_tokenizer
-
-    tokenizer = load_tokenizer("qwen3")
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=8192,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    out = tmp_path_factory.mktemp("nb_tiny_qwen3")
-    Qwen3ForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_executes_on_quick_setting(path, tiny_qwen3, tmp_path, monkeypatch):
+def test_notebook_executes_on_quick_setting(path, tiny_qwen3_dir, tmp_path, monkeypatch):
     from nbclient import NotebookClient
 
-    monkeypatch.setenv("BASM_MODEL", str(tiny_qwen3))
+    monkeypatch.setenv("BASM_MODEL", str(tiny_qwen3_dir))
     monkeypatch.setenv("BASM_QUICK", "1")
     monkeypatch.setenv("BASM_OUT", str(tmp_path / "results"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -17,23 +17,6 @@ from probes.results import ResultsConfigMismatch, ResultsStore, load_results
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from probes.rendering import load_tokenizer
-
-    tokenizer = load_tokenizer("qwen3")
-    torch.manual_seed(1)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=8192,
-                         tie_word_embeddings=True)
-    out = tmp_path_factory.mktemp("tiny_qwen3_resume")
-    Qwen3ForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 class Interrupted(Exception):
     pass
 
@@ -47,9 +30,9 @@ def _table(path: Path) -> pd.DataFrame:
     return load_results(path).sort_values("key").reset_index(drop=True)
 
 
-def test_killed_sweep_resumes_to_the_same_table(tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.set_num_threads(1)
-    assert main(_args(tiny_dir, tmp_path / "full")) == 0
+    assert main(_args(tiny_qwen3_dir, tmp_path / "full")) == 0
     full = _table(tmp_path / "full" / "sweep.jsonl")
     assert len(full) == 2 * 3 * 4  # items × k × configs, one baseline row each
 
@@ -65,7 +48,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_dir: Path, tmp_path: Path, 
 
     monkeypatch.setattr(ResultsStore, "append", dying_append)
     with pytest.raises(Interrupted):
-        main(_args(tiny_dir, tmp_path / "resumed"))
+        main(_args(tiny_qwen3_dir, tmp_path / "resumed"))
     path = tmp_path / "resumed" / "sweep.jsonl"
     with path.open("a") as handle:
         handle.write('{"key": "torn')
@@ -79,7 +62,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_dir: Path, tmp_path: Path, 
         return real_score(*args, **kwargs)
 
     monkeypatch.setattr(probes.analysis, "score_record", counting_score)
-    assert main(_args(tiny_dir, tmp_path / "resumed")) == 0
+    assert main(_args(tiny_qwen3_dir, tmp_path / "resumed")) == 0
     resumed = _table(path)
     assert resumed["key"].is_unique
     pd.testing.assert_frame_equal(resumed, full)
@@ -89,7 +72,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_dir: Path, tmp_path: Path, 
 
     # A third run finds everything done and scores nothing.
     calls["score"] = 0
-    assert main(_args(tiny_dir, tmp_path / "resumed")) == 0
+    assert main(_args(tiny_qwen3_dir, tmp_path / "resumed")) == 0
     assert calls["score"] == 0
     pd.testing.assert_frame_equal(_table(path), full)
 
@@ -106,8 +89,8 @@ def load_results_lenient(path: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_resume_with_other_options_refuses(tiny_dir: Path, tmp_path: Path) -> None:
-    args = _args(tiny_dir, tmp_path) + ["--configs", "base,basm"]
+def test_resume_with_other_options_refuses(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+    args = _args(tiny_qwen3_dir, tmp_path) + ["--configs", "base,basm"]
     args[args.index("--k-max") + 1] = "0"
     assert main(args) == 0
     with pytest.raises(ResultsConfigMismatch):
