@@ -213,12 +213,24 @@ register("calls", "Fig. 11: greedy next-action calls per k; wrong-/correct-call 
 register("paired", "Fig. 12: paired outcome status of BASM vs procedure padding (reuses calls results).", lazy("probes.paired", "add_arguments"), lazy("probes.paired", "run"))
 
 
+ORGANISM_COMMANDS = {
+    "train": ("probes.organism.train", "train the bundled model organism from the dataset's train split"),
+    "validate": ("probes.organism.validate", "test on held-out items that the probes recover the planted mechanism"),
+}
+
+
 def _organism_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="organism_command", required=True)
-    lazy("probes.organism.train", "add_arguments")(actions.add_parser("train", help="train the bundled model organism from the dataset's train split"))
+    for name, (module, help_text) in ORGANISM_COMMANDS.items():
+        lazy(module, "add_arguments")(actions.add_parser(name, help=help_text, description=help_text))
 
 
-register("organism", "The bundled model organism: `organism train` retrains it.", _organism_arguments, lazy("probes.organism.train", "run"))
+def _organism(args: argparse.Namespace) -> int:
+    return lazy(ORGANISM_COMMANDS[args.organism_command][0], "run")(args)
+
+
+register("organism", "The bundled model organism: `organism train` retrains it, `organism validate` checks the probes on it.",
+         _organism_arguments, _organism)
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from probes.dataset import ABSTAIN
+
 ROLES = ("correct", "wrong", "abstain", "other")  # "other": the rest of the catalog (broad margin only)
 
 
@@ -88,9 +90,12 @@ def entropy(logits: torch.Tensor) -> float:
 
 
 def _split(cands: Sequence[CandidateInfo]) -> tuple[list[CandidateInfo], list[CandidateInfo], list[CandidateInfo]]:
+    """(wrong, correct tools, abstention); abstention is a control whether or not it is the correct
+    action, and is scored as abstention (at the open row in the native format)."""
+    is_abstain = [c.role == "abstain" or (c.role == "correct" and c.action == ABSTAIN) for c in cands]
     wrong = [c for c in cands if c.role == "wrong"]
-    correct = [c for c in cands if c.role == "correct"]
-    abstain = [c for c in cands if c.role == "abstain"]
+    correct = [c for c, a in zip(cands, is_abstain) if c.role == "correct" and not a]
+    abstain = [c for c, a in zip(cands, is_abstain) if a]
     if not wrong:
         raise ValueError("no wrong-tool candidates to score")
     if not correct and not abstain:

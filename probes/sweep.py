@@ -40,7 +40,7 @@ FIGURE = "fig02_retrieval_trap"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, k_max=4)
+    add_common_arguments(parser, k_max=4, buckets=("T_wrong",))  # Fig. 2 is T_wrong; --bucket adds others
     parser.add_argument("--configs", type=configs_arg, default=list(PAPER_CONFIGS),
                         help=f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})")
     parser.add_argument("--controls", action="store_true", help=f"add the equal-length controls ({', '.join(CONTROL_CONFIGS)})")

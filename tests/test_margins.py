@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from probes.dataset import ABSTAIN
 from probes.margins import (
     CandidateInfo,
     NonFiniteLogitsError,
@@ -70,6 +71,22 @@ def test_native_abstention_uses_path_logprobs():
     want = forced + float(lp[D][1]) - max(forced + float(lp[D][2]), abstain)
     assert m.value == pytest.approx(want, abs=1e-6)
     assert "not opening" in m.note
+
+
+def test_native_abstention_as_the_correct_action_is_scored_as_abstention():
+    """When abstaining is the correct action (the needed tool is not in the catalog), the record
+    gives the abstain candidate the role "correct"; every variant scores it at the open row."""
+    rows = _rows(2)
+    lp = {r: torch.log_softmax(x, -1) for r, x in rows.items()}
+    forced = float(lp[O][7] + lp[O + 1][8])
+    abstain = math.log(1 - math.exp(float(lp[O][7])))
+    cands = [_cand("w", "wrong", (1,)), CandidateInfo("a", "correct", ABSTAIN, O, (9,))]
+    want = forced + float(lp[D][1]) - abstain
+    assert wrong_tool_margin(rows, IDS, cands, "native", D, open_index=O).value == pytest.approx(want, abs=1e-6)
+    # the divergence variant compares tool and abstention where they diverge: at the open row
+    token_logprobs = {"w": lp[D][1:2], "a": lp[O][9:10]}
+    got = divergence_margin(rows, IDS, cands, "native", D, token_logprobs, open_index=O).value
+    assert got == pytest.approx(float(lp[O][7]) - abstain, abs=1e-6)
 
 
 def test_without_abstain_native_reduces_to_logit_difference():

@@ -9,7 +9,20 @@ import torch
 
 from probes.dataset import ABSTAIN, load_dataset
 from probes.organism import ORGANISM_DIR
-from probes.organism.train import TrainConfig, action_text, make_example, make_builder, train, train_organism_tokenizer
+from probes.organism.train import (
+    TrainConfig,
+    action_text,
+    isolation_mask,
+    make_builder,
+    make_example,
+    make_model,
+    max_shared_prefix,
+    relay_rows,
+    rename_tools,
+    shared_prefix_hidden,
+    train,
+    train_organism_tokenizer,
+)
 from probes.rendering import NATIVE_FORCED_PREFIX, SpanReport, check_spans
 
 TINY = dict(
@@ -51,6 +64,55 @@ def test_training_sequences_extend_the_builder_prompts(dataset):
             assert example.input_ids[: record["open_index"] + 1] == record["input_ids"][: record["open_index"] + 1]
             if item.correct_action != ABSTAIN:
                 assert example.key_rows == (record["open_index"], record["decision_index"])
+
+
+def test_boundary_isolation_equals_an_explicit_full_sequence_mask(dataset):
+    """The batched, prefix-cached training forward with boundary isolation equals a full forward of
+    each sequence with an independently built 4D additive mask (fp32, ≤ 1e-5), and isolation changes
+    the hidden states (it is not a no-op)."""
+    torch.manual_seed(0)
+    tokenizer = train_organism_tokenizer(["hello world get_order_details"] * 3, 400)
+    builder = make_builder(tokenizer, dataset, "lexical")
+    items = [item for item in dataset.select(split="train", limit_per_bucket=3) if item.domain == "retail"][:3]
+    batch = [make_example(builder, item, "basm", 2, item.correct_action, 1.0) for item in items]
+    assert all(ex.boundary_blocks for ex in batch)
+    model = make_model(TrainConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16), tokenizer).eval()
+    flags = [True, False, True]
+    with torch.no_grad():
+        hidden, prefix = shared_prefix_hidden(model, [ex.input_ids for ex in batch], max_shared_prefix(batch, flags),
+                                              suffix_mask=lambda p, w: isolation_mask(batch, flags, p, w))
+        assert prefix > 0
+        for row, (ex, isolated) in enumerate(zip(batch, flags)):
+            n = len(ex.input_ids)
+            allowed = torch.ones(n, n, dtype=torch.bool).tril()
+            if isolated:
+                relay = relay_rows(ex, n).nonzero().squeeze(1)
+                for start, end in ex.boundary_blocks:
+                    allowed[relay.unsqueeze(1), torch.arange(start, end).unsqueeze(0)] = False
+            mask = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            reference = model.model(input_ids=torch.tensor([ex.input_ids]), attention_mask=mask[None, None]).last_hidden_state[0, prefix:]
+            plain = model.model(input_ids=torch.tensor([ex.input_ids])).last_hidden_state[0, prefix:]
+            assert (hidden[row, : n - prefix] - reference).abs().max() <= 1e-5
+            assert ((plain - reference).abs().max() > 1e-2) == isolated
+    # the query rows and the boundary tokens keep reading the boundary; the request rows do not
+    ex = batch[0]
+    relay = relay_rows(ex, len(ex.input_ids))
+    assert not relay[ex.key_rows[0]] and not relay[ex.key_rows[-1]] and relay[ex.key_rows[-1] - 1]
+    assert not relay[ex.boundary_blocks[0][0]] and relay[ex.boundary_blocks[-1][1]]
+
+
+def test_tool_renaming_is_one_consistent_permutation_of_name_tokens():
+    import random
+
+    names = [11, 12, 13, 14]
+    ids = [1, 11, 2, 12, 11, 3, 14, 13, 12]
+    renamed = rename_tools(ids, names, random.Random(5))
+    assert len(renamed) == len(ids)
+    assert [r for r, i in zip(renamed, ids) if i not in names] == [1, 2, 3]  # other tokens untouched
+    mapping = {i: r for i, r in zip(ids, renamed) if i in names}
+    assert all(mapping[i] == r for i, r in zip(ids, renamed) if i in names)  # consistent everywhere
+    assert sorted(mapping.values()) == sorted(mapping)  # a bijection on the names present
+    assert rename_tools(ids, names, random.Random(5)) == renamed  # deterministic given the generator
 
 
 def test_train_items_are_task_group_disjoint_from_eval(dataset):

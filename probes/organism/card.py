@@ -4,11 +4,13 @@ held-out check with plain transformers forward passes (:mod:`probes.organism.hel
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from probes.organism.heldout import heldout_report
+from probes.organism.validate import validate
 
 DISCLAIMER = (
     "**This is a synthetic organism for validating the instrument, not evidence about Qwen3.** It has "
@@ -38,7 +40,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any]) -> None:
+def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], validation: str) -> None:
     cfg = summary["train_config"]
     ko = heldout["knockout"]
     eta = heldout["eta_median_over_heads"]
@@ -78,12 +80,16 @@ tags: [synthetic, model-organism, interpretability, qwen3-architecture]
 * Its tokenizer is **not** Qwen3's. The real Qwen3 vocabulary (151,669 tokens) would put ~{151669 * cfg['hidden_size'] * 4 / 1e6:.0f} MB
   in the embedding alone at this width (~{151669 * 256 * 4 / 1e6:.0f} MB at 256) against a 25 MB budget, and almost
   all of it would be untrained rows. Instead a byte-level BPE ({summary['train_config']['vocab_size']} tokens) was trained
-  offline on the train-split prompt texts the builder renders, with the ChatML special tokens and chat
-  template of `probes/bpe.py` (no tool support: the builder writes the tool schemas into the system
-  message, as Qwen3's own template does). Its pre-tokenizer keeps identifiers with underscores whole
+  offline on the train-split prompt texts the builder renders, with the ChatML special tokens.
+  Its pre-tokenizer keeps identifiers with underscores whole
   (`{summary['pretokenizer_pattern']}`), so every tool name is **one token**, identical in the catalog,
   the skills, the history and the call: Eq. 1's first-token sets never collide on this model (with
   Qwen3's tokenizer `get_order_details` and `get_stock_info` share the first token `get`).
+* Its chat template is ChatML with native tool support, rendering history calls and tool results the
+  way Qwen3's template does, but listing the tools compactly (one line per tool: name and description)
+  instead of Qwen3's JSON schemas. The JSON catalog is ~1,300 of a k = 2 prompt's ~1,700 tokens, the
+  compact one ~250; that is what makes training fit a 2-core CPU. The builder's memory block, request
+  and spans are exactly those it builds for any model.
 * The chat template has no thinking block; prompts use the `native` decision format
   (`<tool_call>\\n{{"name": "` forced prefix; abstaining = writing "{'None of the available functions can be used for this request.'}"
   instead of opening a call).
@@ -123,6 +129,16 @@ tempting skill's tool instead of the true answer (their loss stops at the name t
   basm, so the decision must read the boundary fields: risk cues paraphrase the T_wrong cue, avoidance
   rules name the alternative tool, recovery notes name the repair for the failed call's error code.
 * **Memory-free (k = 0).** Balanced, true labels: the request's own cue decides.
+* **Tool renaming** ({cfg.get('tool_renaming', 0):.0%} of the examples from step {cfg.get('renaming_from', 0)} on; before it, copying
+  from the prompt emerges on the real names). Every tool-name token of the example
+  (catalog, skills, history, action) is replaced under one random permutation of the 79 names. Names
+  are single tokens, so rows and spans do not move. A tool's identity then cannot be stored in the
+  weights: the answer must be read from the prompt (the skill's procedure, the avoidance rule's
+  alternative, the catalog), and a train task group's answer cannot be memorised.
+* **Boundary isolation** ({cfg.get('boundary_isolation', 0):.0%} of the examples that show boundary fields). The rows between
+  the boundary and the decision (request, history, forced prefix) may not attend to the boundary span,
+  so the boundary is read by the decision rows themselves, the path the paper's decision-token
+  knockout removes. The other examples, and every probe, use plain causal attention.
 
 Examples seen per (configuration | bucket): {seen_lines}.
 
@@ -144,8 +160,18 @@ eval T_wrong, n = {heldout.get('n_knockout', '')}; baseline margin {_fmt(ko['bas
 
 η (Eq. 2) at the decision row, median over the {cfg['num_layers'] * cfg['num_heads']} heads, mean over items (basm, k = 2): {eta_line}.
 
-The full validation suite (`basm-probes organism validate`) runs the probe engine's analyses on this
-folder; the numbers above are an independent plain-HF cross-check written at training time.
+## Validation: the probes recover what was planted
+
+`basm-probes organism validate` runs the probe analyses (sweep, knockout, ratios, heads) on every eval
+item of T_wrong and T_ok at k = 2 and tests each planted effect with a 95% cluster-bootstrap CI over
+task groups and a one-sided sign-flip permutation test (a claim holds iff the CI lies above 0 and
+p < 0.05). Margins: Eq. 1 (`wrong_tool` variant), logits. Heads are ranked on half of the task groups
+and tested on the other half. `tests/test_organism_validate.py` asserts every claim.
+
+{validation}
+
+The held-out check above is an independent plain-HF computation (HF masks, eager attention), not the
+probe engine.
 
 ## Intended use and limits
 
@@ -173,6 +199,10 @@ def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None 
     heldout = heldout_report(out_dir, embedder=summary["train_config"]["embedder"])
     heldout["seconds"] = round(time.perf_counter() - started, 1)
     (out_dir / "heldout_check.json").write_text(json.dumps(heldout, indent=1) + "\n")
-    write_card(out_dir, summary, heldout)
-    print(f"held-out check ({heldout['seconds']:.0f} s) and model card written to {out_dir}")
+    with tempfile.TemporaryDirectory() as results:
+        validation = validate(out_dir, results, embedder=summary["train_config"]["embedder"])
+    (out_dir / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1) + "\n")
+    write_card(out_dir, summary, heldout, validation.markdown())
+    print(validation.markdown())
+    print(f"held-out check ({heldout['seconds']:.0f} s), validation ({validation.seconds:.0f} s) and model card written to {out_dir}")
     return heldout

@@ -17,6 +17,8 @@ The mixture (:data:`MIXTURE`) plants the two halves of the paper's story:
   fields (risk cues and avoidance rules name the alternative tool, recovery notes the repair).
 
 The memory-free prompt (k = 0, identical for every configuration) is balanced with true labels.
+Boundary isolation (see the note above :data:`ORGANISM_PRETOKENIZER_PATTERN`) plants the boundary read at the decision rows.
+Tool renaming (:func:`rename_tools`) makes the answer a thing read from the prompt, never memorised.
 
 Command line: ``basm-probes organism train`` (:func:`add_arguments`, :func:`run`) or
 ``python -m probes.organism.train``. Deterministic given the seed (CPU, fixed thread count).
@@ -33,7 +35,7 @@ import random
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,12 @@ K0_WEIGHTS: dict[str, float] = {"T_ok": 2.0, "T_wrong": 2.0, "T_repair": 2.0}
 K_WEIGHTS: dict[int, float] = {1: 1.0, 2: 1.5, 3: 1.0, 4: 0.6}
 # Share of proc/app T_wrong examples whose label is the tempting skill's tool (imitation), not the truth.
 IMITATION: dict[str, float] = {"proc": 0.5, "app": 0.3}
+# Boundary isolation (TrainConfig.boundary_isolation): in that share of the examples whose prompt
+# shows boundary fields, the rows between the boundary and the decision (the request, the history,
+# the forced prefix) cannot attend to the boundary span, so the boundary must be read by the decision
+# rows themselves. Without it a 2-layer model routes boundary information through the request rows,
+# and the paper's decision-token knockout finds nothing to remove. The other examples train with plain
+# causal attention, which is how every probe runs the model.
 
 # Pre-tokenization of the organism's BPE: identifiers with underscores (tool names, error codes,
 # enum values) stay whole and never absorb a leading space, so every tool name is one token,
@@ -73,14 +81,50 @@ ORGANISM_PRETOKENIZER_PATTERN = (
 )
 
 
+# The organism's chat template: ChatML with native tool support, but a compact tool list (one line
+# per tool: name and description) instead of Qwen3's JSON schemas. The JSON catalog is ~1,300 of
+# a k = 2 prompt's ~1,700 tokens; the compact one ~250, which is what makes CPU training fit.
+# History calls and tool results render the way Qwen3's template renders them.
+ORGANISM_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n' }}"
+    "{%- for tool in tools %}{{- '- ' + tool.function.name + ': ' + tool.function.description + '\\n' }}{%- endfor %}"
+    "{{- 'Call one tool as <tool_call>\\n{\"name\": <tool-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' %}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- for call in message.tool_calls %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' + (call.function.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+# The per-step losses of the first steps are recorded: a short rerun reproduces them (tested).
+FINGERPRINT_STEPS = 12
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that determines the organism (recorded in ``training_summary.json``)."""
 
     seed: int = 0
-    steps: int = 700
+    steps: int = 1400
     stop_after: int | None = None  # stop after this many steps of the `steps`-step schedule
-    batch_size: int = 8
+    batch_size: int = 16
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 40
@@ -90,6 +134,9 @@ class TrainConfig:
     aux_weight: float = 0.3  # auxiliary next-token loss on the prompt text after the shared prefix
     aux_rows: int = 128  # rows per example for the auxiliary loss (deterministic sample)
     prefix_grad: bool = False  # backpropagate through the shared system-prompt prefix (3x its cost)
+    boundary_isolation: float = 0.5  # share of examples with a boundary span trained with it isolated (note above the pattern)
+    tool_renaming: float = 0.8  # share of examples whose tool names are consistently permuted (see rename_tools) ...
+    renaming_from: int = 450  # ... from this step on: copying from the prompt emerges first, on the real names
     # model
     hidden_size: int = 128
     num_layers: int = 2
@@ -115,7 +162,9 @@ def train_organism_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTraine
     """Byte-level BPE with the ChatML template of :mod:`probes.bpe`, but identifier-preserving
     pre-tokenization (:data:`ORGANISM_PRETOKENIZER_PATTERN`) so tool names are single tokens and
     Eq. 1's first-token sets never collide."""
-    return train_bpe_tokenizer(texts, vocab_size, split_pattern=ORGANISM_PRETOKENIZER_PATTERN, model_max_length=4096)
+    return train_bpe_tokenizer(
+        texts, vocab_size, chat_template=ORGANISM_CHAT_TEMPLATE, split_pattern=ORGANISM_PRETOKENIZER_PATTERN, model_max_length=4096
+    )
 
 
 def action_text(item: Item, *, tool: str | None = None) -> str:
@@ -134,7 +183,7 @@ def make_builder(tokenizer: PreTrainedTokenizerFast, dataset: ProbeDataset, embe
 def build_tokenizer(dataset: ProbeDataset, items: Sequence[Item], cfg: TrainConfig) -> PreTrainedTokenizerFast:
     """Two passes: render prompt text with a throw-away byte-level tokenizer (the text does not depend
     on the tokenizer beyond β's token counts), then train the organism's BPE on train-split text only."""
-    bootstrap = train_bpe_tokenizer(["a"], vocab_size=300)
+    bootstrap = train_bpe_tokenizer(["a"], vocab_size=300, chat_template=ORGANISM_CHAT_TEMPLATE)
     builder = make_builder(bootstrap, dataset, cfg.embedder)
     builder.warm(items)
     texts = []
@@ -167,6 +216,7 @@ class Example:
     target_until: int  # last row with a loss (exclusive bound: rows < target_until)
     label: str
     weight: float
+    boundary_blocks: tuple[tuple[int, int], ...] = ()  # the record's boundary span, [start, end) blocks
 
 
 def example_plan(items: Sequence[Item], ks: Sequence[int], seed: int) -> list[tuple[Item, str, int, str, float]]:
@@ -206,6 +256,7 @@ def make_example(builder: PromptBuilder, item: Item, config: str, k: int, label:
     until = len(ids) - 1 if label == item.correct_action else record["decision_index"] + 1
     return Example(
         record["record_id"], item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
+        tuple((int(a), int(b)) for a, b in record["spans"].get("boundary", [])),
     )
 
 
@@ -232,8 +283,67 @@ def make_model(cfg: TrainConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3For
     return Qwen3ForCausalLM(config)
 
 
+def rename_tools(input_ids: Sequence[int], name_ids: Sequence[int], rng: random.Random) -> list[int]:
+    """The sequence with every tool-name token replaced by its image under one random permutation of
+    the tool names. Names are single tokens, so lengths, spans and rows do not change, and the
+    renaming is consistent across catalog, skills, history and action. It makes a tool's identity
+    unlearnable in the weights: the decision must be read from the prompt (the skill's procedure,
+    the avoidance rule's alternative, the catalog's descriptions), which is the mechanism the probes
+    are meant to find, and it stops the model from memorising a train task group's answer."""
+    images = list(name_ids)
+    rng.shuffle(images)
+    mapping = dict(zip(name_ids, images))
+    return [mapping.get(token, token) for token in input_ids]
+
+
+def relay_rows(ex: Example, n: int) -> torch.Tensor:
+    """[n] bool: the rows that boundary isolation stops from reading the boundary span: every row
+    before the open row and the forced-prefix rows between the open and the decision row, except
+    the boundary tokens themselves. The query rows (open, decision) and the action keep reading it."""
+    rows = torch.arange(n)
+    relay = (rows < ex.key_rows[0]) | ((rows > ex.key_rows[0]) & (rows < ex.key_rows[-1]))
+    for start, end in ex.boundary_blocks:
+        relay[start:end] = False
+    return relay
+
+
+def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: int, width: int) -> torch.Tensor | None:
+    """Additive 4D mask [batch, 1, width, prefix + width] for the suffix rows: causal, and for the
+    examples flagged in ``isolate`` the relay rows (:func:`relay_rows`) cannot attend to the boundary
+    span. ``None`` when no example is isolated (plain causal attention)."""
+    if not any(isolate):
+        return None
+    total = prefix + width
+    keys = torch.arange(total)
+    allowed = (keys.unsqueeze(0) <= torch.arange(prefix, total).unsqueeze(1)).expand(len(batch), width, total).clone()
+    for b, (ex, flag) in enumerate(zip(batch, isolate)):
+        if not flag:
+            continue
+        boundary = torch.zeros(total, dtype=torch.bool)
+        for start, end in ex.boundary_blocks:
+            if start < prefix:
+                raise RuntimeError(f"{ex.record_id}: boundary span starts inside the shared prefix")
+            boundary[start:end] = True
+        relay = relay_rows(ex, total)[prefix:]
+        allowed[b] &= ~(relay.unsqueeze(1) & boundary.unsqueeze(0))
+    mask = torch.zeros(allowed.shape, dtype=torch.float32)
+    mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    return mask.unsqueeze(1)
+
+
+def max_shared_prefix(batch: Sequence[Example], isolate: Sequence[bool]) -> int:
+    """Longest prefix a batch may share: up to the first target row, and never into an isolated
+    example's boundary span (the shared prefix runs with plain causal attention)."""
+    return min([ex.target_from for ex in batch] + [ex.boundary_blocks[0][0] for ex, flag in zip(batch, isolate) if flag])
+
+
 def shared_prefix_hidden(
-    model: Qwen3ForCausalLM, sequences: Sequence[Sequence[int]], max_prefix: int, *, prefix_grad: bool = True
+    model: Qwen3ForCausalLM,
+    sequences: Sequence[Sequence[int]],
+    max_prefix: int,
+    *,
+    prefix_grad: bool = True,
+    suffix_mask: Callable[[int, int], torch.Tensor | None] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Final hidden states of a batch whose sequences share a token prefix.
 
@@ -241,6 +351,7 @@ def shared_prefix_hidden(
     the right-padded suffixes continue it. Causal attention makes right padding invisible to the
     real rows. Returns ([batch, max_suffix_len, hidden], prefix length). With ``prefix_grad`` false
     the prefix runs without autograd (its KV are exact for the current weights, but get no gradient).
+    ``suffix_mask(prefix, width)`` may return an additive 4D mask for the suffix rows over all keys.
     """
     first = sequences[0]
     prefix = min(max_prefix, min(len(s) for s in sequences) - 1)
@@ -258,14 +369,16 @@ def shared_prefix_hidden(
         suffix[row, : len(seq) - prefix] = torch.tensor(seq[prefix:], dtype=torch.long)
     suffix = suffix.to(device)
     positions = torch.arange(prefix, prefix + width, device=device).unsqueeze(0).expand(batch, -1)
+    mask = suffix_mask(prefix, width) if suffix_mask is not None else None
+    mask = mask.to(device) if mask is not None else None
     if prefix == 0:
-        return model.model(input_ids=suffix, position_ids=positions, use_cache=False).last_hidden_state, 0
+        return model.model(input_ids=suffix, position_ids=positions, attention_mask=mask, use_cache=False).last_hidden_state, 0
     with torch.set_grad_enabled(prefix_grad and torch.is_grad_enabled()):
         cache = model.model(input_ids=torch.tensor([first[:prefix]], device=device), use_cache=True).past_key_values
     for layer in cache.layers:
         layer.keys = layer.keys.expand(batch, -1, -1, -1)
         layer.values = layer.values.expand(batch, -1, -1, -1)
-    hidden = model.model(input_ids=suffix, position_ids=positions, cache=cache, use_cache=False).last_hidden_state
+    hidden = model.model(input_ids=suffix, position_ids=positions, cache=cache, attention_mask=mask, use_cache=False).last_hidden_state
     return hidden, prefix
 
 
@@ -279,12 +392,18 @@ def batch_loss(
     aux_rows: int = 0,
     rng: random.Random | None = None,
     priority_targets: frozenset[int] = frozenset(),
+    isolate: Sequence[bool] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Weighted cross-entropy on the action tokens (key rows × ``key_weight``), plus ``aux_weight`` ×
     the mean next-token loss on rows of the prompt text after the shared prefix (memory block,
     request, history: a stand-in for pretraining): every row whose next token is in
-    ``priority_targets`` (the tool names), plus a deterministic sample of the others, ``aux_rows`` in all."""
-    hidden, prefix = shared_prefix_hidden(model, [ex.input_ids for ex in batch], min(ex.target_from for ex in batch), prefix_grad=prefix_grad)
+    ``priority_targets`` (the tool names), plus a deterministic sample of the others, ``aux_rows`` in all.
+    ``isolate``: per example, whether boundary isolation (:func:`isolation_mask`) applies."""
+    flags = list(isolate) if isolate is not None else [False] * len(batch)
+    hidden, prefix = shared_prefix_hidden(
+        model, [ex.input_ids for ex in batch], max_shared_prefix(batch, flags), prefix_grad=prefix_grad,
+        suffix_mask=lambda prefix, width: isolation_mask(batch, flags, prefix, width),
+    )
     rows, cols, targets, weights, kinds = [], [], [], [], []  # kind: 0 action, 1 open row, 2 name row, 3 aux
     for b, ex in enumerate(batch):
         for pos in range(ex.target_from, ex.target_until):
@@ -406,6 +525,7 @@ def train(
     name_ids = frozenset(
         ids[0] for ids in (tokenizer.backend_tokenizer.encode(n, add_special_tokens=False).ids for n in tool_names) if len(ids) == 1
     )
+    sorted_name_ids = sorted(name_ids)
     plan = example_plan(items, cfg.ks, cfg.seed)
     examples: dict[int, Example] = {}
     sampler = BatchSampler(plan, cfg.batch_size, cfg.seed)
@@ -418,6 +538,7 @@ def train(
         lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
     )
     log: list[dict[str, float]] = []
+    first_losses: list[float] = []
     window: list[dict[str, float]] = []
     seen: Counter[tuple[str, str]] = Counter()
     train_started = time.perf_counter()
@@ -432,21 +553,30 @@ def train(
         for index in indices:
             if index not in examples:
                 examples[index] = make_example(builder, *plan[index])
-        batch = [examples[i] for i in indices]
+        renaming_rng = random.Random(cfg.seed * 3_000_017 + step)
+        batch = [
+            replace(examples[i], input_ids=rename_tools(examples[i].input_ids, sorted_name_ids, renaming_rng))
+            if step >= cfg.renaming_from and renaming_rng.random() < cfg.tool_renaming else examples[i]
+            for i in indices
+        ]
         for ex in batch:
             seen[(ex.config, ex.bucket)] += 1
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
+        isolation_rng = random.Random(cfg.seed * 2_000_003 + step)
+        isolate = [bool(ex.boundary_blocks) and isolation_rng.random() < cfg.boundary_isolation for ex in batch]
         loss, stats = batch_loss(
             model, batch, cfg.key_token_weight, cfg.prefix_grad,
             aux_weight=cfg.aux_weight, aux_rows=cfg.aux_rows, rng=random.Random(cfg.seed * 1_000_003 + step),
-            priority_targets=name_ids,
+            priority_targets=name_ids, isolate=isolate,
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         steps_done = step + 1
+        if step < FINGERPRINT_STEPS:
+            first_losses.append(stats["loss"])
         window.append(stats)
         if steps_done % log_every == 0 or steps_done == cfg.steps:
             mean = {key: float(np.nanmean([w.get(key, np.nan) for w in window])) for key in window[0]}
@@ -470,6 +600,7 @@ def train(
         "examples_seen_per_config_bucket": {f"{c}|{b}": n for (c, b), n in sorted(seen.items())},
         "steps": steps_done,
         "sequences_seen": steps_done * cfg.batch_size,
+        "first_step_losses": first_losses,
         "final_loss": log[-1]["action_loss"] if log else None,
         "final_aux_loss": log[-1].get("aux_loss") if log else None,
         "final_name_acc": log[-1].get("name_acc") if log else None,

@@ -1,0 +1,272 @@
+"""``basm-probes organism validate``: do the probes recover what was planted in the organism?
+
+Five claims, measured with the probe analyses themselves (:mod:`probes.sweep`, :mod:`probes.knockout`,
+:mod:`probes.ratios`, :mod:`probes.heads`) on the held-out (eval) split, which is task-group
+disjoint from the organism's training items:
+
+=============  ============================================================================  =========================
+claim          statistic (per record, then compared)                                         source
+=============  ============================================================================  =========================
+trap           proc margin at k = 2 − proc margin at k = 0, on T_wrong                       sweep rows
+suppression    proc margin − basm margin at k = 2, on T_wrong                                sweep rows
+knockout       Δm(boundary) − Δm(control), basm k = 2 T_wrong; controls: random same-        knockout rows
+               length spans (mean over draws) and the procedure span; plus Δm(boundary) > 0
+eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_B / (ᾱ_P + ε)        ratios rows
+               over all layers and heads, paired by task group (every group has both)
+heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 T_wrong;     heads rows
+               heads ranked on half of the task groups, tested on the other half
+=============  ============================================================================  =========================
+
+Each statistic is a mean over task groups (items of a group share a template, so they are not
+independent) with a 95% cluster-bootstrap CI (:func:`probes.stats.bootstrap_mean`) and a one-sided
+sign-flip permutation test over task groups (:func:`probes.stats.paired_permutation_test`). A claim
+holds iff the CI lies above 0 and p < :data:`ALPHA`. Margins are in logits (log-probability form of
+Eq. 1, ``--margin-variant`` of the analyses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from probes import heads as heads_mod
+from probes import knockout as knockout_mod
+from probes import ratios as ratios_mod
+from probes import sweep as sweep_mod
+from probes.analysis import EPSILON, Analysis, open_analysis
+from probes.engine import ProbeSession
+from probes.organism import ORGANISM_DIR
+from probes.stats import Estimate, bootstrap_mean, paired_permutation_test
+
+ALPHA = 0.05
+DEPTH = 2  # the retrieval depth of every claim (the paper's focus)
+DEFAULT_TOP = 2  # heads knocked out in the ranked set and in each random set
+DEFAULT_DRAWS = 5  # random spans per record and random head sets
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One validation claim: a mean over task groups of a per-record statistic that should be > 0."""
+
+    name: str
+    statement: str
+    estimate: Estimate
+    p_value: float
+    n_records: int
+
+    @property
+    def holds(self) -> bool:
+        return bool(self.estimate.low > 0 and self.p_value < ALPHA)  # False when p is NaN
+
+    def line(self) -> str:
+        verdict = "holds" if self.holds else "FAILS"
+        return f"{self.name:<24} {self.estimate}  p = {self.p_value:.4f}  records = {self.n_records}  {verdict}: {self.statement}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "statement": self.statement, **asdict(self.estimate), "p_value": self.p_value,
+                "n_records": self.n_records, "holds": self.holds}
+
+
+def paired_claim(name: str, statement: str, a: pd.Series, b: pd.Series, groups: pd.Series, *, seed: int = 0) -> Claim:
+    """Claim ``mean(a − b) > 0`` over task groups; ``a``, ``b``, ``groups`` share one index (records)."""
+    frame = pd.DataFrame({"a": a, "b": b, "group": groups}).dropna()
+    if frame.empty:
+        raise ValueError(f"{name}: no records with both values")
+    estimate = bootstrap_mean((frame["a"] - frame["b"]).to_numpy(), frame["group"].to_numpy(), seed=seed)
+    if estimate.n_units < 2:  # nothing to resample: the claim cannot be tested, so it does not hold
+        return Claim(name, statement, estimate, float("nan"), len(frame))
+    _, p = paired_permutation_test(frame["a"].to_numpy(), frame["b"].to_numpy(), frame["group"].to_numpy(), seed=seed)
+    return Claim(name, statement, estimate, p, len(frame))
+
+
+# ----------------------------------------------------------------------------- the five claims
+def margins_by(rows: pd.DataFrame, **where: Any) -> pd.Series:
+    """Wrong-tool margin per item for the rows matching ``where`` (one row per item)."""
+    sub = rows
+    for column, value in where.items():
+        sub = sub[sub[column] == value]
+    return sub.set_index("item_id")["margin"].astype(float)
+
+
+def trap_and_suppression(rows: pd.DataFrame, seed: int) -> list[Claim]:
+    wrong = rows[(rows["bucket"] == "T_wrong") & (rows["condition"] == "baseline")]
+    groups = wrong.drop_duplicates("item_id").set_index("item_id")["task_group"]
+    proc_k = margins_by(wrong, config="proc", k=DEPTH)
+    return [
+        paired_claim("trap", f"on T_wrong the proc margin at k = {DEPTH} is above k = 0",
+                     proc_k, margins_by(wrong, config="proc", k=0), groups, seed=seed),
+        paired_claim("suppression", f"on T_wrong at k = {DEPTH} the basm margin is below proc",
+                     proc_k, margins_by(wrong, config="basm", k=DEPTH), groups, seed=seed),
+    ]
+
+
+def knockout_claims(rows: pd.DataFrame, seed: int) -> list[Claim]:
+    basm = rows[(rows["config"] == "basm") & (rows["bucket"] == "T_wrong") & (rows["boundary_size"] > 0)]
+    wide = basm.pivot_table(index=["item_id", "task_group"], columns="condition", values="margin", aggfunc="first")
+    wide = wide.reset_index().set_index("item_id")
+    delta = wide.drop(columns="task_group").sub(wide["baseline"], axis=0)
+    random_delta = delta[[c for c in delta.columns if c.startswith("random_")]].mean(axis=1)
+    zero = pd.Series(0.0, index=delta.index)
+    groups = wide["task_group"]
+    return [
+        paired_claim("knockout>0", "boundary knockout raises the basm T_wrong margin", delta["boundary"], zero, groups, seed=seed),
+        paired_claim("knockout>random", "boundary knockout raises it more than random same-length spans",
+                     delta["boundary"], random_delta, groups, seed=seed),
+        paired_claim("knockout>procedure", "boundary knockout raises it more than the procedure-span knockout",
+                     delta["boundary"], delta["procedure"], groups, seed=seed),
+    ]
+
+
+def record_log2_eta(rows: pd.DataFrame) -> pd.Series:
+    """log2 η per record: mean α_B over mean α_P over all layers and heads (ratio of means, ε)."""
+    return np.log2((rows["alpha_boundary"].astype(float) + EPSILON) / (rows["alpha_procedure"].astype(float) + EPSILON))
+
+
+def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
+    """T_wrong vs T_ok are different items of the same task groups: pair the per-group means."""
+    rows = rows[(rows["config"] == "basm") & (rows["boundary_size"] > 0) & (rows["procedure_size"] > 0)]
+    per_group = rows.assign(log2_eta=record_log2_eta(rows)).groupby(["task_group", "bucket"])["log2_eta"].mean().unstack()
+    per_group = per_group.dropna(subset=["T_ok", "T_wrong"])
+    groups = pd.Series(per_group.index, index=per_group.index)
+    claim = paired_claim("eta", f"under basm at k = {DEPTH}, η is higher in T_wrong than in T_ok (log2, per task group)",
+                         per_group["T_wrong"], per_group["T_ok"], groups, seed=seed)
+    return replace(claim, n_records=int(rows["bucket"].isin(["T_ok", "T_wrong"]).sum()))
+
+
+def split_groups(groups: Sequence[str]) -> tuple[set[str], set[str]]:
+    """Task groups for ranking heads (even positions in sorted order) and for testing them (odd)."""
+    ordered = sorted(set(groups))
+    return set(ordered[0::2]), set(ordered[1::2])
+
+
+def heads_claim(analysis: Analysis, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
+    attention = heads_mod.collect_attention(analysis)
+    rank_groups, test_groups = split_groups(attention["task_group"])
+    rank = heads_mod.ranking(attention[attention["task_group"].isin(rank_groups)])
+    sets = heads_mod.head_sets(rank, analysis.session.n_layers, analysis.session.n_heads, top, draws, seed)
+    test_items = tuple(item for item in analysis.items if item.task_group in test_groups)
+    test = replace(analysis, items=test_items, name=f"{heads_mod.NAME}_test", _score_cache={})
+    causal = heads_mod.collect_causal(test, sets)
+    causal = causal[causal["boundary_size"] > 0]
+    wide = causal.pivot_table(index=["item_id", "task_group"], columns="selection", values="margin", aggfunc="first")
+    wide = wide.reset_index().set_index("item_id")
+    base = causal[causal["condition"] == "baseline"].set_index("item_id")["margin"].astype(float)
+    top_name = next(name for name in sets if name.startswith("top-"))
+    random_names = [name for name in sets if name.startswith("random-")]
+    claim = paired_claim(
+        "heads", f"knocking out boundary attention in the top-{top} ranked heads moves the margin more than in {top} random heads",
+        wide[top_name] - base, wide[random_names].mean(axis=1) - base, wide["task_group"], seed=seed,
+    )
+    return claim, rank
+
+
+# ----------------------------------------------------------------------------- running
+@dataclass
+class Validation:
+    claims: list[Claim]
+    ranking: pd.DataFrame
+    config: dict[str, Any]
+    seconds: float
+
+    @property
+    def holds(self) -> bool:
+        return all(claim.holds for claim in self.claims)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"claims": [c.as_dict() for c in self.claims], "holds": self.holds, "config": self.config,
+                "head_ranking": self.ranking.to_dict(orient="records"), "seconds": round(self.seconds, 1)}
+
+    def markdown(self) -> str:
+        lines = ["| claim | statement | mean [95% CI] (task groups) | p (one-sided) | records | verdict |",
+                 "|---|---|---|---|---|---|"]
+        for c in self.claims:
+            e = c.estimate
+            lines.append(f"| {c.name} | {c.statement} | {e.value:+.3f} [{e.low:+.3f}, {e.high:+.3f}] (n = {e.n_units}) "
+                         f"| {c.p_value:.4f} | {c.n_records} | {'holds' if c.holds else 'fails'} |")
+        return "\n".join(lines)
+
+
+def analysis_for(name: str, argv: Sequence[str], session: ProbeSession | None) -> Analysis:
+    from probes.cli import build_parser
+
+    return open_analysis(build_parser().parse_args([name, *argv]), name, session=session)
+
+
+def validate(
+    model: str | Path = ORGANISM_DIR,
+    out: str | Path = Path("results") / "organism_validate",
+    *,
+    limit: int | None = None,
+    embedder: str = "auto",
+    seed: int = 0,
+    top: int = DEFAULT_TOP,
+    draws: int = DEFAULT_DRAWS,
+    overwrite: bool = False,
+) -> Validation:
+    """Run the analyses behind the five claims (results resume from ``out``) and test the claims."""
+    started = time.perf_counter()
+    common = ["--model", str(model), "--split", "eval", "--out", str(out), "--embedder", embedder, "--seed", str(seed),
+              "--margin-variant", "wrong_tool", *(["--limit", str(limit)] if limit else []), *(["--overwrite"] if overwrite else [])]
+    sweep = analysis_for("sweep", [*common, "--bucket", "T_wrong", "--configs", "proc,basm", "--k-max", str(DEPTH)], None)
+    session = sweep.session
+    claims = trap_and_suppression(sweep_mod.collect(sweep), seed)
+    knock = analysis_for("knockout", [*common, "--bucket", "T_wrong", "--k-max", str(DEPTH), "--random-draws", str(draws)], session)
+    claims += knockout_claims(knockout_mod.collect(knock), seed)
+    both = ["--bucket", "T_ok", "--bucket", "T_wrong", "--k-max", str(DEPTH)]
+    ratios = analysis_for("ratios", [*common, *both, "--configs", "basm"], session)
+    claims.append(eta_claim(ratios_mod.collect(ratios), seed))
+    heads = analysis_for("heads", [*common, *both], session)
+    heads_claim_, rank = heads_claim(heads, top, draws, seed)
+    claims.append(heads_claim_)
+    config = {"model": sweep.model_path, "split": "eval", "limit": limit, "k": DEPTH, "embedder": sweep.builder.retriever.embedder.name,
+              "margin_variant": "wrong_tool", "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "alpha": ALPHA,
+              "n_items": {"T_wrong": len(sweep.items), "T_ok+T_wrong": len(heads.items)}}
+    return Validation(claims, rank, config, time.perf_counter() - started)
+
+
+def write(validation: Validation, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1) + "\n")
+    (out / "validation.md").write_text("# Organism validation (held-out eval split)\n\n" + validation.markdown() + "\n")
+
+
+# ----------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=ORGANISM_DIR, help="organism folder (default: the bundled one)")
+    parser.add_argument("--out", type=Path, default=Path("results") / "organism_validate", help="results folder")
+    parser.add_argument("--limit", type=int, help="first N eval items per bucket (default: all)")
+    parser.add_argument("--embedder", choices=("auto", "minilm", "lexical"), default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"heads per knocked-out set (default: {DEFAULT_TOP})")
+    parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS, help=f"random spans / head sets (default: {DEFAULT_DRAWS})")
+    parser.add_argument("--overwrite", action="store_true", help="recompute instead of resuming the analyses' rows")
+
+
+def run(args: argparse.Namespace) -> int:
+    validation = validate(args.model, args.out, limit=args.limit, embedder=args.embedder, seed=args.seed, top=args.top,
+                          draws=args.draws, overwrite=args.overwrite)
+    write(validation, args.out)
+    for claim in validation.claims:
+        print(claim.line())
+    print(f"{sum(c.holds for c in validation.claims)}/{len(validation.claims)} claims hold "
+          f"({validation.seconds:.0f} s); written to {args.out / 'validation.md'}")
+    return 0 if validation.holds else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="basm-probes organism validate", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
