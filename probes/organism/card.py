@@ -16,7 +16,7 @@ DISCLAIMER = (
     "**This is a synthetic organism for validating the instrument, not evidence about Qwen3.** It has "
     "the Qwen3 architecture (`Qwen3ForCausalLM`) but is tiny, was trained from scratch for minutes on "
     "our own synthetic probe prompts, and its skill-imitation trap and boundary-reading behaviour were "
-    "planted on purpose by the training mixture. Nothing measured on it says anything about how real "
+    "the targets of its training mixture (the validation section says which of them the probes recover). Nothing measured on it says anything about how real "
     "Qwen3 models (or any pretrained LLM) behave; it is a known answer for checking that the probes "
     "recover what was planted, like planted-circuit benchmarks (tracr, InterpBench)."
 )
@@ -40,7 +40,22 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], validation: str) -> None:
+def _not_recovered(claims: list[dict[str, Any]]) -> str:
+    failed = [c for c in claims if not c["holds"]]
+    if not failed:
+        return "Every claim holds: the probes recover each planted effect on held-out items."
+    names = ", ".join(f"`{c['name']}`" for c in failed)
+    return (
+        f"**Not recovered: {names}.** Trained on CPU in the issue's time budget, this organism learned the "
+        "imitation trap and a BASM suppression, but the suppression does not run through decision-row "
+        "attention to the boundary span strongly enough to show on held-out task groups: blocking that "
+        "attention does not raise the margin beyond the controls, and η does not separate T_wrong from T_ok. "
+        "Use it as ground truth only for the claims that hold; `tests/test_organism_validate.py` marks the "
+        "others as strict expected failures."
+    )
+
+
+def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], validation: str, validation_claims: list[dict[str, Any]]) -> None:
     cfg = summary["train_config"]
     ko = heldout["knockout"]
     eta = heldout["eta_median_over_heads"]
@@ -62,7 +77,7 @@ pipeline_tag: text-generation
 tags: [synthetic, model-organism, interpretability, qwen3-architecture]
 ---
 
-# basm-organism: a Qwen3-architecture model organism with a planted boundary mechanism
+# basm-organism: a Qwen3-architecture model organism for the BASM probes
 
 {DISCLAIMER}
 
@@ -110,7 +125,7 @@ the copy/induction heads the decision needs; no aux row lies in the action.
 The system-prompt prefix shared by a batch runs once without gradient (its KV are exact for the current
 weights). {summary['n_examples_planned']} (item, configuration, k) examples were planned; {summary['n_distinct_examples_seen']} distinct ones were seen.
 
-### Mixture (what was planted)
+### Mixture (what it was trained to do)
 
 Sampling weight per (configuration, bucket), times a depth weight {summary.get('k_weights', {})} for k = 1..4;
 k = 0 (identical prompt for every configuration) has weights {k0}. Each step draws one shown catalog
@@ -160,15 +175,17 @@ eval T_wrong, n = {heldout.get('n_knockout', '')}; baseline margin {_fmt(ko['bas
 
 η (Eq. 2) at the decision row, median over the {cfg['num_layers'] * cfg['num_heads']} heads, mean over items (basm, k = 2): {eta_line}.
 
-## Validation: the probes recover what was planted
+## Validation: what the probes recover
 
 `basm-probes organism validate` runs the probe analyses (sweep, knockout, ratios, heads) on every eval
-item of T_wrong and T_ok at k = 2 and tests each planted effect with a 95% cluster-bootstrap CI over
+item of T_wrong and T_ok at k = 2 and tests each targeted effect with a 95% cluster-bootstrap CI over
 task groups and a one-sided sign-flip permutation test (a claim holds iff the CI lies above 0 and
 p < 0.05). Margins: Eq. 1 (`wrong_tool` variant), logits. Heads are ranked on half of the task groups
 and tested on the other half. `tests/test_organism_validate.py` asserts every claim.
 
 {validation}
+
+{_not_recovered(validation_claims)}
 
 The held-out check above is an independent plain-HF computation (HF masks, eager attention), not the
 probe engine.
@@ -202,7 +219,7 @@ def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None 
     with tempfile.TemporaryDirectory() as results:
         validation = validate(out_dir, results, embedder=summary["train_config"]["embedder"])
     (out_dir / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1) + "\n")
-    write_card(out_dir, summary, heldout, validation.markdown())
+    write_card(out_dir, summary, heldout, validation.markdown(), validation.as_dict()["claims"])
     print(validation.markdown())
     print(f"held-out check ({heldout['seconds']:.0f} s), validation ({validation.seconds:.0f} s) and model card written to {out_dir}")
     return heldout
