@@ -432,13 +432,21 @@ def record_rng(seed: int, record_id: str, salt: str = "") -> np.random.Generator
     return np.random.default_rng([seed, zlib.crc32(f"{record_id}|{salt}".encode())])
 
 
-def configs_arg(value: str) -> list[str]:
-    """``--configs base,proc,...`` (names from probes.configs)."""
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
-    return names
+def names_arg(known: Iterable[str], what: str) -> Callable[[str], list[str]]:
+    """An argparse type for a comma-separated list of names from ``known``."""
+    known = tuple(known)
+
+    def parse(value: str) -> list[str]:
+        names = [v.strip() for v in value.split(",") if v.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; known: {', '.join(known)}")
+        return names
+
+    return parse
+
+
+configs_arg = names_arg(CONFIGS, "configuration(s)")  # ``--configs base,proc,...`` (names from probes.configs)
 
 
 def provenance(analysis: Analysis, n_items: int | None = None) -> str:

@@ -215,6 +215,14 @@ def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return s
 
 
+def _sequence_sets(candidates: Sequence[CandidateInfo], fmt: str) -> tuple[list[CandidateInfo], list[CandidateInfo], bool]:
+    """(wrong, token-sequence controls, native abstention?) for the multi-token variants: a native
+    abstention is no token sequence (it is scored at the open row), so it leaves the controls."""
+    wrong, correct, abstain = _split(candidates)
+    native_abstain = fmt == "native" and bool(abstain)
+    return wrong, [*correct, *([] if native_abstain else abstain)], native_abstain
+
+
 def divergence_margin(
     row_logits: Mapping[int, torch.Tensor],
     input_ids: Sequence[int],
@@ -235,14 +243,12 @@ def divergence_margin(
     ``token_logprobs[key]``: per-token log-probs of each candidate (``ProbeSession.run``).
     Identical or prefix-nested token sequences cannot diverge: nan with ``collision=True``.
     """
-    wrong, correct, abstain = _split(candidates)
-    native_abstain = fmt == "native" and bool(abstain)
+    wrong, controls, native_abstain = _sequence_sets(candidates, fmt)
     paths = None
     if native_abstain:
         if open_index is None:
             raise ValueError("native format with an abstain candidate needs open_index")
         paths = _NativePaths(row_logits, input_ids, open_index, decision_index)
-    controls = [*correct, *([] if native_abstain else abstain)]
     depths: set[int] = set()
     best = -math.inf
     for w in wrong:
@@ -280,9 +286,7 @@ def sequence_logprob_margin(
 ) -> MarginResult:
     """Full-sequence margin: max_w log P(w) − max_c log P(c) over whole candidate token sequences
     (native abstention: log(1 − P(open)), tools then include the forced-prefix log-prob)."""
-    wrong, correct, abstain = _split(candidates)
-    native_abstain = fmt == "native" and bool(abstain)
-    controls = [*correct, *([] if native_abstain else abstain)]
+    wrong, controls, native_abstain = _sequence_sets(candidates, fmt)
     for w in wrong:
         for c in controls:
             if w.token_ids == c.token_ids and w.anchor_index == c.anchor_index:

@@ -25,6 +25,7 @@ from probes.analysis import (
     ReportSection,
     add_common_arguments,
     default_model,
+    names_arg,
     open_analysis,
     provenance,
     resolve_options,
@@ -39,12 +40,7 @@ FORWARDED = ("model", "dtype", "device", "format", "margin_variant", "embedder",
              "split", "limit", "item_ids", "domain", "out", "overwrite", "quick")
 
 
-def _analyses_arg(value: str) -> list[str]:
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in ANALYSES]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown analyses {unknown}; known: {', '.join(ANALYSES)}")
-    return names
+_analyses_arg = names_arg(ANALYSES, "analyses")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
