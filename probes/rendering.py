@@ -556,14 +556,19 @@ class PromptBuilder:
             "retrieval": {"embedder": self.retriever.embedder.name, "weights": asdict(self.retriever.weights)},
         }
 
-    def build(self, item: Item, config: str | MemoryConfig, k: int, fmt: str = "native") -> dict[str, Any]:
-        """One prompt record for ``item`` under ``config`` with the top-``k`` retrieved skills."""
+    def build(
+        self, item: Item, config: str | MemoryConfig, k: int, fmt: str = "native", *, retrieved: Sequence[ScoredSkill] | None = None
+    ) -> dict[str, Any]:
+        """One prompt record for ``item`` under ``config`` with the top-``k`` retrieved skills
+        (``retrieved``: show these k skills instead, e.g. counterfactual edits of the top k)."""
         config = get_config(config) if isinstance(config, str) else config
         if fmt not in FORMATS:
             raise ValueError(f"decision format must be one of {FORMATS}, got {fmt!r}")
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
-        retrieved = self.retrieve(item)[:k] if config.slots else []
+        if retrieved is not None and len(retrieved) != k:
+            raise ValueError(f"retrieved must hold k = {k} skills, got {len(retrieved)}")
+        retrieved = (self.retrieve(item)[:k] if retrieved is None else list(retrieved)) if config.slots else []
         block = self._memory_block(item, retrieved, config)
         if config.control is None:
             return self._record(item, config, k, fmt, retrieved, block, self._assemble(item, block, fmt))

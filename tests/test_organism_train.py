@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -10,8 +11,15 @@ import torch
 from probes.dataset import ABSTAIN, load_dataset
 from probes.organism import ORGANISM_DIR
 from probes.organism.train import (
+    EDIT_CONFIGS,
+    EDIT_SHARES,
+    K_WEIGHTS,
+    MIXTURE,
     TrainConfig,
     action_text,
+    boundary_edits,
+    counterfactual_donor,
+    example_plan,
     isolation_mask,
     make_builder,
     make_example,
@@ -75,7 +83,7 @@ def test_boundary_isolation_equals_an_explicit_full_sequence_mask(dataset):
     builder = make_builder(tokenizer, dataset, "lexical")
     items = [item for item in dataset.select(split="train", limit_per_bucket=3) if item.domain == "retail"][:3]
     batch = [make_example(builder, item, "basm", 2, item.correct_action, 1.0) for item in items]
-    assert all(ex.boundary_blocks for ex in batch)
+    assert all(ex.isolated_blocks for ex in batch)
     model = make_model(TrainConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16), tokenizer).eval()
     flags = [True, False, True]
     with torch.no_grad():
@@ -87,7 +95,7 @@ def test_boundary_isolation_equals_an_explicit_full_sequence_mask(dataset):
             allowed = torch.ones(n, n, dtype=torch.bool).tril()
             if isolated:
                 relay = relay_rows(ex, n).nonzero().squeeze(1)
-                for start, end in ex.boundary_blocks:
+                for start, end in ex.isolated_blocks:
                     allowed[relay.unsqueeze(1), torch.arange(start, end).unsqueeze(0)] = False
             mask = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
             reference = model.model(input_ids=torch.tensor([ex.input_ids]), attention_mask=mask[None, None]).last_hidden_state[0, prefix:]
@@ -98,12 +106,54 @@ def test_boundary_isolation_equals_an_explicit_full_sequence_mask(dataset):
     ex = batch[0]
     relay = relay_rows(ex, len(ex.input_ids))
     assert not relay[ex.key_rows[0]] and not relay[ex.key_rows[-1]] and relay[ex.key_rows[-1] - 1]
-    assert not relay[ex.boundary_blocks[0][0]] and relay[ex.boundary_blocks[-1][1]]
+    assert not relay[ex.isolated_blocks[0][0]] and relay[ex.isolated_blocks[-1][1]]
+
+
+def test_boundary_edited_twins(dataset):
+    items = dataset.select(split="train", buckets=["T_ok", "T_wrong"], limit_per_bucket=4)
+    tokenizer = train_organism_tokenizer(["hello world get_order_details"] * 3, 400)
+    builder = make_builder(tokenizer, dataset, "lexical")
+    top = lambda item: builder.retrieve(item)[0].skill.id  # noqa: E731
+    twins = boundary_edits(items, dataset, top, seed=0)
+    assert twins and all(top(item) == item.tempting_skill for item in items if item.id in twins)
+    plan = example_plan(items, (0, 2), 0, twins=twins)
+    by_id = {item.id: item for item in items}
+    for item_id, entries in twins.items():
+        item = by_id[item_id]
+        own = item.correct_action if item.bucket == "T_ok" else item.wrong_tools[0]
+        alternative = item.wrong_tools[0] if item.bucket == "T_ok" else item.correct_action
+        (quote, quote_label, quote_share), (donor, donor_label, donor_share) = entries
+        assert (quote.kind, quote_label, quote_share) == ("quote", alternative, EDIT_SHARES[item.bucket]["quote"])
+        assert quote.cue in item.state_cues  # the request's own cue
+        assert (donor.kind, donor_label) == ("donor", own) and donor.cue not in item.user  # a decoy
+        involved = {item.correct_action, *item.wrong_tools}
+        donor_skill = dataset.skills[donor.donor]
+        assert donor.donor != item.tempting_skill and not involved & set(donor_skill.tool_names)
+        assert not any(name in " ".join(donor_skill.risk_cues + donor_skill.avoidance_rules) for name in involved)
+        # the twins take their shares out of the item's weight in each edit configuration: the total is unchanged
+        for config in EDIT_CONFIGS:
+            rows = [e for e in plan if e[0] is item and e[1] == config and e[2] == 2]
+            assert len(rows) == 3 and sum(e[4] for e in rows) == pytest.approx(MIXTURE[config][item.bucket] * K_WEIGHTS[2])
+    item_id, ((quote, quote_label, _), (donor, donor_label, _)) = next(iter(twins.items()))
+    item = by_id[item_id]
+    plain = builder.build(item, "basm", 2)["text"]
+    tempting = dataset.skills[item.tempting_skill]
+    quoted = tokenizer.decode(make_example(builder, item, "basm", 2, quote_label, 1.0, quote).input_ids)
+    assert quoted.split("## Skill 1")[0] == plain.split("## Skill 1")[0]
+    assert f'Risk cues:\n- The user says "{quote.cue}".\n- {tempting.risk_cues[0]}' in quoted
+    swapped = tokenizer.decode(make_example(builder, item, "basm", 2, donor_label, 1.0, donor).input_ids).split("## Skill 2")[0]
+    assert f'Risk cues:\n- The user says "{donor.cue}".\n- {dataset.skills[donor.donor].risk_cues[0]}' in swapped
+    assert swapped.split("Risk cues:")[0] == plain.split("## Skill 2")[0].split("Risk cues:")[0]  # goal, procedure, applicability kept
+    assert not any(rule in swapped for rule in tempting.avoidance_rules + tempting.risk_cues)
+    # rules are retargeted at the skill's own tool: no tool-name mismatch gives the swap away
+    rules = [line for line in swapped.split("Avoidance rules:")[1].split("Recovery")[0].splitlines() if line.startswith("- Do not call")]
+    assert all(line.startswith(f"- Do not call {tempting.tool_names[0]}") for line in rules)
+    with pytest.raises(ValueError, match="retrieved must hold k = 2 skills"):
+        builder.build(item, "basm", 2, retrieved=builder.retrieve(item)[:1])
+    assert counterfactual_donor(item, dataset, random.Random(0)).id != item.tempting_skill
 
 
 def test_tool_renaming_is_one_consistent_permutation_of_name_tokens():
-    import random
-
     names = [11, 12, 13, 14]
     ids = [1, 11, 2, 12, 11, 3, 14, 13, 12]
     renamed = rename_tools(ids, names, random.Random(5))
@@ -171,6 +221,7 @@ def test_committed_weights_answer_a_held_out_prompt(dataset):
 
     model, tokenizer = load_organism(ORGANISM_DIR)
     builder = make_builder(tokenizer, dataset, "lexical")
-    items = dataset.select(split="eval", buckets=["T_ok"], limit_per_bucket=4)
+    # T_repair: the recovery note naming the failed call's error code gives the repair (100% on the card)
+    items = dataset.select(split="eval", buckets=["T_repair"], limit_per_bucket=6)
     scored = score_records(model, [builder.build(item, "basm", 1) for item in items])
-    assert sum(s.predicted == s.correct for s in scored) >= 3
+    assert sum(s.predicted == s.correct for s in scored) >= 5

@@ -21,14 +21,14 @@ from probes.organism.validate import ALPHA, validate
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
 
 CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>procedure", "eta", "heads")
-# Claims the committed organism does not satisfy (its training did not plant a boundary read at the
-# decision rows strong enough to survive held-out task groups; see the model card). Strict xfail:
-# the test fails loudly if a retrained organism starts to satisfy one, so this list stays true.
+# Claims the committed organism does not satisfy (it does not match held-out requests to the real
+# skills' paraphrased risk cues, so its boundary read does not depend on the bucket; see the model
+# card). Strict xfail: the test fails loudly if a retrained organism starts to satisfy one, so this
+# list stays true.
 NOT_PLANTED = {
-    "knockout>0": "Δm(boundary) = −0.082 [−0.215, +0.045], p = 0.88",
-    "knockout>random": "+0.241 [−0.101, +0.563], p = 0.084",
-    "knockout>procedure": "−0.026 [−0.186, +0.133], p = 0.62",
-    "eta": "log2 η(T_wrong) − log2 η(T_ok) = −0.052 [−0.164, +0.058], p = 0.79",
+    "knockout>0": "Δm(boundary) = +0.111 [−0.050, +0.275], p = 0.10",
+    "eta": "log2 η(T_wrong) − log2 η(T_ok) = −0.037 [−0.199, +0.122], p = 0.66",
+    "heads": "top-2 − random-2 heads = +0.049 [−0.027, +0.119], p = 0.12",
 }
 
 

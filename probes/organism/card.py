@@ -46,10 +46,11 @@ def _not_recovered(claims: list[dict[str, Any]]) -> str:
         return "Every claim holds: the probes recover each planted effect on held-out items."
     names = ", ".join(f"`{c['name']}`" for c in failed)
     return (
-        f"**Not recovered: {names}.** Trained on CPU in the issue's time budget, this organism learned the "
-        "imitation trap and a BASM suppression, but the suppression does not run through decision-row "
-        "attention to the boundary span strongly enough to show on held-out task groups: blocking that "
-        "attention does not raise the margin beyond the controls, and η does not separate T_wrong from T_ok. "
+        f"**Not recovered: {names}.** Trained on CPU in the issue's time budget, this 2-layer organism reads "
+        "the skills at the decision rows (isolation) and learned the imitation trap and a BASM suppression, "
+        "but it does not match held-out requests to the paraphrased risk cues of the real skills: its "
+        "boundary read does not depend on whether the state is T_wrong or T_ok, so η does not separate the "
+        "buckets, and the effects that need that match are weak on held-out task groups. "
         "Use it as ground truth only for the claims that hold; `tests/test_organism_validate.py` marks the "
         "others as strict expected failures."
     )
@@ -139,10 +140,19 @@ tempting skill's tool instead of the true answer (their loss stops at the name t
 * **Imitation prior (proc, app).** When only procedures are shown, the retrieved skill's tool is usually
   the answer: T_ok dominates and half of the rarer proc T_wrong examples reward copying the skill's tool.
   This plants the skill imitation trap: on held-out T_wrong the proc margin rises above k = 0.
-* **Boundary-reading path (basm, basm-no-avoid, basm-no-recovery).** Balanced buckets, always true labels.
+* **Boundary-reading path (basm, basm-no-avoid, basm-no-recovery).** Balanced buckets, true labels.
   The same request and the same procedure lead to the skill's tool under proc but to the alternative under
   basm, so the decision must read the boundary fields: risk cues paraphrase the T_wrong cue, avoidance
   rules name the alternative tool, recovery notes name the repair for the failed call's error code.
+* **Boundary edits** (`{', '.join(summary.get('edit_configs', ()))}`, T_ok / T_wrong items whose top-ranked skill is the
+  tempting one; {summary.get('n_edited_examples_planned', 0)} planned examples; shares of the item's weight
+  {summary.get('edit_shares', {})}). *quote*: a risk cue quoting the request's own state cue
+  (`{summary.get('quote_template', '')}`) is added to that skill, and the label is the alternative its avoidance rules
+  name (for T_ok the paired tool: a counterfactual). *donor*: its risk cues and avoidance rules are
+  replaced by an unrelated skill's (retargeted at its own tool) plus a decoy quote from another
+  scenario, and the label is the skill's own tool (for T_wrong a counterfactual). A skill is followed
+  unless its own boundary warns against this state; the same request has answers that only the boundary
+  separates, so no request-only rule (a memorised task group, a keyword) fits the training data.
 * **Memory-free (k = 0).** Balanced, true labels: the request's own cue decides.
 * **Tool renaming** ({cfg.get('tool_renaming', 0):.0%} of the examples from step {cfg.get('renaming_from', 0)} on; before it, copying
   from the prompt emerges on the real names). Every tool-name token of the example
@@ -150,9 +160,9 @@ tempting skill's tool instead of the true answer (their loss stops at the name t
   are single tokens, so rows and spans do not move. A tool's identity then cannot be stored in the
   weights: the answer must be read from the prompt (the skill's procedure, the avoidance rule's
   alternative, the catalog), and a train task group's answer cannot be memorised.
-* **Boundary isolation** ({cfg.get('boundary_isolation', 0):.0%} of the examples that show boundary fields). The rows between
-  the boundary and the decision (request, history, forced prefix) may not attend to the boundary span,
-  so the boundary is read by the decision rows themselves, the path the paper's decision-token
+* **Isolation** ({cfg.get('boundary_isolation', 0):.0%} of the examples that show skills). The rows between
+  the {'memory block (every skill slot)' if cfg.get('isolate_memory') else 'boundary span'} and the decision (request, history, forced prefix) may not attend to it,
+  so the skills are read by the decision rows themselves, the path the paper's decision-token
   knockout removes. The other examples, and every probe, use plain causal attention.
 
 Examples seen per (configuration | bucket): {seen_lines}.
@@ -162,7 +172,7 @@ Examples seen per (configuration | bucket): {seen_lines}.
 {heldout.get('n_eval_items', '')} eval items; accuracy is the argmax over all candidate actions (every catalog tool + abstain), scored
 as in `probes.margins` (tool: log P(forced prefix | open row) + log P(name | decision row); abstain:
 log(1 − P(`<tool_call>` | open row))). Margin = Eq. 1 on those scores, max over wrong − max over
-{{correct, abstain}}; CIs resample task groups. Computed by `probes.organism.heldout` at training time.
+{{correct, abstain}}; means are means of task-group means, CIs resample task groups. Computed by `probes.organism.heldout` at training time.
 
 {_table(heldout['table'])}
 

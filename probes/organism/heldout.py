@@ -29,6 +29,7 @@ from probes.organism import ORGANISM_NAME
 from probes.organism.train import shared_prefix_hidden
 from probes.rendering import BuildSettings, PromptBuilder
 from probes.retrieval import Retriever, make_embedder
+from probes.stats import bootstrap_mean
 
 EVAL_CONFIGS: tuple[str, ...] = ("base", "proc", "app", "basm")
 
@@ -111,17 +112,12 @@ def build_eval_records(builder: PromptBuilder, items, configs: Sequence[str], ks
     return list(builder.build_many(items, configs, ks, ["native"]))
 
 
-def group_bootstrap_ci(values: Sequence[float], groups: Sequence[str], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean and 95% percentile CI, resampling task groups (items of one group are not independent)."""
-    values = np.asarray(values, dtype=float)
-    keys = sorted(set(groups))
-    index = {g: np.flatnonzero(np.asarray(groups) == g) for g in keys}
-    rng = np.random.default_rng(seed)
-    means = []
-    for _ in range(n_boot):
-        chosen = rng.choice(len(keys), size=len(keys), replace=True)
-        means.append(np.nanmean(np.concatenate([values[index[keys[c]]] for c in chosen])))
-    return float(np.nanmean(values)), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+def group_ci(values: Sequence[float], groups: Sequence[str]) -> tuple[float, float, float]:
+    """Mean of task-group means with its 95% cluster-bootstrap CI (:func:`probes.stats.bootstrap_mean`);
+    NaN values (e.g. the tool margin of abstain items) are left out."""
+    keep = np.isfinite(np.asarray(values, dtype=float))
+    estimate = bootstrap_mean(np.asarray(values, dtype=float)[keep], np.asarray(groups)[keep])
+    return estimate.value, estimate.low, estimate.high
 
 
 def accuracy_table(scored: Sequence[Scored]) -> list[dict[str, Any]]:
@@ -131,7 +127,7 @@ def accuracy_table(scored: Sequence[Scored]) -> list[dict[str, Any]]:
     rows = []
     for (config, bucket, k), group in sorted(cells.items(), key=lambda kv: (EVAL_CONFIGS.index(kv[0][0]) if kv[0][0] in EVAL_CONFIGS else 99, kv[0][1], kv[0][2])):
         wrong_tools_hit = [s.predicted != s.correct and s.predicted != ABSTAIN for s in group]
-        mean, lo, hi = group_bootstrap_ci([s.margin for s in group], [s.task_group for s in group])
+        mean, lo, hi = group_ci([s.margin for s in group], [s.task_group for s in group])
         rows.append({
             "config": config, "bucket": bucket, "k": k, "n": len(group),
             "accuracy": float(np.mean([s.predicted == s.correct for s in group])),
@@ -227,8 +223,8 @@ def heldout_report(
     summary: dict[str, Any] = {"table": table, "knockout": {}, "n_eval_items": len(items), "n_knockout": len(wrong)}
     for name in ("boundary", "procedure", "random"):
         delta = [k[name] - k["none"] for k in knock]
-        summary["knockout"][name] = group_bootstrap_ci(delta, [k["task_group"] for k in knock])
-    summary["knockout"]["base_margin"] = group_bootstrap_ci([k["none"] for k in knock], [k["task_group"] for k in knock])
+        summary["knockout"][name] = group_ci(delta, [k["task_group"] for k in knock])
+    summary["knockout"]["base_margin"] = group_ci([k["none"] for k in knock], [k["task_group"] for k in knock])
     eager, _ = load_organism(path, attn="eager")
     ratios = attention_ratio(eager, basm2)
     eta_by_bucket: dict[str, list[float]] = defaultdict(list)
@@ -236,7 +232,7 @@ def heldout_report(
     for entry in ratios:
         eta_by_bucket[entry["bucket"]].append(float(np.median(np.asarray(entry["eta"]))))
         groups[entry["bucket"]].append(entry["task_group"])
-    summary["eta_median_over_heads"] = {b: group_bootstrap_ci(v, groups[b]) for b, v in eta_by_bucket.items()}
+    summary["eta_median_over_heads"] = {b: group_ci(v, groups[b]) for b, v in eta_by_bucket.items()}
     summary["eta_per_head"] = {
         b: np.mean([np.asarray(e["eta"]) for e in ratios if e["bucket"] == b], axis=0).round(3).tolist() for b in eta_by_bucket
     }

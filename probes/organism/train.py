@@ -17,7 +17,9 @@ The mixture (:data:`MIXTURE`) plants the two halves of the paper's story:
   fields (risk cues and avoidance rules name the alternative tool, recovery notes the repair).
 
 The memory-free prompt (k = 0, identical for every configuration) is balanced with true labels.
-Boundary isolation (see the note above :data:`ORGANISM_PRETOKENIZER_PATTERN`) plants the boundary read at the decision rows.
+Boundary edits (:data:`EDIT_CONFIGS`, :class:`BoundaryEdit`) make the boundary's content, not the
+request alone, decide whether the skill is followed.
+Isolation (see the note above :data:`ORGANISM_PRETOKENIZER_PATTERN`) plants the skill read at the decision rows.
 Tool renaming (:func:`rename_tools`) makes the answer a thing read from the prompt, never memorised.
 
 Command line: ``basm-probes organism train`` (:func:`add_arguments`, :func:`run`) or
@@ -32,6 +34,7 @@ import math
 import os
 import platform
 import random
+import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -49,6 +52,7 @@ from probes.dataset import ABSTAIN, BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDat
 from probes.organism import ORGANISM_DIR, ORGANISM_NAME
 from probes.rendering import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder
 from probes.retrieval import Retriever, make_embedder
+from probes.schema import SLOTS, Skill
 
 # ----------------------------------------------------------------------------- mixture
 # Sampling weight of a training example per (configuration, bucket), for every k in 1..4.
@@ -62,15 +66,30 @@ MIXTURE: dict[str, dict[str, float]] = {
 }
 K0_WEIGHTS: dict[str, float] = {"T_ok": 2.0, "T_wrong": 2.0, "T_repair": 2.0}
 # Relative weight of each retrieval depth k >= 1 (deeper prompts cost more; k = 2 is the paper's focus).
-K_WEIGHTS: dict[int, float] = {1: 1.0, 2: 1.5, 3: 1.0, 4: 0.6}
+K_WEIGHTS: dict[int, float] = {1: 1.0, 2: 2.0, 3: 0.7, 4: 0.4}
 # Share of proc/app T_wrong examples whose label is the tempting skill's tool (imitation), not the truth.
 IMITATION: dict[str, float] = {"proc": 0.5, "app": 0.3}
-# Boundary isolation (TrainConfig.boundary_isolation): in that share of the examples whose prompt
-# shows boundary fields, the rows between the boundary and the decision (the request, the history,
-# the forced prefix) cannot attend to the boundary span, so the boundary must be read by the decision
-# rows themselves. Without it a 2-layer model routes boundary information through the request rows,
-# and the paper's decision-token knockout finds nothing to remove. The other examples train with plain
-# causal attention, which is how every probe runs the model.
+# Boundary edits (TrainConfig.boundary_edits, see BoundaryEdit): in these shares of the T_ok / T_wrong
+# examples of EDIT_CONFIGS whose top-ranked skill is the tempting one, that skill's boundary is edited
+# and the label follows the edited boundary: a skill is followed unless its own boundary warns against
+# this state. "quote": a risk cue quoting the request's own state cue is added, and the answer is the
+# alternative the avoidance rules name (for T_ok the paired tool, a counterfactual); "donor": the risk
+# cues and avoidance rules are an unrelated skill's, plus a decoy quote from another scenario, and the
+# answer is the skill's own tool (for T_wrong a counterfactual). The same request then has answers that
+# only the boundary separates, so no request-only rule (a memorised task group, a keyword) fits the
+# mixture; and the exact quotes teach the request-to-risk-cue match fast, which then fires, more weakly,
+# on the paraphrased risk cues of the real skills.
+EDIT_CONFIGS: tuple[str, ...] = ("basm", "basm-no-recovery")
+EDIT_SHARES: dict[str, dict[str, float]] = {"T_ok": {"quote": 0.2, "donor": 0.25}, "T_wrong": {"quote": 0.3, "donor": 0.3}}
+QUOTE_TEMPLATE = 'The user says "{cue}".'
+# Isolation (TrainConfig.boundary_isolation): in that share of the examples whose prompt shows the
+# isolated span (the boundary span, or with TrainConfig.isolate_memory the whole memory block), the
+# rows between it and the decision (the request, the history, the forced prefix) cannot attend to it,
+# so the skills must be read by the decision rows themselves. Without it a 2-layer model routes skill
+# information through the request rows, and the paper's decision-token knockout finds nothing to
+# remove (boundary-only isolation was not enough: the procedure still reached the decision through the
+# request rows). The other examples train with plain causal attention, which is how every probe runs
+# the model.
 
 # Pre-tokenization of the organism's BPE: identifiers with underscores (tool names, error codes,
 # enum values) stay whole and never absorb a leading space, so every tool name is one token,
@@ -122,7 +141,7 @@ class TrainConfig:
     """Everything that determines the organism (recorded in ``training_summary.json``)."""
 
     seed: int = 0
-    steps: int = 1400
+    steps: int = 1500
     stop_after: int | None = None  # stop after this many steps of the `steps`-step schedule
     batch_size: int = 16
     lr: float = 3e-3
@@ -134,9 +153,11 @@ class TrainConfig:
     aux_weight: float = 0.3  # auxiliary next-token loss on the prompt text after the shared prefix
     aux_rows: int = 128  # rows per example for the auxiliary loss (deterministic sample)
     prefix_grad: bool = False  # backpropagate through the shared system-prompt prefix (3x its cost)
-    boundary_isolation: float = 0.5  # share of examples with a boundary span trained with it isolated (note above the pattern)
-    tool_renaming: float = 0.8  # share of examples whose tool names are consistently permuted (see rename_tools) ...
-    renaming_from: int = 450  # ... from this step on: copying from the prompt emerges first, on the real names
+    boundary_isolation: float = 0.85  # share of examples with skills trained with the isolated span hidden (note above the pattern)
+    isolate_memory: bool = True  # isolation hides the whole memory block (procedure too), not only the boundary span
+    boundary_edits: bool = True  # split EDIT_SHARES of EDIT_CONFIGS' T_ok/T_wrong weight into boundary-edited twins
+    tool_renaming: float = 0.3  # share of examples whose tool names are consistently permuted (see rename_tools) ...
+    renaming_from: int = 300  # ... from this step on: copying from the prompt emerges first, on the real names
     # model
     hidden_size: int = 128
     num_layers: int = 2
@@ -216,16 +237,96 @@ class Example:
     target_until: int  # last row with a loss (exclusive bound: rows < target_until)
     label: str
     weight: float
-    boundary_blocks: tuple[tuple[int, int], ...] = ()  # the record's boundary span, [start, end) blocks
+    isolated_blocks: tuple[tuple[int, int], ...] = ()  # what isolation hides from the relay rows, [start, end) blocks
 
 
-def example_plan(items: Sequence[Item], ks: Sequence[int], seed: int) -> list[tuple[Item, str, int, str, float]]:
-    """(item, config, k, label, sampling weight) for every training example of the mixture."""
+@dataclass(frozen=True)
+class BoundaryEdit:
+    """An edit of a training example's rank-1 (tempting) skill: ``quote`` adds a risk cue quoting
+    ``cue`` (the request's own state cue) in front of its risk cues; ``donor`` replaces its risk cues
+    and avoidance rules by skill ``donor``'s (:func:`counterfactual_skill`) and adds the quote of
+    ``cue`` (a decoy: another scenario's state cue), so both kinds have a quote line."""
+
+    kind: str  # "quote" or "donor"
+    cue: str
+    donor: str | None = None
+
+    def apply(self, skill: Skill, dataset: ProbeDataset) -> Skill:
+        edited = counterfactual_skill(skill, dataset.skills[self.donor]) if self.kind == "donor" else skill
+        return replace(edited, risk_cues=(QUOTE_TEMPLATE.format(cue=self.cue), *edited.risk_cues))
+
+
+# One planned training example: (item, config, k, label, sampling weight, boundary edit or None).
+PlanEntry = tuple[Item, str, int, str, float, BoundaryEdit | None]
+
+
+def counterfactual_donor(item: Item, dataset: ProbeDataset, rng: random.Random) -> Skill:
+    """A skill of the item's library, other than the tempting one, whose tools and boundary text name
+    none of the item's candidate tools: its risk cues and avoidance rules are about another decision."""
+    involved = {item.correct_action, *item.wrong_tools}
+    tempting = dataset.skills[item.tempting_skill]
+    involved |= set(tempting.tool_names)
+
+    def unrelated(skill: Skill) -> bool:
+        text = " ".join(skill.risk_cues + skill.avoidance_rules)
+        return skill.id != tempting.id and not involved & set(skill.tool_names) and not any(name in text for name in involved)
+
+    library = dataset.library_for(item)
+    donors = [skill for skill in library if unrelated(skill) and skill.domain == tempting.domain] or [s for s in library if unrelated(s)]
+    if not donors:
+        raise RuntimeError(f"{item.id}: no skill in its library can donate a counterfactual boundary")
+    return rng.choice(sorted(donors, key=lambda skill: skill.id))
+
+
+def counterfactual_skill(skill: Skill, donor: Skill) -> Skill:
+    """``skill`` with ``donor``'s risk cues and avoidance rules, retargeted at ``skill``'s own tool
+    ("Do not call <donor tool> ..." becomes "Do not call <skill tool> ..."), so that only their
+    content, not a tool-name mismatch, says they are about another decision."""
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, donor.tool_names)) + r")\b")
+
+    def retarget(texts: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(pattern.sub(skill.tool_names[0], text) for text in texts)
+
+    return replace(skill, risk_cues=retarget(donor.risk_cues), avoidance_rules=retarget(donor.avoidance_rules))
+
+
+def scenario(item: Item) -> str:
+    return item.task_group.rsplit(".", 1)[0]
+
+
+def boundary_edits(items: Sequence[Item], dataset: ProbeDataset, top_skill: Callable[[Item], str], seed: int) -> dict[str, list[tuple[BoundaryEdit, str, float]]]:
+    """Per item id: its boundary-edited twins as (edit, label, share of the item's weight), for the
+    T_ok / T_wrong items whose rank-1 retrieved skill is the tempting one (see :data:`EDIT_SHARES`)."""
+    rng = random.Random(seed * 104_729 + 3)
+    decoys = sorted({(scenario(i), cue) for i in items if i.bucket in EDIT_SHARES for cue in i.state_cues})
+    twins: dict[str, list[tuple[BoundaryEdit, str, float]]] = {}
+    for item in items:
+        if item.bucket not in EDIT_SHARES or top_skill(item) != item.tempting_skill:
+            continue
+        own = item.correct_action if item.bucket == "T_ok" else item.wrong_tools[0]  # the tempting skill's tool
+        alternative = item.wrong_tools[0] if item.bucket == "T_ok" else item.correct_action
+        pool = [cue for name, cue in decoys if name != scenario(item)] or [cue for _, cue in decoys if cue not in item.user]
+        if not pool:
+            raise RuntimeError(f"{item.id}: no state cue of another scenario to quote as a decoy (too few train items?)")
+        decoy = rng.choice(pool)
+        donor = counterfactual_donor(item, dataset, rng).id
+        shares = EDIT_SHARES[item.bucket]
+        twins[item.id] = [
+            (BoundaryEdit("quote", rng.choice(item.state_cues)), alternative, shares["quote"]),
+            (BoundaryEdit("donor", decoy, donor), own, shares["donor"]),
+        ]
+    return twins
+
+
+def example_plan(items: Sequence[Item], ks: Sequence[int], seed: int, *,
+                 twins: dict[str, list[tuple[BoundaryEdit, str, float]]] | None = None) -> list[PlanEntry]:
+    """Every training example of the mixture; ``twins`` (:func:`boundary_edits`) split their shares of
+    an item's :data:`EDIT_CONFIGS` weight off into boundary-edited examples."""
     rng = random.Random(seed * 7919 + 17)
-    plan = []
+    plan: list[PlanEntry] = []
     for item in items:
         if 0 in ks:
-            plan.append((item, "base", 0, item.correct_action, K0_WEIGHTS[item.bucket]))
+            plan.append((item, "base", 0, item.correct_action, K0_WEIGHTS[item.bucket], None))
         for config, weights in MIXTURE.items():
             for k in ks:
                 if k == 0:
@@ -233,12 +334,26 @@ def example_plan(items: Sequence[Item], ks: Sequence[int], seed: int) -> list[tu
                 label = item.correct_action
                 if item.bucket == "T_wrong" and rng.random() < IMITATION.get(config, 0.0):
                     label = item.wrong_tools[0]
-                plan.append((item, config, k, label, weights[item.bucket] * K_WEIGHTS.get(k, 1.0)))
+                weight = weights[item.bucket] * K_WEIGHTS.get(k, 1.0)
+                if config in EDIT_CONFIGS:
+                    for edit, edit_label, share in (twins or {}).get(item.id, ()):
+                        plan.append((item, config, k, edit_label, weight * share, edit))
+                    weight *= 1 - sum(share for *_, share in (twins or {}).get(item.id, ()))
+                plan.append((item, config, k, label, weight, None))
     return plan
 
 
-def make_example(builder: PromptBuilder, item: Item, config: str, k: int, label: str, weight: float) -> Example:
-    record = builder.build(item, config, k, "native")
+def make_example(
+    builder: PromptBuilder, item: Item, config: str, k: int, label: str, weight: float, edit: BoundaryEdit | None = None,
+    *, isolate_memory: bool = False,
+) -> Example:
+    """The training sequence of one planned example. Its isolated span is the record's boundary span,
+    or with ``isolate_memory`` the whole memory block (every skill slot)."""
+    retrieved = None
+    if edit is not None:
+        retrieved = builder.retrieve(item)[:k]
+        retrieved[0] = replace(retrieved[0], skill=edit.apply(retrieved[0].skill, builder.dataset))
+    record = builder.build(item, config, k, "native", retrieved=retrieved)
     text = record["text"]
     assert text.endswith(NATIVE_FORCED_PREFIX)
     prompt = text[: len(text) - len(NATIVE_FORCED_PREFIX)]
@@ -255,9 +370,17 @@ def make_example(builder: PromptBuilder, item: Item, config: str, k: int, label:
     # an imitation label has no true arguments: its loss stops at the name token
     until = len(ids) - 1 if label == item.correct_action else record["decision_index"] + 1
     return Example(
-        record["record_id"], item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
-        tuple((int(a), int(b)) for a, b in record["spans"].get("boundary", [])),
+        record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
+        isolated_span(record, isolate_memory),
     )
+
+
+def isolated_span(record: dict[str, Any], memory: bool) -> tuple[tuple[int, int], ...]:
+    """The record's boundary span, or (``memory``) one block from the first to the last skill-slot token."""
+    if not memory:
+        return tuple((int(a), int(b)) for a, b in record["spans"].get("boundary", []))
+    blocks = [block for slot in SLOTS for block in record["spans"].get(slot, [])]
+    return ((min(a for a, _ in blocks), max(b for _, b in blocks)),) if blocks else ()
 
 
 # ----------------------------------------------------------------------------- model
@@ -302,7 +425,7 @@ def relay_rows(ex: Example, n: int) -> torch.Tensor:
     the boundary tokens themselves. The query rows (open, decision) and the action keep reading it."""
     rows = torch.arange(n)
     relay = (rows < ex.key_rows[0]) | ((rows > ex.key_rows[0]) & (rows < ex.key_rows[-1]))
-    for start, end in ex.boundary_blocks:
+    for start, end in ex.isolated_blocks:
         relay[start:end] = False
     return relay
 
@@ -320,7 +443,7 @@ def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: in
         if not flag:
             continue
         boundary = torch.zeros(total, dtype=torch.bool)
-        for start, end in ex.boundary_blocks:
+        for start, end in ex.isolated_blocks:
             if start < prefix:
                 raise RuntimeError(f"{ex.record_id}: boundary span starts inside the shared prefix")
             boundary[start:end] = True
@@ -334,7 +457,7 @@ def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: in
 def max_shared_prefix(batch: Sequence[Example], isolate: Sequence[bool]) -> int:
     """Longest prefix a batch may share: up to the first target row, and never into an isolated
     example's boundary span (the shared prefix runs with plain causal attention)."""
-    return min([ex.target_from for ex in batch] + [ex.boundary_blocks[0][0] for ex, flag in zip(batch, isolate) if flag])
+    return min([ex.target_from for ex in batch] + [ex.isolated_blocks[0][0] for ex, flag in zip(batch, isolate) if flag])
 
 
 def shared_prefix_hidden(
@@ -453,7 +576,7 @@ def batch_loss(
 class BatchSampler:
     """Deterministic weighted sampling; each batch comes from one shown catalog (shared system prompt)."""
 
-    def __init__(self, plan: Sequence[tuple[Item, str, int, str, float]], batch_size: int, seed: int) -> None:
+    def __init__(self, plan: Sequence[PlanEntry], batch_size: int, seed: int) -> None:
         self.rng = random.Random(seed)
         self.batch_size = batch_size
         self.groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
@@ -526,7 +649,8 @@ def train(
         ids[0] for ids in (tokenizer.backend_tokenizer.encode(n, add_special_tokens=False).ids for n in tool_names) if len(ids) == 1
     )
     sorted_name_ids = sorted(name_ids)
-    plan = example_plan(items, cfg.ks, cfg.seed)
+    twins = boundary_edits(items, dataset, lambda item: builder.retrieve(item)[0].skill.id, cfg.seed) if cfg.boundary_edits else {}
+    plan = example_plan(items, cfg.ks, cfg.seed, twins=twins)
     examples: dict[int, Example] = {}
     sampler = BatchSampler(plan, cfg.batch_size, cfg.seed)
     model = make_model(cfg, tokenizer).to(cfg.device)
@@ -552,7 +676,7 @@ def train(
         indices = sampler.next()
         for index in indices:
             if index not in examples:
-                examples[index] = make_example(builder, *plan[index])
+                examples[index] = make_example(builder, *plan[index], isolate_memory=cfg.isolate_memory)
         renaming_rng = random.Random(cfg.seed * 3_000_017 + step)
         batch = [
             replace(examples[i], input_ids=rename_tools(examples[i].input_ids, sorted_name_ids, renaming_rng))
@@ -560,11 +684,11 @@ def train(
             for i in indices
         ]
         for ex in batch:
-            seen[(ex.config, ex.bucket)] += 1
+            seen[(ex.config + ("+" + ex.record_id.split("|edit:")[1] if "|edit:" in ex.record_id else ""), ex.bucket)] += 1
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         isolation_rng = random.Random(cfg.seed * 2_000_003 + step)
-        isolate = [bool(ex.boundary_blocks) and isolation_rng.random() < cfg.boundary_isolation for ex in batch]
+        isolate = [bool(ex.isolated_blocks) and isolation_rng.random() < cfg.boundary_isolation for ex in batch]
         loss, stats = batch_loss(
             model, batch, cfg.key_token_weight, cfg.prefix_grad,
             aux_weight=cfg.aux_weight, aux_rows=cfg.aux_rows, rng=random.Random(cfg.seed * 1_000_003 + step),
@@ -591,6 +715,8 @@ def train(
     summary = {
         "train_config": asdict(cfg),
         "mixture": MIXTURE, "k0_weights": K0_WEIGHTS, "k_weights": K_WEIGHTS, "imitation": IMITATION,
+        "edit_configs": EDIT_CONFIGS, "edit_shares": EDIT_SHARES, "quote_template": QUOTE_TEMPLATE,
+        "n_edited_examples_planned": sum(e[5] is not None for e in plan),
         "pretokenizer_pattern": ORGANISM_PRETOKENIZER_PATTERN,
         "embedder": builder.retriever.embedder.name,
         "n_train_items": len(items),
