@@ -238,6 +238,7 @@ class Example:
     label: str
     weight: float
     isolated_blocks: tuple[tuple[int, int], ...] = ()  # what isolation hides from the relay rows, [start, end) blocks
+    edit: str | None = None  # the BoundaryEdit kind of an edited twin
 
 
 @dataclass(frozen=True)
@@ -327,6 +328,7 @@ def example_plan(items: Sequence[Item], ks: Sequence[int], seed: int, *,
     for item in items:
         if 0 in ks:
             plan.append((item, "base", 0, item.correct_action, K0_WEIGHTS[item.bucket], None))
+        item_twins = (twins or {}).get(item.id, ())
         for config, weights in MIXTURE.items():
             for k in ks:
                 if k == 0:
@@ -336,9 +338,9 @@ def example_plan(items: Sequence[Item], ks: Sequence[int], seed: int, *,
                     label = item.wrong_tools[0]
                 weight = weights[item.bucket] * K_WEIGHTS.get(k, 1.0)
                 if config in EDIT_CONFIGS:
-                    for edit, edit_label, share in (twins or {}).get(item.id, ()):
+                    for edit, edit_label, share in item_twins:
                         plan.append((item, config, k, edit_label, weight * share, edit))
-                    weight *= 1 - sum(share for *_, share in (twins or {}).get(item.id, ()))
+                    weight *= 1 - sum(share for *_, share in item_twins)
                 plan.append((item, config, k, label, weight, None))
     return plan
 
@@ -371,7 +373,7 @@ def make_example(
     until = len(ids) - 1 if label == item.correct_action else record["decision_index"] + 1
     return Example(
         record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
-        isolated_span(record, isolate_memory),
+        isolated_span(record, isolate_memory), edit.kind if edit else None,
     )
 
 
@@ -420,9 +422,9 @@ def rename_tools(input_ids: Sequence[int], name_ids: Sequence[int], rng: random.
 
 
 def relay_rows(ex: Example, n: int) -> torch.Tensor:
-    """[n] bool: the rows that boundary isolation stops from reading the boundary span: every row
+    """[n] bool: the rows that isolation stops from reading the isolated span: every row
     before the open row and the forced-prefix rows between the open and the decision row, except
-    the boundary tokens themselves. The query rows (open, decision) and the action keep reading it."""
+    the isolated tokens themselves. The query rows (open, decision) and the action keep reading it."""
     rows = torch.arange(n)
     relay = (rows < ex.key_rows[0]) | ((rows > ex.key_rows[0]) & (rows < ex.key_rows[-1]))
     for start, end in ex.isolated_blocks:
@@ -432,7 +434,7 @@ def relay_rows(ex: Example, n: int) -> torch.Tensor:
 
 def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: int, width: int) -> torch.Tensor | None:
     """Additive 4D mask [batch, 1, width, prefix + width] for the suffix rows: causal, and for the
-    examples flagged in ``isolate`` the relay rows (:func:`relay_rows`) cannot attend to the boundary
+    examples flagged in ``isolate`` the relay rows (:func:`relay_rows`) cannot attend to the isolated
     span. ``None`` when no example is isolated (plain causal attention)."""
     if not any(isolate):
         return None
@@ -442,13 +444,13 @@ def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: in
     for b, (ex, flag) in enumerate(zip(batch, isolate)):
         if not flag:
             continue
-        boundary = torch.zeros(total, dtype=torch.bool)
+        hidden = torch.zeros(total, dtype=torch.bool)
         for start, end in ex.isolated_blocks:
             if start < prefix:
-                raise RuntimeError(f"{ex.record_id}: boundary span starts inside the shared prefix")
-            boundary[start:end] = True
+                raise RuntimeError(f"{ex.record_id}: isolated span starts inside the shared prefix")
+            hidden[start:end] = True
         relay = relay_rows(ex, total)[prefix:]
-        allowed[b] &= ~(relay.unsqueeze(1) & boundary.unsqueeze(0))
+        allowed[b] &= ~(relay.unsqueeze(1) & hidden.unsqueeze(0))
     mask = torch.zeros(allowed.shape, dtype=torch.float32)
     mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
     return mask.unsqueeze(1)
@@ -456,7 +458,7 @@ def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: in
 
 def max_shared_prefix(batch: Sequence[Example], isolate: Sequence[bool]) -> int:
     """Longest prefix a batch may share: up to the first target row, and never into an isolated
-    example's boundary span (the shared prefix runs with plain causal attention)."""
+    example's isolated span (the shared prefix runs with plain causal attention)."""
     return min([ex.target_from for ex in batch] + [ex.isolated_blocks[0][0] for ex, flag in zip(batch, isolate) if flag])
 
 
@@ -684,7 +686,7 @@ def train(
             for i in indices
         ]
         for ex in batch:
-            seen[(ex.config + ("+" + ex.record_id.split("|edit:")[1] if "|edit:" in ex.record_id else ""), ex.bucket)] += 1
+            seen[(ex.config + (f"+{ex.edit}" if ex.edit else ""), ex.bucket)] += 1
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         isolation_rng = random.Random(cfg.seed * 2_000_003 + step)
