@@ -15,16 +15,19 @@ from probes.organism.train import (
     EDIT_SHARES,
     K_WEIGHTS,
     MIXTURE,
+    NAME_SLOTS,
     TrainConfig,
     action_text,
     boundary_edits,
     counterfactual_donor,
     example_plan,
+    isolated_blocks,
     isolation_mask,
     make_builder,
     make_example,
     make_model,
     max_shared_prefix,
+    partial_quote,
     relay_rows,
     rename_tools,
     shared_prefix_hidden,
@@ -74,8 +77,8 @@ def test_training_sequences_extend_the_builder_prompts(dataset):
                 assert example.key_rows == (record["open_index"], record["decision_index"])
 
 
-def test_boundary_isolation_equals_an_explicit_full_sequence_mask(dataset):
-    """The batched, prefix-cached training forward with boundary isolation equals a full forward of
+def test_isolation_equals_an_explicit_full_sequence_mask(dataset):
+    """The batched, prefix-cached training forward with isolation equals a full forward of
     each sequence with an independently built 4D additive mask (fp32, ≤ 1e-5), and isolation changes
     the hidden states (it is not a no-op)."""
     torch.manual_seed(0)
@@ -109,9 +112,27 @@ def test_boundary_isolation_equals_an_explicit_full_sequence_mask(dataset):
     assert not relay[ex.isolated_blocks[0][0]] and relay[ex.isolated_blocks[-1][1]]
 
 
+def is_word_subsequence(part: str, whole: str) -> bool:
+    words = iter(whole.split())
+    return all(word in words for word in part.split())
+
+
+def test_partial_quotes_keep_some_words_in_order():
+    rng = random.Random(0)
+    cue = "I haven't ordered it yet, I just want to know"
+    quotes = [partial_quote(cue, rng) for _ in range(200)]
+    assert all(is_word_subsequence(q, cue) and len(q.split()) >= 2 for q in quotes)
+    whole = sum(q == cue for q in quotes)
+    assert 60 <= whole <= 140  # about PARTIAL_QUOTE_SHARE of the quotes stay whole (binomial(200, 0.5): ±5.6 sd)
+    assert len(set(quotes)) > 20
+    assert partial_quote("right now", rng) == "right now"  # two words or less stay whole
+
+
 def test_boundary_edited_twins(dataset):
     items = dataset.select(split="train", buckets=["T_ok", "T_wrong"], limit_per_bucket=4)
-    tokenizer = train_organism_tokenizer(["hello world get_order_details"] * 3, 400)
+    # a BPE over the skills' text: skill slots fit the builder's boundary budget β as with the organism's tokenizer
+    skill_text = [" ".join([s.goal, *s.procedure, *s.applicability, *s.risk_cues, *s.avoidance_rules]) for s in dataset.skills.values()]
+    tokenizer = train_organism_tokenizer(skill_text + [item.user for item in items], 2000)
     builder = make_builder(tokenizer, dataset, "lexical")
     top = lambda item: builder.retrieve(item)[0].skill.id  # noqa: E731
     twins = boundary_edits(items, dataset, top, seed=0)
@@ -124,7 +145,7 @@ def test_boundary_edited_twins(dataset):
         alternative = item.wrong_tools[0] if item.bucket == "T_ok" else item.correct_action
         (quote, quote_label, quote_share), (donor, donor_label, donor_share) = entries
         assert (quote.kind, quote_label, quote_share) == ("quote", alternative, EDIT_SHARES[item.bucket]["quote"])
-        assert quote.cue in item.state_cues  # the request's own cue
+        assert any(is_word_subsequence(quote.cue, cue) for cue in item.state_cues)  # (part of) the request's own cue
         assert (donor.kind, donor_label) == ("donor", own) and donor.cue not in item.user  # a decoy
         involved = {item.correct_action, *item.wrong_tools}
         donor_skill = dataset.skills[donor.donor]
@@ -192,6 +213,36 @@ def test_committed_weights_load_and_fit_the_budget():
     assert "not evidence about Qwen3" in card
     summary = json.loads((ORGANISM_DIR / "training_summary.json").read_text())
     assert summary["train_config"]["seed"] == 0
+
+
+@needs_weights
+def test_isolated_blocks_are_the_slots_that_name_tools(dataset):
+    """Isolation hides every skill-slot token that names a tool from the relay rows, and only the
+    slots of NAME_SLOTS: goal, applicability and risk cues stay readable for matching the state."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ORGANISM_DIR), local_files_only=True)  # boundary within β
+    builder = make_builder(tokenizer, dataset, "lexical")
+    item = dataset.select(split="train", buckets=["T_wrong"], limit_per_bucket=1)[0]
+    record = builder.build(item, "basm", 2, "native")
+    blocks = isolated_blocks(record, NAME_SLOTS)
+    hidden = {p for start, end in blocks for p in range(start, end)}
+    spans = record["spans"]
+    for slot in NAME_SLOTS:
+        assert spans[slot] and all(set(range(a, b)) <= hidden for a, b in spans[slot]), slot
+    for slot in ("goal", "applicability", "risk_cues"):
+        assert spans[slot] and not any(set(range(a, b)) & hidden for a, b in spans[slot]), slot
+    assert list(blocks) == sorted(blocks)
+    names = {tool.name for domain in dataset.domains.values() for tool in domain.catalog}
+    ids = record["input_ids"]
+    readable = " ".join(tokenizer.decode(ids[a:b]) for slot in ("goal", "applicability", "risk_cues") for a, b in spans[slot])
+    isolated = " ".join(tokenizer.decode(ids[a:b]) for a, b in blocks)
+    assert not any(name in readable for name in names)
+    alternative = dataset.skills[item.tempting_skill].avoidance_rules[0].rsplit("call ", 1)[1].rstrip(".")
+    assert item.wrong_tools[0] in isolated and alternative in isolated  # the procedure's tool and the avoidance rule's
+    assert make_example(builder, item, "basm", 2, item.correct_action, 1.0).isolated_blocks == blocks
+    with pytest.raises(ValueError, match="not skill slots"):
+        isolated_blocks(record, ["boundary"])
 
 
 @needs_weights

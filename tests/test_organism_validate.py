@@ -21,14 +21,13 @@ from probes.organism.validate import ALPHA, validate
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
 
 CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>procedure", "eta", "heads")
-# Claims the committed organism does not satisfy (it does not match held-out requests to the real
-# skills' paraphrased risk cues, so its boundary read does not depend on the bucket; see the model
-# card). Strict xfail: the test fails loudly if a retrained organism starts to satisfy one, so this
-# list stays true.
+# Claims the committed organism does not satisfy (it matches requests to the boundary only weakly, so
+# its boundary read hardly depends on the bucket; see the model card). Strict xfail: the test fails
+# loudly if a retrained organism starts to satisfy one, so this list stays true.
 NOT_PLANTED = {
-    "knockout>0": "Δm(boundary) = +0.111 [−0.050, +0.275], p = 0.10",
-    "eta": "log2 η(T_wrong) − log2 η(T_ok) = −0.037 [−0.199, +0.122], p = 0.66",
-    "heads": "top-2 − random-2 heads = +0.049 [−0.027, +0.119], p = 0.12",
+    "knockout>0": "Δm(boundary) = +0.159 [−0.010, +0.328], p = 0.038",
+    "eta": "log2 η(T_wrong) − log2 η(T_ok) = +0.013 [−0.183, +0.237], p = 0.45",
+    "heads": "top-2 − random-2 heads = +0.005 [−0.118, +0.150], p = 0.47",
 }
 
 

@@ -46,11 +46,13 @@ def _not_recovered(claims: list[dict[str, Any]]) -> str:
         return "Every claim holds: the probes recover each planted effect on held-out items."
     names = ", ".join(f"`{c['name']}`" for c in failed)
     return (
-        f"**Not recovered: {names}.** Trained on CPU in the issue's time budget, this 2-layer organism reads "
-        "the skills at the decision rows (isolation) and learned the imitation trap and a BASM suppression, "
-        "but it does not match held-out requests to the paraphrased risk cues of the real skills: its "
-        "boundary read does not depend on whether the state is T_wrong or T_ok, so η does not separate the "
-        "buckets, and the effects that need that match are weak on held-out task groups. "
+        f"**Not recovered: {names}.** Trained on CPU in the issue's time budget, this organism reads the tools "
+        "from the skills at the decision rows (isolation) and learned the imitation trap and a BASM suppression, "
+        "but it matches requests to the boundary only weakly: on *train* items it follows a boundary-edited "
+        "twin against the request's usual answer in about 20% of the T_ok quote twins and 25% of the T_wrong "
+        "donor twins, and held-out requests paraphrase the real skills' risk cues. Its boundary read therefore "
+        "hardly depends on whether the state is T_wrong or T_ok, so η does not separate the buckets and the "
+        "effects that need that match are weak on held-out task groups. "
         "Use it as ground truth only for the claims that hold; `tests/test_organism_validate.py` marks the "
         "others as strict expected failures."
     )
@@ -160,10 +162,12 @@ tempting skill's tool instead of the true answer (their loss stops at the name t
   are single tokens, so rows and spans do not move. A tool's identity then cannot be stored in the
   weights: the answer must be read from the prompt (the skill's procedure, the avoidance rule's
   alternative, the catalog), and a train task group's answer cannot be memorised.
-* **Isolation** ({cfg.get('boundary_isolation', 0):.0%} of the examples that show skills). The rows between
-  the {'memory block (every skill slot)' if cfg.get('isolate_memory') else 'boundary span'} and the decision (request, history, forced prefix) may not attend to it,
-  so the skills are read by the decision rows themselves, the path the paper's decision-token
-  knockout removes. The other examples, and every probe, use plain causal attention.
+* **Isolation** ({cfg.get('isolation', 0):.0%} of the examples that show skills). The rows between the memory
+  block and the decision (request, history, forced prefix) may not attend to the skill slots that name
+  tools ({', '.join(cfg.get('isolated_slots', ()))}), so the tool is read from the skills by the decision rows themselves,
+  the path the paper's decision-token knockout removes. The request rows still read the goal,
+  applicability and risk cues, where matching the state's words against the boundary is learnable.
+  The other examples, and every probe, use plain causal attention.
 
 Examples seen per (configuration | bucket): {seen_lines}.
 

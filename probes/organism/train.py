@@ -75,21 +75,30 @@ IMITATION: dict[str, float] = {"proc": 0.5, "app": 0.3}
 # this state. "quote": a risk cue quoting the request's own state cue is added, and the answer is the
 # alternative the avoidance rules name (for T_ok the paired tool, a counterfactual); "donor": the risk
 # cues and avoidance rules are an unrelated skill's, plus a decoy quote from another scenario, and the
-# answer is the skill's own tool (for T_wrong a counterfactual). The same request then has answers that
-# only the boundary separates, so no request-only rule (a memorised task group, a keyword) fits the
-# mixture; and the exact quotes teach the request-to-risk-cue match fast, which then fires, more weakly,
-# on the paraphrased risk cues of the real skills.
+# answer is the skill's own tool (for T_wrong a counterfactual). The shares make the label independent
+# of the request in these configurations (half the T_ok and half the T_wrong examples follow the
+# alternative), so only the request-to-boundary match lowers their loss; a 2- and a 3-layer organism
+# trained with a request-only shortcut worth 75% ignored the edits entirely. Half the quotes keep only
+# some of the cue's words (PARTIAL_QUOTE_KEEP), so the match learned is word overlap, which is what
+# the paraphrased risk cues of the real skills offer, not an exact-phrase copy.
 EDIT_CONFIGS: tuple[str, ...] = ("basm", "basm-no-recovery")
-EDIT_SHARES: dict[str, dict[str, float]] = {"T_ok": {"quote": 0.2, "donor": 0.25}, "T_wrong": {"quote": 0.3, "donor": 0.3}}
+EDIT_SHARES: dict[str, dict[str, float]] = {"T_ok": {"quote": 0.5, "donor": 0.2}, "T_wrong": {"quote": 0.25, "donor": 0.5}}
 QUOTE_TEMPLATE = 'The user says "{cue}".'
-# Isolation (TrainConfig.boundary_isolation): in that share of the examples whose prompt shows the
-# isolated span (the boundary span, or with TrainConfig.isolate_memory the whole memory block), the
-# rows between it and the decision (the request, the history, the forced prefix) cannot attend to it,
-# so the skills must be read by the decision rows themselves. Without it a 2-layer model routes skill
-# information through the request rows, and the paper's decision-token knockout finds nothing to
-# remove (boundary-only isolation was not enough: the procedure still reached the decision through the
-# request rows). The other examples train with plain causal attention, which is how every probe runs
-# the model.
+PARTIAL_QUOTE_SHARE = 0.5  # share of quotes (and decoys) that keep only some of the cue's words ...
+PARTIAL_QUOTE_KEEP = 0.6  # ... each word kept with this probability, in order, at least two words
+# The skill slots that name tools (isolated from the relay rows, see the isolation note).
+NAME_SLOTS: tuple[str, ...] = ("procedure", "tools", "avoidance_rules", "recovery_notes")
+# Isolation (TrainConfig.isolation): in that share of the examples that show skills, the rows between
+# the memory block and the decision (the request, the history, the forced prefix) cannot attend to the
+# skill slots that name tools (TrainConfig.isolated_slots: procedure, tools, avoidance rules, recovery
+# notes), so the tool to call must be read from the skills by the decision rows themselves, which is
+# the path the paper's decision-token knockout removes. The request rows still read the goal,
+# applicability and risk cues: matching the state's words against them (a duplicate-token lookup at
+# the request rows) is what a small model learns; matching a whole paraphrased request at the decision
+# row alone was not learned by a 2-layer organism (it ignored the boundary edits). With isolation the
+# check takes three steps (request rows match, decision row gathers the verdict, decision row fetches
+# the tool from the procedure or the avoidance rule), hence three layers. The other examples train with
+# plain causal attention, which is how every probe runs the model.
 
 # Pre-tokenization of the organism's BPE: identifiers with underscores (tool names, error codes,
 # enum values) stay whole and never absorb a leading space, so every tool name is one token,
@@ -153,14 +162,14 @@ class TrainConfig:
     aux_weight: float = 0.3  # auxiliary next-token loss on the prompt text after the shared prefix
     aux_rows: int = 128  # rows per example for the auxiliary loss (deterministic sample)
     prefix_grad: bool = False  # backpropagate through the shared system-prompt prefix (3x its cost)
-    boundary_isolation: float = 0.85  # share of examples with skills trained with the isolated span hidden (note above the pattern)
-    isolate_memory: bool = True  # isolation hides the whole memory block (procedure too), not only the boundary span
+    isolation: float = 0.85  # share of examples with skills trained with the isolated slots hidden (note above the pattern)
+    isolated_slots: tuple[str, ...] = NAME_SLOTS  # the skill slots isolation hides from the relay rows
     boundary_edits: bool = True  # split EDIT_SHARES of EDIT_CONFIGS' T_ok/T_wrong weight into boundary-edited twins
     tool_renaming: float = 0.3  # share of examples whose tool names are consistently permuted (see rename_tools) ...
     renaming_from: int = 300  # ... from this step on: copying from the prompt emerges first, on the real names
     # model
     hidden_size: int = 128
-    num_layers: int = 2
+    num_layers: int = 3
     num_heads: int = 4
     num_kv_heads: int = 2
     head_dim: int = 32
@@ -291,6 +300,19 @@ def counterfactual_skill(skill: Skill, donor: Skill) -> Skill:
     return replace(skill, risk_cues=retarget(donor.risk_cues), avoidance_rules=retarget(donor.avoidance_rules))
 
 
+def partial_quote(cue: str, rng: random.Random) -> str:
+    """``cue`` itself, or (PARTIAL_QUOTE_SHARE) its words each kept with PARTIAL_QUOTE_KEEP, in order;
+    at least two words (a random adjacent pair when fewer survive); cues of two words or less stay whole."""
+    words = cue.split()
+    if rng.random() >= PARTIAL_QUOTE_SHARE or len(words) <= 2:
+        return cue
+    kept = [word for word in words if rng.random() < PARTIAL_QUOTE_KEEP]
+    if len(kept) < 2:
+        start = rng.randrange(len(words) - 1)
+        kept = words[start : start + 2]
+    return " ".join(kept)
+
+
 def scenario(item: Item) -> str:
     return item.task_group.rsplit(".", 1)[0]
 
@@ -310,10 +332,12 @@ def boundary_edits(items: Sequence[Item], dataset: ProbeDataset, top_skill: Call
         if not pool:
             raise RuntimeError(f"{item.id}: no state cue of another scenario to quote as a decoy (too few train items?)")
         decoy = rng.choice(pool)
+        partial_decoy = partial_quote(decoy, rng)
+        decoy = decoy if partial_decoy in item.user else partial_decoy
         donor = counterfactual_donor(item, dataset, rng).id
         shares = EDIT_SHARES[item.bucket]
         twins[item.id] = [
-            (BoundaryEdit("quote", rng.choice(item.state_cues)), alternative, shares["quote"]),
+            (BoundaryEdit("quote", partial_quote(rng.choice(item.state_cues), rng)), alternative, shares["quote"]),
             (BoundaryEdit("donor", decoy, donor), own, shares["donor"]),
         ]
     return twins
@@ -347,10 +371,9 @@ def example_plan(items: Sequence[Item], ks: Sequence[int], seed: int, *,
 
 def make_example(
     builder: PromptBuilder, item: Item, config: str, k: int, label: str, weight: float, edit: BoundaryEdit | None = None,
-    *, isolate_memory: bool = False,
+    *, isolated_slots: Sequence[str] = NAME_SLOTS,
 ) -> Example:
-    """The training sequence of one planned example. Its isolated span is the record's boundary span,
-    or with ``isolate_memory`` the whole memory block (every skill slot)."""
+    """The training sequence of one planned example; its isolated blocks are the spans of ``isolated_slots``."""
     retrieved = None
     if edit is not None:
         retrieved = builder.retrieve(item)[:k]
@@ -373,16 +396,16 @@ def make_example(
     until = len(ids) - 1 if label == item.correct_action else record["decision_index"] + 1
     return Example(
         record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
-        isolated_span(record, isolate_memory), edit.kind if edit else None,
+        isolated_blocks(record, isolated_slots), edit.kind if edit else None,
     )
 
 
-def isolated_span(record: dict[str, Any], memory: bool) -> tuple[tuple[int, int], ...]:
-    """The record's boundary span, or (``memory``) one block from the first to the last skill-slot token."""
-    if not memory:
-        return tuple((int(a), int(b)) for a, b in record["spans"].get("boundary", []))
-    blocks = [block for slot in SLOTS for block in record["spans"].get(slot, [])]
-    return ((min(a for a, _ in blocks), max(b for _, b in blocks)),) if blocks else ()
+def isolated_blocks(record: dict[str, Any], slots: Sequence[str]) -> tuple[tuple[int, int], ...]:
+    """The record's token spans of ``slots`` (every shown skill), as sorted [start, end) blocks."""
+    unknown = set(slots) - set(SLOTS)
+    if unknown:
+        raise ValueError(f"isolated slots {sorted(unknown)} are not skill slots; choose from {list(SLOTS)}")
+    return tuple(sorted((int(a), int(b)) for slot in slots for a, b in record["spans"].get(slot, [])))
 
 
 # ----------------------------------------------------------------------------- model
@@ -459,7 +482,7 @@ def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: in
 def max_shared_prefix(batch: Sequence[Example], isolate: Sequence[bool]) -> int:
     """Longest prefix a batch may share: up to the first target row, and never into an isolated
     example's isolated span (the shared prefix runs with plain causal attention)."""
-    return min([ex.target_from for ex in batch] + [ex.isolated_blocks[0][0] for ex, flag in zip(batch, isolate) if flag])
+    return min([ex.target_from for ex in batch] + [min(start for start, _ in ex.isolated_blocks) for ex, flag in zip(batch, isolate) if flag])
 
 
 def shared_prefix_hidden(
@@ -678,7 +701,7 @@ def train(
         indices = sampler.next()
         for index in indices:
             if index not in examples:
-                examples[index] = make_example(builder, *plan[index], isolate_memory=cfg.isolate_memory)
+                examples[index] = make_example(builder, *plan[index], isolated_slots=cfg.isolated_slots)
         renaming_rng = random.Random(cfg.seed * 3_000_017 + step)
         batch = [
             replace(examples[i], input_ids=rename_tools(examples[i].input_ids, sorted_name_ids, renaming_rng))
@@ -690,7 +713,7 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         isolation_rng = random.Random(cfg.seed * 2_000_003 + step)
-        isolate = [bool(ex.isolated_blocks) and isolation_rng.random() < cfg.boundary_isolation for ex in batch]
+        isolate = [bool(ex.isolated_blocks) and isolation_rng.random() < cfg.isolation for ex in batch]
         loss, stats = batch_loss(
             model, batch, cfg.key_token_weight, cfg.prefix_grad,
             aux_weight=cfg.aux_weight, aux_rows=cfg.aux_rows, rng=random.Random(cfg.seed * 1_000_003 + step),
@@ -718,6 +741,7 @@ def train(
         "train_config": asdict(cfg),
         "mixture": MIXTURE, "k0_weights": K0_WEIGHTS, "k_weights": K_WEIGHTS, "imitation": IMITATION,
         "edit_configs": EDIT_CONFIGS, "edit_shares": EDIT_SHARES, "quote_template": QUOTE_TEMPLATE,
+        "partial_quote": {"share": PARTIAL_QUOTE_SHARE, "keep": PARTIAL_QUOTE_KEEP},
         "n_edited_examples_planned": sum(e[5] is not None for e in plan),
         "pretokenizer_pattern": ORGANISM_PRETOKENIZER_PATTERN,
         "embedder": builder.retriever.embedder.name,
