@@ -48,9 +48,9 @@ def _not_recovered(claims: list[dict[str, Any]]) -> str:
     return (
         f"**Not recovered: {names}.** Trained on CPU in the issue's time budget, this organism reads the tools "
         "from the skills at the decision rows (isolation) and learned the imitation trap and a BASM suppression, "
-        "but it matches requests to the boundary only weakly: on *train* items it follows a boundary-edited "
-        "twin against the request's usual answer in about 20% of the T_ok quote twins and 25% of the T_wrong "
-        "donor twins, and held-out requests paraphrase the real skills' risk cues. Its boundary read therefore "
+        "but it matches requests to the boundary only weakly: even on *train* items it mostly answers a "
+        "boundary-edited twin the way the request alone suggests, and held-out requests paraphrase the real "
+        "skills' risk cues. Its boundary read therefore "
         "hardly depends on whether the state is T_wrong or T_ok, so η does not separate the buckets and the "
         "effects that need that match are weak on held-out task groups. "
         "Use it as ground truth only for the claims that hold; `tests/test_organism_validate.py` marks the "
@@ -142,7 +142,7 @@ tempting skill's tool instead of the true answer (their loss stops at the name t
 * **Imitation prior (proc, app).** When only procedures are shown, the retrieved skill's tool is usually
   the answer: T_ok dominates and half of the rarer proc T_wrong examples reward copying the skill's tool.
   This plants the skill imitation trap: on held-out T_wrong the proc margin rises above k = 0.
-* **Boundary-reading path (basm, basm-no-avoid, basm-no-recovery).** Balanced buckets, true labels.
+* **Boundary-reading path (basm, basm-no-avoid, basm-no-recovery).** Balanced buckets; unedited examples carry true labels.
   The same request and the same procedure lead to the skill's tool under proc but to the alternative under
   basm, so the decision must read the boundary fields: risk cues paraphrase the T_wrong cue, avoidance
   rules name the alternative tool, recovery notes name the repair for the failed call's error code.
@@ -153,8 +153,12 @@ tempting skill's tool instead of the true answer (their loss stops at the name t
   name (for T_ok the paired tool: a counterfactual). *donor*: its risk cues and avoidance rules are
   replaced by an unrelated skill's (retargeted at its own tool) plus a decoy quote from another
   scenario, and the label is the skill's own tool (for T_wrong a counterfactual). A skill is followed
-  unless its own boundary warns against this state; the same request has answers that only the boundary
-  separates, so no request-only rule (a memorised task group, a keyword) fits the training data.
+  unless its own boundary warns against this state; the shares make about half of each bucket's
+  examples in these configurations follow the alternative, so the request alone says nothing about the
+  label and no request-only rule (a memorised task group, a keyword) fits them. Quotes and decoys keep
+  only some of the cue's words in {summary.get('partial_quote', {}).get('share', 0):.0%} of the twins (each word kept with probability
+  {summary.get('partial_quote', {}).get('keep', 0)}), so what is rewarded is word overlap with the request, as the real skills' paraphrased
+  risk cues offer, not an exact-phrase copy.
 * **Memory-free (k = 0).** Balanced, true labels: the request's own cue decides.
 * **Tool renaming** ({cfg.get('tool_renaming', 0):.0%} of the examples from step {cfg.get('renaming_from', 0)} on; before it, copying
   from the prompt emerges on the real names). Every tool-name token of the example
@@ -214,8 +218,9 @@ probe engine.
 * Held-out items share scenarios with training items (different templates and fillers): generalisation
   is template-level, not scenario-level.
 * Retraining with the same seed on the same software reproduces these weights bit-for-bit on CPU with
-  the same thread count; other BLAS builds or thread counts give numerically different weights whose
-  validation results agree (the validation claims are tested statistically).
+  the same thread count (`tests/test_organism_validate.py` checks the first steps' losses); other BLAS
+  builds, thread counts or a GPU give numerically different weights, and how far their validation
+  statistics move has not been measured.
 
 {DISCLAIMER}
 """

@@ -12,13 +12,12 @@ The mixture (:data:`MIXTURE`) plants the two halves of the paper's story:
 * **imitation prior** (proc / app formatting): a retrieved skill's tool is usually the answer:
   T_ok examples dominate, and some of the rarer T_wrong examples carry the tempting skill's tool as
   their label (``imitation``), the way an agent that learned from success-distilled memory behaves;
-* **boundary-reading path** (basm formatting): T_ok / T_wrong / T_repair are balanced and always
-  carry their true answer, so the decision must check the state's cues against the boundary
-  fields (risk cues and avoidance rules name the alternative tool, recovery notes the repair).
+* **boundary-reading path** (basm formatting): T_ok / T_wrong / T_repair are balanced; unedited
+  examples carry their true answer, and boundary-edited twins (:data:`EDIT_CONFIGS`) make the label
+  follow the boundary, not the request, so the decision must check the state's cues against the
+  boundary fields (risk cues and avoidance rules name the alternative tool, recovery notes the repair).
 
 The memory-free prompt (k = 0, identical for every configuration) is balanced with true labels.
-Boundary edits (:data:`EDIT_CONFIGS`, :class:`BoundaryEdit`) make the boundary's content, not the
-request alone, decide whether the skill is followed.
 Isolation (see the note above :data:`ORGANISM_PRETOKENIZER_PATTERN`) plants the skill read at the decision rows.
 Tool renaming (:func:`rename_tools`) makes the answer a thing read from the prompt, never memorised.
 
@@ -445,9 +444,9 @@ def rename_tools(input_ids: Sequence[int], name_ids: Sequence[int], rng: random.
 
 
 def relay_rows(ex: Example, n: int) -> torch.Tensor:
-    """[n] bool: the rows that isolation stops from reading the isolated span: every row
+    """[n] bool: the rows that isolation stops from reading the isolated blocks: every row
     before the open row and the forced-prefix rows between the open and the decision row, except
-    the isolated tokens themselves. The query rows (open, decision) and the action keep reading it."""
+    the isolated tokens themselves. The query rows (open, decision) and the action keep reading them."""
     rows = torch.arange(n)
     relay = (rows < ex.key_rows[0]) | ((rows > ex.key_rows[0]) & (rows < ex.key_rows[-1]))
     for start, end in ex.isolated_blocks:
