@@ -16,6 +16,8 @@ from probes.organism.train import (
     K_WEIGHTS,
     MIXTURE,
     NAME_SLOTS,
+    TOOL_LIST_END,
+    TOOL_LIST_HEADER,
     TrainConfig,
     action_text,
     boundary_edits,
@@ -31,6 +33,7 @@ from probes.organism.train import (
     relay_rows,
     rename_tools,
     shared_prefix_hidden,
+    tool_list_block,
     train,
     train_organism_tokenizer,
 )
@@ -78,15 +81,17 @@ def test_training_sequences_extend_the_builder_prompts(dataset):
 
 
 def test_isolation_equals_an_explicit_full_sequence_mask(dataset):
-    """The batched, prefix-cached training forward with isolation equals a full forward of
-    each sequence with an independently built 4D additive mask (fp32, ≤ 1e-5), and isolation changes
-    the hidden states (it is not a no-op)."""
+    """The batched, prefix-cached training forward with isolation (isolated slots hidden from the
+    relay rows, the tool list from every row up to the decision row) equals a full forward of each
+    sequence with an independently built 4D additive mask (fp32, ≤ 1e-5; the shared prefix, which
+    holds the tool list, runs plain), and isolation changes the
+    hidden states (it is not a no-op)."""
     torch.manual_seed(0)
     tokenizer = train_organism_tokenizer(["hello world get_order_details"] * 3, 400)
     builder = make_builder(tokenizer, dataset, "lexical")
     items = [item for item in dataset.select(split="train", limit_per_bucket=3) if item.domain == "retail"][:3]
-    batch = [make_example(builder, item, "basm", 2, item.correct_action, 1.0) for item in items]
-    assert all(ex.isolated_blocks for ex in batch)
+    batch = [make_example(builder, item, "basm", 2, item.correct_action, 1.0, hide_tool_list=True) for item in items]
+    assert all(ex.isolated_blocks and ex.tool_list for ex in batch)
     model = make_model(TrainConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16), tokenizer).eval()
     flags = [True, False, True]
     with torch.no_grad():
@@ -100,6 +105,7 @@ def test_isolation_equals_an_explicit_full_sequence_mask(dataset):
                 relay = relay_rows(ex, n).nonzero().squeeze(1)
                 for start, end in ex.isolated_blocks:
                     allowed[relay.unsqueeze(1), torch.arange(start, end).unsqueeze(0)] = False
+                allowed[prefix : ex.key_rows[-1] + 1, ex.tool_list[0] : ex.tool_list[1]] = False  # the shared prefix runs plain
             mask = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
             reference = model.model(input_ids=torch.tensor([ex.input_ids]), attention_mask=mask[None, None]).last_hidden_state[0, prefix:]
             plain = model.model(input_ids=torch.tensor([ex.input_ids])).last_hidden_state[0, prefix:]
@@ -153,8 +159,8 @@ def test_boundary_edited_twins(dataset):
         assert not any(name in " ".join(donor_skill.risk_cues + donor_skill.avoidance_rules) for name in involved)
         # the twins take their shares out of the item's weight in each edit configuration: the total is unchanged
         for config in EDIT_CONFIGS:
-            rows = [e for e in plan if e[0] is item and e[1] == config and e[2] == 2]
-            assert len(rows) == 3 and sum(e[4] for e in rows) == pytest.approx(MIXTURE[config][item.bucket] * K_WEIGHTS[2])
+            rows = [e for e in plan if e.item is item and e.config == config and e.k == 2]
+            assert len(rows) == 3 and sum(e.weight for e in rows) == pytest.approx(MIXTURE[config][item.bucket] * K_WEIGHTS[2])
     item_id, ((quote, quote_label, _), (donor, donor_label, _)) = next(iter(twins.items()))
     item = by_id[item_id]
     plain = builder.build(item, "basm", 2)["text"]
@@ -276,3 +282,32 @@ def test_committed_weights_answer_a_held_out_prompt(dataset):
     items = dataset.select(split="eval", buckets=["T_repair"], limit_per_bucket=6)
     scored = score_records(model, [builder.build(item, "basm", 1) for item in items])
     assert sum(s.predicted == s.correct for s in scored) >= 5
+
+
+@needs_weights
+def test_tool_list_is_hidden_only_where_a_shown_skill_names_the_label(dataset):
+    """The hidden tool list is the catalog (every shown tool's line, nothing after it), and it is
+    hidden only when the label's name occurs in an isolated slot: the avoidance rule's alternative
+    under basm, the procedure's tool for an imitation label under proc; never for a label no shown
+    skill names (the true alternative under proc at k = 1), nor for an abstention."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ORGANISM_DIR), local_files_only=True)
+    builder = make_builder(tokenizer, dataset, "lexical")
+    wrong = dataset.select(split="train", buckets=["T_wrong"])
+    item = next(i for i in wrong if i.correct_action != ABSTAIN and builder.retrieve(i)[0].skill.id == i.tempting_skill)
+    record = builder.build(item, "basm", 2, "native")
+    start, end = tool_list_block(record)
+    listed = tokenizer.decode(record["input_ids"][start:end])
+    assert listed.startswith(TOOL_LIST_HEADER) and TOOL_LIST_END not in listed
+    assert all(f"- {tool.name}: {tool.description}" in listed for tool in dataset.catalog_for(item).tools)
+    assert not tokenizer.decode(record["input_ids"][end:]).split(TOOL_LIST_END)[0].strip()  # nothing listed is left out
+
+    def hidden(config: str, k: int, label: str, hide: bool = True) -> tuple[int, int] | None:
+        return make_example(builder, item, config, k, label, 1.0, hide_tool_list=hide).tool_list
+
+    assert hidden("basm", 2, item.correct_action) == (start, end)  # the avoidance rule names the alternative
+    assert hidden("basm", 2, item.correct_action, hide=False) is None
+    assert hidden("basm", 2, ABSTAIN) is None
+    assert hidden("proc", 1, item.wrong_tools[0]) == (start, end)  # imitation: the procedure names it
+    assert hidden("proc", 1, item.correct_action) is None  # a proc skill never names the alternative

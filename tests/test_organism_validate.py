@@ -25,9 +25,8 @@ CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>proc
 # its boundary read hardly depends on the bucket; see the model card). Strict xfail: the test fails
 # loudly if a retrained organism starts to satisfy one, so this list stays true.
 NOT_PLANTED = {
-    "knockout>0": "Δm(boundary) = +0.159 [−0.010, +0.328], p = 0.038",
-    "eta": "log2 η(T_wrong) − log2 η(T_ok) = +0.013 [−0.183, +0.237], p = 0.45",
-    "heads": "top-2 − random-2 heads = +0.005 [−0.118, +0.150], p = 0.47",
+    "eta": "log2 η(T_wrong) − log2 η(T_ok) = +0.047 [−0.066, +0.157], p = 0.21",
+    "heads": "top-2 − random-2 heads = +0.004 [−0.050, +0.072], p = 0.45",
 }
 
 

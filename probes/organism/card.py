@@ -171,7 +171,11 @@ tempting skill's tool instead of the true answer (their loss stops at the name t
   tools ({', '.join(cfg.get('isolated_slots', ()))}), so the tool is read from the skills by the decision rows themselves,
   the path the paper's decision-token knockout removes. The request rows still read the goal,
   applicability and risk cues, where matching the state's words against the boundary is learnable.
-  The other examples, and every probe, use plain causal attention.
+  In the isolated examples of {', '.join(cfg.get('tool_list_hidden_in', ())) or 'no configuration'} whose label a shown skill names, the
+  system prompt's tool list is also hidden from every row after the batch's shared prefix up to the
+  decision row: the name is read from the skills (procedure or avoidance rule), not matched in the
+  catalog, a second route to every name that no skill knockout removes. The other examples, and every
+  probe, use plain causal attention.
 
 Examples seen per (configuration | bucket): {seen_lines}.
 

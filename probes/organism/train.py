@@ -40,7 +40,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -87,6 +87,7 @@ PARTIAL_QUOTE_SHARE = 0.5  # share of quotes (and decoys) that keep only some of
 PARTIAL_QUOTE_KEEP = 0.6  # ... each word kept with this probability, in order, at least two words
 # The skill slots that name tools (isolated from the relay rows, see the isolation note).
 NAME_SLOTS: tuple[str, ...] = ("procedure", "tools", "avoidance_rules", "recovery_notes")
+BOUNDARY_CONFIGS: tuple[str, ...] = ("basm", "basm-no-avoid", "basm-no-recovery")  # the trained configurations with boundary fields
 # Isolation (TrainConfig.isolation): in that share of the examples that show skills, the rows between
 # the memory block and the decision (the request, the history, the forced prefix) cannot attend to the
 # skill slots that name tools (TrainConfig.isolated_slots: procedure, tools, avoidance rules, recovery
@@ -98,6 +99,15 @@ NAME_SLOTS: tuple[str, ...] = ("procedure", "tools", "avoidance_rules", "recover
 # check takes three steps (request rows match, decision row gathers the verdict, decision row fetches
 # the tool from the procedure or the avoidance rule), hence three layers. The other examples train with
 # plain causal attention, which is how every probe runs the model.
+# Tool list (TrainConfig.tool_list_hidden_in): in the isolated examples of the configurations that
+# show boundary fields whose label is named in an isolated slot, the system prompt's tool list is also
+# hidden from every row after the batch's shared prefix (which ends inside the memory block at the
+# latest, see max_shared_prefix) up to the decision row, so the name is read from the skills (the procedure or
+# the avoidance rule's alternative), not matched in the catalog. Without it the organism answered
+# mostly from the request and the catalog (held-out basm T_wrong at the k = 0 level): the tool list is
+# a second route to every name that no skill knockout removes. Examples whose label no shown skill
+# names keep the tool list, and so do proc / app (hiding it only where the label is named would tie
+# the catalog's visibility to imitation labels there) and k = 0.
 
 # Pre-tokenization of the organism's BPE: identifiers with underscores (tool names, error codes,
 # enum values) stay whole and never absorb a leading space, so every tool name is one token,
@@ -112,6 +122,8 @@ ORGANISM_PRETOKENIZER_PATTERN = (
 # per tool: name and description) instead of Qwen3's JSON schemas. The JSON catalog is ~1,300 of
 # a k = 2 prompt's ~1,700 tokens; the compact one ~250, which is what makes CPU training fit.
 # History calls and tool results render the way Qwen3's template renders them.
+TOOL_LIST_HEADER = "# Tools\n"
+TOOL_LIST_END = "Call one tool as"
 ORGANISM_CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
@@ -163,6 +175,7 @@ class TrainConfig:
     prefix_grad: bool = False  # backpropagate through the shared system-prompt prefix (3x its cost)
     isolation: float = 0.85  # share of examples with skills trained with the isolated slots hidden (note above the pattern)
     isolated_slots: tuple[str, ...] = NAME_SLOTS  # the skill slots isolation hides from the relay rows
+    tool_list_hidden_in: tuple[str, ...] = BOUNDARY_CONFIGS  # isolation also hides the tool list in these (note above the pattern)
     boundary_edits: bool = True  # split EDIT_SHARES of EDIT_CONFIGS' T_ok/T_wrong weight into boundary-edited twins
     tool_renaming: float = 0.3  # share of examples whose tool names are consistently permuted (see rename_tools) ...
     renaming_from: int = 300  # ... from this step on: copying from the prompt emerges first, on the real names
@@ -246,6 +259,7 @@ class Example:
     label: str
     weight: float
     isolated_blocks: tuple[tuple[int, int], ...] = ()  # what isolation hides from the relay rows, [start, end) blocks
+    tool_list: tuple[int, int] | None = None  # the system prompt's tool list, hidden by isolation up to the decision row
     edit: str | None = None  # the BoundaryEdit kind of an edited twin
 
 
@@ -265,8 +279,15 @@ class BoundaryEdit:
         return replace(edited, risk_cues=(QUOTE_TEMPLATE.format(cue=self.cue), *edited.risk_cues))
 
 
-# One planned training example: (item, config, k, label, sampling weight, boundary edit or None).
-PlanEntry = tuple[Item, str, int, str, float, BoundaryEdit | None]
+class PlanEntry(NamedTuple):
+    """One planned training example (the arguments of :func:`make_example`)."""
+
+    item: Item
+    config: str
+    k: int
+    label: str
+    weight: float  # sampling weight
+    edit: BoundaryEdit | None = None
 
 
 def counterfactual_donor(item: Item, dataset: ProbeDataset, rng: random.Random) -> Skill:
@@ -350,7 +371,7 @@ def example_plan(items: Sequence[Item], ks: Sequence[int], seed: int, *,
     plan: list[PlanEntry] = []
     for item in items:
         if 0 in ks:
-            plan.append((item, "base", 0, item.correct_action, K0_WEIGHTS[item.bucket], None))
+            plan.append(PlanEntry(item, "base", 0, item.correct_action, K0_WEIGHTS[item.bucket]))
         item_twins = (twins or {}).get(item.id, ())
         for config, weights in MIXTURE.items():
             for k in ks:
@@ -362,17 +383,18 @@ def example_plan(items: Sequence[Item], ks: Sequence[int], seed: int, *,
                 weight = weights[item.bucket] * K_WEIGHTS.get(k, 1.0)
                 if config in EDIT_CONFIGS:
                     for edit, edit_label, share in item_twins:
-                        plan.append((item, config, k, edit_label, weight * share, edit))
+                        plan.append(PlanEntry(item, config, k, edit_label, weight * share, edit))
                     weight *= 1 - sum(share for *_, share in item_twins)
-                plan.append((item, config, k, label, weight, None))
+                plan.append(PlanEntry(item, config, k, label, weight))
     return plan
 
 
 def make_example(
     builder: PromptBuilder, item: Item, config: str, k: int, label: str, weight: float, edit: BoundaryEdit | None = None,
-    *, isolated_slots: Sequence[str] = NAME_SLOTS,
+    *, isolated_slots: Sequence[str] = NAME_SLOTS, hide_tool_list: bool = False,
 ) -> Example:
-    """The training sequence of one planned example; its isolated blocks are the spans of ``isolated_slots``."""
+    """The training sequence of one planned example; its isolated blocks are the spans of ``isolated_slots``,
+    and (``hide_tool_list``) its tool list is to be hidden when the label's name occurs in them."""
     retrieved = None
     if edit is not None:
         retrieved = builder.retrieve(item)[:k]
@@ -393,9 +415,11 @@ def make_example(
         key_rows = (open_index, record["decision_index"])
     # an imitation label has no true arguments: its loss stops at the name token
     until = len(ids) - 1 if label == item.correct_action else record["decision_index"] + 1
+    blocks = isolated_blocks(record, isolated_slots)
+    named = label != ABSTAIN and any(ids[record["decision_index"] + 1] in ids[start:end] for start, end in blocks)
     return Example(
         record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
-        isolated_blocks(record, isolated_slots), edit.kind if edit else None,
+        blocks, tool_list_block(record) if hide_tool_list and named else None, edit.kind if edit else None,
     )
 
 
@@ -405,6 +429,18 @@ def isolated_blocks(record: dict[str, Any], slots: Sequence[str]) -> tuple[tuple
     if unknown:
         raise ValueError(f"isolated slots {sorted(unknown)} are not skill slots; choose from {list(SLOTS)}")
     return tuple(sorted((int(a), int(b)) for slot in slots for a, b in record["spans"].get(slot, [])))
+
+
+def tool_list_block(record: dict[str, Any]) -> tuple[int, int]:
+    """[start, end) tokens of the record's tool list: from the organism template's tools header to
+    its call instruction (the one-line-per-tool catalog, names and descriptions)."""
+    text = record["text"]
+    start = text.find(TOOL_LIST_HEADER)
+    end = text.find(TOOL_LIST_END, start)
+    if start < 0 or end < 0:
+        raise ValueError(f"{record['record_id']}: no {TOOL_LIST_HEADER!r} ... {TOOL_LIST_END!r} tool list (not the organism chat template)")
+    offsets = np.asarray(record["offsets"])
+    return int(np.searchsorted(offsets[:, 1], start, side="right")), int(np.searchsorted(offsets[:, 0], end, side="left"))
 
 
 # ----------------------------------------------------------------------------- model
@@ -457,7 +493,8 @@ def relay_rows(ex: Example, n: int) -> torch.Tensor:
 def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: int, width: int) -> torch.Tensor | None:
     """Additive 4D mask [batch, 1, width, prefix + width] for the suffix rows: causal, and for the
     examples flagged in ``isolate`` the relay rows (:func:`relay_rows`) cannot attend to the isolated
-    span. ``None`` when no example is isolated (plain causal attention)."""
+    blocks, nor any row up to the decision row to the tool list (``Example.tool_list``). ``None``
+    when no example is isolated (plain causal attention)."""
     if not any(isolate):
         return None
     total = prefix + width
@@ -473,6 +510,10 @@ def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: in
             hidden[start:end] = True
         relay = relay_rows(ex, total)[prefix:]
         allowed[b] &= ~(relay.unsqueeze(1) & hidden.unsqueeze(0))
+        if ex.tool_list is not None:
+            tool_list = (keys >= ex.tool_list[0]) & (keys < ex.tool_list[1])
+            upto_decision = torch.arange(prefix, total) <= ex.key_rows[-1]
+            allowed[b] &= ~(upto_decision.unsqueeze(1) & tool_list.unsqueeze(0))
     mask = torch.zeros(allowed.shape, dtype=torch.float32)
     mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
     return mask.unsqueeze(1)
@@ -552,8 +593,11 @@ def batch_loss(
         suffix_mask=lambda prefix, width: isolation_mask(batch, flags, prefix, width),
     )
     rows, cols, targets, weights, kinds = [], [], [], [], []  # kind: 0 action, 1 open row, 2 name row, 3 aux
+    edited_name_rows = []  # indices into rows: the name rows of boundary-edited twins
     for b, ex in enumerate(batch):
         for pos in range(ex.target_from, ex.target_until):
+            if ex.edit and len(ex.key_rows) > 1 and pos == ex.key_rows[-1]:
+                edited_name_rows.append(len(rows))
             rows.append(b)
             cols.append(pos - prefix)
             targets.append(ex.input_ids[pos + 1])
@@ -592,6 +636,7 @@ def batch_loss(
             "loss": loss.item(), "key_loss": losses[key].mean().item(),
             "open_acc": correct[kind == 1].float().mean().item(),
             "name_acc": correct[kind == 2].float().mean().item() if (kind == 2).any() else float("nan"),
+            "edited_name_acc": correct[edited_name_rows].float().mean().item() if edited_name_rows else float("nan"),
         })
     return loss, stats
 
@@ -604,15 +649,21 @@ class BatchSampler:
         self.rng = random.Random(seed)
         self.batch_size = batch_size
         self.groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
-        for index, (item, *_rest) in enumerate(plan):
-            self.groups[(item.catalog_domains, item.unavailable_tools)].append(index)
+        for index, entry in enumerate(plan):
+            self.groups[(entry.item.catalog_domains, entry.item.unavailable_tools)].append(index)
         self.keys = sorted(self.groups)
-        self.weights = [[plan[i][4] for i in self.groups[key]] for key in self.keys]
+        self.weights = [[plan[i].weight for i in self.groups[key]] for key in self.keys]
         self.group_weights = [sum(w) for w in self.weights]
 
     def next(self) -> list[int]:
         g = self.rng.choices(range(len(self.keys)), weights=self.group_weights)[0]
         return self.rng.choices(self.groups[self.keys[g]], weights=self.weights[g], k=self.batch_size)
+
+
+def window_mean(values: Sequence[float]) -> float:
+    """Mean of the non-NaN values (NaN when there are none: e.g. no edited twin in the window)."""
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -700,7 +751,8 @@ def train(
         indices = sampler.next()
         for index in indices:
             if index not in examples:
-                examples[index] = make_example(builder, *plan[index], isolated_slots=cfg.isolated_slots)
+                examples[index] = make_example(builder, *plan[index], isolated_slots=cfg.isolated_slots,
+                                               hide_tool_list=plan[index].config in cfg.tool_list_hidden_in)
         renaming_rng = random.Random(cfg.seed * 3_000_017 + step)
         batch = [
             replace(examples[i], input_ids=rename_tools(examples[i].input_ids, sorted_name_ids, renaming_rng))
@@ -727,12 +779,13 @@ def train(
             first_losses.append(stats["loss"])
         window.append(stats)
         if steps_done % log_every == 0 or steps_done == cfg.steps:
-            mean = {key: float(np.nanmean([w.get(key, np.nan) for w in window])) for key in window[0]}
+            mean = {key: window_mean([w.get(key, math.nan) for w in window]) for key in window[0]}
             entry = {"step": steps_done, "lr": lr_at(step, cfg), **mean, "elapsed_s": time.perf_counter() - started}
             log.append(entry)
             window = []
             say(f"step {steps_done:5d}  action loss {mean['action_loss']:.4f}  aux {mean.get('aux_loss', float('nan')):.3f}  "
                 f"key loss {mean['key_loss']:.4f}  open acc {mean['open_acc']:.3f}  name acc {mean['name_acc']:.3f}  "
+                f"edited-twin name acc {mean['edited_name_acc']:.3f}  "
                 f"lr {entry['lr']:.2e}  {entry['elapsed_s']:.0f} s")
     model.eval().to("cpu")
     wall = time.perf_counter() - started
@@ -741,7 +794,7 @@ def train(
         "mixture": MIXTURE, "k0_weights": K0_WEIGHTS, "k_weights": K_WEIGHTS, "imitation": IMITATION,
         "edit_configs": EDIT_CONFIGS, "edit_shares": EDIT_SHARES, "quote_template": QUOTE_TEMPLATE,
         "partial_quote": {"share": PARTIAL_QUOTE_SHARE, "keep": PARTIAL_QUOTE_KEEP},
-        "n_edited_examples_planned": sum(e[5] is not None for e in plan),
+        "n_edited_examples_planned": sum(entry.edit is not None for entry in plan),
         "pretokenizer_pattern": ORGANISM_PRETOKENIZER_PATTERN,
         "embedder": builder.retriever.embedder.name,
         "n_train_items": len(items),
