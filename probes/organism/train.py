@@ -47,9 +47,10 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from probes.bpe import train_bpe_tokenizer
+from probes.configs import CONFIGS
 from probes.dataset import ABSTAIN, BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_DIR, ORGANISM_NAME
-from probes.rendering import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder
+from probes.rendering import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, tokens_overlapping
 from probes.retrieval import Retriever, make_embedder
 from probes.schema import SLOTS, Skill
 
@@ -87,7 +88,8 @@ PARTIAL_QUOTE_SHARE = 0.5  # share of quotes (and decoys) that keep only some of
 PARTIAL_QUOTE_KEEP = 0.6  # ... each word kept with this probability, in order, at least two words
 # The skill slots that name tools (isolated from the relay rows, see the isolation note).
 NAME_SLOTS: tuple[str, ...] = ("procedure", "tools", "avoidance_rules", "recovery_notes")
-BOUNDARY_CONFIGS: tuple[str, ...] = ("basm", "basm-no-avoid", "basm-no-recovery")  # the trained configurations with boundary fields
+# The trained configurations that show risk cues (the boundary the state is checked against).
+BOUNDARY_CONFIGS: tuple[str, ...] = tuple(name for name in MIXTURE if "risk_cues" in CONFIGS[name].slots)
 # Isolation (TrainConfig.isolation): in that share of the examples that show skills, the rows between
 # the memory block and the decision (the request, the history, the forced prefix) cannot attend to the
 # skill slots that name tools (TrainConfig.isolated_slots: procedure, tools, avoidance rules, recovery
@@ -128,9 +130,9 @@ ORGANISM_CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n' }}"
+    "{{- '" + TOOL_LIST_HEADER.replace("\n", "\\n") + "' }}"
     "{%- for tool in tools %}{{- '- ' + tool.function.name + ': ' + tool.function.description + '\\n' }}{%- endfor %}"
-    "{{- 'Call one tool as <tool_call>\\n{\"name\": <tool-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{{- '" + TOOL_LIST_END + " <tool_call>\\n{\"name\": <tool-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- endif %}"
@@ -416,10 +418,10 @@ def make_example(
     # an imitation label has no true arguments: its loss stops at the name token
     until = len(ids) - 1 if label == item.correct_action else record["decision_index"] + 1
     blocks = isolated_blocks(record, isolated_slots)
-    named = label != ABSTAIN and any(ids[record["decision_index"] + 1] in ids[start:end] for start, end in blocks)
+    named = hide_tool_list and label != ABSTAIN and any(ids[record["decision_index"] + 1] in ids[start:end] for start, end in blocks)
     return Example(
         record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
-        blocks, tool_list_block(record) if hide_tool_list and named else None, edit.kind if edit else None,
+        blocks, tool_list_block(record) if named else None, edit.kind if edit else None,
     )
 
 
@@ -439,8 +441,7 @@ def tool_list_block(record: dict[str, Any]) -> tuple[int, int]:
     end = text.find(TOOL_LIST_END, start)
     if start < 0 or end < 0:
         raise ValueError(f"{record['record_id']}: no {TOOL_LIST_HEADER!r} ... {TOOL_LIST_END!r} tool list (not the organism chat template)")
-    offsets = np.asarray(record["offsets"])
-    return int(np.searchsorted(offsets[:, 1], start, side="right")), int(np.searchsorted(offsets[:, 0], end, side="left"))
+    return tokens_overlapping(np.asarray(record["offsets"]), start, end)
 
 
 # ----------------------------------------------------------------------------- model
