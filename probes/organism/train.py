@@ -500,7 +500,8 @@ def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: in
         return None
     total = prefix + width
     keys = torch.arange(total)
-    allowed = (keys.unsqueeze(0) <= torch.arange(prefix, total).unsqueeze(1)).expand(len(batch), width, total).clone()
+    rows = keys[prefix:]  # the suffix rows' positions
+    allowed = (keys.unsqueeze(0) <= rows.unsqueeze(1)).expand(len(batch), width, total).clone()
     for b, (ex, flag) in enumerate(zip(batch, isolate)):
         if not flag:
             continue
@@ -513,7 +514,7 @@ def isolation_mask(batch: Sequence[Example], isolate: Sequence[bool], prefix: in
         allowed[b] &= ~(relay.unsqueeze(1) & hidden.unsqueeze(0))
         if ex.tool_list is not None:
             tool_list = (keys >= ex.tool_list[0]) & (keys < ex.tool_list[1])
-            upto_decision = torch.arange(prefix, total) <= ex.key_rows[-1]
+            upto_decision = rows <= ex.key_rows[-1]
             allowed[b] &= ~(upto_decision.unsqueeze(1) & tool_list.unsqueeze(0))
     mask = torch.zeros(allowed.shape, dtype=torch.float32)
     mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
@@ -594,11 +595,8 @@ def batch_loss(
         suffix_mask=lambda prefix, width: isolation_mask(batch, flags, prefix, width),
     )
     rows, cols, targets, weights, kinds = [], [], [], [], []  # kind: 0 action, 1 open row, 2 name row, 3 aux
-    edited_name_rows = []  # indices into rows: the name rows of boundary-edited twins
     for b, ex in enumerate(batch):
         for pos in range(ex.target_from, ex.target_until):
-            if ex.edit and len(ex.key_rows) > 1 and pos == ex.key_rows[-1]:
-                edited_name_rows.append(len(rows))
             rows.append(b)
             cols.append(pos - prefix)
             targets.append(ex.input_ids[pos + 1])
@@ -632,12 +630,13 @@ def batch_loss(
         loss = loss + aux_weight * aux
     with torch.no_grad():
         key = (kind == 1) | (kind == 2)
+        edited_names = (kind == 2) & torch.tensor([batch[b].edit is not None for b in rows], device=device)  # edited twins' name rows
         correct = logits.argmax(-1) == target
         stats.update({
             "loss": loss.item(), "key_loss": losses[key].mean().item(),
             "open_acc": correct[kind == 1].float().mean().item(),
             "name_acc": correct[kind == 2].float().mean().item() if (kind == 2).any() else float("nan"),
-            "edited_name_acc": correct[edited_name_rows].float().mean().item() if edited_name_rows else float("nan"),
+            "edited_name_acc": correct[edited_names].float().mean().item() if edited_names.any() else float("nan"),
         })
     return loss, stats
 
