@@ -616,7 +616,8 @@ def batch_loss(
                 weights.append(0.0)
                 kinds.append(3)
     device = hidden.device
-    logits = model.lm_head(hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]).float()
+    row_index = torch.tensor(rows, device=device)  # [n_rows] each row's sequence in the batch
+    logits = model.lm_head(hidden[row_index, torch.tensor(cols, device=device)]).float()
     target = torch.tensor(targets, device=device)
     weight = torch.tensor(weights, device=device)
     kind = torch.tensor(kinds, device=device)
@@ -630,7 +631,7 @@ def batch_loss(
         loss = loss + aux_weight * aux
     with torch.no_grad():
         key = (kind == 1) | (kind == 2)
-        edited_names = (kind == 2) & torch.tensor([batch[b].edit is not None for b in rows], device=device)  # edited twins' name rows
+        edited_names = (kind == 2) & torch.tensor([ex.edit is not None for ex in batch], device=device)[row_index]  # edited twins' name rows
         correct = logits.argmax(-1) == target
         stats.update({
             "loss": loss.item(), "key_loss": losses[key].mean().item(),
