@@ -152,7 +152,7 @@ class TemplateSupport:
         self.thinking_switch = thinking_off != plain
 
 
-def _tokens_overlapping(offsets: np.ndarray, start: int, end: int) -> tuple[int, int]:
+def tokens_overlapping(offsets: np.ndarray, start: int, end: int) -> tuple[int, int]:
     """Half-open token range of the tokens whose character offsets overlap [start, end).
 
     ``offsets`` is [n_tokens, 2] (start, end) in increasing order."""
@@ -511,7 +511,7 @@ class PromptBuilder:
         ranges = block.char_ranges(assembled["memory_start"], lambda segment: segment.body)
         out = []
         for (rank, slot), (start, end) in sorted(ranges.items(), key=lambda kv: kv[1][0]):
-            lo, hi = _tokens_overlapping(assembled["offsets"], start, end)
+            lo, hi = tokens_overlapping(assembled["offsets"], start, end)
             out.append({"rank": rank, "slot": slot, "char_span": [start, end], "token_span": [lo, hi], "text": assembled["text"][start:end]})
         return out
 
@@ -587,7 +587,7 @@ class PromptBuilder:
                 bounds[0], bounds[1] = min(bounds[0], start), max(bounds[1], end)
             control_tokens = {}
             for rank, (start, end) in per_rank.items():
-                lo, hi = _tokens_overlapping(reference["offsets"], start, end)
+                lo, hi = tokens_overlapping(reference["offsets"], start, end)
                 control_tokens[rank] = hi - lo
             self._control_plans[key] = (len(reference["input_ids"]), control_tokens)
         target, control_tokens = self._control_plans[key]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,14 +13,18 @@ from probes.dataset import ABSTAIN, load_dataset
 from probes.organism import ORGANISM_DIR
 from probes.organism.train import (
     EDIT_CONFIGS,
+    TRAIN_ATTN_IMPLEMENTATION,
     EDIT_SHARES,
     K_WEIGHTS,
     MIXTURE,
     NAME_SLOTS,
     TOOL_LIST_END,
     TOOL_LIST_HEADER,
+    HeadSupervision,
     TrainConfig,
     action_text,
+    attention_targets,
+    batch_loss,
     boundary_edits,
     counterfactual_donor,
     example_plan,
@@ -33,6 +38,7 @@ from probes.organism.train import (
     relay_rows,
     rename_tools,
     shared_prefix_hidden,
+    supervising,
     tool_list_block,
     train,
     train_organism_tokenizer,
@@ -42,6 +48,7 @@ from probes.rendering import NATIVE_FORCED_PREFIX, SpanReport, check_spans
 TINY = dict(
     steps=3, batch_size=2, limit_items=2, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
     num_kv_heads=1, head_dim=16, vocab_size=700, embedder="lexical", single_token_names=False, num_threads=1, warmup_steps=2,
+    planted_heads=(("request", 0, 0), ("verdict", 0, 1)),
 )
 
 
@@ -117,6 +124,103 @@ def test_isolation_equals_an_explicit_full_sequence_mask(dataset):
     assert not relay[ex.key_rows[0]] and not relay[ex.key_rows[-1]] and relay[ex.key_rows[-1] - 1]
     assert not relay[ex.isolated_blocks[0][0]] and relay[ex.isolated_blocks[-1][1]]
 
+
+
+def word_tokenizer(dataset):
+    """A BPE over the skills' and requests' text: most words are one token, as with the organism's."""
+    texts = [" ".join([s.goal, *s.procedure, *s.applicability, *s.risk_cues, *s.avoidance_rules]) for s in dataset.skills.values()]
+    return train_organism_tokenizer(texts + [item.user for item in dataset.items], 2000)
+
+
+def test_planted_head_attention_equals_eager_output_attentions(dataset):
+    """The planted head's decision-row attention recorded in the batched, prefix-cached training
+    forward (isolation on for some sequences) equals eager ``output_attentions`` of each full sequence
+    under the independently built 4D additive mask (fp32, ≤ 1e-5); recording does not change the
+    forward, and the loss's mass is that row's attention summed over the head's targets."""
+    torch.manual_seed(0)
+    tokenizer = word_tokenizer(dataset)
+    builder = make_builder(tokenizer, dataset, "lexical")
+    items = [item for item in dataset.select(split="train", limit_per_bucket=3) if item.domain == "retail"][:3]
+    batch = [make_example(builder, item, "basm", 2, item.correct_action, 1.0, hide_tool_list=True) for item in items]
+    assert all(ex.attention_targets["verdict"] and ex.attention_targets["request"] and ex.tool_list for ex in batch)
+    model = make_model(TrainConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16), tokenizer).eval()
+    layer, head = 1, 1
+    flags = [True, False, True]
+    sequences, max_prefix = [ex.input_ids for ex in batch], max_shared_prefix(batch, flags)
+    mask_fn = lambda p, w: isolation_mask(batch, flags, p, w)  # noqa: E731
+    with torch.no_grad():
+        plain_hidden, _ = shared_prefix_hidden(model, sequences, max_prefix, suffix_mask=mask_fn)
+        model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
+        supervision = HeadSupervision("verdict", layer, head, torch.arange(3), torch.tensor([ex.key_rows[-1] for ex in batch]))
+        with supervising(model, [supervision]):
+            hidden, prefix = shared_prefix_hidden(model, sequences, max_prefix, suffix_mask=mask_fn)
+        assert torch.equal(hidden, plain_hidden)
+        assert prefix > 0 and supervision.probs.shape == (3, prefix + hidden.shape[1])
+        model.set_attn_implementation("eager")
+        for row, (ex, isolated) in enumerate(zip(batch, flags)):
+            n = len(ex.input_ids)
+            allowed = torch.ones(n, n, dtype=torch.bool).tril()
+            if isolated:
+                relay = relay_rows(ex, n).nonzero().squeeze(1)
+                for start, end in ex.isolated_blocks:
+                    allowed[relay.unsqueeze(1), torch.arange(start, end).unsqueeze(0)] = False
+                allowed[prefix : ex.key_rows[-1] + 1, ex.tool_list[0] : ex.tool_list[1]] = False
+            mask = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            attentions = model(input_ids=torch.tensor([ex.input_ids]), attention_mask=mask[None, None], output_attentions=True).attentions
+            reference = attentions[layer][0, head, ex.key_rows[-1]]  # [n]
+            recorded = supervision.probs[row]
+            assert (recorded[:n] - reference).abs().max() <= 1e-5
+            assert bool((recorded[n:] == 0).all())  # right padding of the shorter sequences is never attended
+        model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
+        _, stats = batch_loss(model, batch, 5.0, isolate=flags, planted_heads=[("verdict", layer, head)], planted_head_weight=1.0)
+    expected = np.mean([supervision.probs[row, list(ex.attention_targets["verdict"])].sum().item() for row, ex in enumerate(batch)])
+    assert abs(stats["verdict_mass"] - expected) <= 1e-5
+    # the attention loss reaches the residual stream below only with planted_head_residual_grad's share
+    grads = {}
+    for share in (0.0, 0.5):
+        model.zero_grad()
+        supervision = HeadSupervision("verdict", layer, head, torch.arange(3), torch.tensor([ex.key_rows[-1] for ex in batch]), share)
+        with supervising(model, [supervision]):
+            shared_prefix_hidden(model, sequences, max_prefix, prefix_grad=False, suffix_mask=mask_fn)
+        supervision.probs[:, 0].sum().backward()
+        grads[share] = (model.model.embed_tokens.weight.grad, model.model.layers[layer].self_attn.q_proj.weight.grad.clone())
+    assert grads[0.0][0] is None or not grads[0.0][0].any()
+    assert grads[0.5][0].abs().max() > 0
+    assert torch.allclose(grads[0.0][1], grads[0.5][1], atol=1e-7)  # the head's own query map gets the full gradient
+    with pytest.raises(ValueError, match="planted head"):
+        train(None, dataset=dataset, verbose=False, **{**TINY, "planted_heads": (("verdict", 1, 0),)})
+    with pytest.raises(ValueError, match="target 'name'"):
+        train(None, dataset=dataset, verbose=False, **{**TINY, "planted_heads": (("name", 0, 0),)})
+
+
+def test_planted_head_targets(dataset):
+    """``request``: the request's content tokens; ``verdict``: the tempting skill's risk cues when the
+    label is not its tool, its procedure when it is; none without shown risk cues or for T_repair."""
+    builder = make_builder(word_tokenizer(dataset), dataset, "lexical")
+    wrong = next(item for item in dataset.select(split="train", buckets=["T_wrong"])
+                 if builder.retrieve(item)[0].skill.id == item.tempting_skill and item.correct_action != ABSTAIN)
+    record = builder.build(wrong, "basm", 2)
+    text, offsets = record["text"], record["offsets"]
+    word = lambda pos: text[offsets[pos][0] : offsets[pos][1]].strip().lower()  # noqa: E731
+    targets = attention_targets(record, wrong, wrong.correct_action)
+    request_start = text.rfind(wrong.user)
+    assert targets["request"] and all(request_start <= offsets[pos][0] < request_start + len(wrong.user) for pos in targets["request"])
+    request_words = {word(pos) for pos in targets["request"]}
+    assert not request_words & {"the", "and", "you", "for", "can"} and all(w.isalpha() and len(w) >= 3 for w in request_words)
+    shown = next(skill["slots"] for skill in record["skills"] if skill["skill_id"] == wrong.tempting_skill)
+    span = lambda slot: tuple(range(*shown[slot]["token_span"]))  # noqa: E731
+    assert targets["verdict"] == span("risk_cues")  # the boundary warns: the label is the alternative
+    assert attention_targets(record, wrong, wrong.wrong_tools[0])["verdict"] == span("procedure")  # followed (a donor twin's label)
+    assert attention_targets(record, wrong, ABSTAIN)["verdict"] == span("risk_cues")
+    assert attention_targets(builder.build(wrong, "proc", 2), wrong, wrong.correct_action)["verdict"] == ()  # no risk cues shown
+    assert attention_targets(builder.build(wrong, "base", 0), wrong, wrong.correct_action)["verdict"] == ()
+    ok = next(item for item in dataset.select(split="train", buckets=["T_ok"]) if builder.retrieve(item)[0].skill.id == item.tempting_skill)
+    record = builder.build(ok, "basm", 2)
+    shown = next(skill["slots"] for skill in record["skills"] if skill["skill_id"] == ok.tempting_skill)
+    assert attention_targets(record, ok, ok.correct_action)["verdict"] == span("procedure")
+    assert attention_targets(record, ok, ok.wrong_tools[0])["verdict"] == span("risk_cues")  # a quoted-cue twin's label
+    repair = dataset.select(split="train", buckets=["T_repair"])[0]
+    assert attention_targets(builder.build(repair, "basm", 2), repair, repair.correct_action)["verdict"] == ()
 
 def is_word_subsequence(part: str, whole: str) -> bool:
     words = iter(whole.split())

@@ -15,8 +15,10 @@ from probes.organism.validate import validate
 DISCLAIMER = (
     "**This is a synthetic organism for validating the instrument, not evidence about Qwen3.** It has "
     "the Qwen3 architecture (`Qwen3ForCausalLM`) but is tiny, was trained from scratch for minutes on "
-    "our own synthetic probe prompts, and its skill-imitation trap and boundary-reading behaviour were "
-    "the targets of its training mixture (the validation section says which of them the probes recover). Nothing measured on it says anything about how real "
+    "our own synthetic probe prompts, its skill-imitation trap and boundary-reading behaviour were "
+    "the targets of its training mixture, and two attention heads were trained where to look (the request; "
+    "the tempting skill's risk cues or procedure) "
+    "(the validation section says which effects the probes recover). Nothing measured on it says anything about how real "
     "Qwen3 models (or any pretrained LLM) behave; it is a known answer for checking that the probes "
     "recover what was planted, like planted-circuit benchmarks (tracr, InterpBench)."
 )
@@ -58,7 +60,40 @@ def _not_recovered(claims: list[dict[str, Any]]) -> str:
     )
 
 
-def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], validation: str, validation_claims: list[dict[str, Any]]) -> None:
+def _planted_heads_bullet(cfg: dict[str, Any], summary: dict[str, Any]) -> str:
+    if not cfg.get("planted_head_weight"):
+        return ""
+    heads = {target: (layer, head) for target, layer, head in cfg["planted_heads"]}
+    mass = summary.get("final_planted_head_mass") or {}
+    where = "; ".join(f"`{t}`: layer {l}, head {h}, mass on target {mass.get(t, float('nan')):.2f} on the last training window"
+                      for t, (l, h) in heads.items())
+    return (
+        f"* **Planted heads** ({where}; attention-loss weight {cfg['planted_head_weight']:g} each, "
+        f"{cfg['planted_head_residual_grad']:g} of its gradient reaching the residual stream below). Besides the action loss, "
+        "two heads are trained where to look from the row that decides (a call's decision row, an abstention's open row), "
+        "in the examples that have targets for them: `request` reads the request's content words; `verdict`, where "
+        "risk cues are shown, reads the tempting skill's risk cues when its boundary warns against the state (the label "
+        "is not the skill's tool: T_wrong, quoted-cue twins) and its procedure when it is followed (T_ok, donor twins). "
+        "That is the paper's boundary check put in one place; how its verdict is used is left to the action loss. This "
+        "fixes where the mechanism lives, as planted-circuit benchmarks do (InterpBench trains its circuits' components "
+        "in). Trained on the action loss alone, the boundary read barely depended on the request, so η did not separate "
+        "T_wrong from T_ok on held-out items. The probes are not told which heads these are (see the head ranking below); "
+        "on held-out items the verdict has to generalise to new requests."
+    )
+
+
+def _planted_heads_rank(cfg: dict[str, Any], ranking: list[dict[str, Any]]) -> str:
+    if not cfg.get("planted_head_weight") or not ranking:
+        return ""
+    order = [(int(r["layer"]), int(r["head"])) for r in ranking]
+    ranks = "; ".join(f"`{target}` (layer {layer}, head {head}) is ranked #{order.index((layer, head)) + 1} of {len(order)}"
+                      for target, layer, head in cfg["planted_heads"] if (layer, head) in order)
+    return ("Ground truth for the head ranking (T_ok → T_wrong shift of each head's log2(boundary/procedure) attention, "
+            f"on the ranking half of the task groups): the planted {ranks}.")
+
+
+def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], validation: str, validation_claims: list[dict[str, Any]],
+               ranking: list[dict[str, Any]] = ()) -> None:
     cfg = summary["train_config"]
     ko = heldout["knockout"]
     eta = heldout["eta_median_over_heads"]
@@ -176,6 +211,7 @@ tempting skill's tool instead of the true answer (their loss stops at the name t
   decision row: the name is read from the skills (procedure or avoidance rule), not matched in the
   catalog, a second route to every name that no skill knockout removes. The other examples, and every
   probe, use plain causal attention.
+{_planted_heads_bullet(cfg, summary)}
 
 Examples seen per (configuration | bucket): {seen_lines}.
 
@@ -208,6 +244,7 @@ and tested on the other half. `tests/test_organism_validate.py` asserts every cl
 {validation}
 
 {_not_recovered(validation_claims)}
+{_planted_heads_rank(cfg, ranking)}
 
 The held-out check above is an independent plain-HF computation (HF masks, eager attention), not the
 probe engine.
@@ -242,7 +279,7 @@ def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None 
     with tempfile.TemporaryDirectory() as results:
         validation = validate(out_dir, results, embedder=summary["train_config"]["embedder"])
     (out_dir / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1) + "\n")
-    write_card(out_dir, summary, heldout, validation.markdown(), validation.as_dict()["claims"])
+    write_card(out_dir, summary, heldout, validation.markdown(), validation.as_dict()["claims"], validation.as_dict()["head_ranking"])
     print(validation.markdown())
     print(f"held-out check ({heldout['seconds']:.0f} s), validation ({validation.seconds:.0f} s) and model card written to {out_dir}")
     return heldout

@@ -28,6 +28,7 @@ Command line: ``basm-probes organism train`` (:func:`add_arguments`, :func:`run`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -37,19 +38,24 @@ import re
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+from transformers import AttentionInterface, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probes.bpe import train_bpe_tokenizer
+from probes.configs import CONFIGS
 from probes.dataset import ABSTAIN, BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_DIR, ORGANISM_NAME
-from probes.rendering import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder
+from probes.rendering import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, tokens_overlapping
 from probes.retrieval import Retriever, make_embedder
 from probes.schema import SLOTS, Skill
 
@@ -87,7 +93,8 @@ PARTIAL_QUOTE_SHARE = 0.5  # share of quotes (and decoys) that keep only some of
 PARTIAL_QUOTE_KEEP = 0.6  # ... each word kept with this probability, in order, at least two words
 # The skill slots that name tools (isolated from the relay rows, see the isolation note).
 NAME_SLOTS: tuple[str, ...] = ("procedure", "tools", "avoidance_rules", "recovery_notes")
-BOUNDARY_CONFIGS: tuple[str, ...] = ("basm", "basm-no-avoid", "basm-no-recovery")  # the trained configurations with boundary fields
+# The trained configurations that show risk cues (the boundary the state is checked against).
+BOUNDARY_CONFIGS: tuple[str, ...] = tuple(name for name in MIXTURE if "risk_cues" in CONFIGS[name].slots)
 # Isolation (TrainConfig.isolation): in that share of the examples that show skills, the rows between
 # the memory block and the decision (the request, the history, the forced prefix) cannot attend to the
 # skill slots that name tools (TrainConfig.isolated_slots: procedure, tools, avoidance rules, recovery
@@ -109,6 +116,25 @@ BOUNDARY_CONFIGS: tuple[str, ...] = ("basm", "basm-no-avoid", "basm-no-recovery"
 # names keep the tool list, and so do proc / app (hiding it only where the label is named would tie
 # the catalog's visibility to imitation labels there) and k = 0.
 
+# Planted heads (TrainConfig.planted_heads, planted_head_weight): besides the action loss, two heads
+# are trained where to look from the deciding row (the decision row of a call), in every example that
+# has targets for them (Example.attention_targets, :func:`attention_targets`):
+#   "request" (layer 0, head 0): the request's content tokens (case-folded words of three letters or
+#       more, scikit-learn's English stop words excluded), so the deciding row holds the request's words;
+#   "verdict" (layer 1, head 0): in the configurations that show risk cues, the tempting skill's risk
+#       cues when its boundary warns against this state (the label is not the skill's tool: unedited
+#       T_wrong, quoted-cue twins), its procedure when it is followed (unedited T_ok, donor twins).
+#       (The deciding row is the decision row of a call, the open row of an abstention.)
+# That is the paper's boundary check put in one place: the request's words checked against the
+# boundary fields, read at the decision token. How the verdict is used is left to the action loss.
+# Planted-circuit benchmarks fix where a mechanism lives the same way (InterpBench trains its
+# circuits' components in). Trained on the action loss alone, the organism's boundary read barely
+# depended on the request, so η did not separate T_wrong from T_ok on held-out items. The probes are
+# not told which heads they are: ``organism validate`` checks that η and the head ranking find them
+# on held-out items, where the verdict must generalise to new requests, and the card records the
+# planted heads' ranks.
+PLANTED_TARGETS: tuple[str, ...] = ("request", "verdict")
+
 # Pre-tokenization of the organism's BPE: identifiers with underscores (tool names, error codes,
 # enum values) stay whole and never absorb a leading space, so every tool name is one token,
 # identical in the catalog, the skills, the history and the call; other words as GPT-2 (letters
@@ -128,9 +154,9 @@ ORGANISM_CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n' }}"
+    "{{- '" + TOOL_LIST_HEADER.replace("\n", "\\n") + "' }}"
     "{%- for tool in tools %}{{- '- ' + tool.function.name + ': ' + tool.function.description + '\\n' }}{%- endfor %}"
-    "{{- 'Call one tool as <tool_call>\\n{\"name\": <tool-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{{- '" + TOOL_LIST_END + " <tool_call>\\n{\"name\": <tool-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- endif %}"
@@ -176,6 +202,9 @@ class TrainConfig:
     isolation: float = 0.85  # share of examples with skills trained with the isolated slots hidden (note above the pattern)
     isolated_slots: tuple[str, ...] = NAME_SLOTS  # the skill slots isolation hides from the relay rows
     tool_list_hidden_in: tuple[str, ...] = BOUNDARY_CONFIGS  # isolation also hides the tool list in these (note above the pattern)
+    planted_heads: tuple[tuple[str, int, int], ...] = (("request", 0, 0), ("verdict", 1, 0))  # (target, layer, head), note above PLANTED_TARGETS ...
+    planted_head_weight: float = 0.5  # ... weight of each one's attention loss (0: no supervision) ...
+    planted_head_residual_grad: float = 0.1  # ... and the share of its gradient that reaches the residual stream (HeadSupervision)
     boundary_edits: bool = True  # split EDIT_SHARES of EDIT_CONFIGS' T_ok/T_wrong weight into boundary-edited twins
     tool_renaming: float = 0.3  # share of examples whose tool names are consistently permuted (see rename_tools) ...
     renaming_from: int = 300  # ... from this step on: copying from the prompt emerges first, on the real names
@@ -260,6 +289,7 @@ class Example:
     weight: float
     isolated_blocks: tuple[tuple[int, int], ...] = ()  # what isolation hides from the relay rows, [start, end) blocks
     tool_list: tuple[int, int] | None = None  # the system prompt's tool list, hidden by isolation up to the decision row
+    attention_targets: dict[str, tuple[int, ...]] = field(default_factory=dict)  # planted head target -> key positions
     edit: str | None = None  # the BoundaryEdit kind of an edited twin
 
 
@@ -416,10 +446,10 @@ def make_example(
     # an imitation label has no true arguments: its loss stops at the name token
     until = len(ids) - 1 if label == item.correct_action else record["decision_index"] + 1
     blocks = isolated_blocks(record, isolated_slots)
-    named = label != ABSTAIN and any(ids[record["decision_index"] + 1] in ids[start:end] for start, end in blocks)
+    named = hide_tool_list and label != ABSTAIN and any(ids[record["decision_index"] + 1] in ids[start:end] for start, end in blocks)
     return Example(
         record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
-        blocks, tool_list_block(record) if hide_tool_list and named else None, edit.kind if edit else None,
+        blocks, tool_list_block(record) if named else None, attention_targets(record, item, label), edit.kind if edit else None,
     )
 
 
@@ -431,6 +461,33 @@ def isolated_blocks(record: dict[str, Any], slots: Sequence[str]) -> tuple[tuple
     return tuple(sorted((int(a), int(b)) for slot in slots for a, b in record["spans"].get(slot, [])))
 
 
+def content_word(text: str) -> str | None:
+    """A token's text as a content word (case-folded letters, ≥ 3, not an English stop word), else None."""
+    word = text.strip().lower()
+    return word if word.isalpha() and len(word) >= 3 and word not in ENGLISH_STOP_WORDS else None
+
+
+def attention_targets(record: dict[str, Any], item: Item, label: str) -> dict[str, tuple[int, ...]]:
+    """The planted heads' key positions (note above :data:`PLANTED_TARGETS`) in a record built for
+    ``item`` whose action is ``label``: ``request``, the content tokens of the request (its last
+    occurrence in the prompt); ``verdict``, the shown tempting skill's risk cues (label not its tool:
+    the alternative or abstaining) or procedure (label its tool), for T_ok / T_wrong items where its
+    risk cues are shown. Empty tuples where there are none."""
+    text, offsets = record["text"], np.asarray(record["offsets"])
+    start = text.rfind(item.user)
+    if start < 0:
+        raise ValueError(f"{record['record_id']}: the request text does not occur in the prompt")
+    lo, hi = tokens_overlapping(offsets, start, start + len(item.user))
+    request = tuple(pos for pos in range(lo, hi) if content_word(text[offsets[pos, 0] : offsets[pos, 1]]))
+    verdict: tuple[int, ...] = ()
+    tempting = next((shown["slots"] for shown in record["skills"] if shown["skill_id"] == item.tempting_skill), {})
+    if item.bucket in ("T_ok", "T_wrong") and "risk_cues" in tempting:
+        own = item.correct_action if item.bucket == "T_ok" else item.wrong_tools[0]  # the tempting skill's tool
+        a, b = tempting["procedure" if label == own else "risk_cues"]["token_span"]
+        verdict = tuple(range(int(a), int(b)))
+    return {"request": request, "verdict": verdict}
+
+
 def tool_list_block(record: dict[str, Any]) -> tuple[int, int]:
     """[start, end) tokens of the record's tool list: from the organism template's tools header to
     its call instruction (the one-line-per-tool catalog, names and descriptions)."""
@@ -439,8 +496,7 @@ def tool_list_block(record: dict[str, Any]) -> tuple[int, int]:
     end = text.find(TOOL_LIST_END, start)
     if start < 0 or end < 0:
         raise ValueError(f"{record['record_id']}: no {TOOL_LIST_HEADER!r} ... {TOOL_LIST_END!r} tool list (not the organism chat template)")
-    offsets = np.asarray(record["offsets"])
-    return int(np.searchsorted(offsets[:, 1], start, side="right")), int(np.searchsorted(offsets[:, 0], end, side="left"))
+    return tokens_overlapping(np.asarray(record["offsets"]), start, end)
 
 
 # ----------------------------------------------------------------------------- model
@@ -464,6 +520,115 @@ def make_model(cfg: TrainConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3For
         attn_implementation="sdpa",
     )
     return Qwen3ForCausalLM(config)
+
+
+# ----------------------------------------------------------------------------- planted head supervision
+TRAIN_ATTN_IMPLEMENTATION = "organism_train"
+
+
+@dataclass
+class HeadSupervision:
+    """The attention rows the training forward records: head ``head`` of layer ``layer`` in the cells
+    (sequence ``batch_index[i]``, query at absolute position ``positions[i]``); ``probs`` [cells, n_keys]
+    is filled by the forward that runs those query rows. The rows are recomputed from the layer's input
+    with its gradient scaled by ``residual_grad``: the attention loss trains the head's own query and key
+    maps fully, but the residual stream below only that much (the whole attention loss flowing into the
+    shared embeddings and lower layers dominated their Adam statistics and slowed every other loss)."""
+
+    target: str
+    layer: int
+    head: int
+    batch_index: torch.Tensor  # [cells]
+    positions: torch.Tensor  # [cells]
+    residual_grad: float = 1.0
+    attention_input: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None  # hidden, (cos, sin)
+    probs: torch.Tensor | None = None
+
+
+_SUPERVISION: ContextVar[Sequence[HeadSupervision]] = ContextVar("organism_head_supervision", default=())
+
+
+@contextlib.contextmanager
+def supervising(model: Qwen3ForCausalLM, supervisions: Sequence[HeadSupervision]) -> Iterator[Sequence[HeadSupervision]]:
+    """Record the ``supervisions``' attention rows in the forwards run inside (the model must run
+    :data:`TRAIN_ATTN_IMPLEMENTATION`)."""
+
+    def stash_input(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        for supervision in supervisions:
+            if supervision.layer == module.layer_idx:
+                supervision.attention_input = (kwargs["hidden_states"], kwargs["position_embeddings"])
+
+    layers = sorted({supervision.layer for supervision in supervisions})
+    handles = [model.model.layers[layer].self_attn.register_forward_pre_hook(stash_input, with_kwargs=True) for layer in layers]
+    token = _SUPERVISION.set(supervisions)
+    try:
+        yield supervisions
+    finally:
+        _SUPERVISION.reset(token)
+        for handle in handles:
+            handle.remove()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as transformers' Qwen3 applies it (rotate_half convention); x, cos, sin: [..., d_head]."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def supervised_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """sdpa, plus (inside :func:`supervising`) the softmax rows of the supervised cells of this layer.
+
+    query: [batch, head, q_len, d_head]; key: [batch, kv_head, n_keys, d_head], the queries continue
+    the cached keys (key index = absolute position).
+    """
+    output = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    for supervision in _SUPERVISION.get():
+        if supervision.layer == module.layer_idx:
+            record_rows(supervision, module, query, key, attention_mask, scaling)
+    return output
+
+
+def record_rows(supervision: HeadSupervision, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                attention_mask: torch.Tensor | None, scaling: float | None) -> None:
+    """Fill ``supervision.probs`` [cells, n_keys] when this forward runs its query rows."""
+    cells, n_keys, q_len = supervision.batch_index, key.shape[2], query.shape[2]
+    rows = supervision.positions - (n_keys - q_len)
+    if not bool(((rows >= 0) & (rows < q_len)).all()):
+        return  # a forward without the supervised rows (the shared prefix)
+    hidden, (cos, sin) = supervision.attention_input
+    hidden = hidden[cells]  # [cells, q_len, hidden]
+    hidden = hidden.detach() + supervision.residual_grad * (hidden - hidden.detach())  # same values, scaled gradient
+    cos, sin = cos.expand(query.shape[0], -1, -1)[cells], sin.expand(query.shape[0], -1, -1)[cells]  # [cells, q_len, d_head]
+    picked = torch.arange(len(cells), device=rows.device)
+    kv_head = supervision.head // module.num_key_value_groups
+    q = module.q_norm(module.q_proj(hidden[picked, rows]).view(len(cells), -1, module.head_dim))[:, supervision.head]  # [cells, d_head]
+    q = rotate(q, cos[picked, rows], sin[picked, rows])
+    k = module.k_norm(module.k_proj(hidden).view(len(cells), q_len, -1, module.head_dim))[:, :, kv_head]  # [cells, q_len, d_head]
+    k = torch.cat([key[cells, kv_head, : n_keys - q_len].detach(), rotate(k, cos, sin)], dim=1)  # [cells, n_keys, d_head]
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.einsum("cd,ckd->ck", q.float(), k.float()) * scaling
+    if attention_mask is None:  # sdpa's is_causal
+        hidden_keys = torch.arange(n_keys, device=scores.device)[None, :] > supervision.positions[:, None]
+        scores = scores.masked_fill(hidden_keys, float("-inf"))
+    else:
+        mask = attention_mask.expand(query.shape[0], -1, -1, -1)[cells, 0, rows, :n_keys]
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    supervision.probs = torch.softmax(scores, dim=-1)
+
+
+AttentionInterface.register(TRAIN_ATTN_IMPLEMENTATION, supervised_attention_forward)
+# Without a registered mask function transformers builds no causal mask for custom names.
+AttentionMaskInterface.register(TRAIN_ATTN_IMPLEMENTATION, sdpa_mask)
 
 
 def rename_tools(input_ids: Sequence[int], name_ids: Sequence[int], rng: random.Random) -> list[int]:
@@ -581,17 +746,30 @@ def batch_loss(
     rng: random.Random | None = None,
     priority_targets: frozenset[int] = frozenset(),
     isolate: Sequence[bool] | None = None,
+    planted_heads: Sequence[tuple[str, int, int]] = (),
+    planted_head_weight: float = 0.0,
+    planted_head_residual_grad: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Weighted cross-entropy on the action tokens (key rows × ``key_weight``), plus ``aux_weight`` ×
     the mean next-token loss on rows of the prompt text after the shared prefix (memory block,
     request, history: a stand-in for pretraining): every row whose next token is in
-    ``priority_targets`` (the tool names), plus a deterministic sample of the others, ``aux_rows`` in all.
-    ``isolate``: per example, whether boundary isolation (:func:`isolation_mask`) applies."""
+    ``priority_targets`` (the tool names), plus a deterministic sample of the others, ``aux_rows`` in all;
+    plus ``planted_head_weight`` × each planted head's attention loss: −log of its attention mass from
+    the deciding row (the last key row) on its targets, mean over the examples that have them.
+    ``isolate``: per example, whether boundary isolation (:func:`isolation_mask`) applies.
+    The model must run :data:`TRAIN_ATTN_IMPLEMENTATION` when ``planted_head_weight`` > 0."""
     flags = list(isolate) if isolate is not None else [False] * len(batch)
-    hidden, prefix = shared_prefix_hidden(
-        model, [ex.input_ids for ex in batch], max_shared_prefix(batch, flags), prefix_grad=prefix_grad,
-        suffix_mask=lambda prefix, width: isolation_mask(batch, flags, prefix, width),
-    )
+    supervisions = []
+    for target, layer, head in planted_heads if planted_head_weight > 0 else ():
+        cells = [b for b, ex in enumerate(batch) if ex.attention_targets.get(target)]
+        if cells:
+            supervisions.append(HeadSupervision(target, layer, head, torch.tensor(cells, device=model.device),
+                                                torch.tensor([batch[b].key_rows[-1] for b in cells], device=model.device), planted_head_residual_grad))
+    with supervising(model, supervisions):
+        hidden, prefix = shared_prefix_hidden(
+            model, [ex.input_ids for ex in batch], max_shared_prefix(batch, flags), prefix_grad=prefix_grad,
+            suffix_mask=lambda prefix, width: isolation_mask(batch, flags, prefix, width),
+        )
     rows, cols, targets, weights, kinds = [], [], [], [], []  # kind: 0 action, 1 open row, 2 name row, 3 aux
     edited_name_rows = []  # indices into rows: the name rows of boundary-edited twins
     for b, ex in enumerate(batch):
@@ -629,6 +807,16 @@ def batch_loss(
         aux = losses[kind == 3].mean()
         stats["aux_loss"] = aux.item()
         loss = loss + aux_weight * aux
+    stats.update({f"{target}_mass": math.nan for target, *_ in planted_heads})
+    for supervision in supervisions:
+        if supervision.probs is None:
+            raise RuntimeError(f"layer {supervision.layer} recorded no attention: the model does not run {TRAIN_ATTN_IMPLEMENTATION!r}")
+        on_target = torch.zeros_like(supervision.probs, dtype=torch.bool)
+        for cell, b in enumerate(supervision.batch_index.tolist()):
+            on_target[cell, list(batch[b].attention_targets[supervision.target])] = True
+        mass = (supervision.probs * on_target).sum(-1)  # [cells]
+        stats[f"{supervision.target}_mass"] = mass.mean().item()
+        loss = loss + planted_head_weight * -torch.log(mass + 1e-6).mean()
     with torch.no_grad():
         key = (kind == 1) | (kind == 2)
         correct = logits.argmax(-1) == target
@@ -695,6 +883,11 @@ def train(
     """Train the organism (``cfg`` fields can be overridden by keyword) and save it to ``out_dir``
     (``None``: do not save). Returns the model, tokenizer, loss log and summary."""
     cfg = replace(cfg or TrainConfig(), **overrides)
+    for target, layer, head in cfg.planted_heads if cfg.planted_head_weight > 0 else ():
+        if target not in PLANTED_TARGETS:
+            raise ValueError(f"planted head target {target!r} is not one of {PLANTED_TARGETS}")
+        if not (0 <= layer < cfg.num_layers and 0 <= head < cfg.num_heads):
+            raise ValueError(f"planted head {(target, layer, head)} is not a (layer, head) of a {cfg.num_layers}-layer, {cfg.num_heads}-head model")
     started = time.perf_counter()
     say = print if verbose else (lambda *a, **k: None)
     torch.set_num_threads(cfg.num_threads)
@@ -729,6 +922,8 @@ def train(
     examples: dict[int, Example] = {}
     sampler = BatchSampler(plan, cfg.batch_size, cfg.seed)
     model = make_model(cfg, tokenizer).to(cfg.device)
+    if cfg.planted_head_weight > 0:
+        model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -768,7 +963,8 @@ def train(
         loss, stats = batch_loss(
             model, batch, cfg.key_token_weight, cfg.prefix_grad,
             aux_weight=cfg.aux_weight, aux_rows=cfg.aux_rows, rng=random.Random(cfg.seed * 1_000_003 + step),
-            priority_targets=name_ids, isolate=isolate,
+            priority_targets=name_ids, isolate=isolate, planted_heads=cfg.planted_heads, planted_head_weight=cfg.planted_head_weight,
+            planted_head_residual_grad=cfg.planted_head_residual_grad,
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -786,8 +982,10 @@ def train(
             say(f"step {steps_done:5d}  action loss {mean['action_loss']:.4f}  aux {mean.get('aux_loss', float('nan')):.3f}  "
                 f"key loss {mean['key_loss']:.4f}  open acc {mean['open_acc']:.3f}  name acc {mean['name_acc']:.3f}  "
                 f"edited-twin name acc {mean['edited_name_acc']:.3f}  "
+                + "".join(f"{target}-head mass {mean[f'{target}_mass']:.3f}  " for target, *_ in cfg.planted_heads) +
                 f"lr {entry['lr']:.2e}  {entry['elapsed_s']:.0f} s")
     model.eval().to("cpu")
+    model.set_attn_implementation("sdpa")
     wall = time.perf_counter() - started
     summary = {
         "train_config": asdict(cfg),
@@ -808,6 +1006,7 @@ def train(
         "final_loss": log[-1]["action_loss"] if log else None,
         "final_aux_loss": log[-1].get("aux_loss") if log else None,
         "final_name_acc": log[-1].get("name_acc") if log else None,
+        "final_planted_head_mass": {target: log[-1].get(f"{target}_mass") for target, *_ in cfg.planted_heads} if log else None,
         "final_key_loss": log[-1]["key_loss"] if log else None,
         "wall_time_s": round(wall, 1),
         "n_parameters": sum(p.numel() for p in model.parameters()),
