@@ -117,23 +117,24 @@ BOUNDARY_CONFIGS: tuple[str, ...] = tuple(name for name in MIXTURE if "risk_cues
 # the catalog's visibility to imitation labels there) and k = 0.
 
 # Planted heads (TrainConfig.planted_heads, planted_head_weight): besides the action loss, two heads
-# are trained where to look from the deciding row (the decision row of a call), in every example that
-# has targets for them (Example.attention_targets, :func:`attention_targets`):
+# are trained where to look from the deciding row (the decision row of a call, the open row of an
+# abstention), in every example that has targets for them (Example.attention_targets, :func:`attention_targets`):
 #   "request" (layer 0, head 0): the request's content tokens (case-folded words of three letters or
 #       more, scikit-learn's English stop words excluded), so the deciding row holds the request's words;
-#   "verdict" (layer 1, head 0): in the configurations that show risk cues, the tempting skill's risk
-#       cues when its boundary warns against this state (the label is not the skill's tool: unedited
-#       T_wrong, quoted-cue twins), its procedure when it is followed (unedited T_ok, donor twins).
-#       (The deciding row is the decision row of a call, the open row of an abstention.)
-# That is the paper's boundary check put in one place: the request's words checked against the
-# boundary fields, read at the decision token. How the verdict is used is left to the action loss.
+#   "match" (layer 1, head 0): the shown skills' risk-cue tokens whose content word is one of the
+#       request's but not used by that skill's own goal and procedure (a word the skill's task uses,
+#       "order" in an order-lookup skill, says nothing about a departure), and where no risk-cue word
+#       is, the shown skills' procedures.
+# That is the paper's boundary check as a lexical lookup read at the decision token: the state's words
+# checked against the risk cues. Its target depends on the words alone, not on the label, so it is
+# defined on any request (a verdict head trained toward the risk cues exactly where the label
+# departs from the skill learned the train requests only: on held-out items it read the procedure in
+# both buckets). How the match is used is left to the action loss: in the boundary-edited twins the
+# quoted cue matches and the label is the alternative, the donor's cues do not and the skill is followed.
 # Planted-circuit benchmarks fix where a mechanism lives the same way (InterpBench trains its
-# circuits' components in). Trained on the action loss alone, the organism's boundary read barely
-# depended on the request, so η did not separate T_wrong from T_ok on held-out items. The probes are
-# not told which heads they are: ``organism validate`` checks that η and the head ranking find them
-# on held-out items, where the verdict must generalise to new requests, and the card records the
-# planted heads' ranks.
-PLANTED_TARGETS: tuple[str, ...] = ("request", "verdict")
+# circuits' components in). The probes are not told which heads they are: ``organism validate`` checks
+# that η and the head ranking find them on held-out items, and the card records the planted heads' ranks.
+PLANTED_TARGETS: tuple[str, ...] = ("request", "match")
 
 # Pre-tokenization of the organism's BPE: identifiers with underscores (tool names, error codes,
 # enum values) stay whole and never absorb a leading space, so every tool name is one token,
@@ -202,7 +203,7 @@ class TrainConfig:
     isolation: float = 0.85  # share of examples with skills trained with the isolated slots hidden (note above the pattern)
     isolated_slots: tuple[str, ...] = NAME_SLOTS  # the skill slots isolation hides from the relay rows
     tool_list_hidden_in: tuple[str, ...] = BOUNDARY_CONFIGS  # isolation also hides the tool list in these (note above the pattern)
-    planted_heads: tuple[tuple[str, int, int], ...] = (("request", 0, 0), ("verdict", 1, 0))  # (target, layer, head), note above PLANTED_TARGETS ...
+    planted_heads: tuple[tuple[str, int, int], ...] = (("request", 0, 0), ("match", 1, 0))  # (target, layer, head), note above PLANTED_TARGETS ...
     planted_head_weight: float = 0.5  # ... weight of each one's attention loss (0: no supervision) ...
     planted_head_residual_grad: float = 0.1  # ... and the share of its gradient that reaches the residual stream (HeadSupervision)
     boundary_edits: bool = True  # split EDIT_SHARES of EDIT_CONFIGS' T_ok/T_wrong weight into boundary-edited twins
@@ -449,7 +450,7 @@ def make_example(
     named = hide_tool_list and label != ABSTAIN and any(ids[record["decision_index"] + 1] in ids[start:end] for start, end in blocks)
     return Example(
         record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
-        blocks, tool_list_block(record) if named else None, attention_targets(record, item, label), edit.kind if edit else None,
+        blocks, tool_list_block(record) if named else None, attention_targets(record, item), edit.kind if edit else None,
     )
 
 
@@ -467,25 +468,33 @@ def content_word(text: str) -> str | None:
     return word if word.isalpha() and len(word) >= 3 and word not in ENGLISH_STOP_WORDS else None
 
 
-def attention_targets(record: dict[str, Any], item: Item, label: str) -> dict[str, tuple[int, ...]]:
+def attention_targets(record: dict[str, Any], item: Item) -> dict[str, tuple[int, ...]]:
     """The planted heads' key positions (note above :data:`PLANTED_TARGETS`) in a record built for
-    ``item`` whose action is ``label``: ``request``, the content tokens of the request (its last
-    occurrence in the prompt); ``verdict``, the shown tempting skill's risk cues (label not its tool:
-    the alternative or abstaining) or procedure (label its tool), for T_ok / T_wrong items where its
-    risk cues are shown. Empty tuples where there are none."""
+    ``item``: ``request``, the content tokens of the request (its last occurrence in the prompt);
+    ``match``, the shown skills' risk-cue tokens whose content word is one of the request's and not
+    one of that skill's goal and procedure, else the shown skills' procedures (empty without skills)."""
     text, offsets = record["text"], np.asarray(record["offsets"])
     start = text.rfind(item.user)
     if start < 0:
         raise ValueError(f"{record['record_id']}: the request text does not occur in the prompt")
     lo, hi = tokens_overlapping(offsets, start, start + len(item.user))
-    request = tuple(pos for pos in range(lo, hi) if content_word(text[offsets[pos, 0] : offsets[pos, 1]]))
-    verdict: tuple[int, ...] = ()
-    tempting = next((shown["slots"] for shown in record["skills"] if shown["skill_id"] == item.tempting_skill), {})
-    if item.bucket in ("T_ok", "T_wrong") and "risk_cues" in tempting:
-        own = item.correct_action if item.bucket == "T_ok" else item.wrong_tools[0]  # the tempting skill's tool
-        a, b = tempting["procedure" if label == own else "risk_cues"]["token_span"]
-        verdict = tuple(range(int(a), int(b)))
-    return {"request": request, "verdict": verdict}
+    words = {pos: content_word(text[offsets[pos, 0] : offsets[pos, 1]]) for pos in range(lo, hi)}
+    request = tuple(pos for pos, word in words.items() if word)
+    request_words = set(words.values()) - {None}
+
+    def word(pos: int) -> str | None:
+        return content_word(text[offsets[pos, 0] : offsets[pos, 1]])
+
+    def span(slots: dict[str, Any], slot: str) -> range:
+        return range(*map(int, slots[slot]["token_span"])) if slot in slots else range(0)
+
+    match, procedures = [], []
+    for shown in record["skills"]:
+        slots = shown["slots"]
+        own = {word(pos) for slot in ("goal", "procedure") for pos in span(slots, slot)}  # what the skill's task uses
+        match += [pos for pos in span(slots, "risk_cues") if word(pos) in request_words and word(pos) not in own]
+        procedures += span(slots, "procedure")
+    return {"request": request, "match": tuple(match or procedures)}
 
 
 def tool_list_block(record: dict[str, Any]) -> tuple[int, int]:
