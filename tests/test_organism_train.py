@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -48,7 +50,7 @@ from probes.rendering import NATIVE_FORCED_PREFIX, SpanReport, check_spans
 TINY = dict(
     steps=3, batch_size=2, limit_items=2, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
     num_kv_heads=1, head_dim=16, vocab_size=700, embedder="lexical", single_token_names=False, num_threads=1, warmup_steps=2,
-    planted_heads=(("request", 0, 0), ("verdict", 0, 1)),
+    planted_heads=(("request", 0, 0), ("match", 0, 1)),
 )
 
 
@@ -142,7 +144,7 @@ def test_planted_head_attention_equals_eager_output_attentions(dataset):
     builder = make_builder(tokenizer, dataset, "lexical")
     items = [item for item in dataset.select(split="train", limit_per_bucket=3) if item.domain == "retail"][:3]
     batch = [make_example(builder, item, "basm", 2, item.correct_action, 1.0, hide_tool_list=True) for item in items]
-    assert all(ex.attention_targets["verdict"] and ex.attention_targets["request"] and ex.tool_list for ex in batch)
+    assert all(ex.attention_targets["match"] and ex.attention_targets["request"] and ex.tool_list for ex in batch)
     model = make_model(TrainConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16), tokenizer).eval()
     layer, head = 1, 1
     flags = [True, False, True]
@@ -151,7 +153,7 @@ def test_planted_head_attention_equals_eager_output_attentions(dataset):
     with torch.no_grad():
         plain_hidden, _ = shared_prefix_hidden(model, sequences, max_prefix, suffix_mask=mask_fn)
         model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
-        supervision = HeadSupervision("verdict", layer, head, torch.arange(3), torch.tensor([ex.key_rows[-1] for ex in batch]))
+        supervision = HeadSupervision("match", layer, head, torch.arange(3), torch.tensor([ex.key_rows[-1] for ex in batch]))
         with supervising(model, [supervision]):
             hidden, prefix = shared_prefix_hidden(model, sequences, max_prefix, suffix_mask=mask_fn)
         assert torch.equal(hidden, plain_hidden)
@@ -172,14 +174,14 @@ def test_planted_head_attention_equals_eager_output_attentions(dataset):
             assert (recorded[:n] - reference).abs().max() <= 1e-5
             assert bool((recorded[n:] == 0).all())  # right padding of the shorter sequences is never attended
         model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
-        _, stats = batch_loss(model, batch, 5.0, isolate=flags, planted_heads=[("verdict", layer, head)], planted_head_weight=1.0)
-    expected = np.mean([supervision.probs[row, list(ex.attention_targets["verdict"])].sum().item() for row, ex in enumerate(batch)])
-    assert abs(stats["verdict_mass"] - expected) <= 1e-5
+        _, stats = batch_loss(model, batch, 5.0, isolate=flags, planted_heads=[("match", layer, head)], planted_head_weight=1.0)
+    expected = np.mean([supervision.probs[row, list(ex.attention_targets["match"])].sum().item() for row, ex in enumerate(batch)])
+    assert abs(stats["match_mass"] - expected) <= 1e-5
     # the attention loss reaches the residual stream below only with planted_head_residual_grad's share
     grads = {}
     for share in (0.0, 0.5):
         model.zero_grad()
-        supervision = HeadSupervision("verdict", layer, head, torch.arange(3), torch.tensor([ex.key_rows[-1] for ex in batch]), share)
+        supervision = HeadSupervision("match", layer, head, torch.arange(3), torch.tensor([ex.key_rows[-1] for ex in batch]), share)
         with supervising(model, [supervision]):
             shared_prefix_hidden(model, sequences, max_prefix, prefix_grad=False, suffix_mask=mask_fn)
         supervision.probs[:, 0].sum().backward()
@@ -188,39 +190,43 @@ def test_planted_head_attention_equals_eager_output_attentions(dataset):
     assert grads[0.5][0].abs().max() > 0
     assert torch.allclose(grads[0.0][1], grads[0.5][1], atol=1e-7)  # the head's own query map gets the full gradient
     with pytest.raises(ValueError, match="planted head"):
-        train(None, dataset=dataset, verbose=False, **{**TINY, "planted_heads": (("verdict", 1, 0),)})
+        train(None, dataset=dataset, verbose=False, **{**TINY, "planted_heads": (("match", 1, 0),)})
     with pytest.raises(ValueError, match="target 'name'"):
         train(None, dataset=dataset, verbose=False, **{**TINY, "planted_heads": (("name", 0, 0),)})
 
 
 def test_planted_head_targets(dataset):
-    """``request``: the request's content tokens; ``verdict``: the tempting skill's risk cues when the
-    label is not its tool, its procedure when it is; none without shown risk cues or for T_repair."""
+    """``request``: the request's content tokens; ``match``: the shown skills' risk-cue tokens whose word
+    the request uses and the skill's goal and procedure do not, else the shown procedures; recomputed
+    here from the words of the rendered text, not from the token offsets the function reads."""
     builder = make_builder(word_tokenizer(dataset), dataset, "lexical")
-    wrong = next(item for item in dataset.select(split="train", buckets=["T_wrong"])
-                 if builder.retrieve(item)[0].skill.id == item.tempting_skill and item.correct_action != ABSTAIN)
-    record = builder.build(wrong, "basm", 2)
-    text, offsets = record["text"], record["offsets"]
-    word = lambda pos: text[offsets[pos][0] : offsets[pos][1]].strip().lower()  # noqa: E731
-    targets = attention_targets(record, wrong, wrong.correct_action)
-    request_start = text.rfind(wrong.user)
-    assert targets["request"] and all(request_start <= offsets[pos][0] < request_start + len(wrong.user) for pos in targets["request"])
-    request_words = {word(pos) for pos in targets["request"]}
-    assert not request_words & {"the", "and", "you", "for", "can"} and all(w.isalpha() and len(w) >= 3 for w in request_words)
-    shown = next(skill["slots"] for skill in record["skills"] if skill["skill_id"] == wrong.tempting_skill)
-    span = lambda slot: tuple(range(*shown[slot]["token_span"]))  # noqa: E731
-    assert targets["verdict"] == span("risk_cues")  # the boundary warns: the label is the alternative
-    assert attention_targets(record, wrong, wrong.wrong_tools[0])["verdict"] == span("procedure")  # followed (a donor twin's label)
-    assert attention_targets(record, wrong, ABSTAIN)["verdict"] == span("risk_cues")
-    assert attention_targets(builder.build(wrong, "proc", 2), wrong, wrong.correct_action)["verdict"] == ()  # no risk cues shown
-    assert attention_targets(builder.build(wrong, "base", 0), wrong, wrong.correct_action)["verdict"] == ()
-    ok = next(item for item in dataset.select(split="train", buckets=["T_ok"]) if builder.retrieve(item)[0].skill.id == item.tempting_skill)
-    record = builder.build(ok, "basm", 2)
-    shown = next(skill["slots"] for skill in record["skills"] if skill["skill_id"] == ok.tempting_skill)
-    assert attention_targets(record, ok, ok.correct_action)["verdict"] == span("procedure")
-    assert attention_targets(record, ok, ok.wrong_tools[0])["verdict"] == span("risk_cues")  # a quoted-cue twin's label
-    repair = dataset.select(split="train", buckets=["T_repair"])[0]
-    assert attention_targets(builder.build(repair, "basm", 2), repair, repair.correct_action)["verdict"] == ()
+    stop = {"the", "and", "you", "for", "can"}
+    matched = 0
+    for item in dataset.select(split="train", buckets=["T_ok", "T_wrong", "T_repair"], limit_per_bucket=6):
+        record = builder.build(item, "basm", 2)
+        text, offsets = record["text"], record["offsets"]
+        word = lambda pos: text[offsets[pos][0] : offsets[pos][1]].strip().lower()  # noqa: E731
+        targets = attention_targets(record, item)
+        request_start = text.rfind(item.user)
+        assert targets["request"] and all(request_start <= offsets[pos][0] < request_start + len(item.user) for pos in targets["request"])
+        request_words = {word(pos) for pos in targets["request"]}
+        assert not request_words & stop and all(w.isalpha() and len(w) >= 3 for w in request_words)
+        user_words = {w.lower() for w in re.findall(r"[A-Za-z]+", item.user)}
+        expected, procedures = [], []
+        for shown in record["skills"]:
+            slots = shown["slots"]
+            skill_text = " ".join(text[slice(*slots[s]["char_span"])] for s in ("goal", "procedure") if s in slots).lower()
+            own = set(re.findall(r"[a-z]+", skill_text))
+            a, b = slots["risk_cues"]["token_span"]
+            expected += [pos for pos in range(a, b) if word(pos) in request_words and word(pos) in user_words and word(pos) not in own]
+            procedures += range(*slots["procedure"]["token_span"])
+        assert targets["match"] == tuple(expected or procedures)
+        matched += bool(expected)
+        assert attention_targets(builder.build(item, "proc", 2), item)["match"] == tuple(  # no risk cues shown: the procedures
+            pos for shown in builder.build(item, "proc", 2)["skills"] for pos in range(*shown["slots"]["procedure"]["token_span"]))
+        assert attention_targets(builder.build(item, "base", 0), item)["match"] == ()
+    assert 0 < matched < 18  # both kinds of target occur
+
 
 def is_word_subsequence(part: str, whole: str) -> bool:
     words = iter(whole.split())

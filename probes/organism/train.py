@@ -477,13 +477,12 @@ def attention_targets(record: dict[str, Any], item: Item) -> dict[str, tuple[int
     start = text.rfind(item.user)
     if start < 0:
         raise ValueError(f"{record['record_id']}: the request text does not occur in the prompt")
-    lo, hi = tokens_overlapping(offsets, start, start + len(item.user))
-    words = {pos: content_word(text[offsets[pos, 0] : offsets[pos, 1]]) for pos in range(lo, hi)}
-    request = tuple(pos for pos, word in words.items() if word)
-    request_words = set(words.values()) - {None}
 
     def word(pos: int) -> str | None:
         return content_word(text[offsets[pos, 0] : offsets[pos, 1]])
+
+    request = tuple(pos for pos in range(*tokens_overlapping(offsets, start, start + len(item.user))) if word(pos))
+    request_words = {word(pos) for pos in request}
 
     def span(slots: dict[str, Any], slot: str) -> range:
         return range(*map(int, slots[slot]["token_span"])) if slot in slots else range(0)
