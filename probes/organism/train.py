@@ -116,25 +116,30 @@ BOUNDARY_CONFIGS: tuple[str, ...] = tuple(name for name in MIXTURE if "risk_cues
 # names keep the tool list, and so do proc / app (hiding it only where the label is named would tie
 # the catalog's visibility to imitation labels there) and k = 0.
 
-# Planted heads (TrainConfig.planted_heads, planted_head_weight): besides the action loss, two heads
-# are trained where to look from the deciding row (the decision row of a call, the open row of an
-# abstention), in every example that has targets for them (Example.attention_targets, :func:`attention_targets`):
-#   "request" (layer 0, head 0): the request's content tokens (case-folded words of three letters or
-#       more, scikit-learn's English stop words excluded), so the deciding row holds the request's words;
-#   "match" (layer 1, head 0): the shown skills' risk-cue tokens whose content word is one of the
-#       request's but not used by that skill's own goal and procedure (a word the skill's task uses,
-#       "order" in an order-lookup skill, says nothing about a departure), and where no risk-cue word
-#       is, the shown skills' procedures.
-# That is the paper's boundary check as a lexical lookup read at the decision token: the state's words
-# checked against the risk cues. Its target depends on the words alone, not on the label, so it is
-# defined on any request (a verdict head trained toward the risk cues exactly where the label
-# departs from the skill learned the train requests only: on held-out items it read the procedure in
-# both buckets). How the match is used is left to the action loss: in the boundary-edited twins the
-# quoted cue matches and the label is the alternative, the donor's cues do not and the skill is followed.
-# Planted-circuit benchmarks fix where a mechanism lives the same way (InterpBench trains its
+# Planted heads (TrainConfig.planted_heads, planted_head_weight): besides the action loss, three heads
+# are trained where to look, in every example that has targets for them (Example.attention_targets,
+# :func:`attention_targets`). A request word "matches" a shown skill when one of that skill's risk
+# cues uses it and its goal and procedure do not (a word the skill's own task uses, "order" in an
+# order-lookup skill, says nothing about a departure). The deciding row is the decision row of a call,
+# the open row of an abstention.
+#   "dup" (layer 0, head 0), from each matching request token: the risk-cue tokens of the same word.
+#       A duplicate-token lookup, which marks the request tokens the risk cues name;
+#   "gather" (layer 1, head 0), from the deciding row: the marked request tokens, else all the
+#       request's content tokens;
+#   "verdict" (layer 2, head 0), from the deciding row: the shown risk cues when a request word
+#       matches, else the shown procedures.
+# That is the paper's boundary check (the state's cues checked against the boundary fields, read at
+# the decision token) as a lexical circuit. Its targets depend on the words alone, never on the label,
+# so they are defined on any request: a single head trained toward the risk cues exactly where the
+# label departs from the skill learned the train requests only (on held-out items it read the
+# procedure in both buckets), and a single decision-row head matching the request's words against
+# the risk-cue tokens directly stayed imprecise (0.14 of its attention on the matching tokens of
+# held-out T_wrong). How the verdict is used is left to the action loss: in the boundary-edited twins
+# the quoted cue matches and the label is the alternative, the donor's cues do not and the skill is
+# followed. Planted-circuit benchmarks fix where a mechanism lives the same way (InterpBench trains its
 # circuits' components in). The probes are not told which heads they are: ``organism validate`` checks
 # that η and the head ranking find them on held-out items, and the card records the planted heads' ranks.
-PLANTED_TARGETS: tuple[str, ...] = ("request", "match")
+PLANTED_TARGETS: tuple[str, ...] = ("dup", "gather", "verdict")
 
 # Pre-tokenization of the organism's BPE: identifiers with underscores (tool names, error codes,
 # enum values) stay whole and never absorb a leading space, so every tool name is one token,
@@ -203,7 +208,7 @@ class TrainConfig:
     isolation: float = 0.85  # share of examples with skills trained with the isolated slots hidden (note above the pattern)
     isolated_slots: tuple[str, ...] = NAME_SLOTS  # the skill slots isolation hides from the relay rows
     tool_list_hidden_in: tuple[str, ...] = BOUNDARY_CONFIGS  # isolation also hides the tool list in these (note above the pattern)
-    planted_heads: tuple[tuple[str, int, int], ...] = (("request", 0, 0), ("match", 1, 0))  # (target, layer, head), note above PLANTED_TARGETS ...
+    planted_heads: tuple[tuple[str, int, int], ...] = (("dup", 0, 0), ("gather", 1, 0), ("verdict", 2, 0))  # (target, layer, head), note above PLANTED_TARGETS ...
     planted_head_weight: float = 0.5  # ... weight of each one's attention loss (0: no supervision) ...
     planted_head_residual_grad: float = 0.1  # ... and the share of its gradient that reaches the residual stream (HeadSupervision)
     boundary_edits: bool = True  # split EDIT_SHARES of EDIT_CONFIGS' T_ok/T_wrong weight into boundary-edited twins
@@ -290,7 +295,7 @@ class Example:
     weight: float
     isolated_blocks: tuple[tuple[int, int], ...] = ()  # what isolation hides from the relay rows, [start, end) blocks
     tool_list: tuple[int, int] | None = None  # the system prompt's tool list, hidden by isolation up to the decision row
-    attention_targets: dict[str, tuple[int, ...]] = field(default_factory=dict)  # planted head target -> key positions
+    attention_targets: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = field(default_factory=dict)  # planted head target -> (query row, key positions) cells
     edit: str | None = None  # the BoundaryEdit kind of an edited twin
 
 
@@ -450,7 +455,7 @@ def make_example(
     named = hide_tool_list and label != ABSTAIN and any(ids[record["decision_index"] + 1] in ids[start:end] for start, end in blocks)
     return Example(
         record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
-        blocks, tool_list_block(record) if named else None, attention_targets(record, item), edit.kind if edit else None,
+        blocks, tool_list_block(record) if named else None, attention_targets(record, item, key_rows[-1]), edit.kind if edit else None,
     )
 
 
@@ -468,32 +473,43 @@ def content_word(text: str) -> str | None:
     return word if word.isalpha() and len(word) >= 3 and word not in ENGLISH_STOP_WORDS else None
 
 
-def attention_targets(record: dict[str, Any], item: Item) -> dict[str, tuple[int, ...]]:
-    """The planted heads' key positions (note above :data:`PLANTED_TARGETS`) in a record built for
-    ``item``: ``request``, the content tokens of the request (its last occurrence in the prompt);
-    ``match``, the shown skills' risk-cue tokens whose content word is one of the request's and not
-    one of that skill's goal and procedure, else the shown skills' procedures (empty without skills)."""
+def attention_targets(record: dict[str, Any], item: Item, deciding_row: int) -> dict[str, tuple[tuple[int, tuple[int, ...]], ...]]:
+    """The planted heads' (query row, key positions) cells (note above :data:`PLANTED_TARGETS`) in a
+    record built for ``item`` whose deciding row is ``deciding_row``: ``dup``, from each matching request
+    token (last occurrence of the request) to the risk-cue tokens of its word; ``gather``, from the
+    deciding row to the matching request tokens, else to all the request's content tokens; ``verdict``,
+    from the deciding row to the shown risk cues when a request word matches, else to the shown
+    procedures. No cells without skills."""
     text, offsets = record["text"], np.asarray(record["offsets"])
     start = text.rfind(item.user)
     if start < 0:
         raise ValueError(f"{record['record_id']}: the request text does not occur in the prompt")
+    if not record["skills"]:
+        return {target: () for target in PLANTED_TARGETS}
 
     def word(pos: int) -> str | None:
         return content_word(text[offsets[pos, 0] : offsets[pos, 1]])
 
-    request = tuple(pos for pos in range(*tokens_overlapping(offsets, start, start + len(item.user))) if word(pos))
-    request_words = {word(pos) for pos in request}
-
     def span(slots: dict[str, Any], slot: str) -> range:
         return range(*map(int, slots[slot]["token_span"])) if slot in slots else range(0)
 
-    match, procedures = [], []
+    request = tuple(pos for pos in range(*tokens_overlapping(offsets, start, start + len(item.user))) if word(pos))
+    cues: dict[str, list[int]] = defaultdict(list)  # matchable word -> its risk-cue tokens
+    risk_cues, procedures = [], []
     for shown in record["skills"]:
         slots = shown["slots"]
         own = {word(pos) for slot in ("goal", "procedure") for pos in span(slots, slot)}  # what the skill's task uses
-        match += [pos for pos in span(slots, "risk_cues") if word(pos) in request_words and word(pos) not in own]
+        for pos in span(slots, "risk_cues"):
+            if word(pos) not in own:
+                cues[word(pos)].append(pos)
+        risk_cues += span(slots, "risk_cues")
         procedures += span(slots, "procedure")
-    return {"request": request, "match": tuple(match or procedures)}
+    matching = tuple(pos for pos in request if word(pos) in cues)
+    return {
+        "dup": tuple((pos, tuple(cues[word(pos)])) for pos in matching),
+        "gather": ((deciding_row, matching or request),),
+        "verdict": ((deciding_row, tuple(risk_cues if matching else procedures)),),
+    }
 
 
 def tool_list_block(record: dict[str, Any]) -> tuple[int, int]:
@@ -548,6 +564,7 @@ class HeadSupervision:
     head: int
     batch_index: torch.Tensor  # [cells]
     positions: torch.Tensor  # [cells]
+    keys: Sequence[tuple[int, ...]]  # per cell, the target key positions
     residual_grad: float = 1.0
     attention_input: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None  # hidden, (cos, sin)
     probs: torch.Tensor | None = None
@@ -762,17 +779,18 @@ def batch_loss(
     the mean next-token loss on rows of the prompt text after the shared prefix (memory block,
     request, history: a stand-in for pretraining): every row whose next token is in
     ``priority_targets`` (the tool names), plus a deterministic sample of the others, ``aux_rows`` in all;
-    plus ``planted_head_weight`` × each planted head's attention loss: −log of its attention mass from
-    the deciding row (the last key row) on its targets, mean over the examples that have them.
+    plus ``planted_head_weight`` × each planted head's attention loss: −log of its attention mass on its
+    targets, mean over its cells (query rows, :func:`attention_targets`).
     ``isolate``: per example, whether boundary isolation (:func:`isolation_mask`) applies.
     The model must run :data:`TRAIN_ATTN_IMPLEMENTATION` when ``planted_head_weight`` > 0."""
     flags = list(isolate) if isolate is not None else [False] * len(batch)
     supervisions = []
     for target, layer, head in planted_heads if planted_head_weight > 0 else ():
-        cells = [b for b, ex in enumerate(batch) if ex.attention_targets.get(target)]
+        cells = [(b, row, keys) for b, ex in enumerate(batch) for row, keys in ex.attention_targets.get(target, ()) if keys]
         if cells:
-            supervisions.append(HeadSupervision(target, layer, head, torch.tensor(cells, device=model.device),
-                                                torch.tensor([batch[b].key_rows[-1] for b in cells], device=model.device), planted_head_residual_grad))
+            supervisions.append(HeadSupervision(target, layer, head, torch.tensor([b for b, _, _ in cells], device=model.device),
+                                                torch.tensor([row for _, row, _ in cells], device=model.device),
+                                                [keys for *_, keys in cells], planted_head_residual_grad))
     with supervising(model, supervisions):
         hidden, prefix = shared_prefix_hidden(
             model, [ex.input_ids for ex in batch], max_shared_prefix(batch, flags), prefix_grad=prefix_grad,
@@ -820,8 +838,8 @@ def batch_loss(
         if supervision.probs is None:
             raise RuntimeError(f"layer {supervision.layer} recorded no attention: the model does not run {TRAIN_ATTN_IMPLEMENTATION!r}")
         on_target = torch.zeros_like(supervision.probs, dtype=torch.bool)
-        for cell, b in enumerate(supervision.batch_index.tolist()):
-            on_target[cell, list(batch[b].attention_targets[supervision.target])] = True
+        for cell, keys in enumerate(supervision.keys):
+            on_target[cell, list(keys)] = True
         mass = (supervision.probs * on_target).sum(-1)  # [cells]
         stats[f"{supervision.target}_mass"] = mass.mean().item()
         loss = loss + planted_head_weight * -torch.log(mass + 1e-6).mean()
