@@ -7,9 +7,9 @@ import random
 import re
 
 import numpy as np
-
 import pytest
 import torch
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from probes.dataset import ABSTAIN, load_dataset
 from probes.organism import ORGANISM_DIR
@@ -50,7 +50,7 @@ from probes.rendering import NATIVE_FORCED_PREFIX, SpanReport, check_spans
 TINY = dict(
     steps=3, batch_size=2, limit_items=2, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
     num_kv_heads=1, head_dim=16, vocab_size=700, embedder="lexical", single_token_names=False, num_threads=1, warmup_steps=2,
-    planted_heads=(("request", 0, 0), ("match", 0, 1)),
+    planted_heads=(("dup", 0, 0), ("verdict", 0, 1)),
 )
 
 
@@ -135,31 +135,39 @@ def word_tokenizer(dataset):
 
 
 def test_planted_head_attention_equals_eager_output_attentions(dataset):
-    """The planted head's decision-row attention recorded in the batched, prefix-cached training
-    forward (isolation on for some sequences) equals eager ``output_attentions`` of each full sequence
-    under the independently built 4D additive mask (fp32, ≤ 1e-5); recording does not change the
-    forward, and the loss's mass is that row's attention summed over the head's targets."""
+    """The planted heads' attention rows recorded in the batched, prefix-cached training forward
+    (request rows and deciding rows; isolation on for some sequences) equal eager ``output_attentions``
+    of each full sequence under the independently built 4D additive mask (fp32, ≤ 1e-5); recording does
+    not change the forward, and the loss's mass is each row's attention summed over its targets."""
     torch.manual_seed(0)
     tokenizer = word_tokenizer(dataset)
     builder = make_builder(tokenizer, dataset, "lexical")
-    items = [item for item in dataset.select(split="train", limit_per_bucket=3) if item.domain == "retail"][:3]
-    batch = [make_example(builder, item, "basm", 2, item.correct_action, 1.0, hide_tool_list=True) for item in items]
-    assert all(ex.attention_targets["match"] and ex.attention_targets["request"] and ex.tool_list for ex in batch)
+    items = [item for item in dataset.select(split="train", buckets=["T_wrong", "T_ok"]) if item.domain == "retail"]
+    examples = (make_example(builder, item, "basm", 2, item.correct_action, 1.0, hide_tool_list=True) for item in items)
+    batch = [next(ex for ex in examples if ex.attention_targets["dup"] and ex.tool_list is not None) for _ in range(2)]
+    batch.append(next(ex for ex in examples if not ex.attention_targets["dup"]))
     model = make_model(TrainConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16), tokenizer).eval()
     layer, head = 1, 1
     flags = [True, False, True]
+    cells = [(b, row, keys, target) for b, ex in enumerate(batch) for target in ("dup", "verdict") for row, keys in ex.attention_targets[target]]
+    assert {row for b, row, *_ in cells if b == 0} - {batch[0].key_rows[-1]}  # request rows as well as the deciding row
+
+    def supervision(share: float = 1.0) -> HeadSupervision:
+        return HeadSupervision("dup", layer, head, torch.tensor([c[0] for c in cells]), torch.tensor([c[1] for c in cells]),
+                               [c[2] for c in cells], share)
+
     sequences, max_prefix = [ex.input_ids for ex in batch], max_shared_prefix(batch, flags)
     mask_fn = lambda p, w: isolation_mask(batch, flags, p, w)  # noqa: E731
     with torch.no_grad():
         plain_hidden, _ = shared_prefix_hidden(model, sequences, max_prefix, suffix_mask=mask_fn)
         model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
-        supervision = HeadSupervision("match", layer, head, torch.arange(3), torch.tensor([ex.key_rows[-1] for ex in batch]))
-        with supervising(model, [supervision]):
+        recording = supervision()
+        with supervising(model, [recording]):
             hidden, prefix = shared_prefix_hidden(model, sequences, max_prefix, suffix_mask=mask_fn)
         assert torch.equal(hidden, plain_hidden)
-        assert prefix > 0 and supervision.probs.shape == (3, prefix + hidden.shape[1])
+        assert prefix > 0 and recording.probs.shape == (len(cells), prefix + hidden.shape[1])
         model.set_attn_implementation("eager")
-        for row, (ex, isolated) in enumerate(zip(batch, flags)):
+        for b, (ex, isolated) in enumerate(zip(batch, flags)):
             n = len(ex.input_ids)
             allowed = torch.ones(n, n, dtype=torch.bool).tril()
             if isolated:
@@ -169,36 +177,40 @@ def test_planted_head_attention_equals_eager_output_attentions(dataset):
                 allowed[prefix : ex.key_rows[-1] + 1, ex.tool_list[0] : ex.tool_list[1]] = False
             mask = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
             attentions = model(input_ids=torch.tensor([ex.input_ids]), attention_mask=mask[None, None], output_attentions=True).attentions
-            reference = attentions[layer][0, head, ex.key_rows[-1]]  # [n]
-            recorded = supervision.probs[row]
-            assert (recorded[:n] - reference).abs().max() <= 1e-5
-            assert bool((recorded[n:] == 0).all())  # right padding of the shorter sequences is never attended
+            for cell, (cell_b, row, *_) in enumerate(cells):
+                if cell_b == b:
+                    recorded = recording.probs[cell]
+                    assert (recorded[:n] - attentions[layer][0, head, row]).abs().max() <= 1e-5
+                    assert bool((recorded[n:] == 0).all())  # right padding of the shorter sequences is never attended
         model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
-        _, stats = batch_loss(model, batch, 5.0, isolate=flags, planted_heads=[("match", layer, head)], planted_head_weight=1.0)
-    expected = np.mean([supervision.probs[row, list(ex.attention_targets["match"])].sum().item() for row, ex in enumerate(batch)])
-    assert abs(stats["match_mass"] - expected) <= 1e-5
+        _, stats = batch_loss(model, batch, 5.0, isolate=flags, planted_heads=[("verdict", layer, head)], planted_head_weight=1.0)
+    verdict = [cell for cell, (*_, target) in enumerate(cells) if target == "verdict"]
+    expected = np.mean([recording.probs[cell, list(cells[cell][2])].sum().item() for cell in verdict])
+    assert len(verdict) == 3 and abs(stats["verdict_mass"] - expected) <= 1e-5
     # the attention loss reaches the residual stream below only with planted_head_residual_grad's share
     grads = {}
     for share in (0.0, 0.5):
         model.zero_grad()
-        supervision = HeadSupervision("match", layer, head, torch.arange(3), torch.tensor([ex.key_rows[-1] for ex in batch]), share)
-        with supervising(model, [supervision]):
+        recording = supervision(share)
+        with supervising(model, [recording]):
             shared_prefix_hidden(model, sequences, max_prefix, prefix_grad=False, suffix_mask=mask_fn)
-        supervision.probs[:, 0].sum().backward()
+        recording.probs[:, 0].sum().backward()
         grads[share] = (model.model.embed_tokens.weight.grad, model.model.layers[layer].self_attn.q_proj.weight.grad.clone())
     assert grads[0.0][0] is None or not grads[0.0][0].any()
     assert grads[0.5][0].abs().max() > 0
     assert torch.allclose(grads[0.0][1], grads[0.5][1], atol=1e-7)  # the head's own query map gets the full gradient
     with pytest.raises(ValueError, match="planted head"):
-        train(None, dataset=dataset, verbose=False, **{**TINY, "planted_heads": (("match", 1, 0),)})
+        train(None, dataset=dataset, verbose=False, **{**TINY, "planted_heads": (("dup", 1, 0),)})
     with pytest.raises(ValueError, match="target 'name'"):
         train(None, dataset=dataset, verbose=False, **{**TINY, "planted_heads": (("name", 0, 0),)})
 
 
 def test_planted_head_targets(dataset):
-    """``request``: the request's content tokens; ``match``: the shown skills' risk-cue tokens whose word
-    the request uses and the skill's goal and procedure do not, else the shown procedures; recomputed
-    here from the words of the rendered text, not from the token offsets the function reads."""
+    """A request word matches a shown skill when its risk cues use it and its goal and procedure do
+    not. ``dup``: each matching request token to the risk-cue tokens of its word; ``gather``: the
+    deciding row to the matching request tokens, else to all the request's content tokens;
+    ``verdict``: the deciding row to the shown risk cues if a word matches, else to the procedures.
+    Recomputed here from the words of the rendered text (regex over character spans)."""
     builder = make_builder(word_tokenizer(dataset), dataset, "lexical")
     stop = {"the", "and", "you", "for", "can"}
     matched = 0
@@ -206,26 +218,30 @@ def test_planted_head_targets(dataset):
         record = builder.build(item, "basm", 2)
         text, offsets = record["text"], record["offsets"]
         word = lambda pos: text[offsets[pos][0] : offsets[pos][1]].strip().lower()  # noqa: E731
-        targets = attention_targets(record, item)
+        targets = attention_targets(record, item, deciding_row=-7)
         request_start = text.rfind(item.user)
-        assert targets["request"] and all(request_start <= offsets[pos][0] < request_start + len(item.user) for pos in targets["request"])
-        request_words = {word(pos) for pos in targets["request"]}
-        assert not request_words & stop and all(w.isalpha() and len(w) >= 3 for w in request_words)
-        user_words = {w.lower() for w in re.findall(r"[A-Za-z]+", item.user)}
-        expected, procedures = [], []
+        request = [pos for pos in range(len(offsets)) if request_start <= offsets[pos][0] < request_start + len(item.user)
+                   and word(pos).isalpha() and len(word(pos)) >= 3 and word(pos) not in ENGLISH_STOP_WORDS]
+        assert request and not {word(pos) for pos in request} & stop
+        cue_tokens, risk_cues, procedures = {}, [], []
         for shown in record["skills"]:
             slots = shown["slots"]
-            skill_text = " ".join(text[slice(*slots[s]["char_span"])] for s in ("goal", "procedure") if s in slots).lower()
-            own = set(re.findall(r"[a-z]+", skill_text))
-            a, b = slots["risk_cues"]["token_span"]
-            expected += [pos for pos in range(a, b) if word(pos) in request_words and word(pos) in user_words and word(pos) not in own]
+            own = set(re.findall(r"[a-z]+", " ".join(text[slice(*slots[s]["char_span"])] for s in ("goal", "procedure")).lower()))
+            for pos in range(*slots["risk_cues"]["token_span"]):
+                if word(pos) not in own:
+                    cue_tokens.setdefault(word(pos), []).append(pos)
+            risk_cues += range(*slots["risk_cues"]["token_span"])
             procedures += range(*slots["procedure"]["token_span"])
-        assert targets["match"] == tuple(expected or procedures)
-        matched += bool(expected)
-        assert attention_targets(builder.build(item, "proc", 2), item)["match"] == tuple(  # no risk cues shown: the procedures
-            pos for shown in builder.build(item, "proc", 2)["skills"] for pos in range(*shown["slots"]["procedure"]["token_span"]))
-        assert attention_targets(builder.build(item, "base", 0), item)["match"] == ()
-    assert 0 < matched < 18  # both kinds of target occur
+        matching = [pos for pos in request if word(pos) in cue_tokens]
+        assert targets["dup"] == tuple((pos, tuple(cue_tokens[word(pos)])) for pos in matching)
+        assert targets["gather"] == ((-7, tuple(matching or request)),)
+        assert targets["verdict"] == ((-7, tuple(risk_cues if matching else procedures)),)
+        matched += bool(matching)
+        proc = builder.build(item, "proc", 2)  # no risk cues shown: nothing matches
+        assert attention_targets(proc, item, 5)["verdict"] == ((5, tuple(pos for shown in proc["skills"] for pos in range(*shown["slots"]["procedure"]["token_span"]))),)
+        assert attention_targets(proc, item, 5)["dup"] == ()
+        assert all(cells == () for cells in attention_targets(builder.build(item, "base", 0), item, 5).values())
+    assert 0 < matched < 18  # both kinds of verdict occur
 
 
 def is_word_subsequence(part: str, whole: str) -> bool:
