@@ -23,6 +23,9 @@ from probes.organism.train import (
     TOOL_LIST_END,
     TOOL_LIST_HEADER,
     HeadSupervision,
+    head_key,
+    swap_words,
+    word_tokens,
     TrainConfig,
     action_text,
     attention_targets,
@@ -186,7 +189,7 @@ def test_planted_head_attention_equals_eager_output_attentions(dataset):
         _, stats = batch_loss(model, batch, 5.0, isolate=flags, planted_heads=[("verdict", layer, head)], planted_head_weight=1.0)
     verdict = [cell for cell, (*_, target) in enumerate(cells) if target == "verdict"]
     expected = np.mean([recording.probs[cell, list(cells[cell][2])].sum().item() for cell in verdict])
-    assert len(verdict) == 3 and abs(stats["verdict_mass"] - expected) <= 1e-5
+    assert len(verdict) == 3 and abs(stats[head_key("verdict", layer, head)] - expected) <= 1e-5
     # the attention loss reaches the residual stream below only with planted_head_residual_grad's share
     grads = {}
     for share in (0.0, 0.5):
@@ -223,19 +226,21 @@ def test_planted_head_targets(dataset):
         request = [pos for pos in range(len(offsets)) if request_start <= offsets[pos][0] < request_start + len(item.user)
                    and word(pos).isalpha() and len(word(pos)) >= 3 and word(pos) not in ENGLISH_STOP_WORDS]
         assert request and not {word(pos) for pos in request} & stop
-        cue_tokens, risk_cues, procedures = {}, [], []
+        requested = {word(pos) for pos in request}
+        cue_tokens, warning, procedures = {}, [], []
         for shown in record["skills"]:
             slots = shown["slots"]
             own = set(re.findall(r"[a-z]+", " ".join(text[slice(*slots[s]["char_span"])] for s in ("goal", "procedure")).lower()))
-            for pos in range(*slots["risk_cues"]["token_span"]):
-                if word(pos) not in own:
-                    cue_tokens.setdefault(word(pos), []).append(pos)
-            risk_cues += range(*slots["risk_cues"]["token_span"])
+            own_cues = [pos for pos in range(*slots["risk_cues"]["token_span"]) if word(pos) not in own]
+            for pos in own_cues:
+                cue_tokens.setdefault(word(pos), []).append(pos)
+            if requested & {word(pos) for pos in own_cues}:  # this skill warns against the request: its risk cues and avoidance rules
+                warning += [*range(*slots["risk_cues"]["token_span"]), *range(*slots["avoidance_rules"]["token_span"])]
             procedures += range(*slots["procedure"]["token_span"])
         matching = [pos for pos in request if word(pos) in cue_tokens]
         assert targets["dup"] == tuple((pos, tuple(cue_tokens[word(pos)])) for pos in matching)
         assert targets["gather"] == ((-7, tuple(matching or request)),)
-        assert targets["verdict"] == ((-7, tuple(risk_cues if matching else procedures)),)
+        assert targets["verdict"] == ((-7, tuple(sorted(warning) if matching else procedures)),)
         matched += bool(matching)
         proc = builder.build(item, "proc", 2)  # no risk cues shown: nothing matches
         assert attention_targets(proc, item, 5)["verdict"] == ((5, tuple(pos for shown in proc["skills"] for pos in range(*shown["slots"]["procedure"]["token_span"]))),)
@@ -437,3 +442,25 @@ def test_tool_list_is_hidden_only_where_a_shown_skill_names_the_label(dataset):
     assert hidden("basm", 2, ABSTAIN) is None
     assert hidden("proc", 1, item.wrong_tools[0]) == (start, end)  # imitation: the procedure names it
     assert hidden("proc", 1, item.correct_action) is None  # a proc skill never names the alternative
+
+
+def test_swap_words_keeps_the_matches_and_the_prompt(dataset):
+    """Word swapping replaces request words consistently from the memory block on, with tokens new to
+    the sequence: the system prompt is untouched, lengths are kept, and which request tokens equal a
+    risk-cue token (the planted dup head's targets) does not change."""
+    tokenizer = word_tokenizer(dataset)
+    builder = make_builder(tokenizer, dataset, "lexical")
+    pool = word_tokens(tokenizer)
+    assert len(pool) > 50 and all(tokenizer.convert_ids_to_tokens(t).startswith("Ġ") for t in pool)
+    swapped_any = False
+    for item in dataset.select(split="train", buckets=["T_ok", "T_wrong"], limit_per_bucket=4):
+        ex = make_example(builder, item, "basm", 2, item.correct_action, 1.0)
+        ids = swap_words(ex, pool, 0.5, random.Random(0))
+        assert len(ids) == len(ex.input_ids) and ids[: ex.memory_from] == ex.input_ids[: ex.memory_from]
+        changed = {(a, b) for a, b in zip(ex.input_ids, ids) if a != b}
+        assert len({a for a, _ in changed}) == len(changed) and not {b for _, b in changed} & set(ex.input_ids)  # a bijection onto new tokens
+        assert {a for a, _ in changed} <= {ex.input_ids[pos] for pos in ex.request_words}
+        for row, keys in ex.attention_targets["dup"]:
+            assert all(ids[key] == ids[row] for key in keys)
+        swapped_any |= bool(changed)
+    assert swapped_any

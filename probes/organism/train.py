@@ -208,10 +208,12 @@ class TrainConfig:
     isolation: float = 0.85  # share of examples with skills trained with the isolated slots hidden (note above the pattern)
     isolated_slots: tuple[str, ...] = NAME_SLOTS  # the skill slots isolation hides from the relay rows
     tool_list_hidden_in: tuple[str, ...] = BOUNDARY_CONFIGS  # isolation also hides the tool list in these (note above the pattern)
-    planted_heads: tuple[tuple[str, int, int], ...] = (("dup", 0, 0), ("gather", 1, 0), ("verdict", 2, 0))  # (target, layer, head), note above PLANTED_TARGETS ...
+    planted_heads: tuple[tuple[str, int, int], ...] = (("dup", 0, 0), ("gather", 1, 0), ("verdict", 2, 0), ("verdict", 2, 1))  # (target, layer, head), note above PLANTED_TARGETS ...
     planted_head_weight: float = 0.5  # ... weight of each one's attention loss (0: no supervision) ...
     planted_head_residual_grad: float = 0.1  # ... and the share of its gradient that reaches the residual stream (HeadSupervision)
     boundary_edits: bool = True  # split EDIT_SHARES of EDIT_CONFIGS' T_ok/T_wrong weight into boundary-edited twins
+    word_swapping: float = 0.5  # share of the examples of the boundary configurations whose request words are swapped (swap_words) ...
+    word_swap_share: float = 0.5  # ... each distinct request word with this probability, from step renaming_from on
     tool_renaming: float = 0.3  # share of examples whose tool names are consistently permuted (see rename_tools) ...
     renaming_from: int = 300  # ... from this step on: copying from the prompt emerges first, on the real names
     # model
@@ -297,6 +299,8 @@ class Example:
     tool_list: tuple[int, int] | None = None  # the system prompt's tool list, hidden by isolation up to the decision row
     attention_targets: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = field(default_factory=dict)  # planted head target -> (query row, key positions) cells
     edit: str | None = None  # the BoundaryEdit kind of an edited twin
+    request_words: tuple[int, ...] = ()  # positions of the request's content-word tokens (word swapping) ...
+    memory_from: int = 0  # ... whose tokens are swapped from this position (the first skill token) on
 
 
 @dataclass(frozen=True)
@@ -456,6 +460,7 @@ def make_example(
     return Example(
         record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
         blocks, tool_list_block(record) if named else None, attention_targets(record, item, key_rows[-1]), edit.kind if edit else None,
+        request_words(record, item), min((int(slot["token_span"][0]) for shown in record["skills"] for slot in shown["slots"].values()), default=len(ids)),
     )
 
 
@@ -473,42 +478,52 @@ def content_word(text: str) -> str | None:
     return word if word.isalpha() and len(word) >= 3 and word not in ENGLISH_STOP_WORDS else None
 
 
+def token_word(record: dict[str, Any], pos: int) -> str | None:
+    """:func:`content_word` of the record's token at ``pos``."""
+    start, end = record["offsets"][pos]
+    return content_word(record["text"][start:end])
+
+
+def request_words(record: dict[str, Any], item: Item) -> tuple[int, ...]:
+    """Positions of the content-word tokens of the request (its last occurrence in the prompt)."""
+    start = record["text"].rfind(item.user)
+    if start < 0:
+        raise ValueError(f"{record['record_id']}: the request text does not occur in the prompt")
+    span = tokens_overlapping(np.asarray(record["offsets"]), start, start + len(item.user))
+    return tuple(pos for pos in range(*span) if token_word(record, pos))
+
+
 def attention_targets(record: dict[str, Any], item: Item, deciding_row: int) -> dict[str, tuple[tuple[int, tuple[int, ...]], ...]]:
     """The planted heads' (query row, key positions) cells (note above :data:`PLANTED_TARGETS`) in a
     record built for ``item`` whose deciding row is ``deciding_row``: ``dup``, from each matching request
-    token (last occurrence of the request) to the risk-cue tokens of its word; ``gather``, from the
-    deciding row to the matching request tokens, else to all the request's content tokens; ``verdict``,
-    from the deciding row to the shown risk cues when a request word matches, else to the shown
-    procedures. No cells without skills."""
-    text, offsets = record["text"], np.asarray(record["offsets"])
-    start = text.rfind(item.user)
-    if start < 0:
-        raise ValueError(f"{record['record_id']}: the request text does not occur in the prompt")
+    token to the risk-cue tokens of its word; ``gather``, from the deciding row to the matching request
+    tokens, else to all the request's content tokens; ``verdict``, from the deciding row to the risk cues
+    and avoidance rules of the skills a request word matches, else to the shown procedures. No cells
+    without skills."""
+    request = request_words(record, item)
     if not record["skills"]:
         return {target: () for target in PLANTED_TARGETS}
-
-    def word(pos: int) -> str | None:
-        return content_word(text[offsets[pos, 0] : offsets[pos, 1]])
 
     def span(slots: dict[str, Any], slot: str) -> range:
         return range(*map(int, slots[slot]["token_span"])) if slot in slots else range(0)
 
-    request = tuple(pos for pos in range(*tokens_overlapping(offsets, start, start + len(item.user))) if word(pos))
+    requested = {token_word(record, pos) for pos in request}
     cues: dict[str, list[int]] = defaultdict(list)  # matchable word -> its risk-cue tokens
-    risk_cues, procedures = [], []
+    warning, procedures = [], []  # the matched skills' risk-cue and avoidance-rule tokens; all procedure tokens
     for shown in record["skills"]:
         slots = shown["slots"]
-        own = {word(pos) for slot in ("goal", "procedure") for pos in span(slots, slot)}  # what the skill's task uses
-        for pos in span(slots, "risk_cues"):
-            if word(pos) not in own:
-                cues[word(pos)].append(pos)
-        risk_cues += span(slots, "risk_cues")
+        own = {token_word(record, pos) for slot in ("goal", "procedure") for pos in span(slots, slot)}  # what the skill's task uses
+        matchable = [pos for pos in span(slots, "risk_cues") if token_word(record, pos) not in own | {None}]
+        for pos in matchable:
+            cues[token_word(record, pos)].append(pos)
+        if requested & {token_word(record, pos) for pos in matchable}:
+            warning += [*span(slots, "risk_cues"), *span(slots, "avoidance_rules")]
         procedures += span(slots, "procedure")
-    matching = tuple(pos for pos in request if word(pos) in cues)
+    matching = tuple(pos for pos in request if token_word(record, pos) in cues)
     return {
-        "dup": tuple((pos, tuple(cues[word(pos)])) for pos in matching),
+        "dup": tuple((pos, tuple(cues[token_word(record, pos)])) for pos in matching),
         "gather": ((deciding_row, matching or request),),
-        "verdict": ((deciding_row, tuple(risk_cues if matching else procedures)),),
+        "verdict": ((deciding_row, tuple(sorted(warning) if matching else procedures)),),
     }
 
 
@@ -548,6 +563,11 @@ def make_model(cfg: TrainConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3For
 
 # ----------------------------------------------------------------------------- planted head supervision
 TRAIN_ATTN_IMPLEMENTATION = "organism_train"
+
+
+def head_key(target: str, layer: int, head: int) -> str:
+    """The training log's key of a planted head's attention mass on its targets."""
+    return f"{target}@{layer}.{head}_mass"
 
 
 @dataclass
@@ -667,6 +687,29 @@ def rename_tools(input_ids: Sequence[int], name_ids: Sequence[int], rng: random.
     rng.shuffle(images)
     mapping = dict(zip(name_ids, images))
     return [mapping.get(token, token) for token in input_ids]
+
+
+def word_tokens(tokenizer: PreTrainedTokenizerFast) -> list[int]:
+    """The vocabulary's content-word tokens with a leading space (the pool :func:`swap_words` draws from)."""
+    return sorted(i for token, i in tokenizer.get_vocab().items() if token.startswith("Ġ") and content_word(token[1:]))
+
+
+def swap_words(ex: Example, pool: Sequence[int], share: float, rng: random.Random) -> list[int]:
+    """The sequence with each distinct content word of the request, with probability ``share``, replaced
+    by a random ``pool`` token absent from the sequence, at every position from the memory block on
+    (skills, request, history, action). Lengths, spans and rows do not change, and whether a request
+    word occurs in a risk cue does not either: the match stays, the word is new. A duplicate-token
+    lookup trained on the train requests' own words learned those words (held-out request words that
+    no train request uses got 0.34 of its attention on their risk-cue tokens, the others 0.67);
+    swapping makes it compare tokens, whatever they are."""
+    ids = list(ex.input_ids)
+    present = set(ids)
+    candidates = [token for token in pool if token not in present]
+    mapping: dict[int, int] = {}
+    for token in sorted({ids[pos] for pos in ex.request_words}):
+        if rng.random() < share and candidates:
+            mapping[token] = candidates.pop(rng.randrange(len(candidates)))
+    return ids[: ex.memory_from] + [mapping.get(token, token) for token in ids[ex.memory_from :]]
 
 
 def relay_rows(ex: Example, n: int) -> torch.Tensor:
@@ -833,7 +876,7 @@ def batch_loss(
         aux = losses[kind == 3].mean()
         stats["aux_loss"] = aux.item()
         loss = loss + aux_weight * aux
-    stats.update({f"{target}_mass": math.nan for target, *_ in planted_heads})
+    stats.update({head_key(*planted): math.nan for planted in planted_heads})
     for supervision in supervisions:
         if supervision.probs is None:
             raise RuntimeError(f"layer {supervision.layer} recorded no attention: the model does not run {TRAIN_ATTN_IMPLEMENTATION!r}")
@@ -841,7 +884,7 @@ def batch_loss(
         for cell, keys in enumerate(supervision.keys):
             on_target[cell, list(keys)] = True
         mass = (supervision.probs * on_target).sum(-1)  # [cells]
-        stats[f"{supervision.target}_mass"] = mass.mean().item()
+        stats[head_key(supervision.target, supervision.layer, supervision.head)] = mass.mean().item()
         loss = loss + planted_head_weight * -torch.log(mass + 1e-6).mean()
     with torch.no_grad():
         key = (kind == 1) | (kind == 2)
@@ -943,6 +986,7 @@ def train(
         ids[0] for ids in (tokenizer.backend_tokenizer.encode(n, add_special_tokens=False).ids for n in tool_names) if len(ids) == 1
     )
     sorted_name_ids = sorted(name_ids)
+    word_pool = word_tokens(tokenizer)
     twins = boundary_edits(items, dataset, lambda item: builder.retrieve(item)[0].skill.id, cfg.seed) if cfg.boundary_edits else {}
     plan = example_plan(items, cfg.ks, cfg.seed, twins=twins)
     examples: dict[int, Example] = {}
@@ -980,6 +1024,12 @@ def train(
             if step >= cfg.renaming_from and renaming_rng.random() < cfg.tool_renaming else examples[i]
             for i in indices
         ]
+        swapping_rng = random.Random(cfg.seed * 4_000_037 + step)
+        batch = [
+            replace(ex, input_ids=swap_words(ex, word_pool, cfg.word_swap_share, swapping_rng))
+            if step >= cfg.renaming_from and ex.config in BOUNDARY_CONFIGS and swapping_rng.random() < cfg.word_swapping else ex
+            for ex in batch
+        ]
         for ex in batch:
             seen[(ex.config + (f"+{ex.edit}" if ex.edit else ""), ex.bucket)] += 1
         for group in optimizer.param_groups:
@@ -1008,7 +1058,7 @@ def train(
             say(f"step {steps_done:5d}  action loss {mean['action_loss']:.4f}  aux {mean.get('aux_loss', float('nan')):.3f}  "
                 f"key loss {mean['key_loss']:.4f}  open acc {mean['open_acc']:.3f}  name acc {mean['name_acc']:.3f}  "
                 f"edited-twin name acc {mean['edited_name_acc']:.3f}  "
-                + "".join(f"{target}-head mass {mean[f'{target}_mass']:.3f}  " for target, *_ in cfg.planted_heads) +
+                + "".join(f"{target} {layer}.{head} mass {mean[head_key(target, layer, head)]:.3f}  " for target, layer, head in cfg.planted_heads) +
                 f"lr {entry['lr']:.2e}  {entry['elapsed_s']:.0f} s")
     model.eval().to("cpu")
     model.set_attn_implementation("sdpa")
@@ -1032,7 +1082,7 @@ def train(
         "final_loss": log[-1]["action_loss"] if log else None,
         "final_aux_loss": log[-1].get("aux_loss") if log else None,
         "final_name_acc": log[-1].get("name_acc") if log else None,
-        "final_planted_head_mass": {target: log[-1].get(f"{target}_mass") for target, *_ in cfg.planted_heads} if log else None,
+        "final_planted_head_mass": {head_key(*planted): log[-1].get(head_key(*planted)) for planted in cfg.planted_heads} if log else None,
         "final_key_loss": log[-1]["key_loss"] if log else None,
         "wall_time_s": round(wall, 1),
         "n_parameters": sum(p.numel() for p in model.parameters()),
