@@ -3,7 +3,12 @@
 1. **Map.** For BASM at depth k, per (layer, head): log2((ᾱ_B + ε) / (ᾱ_P + ε)), with ᾱ Eq. 2's
    length-normalised attention from the decision row averaged over the items of a bucket
    (a ratio of means per head; never a mean of per-item ratios). Fig. 8 shows it on T_wrong.
-2. **Ranking.** Heads ranked by the increase of that log-ratio from T_ok to T_wrong (Fig. 9).
+2. **Ranking.** Heads ranked by the increase of that log-ratio from T_ok to T_wrong (Fig. 9),
+   among the heads whose decision row reads the spans at all: mean attention mass on B ∪ P
+   (ᾱ_B·|B| + ᾱ_P·|P|) of at least ``--min-span-mass`` in both buckets. A head that reads neither
+   span has an ε-dominated ratio, whose shift can be large and means nothing (in an experimental
+   organism a head that reads the request ranked first, +4.19, with ~0.01 of its attention on
+   B ∪ P); such heads are listed after the ranked ones, ``ranked`` false.
 3. **Causal check.** On T_wrong, decision-token → boundary attention is knocked out only in the
    top-N heads, versus N random heads (``--random-draws`` head sets, drawn once with ``--seed``
    from all heads, the same sets for every record). Δm = m_knockout − m_BASM for the wrong-tool
@@ -43,6 +48,7 @@ NAME = "heads"
 FIGURES = ("fig08_head_heatmap", "fig09_candidate_heads")
 DEFAULT_TOP = 4
 DEFAULT_DRAWS = 3
+MIN_SPAN_MASS = 0.05  # attention mass on B ∪ P a head's decision row needs (both buckets) to be ranked
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, help="retrieval depth (default: --k-max)")
     parser.add_argument("--top-n", type=int, default=DEFAULT_TOP, help=f"heads in the causal check (default: {DEFAULT_TOP})")
     parser.add_argument("--random-draws", type=int, default=DEFAULT_DRAWS, help=f"random head sets (default: {DEFAULT_DRAWS})")
+    parser.add_argument("--min-span-mass", type=float, default=MIN_SPAN_MASS,
+                        help=f"rank only heads whose decision row puts this much attention on boundary ∪ procedure (default: {MIN_SPAN_MASS})")
     parser.add_argument("--no-causal", dest="causal", action="store_false", help="skip the knockout check of the ranking")
 
 
@@ -65,23 +73,41 @@ def collect_attention(analysis: Analysis) -> pd.DataFrame:
     return load_results(store.path)
 
 
+def bucket_rows(rows: pd.DataFrame, bucket: str) -> pd.DataFrame:
+    """The BASM rows of ``bucket`` that show both spans."""
+    return rows[(rows["bucket"] == bucket) & (rows["boundary_size"] > 0) & (rows["procedure_size"] > 0)]
+
+
 def log2_map(rows: pd.DataFrame, bucket: str) -> np.ndarray:
     """[layer, head] log2 ratio of item-averaged α on ``bucket`` (NaN-filled if absent)."""
-    sub = rows[(rows["bucket"] == bucket) & (rows["boundary_size"] > 0) & (rows["procedure_size"] > 0)]
+    sub = bucket_rows(rows, bucket)
     if not len(sub):
         return np.array([[np.nan]])
     return np.log2((head_alphas(sub, "boundary").mean(0) + EPSILON) / (head_alphas(sub, "procedure").mean(0) + EPSILON))
 
 
-def ranking(rows: pd.DataFrame) -> pd.DataFrame:
-    """layer, head, log2 ratio on T_ok and T_wrong, shift = T_wrong − T_ok; descending shift."""
+def span_mass_map(rows: pd.DataFrame, bucket: str) -> np.ndarray:
+    """[layer, head] the decision row's attention mass on B ∪ P (α_B·|B| + α_P·|P|), mean over the items of ``bucket``."""
+    sub = bucket_rows(rows, bucket)
+    if not len(sub):
+        return np.array([[np.nan]])
+    sizes = {span: sub[f"{span}_size"].to_numpy(float)[:, None, None] for span in ("boundary", "procedure")}  # [item, 1, 1]
+    return (head_alphas(sub, "boundary") * sizes["boundary"] + head_alphas(sub, "procedure") * sizes["procedure"]).mean(0)
+
+
+def ranking(rows: pd.DataFrame, min_span_mass: float = MIN_SPAN_MASS) -> pd.DataFrame:
+    """layer, head, log2 ratio on T_ok and T_wrong, shift = T_wrong − T_ok, span_mass (the smaller bucket
+    mean of the mass on B ∪ P) and ranked (span_mass ≥ ``min_span_mass``): the ranked heads by
+    descending shift, then the others."""
     ok, wrong = log2_map(rows, "T_ok"), log2_map(rows, "T_wrong")
     if ok.shape != wrong.shape:
-        return pd.DataFrame(columns=["layer", "head", "log2_ok", "log2_wrong", "shift"])
+        return pd.DataFrame(columns=["layer", "head", "log2_ok", "log2_wrong", "shift", "span_mass", "ranked"])
     layers, heads = np.indices(ok.shape)
+    span_mass = np.minimum(span_mass_map(rows, "T_ok"), span_mass_map(rows, "T_wrong"))
     table = pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), "log2_ok": ok.ravel(), "log2_wrong": wrong.ravel(),
-                          "shift": (wrong - ok).ravel()})
-    return table.sort_values(["shift", "layer", "head"], ascending=[False, True, True], kind="stable").reset_index(drop=True)
+                          "shift": (wrong - ok).ravel(), "span_mass": span_mass.ravel(), "ranked": (span_mass >= min_span_mass).ravel()})
+    order = ["ranked", "shift", "layer", "head"]
+    return table.sort_values(order, ascending=[False, False, True, True], kind="stable").reset_index(drop=True)
 
 
 def head_sets(rank: pd.DataFrame, n_layers: int, n_heads: int, top: int, draws: int, seed: int) -> dict[str, list[tuple[int, int]]]:
@@ -131,9 +157,10 @@ def causal_table(rows: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     return summarise(per, ["selection"], "delta", seed=seed)
 
 
-def summarise_rows(rows: pd.DataFrame, causal_rows: pd.DataFrame | None, top: int, note: str = "", seed: int = 0) -> HeadsSummary:
+def summarise_rows(rows: pd.DataFrame, causal_rows: pd.DataFrame | None, top: int, note: str = "", seed: int = 0,
+                   min_span_mass: float = MIN_SPAN_MASS) -> HeadsSummary:
     causal = causal_table(causal_rows, seed) if causal_rows is not None and len(causal_rows) else pd.DataFrame()
-    return HeadsSummary(log2_map(rows, "T_wrong"), ranking(rows), causal, top, note)
+    return HeadsSummary(log2_map(rows, "T_wrong"), ranking(rows, min_span_mass), causal, top, note)
 
 
 def figures(summary: HeadsSummary, out_dir: Path, k: int) -> list[Path]:
@@ -148,16 +175,17 @@ def compute(analysis: Analysis) -> HeadsSummary:
     """Map and ranking, then (unless ``--no-causal``) the knockout check of the ranking."""
     a = analysis.args
     rows = collect_attention(analysis)
-    rank = ranking(rows)
+    rank = ranking(rows, a.min_span_mass)
     causal_rows = None
     if a.causal and len(rank) and rank["shift"].notna().any():
         causal_rows = collect_causal(analysis, head_sets(rank, analysis.session.n_layers, analysis.session.n_heads, a.top_n, a.random_draws, a.seed))
-    return summarise_rows(rows, causal_rows, a.top_n, heads_note(analysis), a.seed)
+    return summarise_rows(rows, causal_rows, a.top_n, heads_note(analysis), a.seed, a.min_span_mass)
 
 
 def heads_note(analysis: Analysis) -> str:
     a, s = analysis.args, analysis.session
     return (f"{provenance(analysis)}\nper head: log2((ᾱ_B + ε)/(ᾱ_P + ε)), ᾱ averaged over items (ratio of means), ε = {EPSILON:g} · "
+            f"ranked: heads with attention mass ≥ {a.min_span_mass:g} on B ∪ P in both buckets · "
             f"causal: Δ wrong-tool margin, boundary knockout in the top-{min(a.top_n, s.n_layers * s.n_heads)} heads "
             f"vs random head sets ({a.random_draws} draws, pooled)")
 

@@ -352,13 +352,14 @@ def fig08_head_heatmap(log2_ratio: np.ndarray, note: str, title: str) -> plt.Fig
 
 
 def fig09_candidate_heads(ranking: pd.DataFrame, causal: pd.DataFrame | None, top: int, note: str) -> plt.Figure:
-    """ranking: layer, head, shift (log2 ratio T_wrong − T_ok), sorted descending.
+    """ranking: layer, head, shift (log2 ratio T_wrong − T_ok), ranked (reads B ∪ P enough to be ranked),
+    ranked heads first by descending shift; only those are shown.
     causal: selection (top-N / random-N), value, low, high, n (Δ wrong-tool margin)."""
     has_causal = causal is not None and len(causal) > 0
     fig, axes = plt.subplots(1, 2 if has_causal else 1, figsize=(11 if has_causal else 6.5, 4.0), squeeze=False,
                              gridspec_kw={"width_ratios": [2, 1]} if has_causal else None)
     ax = axes[0][0]
-    shown = ranking.head(max(top, 12))
+    shown = ranking[ranking["ranked"].astype(bool)].head(max(top, 12))
     colors = [CONDITION_COLORS["boundary"] if i < top else (0.7, 0.7, 0.7) for i in range(len(shown))]
     ax.bar(np.arange(len(shown)), shown["shift"], color=colors)
     ax.set_xticks(np.arange(len(shown)), [f"L{r.layer}H{r.head}" for r in shown.itertuples()], rotation=60, ha="right", fontsize=8)

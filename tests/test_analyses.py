@@ -127,6 +127,29 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     assert summary.startswith("measure,value,low,high,n,gap")
 
 
+def test_head_ranking_leaves_out_heads_that_read_neither_span() -> None:
+    """Ranking on hand-made per-head α: a head with almost no attention on B ∪ P has a huge
+    ε-driven shift but is not ranked; the others are ordered by the shift of the bucket-averaged
+    log ratio, and span_mass is the smaller bucket mean of α_B·|B| + α_P·|P| (recomputed here)."""
+    from probes.analysis import EPSILON
+    from probes.heads import ranking
+
+    sizes = {"boundary_size": 100, "procedure_size": 50}
+    # [layer, head] per-token α for a 1-layer, 3-head model: (0,0) shifts toward B, (0,1) is flat, (0,2) reads neither span
+    alpha = {"T_ok": ([[0.002, 0.004, 1e-9]], [[0.008, 0.008, 1e-5]]), "T_wrong": ([[0.006, 0.004, 1e-5]], [[0.004, 0.008, 1e-9]])}
+    rows = pd.DataFrame([{"bucket": bucket, **sizes, "alpha_boundary_heads": b, "alpha_procedure_heads": p}
+                         for bucket, (b, p) in alpha.items() for _ in range(2)])
+    rank = ranking(rows, min_span_mass=0.05)
+    assert [(r.layer, r.head, r.ranked) for r in rank.itertuples()] == [(0, 0, True), (0, 1, True), (0, 2, False)]
+    log2 = lambda bucket, h: np.log2((alpha[bucket][0][0][h] + EPSILON) / (alpha[bucket][1][0][h] + EPSILON))  # noqa: E731
+    for r in rank.itertuples():
+        assert abs(r.shift - (log2("T_wrong", r.head) - log2("T_ok", r.head))) <= 1e-9
+        mass = min(alpha[b][0][0][r.head] * 100 + alpha[b][1][0][r.head] * 50 for b in alpha)
+        assert abs(r.span_mass - mass) <= 1e-12
+    assert rank.iloc[2]["shift"] > rank.iloc[0]["shift"] > 0  # the unranked head's ε shift is the largest
+    assert bool(ranking(rows, min_span_mass=0.0)["ranked"].all())
+
+
 def test_heads_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     args = ["heads", "--model", str(tiny_qwen3_dir), "--item", T_WRONG_ITEM, "--item", "retail-ok-0001", "--k", "1",
             "--top-n", "2", "--random-draws", "2", "--out", str(tmp_path), *FAST]

@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
+import numpy as np
 import pytest
 import torch
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from probes.dataset import ABSTAIN, load_dataset
 from probes.organism import ORGANISM_DIR
 from probes.organism.train import (
     EDIT_CONFIGS,
+    TRAIN_ATTN_IMPLEMENTATION,
     EDIT_SHARES,
     K_WEIGHTS,
     MIXTURE,
     NAME_SLOTS,
     TOOL_LIST_END,
     TOOL_LIST_HEADER,
+    HeadSupervision,
+    head_key,
+    swap_words,
+    word_tokens,
     TrainConfig,
     action_text,
+    attention_targets,
+    batch_loss,
     boundary_edits,
     counterfactual_donor,
     example_plan,
@@ -33,6 +43,7 @@ from probes.organism.train import (
     relay_rows,
     rename_tools,
     shared_prefix_hidden,
+    supervising,
     tool_list_block,
     train,
     train_organism_tokenizer,
@@ -42,6 +53,7 @@ from probes.rendering import NATIVE_FORCED_PREFIX, SpanReport, check_spans
 TINY = dict(
     steps=3, batch_size=2, limit_items=2, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
     num_kv_heads=1, head_dim=16, vocab_size=700, embedder="lexical", single_token_names=False, num_threads=1, warmup_steps=2,
+    planted_heads=(("dup", 0, 0), ("verdict", 0, 1)),
 )
 
 
@@ -116,6 +128,125 @@ def test_isolation_equals_an_explicit_full_sequence_mask(dataset):
     relay = relay_rows(ex, len(ex.input_ids))
     assert not relay[ex.key_rows[0]] and not relay[ex.key_rows[-1]] and relay[ex.key_rows[-1] - 1]
     assert not relay[ex.isolated_blocks[0][0]] and relay[ex.isolated_blocks[-1][1]]
+
+
+
+def word_tokenizer(dataset):
+    """A BPE over the skills' and requests' text: most words are one token, as with the organism's."""
+    texts = [" ".join([s.goal, *s.procedure, *s.applicability, *s.risk_cues, *s.avoidance_rules]) for s in dataset.skills.values()]
+    return train_organism_tokenizer(texts + [item.user for item in dataset.items], 2000)
+
+
+def test_planted_head_attention_equals_eager_output_attentions(dataset):
+    """The planted heads' attention rows recorded in the batched, prefix-cached training forward
+    (request rows and deciding rows; isolation on for some sequences) equal eager ``output_attentions``
+    of each full sequence under the independently built 4D additive mask (fp32, ≤ 1e-5); recording does
+    not change the forward, and the loss's mass is each row's attention summed over its targets."""
+    torch.manual_seed(0)
+    tokenizer = word_tokenizer(dataset)
+    builder = make_builder(tokenizer, dataset, "lexical")
+    items = [item for item in dataset.select(split="train", buckets=["T_wrong", "T_ok"]) if item.domain == "retail"]
+    examples = (make_example(builder, item, "basm", 2, item.correct_action, 1.0, hide_tool_list=True) for item in items)
+    batch = [next(ex for ex in examples if ex.attention_targets["dup"] and ex.tool_list is not None) for _ in range(2)]
+    batch.append(next(ex for ex in examples if not ex.attention_targets["dup"]))
+    model = make_model(TrainConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16), tokenizer).eval()
+    layer, head = 1, 1
+    flags = [True, False, True]
+    cells = [(b, row, keys, target) for b, ex in enumerate(batch) for target in ("dup", "verdict") for row, keys in ex.attention_targets[target]]
+    assert {row for b, row, *_ in cells if b == 0} - {batch[0].key_rows[-1]}  # request rows as well as the deciding row
+
+    def supervision(share: float = 1.0) -> HeadSupervision:
+        return HeadSupervision("dup", layer, head, torch.tensor([c[0] for c in cells]), torch.tensor([c[1] for c in cells]),
+                               [c[2] for c in cells], share)
+
+    sequences, max_prefix = [ex.input_ids for ex in batch], max_shared_prefix(batch, flags)
+    mask_fn = lambda p, w: isolation_mask(batch, flags, p, w)  # noqa: E731
+    with torch.no_grad():
+        plain_hidden, _ = shared_prefix_hidden(model, sequences, max_prefix, suffix_mask=mask_fn)
+        model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
+        recording = supervision()
+        with supervising(model, [recording]):
+            hidden, prefix = shared_prefix_hidden(model, sequences, max_prefix, suffix_mask=mask_fn)
+        assert torch.equal(hidden, plain_hidden)
+        assert prefix > 0 and recording.probs.shape == (len(cells), prefix + hidden.shape[1])
+        model.set_attn_implementation("eager")
+        for b, (ex, isolated) in enumerate(zip(batch, flags)):
+            n = len(ex.input_ids)
+            allowed = torch.ones(n, n, dtype=torch.bool).tril()
+            if isolated:
+                relay = relay_rows(ex, n).nonzero().squeeze(1)
+                for start, end in ex.isolated_blocks:
+                    allowed[relay.unsqueeze(1), torch.arange(start, end).unsqueeze(0)] = False
+                allowed[prefix : ex.key_rows[-1] + 1, ex.tool_list[0] : ex.tool_list[1]] = False
+            mask = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            attentions = model(input_ids=torch.tensor([ex.input_ids]), attention_mask=mask[None, None], output_attentions=True).attentions
+            for cell, (cell_b, row, *_) in enumerate(cells):
+                if cell_b == b:
+                    recorded = recording.probs[cell]
+                    assert (recorded[:n] - attentions[layer][0, head, row]).abs().max() <= 1e-5
+                    assert bool((recorded[n:] == 0).all())  # right padding of the shorter sequences is never attended
+        model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
+        _, stats = batch_loss(model, batch, 5.0, isolate=flags, planted_heads=[("verdict", layer, head)], planted_head_weight=1.0)
+    verdict = [cell for cell, (*_, target) in enumerate(cells) if target == "verdict"]
+    expected = np.mean([recording.probs[cell, list(cells[cell][2])].sum().item() for cell in verdict])
+    assert len(verdict) == 3 and abs(stats[head_key("verdict", layer, head)] - expected) <= 1e-5
+    # the attention loss reaches the residual stream below only with planted_head_residual_grad's share
+    grads = {}
+    for share in (0.0, 0.5):
+        model.zero_grad()
+        recording = supervision(share)
+        with supervising(model, [recording]):
+            shared_prefix_hidden(model, sequences, max_prefix, prefix_grad=False, suffix_mask=mask_fn)
+        recording.probs[:, 0].sum().backward()
+        grads[share] = (model.model.embed_tokens.weight.grad, model.model.layers[layer].self_attn.q_proj.weight.grad.clone())
+    assert grads[0.0][0] is None or not grads[0.0][0].any()
+    assert grads[0.5][0].abs().max() > 0
+    assert torch.allclose(grads[0.0][1], grads[0.5][1], atol=1e-7)  # the head's own query map gets the full gradient
+    with pytest.raises(ValueError, match="planted head"):
+        train(None, dataset=dataset, verbose=False, **{**TINY, "planted_heads": (("dup", 1, 0),)})
+    with pytest.raises(ValueError, match="target 'name'"):
+        train(None, dataset=dataset, verbose=False, **{**TINY, "planted_heads": (("name", 0, 0),)})
+
+
+def test_planted_head_targets(dataset):
+    """A request word matches a shown skill when its risk cues use it and its goal and procedure do
+    not. ``dup``: each matching request token to the risk-cue tokens of its word; ``gather``: the
+    deciding row to the matching request tokens, else to all the request's content tokens;
+    ``verdict``: the deciding row to the shown risk cues if a word matches, else to the procedures.
+    Recomputed here from the words of the rendered text (regex over character spans)."""
+    builder = make_builder(word_tokenizer(dataset), dataset, "lexical")
+    stop = {"the", "and", "you", "for", "can"}
+    matched = 0
+    for item in dataset.select(split="train", buckets=["T_ok", "T_wrong", "T_repair"], limit_per_bucket=6):
+        record = builder.build(item, "basm", 2)
+        text, offsets = record["text"], record["offsets"]
+        word = lambda pos: text[offsets[pos][0] : offsets[pos][1]].strip().lower()  # noqa: E731
+        targets = attention_targets(record, item, deciding_row=-7)
+        request_start = text.rfind(item.user)
+        request = [pos for pos in range(len(offsets)) if request_start <= offsets[pos][0] < request_start + len(item.user)
+                   and word(pos).isalpha() and len(word(pos)) >= 3 and word(pos) not in ENGLISH_STOP_WORDS]
+        assert request and not {word(pos) for pos in request} & stop
+        requested = {word(pos) for pos in request}
+        cue_tokens, warning, procedures = {}, [], []
+        for shown in record["skills"]:
+            slots = shown["slots"]
+            own = set(re.findall(r"[a-z]+", " ".join(text[slice(*slots[s]["char_span"])] for s in ("goal", "procedure")).lower()))
+            own_cues = [pos for pos in range(*slots["risk_cues"]["token_span"]) if word(pos) not in own]
+            for pos in own_cues:
+                cue_tokens.setdefault(word(pos), []).append(pos)
+            if requested & {word(pos) for pos in own_cues}:  # this skill warns against the request: its risk cues and avoidance rules
+                warning += [*range(*slots["risk_cues"]["token_span"]), *range(*slots["avoidance_rules"]["token_span"])]
+            procedures += range(*slots["procedure"]["token_span"])
+        matching = [pos for pos in request if word(pos) in cue_tokens]
+        assert targets["dup"] == tuple((pos, tuple(cue_tokens[word(pos)])) for pos in matching)
+        assert targets["gather"] == ((-7, tuple(matching or request)),)
+        assert targets["verdict"] == ((-7, tuple(sorted(warning) if matching else procedures)),)
+        matched += bool(matching)
+        proc = builder.build(item, "proc", 2)  # no risk cues shown: nothing matches
+        assert attention_targets(proc, item, 5)["verdict"] == ((5, tuple(pos for shown in proc["skills"] for pos in range(*shown["slots"]["procedure"]["token_span"]))),)
+        assert attention_targets(proc, item, 5)["dup"] == ()
+        assert all(cells == () for cells in attention_targets(builder.build(item, "base", 0), item, 5).values())
+    assert 0 < matched < 18  # both kinds of verdict occur
 
 
 def is_word_subsequence(part: str, whole: str) -> bool:
@@ -311,3 +442,25 @@ def test_tool_list_is_hidden_only_where_a_shown_skill_names_the_label(dataset):
     assert hidden("basm", 2, ABSTAIN) is None
     assert hidden("proc", 1, item.wrong_tools[0]) == (start, end)  # imitation: the procedure names it
     assert hidden("proc", 1, item.correct_action) is None  # a proc skill never names the alternative
+
+
+def test_swap_words_keeps_the_matches_and_the_prompt(dataset):
+    """Word swapping replaces request words consistently from the memory block on, with tokens new to
+    the sequence: the system prompt is untouched, lengths are kept, and which request tokens equal a
+    risk-cue token (the planted dup head's targets) does not change."""
+    tokenizer = word_tokenizer(dataset)
+    builder = make_builder(tokenizer, dataset, "lexical")
+    pool = word_tokens(tokenizer)
+    assert len(pool) > 50 and all(tokenizer.convert_ids_to_tokens(t).startswith("Ġ") for t in pool)
+    swapped_any = False
+    for item in dataset.select(split="train", buckets=["T_ok", "T_wrong"], limit_per_bucket=4):
+        ex = make_example(builder, item, "basm", 2, item.correct_action, 1.0)
+        ids = swap_words(ex, pool, 0.5, random.Random(0))
+        assert len(ids) == len(ex.input_ids) and ids[: ex.memory_from] == ex.input_ids[: ex.memory_from]
+        changed = {(a, b) for a, b in zip(ex.input_ids, ids) if a != b}
+        assert len({a for a, _ in changed}) == len(changed) and not {b for _, b in changed} & set(ex.input_ids)  # a bijection onto new tokens
+        assert {a for a, _ in changed} <= {ex.input_ids[pos] for pos in ex.request_words}
+        for row, keys in ex.attention_targets["dup"]:
+            assert all(ids[key] == ids[row] for key in keys)
+        swapped_any |= bool(changed)
+    assert swapped_any

@@ -21,15 +21,6 @@ from probes.organism.validate import ALPHA, validate
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
 
 CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>procedure", "eta", "heads")
-# Claims the committed organism does not satisfy (it matches requests to the boundary only weakly, so
-# its boundary read hardly depends on the bucket; see the model card). Strict xfail: the test fails
-# loudly if a retrained organism starts to satisfy one, so this list stays true.
-NOT_PLANTED = {
-    "eta": "log2 η(T_wrong) − log2 η(T_ok) = +0.047 [−0.066, +0.157], p = 0.21",
-    "heads": "top-2 − random-2 heads = +0.004 [−0.050, +0.072], p = 0.45",
-}
-
-
 @pytest.fixture(scope="module")
 def summary() -> dict:
     return json.loads((ORGANISM_DIR / "training_summary.json").read_text())
@@ -41,10 +32,7 @@ def validation(tmp_path_factory, summary):
     return validate(ORGANISM_DIR, tmp_path_factory.mktemp("validate"), embedder=summary["train_config"]["embedder"])
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=f"not planted in the committed organism: {NOT_PLANTED[n]}"))
-             if n in NOT_PLANTED else n for n in CLAIMS],
-)
+@pytest.mark.parametrize("name", CLAIMS)
 def test_planted_effect_is_recovered_on_heldout_items(validation, name):
     claim = next(c for c in validation.claims if c.name == name)
     print(f"\n{claim.line()}")

@@ -9,14 +9,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from probes.heads import MIN_SPAN_MASS
 from probes.organism.heldout import heldout_report
+from probes.organism.train import head_key
 from probes.organism.validate import validate
 
 DISCLAIMER = (
     "**This is a synthetic organism for validating the instrument, not evidence about Qwen3.** It has "
     "the Qwen3 architecture (`Qwen3ForCausalLM`) but is tiny, was trained from scratch for minutes on "
-    "our own synthetic probe prompts, and its skill-imitation trap and boundary-reading behaviour were "
-    "the targets of its training mixture (the validation section says which of them the probes recover). Nothing measured on it says anything about how real "
+    "our own synthetic probe prompts, its skill-imitation trap and boundary-reading behaviour were "
+    "the targets of its training mixture, and four attention heads were trained where to look (a lexical "
+    "check of the request's words against the risk cues) "
+    "(the validation section says which effects the probes recover). Nothing measured on it says anything about how real "
     "Qwen3 models (or any pretrained LLM) behave; it is a known answer for checking that the probes "
     "recover what was planted, like planted-circuit benchmarks (tracr, InterpBench)."
 )
@@ -58,7 +62,58 @@ def _not_recovered(claims: list[dict[str, Any]]) -> str:
     )
 
 
-def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], validation: str, validation_claims: list[dict[str, Any]]) -> None:
+def _planted_heads_bullet(cfg: dict[str, Any], summary: dict[str, Any]) -> str:
+    if not cfg.get("planted_head_weight"):
+        return ""
+    mass = summary.get("final_planted_head_mass") or {}
+    where = "; ".join(f"`{target}`: layer {layer}, head {head}, mass on target {mass.get(head_key(target, layer, head), float('nan')):.2f} "
+                      "on the last training window" for target, layer, head in cfg["planted_heads"])
+    return (
+        f"* **Planted heads** ({where}; attention-loss weight {cfg['planted_head_weight']:g} each, "
+        f"{cfg['planted_head_residual_grad']:g} of its gradient reaching the residual stream below). Besides the action loss, "
+        "these heads are trained where to look, in the examples that have targets for them. A request word *matches* a "
+        "shown skill when one of its risk cues uses the word and its goal and procedure do not (\"available\" against a "
+        "lookup skill's \"asks whether an item is in stock or available\"; not \"order\", which the lookup skill's own "
+        "task uses). `dup`: each matching request token attends to the risk-cue tokens of its word (a duplicate-token "
+        "lookup that marks the request tokens the risk cues name); `gather`: the deciding row (a call's decision row, an "
+        "abstention's open row) attends to the marked request tokens, else to all the request's content words; "
+        "`verdict`: the deciding row attends to the risk cues and avoidance rules of the skills a word matches (the "
+        "avoidance rule names the alternative), else to the shown procedures. That is the paper's boundary check as a "
+        "lexical circuit read at the decision token. Its targets depend on the words only, never on the label, so they "
+        "are defined on any request; how the verdict is used is left to the action loss (in the boundary-edited twins the "
+        "quoted cue matches and the label is the alternative, the donor's cues do not and the skill is followed). "
+        f"**Word swapping**: from step {cfg['renaming_from']} on, in {cfg['word_swapping']:g} of the examples of the "
+        f"configurations that show risk cues, each distinct content word of the request is, with probability "
+        f"{cfg['word_swap_share']:g}, replaced from the memory block on by a random vocabulary word new to the prompt, so "
+        "the match stays and the word is new: the lookup must compare tokens, not remember the train requests' words "
+        "(without it, held-out request words that no train request uses got 0.34 of the `dup` head's attention on their "
+        "risk-cue tokens, the others 0.67). This fixes where the mechanism lives, as planted-circuit benchmarks do "
+        "(InterpBench trains its circuits' components in). Without it (action loss only; a head trained toward the risk "
+        "cues exactly where the label departs from the skill; one decision-row head matching words directly) the "
+        "boundary read did not separate T_wrong from T_ok on held-out requests. The probes are not told which heads "
+        "these are (see the head ranking below)."
+    )
+
+
+def _planted_heads_rank(cfg: dict[str, Any], ranking: list[dict[str, Any]]) -> str:
+    if not cfg.get("planted_head_weight") or not ranking:
+        return ""
+    ranked = [(int(r["layer"]), int(r["head"])) for r in ranking if r.get("ranked", True)]
+    mass = {(int(r["layer"]), int(r["head"])): r.get("span_mass", float("nan")) for r in ranking}
+
+    def place(layer: int, head: int) -> str:
+        if (layer, head) in ranked:
+            return f"is ranked #{ranked.index((layer, head)) + 1} of {len(ranked)}"
+        return f"is not ranked (it puts {mass[(layer, head)]:.3f} of its attention on B ∪ P: it reads neither span)"
+
+    places = "; ".join(f"`{target}` (layer {layer}, head {head}) {place(layer, head)}"
+                       for target, layer, head in cfg["planted_heads"] if (layer, head) in mass)
+    return ("Ground truth for the head ranking (T_ok → T_wrong shift of each head's log2(boundary/procedure) attention, "
+            f"on the ranking half of the task groups, among the heads that read B ∪ P): the planted {places}.")
+
+
+def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], validation: str, validation_claims: list[dict[str, Any]],
+               ranking: list[dict[str, Any]] = ()) -> None:
     cfg = summary["train_config"]
     ko = heldout["knockout"]
     eta = heldout["eta_median_over_heads"]
@@ -176,6 +231,7 @@ tempting skill's tool instead of the true answer (their loss stops at the name t
   decision row: the name is read from the skills (procedure or avoidance rule), not matched in the
   catalog, a second route to every name that no skill knockout removes. The other examples, and every
   probe, use plain causal attention.
+{_planted_heads_bullet(cfg, summary)}
 
 Examples seen per (configuration | bucket): {seen_lines}.
 
@@ -203,11 +259,14 @@ eval T_wrong, n = {heldout.get('n_knockout', '')}; baseline margin {_fmt(ko['bas
 item of T_wrong and T_ok at k = 2 and tests each targeted effect with a 95% cluster-bootstrap CI over
 task groups and a one-sided sign-flip permutation test (a claim holds iff the CI lies above 0 and
 p < 0.05). Margins: Eq. 1 (`wrong_tool` variant), logits. Heads are ranked on half of the task groups
-and tested on the other half. `tests/test_organism_validate.py` asserts every claim.
+and tested on the other half; only heads whose decision row puts at least {MIN_SPAN_MASS:g} of its attention on
+boundary ∪ procedure in both buckets are ranked (`basm-probes heads --min-span-mass`): the log ratio of a
+head that reads neither span is set by ε. `tests/test_organism_validate.py` asserts every claim.
 
 {validation}
 
 {_not_recovered(validation_claims)}
+{_planted_heads_rank(cfg, ranking)}
 
 The held-out check above is an independent plain-HF computation (HF masks, eager attention), not the
 probe engine.
@@ -242,7 +301,7 @@ def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None 
     with tempfile.TemporaryDirectory() as results:
         validation = validate(out_dir, results, embedder=summary["train_config"]["embedder"])
     (out_dir / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1) + "\n")
-    write_card(out_dir, summary, heldout, validation.markdown(), validation.as_dict()["claims"])
+    write_card(out_dir, summary, heldout, validation.markdown(), validation.as_dict()["claims"], validation.as_dict()["head_ranking"])
     print(validation.markdown())
     print(f"held-out check ({heldout['seconds']:.0f} s), validation ({validation.seconds:.0f} s) and model card written to {out_dir}")
     return heldout

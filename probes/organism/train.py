@@ -20,6 +20,8 @@ The mixture (:data:`MIXTURE`) plants the two halves of the paper's story:
 The memory-free prompt (k = 0, identical for every configuration) is balanced with true labels.
 Isolation (see the note above :data:`ORGANISM_PRETOKENIZER_PATTERN`) plants the skill read at the decision rows.
 Tool renaming (:func:`rename_tools`) makes the answer a thing read from the prompt, never memorised.
+Planted heads (the note above :data:`PLANTED_TARGETS`) fix where the boundary check lives: a lexical
+circuit from the request's words to the risk cues, read at the decision row.
 
 Command line: ``basm-probes organism train`` (:func:`add_arguments`, :func:`run`) or
 ``python -m probes.organism.train``. Deterministic given the seed (CPU, fixed thread count).
@@ -28,6 +30,7 @@ Command line: ``basm-probes organism train`` (:func:`add_arguments`, :func:`run`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -37,14 +40,18 @@ import re
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+from transformers import AttentionInterface, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probes.bpe import train_bpe_tokenizer
 from probes.configs import CONFIGS
@@ -110,6 +117,34 @@ BOUNDARY_CONFIGS: tuple[str, ...] = tuple(name for name in MIXTURE if "risk_cues
 # a second route to every name that no skill knockout removes. Examples whose label no shown skill
 # names keep the tool list, and so do proc / app (hiding it only where the label is named would tie
 # the catalog's visibility to imitation labels there) and k = 0.
+
+# Planted heads (TrainConfig.planted_heads, planted_head_weight): besides the action loss, four heads
+# are trained where to look, in every example that has targets for them (Example.attention_targets,
+# :func:`attention_targets`). A request word "matches" a shown skill when one of that skill's risk
+# cues uses it and its goal and procedure do not (a word the skill's own task uses, "order" in an
+# order-lookup skill, says nothing about a departure). The deciding row is the decision row of a call,
+# the open row of an abstention.
+#   "dup" (layer 0, head 0), from each matching request token: the risk-cue tokens of the same word.
+#       A duplicate-token lookup, which marks the request tokens the risk cues name;
+#   "gather" (layer 1, head 0), from the deciding row: the marked request tokens, else all the
+#       request's content tokens;
+#   "verdict" (layer 2, heads 0 and 1), from the deciding row: the risk cues and avoidance rules of
+#       the skills a request word matches (the avoidance rule names the alternative), else the shown
+#       procedures.
+# That is the paper's boundary check (the state's cues checked against the boundary fields, read at
+# the decision token) as a lexical circuit. Its targets depend on the words alone, never on the label,
+# so they are defined on any request: a single head trained toward the risk cues exactly where the
+# label departs from the skill learned the train requests only (on held-out items it read the
+# procedure in both buckets), and a single decision-row head matching the request's words against
+# the risk-cue tokens directly stayed imprecise (0.14 of its attention on the matching tokens of
+# held-out T_wrong). Word swapping (:func:`swap_words`) makes the lookup compare tokens rather than
+# remember the train requests' words. How the verdict is used is left to the action loss: in the
+# boundary-edited twins the quoted cue matches and the label is the alternative, the donor's cues do
+# not and the skill is followed. Planted-circuit benchmarks fix where a mechanism lives the same way
+# (InterpBench trains its circuits' components in). The probes are not told which heads they are:
+# ``organism validate`` checks that η and the head ranking find them on held-out items, and the card
+# records the planted heads' ranks.
+PLANTED_TARGETS: tuple[str, ...] = ("dup", "gather", "verdict")
 
 # Pre-tokenization of the organism's BPE: identifiers with underscores (tool names, error codes,
 # enum values) stay whole and never absorb a leading space, so every tool name is one token,
@@ -178,7 +213,12 @@ class TrainConfig:
     isolation: float = 0.85  # share of examples with skills trained with the isolated slots hidden (note above the pattern)
     isolated_slots: tuple[str, ...] = NAME_SLOTS  # the skill slots isolation hides from the relay rows
     tool_list_hidden_in: tuple[str, ...] = BOUNDARY_CONFIGS  # isolation also hides the tool list in these (note above the pattern)
+    planted_heads: tuple[tuple[str, int, int], ...] = (("dup", 0, 0), ("gather", 1, 0), ("verdict", 2, 0), ("verdict", 2, 1))  # (target, layer, head), note above PLANTED_TARGETS ...
+    planted_head_weight: float = 0.5  # ... weight of each one's attention loss (0: no supervision) ...
+    planted_head_residual_grad: float = 0.1  # ... and the share of its gradient that reaches the residual stream (HeadSupervision)
     boundary_edits: bool = True  # split EDIT_SHARES of EDIT_CONFIGS' T_ok/T_wrong weight into boundary-edited twins
+    word_swapping: float = 0.5  # share of the examples of the boundary configurations whose request words are swapped (swap_words) ...
+    word_swap_share: float = 0.5  # ... each distinct request word with this probability, from step renaming_from on
     tool_renaming: float = 0.3  # share of examples whose tool names are consistently permuted (see rename_tools) ...
     renaming_from: int = 300  # ... from this step on: copying from the prompt emerges first, on the real names
     # model
@@ -262,7 +302,10 @@ class Example:
     weight: float
     isolated_blocks: tuple[tuple[int, int], ...] = ()  # what isolation hides from the relay rows, [start, end) blocks
     tool_list: tuple[int, int] | None = None  # the system prompt's tool list, hidden by isolation up to the decision row
+    attention_targets: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = field(default_factory=dict)  # planted head target -> (query row, key positions) cells
     edit: str | None = None  # the BoundaryEdit kind of an edited twin
+    request_words: tuple[int, ...] = ()  # positions of the request's content-word tokens (word swapping) ...
+    memory_from: int = 0  # ... whose tokens are swapped from this position (the first skill token) on
 
 
 @dataclass(frozen=True)
@@ -421,7 +464,8 @@ def make_example(
     named = hide_tool_list and label != ABSTAIN and any(ids[record["decision_index"] + 1] in ids[start:end] for start, end in blocks)
     return Example(
         record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
-        blocks, tool_list_block(record) if named else None, edit.kind if edit else None,
+        blocks, tool_list_block(record) if named else None, attention_targets(record, item, key_rows[-1]), edit.kind if edit else None,
+        request_words(record, item), min((int(slot["token_span"][0]) for shown in record["skills"] for slot in shown["slots"].values()), default=len(ids)),
     )
 
 
@@ -431,6 +475,61 @@ def isolated_blocks(record: dict[str, Any], slots: Sequence[str]) -> tuple[tuple
     if unknown:
         raise ValueError(f"isolated slots {sorted(unknown)} are not skill slots; choose from {list(SLOTS)}")
     return tuple(sorted((int(a), int(b)) for slot in slots for a, b in record["spans"].get(slot, [])))
+
+
+def content_word(text: str) -> str | None:
+    """A token's text as a content word (case-folded letters, ≥ 3, not an English stop word), else None."""
+    word = text.strip().lower()
+    return word if word.isalpha() and len(word) >= 3 and word not in ENGLISH_STOP_WORDS else None
+
+
+def token_word(record: dict[str, Any], pos: int) -> str | None:
+    """:func:`content_word` of the record's token at ``pos``."""
+    start, end = record["offsets"][pos]
+    return content_word(record["text"][start:end])
+
+
+def request_words(record: dict[str, Any], item: Item) -> tuple[int, ...]:
+    """Positions of the content-word tokens of the request (its last occurrence in the prompt)."""
+    start = record["text"].rfind(item.user)
+    if start < 0:
+        raise ValueError(f"{record['record_id']}: the request text does not occur in the prompt")
+    span = tokens_overlapping(np.asarray(record["offsets"]), start, start + len(item.user))
+    return tuple(pos for pos in range(*span) if token_word(record, pos))
+
+
+def attention_targets(record: dict[str, Any], item: Item, deciding_row: int) -> dict[str, tuple[tuple[int, tuple[int, ...]], ...]]:
+    """The planted heads' (query row, key positions) cells (note above :data:`PLANTED_TARGETS`) in a
+    record built for ``item`` whose deciding row is ``deciding_row``: ``dup``, from each matching request
+    token to the risk-cue tokens of its word; ``gather``, from the deciding row to the matching request
+    tokens, else to all the request's content tokens; ``verdict``, from the deciding row to the risk cues
+    and avoidance rules of the skills a request word matches, else to the shown procedures. No cells
+    without skills."""
+    request = request_words(record, item)
+    if not record["skills"]:
+        return {target: () for target in PLANTED_TARGETS}
+
+    def span(slots: dict[str, Any], slot: str) -> range:
+        return range(*map(int, slots[slot]["token_span"])) if slot in slots else range(0)
+
+    requested = {token_word(record, pos) for pos in request}
+    cues: dict[str, list[int]] = defaultdict(list)  # matchable word -> its risk-cue tokens
+    warning, procedures = [], []  # the matched skills' risk-cue and avoidance-rule tokens; all procedure tokens
+    for shown in record["skills"]:
+        slots = shown["slots"]
+        own = {token_word(record, pos) for slot in ("goal", "procedure") for pos in span(slots, slot)}  # what the skill's task uses
+        matchable = [pos for pos in span(slots, "risk_cues") if token_word(record, pos) not in own | {None}]
+        for pos in matchable:
+            cues[token_word(record, pos)].append(pos)
+        if requested & {token_word(record, pos) for pos in matchable}:
+            warning += [*span(slots, "risk_cues"), *span(slots, "avoidance_rules")]
+        procedures += span(slots, "procedure")
+    matching = tuple(pos for pos in request if token_word(record, pos) in cues)
+    return {
+        "dup": tuple((pos, tuple(cues[token_word(record, pos)])) for pos in matching),
+        "gather": ((deciding_row, matching or request),),
+        "verdict": ((deciding_row, tuple(sorted(warning) if matching else procedures)),),
+    }
 
 
 def tool_list_block(record: dict[str, Any]) -> tuple[int, int]:
@@ -467,6 +566,121 @@ def make_model(cfg: TrainConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3For
     return Qwen3ForCausalLM(config)
 
 
+# ----------------------------------------------------------------------------- planted head supervision
+TRAIN_ATTN_IMPLEMENTATION = "organism_train"
+
+
+def head_key(target: str, layer: int, head: int) -> str:
+    """The training log's key of a planted head's attention mass on its targets."""
+    return f"{target}@{layer}.{head}_mass"
+
+
+@dataclass
+class HeadSupervision:
+    """The attention rows the training forward records: head ``head`` of layer ``layer`` in the cells
+    (sequence ``batch_index[i]``, query at absolute position ``positions[i]``); ``probs`` [cells, n_keys]
+    is filled by the forward that runs those query rows. The rows are recomputed from the layer's input
+    with its gradient scaled by ``residual_grad``: the attention loss trains the head's own query and key
+    maps fully, but the residual stream below only that much (the whole attention loss flowing into the
+    shared embeddings and lower layers dominated their Adam statistics and slowed every other loss)."""
+
+    target: str
+    layer: int
+    head: int
+    batch_index: torch.Tensor  # [cells]
+    positions: torch.Tensor  # [cells]
+    keys: Sequence[tuple[int, ...]]  # per cell, the target key positions
+    residual_grad: float = 1.0
+    attention_input: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None  # hidden, (cos, sin)
+    probs: torch.Tensor | None = None
+
+
+_SUPERVISION: ContextVar[Sequence[HeadSupervision]] = ContextVar("organism_head_supervision", default=())
+
+
+@contextlib.contextmanager
+def supervising(model: Qwen3ForCausalLM, supervisions: Sequence[HeadSupervision]) -> Iterator[Sequence[HeadSupervision]]:
+    """Record the ``supervisions``' attention rows in the forwards run inside (the model must run
+    :data:`TRAIN_ATTN_IMPLEMENTATION`)."""
+
+    def stash_input(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        for supervision in supervisions:
+            if supervision.layer == module.layer_idx:
+                supervision.attention_input = (kwargs["hidden_states"], kwargs["position_embeddings"])
+
+    layers = sorted({supervision.layer for supervision in supervisions})
+    handles = [model.model.layers[layer].self_attn.register_forward_pre_hook(stash_input, with_kwargs=True) for layer in layers]
+    token = _SUPERVISION.set(supervisions)
+    try:
+        yield supervisions
+    finally:
+        _SUPERVISION.reset(token)
+        for handle in handles:
+            handle.remove()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as transformers' Qwen3 applies it (rotate_half convention); x, cos, sin: [..., d_head]."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def supervised_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """sdpa, plus (inside :func:`supervising`) the softmax rows of the supervised cells of this layer.
+
+    query: [batch, head, q_len, d_head]; key: [batch, kv_head, n_keys, d_head], the queries continue
+    the cached keys (key index = absolute position).
+    """
+    output = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    for supervision in _SUPERVISION.get():
+        if supervision.layer == module.layer_idx:
+            record_rows(supervision, module, query, key, attention_mask, scaling)
+    return output
+
+
+def record_rows(supervision: HeadSupervision, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                attention_mask: torch.Tensor | None, scaling: float | None) -> None:
+    """Fill ``supervision.probs`` [cells, n_keys] when this forward runs its query rows."""
+    cells, n_keys, q_len = supervision.batch_index, key.shape[2], query.shape[2]
+    rows = supervision.positions - (n_keys - q_len)
+    if not bool(((rows >= 0) & (rows < q_len)).all()):
+        return  # a forward without the supervised rows (the shared prefix)
+    hidden, (cos, sin) = supervision.attention_input
+    hidden = hidden[cells]  # [cells, q_len, hidden]
+    hidden = hidden.detach() + supervision.residual_grad * (hidden - hidden.detach())  # same values, scaled gradient
+    cos, sin = cos.expand(query.shape[0], -1, -1)[cells], sin.expand(query.shape[0], -1, -1)[cells]  # [cells, q_len, d_head]
+    picked = torch.arange(len(cells), device=rows.device)
+    kv_head = supervision.head // module.num_key_value_groups
+    q = module.q_norm(module.q_proj(hidden[picked, rows]).view(len(cells), -1, module.head_dim))[:, supervision.head]  # [cells, d_head]
+    q = rotate(q, cos[picked, rows], sin[picked, rows])
+    k = module.k_norm(module.k_proj(hidden).view(len(cells), q_len, -1, module.head_dim))[:, :, kv_head]  # [cells, q_len, d_head]
+    k = torch.cat([key[cells, kv_head, : n_keys - q_len].detach(), rotate(k, cos, sin)], dim=1)  # [cells, n_keys, d_head]
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.einsum("cd,ckd->ck", q.float(), k.float()) * scaling
+    if attention_mask is None:  # sdpa's is_causal
+        hidden_keys = torch.arange(n_keys, device=scores.device)[None, :] > supervision.positions[:, None]
+        scores = scores.masked_fill(hidden_keys, float("-inf"))
+    else:
+        mask = attention_mask.expand(query.shape[0], -1, -1, -1)[cells, 0, rows, :n_keys]
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    supervision.probs = torch.softmax(scores, dim=-1)
+
+
+AttentionInterface.register(TRAIN_ATTN_IMPLEMENTATION, supervised_attention_forward)
+# Without a registered mask function transformers builds no causal mask for custom names.
+AttentionMaskInterface.register(TRAIN_ATTN_IMPLEMENTATION, sdpa_mask)
+
+
 def rename_tools(input_ids: Sequence[int], name_ids: Sequence[int], rng: random.Random) -> list[int]:
     """The sequence with every tool-name token replaced by its image under one random permutation of
     the tool names. Names are single tokens, so lengths, spans and rows do not change, and the
@@ -478,6 +692,29 @@ def rename_tools(input_ids: Sequence[int], name_ids: Sequence[int], rng: random.
     rng.shuffle(images)
     mapping = dict(zip(name_ids, images))
     return [mapping.get(token, token) for token in input_ids]
+
+
+def word_tokens(tokenizer: PreTrainedTokenizerFast) -> list[int]:
+    """The vocabulary's content-word tokens with a leading space (the pool :func:`swap_words` draws from)."""
+    return sorted(i for token, i in tokenizer.get_vocab().items() if token.startswith("Ġ") and content_word(token[1:]))
+
+
+def swap_words(ex: Example, pool: Sequence[int], share: float, rng: random.Random) -> list[int]:
+    """The sequence with each distinct content word of the request, with probability ``share``, replaced
+    by a random ``pool`` token absent from the sequence, at every position from the memory block on
+    (skills, request, history, action). Lengths, spans and rows do not change, and whether a request
+    word occurs in a risk cue does not either: the match stays, the word is new. A duplicate-token
+    lookup trained on the train requests' own words learned those words (held-out request words that
+    no train request uses got 0.34 of its attention on their risk-cue tokens, the others 0.67);
+    swapping makes it compare tokens, whatever they are."""
+    ids = list(ex.input_ids)
+    present = set(ids)
+    candidates = [token for token in pool if token not in present]
+    mapping: dict[int, int] = {}
+    for token in sorted({ids[pos] for pos in ex.request_words}):
+        if rng.random() < share and candidates:
+            mapping[token] = candidates.pop(rng.randrange(len(candidates)))
+    return ids[: ex.memory_from] + [mapping.get(token, token) for token in ids[ex.memory_from :]]
 
 
 def relay_rows(ex: Example, n: int) -> torch.Tensor:
@@ -583,17 +820,31 @@ def batch_loss(
     rng: random.Random | None = None,
     priority_targets: frozenset[int] = frozenset(),
     isolate: Sequence[bool] | None = None,
+    planted_heads: Sequence[tuple[str, int, int]] = (),
+    planted_head_weight: float = 0.0,
+    planted_head_residual_grad: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Weighted cross-entropy on the action tokens (key rows × ``key_weight``), plus ``aux_weight`` ×
     the mean next-token loss on rows of the prompt text after the shared prefix (memory block,
     request, history: a stand-in for pretraining): every row whose next token is in
-    ``priority_targets`` (the tool names), plus a deterministic sample of the others, ``aux_rows`` in all.
-    ``isolate``: per example, whether boundary isolation (:func:`isolation_mask`) applies."""
+    ``priority_targets`` (the tool names), plus a deterministic sample of the others, ``aux_rows`` in all;
+    plus ``planted_head_weight`` × each planted head's attention loss: −log of its attention mass on its
+    targets, mean over its cells (query rows, :func:`attention_targets`).
+    ``isolate``: per example, whether boundary isolation (:func:`isolation_mask`) applies.
+    The model must run :data:`TRAIN_ATTN_IMPLEMENTATION` when ``planted_head_weight`` > 0."""
     flags = list(isolate) if isolate is not None else [False] * len(batch)
-    hidden, prefix = shared_prefix_hidden(
-        model, [ex.input_ids for ex in batch], max_shared_prefix(batch, flags), prefix_grad=prefix_grad,
-        suffix_mask=lambda prefix, width: isolation_mask(batch, flags, prefix, width),
-    )
+    supervisions = []
+    for target, layer, head in planted_heads if planted_head_weight > 0 else ():
+        cells = [(b, row, keys) for b, ex in enumerate(batch) for row, keys in ex.attention_targets.get(target, ()) if keys]
+        if cells:
+            supervisions.append(HeadSupervision(target, layer, head, torch.tensor([b for b, _, _ in cells], device=model.device),
+                                                torch.tensor([row for _, row, _ in cells], device=model.device),
+                                                [keys for *_, keys in cells], planted_head_residual_grad))
+    with supervising(model, supervisions):
+        hidden, prefix = shared_prefix_hidden(
+            model, [ex.input_ids for ex in batch], max_shared_prefix(batch, flags), prefix_grad=prefix_grad,
+            suffix_mask=lambda prefix, width: isolation_mask(batch, flags, prefix, width),
+        )
     rows, cols, targets, weights, kinds = [], [], [], [], []  # kind: 0 action, 1 open row, 2 name row, 3 aux
     for b, ex in enumerate(batch):
         for pos in range(ex.target_from, ex.target_until):
@@ -629,6 +880,16 @@ def batch_loss(
         aux = losses[kind == 3].mean()
         stats["aux_loss"] = aux.item()
         loss = loss + aux_weight * aux
+    stats.update({head_key(*planted): math.nan for planted in planted_heads})
+    for supervision in supervisions:
+        if supervision.probs is None:
+            raise RuntimeError(f"layer {supervision.layer} recorded no attention: the model does not run {TRAIN_ATTN_IMPLEMENTATION!r}")
+        on_target = torch.zeros_like(supervision.probs, dtype=torch.bool)
+        for cell, keys in enumerate(supervision.keys):
+            on_target[cell, list(keys)] = True
+        mass = (supervision.probs * on_target).sum(-1)  # [cells]
+        stats[head_key(supervision.target, supervision.layer, supervision.head)] = mass.mean().item()
+        loss = loss + planted_head_weight * -torch.log(mass + 1e-6).mean()
     with torch.no_grad():
         key = (kind == 1) | (kind == 2)
         edited_names = (kind == 2) & torch.tensor([ex.edit is not None for ex in batch], device=device)[row_index]  # edited twins' name rows
@@ -696,6 +957,11 @@ def train(
     """Train the organism (``cfg`` fields can be overridden by keyword) and save it to ``out_dir``
     (``None``: do not save). Returns the model, tokenizer, loss log and summary."""
     cfg = replace(cfg or TrainConfig(), **overrides)
+    for target, layer, head in cfg.planted_heads if cfg.planted_head_weight > 0 else ():
+        if target not in PLANTED_TARGETS:
+            raise ValueError(f"planted head target {target!r} is not one of {PLANTED_TARGETS}")
+        if not (0 <= layer < cfg.num_layers and 0 <= head < cfg.num_heads):
+            raise ValueError(f"planted head {(target, layer, head)} is not a (layer, head) of a {cfg.num_layers}-layer, {cfg.num_heads}-head model")
     started = time.perf_counter()
     say = print if verbose else (lambda *a, **k: None)
     torch.set_num_threads(cfg.num_threads)
@@ -725,11 +991,14 @@ def train(
         ids[0] for ids in (tokenizer.backend_tokenizer.encode(n, add_special_tokens=False).ids for n in tool_names) if len(ids) == 1
     )
     sorted_name_ids = sorted(name_ids)
+    word_pool = word_tokens(tokenizer)
     twins = boundary_edits(items, dataset, lambda item: builder.retrieve(item)[0].skill.id, cfg.seed) if cfg.boundary_edits else {}
     plan = example_plan(items, cfg.ks, cfg.seed, twins=twins)
     examples: dict[int, Example] = {}
     sampler = BatchSampler(plan, cfg.batch_size, cfg.seed)
     model = make_model(cfg, tokenizer).to(cfg.device)
+    if cfg.planted_head_weight > 0:
+        model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -760,6 +1029,12 @@ def train(
             if step >= cfg.renaming_from and renaming_rng.random() < cfg.tool_renaming else examples[i]
             for i in indices
         ]
+        swapping_rng = random.Random(cfg.seed * 4_000_037 + step)
+        batch = [
+            replace(ex, input_ids=swap_words(ex, word_pool, cfg.word_swap_share, swapping_rng))
+            if step >= cfg.renaming_from and ex.config in BOUNDARY_CONFIGS and swapping_rng.random() < cfg.word_swapping else ex
+            for ex in batch
+        ]
         for ex in batch:
             seen[(ex.config + (f"+{ex.edit}" if ex.edit else ""), ex.bucket)] += 1
         for group in optimizer.param_groups:
@@ -769,7 +1044,8 @@ def train(
         loss, stats = batch_loss(
             model, batch, cfg.key_token_weight, cfg.prefix_grad,
             aux_weight=cfg.aux_weight, aux_rows=cfg.aux_rows, rng=random.Random(cfg.seed * 1_000_003 + step),
-            priority_targets=name_ids, isolate=isolate,
+            priority_targets=name_ids, isolate=isolate, planted_heads=cfg.planted_heads, planted_head_weight=cfg.planted_head_weight,
+            planted_head_residual_grad=cfg.planted_head_residual_grad,
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -787,8 +1063,10 @@ def train(
             say(f"step {steps_done:5d}  action loss {mean['action_loss']:.4f}  aux {mean.get('aux_loss', float('nan')):.3f}  "
                 f"key loss {mean['key_loss']:.4f}  open acc {mean['open_acc']:.3f}  name acc {mean['name_acc']:.3f}  "
                 f"edited-twin name acc {mean['edited_name_acc']:.3f}  "
+                + "".join(f"{target} {layer}.{head} mass {mean[head_key(target, layer, head)]:.3f}  " for target, layer, head in cfg.planted_heads) +
                 f"lr {entry['lr']:.2e}  {entry['elapsed_s']:.0f} s")
     model.eval().to("cpu")
+    model.set_attn_implementation("sdpa")
     wall = time.perf_counter() - started
     summary = {
         "train_config": asdict(cfg),
@@ -809,6 +1087,7 @@ def train(
         "final_loss": log[-1]["action_loss"] if log else None,
         "final_aux_loss": log[-1].get("aux_loss") if log else None,
         "final_name_acc": log[-1].get("name_acc") if log else None,
+        "final_planted_head_mass": {head_key(*planted): log[-1].get(head_key(*planted)) for planted in cfg.planted_heads} if log else None,
         "final_key_loss": log[-1]["key_loss"] if log else None,
         "wall_time_s": round(wall, 1),
         "n_parameters": sum(p.numel() for p in model.parameters()),

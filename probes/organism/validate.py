@@ -14,7 +14,8 @@ knockout       Δm(boundary) − Δm(control), basm k = 2 T_wrong; controls: ran
 eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_B / (ᾱ_P + ε)        ratios rows
                over all layers and heads, paired by task group (every group has both)
 heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 T_wrong;     heads rows
-               heads ranked on half of the task groups, tested on the other half
+               heads ranked on half of the task groups (only heads that read B ∪ P, see
+               :func:`probes.heads.ranking`), tested on the other half
 =============  ============================================================================  =========================
 
 Each statistic is a mean over task groups (items of a group share a template, so they are not
@@ -151,7 +152,7 @@ def split_groups(groups: Sequence[str]) -> tuple[set[str], set[str]]:
 def heads_claim(analysis: Analysis, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
     attention = heads_mod.collect_attention(analysis)
     rank_groups, test_groups = split_groups(attention["task_group"])
-    rank = heads_mod.ranking(attention[attention["task_group"].isin(rank_groups)])
+    rank = heads_mod.ranking(attention[attention["task_group"].isin(rank_groups)], analysis.args.min_span_mass)
     sets = heads_mod.head_sets(rank, analysis.session.n_layers, analysis.session.n_heads, top, draws, seed)
     test_items = tuple(item for item in analysis.items if item.task_group in test_groups)
     test = replace(analysis, items=test_items, name=f"{heads_mod.NAME}_test", _score_cache={})
@@ -228,7 +229,7 @@ def validate(
     heads_claim_, rank = heads_claim(heads, top, draws, seed)
     claims.append(heads_claim_)
     config = {"model": sweep.model_path, "split": "eval", "limit": limit, "k": DEPTH, "embedder": sweep.builder.retriever.embedder.name,
-              "margin_variant": "wrong_tool", "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "alpha": ALPHA,
+              "margin_variant": "wrong_tool", "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "min_span_mass": heads.args.min_span_mass, "alpha": ALPHA,
               "n_items": {"T_wrong": len(sweep.items), "T_ok+T_wrong": len(heads.items)}}
     return Validation(claims, rank, config, time.perf_counter() - started)
 
