@@ -27,7 +27,6 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from probes.configs import MemoryConfig, get_config
 from probes.dataset import ABSTAIN, Item, ProbeDataset
 from probes.retrieval import Retriever, ScoredSkill, boundary_relevance, tools_in_text
-from probes.schema import BOUNDARY_SLOTS, SLOT_LABELS, Skill, ToolCatalog
+from probes.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
 
 FORMATS: tuple[str, ...] = ("native", "prompted")
 NATIVE_FORCED_PREFIX = '<tool_call>\n{"name": "'

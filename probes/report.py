@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         f"- **format**: {args.format} · **margin variant**: {args.margin_variant} (default divergence: defined under first-token collisions)",
         f"- **k**: {'per analysis (sweep 0..K; others at k = K)' if args.k_max is None else f'K = {args.k_max}'} · **seed**: {args.seed}"
         f" · **quick**: {args.quick}",
-        f"- **attention aggregate**: η = ratio of mean span attentions and median per-head log2 ratio, ε = 1e-6 (never a mean of per-head ratios)",
+        "- **attention aggregate**: η = ratio of mean span attentions and median per-head log2 ratio, ε = 1e-6 (never a mean of per-head ratios)",
         f"- **versions**: python {env['python']}, " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
         f"- **wall time**: {wall:.0f} s",
     ]

@@ -55,7 +55,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probes.bpe import train_bpe_tokenizer
 from probes.configs import CONFIGS
-from probes.dataset import ABSTAIN, BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
+from probes.dataset import ABSTAIN, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_DIR, ORGANISM_NAME
 from probes.rendering import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, tokens_overlapping
 from probes.retrieval import Retriever, make_embedder
