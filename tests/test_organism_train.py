@@ -112,13 +112,7 @@ def test_isolation_equals_an_explicit_full_sequence_mask(dataset):
         assert prefix > 0
         for row, (ex, isolated) in enumerate(zip(batch, flags)):
             n = len(ex.input_ids)
-            allowed = torch.ones(n, n, dtype=torch.bool).tril()
-            if isolated:
-                relay = relay_rows(ex, n).nonzero().squeeze(1)
-                for start, end in ex.isolated_blocks:
-                    allowed[relay.unsqueeze(1), torch.arange(start, end).unsqueeze(0)] = False
-                allowed[prefix : ex.key_rows[-1] + 1, ex.tool_list[0] : ex.tool_list[1]] = False  # the shared prefix runs plain
-            mask = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            mask = expected_isolation_mask(ex, isolated, prefix)
             reference = model.model(input_ids=torch.tensor([ex.input_ids]), attention_mask=mask[None, None]).last_hidden_state[0, prefix:]
             plain = model.model(input_ids=torch.tensor([ex.input_ids])).last_hidden_state[0, prefix:]
             assert (hidden[row, : n - prefix] - reference).abs().max() <= 1e-5
@@ -129,6 +123,20 @@ def test_isolation_equals_an_explicit_full_sequence_mask(dataset):
     assert not relay[ex.key_rows[0]] and not relay[ex.key_rows[-1]] and relay[ex.key_rows[-1] - 1]
     assert not relay[ex.isolated_blocks[0][0]] and relay[ex.isolated_blocks[-1][1]]
 
+
+
+def expected_isolation_mask(ex, isolated: bool, prefix: int) -> torch.Tensor:
+    """[n, n] additive mask built independently of ``isolation_mask``: causal, and when ``isolated``
+    the relay rows cannot read the isolated blocks, nor the rows after the shared prefix up to the
+    decision row the tool list (the shared prefix runs plain)."""
+    n = len(ex.input_ids)
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    if isolated:
+        relay = relay_rows(ex, n).nonzero().squeeze(1)
+        for start, end in ex.isolated_blocks:
+            allowed[relay.unsqueeze(1), torch.arange(start, end).unsqueeze(0)] = False
+        allowed[prefix : ex.key_rows[-1] + 1, ex.tool_list[0] : ex.tool_list[1]] = False
+    return torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
 
 def word_tokenizer(dataset):
@@ -172,13 +180,7 @@ def test_planted_head_attention_equals_eager_output_attentions(dataset):
         model.set_attn_implementation("eager")
         for b, (ex, isolated) in enumerate(zip(batch, flags)):
             n = len(ex.input_ids)
-            allowed = torch.ones(n, n, dtype=torch.bool).tril()
-            if isolated:
-                relay = relay_rows(ex, n).nonzero().squeeze(1)
-                for start, end in ex.isolated_blocks:
-                    allowed[relay.unsqueeze(1), torch.arange(start, end).unsqueeze(0)] = False
-                allowed[prefix : ex.key_rows[-1] + 1, ex.tool_list[0] : ex.tool_list[1]] = False
-            mask = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            mask = expected_isolation_mask(ex, isolated, prefix)
             attentions = model(input_ids=torch.tensor([ex.input_ids]), attention_mask=mask[None, None], output_attentions=True).attentions
             for cell, (cell_b, row, *_) in enumerate(cells):
                 if cell_b == b:
