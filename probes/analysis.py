@@ -8,21 +8,22 @@ resumable :class:`~probes.results.ResultsStore` (key ``"{record_id}|{condition}"
 tqdm bar whose total is every job of the run, so the ETA covers the whole run. A rerun skips the
 keys already written and never writes one twice.
 
-:func:`score_record` is the common scorer: one cached-branching engine call per record evaluates
-the baseline and every knockout at once, and returns per condition:
+:func:`score_record` is the one record scorer: one cached-branching engine call per record
+evaluates the baseline and every knockout at once, and returns per condition every quantity of
+:mod:`probes.margins`:
 
-- ``margin``: the wrong-tool margin (Eq. 1) under the chosen ``margin_variant``;
-- ``broad_margin``: the same variant with every non-correct catalog tool in the wrong set
-  (the paper's "tool-vs-control" / broader tool preference);
-- ``correct_margin``: preference for the correct tool over the wrong tools and abstention
-  (defined when the correct action is a tool call, else NaN);
-- ``alpha_boundary`` / ``alpha_procedure``: Eq. 2's length-normalised span attention from one
-  query row, averaged over layers and heads (and, on request, per ``[layer][head]``).
-
-The default margin variant is ``divergence``: on real tokenizers many tool names share a first
-token (Qwen3: ``get``), where the first-token Eq. 1 is undefined (NaN, flagged); the divergence
-margin compares the candidates at their first differing token and equals Eq. 1 when first
-tokens differ.
+- ``margin``: the headline, by default Eq. 1 on the tool choice (``margin_tool_choice``: wrong
+  tools vs the correct tool, each pair at the row where their names diverge); also written:
+  ``margin_first_token`` (Eq. 1 strictly at the decision row, NaN under first-token collisions),
+  ``margin_path`` (whole-path log-probabilities, abstention included) and ``call_logodds`` (the
+  abstention decision, a separate quantity). Items whose correct action is abstention
+  (``correct_is_abstain``) have no tool-choice margin: NaN, reported through ``call_logodds``;
+- ``broad_margin``: every non-correct catalog tool vs the correct tool (tool-vs-control);
+- ``correct_margin``: the correct tool vs the other non-wrong tools (independent of the wrong tool);
+- ``alpha_boundary`` / ``alpha_procedure``: Eq. 2's length-normalised span attention at the
+  *deciding row* (the row predicting the first token where the correct name parts from a wrong
+  one: the decision row, or a row of their shared name prefix), averaged over layers and heads;
+  ``alpha_*_open`` at the row that opens the call (native); per ``[layer][head]`` on request.
 """
 
 from __future__ import annotations
@@ -47,18 +48,20 @@ from tqdm.auto import tqdm
 from probes import margins as margins_mod
 from probes.cli import add_dataset_arguments, select_items
 from probes.configs import CONFIGS
-from probes.dataset import BUCKETS, ABSTAIN, Item, ProbeDataset, load_dataset
+from probes.dataset import BUCKETS, Item, ProbeDataset, load_dataset
 from probes.engine import Knockout, ProbeSession, span_positions
 from probes.rendering import FORMATS, BuildSettings, PromptBuilder
 from probes.results import ResultsStore
 from probes.retrieval import RetrievalWeights, Retriever, make_embedder
 from probes.stats import bootstrap_mean
 
-MARGIN_VARIANTS: tuple[str, ...] = ("divergence", "wrong_tool", "sequence_logprob")
-DEFAULT_VARIANT = "divergence"
+MARGIN_VARIANTS: tuple[str, ...] = ("tool_choice", "first_token", "path")
+DEFAULT_VARIANT = "tool_choice"
 EPSILON = 1e-6  # ε of Eq. 2's ratio (stated in every output that uses it)
-# --quick: a small item subset so that `report --quick` finishes in minutes on 2 CPU cores.
-QUICK = {"limit": 3, "k_max": 2, "random_draws": 2}
+# --quick: a small item subset so that `report --quick` finishes in minutes on 2 CPU cores. The
+# limit is spread over task groups (ProbeDataset.select): 4 items per bucket = 4 task groups, the
+# fewest that give a bootstrap CI and two task groups per half of a split-half test.
+QUICK = {"limit": 4, "k_max": 2, "random_draws": 2}
 
 
 class AnalysisError(RuntimeError):
@@ -105,8 +108,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, k_max: int = 2, buc
     group.add_argument("--format", default="native", choices=FORMATS, help="decision format (default: native)")
     group.add_argument(
         "--margin-variant", default=DEFAULT_VARIANT, choices=MARGIN_VARIANTS,
-        help="margin variant (default: divergence, defined under first-token collisions; "
-        "wrong_tool = Eq. 1 verbatim, NaN where wrong and control share a first token)",
+        help="the headline margin: tool_choice (default; Eq. 1 on the tool choice, each wrong/correct pair "
+        "compared where their names diverge), first_token (Eq. 1 at the decision row, NaN where names share "
+        "a first token) or path (whole-path log-probabilities, abstention included); all are written to the rows",
     )
     group.add_argument("--k-max", type=int, default=k_max, help=f"largest retrieval depth K (default: {k_max})")
     group.add_argument("--embedder", choices=("auto", "minilm", "lexical"), default="auto", help="retrieval embedder")
@@ -120,15 +124,22 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, k_max: int = 2, buc
     group.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
     group.add_argument("--config", type=Path, dest="config_file", help="TOML file of options; explicit flags override it")
     group.add_argument("--overwrite", action="store_true", help="discard existing results instead of resuming")
-    group.add_argument("--quick", action="store_true", help=f"small run: {QUICK['limit']} items per bucket, k ≤ {QUICK['k_max']}")
+    group.add_argument("--quick", action="store_true",
+                       help=f"small run: {QUICK['limit']} items (task groups) per bucket, k ≤ {QUICK['k_max']}")
     group.add_argument("--no-figure", dest="figure", action="store_false", help="write rows only")
     parser.set_defaults(_parser=parser)
 
 
 def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
-    """Apply the TOML file (for options left at their defaults), ``--items`` and ``--quick``."""
+    """Apply the TOML file (for options left at their defaults), ``--items`` and ``--quick``.
+
+    The TOML file is applied once per namespace: ``report`` resolves its own options, then
+    forwards them (and ``config_file``, for the record) to each analysis, whose own resolution
+    must not re-apply the file over forwarded values.
+    """
     parser: argparse.ArgumentParser = args._parser
-    if args.config_file is not None:
+    if args.config_file is not None and not getattr(args, "_config_applied", False):
+        args._config_applied = True
         with Path(args.config_file).open("rb") as handle:
             table = tomllib.load(handle)
         # keys are flag names without dashes (`k-max`, `item`) or their destinations (`k_max`, `item_ids`)
@@ -222,6 +233,19 @@ def _retriever(embedder: str) -> Retriever:
     return Retriever(make_embedder(embedder), RetrievalWeights())
 
 
+# Options that configure the model session (every one reaches ProbeSession; see open_session).
+SESSION_OPTIONS: tuple[str, ...] = ("model", "dtype", "device", "device_map", "allow_pickle", "trust_remote_code")
+
+
+def open_session(args: argparse.Namespace, model: str | Path) -> ProbeSession:
+    """Load ``model`` with every session option of ``args`` (the one place analyses and ``report``
+    build their :class:`ProbeSession`)."""
+    return ProbeSession(
+        model, dtype=args.dtype, device=args.device, device_map=args.device_map,
+        allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
+    )
+
+
 def open_analysis(args: argparse.Namespace, name: str, *, session: ProbeSession | None = None) -> Analysis:
     """Resolve options, load the model (unless ``session`` is given), the dataset and the builder.
 
@@ -232,14 +256,14 @@ def open_analysis(args: argparse.Namespace, name: str, *, session: ProbeSession 
     torch.manual_seed(args.seed)
     model = args.model if args.model is not None else default_model()
     if session is None:
-        session = ProbeSession(
-            model, dtype=args.dtype, device=args.device, device_map=args.device_map,
-            allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
-        )
+        session = open_session(args, model)
     if session.tokenizer is None:
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
     dataset = _dataset(str(args.dataset))
-    items = select_items(dataset, args)
+    try:
+        items = select_items(dataset, args)
+    except ValueError as error:  # unknown bucket / domain / item id, or an id the other filters drop
+        raise AnalysisError(f"item filters: {error}") from error
     if not items:
         raise AnalysisError("no items match the filters (--bucket/--domain/--split/--limit/--item/--items)")
     retriever = _retriever(args.embedder)
@@ -299,47 +323,18 @@ def run_jobs(analysis: Analysis, store: ResultsStore, jobs: Sequence[Job], score
 # ---------------------------------------------------------------------------- scoring
 MARGINS: tuple[str, ...] = ("margin", "broad_margin", "correct_margin")
 ROW_FIELDS = ("record_id", "item_id", "bucket", "domain", "task_group", "config", "k", "format")
+ATTENTION_ROWS: tuple[str, ...] = ("deciding", "open")
 
 
-def _candidate(c: Mapping[str, Any], key: str, role: str) -> margins_mod.CandidateInfo:
-    return margins_mod.CandidateInfo(key, role, str(c["action"]), int(c["anchor_index"]), tuple(int(t) for t in c["token_ids"]))
-
-
-def _margin(variant: str, cands: list[margins_mod.CandidateInfo], kw: dict[str, Any], token_logprobs: Mapping[str, torch.Tensor]) -> margins_mod.MarginResult:
-    if variant == "wrong_tool":
-        return margins_mod.wrong_tool_margin(**kw, candidates=cands)
-    fn = margins_mod.divergence_margin if variant == "divergence" else margins_mod.sequence_logprob_margin
-    return fn(**kw, candidates=cands, token_logprobs=token_logprobs)
-
-
-def margin_sets(record: Mapping[str, Any]) -> dict[str, list[margins_mod.CandidateInfo]]:
-    """Candidate role assignments of the three margins (keys index ``record["candidates"]``).
-
-    ``margin``: wrong tools vs correct + abstain (Eq. 1). ``broad_margin``: every tool except the
-    correct one vs correct + abstain. ``correct_margin``: the correct tool vs wrong tools +
-    abstain (only when the correct action is a tool).
-    """
-    raw = list(enumerate(record["candidates"]))
-    role = {"correct": "correct", "wrong": "wrong", "abstain": "abstain"}
-    out = {
-        "margin": [_candidate(c, str(i), role[c["role"]]) for i, c in raw if c["role"] in role],
-        "broad_margin": [_candidate(c, str(i), "wrong" if c["role"] == "other" else c["role"]) for i, c in raw],
-    }
-    correct = [c for _, c in raw if c["role"] == "correct"]
-    if correct and correct[0]["action"] != ABSTAIN:
-        swap = {"correct": "wrong", "wrong": "correct", "abstain": "abstain"}
-        out["correct_margin"] = [_candidate(c, str(i), swap[c["role"]]) for i, c in raw if c["role"] in swap]
-    return out
-
-
-def query_row(record: Mapping[str, Any], which: str = "decision") -> int:
-    """The query row whose attention Eq. 2 reads: the decision row d_t (default), or in the native
-    format the row that opens the tool call."""
-    if which == "open":
-        if record.get("open_index") is None:
-            raise AnalysisError("--attention-row open needs the native format")
-        return int(record["open_index"])
-    return int(record["decision_index"])
+def deciding_depth(cands: Sequence[margins_mod.CandidateInfo]) -> tuple[str | None, int]:
+    """(key of the correct tool candidate, token depth of its deciding row): the first token at
+    which the correct name parts from any wrong name (0: the decision row itself). Items whose
+    correct action is abstention decide among the tools at the decision row: (None, 0)."""
+    correct = [c for c in cands if c.role == "correct" and not c.is_abstention]
+    wrong = [c for c in cands if c.role == "wrong"]
+    if not correct or not wrong:
+        return None, 0
+    return correct[0].key, min(margins_mod.shared_prefix(correct[0].token_ids, w.token_ids) for w in wrong)
 
 
 def score_record(
@@ -348,25 +343,25 @@ def score_record(
     conditions: Sequence[Knockout] = (),
     *,
     variant: str = DEFAULT_VARIANT,
-    attention_row: str = "decision",
     per_head: bool = False,
     margins: Sequence[str] = MARGINS,
 ) -> list[dict[str, Any]]:
     """One engine call (baseline + ``conditions``); one row per condition (see module docstring).
 
-    ``margins``: which of :data:`MARGINS` to compute; only their candidates are scored (every
-    multi-token candidate is one more branch element per condition).
+    ``margins``: with ``broad_margin`` or ``correct_margin``, every catalog tool is scored (each
+    multi-token candidate is one more branch element per condition); otherwise only the correct,
+    wrong and abstain candidates, and those two columns are NaN.
     """
-    all_sets = margin_sets(record)
-    sets = {name: all_sets[name] for name in margins if name in all_sets}
-    used = sorted({int(c.key) for cands in sets.values() for c in cands})
+    if variant not in MARGIN_VARIANTS:
+        raise ValueError(f"margin variant must be one of {MARGIN_VARIANTS}, got {variant!r}")
+    cands = margins_mod.candidates_from_record(record)
+    if not {"broad_margin", "correct_margin"} & set(margins):
+        cands = [c for c in cands if c.role != "other"]
     spans = {name: span_positions(record["spans"].get(name, [])) for name in ("boundary", "procedure")}
-    res = session.run(
-        record["input_ids"], record["query_rows"], spans=spans, conditions=conditions,
-        candidates={str(i): (int(record["candidates"][i]["anchor_index"]), list(record["candidates"][i]["token_ids"])) for i in used},
-    )
-    qi = res.query_rows.index(query_row(record, attention_row))
-    kw = dict(input_ids=res.input_ids, fmt=record["format"], decision_index=int(record["decision_index"]), open_index=record.get("open_index"))
+    res = session.run(record["input_ids"], record["query_rows"], spans=spans, conditions=conditions,
+                      candidates={c.key: (c.anchor_index, list(c.token_ids)) for c in cands})
+    fmt, dec, opn = record["format"], int(record["decision_index"]), record.get("open_index")
+    correct_key, depth = deciding_depth(cands)
     rows = []
     for c in res.conditions:
         row: dict[str, Any] = {f: record.get(f) for f in ROW_FIELDS}
@@ -377,22 +372,39 @@ def score_record(
             row["knockout_layers"] = list(cond.layers)
         if cond.heads is not None:
             row["knockout_heads"] = [list(h) for h in cond.heads]
-        for name in margins:
-            if name not in sets:
-                row[name], row[f"{name}_collision"] = math.nan, False
-                continue
-            m = _margin(variant, sets[name], {**kw, "row_logits": c.row_logits}, c.candidate_token_logprobs)
-            row[name], row[f"{name}_collision"] = m.value, m.collision
-            if name == "margin":
-                row["margin_note"] = m.note
+        if cond.key_positions:
+            row["knockout_rows"] = "every query row" if cond.rows is None else list(cond.rows)
+            row["knockout_continuation"] = cond.continuation
+        lp = c.candidate_token_logprobs
+        quantities = {
+            "tool_choice": margins_mod.tool_choice_margin(cands, lp, fmt),
+            "first_token": margins_mod.first_token_margin(c.row_logits, cands, fmt, dec),
+            "path": margins_mod.path_margin(c.row_logits, res.input_ids, cands, fmt, dec, lp, opn),
+        }
+        for name, m in quantities.items():
+            row[f"margin_{name}"] = m.value
+        chosen = quantities[variant]
+        row.update(margin=chosen.value, margin_collision=chosen.collision, margin_note=chosen.note,
+                   margin_pairs=[list(p) for p in quantities["tool_choice"].pairs],
+                   first_token_collision=quantities["first_token"].collision,
+                   correct_is_abstain=correct_key is None,
+                   call_logodds=margins_mod.call_logodds(c.row_logits, res.input_ids, cands, fmt, dec, opn).value)
+        for name, fn in (("broad_margin", margins_mod.broad_margin), ("correct_margin", margins_mod.correct_margin)):
+            row[name] = fn(cands, lp, fmt).value if name in margins else math.nan
+        # Eq. 2 at the deciding row (a continuation row of the correct name when a prefix is shared)
+        row.update(deciding_depth=depth, deciding_row=dec + depth)
+        at = {"": (c.candidate_span_mass[correct_key], depth) if depth else (c.span_mass, res.query_rows.index(dec))}
+        if opn is not None:
+            at["_open"] = (c.span_mass, res.query_rows.index(int(opn)))
         for span in ("boundary", "procedure"):
             size = res.span_sizes[span]
-            # alpha: [layer, head] = Eq. 2's α_X at the chosen query row
-            alpha = c.span_mass[span][:, :, qi] / size if size else torch.full(c.span_mass[span].shape[:2], math.nan)
-            row[f"alpha_{span}"] = float(alpha.mean())
             row[f"{span}_size"] = size
-            if per_head:
-                row[f"alpha_{span}_heads"] = alpha.tolist()
+            for suffix, (mass, index) in at.items():
+                # alpha: [layer, head] = Eq. 2's α_X at that row
+                alpha = mass[span][:, :, index] / size if size else torch.full(mass[span].shape[:2], math.nan)
+                row[f"alpha_{span}{suffix}"] = float(alpha.mean())
+                if per_head:
+                    row[f"alpha_{span}{suffix}_heads"] = alpha.tolist()
         rows.append(row)
     return rows
 
@@ -402,7 +414,6 @@ def cached_scorer(
     conditions_for: Callable[[dict[str, Any], Job], Sequence[Knockout]],
     *,
     per_head: bool = False,
-    attention_row: str = "decision",
     margins: Sequence[str] = MARGINS,
 ) -> Scorer:
     """A scorer over :func:`score_record` that reuses results for byte-identical prompts within
@@ -411,11 +422,11 @@ def cached_scorer(
     def scorer(record: dict[str, Any], job: Job) -> list[dict[str, Any]]:
         conditions = list(conditions_for(record, job))
         digest = hashlib.sha256(json.dumps([record["input_ids"], record["candidates"], record["spans"],
-                                            [repr(c) for c in conditions], per_head, attention_row, list(margins)]).encode()).hexdigest()
+                                            [repr(c) for c in conditions], per_head, list(margins)]).encode()).hexdigest()
         if digest not in analysis._score_cache:
             analysis._score_cache.clear()  # identical prompts are consecutive (same item): keep memory flat
             analysis._score_cache[digest] = score_record(analysis.session, record, conditions, variant=analysis.variant,
-                                                         per_head=per_head, attention_row=attention_row, margins=margins)
+                                                         per_head=per_head, margins=margins)
         rows = []
         for cached in analysis._score_cache[digest]:
             row = dict(cached)
@@ -453,27 +464,47 @@ def provenance(analysis: Analysis, n_items: int | None = None) -> str:
     """One line naming model, dataset, format, margin variant, items and k (figure footnotes, report)."""
     a = analysis.args
     n = len(analysis.items) if n_items is None else n_items
+    groups = len({item.task_group for item in analysis.items}) if n_items is None else None
     return (f"model: {Path(analysis.model_path).name} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({a.split}) · "
-            f"format: {a.format} · margin: {a.margin_variant} · items: {n} · k ≤ {a.k_max} · seed {a.seed}")
+            f"format: {a.format} · margin: {a.margin_variant} · items: {n}{f' ({groups} task groups)' if groups is not None else ''} · "
+            f"k ≤ {a.k_max} · embedder: {analysis.builder.retriever.embedder.name} · seed {a.seed}")
 
 
 # ---------------------------------------------------------------------------- summaries
+MIN_CI_GROUPS = 2  # a bootstrap over fewer task groups has zero width: no CI is reported
+
+
+def no_ci_note(n_groups: int) -> str:
+    """The note of a cell too small for a CI (``""`` when it has one)."""
+    n_groups = int(n_groups)
+    return "" if n_groups >= MIN_CI_GROUPS else f"no CI ({n_groups} group{'' if n_groups == 1 else 's'})"
+
+
+def ci_text(value: float, low: float, high: float, n_groups: int, fmt: str = "+.3f") -> str:
+    """``value [low, high]``, or ``value (no CI (1 group))`` for a cell without a CI."""
+    note = no_ci_note(n_groups)
+    if note or not (np.isfinite(low) and np.isfinite(high)):
+        return f"{value:{fmt}} ({note or 'no CI'})"
+    return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+
 def summarise(rows: pd.DataFrame, by: Sequence[str], value: str = "margin", *, seed: int = 0) -> pd.DataFrame:
     """Mean of ``value`` per ``by`` cell with a 95% bootstrap CI over task groups.
 
     Columns: *by, value, low, high, n (task groups), n_items (finite rows), n_nan (undefined
-    rows, e.g. margins under first-token collisions; excluded).
+    rows, e.g. margins under first-token collisions; excluded), note. A cell with fewer than two
+    task groups has no CI: low = high = NaN and note "no CI (1 group)" (never a zero-width CI).
     """
-
-
     out = []
     for key, sub in rows.groupby(list(by), sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         finite = sub[np.isfinite(sub[value].astype(float))]
         est = bootstrap_mean(finite[value].astype(float).to_numpy(), finite["task_group"].to_numpy(), seed=seed)
-        out.append({**dict(zip(by, key)), "value": est.value, "low": est.low, "high": est.high, "n": est.n_units,
-                    "n_items": len(finite), "n_nan": len(sub) - len(finite)})
-    return pd.DataFrame(out, columns=[*by, "value", "low", "high", "n", "n_items", "n_nan"])
+        note = no_ci_note(est.n_units)
+        low, high = (math.nan, math.nan) if note else (est.low, est.high)
+        out.append({**dict(zip(by, key)), "value": est.value, "low": low, "high": high, "n": est.n_units,
+                    "n_items": len(finite), "n_nan": len(sub) - len(finite), "note": note})
+    return pd.DataFrame(out, columns=[*by, "value", "low", "high", "n", "n_items", "n_nan", "note"])
 
 
 def bootstrap_ratio(
@@ -486,7 +517,8 @@ def bootstrap_ratio(
     seed: int = 0,
 ) -> tuple[float, float, float, int]:
     """mean(numerator) / (mean(denominator) + ε) with a percentile CI from resampling task groups
-    *jointly* for numerator and denominator. Returns (value, low, high, n groups)."""
+    *jointly* for numerator and denominator. Returns (value, low, high, n groups); low = high =
+    NaN with fewer than two groups (no CI, see :func:`no_ci_note`)."""
     num, den, groups = np.asarray(numerator, float), np.asarray(denominator, float), np.asarray(groups)
     ok = np.isfinite(num) & np.isfinite(den)
     num, den, groups = num[ok], den[ok], groups[ok]
@@ -496,8 +528,8 @@ def bootstrap_ratio(
     g_num = np.array([num[groups == g].mean() for g in labels])
     g_den = np.array([den[groups == g].mean() for g in labels])
     value = float(g_num.mean() / (g_den.mean() + epsilon))
-    if len(labels) == 1:
-        return value, value, value, 1
+    if len(labels) < MIN_CI_GROUPS:
+        return value, math.nan, math.nan, len(labels)
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(labels), size=(resamples, len(labels)))
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -43,7 +43,7 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--bucket", action="append", choices=BUCKETS, help="keep only these buckets (repeatable)")
     group.add_argument("--domain", action="append", help="keep only these domains (repeatable)")
     group.add_argument("--split", choices=("train", "eval", "all"), default="eval", help="dataset split (default: eval)")
-    group.add_argument("--limit", type=int, help="keep the first N items of each bucket")
+    group.add_argument("--limit", type=int, help="keep N items of each bucket, taken round-robin over task groups (one item per group first)")
     group.add_argument("--item", action="append", dest="item_ids", help="keep only these item ids (repeatable)")
 
 
@@ -57,9 +57,11 @@ def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def select_items(dataset: ProbeDataset, args: argparse.Namespace) -> tuple[Item, ...]:
+    """The items of a run (every analysis and ``build``): ``--limit`` takes N per bucket
+    round-robin over task groups (:func:`probes.dataset.spread_limit`)."""
     return dataset.select(
         buckets=args.bucket, domains=args.domain, split=None if args.split == "all" else args.split,
-        ids=args.item_ids, limit_per_bucket=args.limit,
+        ids=args.item_ids, limit_per_bucket=args.limit, spread=True,
     )
 
 
@@ -216,6 +218,7 @@ register("paired", "Fig. 12: paired outcome status of BASM vs procedure padding 
 ORGANISM_COMMANDS = {
     "train": ("probes.organism.train", "train the bundled model organism from the dataset's train split"),
     "validate": ("probes.organism.validate", "test on held-out items that the probes recover the planted mechanism"),
+    "card": ("probes.organism.card", "rerun the held-out check and the validation; rewrite validation.json and the model card"),
 }
 
 
@@ -229,7 +232,8 @@ def _organism(args: argparse.Namespace) -> int:
     return lazy(ORGANISM_COMMANDS[args.organism_command][0], "run")(args)
 
 
-register("organism", "The bundled model organism: `organism train` retrains it, `organism validate` checks the probes on it.",
+register("organism", "The bundled model organism: `organism train` retrains it, `organism validate` checks the probes on it, "
+         "`organism card` rewrites its validation and model card.",
          _organism_arguments, _organism)
 
 

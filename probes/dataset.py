@@ -137,8 +137,12 @@ class ProbeDataset:
         split: str | None = None,
         ids: Iterable[str] | None = None,
         limit_per_bucket: int | None = None,
+        spread: bool = False,
     ) -> tuple[Item, ...]:
-        """Filter items; ``limit_per_bucket`` keeps the first N of each bucket in file order."""
+        """Filter items; ``limit_per_bucket`` keeps N items of each bucket: with ``spread``,
+        round-robin over task groups (:func:`spread_limit`; what every analysis's ``--limit``
+        does, through :func:`probes.cli.select_items`), else the first N in file order (fixtures:
+        usually a single task group). The result is in file order."""
         buckets = set(buckets) if buckets is not None else None
         domains = set(domains) if domains is not None else None
         ids = set(ids) if ids is not None else None
@@ -154,15 +158,45 @@ class ProbeDataset:
         ]
         if ids is not None and (unknown := ids - {item.id for item in chosen_items}):
             raise ValueError(f"unknown or filtered-out item id(s) {sorted(unknown)}")
-        if limit_per_bucket is not None:
-            counts: dict[str, int] = {}
+        if limit_per_bucket is not None and spread:
+            chosen_items = spread_limit(chosen_items, limit_per_bucket)
+        elif limit_per_bucket is not None:
+            counts: Counter[str] = Counter()
             kept = []
             for item in chosen_items:
-                if counts.get(item.bucket, 0) < limit_per_bucket:
-                    counts[item.bucket] = counts.get(item.bucket, 0) + 1
+                if counts[item.bucket] < limit_per_bucket:
+                    counts[item.bucket] += 1
                     kept.append(item)
             chosen_items = kept
         return tuple(chosen_items)
+
+
+def spread_limit(items: Sequence[Item], limit: int) -> list[Item]:
+    """``limit`` items per bucket taken round-robin over task groups: the first item of every
+    group (groups in file order), then the second, ... The result keeps file order.
+
+    Items of one task group share a template, and CIs resample task groups: the first N items
+    in file order are usually a single group, whose CI has zero width. This is the one
+    implementation of ``--limit``: every analysis selects its items through
+    :func:`probes.cli.select_items`, i.e. ``ProbeDataset.select(..., spread=True)``.
+    """
+    if limit < 0:
+        raise ValueError(f"limit must be ≥ 0, got {limit}")
+    kept: set[int] = set()  # positions in ``items``
+    for bucket in dict.fromkeys(item.bucket for item in items):
+        queues: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            if item.bucket == bucket:
+                queues.setdefault(item.task_group, []).append(i)
+        depth = 0
+        chosen = 0
+        while chosen < limit and any(depth < len(q) for q in queues.values()):
+            for queue in queues.values():
+                if depth < len(queue) and chosen < limit:
+                    kept.add(queue[depth])
+                    chosen += 1
+            depth += 1
+    return [item for i, item in enumerate(items) if i in kept]
 
 
 def _check_item_references(item: Item, dataset: ProbeDataset, where: str) -> None:

@@ -65,22 +65,32 @@ ATTN_IMPLEMENTATION = "basm_probe"
 
 @dataclass(frozen=True)
 class Knockout:
-    """Block the query rows from ``key_positions``.
+    """Block query rows from ``key_positions``.
 
     ``layers=None, heads=None``: every layer and head. ``layers``: a window of layers (all heads),
     as in Geva et al. (2023). ``heads``: explicit ``(layer, head)`` pairs (then ``layers`` must be
     None). An empty ``key_positions`` is the unmodified baseline.
+
+    Rows: ``rows=None`` blocks at every query row of the run (a prompt record's query rows run
+    from the row that opens the tool call to the decision row, the forced prefix included);
+    ``rows``: only these query rows. ``continuation=True`` also blocks at the rows of every
+    scored candidate continuation, so that where two tool names share a prefix the rows of that
+    prefix, which predict the deciding token, are blocked too.
     """
 
     name: str
     key_positions: tuple[int, ...] = ()
     layers: tuple[int, ...] | None = None
     heads: tuple[tuple[int, int], ...] | None = None
+    rows: tuple[int, ...] | None = None
+    continuation: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key_positions", tuple(sorted({int(k) for k in self.key_positions})))
         if self.layers is not None:
             object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
+        if self.rows is not None:
+            object.__setattr__(self, "rows", tuple(sorted({int(r) for r in self.rows})))
         if self.heads is not None:
             object.__setattr__(self, "heads", tuple((int(a), int(b)) for a, b in self.heads))
             if self.layers is not None:
@@ -93,6 +103,9 @@ class Knockout:
         ranges: Sequence[Sequence[int]],
         layers: Sequence[int] | None = None,
         heads: Sequence[tuple[int, int]] | None = None,
+        *,
+        rows: Sequence[int] | None = None,
+        continuation: bool = True,
     ) -> Knockout:
         """Build a knockout from half-open token ranges ``[[s, e], ...]`` (prompt-record spans)."""
         return cls(
@@ -100,7 +113,13 @@ class Knockout:
             tuple(span_positions(ranges)),
             tuple(layers) if layers is not None else None,
             tuple(heads) if heads is not None else None,
+            tuple(rows) if rows is not None else None,
+            continuation,
         )
+
+    def blocks_row(self, row: int) -> bool:
+        """Whether this knockout applies at prompt query row ``row``."""
+        return self.rows is None or row in self.rows
 
     def active(self, n_layers: int, n_heads: int) -> torch.Tensor:
         """Where this knockout applies: bool ``[layer, head]``."""
@@ -142,9 +161,9 @@ class _ProbeState:
     q_offset: int = 0
     # Absolute positions of the query rows: [rows]
     row_pos: torch.Tensor | None = None
-    # Whether each query row is a query row for each batch element: [batch, rows]
-    # (a candidate continuation overwrites the query rows after its anchor).
-    row_query: torch.Tensor | None = None
+    # Where each element's knockout applies. single: [batch, rows] over the query rows;
+    # branch: [batch, t] over the branch rows (query rows and candidate continuation rows).
+    knock_rows: torch.Tensor | None = None
     # Knocked-out key positions per element: [batch, n_keys]; where it applies: [batch, layer, head]
     key_block: torch.Tensor | None = None
     active: torch.Tensor | None = None
@@ -152,7 +171,11 @@ class _ProbeState:
     n_record: int = 0
     # Span indicator over prompt positions: [n_prompt, span]
     span_matrix: torch.Tensor | None = None
-    # Recordings: [layer, cond, head, rows, span] and optionally [layer, cond, head, rows, n_prompt]
+    # branch: which keys of each element are prompt tokens, [batch, n_prompt] (a candidate's
+    # continuation overwrites the prompt positions after its anchor)
+    prompt_keys: torch.Tensor | None = None
+    # Recordings: single: [layer, cond, head, rows, span]; branch: [layer, batch, head, t, span]
+    # at every branch row of every element. Optionally [layer, cond, head, rows, n_prompt].
     span_mass: torch.Tensor | None = None
     rows: torch.Tensor | None = None
     row_chunk: int = 256
@@ -168,11 +191,12 @@ class _ProbeState:
                 mode=self.mode,
                 q_offset=self.q_offset,
                 row_pos=self.row_pos.to(device),
-                row_query=self.row_query.to(device),
+                knock_rows=self.knock_rows.to(device),
                 key_block=self.key_block.to(device),
                 active=self.active.to(device),
                 n_record=self.n_record,
                 span_matrix=self.span_matrix.to(device),
+                prompt_keys=None if self.prompt_keys is None else self.prompt_keys.to(device),
                 row_chunk=self.row_chunk,
             )
         return self._moved[device]
@@ -239,21 +263,27 @@ def _exact_probs(
     layer: int,
     scores: torch.Tensor,
     allowed: torch.Tensor,
-    is_query: torch.Tensor,
+    knock_rows: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked fp32 softmax with knockouts.
 
     scores: [batch, head, rows, n_keys] fp32; allowed: [rows | batch.., n_keys] bool (broadcastable);
-    is_query: [batch, rows] bool. Returns probs [batch, head, rows, n_keys] and the knocked
-    (element, head, row) cells [batch, head, rows].
+    knock_rows: [batch, rows] bool, where each element's knockout applies. Returns probs
+    [batch, head, rows, n_keys] and the knocked (element, head, row) cells [batch, head, rows].
     """
     n_keys = scores.shape[-1]
     visible = allowed.expand_as(scores)
     # knocked: [batch, head, rows]
-    knocked = state.active[:, layer, :, None] & is_query[:, None, :]
+    knocked = state.active[:, layer, :, None] & knock_rows[:, None, :]
     block = knocked[..., None] & state.key_block[:, None, None, :n_keys]
     scores = scores.masked_fill(~visible | block, float("-inf"))
     return torch.softmax(scores, dim=-1), knocked
+
+
+def _prompt_keys(probs: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """probs [..., n_keys] cut or zero-padded to the prompt's key positions [..., n_prompt]."""
+    p = probs[..., :n_prompt]
+    return torch.nn.functional.pad(p, (0, n_prompt - p.shape[-1])) if p.shape[-1] < n_prompt else p
 
 
 def _record(
@@ -264,7 +294,7 @@ def _record(
     local_rows: torch.Tensor,
     rec_rows: torch.Tensor,
 ) -> None:
-    """Store span masses (and full rows) for the condition elements.
+    """Store the condition elements' query-row span masses (single mode) and full rows.
 
     probs: [batch, head, rows, n_keys]; local_rows: indices into probs' rows; rec_rows: the
     matching indices into the query-row axis of the recordings. ``ctl`` holds the control
@@ -272,14 +302,12 @@ def _record(
     """
     if local_rows.numel() == 0:
         return
-    n_prompt = ctl.span_matrix.shape[0]
     # p_q: [cond, head, r, n_prompt]; keys past the prompt are padding of candidate elements.
-    p_q = probs[: state.n_record, :, local_rows, :n_prompt]
-    if p_q.shape[-1] < n_prompt:
-        p_q = torch.nn.functional.pad(p_q, (0, n_prompt - p_q.shape[-1]))
+    p_q = _prompt_keys(probs[: state.n_record, :, local_rows], ctl.span_matrix.shape[0])
     home = state.span_mass.device
     rec_rows = rec_rows.to(home)
-    state.span_mass[layer][:, :, rec_rows] = (p_q @ ctl.span_matrix).to(home)
+    if state.mode == "single":
+        state.span_mass[layer][:, :, rec_rows] = (p_q @ ctl.span_matrix).to(home)
     if state.rows is not None:
         state.rows[layer][:, :, rec_rows] = p_q.to(home)
 
@@ -343,7 +371,7 @@ def _single_forward(
         if attention_mask.dtype != torch.bool:
             raise TypeError("basm_probe expects the boolean sdpa mask; got an additive mask")
         allowed = allowed & attention_mask[:, :, local, :]
-    probs, knocked = _exact_probs(ctl, layer, scores, allowed, ctl.row_query)
+    probs, knocked = _exact_probs(ctl, layer, scores, allowed, ctl.knock_rows)
     rec = torch.arange(local.numel(), device=local.device)
     _record(state, ctl, layer, probs, rec, rec)
     if knocked.any():
@@ -385,9 +413,12 @@ def _branch_forward(
         q_pos = torch.arange(p + i0, p + i1, device=query.device)
         allowed = _allowed(q_pos, p + i1, sliding_window)
         in_chunk = (row_local >= i0) & (row_local < i1)
-        is_query = torch.zeros(b, i1 - i0, dtype=torch.bool, device=query.device)
-        is_query[:, row_local[in_chunk] - i0] = ctl.row_query[:, in_chunk]
-        probs, _ = _exact_probs(ctl, layer, scores, allowed, is_query)
+        probs, _ = _exact_probs(ctl, layer, scores, allowed, ctl.knock_rows[:, i0:i1])
+        # Span masses at every row of every element: the deciding row of a shared name prefix
+        # lies in a candidate's continuation.
+        on_prompt = _prompt_keys(probs, ctl.span_matrix.shape[0]) * ctl.prompt_keys[:, None, None, :]
+        mass = on_prompt @ ctl.span_matrix  # [batch, head, c, span]
+        state.span_mass[layer][:, :, i0:i1] = mass.to(state.span_mass.device)
         _record(state, ctl, layer, probs, row_local[in_chunk] - i0, in_chunk.nonzero().flatten())
         o = _grouped_mix(probs[..., p:], vb[:, :, :i1])
         if vp is not None:
@@ -416,6 +447,8 @@ class ConditionResult:
     residual: [layer + 1, d_model] at the last query row: embeddings, then each decoder layer's
         output (before the final norm), when requested.
     candidate_token_logprobs: name -> [len(ids)] log P(ids[j] | prefix, ids[:j]).
+    candidate_span_mass: name -> span -> [layer, head, len(ids)]: span attention mass at the row
+        that predicts ids[j] (row anchor + j; a continuation row for j > 0). ``run`` only.
     """
 
     condition: Knockout
@@ -424,6 +457,7 @@ class ConditionResult:
     span_mass: dict[str, torch.Tensor]
     entropy: float
     candidate_token_logprobs: dict[str, torch.Tensor]
+    candidate_span_mass: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     rows: torch.Tensor | None = None
     residual: torch.Tensor | None = None
 
@@ -565,7 +599,7 @@ class ProbeSession:
         conds: list[Knockout],
         elem_cond: list[int],
         n_keys: int,
-        row_query: torch.Tensor,
+        knock_rows: torch.Tensor,
         q_offset: int,
         record_rows: bool,
     ) -> _ProbeState:
@@ -582,16 +616,18 @@ class ProbeSession:
             key_block[i, list(c.key_positions)] = True
         idx = torch.tensor(elem_cond)
         c, r, h, L = len(conds), len(rows), self.n_heads, self.n_layers
+        # single: query rows of the conditions; branch: every row of every element
+        mass_shape = (L, c, h, r) if mode == "single" else (L, *knock_rows.shape[:1], h, knock_rows.shape[1])
         return _ProbeState(
             mode=mode,
             q_offset=q_offset,
             row_pos=torch.tensor(rows, device=dev),
-            row_query=row_query.to(dev),
+            knock_rows=knock_rows.to(dev),
             key_block=key_block[idx].to(dev),
             active=actives[idx].to(dev),
             n_record=c,
             span_matrix=span_matrix,
-            span_mass=torch.zeros(L, c, h, r, len(spans), device=dev),
+            span_mass=torch.zeros(*mass_shape, len(spans), device=dev),
             rows=torch.zeros(L, c, h, r, n, device=dev) if record_rows else None,
             row_chunk=self.row_chunk,
         )
@@ -625,7 +661,10 @@ class ProbeSession:
         last_row: int,
         residual: list[torch.Tensor],
         cand_lp: list[dict[str, torch.Tensor]],
+        span_mass: torch.Tensor,
+        cand_mass: list[dict[str, torch.Tensor]],
     ) -> list[ConditionResult]:
+        """span_mass: [layer, cond, head, query_row, span]; cand_mass[cond][name]: [layer, head, len(ids), span]."""
         out = []
         names = list(spans)
         for i, c in enumerate(conds):
@@ -637,9 +676,10 @@ class ProbeSession:
                     condition=c,
                     row_offset=row_offset,
                     logits=lg.cpu(),
-                    span_mass={s: state.span_mass[:, i, :, :, j].cpu() for j, s in enumerate(names)},
+                    span_mass={s: span_mass[:, i, :, :, j].cpu() for j, s in enumerate(names)},
                     entropy=margins_mod.entropy(dec),
                     candidate_token_logprobs=cand_lp[i],
+                    candidate_span_mass={k: {s: v[..., j].cpu() for j, s in enumerate(names)} for k, v in cand_mass[i].items()},
                     rows=state.rows[:, i].cpu() if state.rows is not None else None,
                     residual=torch.stack([r[i] for r in residual]).cpu() if residual else None,
                 )
@@ -690,8 +730,18 @@ class ProbeSession:
         t_len = max(len(s) for s in seqs)
         # Right padding is harmless under causal attention: pads come after every real row.
         branch = torch.tensor([s + [0] * (t_len - len(s)) for s in seqs], device=dev)
-        row_query = torch.tensor([[r <= a for r in rows] for a in anchors])
-        state = self._new_state("branch", n, rows, spans, conds, elem_cond, p + t_len, row_query, p, record_rows)
+        # Where each element's knockout applies: its condition's query rows up to its anchor, and
+        # the candidate continuation rows after it (when the condition blocks continuations).
+        query = set(rows)
+        knock_rows = torch.tensor([
+            [(pos in query and conds[ci].blocks_row(pos)) if pos <= a else conds[ci].continuation
+             for pos in range(p, p + t_len)]
+            for ci, a in zip(elem_cond, anchors)
+        ])
+        state = self._new_state("branch", n, rows, spans, conds, elem_cond, p + t_len, knock_rows, p, record_rows)
+        # Positions after a candidate's anchor hold its continuation: no span, never blocked.
+        state.prompt_keys = torch.arange(n, device=dev)[None, :] <= torch.tensor(anchors, device=dev)[:, None]
+        state.key_block[:, :n] &= state.prompt_keys
 
         if p > 0:
             with _activate(_ProbeState(mode="prefix")) as pre:
@@ -702,16 +752,23 @@ class ProbeSession:
             logits = self.model(input_ids=branch, position_ids=positions, use_cache=False).logits
 
         logp = torch.log_softmax(logits.float(), dim=-1)
+        mass = state.span_mass  # [layer, element, head, t, span]
         cand_lp: list[dict[str, torch.Tensor]] = [{} for _ in conds]
+        cand_mass: list[dict[str, torch.Tensor]] = [{} for _ in conds]
         for ci in range(len(conds)):
             for name, (a, t) in candidates.items():
                 if len(t) == 1:
                     cand_lp[ci][name] = logp[ci, a - p, t[0]].reshape(1).cpu()
+                    cand_mass[ci][name] = mass[:, ci, :, a - p : a - p + 1]
             for k, (name, a, t) in enumerate(multi):
                 e = len(conds) + ci * len(multi) + k
                 r = torch.arange(a - p, a - p + len(t), device=logp.device)
                 cand_lp[ci][name] = logp[e, r, torch.tensor(t, device=logp.device)].cpu()
-        results = self._collect(state, conds, spans, logits[: len(conds), : n - p], p, rows[-1], resid, cand_lp)
+                # the row predicting token j of the candidate is its local row a - p + j
+                cand_mass[ci][name] = mass[:, e, :, a - p : a - p + len(t)]
+        local = torch.tensor(rows, device=mass.device) - p
+        results = self._collect(state, conds, spans, logits[: len(conds), : n - p], p, rows[-1], resid, cand_lp,
+                                mass[:, : len(conds)][:, :, :, local], cand_mass)
         return ProbeResult(ids, rows, {s: len(set(v)) for s, v in spans.items()}, results)
 
     @torch.inference_mode()
@@ -738,88 +795,12 @@ class ProbeSession:
         rows = self._validate(ids, query_rows, conds)
         n, p = len(ids), rows[0]
         dev = self.device
-        row_query = torch.ones(len(conds), len(rows), dtype=torch.bool)
-        state = self._new_state("single", n, rows, spans, conds, list(range(len(conds))), n, row_query, 0, record_rows)
+        knock_rows = torch.tensor([[c.blocks_row(r) for r in rows] for c in conds])
+        state = self._new_state("single", n, rows, spans, conds, list(range(len(conds))), n, knock_rows, 0, record_rows)
         batch = torch.tensor([ids], device=dev).expand(len(conds), -1)
         with _activate(state), self._residual_hooks(record_residual, len(conds), rows[-1]) as resid:
             logits = self.model(
                 input_ids=batch, use_cache=False, logits_to_keep=torch.arange(p, n, device=dev)
             ).logits
-        cand_lp: list[dict[str, torch.Tensor]] = [{} for _ in conds]
-        results = self._collect(state, conds, spans, logits, p, rows[-1], resid, cand_lp)
+        results = self._collect(state, conds, spans, logits, p, rows[-1], resid, [{} for _ in conds], state.span_mass, [{} for _ in conds])
         return ProbeResult(ids, rows, {s: len(set(v)) for s, v in spans.items()}, results)
-
-    # ----------------------------------------------------------------------------------------
-
-    def score_record(
-        self,
-        record: Mapping[str, Any],
-        conditions: Sequence[Knockout] = (),
-        *,
-        record_rows: bool = False,
-        record_residual: bool = False,
-        extra_tool_first_tokens: Sequence[int] = (),
-    ) -> list[dict[str, Any]]:
-        """Score a prompt record (docs/architecture.md) and return one tidy dict per condition.
-
-        Each row carries the record's identifying fields, the condition, decision-row entropy,
-        the four margins (value, variant, format, collision, note), the span attention mass per
-        [layer][head] at every query row, and optionally rows / residual.
-        ``extra_tool_first_tokens``: first tokens of further catalog tools for the broader
-        tool-vs-control margin (the record's wrong candidates are always included).
-        """
-        cands = margins_mod.candidates_from_record(record)
-        spans = {name: span_positions(r) for name, r in record.get("spans", {}).items()}
-        res = self.run(
-            record["input_ids"],
-            record["query_rows"],
-            spans=spans,
-            conditions=conditions,
-            candidates={str(i): (c.anchor_index, list(c.token_ids)) for i, c in enumerate(cands)},
-            record_rows=record_rows,
-            record_residual=record_residual,
-        )
-        fmt = record.get("format", "native")
-        dec, opn = int(record["decision_index"]), record.get("open_index")
-        out = []
-        for c in res.conditions:
-            seq_lp = {str(i): c.candidate_token_logprobs[str(i)] for i in range(len(cands))}
-            kw = dict(
-                row_logits=c.row_logits,
-                input_ids=res.input_ids,
-                candidates=cands,
-                fmt=fmt,
-                decision_index=dec,
-                open_index=opn,
-            )
-            m = [
-                margins_mod.wrong_tool_margin(**kw),
-                margins_mod.tool_vs_control_margin(**kw, extra_tool_first_tokens=extra_tool_first_tokens),
-                margins_mod.divergence_margin(**kw, token_logprobs=seq_lp),
-                margins_mod.sequence_logprob_margin(**kw, token_logprobs=seq_lp),
-            ]
-            row: dict[str, Any] = {
-                k: record.get(k) for k in ("record_id", "item_id", "bucket", "domain", "task_group", "config", "k", "format")
-            }
-            row.update(
-                condition=c.condition.name,
-                knockout_layers=list(c.condition.layers) if c.condition.layers is not None else None,
-                knockout_heads=[list(x) for x in c.condition.heads] if c.condition.heads is not None else None,
-                knockout_size=len(c.condition.key_positions),
-                n_tokens=len(res.input_ids),
-                query_rows=res.query_rows,
-                entropy=c.entropy,
-                record_collision=bool(record.get("collision", False)),
-                margins={r.variant: r.as_dict() for r in m},
-                span_size=res.span_sizes,
-                span_mass={s: v.tolist() for s, v in c.span_mass.items()},
-            )
-            for r in m:
-                row[r.variant] = r.value
-                row[f"{r.variant}_collision"] = r.collision
-            if c.rows is not None:
-                row["rows"] = c.rows.tolist()
-            if c.residual is not None:
-                row["residual"] = c.residual.tolist()
-            out.append(row)
-        return out

@@ -1,28 +1,46 @@
-"""``knockout`` (Figs. 3c/d, 6 and 7): same-prompt knockout of decision-token → boundary attention.
+"""``knockout`` (Figs. 3c/d, 6 and 7): same-prompt knockout of decision → boundary attention.
 
-The prompt tokens stay fixed (BASM at depth k); only attention from the query rows to a span is
+The prompt tokens stay fixed (BASM at depth k); only attention from the deciding rows to a span is
 removed (its scores set to −inf before the softmax, so each row renormalises over the rest), in
-every layer and head unless a layer window is given. In the native format the query rows are the
-decision row d_t and the row that opens the tool call (the native margins read both).
+every layer and head unless a layer window is given.
+
+Which rows are blocked (``--knockout-rows``, recorded in the rows and the results header):
+
+- ``path`` (default): every query row from the row that opens the tool call to the decision row
+  (the forced prefix ``<tool_call>``, ``{"``, ``name``, ``":`` … feeds the decision row), and every
+  row of the scored candidate names, so that where a wrong and the correct name share a prefix
+  (``get`` …) the rows of that prefix, which predict the deciding token, are blocked too;
+- ``endpoints``: the open row and the decision row only, no candidate rows (the measurement of
+  earlier versions, kept for comparison; it lets the forced-prefix rows read B freely).
 
 Conditions, all evaluated in one cached-branching engine call per record:
 
 - ``boundary``: the boundary span B;
-- ``random_i`` (i < ``--random-draws``): a random span of the same length: blocks of the same
-  lengths as B's blocks, placed uniformly at random, non-overlapping, among the prompt positions
-  before the first query row, excluding B and token 0 (the attention sink); seeded by
-  (seed, record, draw), so draws do not depend on run order. Their per-record mean is the
-  ``random`` control;
+- ``random_i`` (i < ``--random-draws``), the neutral control: as many positions as B, drawn from
+  the memory block outside B (skill headers, goals, tool lines and procedure text), never from
+  the system prompt, the tool schemas or the request, which carry the task. The share of its
+  positions that fall on P is recorded (``control_procedure_share``); ``--random-pool memory``
+  keeps it off P too, at the price of a shorter span (with the real Qwen3 tokenizer the memory
+  block outside B and P is smaller than B in most records). Blocks keep B's block lengths where
+  there is room; a block that does not fit is split into shorter runs (recorded as
+  ``control_pieces``). Where the pool holds fewer positions than B, all of them are blocked and
+  ``control_coverage`` < 1 says so. Their per-record mean is the ``random`` control;
+- ``anywhere_i``: the earlier control, same-length runs anywhere before the first query row except
+  B and token 0 (the attention sink), which can hit the request or the tool names. Its mean is the
+  ``random_anywhere`` control, reported beside the neutral one;
 - ``procedure``: the procedure span P;
-- ``boundary@La-b`` (with ``--layer-window W``): B knocked out only in layers a..b (windows of
-  W consecutive layers).
+- ``boundary@La-b`` (with ``--layer-window W``): B knocked out only in layers a..b.
 
-Reported: the signed shift Δm = m_knockout − m_baseline for the wrong-tool, broad (tool-vs-control)
-and correct-tool margins, split as T_wrong–wrong, T_wrong–correct, T_ok–correct (Fig. 7); and the
-share of the Proc. Skill gap that the boundary knockout recovers on T_wrong,
-mean Δm_boundary / (mean m_Proc − mean m_BASM), with a 95% CI from resampling task groups jointly
-for numerator and denominator. Records whose boundary span is empty (the relevance gate γ exposed
-no boundary field) are excluded and counted.
+Draws are seeded by (seed, record, draw), so they do not depend on run order.
+
+Reported: the signed shift Δm = m_knockout − m_baseline for the tool-choice (Eq. 1), broad
+(tool-vs-control), correct-tool margins and the call log-odds, split as T_wrong–wrong,
+T_wrong–correct, T_ok–correct (Fig. 7); and the share of the Proc. Skill gap that the boundary
+knockout recovers on T_wrong, mean Δm_boundary / (mean m_Proc − mean m_BASM), with a 95% CI from
+resampling task groups jointly for numerator and denominator. Per measure, every knockout and
+control is compared on the same records (those where the measure is defined under every
+condition); records left out are counted with their reason. Records whose boundary span is empty
+(the relevance gate γ exposed no boundary field) are excluded and counted.
 """
 
 from __future__ import annotations
@@ -58,37 +76,76 @@ from probes.results import load_results
 
 NAME = "knockout"
 FIGURES = ("fig06_knockout_controls", "fig07_knockout_selectivity")
-MEASURES = ("margin", "broad_margin", "correct_margin")
+MEASURES = ("margin", "broad_margin", "correct_margin", "call_logodds")
 DEFAULT_DRAWS = 5
+KNOCKOUT_ROWS = ("path", "endpoints")
+RANDOM_POOLS = ("memory+procedure", "memory")
+CONTROL_PREFIXES = {"random_": "random", "anywhere_": "random_anywhere"}  # draw condition -> control
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, k_max=2, buckets=("T_wrong", "T_ok"))
     parser.add_argument("--k", type=int, help="retrieval depth (default: --k-max)")
-    parser.add_argument("--random-draws", type=int, default=DEFAULT_DRAWS, help=f"random same-length spans per record (default: {DEFAULT_DRAWS})")
+    parser.add_argument("--random-draws", type=int, default=DEFAULT_DRAWS, help=f"random spans per record and control (default: {DEFAULT_DRAWS})")
     parser.add_argument("--layer-window", type=int, help="also knock out B in windows of this many consecutive layers")
+    parser.add_argument("--random-pool", choices=RANDOM_POOLS, default="memory+procedure",
+                        help="where the neutral random spans are drawn: the memory block outside B (default; the share on P is "
+                        "recorded) or outside B and P (often shorter than B)")
+    parser.add_argument("--knockout-rows", choices=KNOCKOUT_ROWS, default="path",
+                        help="rows blocked: path (default; every row from the open row to the decision row and the candidate "
+                        "name rows, so a shared name prefix is covered) or endpoints (open and decision rows only)")
 
 
-def random_span(record: dict[str, Any], blocks: Sequence[Sequence[int]], rng: np.random.Generator) -> list[int]:
-    """Positions of a random span with the blocks' lengths (see the module docstring)."""
-    end = min(record["query_rows"])
-    taken = np.zeros(end, dtype=bool)
-    taken[0] = True
-    taken[[p for p in span_positions(blocks) if p < end]] = True
+def draw_span(free: np.ndarray, lengths: Sequence[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """Positions of runs with the given ``lengths`` among the ``free`` positions (bool mask),
+    non-overlapping. A run with no contiguous room is split in halves until its pieces fit; the
+    total is capped at the free room. Returns (sorted positions, lengths of the runs placed)."""
+    free = np.asarray(free, dtype=bool).copy()
     out: list[int] = []
-    for length in rng.permutation([e - s for s, e in blocks]):
-        # starts whose whole block is free: a run-length test over the free mask
-        free = ~taken
+    pieces: list[int] = []
+    queue = [int(x) for x in rng.permutation(np.asarray(lengths, dtype=int))]
+    while queue and free.any():
+        length = min(queue.pop(0), int(free.sum()))
+        # starts whose whole run is free: a run-length test over the free mask
         window = np.convolve(free.astype(int), np.ones(length, dtype=int), mode="valid") == length
         starts = np.flatnonzero(window)
-        if len(starts):
-            s = int(rng.choice(starts))
-            chosen = list(range(s, s + length))
-        else:  # no contiguous room left: scattered free positions of the same count
-            chosen = sorted(rng.choice(np.flatnonzero(free), size=min(length, int(free.sum())), replace=False).tolist())
-        taken[chosen] = True
-        out += chosen
-    return sorted(out)
+        if not len(starts):
+            queue[:0] = [length - length // 2, length // 2]
+            continue
+        start = int(rng.choice(starts))
+        free[start : start + length] = False
+        out += range(start, start + length)
+        pieces.append(length)
+    return sorted(out), pieces
+
+
+def block_lengths(blocks: Sequence[Sequence[int]]) -> list[int]:
+    return [int(e) - int(s) for s, e in blocks]
+
+
+def memory_control(record: dict[str, Any], blocks: Sequence[Sequence[int]], rng: np.random.Generator,
+                   pool: str = "memory+procedure") -> tuple[list[int], list[int]]:
+    """The neutral random span: |B| positions of the memory block outside B (and outside P when
+    ``pool`` is ``memory``); see the module docstring."""
+    if pool not in RANDOM_POOLS:
+        raise ValueError(f"random pool must be one of {RANDOM_POOLS}, got {pool!r}")
+    memory = record["spans"].get("memory")
+    if not memory:
+        raise ValueError(f"{record['record_id']}: the record has no memory span (rebuild it with this version)")
+    free = np.zeros(record["n_tokens"], dtype=bool)
+    free[span_positions(memory)] = True
+    free[span_positions(blocks)] = False
+    if pool == "memory":
+        free[span_positions(record["spans"].get("procedure", []))] = False
+    return draw_span(free, block_lengths(blocks), rng)
+
+
+def anywhere_control(record: dict[str, Any], blocks: Sequence[Sequence[int]], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """Same-length runs anywhere before the first query row except B and token 0."""
+    free = np.ones(min(record["query_rows"]), dtype=bool)
+    free[0] = False
+    free[[p for p in span_positions(blocks) if p < len(free)]] = False
+    return draw_span(free, block_lengths(blocks), rng)
 
 
 def layer_windows(n_layers: int, width: int) -> list[tuple[int, ...]]:
@@ -96,23 +153,57 @@ def layer_windows(n_layers: int, width: int) -> list[tuple[int, ...]]:
 
 
 def condition_names(draws: int, windows: Sequence[Sequence[int]]) -> tuple[str, ...]:
-    return ("baseline", "boundary", *(f"random_{i}" for i in range(draws)), "procedure",
+    return ("baseline", "boundary", *(f"{prefix}{i}" for i in range(draws) for prefix in CONTROL_PREFIXES), "procedure",
             *(f"boundary@L{w[0]}-{w[-1]}" for w in windows))
 
 
-def conditions_for(analysis: Analysis, windows: Sequence[Sequence[int]]):
-    def build(record: dict[str, Any], job: Job) -> list[Knockout]:
+def blocked_rows(record: dict[str, Any], policy: str) -> dict[str, Any]:
+    """Knockout keyword arguments of a ``--knockout-rows`` policy."""
+    if policy == "path":
+        return {"rows": None, "continuation": True}
+    if policy == "endpoints":
+        rows = [r for r in (record.get("open_index"), record["decision_index"]) if r is not None]
+        return {"rows": rows, "continuation": False}
+    raise ValueError(f"--knockout-rows must be one of {KNOCKOUT_ROWS}, got {policy!r}")
+
+
+def knockout_scorer(analysis: Analysis, windows: Sequence[Sequence[int]]):
+    """The scorer of a BASM record under every knockout; each control row also says how it was
+    drawn: ``control_pieces`` (run lengths) and ``control_coverage`` (positions blocked / |B|)."""
+    a = analysis.args
+    drawn: dict[str, tuple[list[int], list[int]]] = {}  # condition -> (positions, run lengths) of the record being scored
+
+    def conditions(record: dict[str, Any], job: Job) -> list[Knockout]:
+        drawn.clear()
         if job.config != "basm":
             return []
         blocks = record["spans"].get("boundary", [])
-        out = [Knockout.from_spans("boundary", blocks)]
-        for i in range(analysis.args.random_draws):
-            out.append(Knockout(f"random_{i}", tuple(random_span(record, blocks, record_rng(analysis.args.seed, record["record_id"], f"random_{i}")))))
-        out.append(Knockout.from_spans("procedure", record["spans"].get("procedure", [])))
-        out += [Knockout.from_spans(f"boundary@L{w[0]}-{w[-1]}", blocks, layers=w) for w in windows]
+        rows = blocked_rows(record, a.knockout_rows)
+        out = [Knockout.from_spans("boundary", blocks, **rows)]
+        for i in range(a.random_draws):
+            for prefix, draw in (("random_", lambda *x: memory_control(*x, pool=a.random_pool)), ("anywhere_", anywhere_control)):
+                drawn[f"{prefix}{i}"] = draw(record, blocks, record_rng(a.seed, record["record_id"], f"{prefix}{i}"))
+                out.append(Knockout(f"{prefix}{i}", tuple(drawn[f"{prefix}{i}"][0]), **rows))
+        out.append(Knockout.from_spans("procedure", record["spans"].get("procedure", []), **rows))
+        out += [Knockout.from_spans(f"boundary@L{w[0]}-{w[-1]}", blocks, layers=w, **rows) for w in windows]
         return out
 
-    return build
+    score = cached_scorer(analysis, conditions, margins=MEASURES)
+
+    def scorer(record: dict[str, Any], job: Job) -> list[dict[str, Any]]:
+        rows = score(record, job)
+        blocks = record["spans"].get("boundary", [])
+        size = len(span_positions(blocks))
+        procedure = set(span_positions(record["spans"].get("procedure", [])))
+        for row in rows:
+            if row["condition"] in drawn:
+                positions, pieces = drawn[row["condition"]]
+                row.update(control_pieces=pieces, control_coverage=len(positions) / size if size else float("nan"),
+                           control_split=len(pieces) > len(blocks),
+                           control_procedure_share=len(procedure.intersection(positions)) / len(positions) if positions else float("nan"))
+        return rows
+
+    return scorer
 
 
 def collect(analysis: Analysis) -> pd.DataFrame:
@@ -125,9 +216,10 @@ def collect(analysis: Analysis) -> pd.DataFrame:
         jobs.append(Job(item, "basm", k, analysis.fmt, names))
         if item.bucket == "T_wrong":  # the Proc. Skill reference of the gap
             jobs.append(Job(item, "proc", k, analysis.fmt, ("baseline",)))
-    store = analysis.store(k=k, random_draws=a.random_draws, layer_windows=[list(w) for w in windows],
-                           random_span="same block lengths, before the first query row, excluding B and token 0")
-    run_jobs(analysis, store, jobs, cached_scorer(analysis, conditions_for(analysis, windows), margins=MEASURES))
+    store = analysis.store(k=k, random_draws=a.random_draws, layer_windows=[list(w) for w in windows], knockout_rows=a.knockout_rows,
+                           random_pool=a.random_pool, random_span="|B| positions of the pool, B's block lengths (split where no room)",
+                           random_anywhere_span="B's block lengths before the first query row, excluding B and token 0")
+    run_jobs(analysis, store, jobs, knockout_scorer(analysis, windows))
     return load_results(store.path)
 
 
@@ -137,27 +229,61 @@ class KnockoutSummary:
     recovery: pd.DataFrame  # measure, value, low, high, n (share of the Proc.–BASM gap, T_wrong)
     windows: pd.DataFrame  # window, value, low, high, n (Δ wrong-tool margin on T_wrong)
     per_record: pd.DataFrame  # item_id, bucket, task_group, knockout, measure, delta
+    dropped: pd.DataFrame  # measure, bucket, reason, n_records: records left out of a measure's comparison
+    controls: pd.DataFrame  # control, n_records, n_draws, mean_coverage, n_short, n_split, mean_procedure_share
     n_excluded: int  # BASM records without a boundary span
     note: str
 
 
-def deltas_per_record(rows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """Δm per (BASM record, knockout, measure); random draws also averaged into ``random``."""
+def control_of(condition: str) -> str:
+    """The reported knockout of a condition: random draws pool into their control."""
+    for prefix, control in CONTROL_PREFIXES.items():
+        if condition.startswith(prefix):
+            return control
+    return condition
+
+
+def deltas_per_record(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """Δm per (BASM record, knockout, measure), random draws averaged into their control, on paired
+    records: per measure only the records where it is finite under the baseline and every knockout.
+    Returns (per-record deltas, records left out per measure with the reason, records without B)."""
     basm = rows[rows["config"] == "basm"]
     excluded = basm[(basm["condition"] == "baseline") & (basm["boundary_size"] == 0)]["record_id"]
     basm = basm[~basm["record_id"].isin(set(excluded))]
-    base = basm[basm["condition"] == "baseline"].set_index("record_id")
-    out = []
+    out, dropped = [], []
     for measure in MEASURES:
-        knocked = basm[basm["condition"] != "baseline"]
-        delta = knocked[measure].to_numpy(float) - base.loc[knocked["record_id"], measure].to_numpy(float)
+        wide = basm.pivot_table(index="record_id", columns="condition", values=measure, aggfunc="first", dropna=False)
+        finite = np.isfinite(wide.to_numpy(float)).all(axis=1)
+        keep = set(wide.index[finite])
+        lost = basm[(basm["condition"] == "baseline") & ~basm["record_id"].isin(keep)]
+        for (bucket, abstain), sub in lost.groupby(["bucket", lost["correct_is_abstain"].astype(bool)], sort=False):
+            reason = "correct action is abstention (no correct tool)" if abstain else "undefined under some condition (names never diverge)"
+            dropped.append({"measure": measure, "bucket": bucket, "reason": reason, "n_records": len(sub)})
+        sub = basm[basm["record_id"].isin(keep)]
+        base = sub[sub["condition"] == "baseline"].set_index("record_id")[measure]
+        knocked = sub[sub["condition"] != "baseline"]
+        delta = knocked[measure].to_numpy(float) - base.loc[knocked["record_id"]].to_numpy(float)
         frame = knocked[["record_id", "item_id", "bucket", "task_group", "condition"]].assign(measure=measure, delta=delta)
-        frame["knockout"] = frame["condition"].where(~frame["condition"].str.startswith("random_"), "random")
-        out.append(frame)
-    per = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
-    # one value per record for the random control: the mean over its draws
+        out.append(frame.assign(knockout=frame["condition"].map(control_of)))
+    per = pd.concat(out, ignore_index=True)
+    # one value per record for each random control: the mean over its draws
     per = per.groupby(["record_id", "item_id", "bucket", "task_group", "knockout", "measure"], as_index=False, sort=False)["delta"].mean()
-    return per, int(len(excluded))
+    return per, pd.DataFrame(dropped, columns=["measure", "bucket", "reason", "n_records"]), int(len(excluded))
+
+
+def control_draws(rows: pd.DataFrame) -> pd.DataFrame:
+    """How the random controls were drawn: coverage of |B| and how often a run had to be split."""
+    draws = rows[rows["condition"].map(control_of).isin(set(CONTROL_PREFIXES.values())) & (rows["config"] == "basm")]
+    if not len(draws):
+        return pd.DataFrame(columns=["control", "n_records", "n_draws", "mean_coverage", "n_short", "n_split", "mean_procedure_share"])
+    draws = draws.assign(control=draws["condition"].map(control_of))
+    out = []
+    for control, sub in draws.groupby("control", sort=False):
+        out.append({"control": control, "n_records": sub["record_id"].nunique(), "n_draws": len(sub),
+                    "mean_coverage": float(sub["control_coverage"].mean()), "n_short": int((sub["control_coverage"] < 1).sum()),
+                    "n_split": int(sub["control_split"].astype(bool).sum()),
+                    "mean_procedure_share": float(sub["control_procedure_share"].mean())})
+    return pd.DataFrame(out)
 
 
 def gap_recovery(rows: pd.DataFrame, per: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
@@ -182,11 +308,11 @@ def gap_recovery(rows: pd.DataFrame, per: pd.DataFrame, seed: int = 0) -> pd.Dat
 
 
 def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> KnockoutSummary:
-    per, excluded = deltas_per_record(rows)
+    per, dropped, excluded = deltas_per_record(rows)
     deltas = summarise(per, ["bucket", "knockout", "measure"], "delta", seed=seed)
     win = deltas[(deltas["bucket"] == "T_wrong") & (deltas["measure"] == "margin") & deltas["knockout"].str.startswith("boundary@")]
     windows = win.assign(window=win["knockout"].str.removeprefix("boundary@"))[["window", "value", "low", "high", "n"]]
-    return KnockoutSummary(deltas, gap_recovery(rows, per, seed), windows, per, excluded, note)
+    return KnockoutSummary(deltas, gap_recovery(rows, per, seed), windows, per, dropped, control_draws(rows), excluded, note)
 
 
 def figures(summary: KnockoutSummary, out_dir: Path) -> list[Path]:
@@ -200,7 +326,9 @@ def figures(summary: KnockoutSummary, out_dir: Path) -> list[Path]:
 def knockout_note(analysis: Analysis) -> str:
     a = analysis.args
     return (f"{provenance(analysis)}\nΔm = m_knockout − m_BASM (signed) at k = {a.k if a.k is not None else a.k_max} · "
-            f"random: mean of {a.random_draws} same-length spans · mean ± 95% bootstrap CI over task groups")
+            f"rows blocked: {a.knockout_rows} · random: mean of {a.random_draws} spans of |B| positions in the memory block "
+            f"outside B{' and P' if a.random_pool == 'memory' else ' (P allowed)'}; "
+            f"random anywhere: same-length runs anywhere before the call · paired records per measure · mean ± 95% bootstrap CI over task groups")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -213,6 +341,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gap recovered ({r.measure}): {100 * r.value:.1f}% [{100 * r.low:.1f}, {100 * r.high:.1f}] "
               f"(Proc {r.proc:.2f}, BASM {r.basm:.2f}, Δm boundary {r.delta:+.2f}; n = {r.n} task groups)")
     print(f"BASM records without a boundary span (excluded): {summary.n_excluded}")
+    print("records left out of a measure's paired comparison:\n" + (summary.dropped.to_string(index=False) if len(summary.dropped) else "none"))
+    print("random controls:\n" + summary.controls.round(3).to_string(index=False))
     if analysis.args.figure:
         print("figures:", ", ".join(map(str, figures(summary, analysis.out_dir / "figures"))))
     return 0
@@ -223,8 +353,13 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     paths = figures(summary, figures_dir)
     d, r = summary.deltas, summary.recovery
     main = d[d["knockout"].isin(plots.KNOCKOUT_LABELS)][["bucket", "knockout", "measure", "value", "low", "high", "n"]]
-    body = (f"Signed shift Δm = m_knockout − m_BASM (logits, {analysis.variant}); CIs over task groups. "
-            f"BASM records without a boundary span excluded: {summary.n_excluded}.\n\n{markdown_table(main)}\n\n"
+    body = (f"Signed shift Δm = m_knockout − m_BASM (logits; `margin` is {analysis.variant}, Eq. 1 on the tool choice by default); "
+            f"CIs over task groups. Rows blocked: `{analysis.args.knockout_rows}`. Every knockout and control of a measure is compared "
+            f"on the same records. BASM records without a boundary span excluded: {summary.n_excluded}.\n\n{markdown_table(main)}\n\n"
+            f"Records left out of a measure's comparison:\n\n{markdown_table(summary.dropped) if len(summary.dropped) else 'none'}\n\n"
+            f"How the random controls were drawn (`random`: the memory block outside B{' and P' if analysis.args.random_pool == 'memory' else ' (P allowed)'}, "
+            f"the default neutral control; "
+            f"`random_anywhere`: anywhere before the call):\n\n{markdown_table(summary.controls)}\n\n"
             f"Share of the Proc. Skill gap recovered by the boundary knockout (T_wrong; CI resamples task groups jointly):\n\n"
             f"{markdown_table(r)}")
     if len(summary.windows):

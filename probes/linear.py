@@ -3,51 +3,58 @@
 Question: is applicability (T_ok vs T_wrong) a static, linearly readable label of the residual
 stream at the decision position, and is it more readable under BASM than under the other memory
 configurations? For every configuration, depth k and layer (embeddings = layer 0, then every
-decoder layer's output), a logistic-regression probe
+decoder layer's output), a probe
 
-    Pipeline(StandardScaler, LogisticRegression(L2, C))
+    StandardScaler, then L2 logistic regression (C · Σ log-loss + ½‖w‖², intercept unpenalised)
 
 is trained and evaluated with *task-disjoint* cross-validation: ``StratifiedGroupKFold`` over
 task groups, so the probe never sees a test item's task template in training. Every item gets an
 out-of-fold score; the AUC of those scores is reported with a 95% percentile bootstrap CI over
-task groups (groups resampled with replacement, the OOF scores of their items pooled).
+task groups (groups resampled with replacement, the OOF scores of their items pooled). The
+logistic regression is solved to its exact optimum (Newton's method, :func:`fit_logistic`) in the
+span of the training rows, which holds the L2 optimum, so d_model ≫ n costs an n-dimensional fit.
 
-Chance is made visible by a shuffled-label baseline per layer: labels are permuted *within* task
-groups (every group keeps its composition, so the null has the same group structure as the data),
-the same grouped CV is rerun, and the null AUCs' mean and 95% interval are reported together with
-a permutation p-value (1 + #null ≥ observed) / (1 + n_permutations).
+Chance: labels are permuted *within* task groups (every group keeps its composition, so the null
+has the same group structure and the same folds as the data) and the probe is refit on the
+cached features. ``DEFAULT_PERMUTATIONS`` = 199 label permutations are drawn once per
+(configuration, k) and applied at every layer. Per layer: the null AUCs' mean and 95% interval
+and p = (1 + #null ≥ AUC) / (1 + n). For the post-hoc best layer: the null statistic is the
+maximum over layers of the null AUC (same permutation at every layer), and ``p_maxnull`` =
+(1 + #max-null ≥ AUC) / (1 + n) is family-wise over layers (Westfall–Young max-T); at the best
+layer it is the best-layer p (``p_best_layer_maxnull``). With 199 permutations p can reach 1/200.
 
 Features are the residual stream at the decision row (``ProbeSession.run(...,
 record_residual=True)``): ``[n_layers + 1, d_model]`` per prompt, cached as ``.npy`` files keyed
 by the prompt's token ids (k = 0 prompts are shared by every configuration and computed once).
 
-``--limit N`` keeps N items per bucket taken round-robin over task groups (:func:`spread_limit`),
-not the first N in file order (those share one task group, where no task-disjoint CV exists).
+``--limit N`` keeps N items per bucket taken round-robin over task groups
+(:func:`probes.dataset.spread_limit`, as in every analysis), not the first N in file order (those
+share one task group, where no task-disjoint CV exists).
 """
 
 from __future__ import annotations
 
 import hashlib
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.special import expit
 from scipy.stats import rankdata
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedGroupKFold
-from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 POSITIVE, NEGATIVE = "T_ok", "T_wrong"  # applicable (1) vs inapplicable (0)
 PROBE_BUCKETS: tuple[str, ...] = (POSITIVE, NEGATIVE)
 DEFAULT_FOLDS = 5
 DEFAULT_C = 1.0
-DEFAULT_PERMUTATIONS = 20
+DEFAULT_PERMUTATIONS = 199  # smallest p = 1 / (1 + 199) = 0.005 < 0.01
 DEFAULT_RESAMPLES = 1000
+NEWTON_TOL = 1e-9  # Newton decrement² gᵀH⁻¹g ≈ 2 (f − f*): stop within ~5e-10 of the optimal objective
+NEWTON_MAX_ITER = 100
+LABEL_BLOCK = 256  # label rows fitted together (bounds the [rows, r, r] Hessians' memory)
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,6 @@ class ProbeSettings:
     permutations: int = DEFAULT_PERMUTATIONS
     resamples: int = DEFAULT_RESAMPLES
     seed: int = 0
-    max_iter: int = 2000
 
 
 def labels(buckets: Sequence[str]) -> np.ndarray:
@@ -68,15 +74,13 @@ def labels(buckets: Sequence[str]) -> np.ndarray:
     return np.array([bucket == POSITIVE for bucket in buckets], dtype=int)
 
 
-def probe_pipeline(C: float = DEFAULT_C, max_iter: int = 2000, seed: int = 0) -> Pipeline:
-    return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=max_iter, random_state=seed))
-
-
 def grouped_folds(y: np.ndarray, groups: Sequence[str], n_splits: int = DEFAULT_FOLDS, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Task-disjoint stratified folds (train, test) index arrays.
 
     ``n_splits`` is lowered to the number of task groups holding each class, so that every
     training fold can contain both classes. Fewer than 2 such groups: no folds (empty list).
+    The folds depend on ``y`` only through each group's class counts, so labels permuted within
+    groups get the same folds.
     """
     y = np.asarray(y)
     groups = np.asarray(groups)
@@ -88,19 +92,71 @@ def grouped_folds(y: np.ndarray, groups: Sequence[str], n_splits: int = DEFAULT_
     return [(train, test) for train, test in splitter.split(np.zeros(len(y)), y, groups)]
 
 
-def out_of_fold_scores(X: np.ndarray, y: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]], *, C: float = DEFAULT_C, max_iter: int = 2000, seed: int = 0) -> np.ndarray:
-    """Decision-function scores of each item from the probe trained without its fold."""
-    scores = np.full(len(y), np.nan)
-    for train, test in folds:
-        if len(set(y[train].tolist())) < 2:  # cannot happen with grouped_folds' n_splits, kept as a guard
-            scores[test] = 0.0
-            continue
-        model = probe_pipeline(C, max_iter, seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            model.fit(X[train], y[train])
-        scores[test] = model.decision_function(X[test])
-    return scores
+def fit_logistic(Z: np.ndarray, Y: np.ndarray, C: float = DEFAULT_C) -> tuple[np.ndarray, np.ndarray]:
+    """L2 logistic regressions on features ``Z [m, r]``, one per label row of ``Y [P, m]``:
+    the minimiser of C · Σ log-loss + ½‖w‖² (intercept unpenalised), by Newton's method with
+    per-row backtracking, all rows batched. Returns (W [P, r], b [P])."""
+    m, r = Z.shape
+    A = np.hstack([Z, np.ones((m, 1))])
+    ridge = np.r_[np.ones(r), 0.0]
+    Y = np.asarray(Y, dtype=float)
+
+    def objective(theta: np.ndarray, Y: np.ndarray) -> np.ndarray:
+        eta = theta @ A.T
+        return C * (np.logaddexp(0.0, eta) - Y * eta).sum(1) + 0.5 * (theta[:, :r] ** 2).sum(1)
+
+    theta = np.zeros((len(Y), r + 1))
+    f = objective(theta, Y)
+    active = np.arange(len(Y))  # rows not yet converged
+    for _ in range(NEWTON_MAX_ITER):
+        t_a, y_a = theta[active], Y[active]
+        p = expit(t_a @ A.T)
+        grad = C * (p - y_a) @ A + ridge * t_a
+        hessian = np.matmul(A.T * (C * p * (1 - p))[:, None, :], A) + np.diag(ridge)
+        step = np.linalg.solve(hessian, grad[..., None])[..., 0]
+        decrement = (grad * step).sum(1)
+        going = decrement > NEWTON_TOL
+        active, t_a, y_a, step, decrement = active[going], t_a[going], y_a[going], step[going], decrement[going]
+        if not len(active):
+            return theta[:, :r], theta[:, r]
+        size = np.ones(len(active))
+        for _ in range(60):  # Armijo: halve each row's step until its objective falls enough
+            trial = t_a - size[:, None] * step
+            f_trial = objective(trial, y_a)
+            short = f_trial > f[active] - 0.25 * size * decrement
+            if not short.any():
+                break
+            size = np.where(short, size / 2, size)
+        theta[active], f[active] = trial, f_trial
+    raise RuntimeError(f"logistic regression: Newton's method did not converge in {NEWTON_MAX_ITER} iterations "
+                       f"for {len(active)} of {len(Y)} label rows (C = {C}, {m} items × {r} features)")
+
+
+def out_of_fold_scores(X: np.ndarray, Y: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]], *, C: float = DEFAULT_C) -> np.ndarray:
+    """Decision-function scores of each item from the probe trained without its fold, for the
+    labels ``Y [n]`` or for every label row of ``Y [P, n]`` (same shape as ``Y``).
+
+    The scaler and the training rows' basis depend on the features only, so every label row
+    reuses them and only the logistic regressions are refit."""
+    Y = np.asarray(Y, dtype=int)
+    rows = Y.reshape(-1, Y.shape[-1])
+    X = np.asarray(X, dtype=np.float64)
+    scores = np.full(rows.shape, np.nan)
+    for i, (train, test) in enumerate(folds):
+        positives = rows[:, train].sum(1)
+        if ((positives == 0) | (positives == len(train))).any():
+            raise ValueError(f"fold {i}: its {len(train)} training items hold one class only, so no probe can be fit; "
+                             "task-disjoint folds must leave both classes in every training set (use grouped_folds)")
+        scaler = StandardScaler().fit(X[train])
+        # the L2 optimum lies in the span of the training rows: fit on their coordinates (exact)
+        u, s, vt = np.linalg.svd(scaler.transform(X[train]), full_matrices=False)
+        keep = s > s[0] * max(len(train), X.shape[1]) * np.finfo(float).eps  # numerical rank (none if constant)
+        test_coords = scaler.transform(X[test]) @ vt[keep].T
+        for start in range(0, len(rows), LABEL_BLOCK):
+            block = slice(start, start + LABEL_BLOCK)
+            W, b = fit_logistic(u[:, keep] * s[keep], rows[block, train], C)
+            scores[block, test] = W @ test_coords.T + b[:, None]
+    return scores.reshape(Y.shape)
 
 
 def auc(y: np.ndarray, scores: np.ndarray) -> float:
@@ -146,32 +202,53 @@ def permute_within_groups(y: np.ndarray, groups: Sequence[str], rng: np.random.G
     return y
 
 
-def probe_layer(X: np.ndarray, y: np.ndarray, groups: Sequence[str], settings: ProbeSettings = ProbeSettings(), *, layer_seed: int = 0) -> dict[str, Any]:
-    """AUC (with CI) and shuffled-label baseline of one layer's features ``X [n, d]``."""
+def permuted_labels(y: np.ndarray, groups: Sequence[str], n: int, seed: int = 0) -> np.ndarray:
+    """``[n, len(y)]`` label permutations within task groups, drawn once and shared by every layer."""
+    rng = np.random.default_rng([seed, 1])
+    return np.stack([permute_within_groups(y, groups, rng) for _ in range(n)])
+
+
+def _interval(values: np.ndarray) -> tuple[float, float, float]:
+    return float(values.mean()), float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))
+
+
+def probe_layers(features: np.ndarray, y: np.ndarray, groups: Sequence[str], settings: ProbeSettings = ProbeSettings(),
+                 progress: Callable[[], Any] | None = None) -> list[dict[str, Any]]:
+    """One row per layer of ``features [n, layers, d]``: AUC (with CI), the per-layer
+    shuffled-label null and p, and the max-over-layers null with each layer's family-wise p.
+    ``progress`` is called after each layer's fits."""
+    if settings.permutations < 1:
+        raise ValueError(f"permutations must be ≥ 1 (p = (1 + #null ≥ AUC) / (1 + permutations)), got {settings.permutations}")
     y = np.asarray(y, dtype=int)
+    n_layers = features.shape[1]
     folds = grouped_folds(y, groups, settings.folds, settings.seed)
     base = {"n": len(y), "n_pos": int(y.sum()), "n_neg": int(len(y) - y.sum()), "n_groups": len(set(groups)), "n_folds": len(folds)}
+    stats = ("auc", "low", "high", "null_mean", "null_low", "null_high", "p_perm", "maxnull_mean", "maxnull_low", "maxnull_high", "p_maxnull")
     if not folds:
-        nan = float("nan")
-        return {**base, "auc": nan, "low": nan, "high": nan, "null_mean": nan, "null_low": nan, "null_high": nan, "p_perm": nan,
-                "note": "fewer than 2 task groups per class: no task-disjoint CV"}
-    kw = dict(C=settings.C, max_iter=settings.max_iter, seed=settings.seed)
-    scores = out_of_fold_scores(X, y, folds, **kw)
-    value = auc(y, scores)
-    low, high = group_bootstrap_auc(y, scores, groups, resamples=settings.resamples, seed=settings.seed + layer_seed)
-    rng = np.random.default_rng([settings.seed, layer_seed, 1])
-    null = []
-    for _ in range(settings.permutations):
-        shuffled = permute_within_groups(y, groups, rng)
-        null_folds = grouped_folds(shuffled, groups, settings.folds, settings.seed)
-        null.append(auc(shuffled, out_of_fold_scores(X, shuffled, null_folds, **kw)) if null_folds else float("nan"))
-    null = np.asarray([v for v in null if np.isfinite(v)])
-    if len(null):
-        null_stats = {"null_mean": float(null.mean()), "null_low": float(np.quantile(null, 0.025)), "null_high": float(np.quantile(null, 0.975)),
-                      "p_perm": float((1 + np.sum(null >= value)) / (1 + len(null)))}
-    else:
-        null_stats = {"null_mean": float("nan"), "null_low": float("nan"), "null_high": float("nan"), "p_perm": float("nan")}
-    return {**base, "auc": value, "low": low, "high": high, **null_stats, "n_permutations": len(null), "note": ""}
+        return [{**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0, "note": "fewer than 2 task groups per class: no task-disjoint CV"}
+                for _ in range(n_layers)]
+    shuffled = permuted_labels(y, groups, settings.permutations, settings.seed)
+    everything = np.vstack([y, shuffled])  # row 0: the observed labels
+    aucs = np.empty((n_layers, len(everything)))  # [layer, observed + permutations]
+    observed_scores = []
+    for layer in range(n_layers):
+        scores = out_of_fold_scores(features[:, layer, :], everything, folds, C=settings.C)
+        aucs[layer] = [auc(labels_, row) for labels_, row in zip(everything, scores)]
+        observed_scores.append(scores[0])
+        if progress is not None:
+            progress()
+    max_null = aucs[:, 1:].max(axis=0)
+    maxnull_mean, maxnull_low, maxnull_high = _interval(max_null)
+    rows = []
+    for layer in range(n_layers):
+        value, null = float(aucs[layer, 0]), aucs[layer, 1:]
+        low, high = group_bootstrap_auc(y, observed_scores[layer], groups, resamples=settings.resamples, seed=settings.seed + layer)
+        null_mean, null_low, null_high = _interval(null)
+        rows.append({**base, "auc": value, "low": low, "high": high, "null_mean": null_mean, "null_low": null_low, "null_high": null_high,
+                     "p_perm": float((1 + np.sum(null >= value)) / (1 + len(null))),
+                     "maxnull_mean": maxnull_mean, "maxnull_low": maxnull_low, "maxnull_high": maxnull_high,
+                     "p_maxnull": float((1 + np.sum(max_null >= value)) / (1 + len(max_null))), "n_permutations": len(null), "note": ""})
+    return rows
 
 
 # ------------------------------------------------------------------------------------- features
@@ -229,47 +306,17 @@ def add_arguments(parser: Any) -> None:
     group = parser.add_argument_group("linear probe")
     group.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help=f"task-disjoint CV folds (default: {DEFAULT_FOLDS}; lowered to the task groups per class)")
     group.add_argument("--C", type=float, default=DEFAULT_C, help=f"inverse L2 strength of the logistic regression (default: {DEFAULT_C})")
-    group.add_argument("--permutations", type=int, default=10, help="shuffled-label (within task group) refits per layer (default: 10)")
+    group.add_argument("--permutations", type=int, default=DEFAULT_PERMUTATIONS,
+                       help=f"label permutations within task groups, shared by all layers; p ≥ 1/(1 + N) (default: {DEFAULT_PERMUTATIONS})")
     group.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help=f"task-group bootstrap resamples of the AUC CI (default: {DEFAULT_RESAMPLES})")
 
 
-def spread_limit(items: Sequence[Any], limit: int) -> list[Any]:
-    """``limit`` items per bucket taken round-robin over task groups (first item of every group,
-    then the second, ...), so that a small run still has several task groups per class."""
-    kept: list[Any] = []
-    for bucket in dict.fromkeys(item.bucket for item in items):
-        by_group: dict[str, list[Any]] = {}
-        for item in items:
-            if item.bucket == bucket:
-                by_group.setdefault(item.task_group, []).append(item)
-        queues = list(by_group.values())
-        chosen: list[Any] = []
-        depth = 0
-        while len(chosen) < limit and any(depth < len(q) for q in queues):
-            chosen += [q[depth] for q in queues if depth < len(q)][: limit - len(chosen)]
-            depth += 1
-        kept += chosen
-    order = {item.id: i for i, item in enumerate(items)}
-    return sorted(kept, key=lambda item: order[item.id])
-
-
-def apply_spread_limit(analysis: Any) -> None:
-    """Keep T_ok / T_wrong items and replace the shared ``--limit`` (the first N items of each
-    bucket, usually one task group) by :func:`spread_limit` over the same filters: task-disjoint CV
-    needs at least two task groups per class."""
+def keep_probe_items(analysis: Any) -> None:
+    """Keep the T_ok / T_wrong items (``--limit`` already spread them over task groups, see
+    :func:`probes.dataset.spread_limit`: task-disjoint CV needs at least two task groups per class)."""
     from probes.analysis import AnalysisError
-    from probes.cli import select_items
 
-    args = analysis.args
     items = [item for item in analysis.items if item.bucket in PROBE_BUCKETS]
-    if args.limit is not None:
-        limit, args.limit = args.limit, None
-        try:
-            pool = [item for item in select_items(analysis.dataset, args) if item.bucket in PROBE_BUCKETS]
-        finally:
-            args.limit = limit
-        items = spread_limit(pool, limit)
-        analysis.builder.warm(items)
     if not items:
         raise AnalysisError(f"linear: no {' / '.join(PROBE_BUCKETS)} items selected (the probe contrasts applicable vs inapplicable states)")
     analysis.items = tuple(items)
@@ -301,7 +348,8 @@ def collect_features(analysis: Any) -> tuple[Any, FeatureCache]:
 
 
 def probe_all(analysis: Any, index: Any, cache: FeatureCache, settings: ProbeSettings) -> Any:
-    """Probe every (config, k, layer); rows appended to ``linear_probe.jsonl`` (resumable)."""
+    """Probe every (config, k, layer); rows appended to ``linear_probe.jsonl`` per (config, k), whose
+    layers share one set of label permutations (resumable)."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -309,11 +357,13 @@ def probe_all(analysis: Any, index: Any, cache: FeatureCache, settings: ProbeSet
 
     store = ResultsStore(analysis.out_dir / "linear_probe.jsonl", "linear_probe",
                          analysis.config(configs=list(analysis.args.configs), limit_mode="spread over task groups",
-                                         probe=asdict_settings(settings)),
+                                         probe=asdict_settings(settings),
+                                         null="labels permuted within task groups, the same permutations at every layer; "
+                                              "p_maxnull against the max over layers"),
                          overwrite=analysis.args.overwrite)
     cells = [(config, int(k), frame.sort_values("item_id")) for (config, k), frame in index.groupby(["config", "k"], sort=True)]
     n_layers = cache.load(index["feature_key"].iloc[0]).shape[0]
-    memo: dict[tuple, dict[str, Any]] = {}  # identical feature sets (k = 0) are probed once
+    memo: dict[tuple, list[dict[str, Any]]] = {}  # identical feature sets (k = 0) are probed once
     with tqdm(total=len(cells) * n_layers, desc="linear probes", unit="layer", dynamic_ncols=True) as bar:
         for config, k, frame in cells:
             keys = [f"{config}|k{k}|L{layer}" for layer in range(n_layers)]
@@ -324,16 +374,13 @@ def probe_all(analysis: Any, index: Any, cache: FeatureCache, settings: ProbeSet
             y = frame["label"].to_numpy(dtype=int)
             groups = frame["task_group"].tolist()
             signature = (tuple(frame["feature_key"]), tuple(y.tolist()))
-            rows = []
-            for layer, key in enumerate(keys):
-                if key not in store:
-                    memo_key = (signature, layer)
-                    if memo_key not in memo:
-                        memo[memo_key] = probe_layer(features[:, layer, :], y, groups, settings, layer_seed=layer)
-                    rows.append({"key": key, "config": config, "k": k, "format": analysis.fmt, "layer": layer,
-                                 "d_model": int(features.shape[2]), **memo[memo_key]})
-                bar.update(1)
-            store.append(rows)
+            if signature in memo:
+                bar.update(n_layers)
+            else:
+                memo[signature] = probe_layers(features, y, groups, settings, progress=lambda: bar.update(1))
+            store.append([{"key": key, "config": config, "k": k, "format": analysis.fmt, "layer": layer,
+                           "d_model": int(features.shape[2]), **memo[signature][layer]}
+                          for layer, key in enumerate(keys) if key not in store])
     return load_results(store.path) if store.path.stat().st_size else pd.DataFrame()
 
 
@@ -344,12 +391,13 @@ def asdict_settings(settings: ProbeSettings) -> dict[str, Any]:
 
 
 SUMMARY_COLUMNS = ["config", "k", "layer", "auc", "low", "high", "null_mean", "null_low", "null_high", "p_perm",
+                   "maxnull_mean", "maxnull_low", "maxnull_high", "p_maxnull", "n_permutations",
                    "n", "n_pos", "n_neg", "n_groups", "n_folds", "note"]
 
 
 def compute(analysis: Any) -> Any:
     """Features, probes and the summary table (also written to ``linear_summary.csv``)."""
-    apply_spread_limit(analysis)
+    keep_probe_items(analysis)
     a = analysis.args
     settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed)
     index, cache = collect_features(analysis)
@@ -367,13 +415,25 @@ def figure(analysis: Any, table: Any, figures_dir: Path) -> list[Path]:
     note = (f"{provenance(analysis).replace(f' · margin: {a.margin_variant}', '')}\n"
             f"AUC of out-of-fold scores, StratifiedGroupKFold by task group (≤ {a.folds} folds), "
             f"StandardScaler + L2 logistic regression (C = {a.C}); band: 95% bootstrap CI over task groups; "
-            f"grey: labels shuffled within task groups ({a.permutations} refits, mean and 95% range)")
+            f"grey: labels shuffled within task groups ({a.permutations} permutations, the same at every layer; mean and 95% range)\n"
+            f"{best_layer_note(best_layers(table))}")
     plots.style()
     return plots.save_figure(plots.fig10_linear_probe(table, note), figures_dir, FIGURE)
 
 
+def best_layer_note(best: Any) -> str:
+    """The largest k's best layers with their family-wise p (one line for the figure note)."""
+    if not len(best):
+        return "no best layer: too few task groups"
+    top = best[best["k"] == best["k"].max()]
+    return (f"best layer (k = {int(top['k'].iloc[0])}) vs the max over layers of the null AUC: "
+            + ", ".join(f"{r.config} L{r.best_layer} p = {r.p_best_layer_maxnull:.3g}" for r in top.itertuples()))
+
+
 def best_layers(table: Any) -> Any:
-    """Per configuration and k: the best layer's AUC (CI), the mean AUC over layers and the null."""
+    """Per configuration and k: the best layer (argmax AUC, chosen after looking), its AUC (CI),
+    the shuffled null at that layer with its p, the max-over-layers null with the family-wise
+    best-layer p, and the mean AUC over layers."""
     import pandas as pd
 
     out = []
@@ -383,7 +443,9 @@ def best_layers(table: Any) -> Any:
             continue
         best = finite.loc[finite["auc"].idxmax()]
         out.append({"config": config, "k": int(k), "best_layer": int(best["layer"]), "auc": best["auc"], "low": best["low"],
-                    "high": best["high"], "shuffled": best["null_mean"], "p_perm": best["p_perm"],
+                    "high": best["high"], "shuffled": best["null_mean"], "null_low": best["null_low"], "null_high": best["null_high"],
+                    "p_perm": best["p_perm"], "maxnull_low": best["maxnull_low"], "maxnull_high": best["maxnull_high"],
+                    "p_best_layer_maxnull": best["p_maxnull"], "n_permutations": int(best["n_permutations"]),
                     "mean_auc_over_layers": finite["auc"].mean(), "n": int(best["n"]), "n_groups": int(best["n_groups"])})
     return pd.DataFrame(out)
 
@@ -397,8 +459,11 @@ def report_section(analysis: Any, figures_dir: Path) -> Any:
     k_max = int(table["k"].max())
     body = ("Task-disjoint (StratifiedGroupKFold by task group) logistic-regression probes for applicability "
             f"(T_ok vs T_wrong) on the decision-row residual stream; best layer per configuration and k "
-            f"(shuffled = labels permuted within task groups). The best-layer AUC is selected post hoc: "
-            f"compare it with the shuffled baseline at that layer.\n\n{markdown_table(best) if len(best) else '(no AUC: too few task groups)'}")
+            f"(shuffled = labels permuted within task groups, null mean and 95% interval at that layer, p_perm = "
+            f"(1 + #null ≥ AUC) / (1 + n_permutations)). The best layer is selected after looking, so its test is "
+            f"p_best_layer_maxnull: each permutation is applied at every layer and its null statistic is the maximum "
+            f"AUC over layers (95% interval: maxnull_low–maxnull_high).\n\n"
+            f"{markdown_table(best) if len(best) else '(no AUC: too few task groups)'}")
     comparisons = [Comparison(f"Fig. 10: best-layer probe AUC, {config} (k = {k_max}; paper: no stable high-AUC vector)",
                               float(best[(best["config"] == config) & (best["k"] == k_max)]["auc"].iloc[0]), None, "AUC")
                    for config in ("proc", "basm") if len(best) and ((best["config"] == config) & (best["k"] == k_max)).any()]
@@ -421,7 +486,9 @@ def print_summary(table: Any) -> None:
         if frame["auc"].notna().any():
             best = frame.loc[frame["auc"].idxmax()]
             print(f"{config:>16} k={k}: best layer {int(best['layer'])} AUC {best['auc']:.3f} [{best['low']:.3f}, {best['high']:.3f}] "
-                  f"(shuffled {best['null_mean']:.3f}, p = {best['p_perm']:.3g}); mean over layers {frame['auc'].mean():.3f}; "
+                  f"(shuffled {best['null_mean']:.3f} [{best['null_low']:.3f}, {best['null_high']:.3f}], p = {best['p_perm']:.3g}; "
+                  f"max over layers [{best['maxnull_low']:.3f}, {best['maxnull_high']:.3f}], p = {best['p_maxnull']:.3g}; "
+                  f"{int(best['n_permutations'])} permutations); mean over layers {frame['auc'].mean():.3f}; "
                   f"n = {int(best['n'])} items / {int(best['n_groups'])} task groups, {int(best['n_folds'])} folds")
         else:
             print(f"{config:>16} k={k}: no AUC ({frame['note'].iloc[0]})")

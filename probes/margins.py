@@ -1,23 +1,43 @@
-"""Decision margins (paper Eq. 1 and variants), as pure functions of engine outputs.
+"""Decision margins (paper Eq. 1 and the quantities reported beside it), as pure functions of
+engine outputs.
 
-Every margin returns a :class:`MarginResult` stating its ``variant``, the decision ``format``,
-whether a ``collision`` occurred, and a ``note``. A collision never yields a silent 0: when the
-wrong and control sets share a first token, the first-token variants return ``nan`` with
-``collision=True``; the divergence and sequence variants resolve such cases.
+Every function returns a :class:`MarginResult` stating its ``variant``, the decision ``format``,
+whether an unresolvable ``collision`` occurred, a ``note`` and, for the pairwise quantities, the
+``pairs`` it compared with the token depth of each comparison. Nothing is ever a silent 0: an
+undefined quantity is ``nan`` with the reason in ``note``.
 
-Scores. Eq. 1 compares logits at the decision row:
-``m = max_{y∈Y_wrong} ℓ(y) − max_{y∈Y_ctrl} ℓ(y)``. In the *native* format abstention is not a
-token at the decision row: it means not opening the tool call at the open row. When an abstain
-candidate takes part, every candidate is therefore scored as a log-probability of its path:
+The quantities
+--------------
+Eq. 1 compares next-token logits: ``m = max_{y∈Y_wrong} ℓ(y) − max_{y∈Y_ctrl} ℓ(y)``.
 
-- tool ``y``: ``log P(forced prefix | open row) + log P(y | decision row)``, where the forced
-  prefix is ``input_ids[open_index+1 : decision_index+1]`` (``<tool_call>`` ... up to the name);
-- abstain: ``log(1 − P(input_ids[open_index+1] | open row))``.
-
-Without an abstain candidate (or in the *prompted* format, where every candidate anchors at the
-decision row) the scores are the raw logits at the decision row, i.e. Eq. 1 verbatim; the
-log-prob form would give the same value, because the forced-prefix term and the softmax
-normaliser are common to all tools and cancel.
+``tool_choice`` (the headline, :func:`tool_choice_margin`)
+    Eq. 1 on the *tool choice*: wrong tools against the correct tool. Each (wrong, correct) pair
+    is compared at the row that predicts their first differing token: the decision row when their
+    first tokens differ, else the row after their shared name prefix (Qwen3 names often share
+    ``get``). Both tokens are predicted from the same context there, so the difference of their
+    log-probabilities is their logit difference. ``m = max_w min_c (ℓ_w − ℓ_c)``, which is Eq. 1
+    verbatim when no first tokens are shared. Items whose correct action is abstention have no
+    correct tool: ``nan`` with that reason; they are reported through ``call_logodds``.
+``first_token`` (:func:`first_token_margin`)
+    Eq. 1 strictly at the decision row (first name tokens); ``nan`` with ``collision=True``
+    where a wrong and the correct tool share their first token.
+``broad`` (:func:`broad_margin`)
+    ``tool_choice`` with every catalog tool other than the correct one in the wrong set (the
+    paper's tool-vs-control margin).
+``correct`` (:func:`correct_margin`)
+    The correct tool against the *other* tools that are neither wrong nor correct (and, in the
+    prompted format, against the abstention answer, a token at the decision row), pairwise at
+    their divergence rows. It never involves a wrong tool, so it is not a mirror of the wrong-tool
+    margin (Fig. 7's correct-tool panels).
+``call_logodds`` (:func:`call_logodds`)
+    The abstention decision, a separate quantity. Native: ``log P(open) − log(1 − P(open))`` at
+    the open row (the first token of the forced prefix, ``<tool_call>``). Prompted: the log-odds
+    of the first tokens of the tool names against the first token of the abstention answer at the
+    decision row.
+``path`` (:func:`path_margin`)
+    Whole-path log-probabilities: wrong tool paths against the correct tool path and abstention.
+    Native: a tool path is ``log P(forced prefix | open row) + Σ log P(name tokens)``, abstention
+    is ``log(1 − P(open))``, so this mixes the tool choice with the willingness to open a call.
 """
 
 from __future__ import annotations
@@ -31,7 +51,7 @@ import torch
 
 from probes.dataset import ABSTAIN
 
-ROLES = ("correct", "wrong", "abstain", "other")  # "other": the rest of the catalog (broad margin only)
+ROLES = ("correct", "wrong", "abstain", "other")  # "other": the rest of the catalog
 
 
 class NonFiniteLogitsError(ValueError):
@@ -52,14 +72,22 @@ class CandidateInfo:
         if self.role not in ROLES:
             raise ValueError(f"candidate {self.action!r}: role {self.role!r} is not one of {ROLES}")
 
+    @property
+    def is_abstention(self) -> bool:
+        return self.role == "abstain" or self.action == ABSTAIN
+
 
 @dataclass(frozen=True)
 class MarginResult:
+    """``pairs``: (wrong-side action, control action, token depth of their comparison) for every
+    pair a pairwise quantity compared; depth 0 is the anchor row (the decision row for tools)."""
+
     variant: str
     format: str
     value: float
     collision: bool
     note: str = ""
+    pairs: tuple[tuple[str, str, int], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,21 +114,12 @@ def entropy(logits: torch.Tensor) -> float:
     return float(-(logp.exp() * logp).sum())
 
 
-# --------------------------------------------------------------------------------------------
-
-
-def _split(cands: Sequence[CandidateInfo]) -> tuple[list[CandidateInfo], list[CandidateInfo], list[CandidateInfo]]:
-    """(wrong, correct tools, abstention); abstention is a control whether or not it is the correct
-    action, and is scored as abstention (at the open row in the native format)."""
-    is_abstain = [c.role == "abstain" or (c.role == "correct" and c.action == ABSTAIN) for c in cands]
-    wrong = [c for c in cands if c.role == "wrong"]
-    correct = [c for c, a in zip(cands, is_abstain) if c.role == "correct" and not a]
-    abstain = [c for c, a in zip(cands, is_abstain) if a]
-    if not wrong:
-        raise ValueError("no wrong-tool candidates to score")
-    if not correct and not abstain:
-        raise ValueError("no control candidates (correct tool or abstention) to score")
-    return wrong, correct, abstain
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading tokens two candidates share."""
+    s = 0
+    while s < min(len(a), len(b)) and a[s] == b[s]:
+        s += 1
+    return s
 
 
 def _logits(row_logits: Mapping[int, torch.Tensor], row: int) -> torch.Tensor:
@@ -111,171 +130,156 @@ def _logits(row_logits: Mapping[int, torch.Tensor], row: int) -> torch.Tensor:
     return t
 
 
-class _NativePaths:
-    """Log-probabilities of the native tool path and of abstaining (see module docstring)."""
-
-    def __init__(self, row_logits: Mapping[int, torch.Tensor], input_ids: Sequence[int], open_index: int, decision_index: int) -> None:
-        if not open_index < decision_index:
-            raise ValueError(f"open_index {open_index} must precede decision_index {decision_index}")
-        lp_open = torch.log_softmax(_logits(row_logits, open_index), -1)[input_ids[open_index + 1]]
-        self.forced_prefix = float(
-            sum(torch.log_softmax(_logits(row_logits, r), -1)[input_ids[r + 1]] for r in range(open_index, decision_index))
-        )
-        self.open = float(lp_open)
-        # log(1 - p) computed stably from log p
-        self.abstain = float(torch.log(-torch.expm1(lp_open))) if self.open < 0 else -math.inf
+def _tools(candidates: Sequence[CandidateInfo], role: str) -> list[CandidateInfo]:
+    return [c for c in candidates if c.role == role and not c.is_abstention]
 
 
-def _first_token_margin(
+def _correct_tool(candidates: Sequence[CandidateInfo]) -> CandidateInfo | None:
+    correct = _tools(candidates, "correct")
+    if len(correct) > 1:
+        raise ValueError(f"more than one correct tool: {[c.action for c in correct]}")
+    return correct[0] if correct else None
+
+
+def _nan(variant: str, fmt: str, note: str, collision: bool = False) -> MarginResult:
+    return MarginResult(variant, fmt, math.nan, collision, note)
+
+
+# -------------------------------------------------------------------------------- pairwise
+def pairwise_margin(
     variant: str,
-    wrong_tokens: dict[int, str],
-    correct: Sequence[CandidateInfo],
-    abstain: Sequence[CandidateInfo],
-    row_logits: Mapping[int, torch.Tensor],
-    input_ids: Sequence[int],
     fmt: str,
-    decision_index: int,
-    open_index: int | None,
-) -> MarginResult:
-    native_abstain = fmt == "native" and bool(abstain)
-    ctrl_tokens = {c.token_ids[0]: c.action for c in correct}
-    if not native_abstain:
-        ctrl_tokens.update({c.token_ids[0]: c.action for c in abstain})
-    for c in [*correct, *([] if native_abstain else abstain)]:
-        if c.anchor_index != decision_index:
-            raise ValueError(f"candidate {c.action!r} anchors at {c.anchor_index}, not the decision row {decision_index}")
-    shared = sorted(set(wrong_tokens) & set(ctrl_tokens))
-    if shared:
-        pairs = ", ".join(f"{t}: {wrong_tokens[t]!r} vs {ctrl_tokens[t]!r}" for t in shared)
-        return MarginResult(
-            variant, fmt, math.nan, True,
-            f"first-token collision ({pairs}): wrong and control share a first token; use the divergence variant",
-        )
-    dec = _logits(row_logits, decision_index)
-    if native_abstain:
-        if open_index is None:
-            raise ValueError("native format with an abstain candidate needs open_index")
-        paths = _NativePaths(row_logits, input_ids, open_index, decision_index)
-        lp = torch.log_softmax(dec, -1)
-        w = max(paths.forced_prefix + float(lp[t]) for t in wrong_tokens)
-        ctrl = [paths.forced_prefix + float(lp[t]) for t in ctrl_tokens] + [paths.abstain]
-        return MarginResult(variant, fmt, w - max(ctrl), False, "log-prob scores: tool path vs not opening a tool call")
-    w = max(float(dec[t]) for t in wrong_tokens)
-    c = max(float(dec[t]) for t in ctrl_tokens)
-    return MarginResult(variant, fmt, w - c, False, "logits at the decision row")
-
-
-def wrong_tool_margin(
-    row_logits: Mapping[int, torch.Tensor],
-    input_ids: Sequence[int],
-    candidates: Sequence[CandidateInfo],
-    fmt: str,
-    decision_index: int,
-    open_index: int | None = None,
-) -> MarginResult:
-    """Eq. 1: max over first tokens of wrong tools − max over first tokens of correct tool + abstention."""
-    wrong, correct, abstain = _split(candidates)
-    for c in wrong:
-        if c.anchor_index != decision_index:
-            raise ValueError(f"wrong candidate {c.action!r} anchors at {c.anchor_index}, not the decision row {decision_index}")
-    return _first_token_margin(
-        "wrong_tool", {c.token_ids[0]: c.action for c in wrong}, correct, abstain,
-        row_logits, input_ids, fmt, decision_index, open_index,
-    )
-
-
-def tool_vs_control_margin(
-    row_logits: Mapping[int, torch.Tensor],
-    input_ids: Sequence[int],
-    candidates: Sequence[CandidateInfo],
-    fmt: str,
-    decision_index: int,
-    open_index: int | None = None,
-    extra_tool_first_tokens: Sequence[int] = (),
-) -> MarginResult:
-    """Broader margin: max over the first tokens of *every* tool except the correct one (the wrong
-    candidates, the record's ``other`` catalog candidates and ``extra_tool_first_tokens``) − max
-    over control (correct tool + abstention). With no further tools it equals Eq. 1."""
-    wrong, correct, abstain = _split(candidates)
-    tokens = {c.token_ids[0]: c.action for c in wrong}
-    for c in candidates:
-        if c.role == "other" and c.anchor_index == decision_index:
-            tokens.setdefault(c.token_ids[0], c.action)
-    for t in extra_tool_first_tokens:
-        tokens.setdefault(int(t), f"<catalog tool token {int(t)}>")
-    return _first_token_margin(
-        "tool_vs_control", tokens, correct, abstain, row_logits, input_ids, fmt, decision_index, open_index
-    )
-
-
-def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    s = 0
-    while s < min(len(a), len(b)) and a[s] == b[s]:
-        s += 1
-    return s
-
-
-def _sequence_sets(candidates: Sequence[CandidateInfo], fmt: str) -> tuple[list[CandidateInfo], list[CandidateInfo], bool]:
-    """(wrong, token-sequence controls, native abstention?) for the multi-token variants: a native
-    abstention is no token sequence (it is scored at the open row), so it leaves the controls."""
-    wrong, correct, abstain = _split(candidates)
-    native_abstain = fmt == "native" and bool(abstain)
-    return wrong, [*correct, *([] if native_abstain else abstain)], native_abstain
-
-
-def divergence_margin(
-    row_logits: Mapping[int, torch.Tensor],
-    input_ids: Sequence[int],
-    candidates: Sequence[CandidateInfo],
-    fmt: str,
-    decision_index: int,
+    lead: Sequence[CandidateInfo],
+    controls: Sequence[CandidateInfo],
     token_logprobs: Mapping[str, torch.Tensor],
-    open_index: int | None = None,
 ) -> MarginResult:
-    """Divergence-token margin: force the shared token prefix, compare at the first differing token.
+    """``max_{a∈lead} min_{c∈controls} d(a, c)``, ``d(a, c) = log P(a_s | ctx) − log P(c_s | ctx)``
+    at their first differing token ``s`` (one row, one context: a logit difference).
 
-    For a wrong candidate w and a control c sharing ``s`` leading tokens,
-    ``d(w, c) = log P(w_s | prefix, w_<s) − log P(c_s | prefix, c_<s)``: both terms sit at the same
-    row (identical context), so this is their logit difference there. The set margin is
-    ``max_w min_c d(w, c)``, which equals Eq. 1 when no first tokens are shared (since
-    ``max_w ℓ_w − max_c ℓ_c = max_w min_c (ℓ_w − ℓ_c)``). A native abstain candidate diverges from
-    every tool at the open row: ``d(w, abstain) = log P(open) − log(1 − P(open))``.
     ``token_logprobs[key]``: per-token log-probs of each candidate (``ProbeSession.run``).
-    Identical or prefix-nested token sequences cannot diverge: nan with ``collision=True``.
+    Candidates whose token sequences never diverge (one is a prefix of the other) cannot be
+    compared: ``nan`` with ``collision=True``.
     """
-    wrong, controls, native_abstain = _sequence_sets(candidates, fmt)
-    paths = None
-    if native_abstain:
-        if open_index is None:
-            raise ValueError("native format with an abstain candidate needs open_index")
-        paths = _NativePaths(row_logits, input_ids, open_index, decision_index)
-    depths: set[int] = set()
-    best = -math.inf
-    for w in wrong:
-        lw = token_logprobs[w.key]
-        check_finite(lw, f"token log-probs of {w.action!r}")
-        diffs: list[float] = []
+    if not lead or not controls:
+        raise ValueError(f"{variant}: needs candidates on both sides")
+    best, pairs, best_pairs = -math.inf, [], ()
+    for a in lead:
+        la = token_logprobs[a.key]
+        check_finite(la, f"token log-probs of {a.action!r}")
+        worst, worst_pair = math.inf, None
         for c in controls:
-            if c.anchor_index != w.anchor_index:
-                raise ValueError(f"candidates {w.action!r} and {c.action!r} anchor at different rows")
-            s = _shared_prefix(w.token_ids, c.token_ids)
-            if s == min(len(w.token_ids), len(c.token_ids)):
-                return MarginResult(
-                    "divergence", fmt, math.nan, True,
-                    f"{w.action!r} and {c.action!r} never diverge (one token sequence is a prefix of the other)",
-                )
+            if c.anchor_index != a.anchor_index:
+                raise ValueError(f"{variant}: {a.action!r} and {c.action!r} anchor at different rows")
+            s = shared_prefix(a.token_ids, c.token_ids)
+            if s == min(len(a.token_ids), len(c.token_ids)):
+                return _nan(variant, fmt, f"{a.action!r} and {c.action!r} never diverge (one token sequence is a prefix of the other)", True)
             lc = token_logprobs[c.key]
             check_finite(lc, f"token log-probs of {c.action!r}")
-            diffs.append(float(lw[s] - lc[s]))
-            depths.add(s)
-        if paths is not None:
-            diffs.append(paths.open - paths.abstain)
-        best = max(best, min(diffs))
-    note = f"divergence at token depth(s) {sorted(depths)}" + ("; abstain compared at the open row" if paths else "")
-    return MarginResult("divergence", fmt, best, False, note)
+            d = float(la[s] - lc[s])
+            pairs.append((a.action, c.action, s))
+            if d < worst:
+                worst, worst_pair = d, (a.action, c.action, s)
+        if worst > best:
+            best, best_pairs = worst, worst_pair
+    depths = sorted({p[2] for p in pairs})
+    shifted = [p for p in pairs if p[2] > 0]
+    note = "first tokens differ: compared at the decision row" if not shifted else (
+        f"shared name prefix: {len(shifted)} of {len(pairs)} pair(s) compared at token depth(s) {[d for d in depths if d]}")
+    note += f"; binding pair {best_pairs[0]!r} vs {best_pairs[1]!r} at depth {best_pairs[2]}"
+    return MarginResult(variant, fmt, best, False, note, tuple(pairs))
 
 
-def sequence_logprob_margin(
+def tool_choice_margin(candidates: Sequence[CandidateInfo], token_logprobs: Mapping[str, torch.Tensor], fmt: str) -> MarginResult:
+    """Eq. 1 on the tool choice (module docstring): wrong tools vs the correct tool."""
+    wrong, correct = _tools(candidates, "wrong"), _correct_tool(candidates)
+    if not wrong:
+        raise ValueError("no wrong-tool candidates to score")
+    if correct is None:
+        return _nan("tool_choice", fmt, "correct action is abstention: no correct tool (reported through call_logodds)")
+    return pairwise_margin("tool_choice", fmt, wrong, [correct], token_logprobs)
+
+
+def broad_margin(candidates: Sequence[CandidateInfo], token_logprobs: Mapping[str, torch.Tensor], fmt: str) -> MarginResult:
+    """Every catalog tool other than the correct one vs the correct tool, pairwise."""
+    lead = [*_tools(candidates, "wrong"), *_tools(candidates, "other")]
+    correct = _correct_tool(candidates)
+    if correct is None:
+        return _nan("broad", fmt, "correct action is abstention: no correct tool (reported through call_logodds)")
+    return pairwise_margin("broad", fmt, lead, [correct], token_logprobs)
+
+
+def correct_margin(candidates: Sequence[CandidateInfo], token_logprobs: Mapping[str, torch.Tensor], fmt: str) -> MarginResult:
+    """The correct tool vs the other non-wrong tools (+ the abstention answer in ``prompted``)."""
+    correct = _correct_tool(candidates)
+    if correct is None:
+        return _nan("correct", fmt, "correct action is abstention: no correct tool")
+    controls = _tools(candidates, "other")
+    if fmt == "prompted":
+        controls += [c for c in candidates if c.is_abstention]
+    if not controls:
+        return _nan("correct", fmt, "no tool other than the correct and the wrong ones to compare with")
+    return pairwise_margin("correct", fmt, [correct], controls, token_logprobs)
+
+
+# -------------------------------------------------------------------------------- single row
+def first_token_margin(
+    row_logits: Mapping[int, torch.Tensor], candidates: Sequence[CandidateInfo], fmt: str, decision_index: int
+) -> MarginResult:
+    """Eq. 1 strictly at the decision row: max first-token logit of the wrong tools − that of the
+    correct tool; ``nan`` with ``collision=True`` when they share a first token."""
+    wrong, correct = _tools(candidates, "wrong"), _correct_tool(candidates)
+    if not wrong:
+        raise ValueError("no wrong-tool candidates to score")
+    if correct is None:
+        return _nan("first_token", fmt, "correct action is abstention: no correct tool (reported through call_logodds)")
+    for c in [*wrong, correct]:
+        if c.anchor_index != decision_index:
+            raise ValueError(f"candidate {c.action!r} anchors at {c.anchor_index}, not the decision row {decision_index}")
+    shared = [w.action for w in wrong if w.token_ids[0] == correct.token_ids[0]]
+    if shared:
+        return _nan("first_token", fmt, f"first-token collision: {shared} and {correct.action!r} share token {correct.token_ids[0]}", True)
+    dec = _logits(row_logits, decision_index)
+    value = max(float(dec[w.token_ids[0]]) for w in wrong) - float(dec[correct.token_ids[0]])
+    return MarginResult("first_token", fmt, value, False, "logits at the decision row",
+                        tuple((w.action, correct.action, 0) for w in wrong))
+
+
+def _open_logprob(row_logits: Mapping[int, torch.Tensor], input_ids: Sequence[int], open_index: int) -> float:
+    return float(torch.log_softmax(_logits(row_logits, open_index), -1)[input_ids[open_index + 1]])
+
+
+def _log1mexp(lp: float) -> float:
+    """log(1 − exp(lp)) for lp ≤ 0, stably."""
+    return float(torch.log(-torch.expm1(torch.tensor(lp, dtype=torch.float64)))) if lp < 0 else -math.inf
+
+
+def call_logodds(
+    row_logits: Mapping[int, torch.Tensor],
+    input_ids: Sequence[int],
+    candidates: Sequence[CandidateInfo],
+    fmt: str,
+    decision_index: int,
+    open_index: int | None = None,
+) -> MarginResult:
+    """The abstention decision: log-odds of calling a tool rather than abstaining (module docstring)."""
+    if fmt == "native":
+        if open_index is None:
+            raise ValueError("the native format needs open_index")
+        lp = _open_logprob(row_logits, input_ids, open_index)
+        return MarginResult("call_logodds", fmt, lp - _log1mexp(lp), False, "log P(open) − log(1 − P(open)) at the open row")
+    tool_tokens = sorted({c.token_ids[0] for c in candidates if not c.is_abstention})
+    abstain_tokens = {c.token_ids[0] for c in candidates if c.is_abstention}
+    if len(abstain_tokens) != 1:
+        return _nan("call_logodds", fmt, "no (single) abstention answer among the candidates")
+    (a,) = abstain_tokens
+    if a in tool_tokens:
+        return _nan("call_logodds", fmt, f"the abstention answer shares its first token {a} with a tool name", True)
+    lp = torch.log_softmax(_logits(row_logits, decision_index), -1)
+    value = float(torch.logsumexp(lp[tool_tokens], 0) - lp[a])
+    return MarginResult("call_logodds", fmt, value, False, "first tokens of the tool names vs the abstention answer at the decision row")
+
+
+def path_margin(
     row_logits: Mapping[int, torch.Tensor],
     input_ids: Sequence[int],
     candidates: Sequence[CandidateInfo],
@@ -284,27 +288,35 @@ def sequence_logprob_margin(
     token_logprobs: Mapping[str, torch.Tensor],
     open_index: int | None = None,
 ) -> MarginResult:
-    """Full-sequence margin: max_w log P(w) − max_c log P(c) over whole candidate token sequences
-    (native abstention: log(1 − P(open)), tools then include the forced-prefix log-prob)."""
-    wrong, controls, native_abstain = _sequence_sets(candidates, fmt)
-    for w in wrong:
-        for c in controls:
-            if w.token_ids == c.token_ids and w.anchor_index == c.anchor_index:
-                return MarginResult(
-                    "sequence_logprob", fmt, math.nan, True, f"{w.action!r} and {c.action!r} have identical token sequences"
-                )
+    """Whole-path log-probabilities: max over wrong tool paths − max over the correct tool path and
+    abstention (native abstention: ``log(1 − P(open))``; tools then include the forced prefix)."""
+    wrong = _tools(candidates, "wrong")
+    if not wrong:
+        raise ValueError("no wrong-tool candidates to score")
+    correct = _correct_tool(candidates)
+    abstain = [c for c in candidates if c.is_abstention]
 
     def score(c: CandidateInfo) -> float:
         t = token_logprobs[c.key]
         check_finite(t, f"token log-probs of {c.action!r}")
         return float(t.sum())
 
-    offset, ctrl_extra = 0.0, []
-    if native_abstain:
+    offset, controls = 0.0, []
+    if fmt == "native":
         if open_index is None:
-            raise ValueError("native format with an abstain candidate needs open_index")
-        paths = _NativePaths(row_logits, input_ids, open_index, decision_index)
-        offset, ctrl_extra = paths.forced_prefix, [paths.abstain]
-    w = max(offset + score(c) for c in wrong)
-    ctrl = max([offset + score(c) for c in controls] + ctrl_extra)
-    return MarginResult("sequence_logprob", fmt, w - ctrl, False, "sum of candidate token log-probs")
+            raise ValueError("the native format needs open_index")
+        if not open_index < decision_index:
+            raise ValueError(f"open_index {open_index} must precede decision_index {decision_index}")
+        offset = sum(float(torch.log_softmax(_logits(row_logits, r), -1)[input_ids[r + 1]]) for r in range(open_index, decision_index))
+        if abstain:
+            controls.append(_log1mexp(_open_logprob(row_logits, input_ids, open_index)))
+    else:
+        controls += [score(c) for c in abstain]
+    if correct is not None:
+        if any(w.token_ids == correct.token_ids for w in wrong):
+            return _nan("path", fmt, f"a wrong tool and {correct.action!r} have identical token sequences", True)
+        controls.append(offset + score(correct))
+    if not controls:
+        raise ValueError("no control candidates (correct tool or abstention) to score")
+    value = max(offset + score(w) for w in wrong) - max(controls)
+    return MarginResult("path", fmt, value, False, "sum of path log-probs" + (" (tool paths include opening the call)" if fmt == "native" else ""))

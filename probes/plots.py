@@ -44,14 +44,14 @@ CONFIG_COLORS: dict[str, tuple[float, float, float]] = {
 CONDITION_COLORS: dict[str, tuple[float, float, float]] = {
     "boundary": _PALETTE[0],
     "random": (0.6, 0.6, 0.6),
+    "random_anywhere": (0.8, 0.8, 0.8),
     "procedure": _PALETTE[3],
 }
 
-MARGIN_LABELS: dict[str, str] = {
-    "divergence": "divergence-token",
-    "wrong_tool": "first-token (Eq. 1)",
-    "sequence_logprob": "sequence log-prob",
-    "tool_vs_control": "tool-vs-control",
+MARGIN_LABELS: dict[str, str] = {  # the headline `margin` of each --margin-variant
+    "tool_choice": "wrong-tool margin, Eq. 1 on the tool choice (logits)",
+    "first_token": "wrong-tool margin, Eq. 1 at the first name token (logits)",
+    "path": "wrong-tool path log-prob margin (abstention included)",
 }
 
 
@@ -100,11 +100,73 @@ def footnote(fig: plt.Figure, text: str, y: float = -0.01) -> None:
     fig.text(0.01, y, text, ha="left", va="top", fontsize=7.5, color="0.35", wrap=True)
 
 
+MIN_CI_GROUPS = 2  # as probes.analysis.MIN_CI_GROUPS: fewer task groups give no CI
+
+
+def no_ci_label(n_groups: float) -> str:
+    """What a cell without a CI shows instead of an error bar (as ``probes.analysis.no_ci_note``)."""
+    n = int(n_groups) if np.isfinite(n_groups) else 0
+    return f"no CI ({n} group{'' if n == 1 else 's'})" if n < MIN_CI_GROUPS else "no CI"
+
+
+def ci_groups(frame: pd.DataFrame) -> np.ndarray:
+    """Task groups behind each row's CI: ``n_groups`` where present (``n`` then counts items), else ``n``."""
+    column = "n_groups" if "n_groups" in frame else "n" if "n" in frame else None
+    if column is None:
+        return np.full(len(frame), np.inf)
+    return pd.to_numeric(frame[column], errors="coerce").fillna(0).to_numpy(dtype=float)
+
+
+def has_ci(frame: pd.DataFrame, low: str = "low", high: str = "high") -> np.ndarray:
+    """Rows with a real CI: at least two task groups and finite bounds."""
+    lo = pd.to_numeric(frame[low], errors="coerce").to_numpy(dtype=float)
+    hi = pd.to_numeric(frame[high], errors="coerce").to_numpy(dtype=float)
+    return (ci_groups(frame) >= MIN_CI_GROUPS) & np.isfinite(lo) & np.isfinite(hi)
+
+
 def ci_errors(frame: pd.DataFrame, value: str = "value", low: str = "low", high: str = "high") -> np.ndarray:
-    """Asymmetric error bars ``[2, n]`` from point estimates and CI bounds (NaN-safe)."""
+    """Asymmetric error bars ``[2, n]`` from point estimates and CI bounds; NaN (no bar drawn,
+    not a zero-width one) where a row has no CI (:func:`has_ci`)."""
     lo = (frame[value] - frame[low]).to_numpy(dtype=float)
     hi = (frame[high] - frame[value]).to_numpy(dtype=float)
-    return np.nan_to_num(np.vstack([lo, hi]), nan=0.0).clip(min=0.0)
+    errors = np.vstack([lo, hi]).clip(min=0.0)
+    errors[:, ~has_ci(frame, low, high)] = np.nan
+    return errors
+
+
+def ci_band(frame: pd.DataFrame, low: str = "low", high: str = "high") -> tuple[np.ndarray, np.ndarray]:
+    """CI bounds for ``fill_between``, NaN (a gap in the band) where a row has no CI."""
+    ok = has_ci(frame, low, high)
+    return (np.where(ok, frame[low].to_numpy(dtype=float), np.nan), np.where(ok, frame[high].to_numpy(dtype=float), np.nan))
+
+
+def annotate_no_ci(ax: plt.Axes, x: Sequence[float], frame: pd.DataFrame, value: str = "value") -> None:
+    """Write "no CI (1 group)" next to each point/bar of ``frame`` that has no CI."""
+    for xi, v, ok, n in zip(x, frame[value].to_numpy(dtype=float), has_ci(frame), ci_groups(frame)):
+        if not ok and np.isfinite(v):
+            ax.annotate(no_ci_label(n), (xi, v), xytext=(0, 3 if v >= 0 else -10), textcoords="offset points",
+                        ha="center", fontsize=6.5, color="0.35")
+
+
+def mark_no_ci(ax: plt.Axes, x: Sequence[float], frame: pd.DataFrame, rgb, value: str = "value") -> None:
+    """Hollow markers on the points of a line that have no CI (see :func:`note_no_ci`)."""
+    missing = ~has_ci(frame)
+    if missing.any():
+        ax.scatter(np.asarray(x, dtype=float)[missing], frame[value].to_numpy(dtype=float)[missing], s=22,
+                   facecolors="white", edgecolors=[rgb], linewidths=1.2, zorder=5)
+
+
+def note_no_ci(ax: plt.Axes, frame: pd.DataFrame, value: str = "value") -> None:
+    """One line in a line panel saying which points have no CI (fewer than two task groups)."""
+    finite = np.isfinite(frame[value].to_numpy(dtype=float)) if len(frame) else np.zeros(0, bool)
+    missing = ~has_ci(frame) & finite
+    if not missing.any():
+        return
+    counts = sorted(set(ci_groups(frame)[missing].tolist()))
+    text = no_ci_label(counts[0]) if len(counts) == 1 else f"no CI (< {MIN_CI_GROUPS} groups)"
+    if missing.sum() < finite.sum():
+        text = f"hollow markers: {text}"
+    ax.text(0.02, 0.98, text, transform=ax.transAxes, ha="left", va="top", fontsize=7, color="0.35")
 
 
 def grouped_bars(
@@ -122,20 +184,29 @@ def grouped_bars(
 ) -> None:
     """Bars of ``frame.value`` with CI whiskers: x = ``groups``, one bar per ``series`` in each.
 
-    ``frame`` has columns group_col, series_col, value, low, high, n.
+    ``frame`` has columns group_col, series_col, value, low, high, n (task groups). A bar with
+    fewer than two task groups gets no whisker and the label "no CI (1 group)" (one note for the
+    panel when no bar has a CI).
     """
     width = 0.8 / max(1, len(series))
     x = np.arange(len(groups))
+    shown = frame[frame[series_col].isin(list(series)) & frame[group_col].isin(list(groups))]
+    finite = np.isfinite(shown["value"].to_numpy(dtype=float))
+    per_bar = bool(has_ci(shown)[finite].any())  # else: one panel note instead of a label per bar
+    if not per_bar:
+        note_no_ci(ax, shown)
     for j, s in enumerate(series):
         sub = frame[frame[series_col] == s].set_index(group_col).reindex(list(groups))
         pos = x - 0.4 + width * (j + 0.5)
         ax.bar(pos, sub["value"].fillna(0.0), width * 0.92, yerr=ci_errors(sub), capsize=3,
                color=series_color(s), label=series_label(s), error_kw={"elinewidth": 1})
-        if annotate:
-            for p, v, n in zip(pos, sub["value"], sub["n"]):
-                if np.isfinite(v):
-                    ax.annotate(number(v), (p, v), xytext=(0, 3 if v >= 0 else -10), textcoords="offset points",
-                                ha="center", fontsize=7)
+        for p, v, ok, n in zip(pos, sub["value"].to_numpy(dtype=float), has_ci(sub), ci_groups(sub)):
+            if not np.isfinite(v):
+                continue
+            text = "\n".join(([number(v)] if annotate else []) + ([] if ok or not per_bar else [no_ci_label(n)]))
+            if text:
+                ax.annotate(text, (p, v), xytext=(0, 3 if v >= 0 else -10), textcoords="offset points",
+                            ha="center", va="bottom" if v >= 0 else "top", fontsize=7)
     ax.set_xticks(x, [group_label(g) for g in groups])
     ax.axhline(0.0, color="0.3", lw=0.8)
     ax.margins(y=0.12)
@@ -161,7 +232,7 @@ BUCKET_ORDER = ("T_ok", "T_wrong", "T_repair")
 CONFIG_ORDER = tuple(CONFIGS)
 
 
-def fig02_retrieval_trap(table: pd.DataFrame, note: str) -> plt.Figure:
+def fig02_retrieval_trap(table: pd.DataFrame, note: str, variant: str = "tool_choice") -> plt.Figure:
     """Wrong-tool margin vs k per configuration, one panel per bucket (T_wrong first).
 
     table: bucket, config, k, value, low, high, n.
@@ -173,12 +244,14 @@ def fig02_retrieval_trap(table: pd.DataFrame, note: str) -> plt.Figure:
         for config in _ordered(sub["config"], CONFIG_ORDER):
             line = sub[sub["config"] == config].sort_values("k")
             ax.plot(line["k"], line["value"], marker="o", color=color(config), label=label(config))
-            ax.fill_between(line["k"], line["low"], line["high"], color=color(config), alpha=0.15, lw=0)
+            ax.fill_between(line["k"], *ci_band(line), color=color(config), alpha=0.15, lw=0)
+            mark_no_ci(ax, line["k"], line, color(config))
+        note_no_ci(ax, sub)
         ax.set_title(f"{bucket_label(bucket)}  (n = {int(sub['n'].max()) if len(sub) else 0} task groups)")
         ax.set_xlabel("retrieval depth k")
         ax.set_xticks(sorted(set(sub["k"])))
         ax.axhline(0.0, color="0.3", lw=0.8)
-    axes[0][0].set_ylabel("wrong-tool margin (logits)")
+    axes[0][0].set_ylabel(MARGIN_LABELS[variant].replace(", ", "\n", 1))
     legend_outside(axes[0][-1])
     fig.suptitle("Retrieval trap: wrong-tool margin vs retrieval depth", y=1.02)
     footnote(fig, note)
@@ -234,8 +307,10 @@ def fig05_suppression(table: pd.DataFrame, note: str) -> plt.Figure:
     return fig
 
 
-KNOCKOUT_LABELS = {"boundary": "boundary span", "random": "random same-length span", "procedure": "procedure span"}
-MEASURE_LABELS = {"margin": "wrong-tool margin", "broad_margin": "tool-vs-control margin", "correct_margin": "correct-tool margin"}
+KNOCKOUT_LABELS = {"boundary": "boundary span", "random": "random span in memory (neutral)",
+                   "random_anywhere": "random span anywhere", "procedure": "procedure span"}
+MEASURE_LABELS = {"margin": "wrong-tool margin (Eq. 1)", "broad_margin": "tool-vs-control margin",
+                  "correct_margin": "correct-tool margin", "call_logodds": "call log-odds (abstention)"}
 
 
 def _knockout_panel(ax: plt.Axes, deltas: pd.DataFrame, recovery: pd.DataFrame | None) -> None:
@@ -252,7 +327,8 @@ def _knockout_panel(ax: plt.Axes, deltas: pd.DataFrame, recovery: pd.DataFrame |
     ax.set_ylabel("Δm = m_knockout − m_BASM (logits)")
     if recovery is not None and len(recovery):
         text = "\n".join(f"{MEASURE_LABELS[r.measure]}: {100 * r.value:.1f}% [{100 * r.low:.0f}, {100 * r.high:.0f}] of the Proc.–BASM gap recovered"
-                         for r in recovery.itertuples())
+                         if ok else f"{MEASURE_LABELS[r.measure]}: {100 * r.value:.1f}% of the Proc.–BASM gap recovered ({no_ci_label(n)})"
+                         for r, ok, n in zip(recovery.itertuples(), has_ci(recovery), ci_groups(recovery)))
         ax.text(0.5, -0.16, text, transform=ax.transAxes, ha="center", va="top", fontsize=8)
 
 
@@ -260,6 +336,7 @@ def _window_panel(ax: plt.Axes, windows: pd.DataFrame) -> None:
     """Δ wrong-tool margin per layer window of the boundary knockout. windows: window, value, low, high, n."""
     x = np.arange(len(windows))
     ax.bar(x, windows["value"], color=CONDITION_COLORS["boundary"], yerr=ci_errors(windows), capsize=3)
+    annotate_no_ci(ax, x, windows)
     ax.set_xticks(x, windows["window"], rotation=45, ha="right")
     ax.axhline(0.0, color="0.3", lw=0.8)
     ax.set_xlabel("boundary knockout in layers")
@@ -371,6 +448,7 @@ def fig09_candidate_heads(ranking: pd.DataFrame, causal: pd.DataFrame | None, to
         x = np.arange(len(causal))
         ax2.bar(x, causal["value"], yerr=ci_errors(causal), capsize=3,
                 color=[CONDITION_COLORS["boundary"] if s.startswith("top") else CONDITION_COLORS["random"] for s in causal["selection"]])
+        annotate_no_ci(ax2, x, causal)
         ax2.set_xticks(x, causal["selection"])
         ax2.axhline(0.0, color="0.3", lw=0.8)
         ax2.set_ylabel("Δ wrong-tool margin (logits)")
@@ -448,6 +526,8 @@ def fig11_call_rates(rates: pd.DataFrame, note: str) -> plt.Figure:
                     continue
                 ax.errorbar(line["k"] + offsets[config], line["value"], yerr=ci_errors(line), marker="o", ms=4, capsize=2.5,
                             color=color(config), label=label(config), lw=1.4, elinewidth=0.9)
+                mark_no_ci(ax, line["k"] + offsets[config], line, color(config))
+            note_no_ci(ax, sub)
             ax.set_ylim(-0.04, 1.04)
             ax.set_xticks(sorted(int(k) for k in rates["k"].unique()))
             if row == 0:

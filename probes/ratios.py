@@ -1,8 +1,11 @@
 """``ratios`` (Figs. 3a and 4): boundary vs procedure attention at the decision token.
 
-For every record, Eq. 2's length-normalised span attention α_X^{(l,h)} = (1/|X|) Σ_{i∈X} A_{d_t,i}
-is measured at the decision row d_t (``--attention-row open``: the native row that opens the
-tool call) for the boundary span B and the procedure span P, per (layer, head). In the
+For every record, Eq. 2's length-normalised span attention α_X^{(l,h)} = (1/|X|) Σ_{i∈X} A_{q,i}
+is measured for the boundary span B and the procedure span P, per (layer, head), at the
+*deciding row* q (the row that predicts the first token where the correct tool's name parts from
+a wrong one: the decision row d_t, or a row of their shared name prefix such as after ``get``)
+and, in the native format, at the row that opens the tool call (a second, named row; the
+``row`` column of the summary). ``--attention-row`` picks the row of the figure. In the
 equal-length controls B is the control text that occupies the boundary positions.
 
 Per-head ratios η^{(l,h)} = α_B / (α_P + ε) explode by orders of magnitude on heads whose
@@ -27,6 +30,7 @@ import pandas as pd
 
 from probes import plots
 from probes.analysis import (
+    ATTENTION_ROWS,
     EPSILON,
     Analysis,
     Comparison,
@@ -55,14 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", type=configs_arg, default=list(DEFAULT_CONFIGS),
                         help=f"configurations with a boundary (or control) span (default: {','.join(DEFAULT_CONFIGS)})")
     parser.add_argument("--k", type=int, help="retrieval depth (default: --k-max)")
-    parser.add_argument("--attention-row", choices=("decision", "open"), default="decision",
-                        help="query row of Eq. 2: the decision token d_t (default) or the native tool-call opening row")
+    parser.add_argument("--attention-row", choices=ATTENTION_ROWS, default="deciding",
+                        help="query row of the figure: the deciding row (default; the decision row, or the row after a shared "
+                        "name prefix) or the native row that opens the tool call; the summary has both")
 
 
 @dataclass
 class RatiosSummary:
-    eta: pd.DataFrame  # bucket, config, eta, eta_low, eta_high, log2_median, log2_low, log2_high, n, n_items
-    heads: pd.DataFrame  # bucket, config, layer, head, alpha_boundary, alpha_procedure, log2_ratio
+    eta: pd.DataFrame  # row, bucket, config, eta, eta_low, eta_high, log2_median, log2_low, log2_high, n, n_items
+    heads: pd.DataFrame  # row, bucket, config, layer, head, alpha_boundary, alpha_procedure, log2_ratio
     note: str
 
 
@@ -74,15 +79,22 @@ def collect(analysis: Analysis) -> pd.DataFrame:
     a = analysis.args
     k = depth(a)
     jobs = [Job(item, config, k, analysis.fmt, ("baseline",)) for item in analysis.items for config in a.configs]
-    store = analysis.store(configs=a.configs, k=k, attention_row=a.attention_row)
-    scorer = cached_scorer(analysis, lambda record, job: (), per_head=True, attention_row=a.attention_row, margins=())
+    store = analysis.store(configs=a.configs, k=k)
+    scorer = cached_scorer(analysis, lambda record, job: (), per_head=True, margins=())
     run_jobs(analysis, store, jobs, scorer)
     return load_results(store.path)
 
 
-def head_alphas(rows: pd.DataFrame, span: str) -> np.ndarray:
-    """[item, layer, head] α of ``span`` from the per-head row columns."""
-    return np.array(rows[f"alpha_{span}_heads"].tolist(), dtype=float)
+def head_alphas(rows: pd.DataFrame, span: str, row: str = "deciding") -> np.ndarray:
+    """[item, layer, head] α of ``span`` at ``row`` from the per-head row columns."""
+    return np.array(rows[alpha_column(span, row, heads=True)].tolist(), dtype=float)
+
+
+def alpha_column(span: str, row: str = "deciding", *, heads: bool = False) -> str:
+    """The results column of α_span at the deciding row or the open row."""
+    if row not in ATTENTION_ROWS:
+        raise ValueError(f"attention row must be one of {ATTENTION_ROWS}, got {row!r}")
+    return f"alpha_{span}{'_open' if row == 'open' else ''}{'_heads' if heads else ''}"
 
 
 def median_log2(alpha_b: np.ndarray, alpha_p: np.ndarray, epsilon: float = EPSILON) -> float:
@@ -108,19 +120,24 @@ def _median_ci(alpha_b: np.ndarray, alpha_p: np.ndarray, groups: np.ndarray, see
 def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> RatiosSummary:
     rows = rows[(rows["boundary_size"] > 0) & (rows["procedure_size"] > 0)]
     eta, heads = [], []
-    for (bucket, config), sub in rows.groupby(["bucket", "config"], sort=False):
-        groups = sub["task_group"].to_numpy()
-        value, low, high, n = bootstrap_ratio(sub["alpha_boundary"], sub["alpha_procedure"], groups, epsilon=EPSILON, seed=seed)
-        a_b, a_p = head_alphas(sub, "boundary"), head_alphas(sub, "procedure")
-        l_low, l_high = _median_ci(a_b, a_p, groups, seed)
-        eta.append({"bucket": bucket, "config": config, "eta": value, "eta_low": low, "eta_high": high,
-                    "log2_median": median_log2(a_b, a_p), "log2_low": l_low, "log2_high": l_high, "n": n, "n_items": len(sub)})
-        mean_b, mean_p = a_b.mean(0), a_p.mean(0)
-        for layer in range(mean_b.shape[0]):
-            for head in range(mean_b.shape[1]):
-                heads.append({"bucket": bucket, "config": config, "layer": layer, "head": head,
-                              "alpha_boundary": mean_b[layer, head], "alpha_procedure": mean_p[layer, head],
-                              "log2_ratio": float(np.log2((mean_b[layer, head] + EPSILON) / (mean_p[layer, head] + EPSILON)))})
+    attention_rows = [r for r in ATTENTION_ROWS if alpha_column("boundary", r) in rows.columns]
+    for row in attention_rows:
+        for (bucket, config), sub in rows.groupby(["bucket", "config"], sort=False):
+            if not sub[alpha_column("boundary", row)].notna().any():
+                continue
+            groups = sub["task_group"].to_numpy()
+            value, low, high, n = bootstrap_ratio(sub[alpha_column("boundary", row)], sub[alpha_column("procedure", row)], groups,
+                                                  epsilon=EPSILON, seed=seed)
+            a_b, a_p = head_alphas(sub, "boundary", row), head_alphas(sub, "procedure", row)
+            l_low, l_high = _median_ci(a_b, a_p, groups, seed)
+            eta.append({"row": row, "bucket": bucket, "config": config, "eta": value, "eta_low": low, "eta_high": high,
+                        "log2_median": median_log2(a_b, a_p), "log2_low": l_low, "log2_high": l_high, "n": n, "n_items": len(sub)})
+            mean_b, mean_p = a_b.mean(0), a_p.mean(0)
+            for layer in range(mean_b.shape[0]):
+                for head in range(mean_b.shape[1]):
+                    heads.append({"row": row, "bucket": bucket, "config": config, "layer": layer, "head": head,
+                                  "alpha_boundary": mean_b[layer, head], "alpha_procedure": mean_p[layer, head],
+                                  "log2_ratio": float(np.log2((mean_b[layer, head] + EPSILON) / (mean_p[layer, head] + EPSILON)))})
     return RatiosSummary(pd.DataFrame(eta), pd.DataFrame(heads), note)
 
 
@@ -129,9 +146,9 @@ def aggregate_note(args: argparse.Namespace) -> str:
             f"ε = {EPSILON:g} · right: median over (layer, head) of log2 of item-averaged α · 95% CIs resample task groups")
 
 
-def figure(summary: RatiosSummary, out_dir: Path) -> list[Path]:
+def figure(summary: RatiosSummary, out_dir: Path, row: str = "deciding") -> list[Path]:
     plots.style()
-    return plots.save_figure(plots.fig04_boundary_attention(summary.eta, summary.note), out_dir, FIGURE)
+    return plots.save_figure(plots.fig04_boundary_attention(summary.eta[summary.eta["row"] == row], summary.note), out_dir, FIGURE)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,17 +159,17 @@ def run(args: argparse.Namespace) -> int:
     print(summary.eta.round(3).to_string(index=False))
     print(aggregate_note(analysis.args))
     if analysis.args.figure:
-        print("figure:", ", ".join(map(str, figure(summary, analysis.out_dir / "figures"))))
+        print("figure:", ", ".join(map(str, figure(summary, analysis.out_dir / "figures", analysis.args.attention_row))))
     return 0
 
 
 def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     note = aggregate_note(analysis.args)
     summary = summarise_rows(collect(analysis), f"{provenance(analysis)}\n{note}", analysis.args.seed)
-    paths = figure(summary, figures_dir)
+    paths = figure(summary, figures_dir, analysis.args.attention_row)
     e = summary.eta
-    table = e[["bucket", "config", "eta", "eta_low", "eta_high", "log2_median", "n", "n_items"]]
+    table = e[["row", "bucket", "config", "eta", "eta_low", "eta_high", "log2_median", "n", "n_items"]]
     body = f"{note}.\n\n{markdown_table(table)}"
-    comparisons = [Comparison(f"Fig. 3a: η, BASM, {b}", cell(e, "eta", bucket=b, config="basm"), p, "ratio")
+    comparisons = [Comparison(f"Fig. 3a: η at the deciding row, BASM, {b}", cell(e, "eta", row="deciding", bucket=b, config="basm"), p, "ratio")
                    for b, p in (("T_ok", 0.15), ("T_wrong", 1.23), ("T_repair", 1.81))]
     return ReportSection(NAME, "Figs. 3a/4 — boundary vs procedure attention (`ratios`)", paths, body, comparisons, summary)

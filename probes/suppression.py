@@ -2,8 +2,11 @@
 controls and BASM at one retrieval depth.
 
 Two measures per configuration, mean with a 95% bootstrap CI over task groups: the wrong-tool
-margin (Eq. 1, chosen variant) and the broader tool-vs-control margin (every catalog tool other
-than the correct one in the wrong set, same variant).
+margin (Eq. 1 on the tool choice by default) and the broader tool-vs-control margin (every
+catalog tool other than the correct one against the correct tool). Both panels and every
+configuration use the same items: those where both measures are defined under every
+configuration (items whose correct action is abstention have no correct tool); the items left
+out are counted (``n_dropped``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from probes import plots
@@ -60,9 +64,18 @@ def collect(analysis: Analysis) -> pd.DataFrame:
     return load_results(store.path)
 
 
+def paired_items(rows: pd.DataFrame, measures=MEASURES) -> pd.Series:
+    """Per item: whether every measure is finite under every configuration."""
+    finite = np.isfinite(rows[list(measures)].to_numpy(float)).all(axis=1)
+    return pd.Series(finite, index=rows.index).groupby(rows["item_id"]).all()
+
+
 def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> SuppressionSummary:
     rows = rows[rows["bucket"] == "T_wrong"]
-    table = pd.concat([summarise(rows, ["config"], measure, seed=seed).assign(measure=measure) for measure in MEASURES])
+    keep = paired_items(rows)
+    dropped = int((~keep).sum())
+    rows = rows[rows["item_id"].map(keep)]
+    table = pd.concat([summarise(rows, ["config"], measure, seed=seed).assign(measure=measure, n_dropped=dropped) for measure in MEASURES])
     return SuppressionSummary(table[["measure", *[c for c in table.columns if c != "measure"]]], note)
 
 
@@ -87,7 +100,9 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     summary = summarise_rows(collect(analysis), note, analysis.args.seed)
     paths = figure(summary, figures_dir)
     t = summary.table
-    body = f"T_wrong margins (logits, {analysis.variant}); CIs over task groups.\n\n{markdown_table(t)}"
+    body = (f"T_wrong margins (logits; `margin` is {analysis.variant}, Eq. 1 on the tool choice by default); CIs over task groups; "
+            f"every cell on the same items ({int(t['n_dropped'].iloc[0]) if len(t) else 0} items without a defined margin left out, "
+            f"e.g. abstention as the correct action).\n\n{markdown_table(t)}")
     comparisons = [Comparison(f"Fig. 5: wrong-tool margin, {plots.label(c)}", cell(t, measure="margin", config=c), p)
                    for c, p in (("proc", 10.71), ("pad-filler", 6.60), ("pad-procedure", 5.14), ("basm", 2.26))]
     comparisons += [Comparison(f"Fig. 5: tool-vs-control margin, {plots.label(c)}", cell(t, measure="broad_margin", config=c), p)

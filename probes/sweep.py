@@ -1,8 +1,11 @@
 """``sweep`` (Fig. 2): the retrieval trap.
 
-Wrong-tool margin (Eq. 1, chosen variant) against retrieval depth k = 0..K for Base, Proc. Skill,
-App. Skill and BASM (plus the equal-length controls with ``--controls``), per bucket; mean with
-a 95% bootstrap CI over task groups. At k = 0 every configuration renders the same prompt, so
+Wrong-tool margin against retrieval depth k = 0..K for Base, Proc. Skill, App. Skill and BASM
+(plus the equal-length controls with ``--controls``), per bucket; mean with a 95% bootstrap CI
+over task groups. The headline is Eq. 1 on the tool choice (``--margin-variant tool_choice``):
+wrong tools vs the correct tool where their names diverge. Items whose correct action is
+abstention have no correct tool; they are counted (``n_nan``) and left out of the mean, and their
+abstention decision is in the rows (``call_logodds``). At k = 0 every configuration renders the same prompt, so
 their margins must coincide; the run checks the prompts (token ids) and the margins and reports
 the largest spread.
 """
@@ -52,6 +55,8 @@ class SweepSummary:
     k0_prompts_identical: bool
     k0_max_spread: float  # largest |margin difference| between configurations at k = 0 (logits)
     note: str
+    variant: str = "tool_choice"
+    n_abstain_items: int = 0  # items without a correct tool (no tool-choice margin)
 
 
 def configs_of(args: argparse.Namespace) -> list[str]:
@@ -67,20 +72,22 @@ def collect(analysis: Analysis) -> pd.DataFrame:
     return load_results(store.path)
 
 
-def summarise_rows(rows: pd.DataFrame, note: str = "") -> SweepSummary:
+def summarise_rows(rows: pd.DataFrame, note: str = "", variant: str = "tool_choice") -> SweepSummary:
     table = summarise(rows, ["bucket", "config", "k"])
+    n_abstain = int(rows.loc[rows["correct_is_abstain"].astype(bool), "item_id"].nunique())
     k0 = rows[rows["k"] == 0]
     identical = bool((k0.groupby("item_id")["prompt_digest"].nunique() <= 1).all())
     spread = k0.groupby("item_id")["margin"].agg(lambda s: float(np.nanmax(s) - np.nanmin(s)) if s.notna().any() else 0.0)
-    return SweepSummary(table, identical, float(spread.max()) if len(spread) else float("nan"), note)
+    return SweepSummary(table, identical, float(spread.max()) if len(spread) else float("nan"), note, variant, n_abstain)
 
 
 def figure(summary: SweepSummary, out_dir: Path) -> list[Path]:
     plots.style()
     k0 = "identical prompts" if summary.k0_prompts_identical else "PROMPTS DIFFER"
     note = (f"{summary.note}\nmean ± 95% bootstrap CI over task groups · "
-            f"k = 0: {k0} across configurations, max margin spread {summary.k0_max_spread:.2g} logits")
-    return plots.save_figure(plots.fig02_retrieval_trap(summary.table, note), out_dir, FIGURE)
+            f"k = 0: {k0} across configurations, max margin spread {summary.k0_max_spread:.2g} logits · "
+            f"{summary.n_abstain_items} items whose correct action is abstention left out (no correct tool)")
+    return plots.save_figure(plots.fig02_retrieval_trap(summary.table, note, summary.variant), out_dir, FIGURE)
 
 
 def print_summary(summary: SweepSummary) -> None:
@@ -88,12 +95,14 @@ def print_summary(summary: SweepSummary) -> None:
     print(pivot.round(2).to_string())
     print(f"k = 0 coincidence: prompts identical across configurations: {summary.k0_prompts_identical}; "
           f"max margin spread {summary.k0_max_spread:.3g} logits")
+    print(f"margin: {plots.MARGIN_LABELS[summary.variant]}; {summary.n_abstain_items} items whose correct action is abstention "
+          "are left out of it (their call log-odds are in the rows)")
 
 
 def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     rows = collect(analysis)
-    summary = summarise_rows(rows, provenance(analysis))
+    summary = summarise_rows(rows, provenance(analysis), analysis.variant)
     summary.table.to_csv(analysis.out_dir / f"{NAME}_summary.csv", index=False)
     print_summary(summary)
     if analysis.args.figure:
@@ -102,13 +111,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
-    summary = summarise_rows(collect(analysis), provenance(analysis))
+    summary = summarise_rows(collect(analysis), provenance(analysis), analysis.variant)
     paths = figure(summary, figures_dir)
     t = summary.table
     pivot = t.pivot_table(index=["bucket", "config"], columns="k", values="value", sort=False).reset_index()
     pivot.columns = [str(c) if not isinstance(c, int) else f"k={c}" for c in pivot.columns]
-    body = (f"Wrong-tool margin (logits, {analysis.variant}) by bucket, configuration and k; mean over items, "
-            f"95% CIs over task groups in `{NAME}_summary.csv`.\n\n{markdown_table(pivot)}\n\n"
+    body = (f"{plots.MARGIN_LABELS[analysis.variant]} by bucket, configuration and k; mean over items, "
+            f"95% CIs over task groups in `{NAME}_summary.csv`. {summary.n_abstain_items} items whose correct action is "
+            f"abstention are left out (no correct tool).\n\n{markdown_table(pivot)}\n\n"
             f"k = 0 check: prompts identical across configurations: **{summary.k0_prompts_identical}**; "
             f"largest margin spread between configurations at k = 0: {summary.k0_max_spread:.3g} logits.")
     comparisons = [

@@ -45,7 +45,10 @@ def test_sweep_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     assert main(["sweep", "--model", str(tiny_qwen3_dir), "--limit", "1", "--k-max", "2", "--out", str(tmp_path), *FAST]) == 0
     rows = check_rows(tmp_path / "sweep.jsonl", "sweep")
     assert set(rows["config"]) == {"base", "proc", "app", "basm"} and set(rows["k"]) == {0, 1, 2}
-    assert rows.attrs["meta"]["config"]["margin_variant"] == "divergence"
+    assert rows.attrs["meta"]["config"]["margin_variant"] == "tool_choice"
+    # every variant is written, not only the chosen one; the headline is Eq. 1 on the tool choice
+    assert {"margin_tool_choice", "margin_first_token", "margin_path", "call_logodds"} <= set(rows.columns)
+    assert rows["margin"].equals(rows["margin_tool_choice"])
     k0 = rows[rows["k"] == 0].groupby("item_id")["margin"]
     assert (k0.max() - k0.min()).max() == 0.0  # all configurations coincide at k = 0
     assert (rows[rows["k"] > 0].groupby(["item_id", "k"])["prompt_digest"].nunique() > 1).all()
@@ -59,7 +62,8 @@ def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_
     check_figure(tmp_path, "fig04_boundary_attention")
     (row,) = rows.to_dict("records")
 
-    # Independent: eager attention weights of the whole prompt, Eq. 2 at the decision row.
+    # Independent: eager attention weights of the prompt and the correct name's shared prefix,
+    # Eq. 2 at the deciding row (the decision row, or the row after a shared first token).
     from transformers import AutoModelForCausalLM
 
     from probes.dataset import load_dataset
@@ -69,11 +73,15 @@ def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_
     dataset = load_dataset()
     builder = PromptBuilder(load_tokenizer(str(tiny_qwen3_dir)), dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=2))
     record = builder.build(dataset.select(ids=[T_WRONG_ITEM])[0], "basm", 2, "native")
+    correct = next(c["token_ids"] for c in record["candidates"] if c["role"] == "correct")
+    wrong = next(c["token_ids"] for c in record["candidates"] if c["role"] == "wrong")
+    depth = next(i for i in range(min(len(correct), len(wrong))) if correct[i] != wrong[i])
+    assert row["deciding_depth"] == depth
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, attn_implementation="eager").eval()
     with torch.no_grad():
-        attentions = model(torch.tensor([record["input_ids"]]), output_attentions=True).attentions
-    d = record["decision_index"]
-    # A: [layer, head, n_keys] at the decision row
+        attentions = model(torch.tensor([record["input_ids"] + correct[:depth]]), output_attentions=True).attentions
+    d = record["decision_index"] + depth
+    # A: [layer, head, n_keys] at the deciding row
     A = torch.stack([a[0, :, d, :] for a in attentions]).double()
 
     def alpha(span: str) -> np.ndarray:
@@ -84,8 +92,8 @@ def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_
     assert np.allclose(np.array(row["alpha_boundary_heads"]), a_b, atol=1e-5)
     assert np.allclose(np.array(row["alpha_procedure_heads"]), a_p, atol=1e-5)
     eta_direct = a_b.mean() / (a_p.mean() + 1e-6)
-    summary = pd.read_csv(tmp_path / "ratios_summary.csv")
-    assert abs(summary["eta"].iloc[0] - eta_direct) <= 1e-5 * max(1.0, eta_direct)
+    summary = pd.read_csv(tmp_path / "ratios_summary.csv").set_index("row")
+    assert abs(summary.loc["deciding", "eta"] - eta_direct) <= 1e-5 * max(1.0, eta_direct)
 
 
 def test_suppression_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
@@ -104,11 +112,18 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     check_figure(tmp_path, "fig06_knockout_controls")
     check_figure(tmp_path, "fig07_knockout_selectivity")
     basm = rows[(rows["config"] == "basm") & (rows["item_id"] == T_WRONG_ITEM)].set_index("condition")
-    assert set(basm.index) == {"baseline", "boundary", "random_0", "random_1", "procedure", "boundary@L0-0", "boundary@L1-1"}
-    assert basm.loc["random_0", "knockout_size"] == basm.loc["boundary", "knockout_size"] > 0
+    assert set(basm.index) == {"baseline", "boundary", "random_0", "random_1", "anywhere_0", "anywhere_1", "procedure",
+                               "boundary@L0-0", "boundary@L1-1"}
+    b_size = basm.loc["boundary", "knockout_size"]
+    for control in ("random_0", "anywhere_0"):
+        assert basm.loc[control, "knockout_size"] == round(basm.loc[control, "control_coverage"] * b_size) > 0
+    assert basm.loc["boundary", "knockout_rows"] == "every query row" and basm.loc["boundary", "knockout_continuation"]
     assert set(rows[rows["config"] == "proc"]["condition"]) == {"baseline"}
+    assert rows.attrs["meta"]["config"]["knockout_rows"] == "path"
 
-    # Independent: the engine's own record scorer (probes.engine.score_record) on the same prompt.
+    # The CLI's rows are the library scorer's rows for the same record and conditions (the scorer
+    # itself is checked against an eager 4D-mask forward in tests/test_measures.py).
+    from probes.analysis import score_record
     from probes.dataset import load_dataset
     from probes.engine import Knockout, ProbeSession
     from probes.rendering import BuildSettings, PromptBuilder
@@ -118,49 +133,35 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     dataset = load_dataset()
     builder = PromptBuilder(session.tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=2))
     record = builder.build(dataset.select(ids=[T_WRONG_ITEM])[0], "basm", 2, "native")
-    base, knocked = session.score_record(record, [Knockout.from_spans("boundary", record["spans"]["boundary"])])
-    expected = knocked["divergence"] - base["divergence"]
-    got = basm.loc["boundary", "margin"] - basm.loc["baseline", "margin"]
-    assert abs(got - expected) <= 1e-5
-    assert abs(basm.loc["baseline", "margin"] - base["divergence"]) <= 1e-5
+    base, knocked = score_record(session, record, [Knockout.from_spans("boundary", record["spans"]["boundary"])])
+    for measure in ("margin", "broad_margin", "correct_margin", "call_logodds"):
+        assert abs(basm.loc["boundary", measure] - knocked[measure]) <= 1e-6, measure
+        assert abs(basm.loc["baseline", measure] - base[measure]) <= 1e-6, measure
     summary = (tmp_path / "knockout_gap_recovery.csv").read_text()
     assert summary.startswith("measure,value,low,high,n,gap")
 
 
-def test_head_ranking_leaves_out_heads_that_read_neither_span() -> None:
-    """Ranking on hand-made per-head α: a head with almost no attention on B ∪ P has a huge
-    ε-driven shift but is not ranked; the others are ordered by the shift of the bucket-averaged
-    log ratio, and span_mass is the smaller bucket mean of α_B·|B| + α_P·|P| (recomputed here)."""
-    from probes.analysis import EPSILON
-    from probes.heads import ranking
+def test_knockout_compares_every_control_on_the_same_records() -> None:
+    """A measure that is NaN for a record (abstention as the correct action) drops that record from
+    every knockout and control of that measure, and the drop is counted with its reason."""
+    from probes.knockout import deltas_per_record
 
-    sizes = {"boundary_size": 100, "procedure_size": 50}
-    # [layer, head] per-token α for a 1-layer, 3-head model: (0,0) shifts toward B, (0,1) is flat, (0,2) reads neither span
-    alpha = {"T_ok": ([[0.002, 0.004, 1e-9]], [[0.008, 0.008, 1e-5]]), "T_wrong": ([[0.006, 0.004, 1e-5]], [[0.004, 0.008, 1e-9]])}
-    rows = pd.DataFrame([{"bucket": bucket, **sizes, "alpha_boundary_heads": b, "alpha_procedure_heads": p}
-                         for bucket, (b, p) in alpha.items() for _ in range(2)])
-    rank = ranking(rows, min_span_mass=0.05)
-    assert [(r.layer, r.head, r.ranked) for r in rank.itertuples()] == [(0, 0, True), (0, 1, True), (0, 2, False)]
-    log2 = lambda bucket, h: np.log2((alpha[bucket][0][0][h] + EPSILON) / (alpha[bucket][1][0][h] + EPSILON))  # noqa: E731
-    for r in rank.itertuples():
-        assert abs(r.shift - (log2("T_wrong", r.head) - log2("T_ok", r.head))) <= 1e-9
-        mass = min(alpha[b][0][0][r.head] * 100 + alpha[b][1][0][r.head] * 50 for b in alpha)
-        assert abs(r.span_mass - mass) <= 1e-12
-    assert rank.iloc[2]["shift"] > rank.iloc[0]["shift"] > 0  # the unranked head's ε shift is the largest
-    assert bool(ranking(rows, min_span_mass=0.0)["ranked"].all())
-
-
-def test_heads_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
-    args = ["heads", "--model", str(tiny_qwen3_dir), "--item", T_WRONG_ITEM, "--item", "retail-ok-0001", "--k", "1",
-            "--top-n", "2", "--random-draws", "2", "--out", str(tmp_path), *FAST]
-    assert main(args) == 0
-    rows = check_rows(tmp_path / "heads.jsonl", "heads")
-    assert np.array(rows["alpha_boundary_heads"].iloc[0]).shape == (2, 4)
-    causal = check_rows(tmp_path / "heads_causal.jsonl", "heads_causal")
-    assert set(causal["condition"]) == {"baseline", "heads_0", "heads_1", "heads_2"}
-    assert all(len(h) == 2 for h in causal["knockout_heads"].dropna())
-    check_figure(tmp_path, "fig08_head_heatmap")
-    check_figure(tmp_path, "fig09_candidate_heads")
+    rows = []
+    for rec, abstain in (("a", False), ("b", True), ("c", False)):
+        for cond, value in (("baseline", 1.0), ("boundary", 2.0), ("random_0", 1.5), ("anywhere_0", 1.2), ("procedure", 0.5)):
+            margin = np.nan if abstain else value + (rec == "c")
+            rows.append({"record_id": rec, "item_id": rec, "bucket": "T_wrong", "task_group": f"g{rec}", "config": "basm",
+                         "condition": cond, "boundary_size": 5, "correct_is_abstain": abstain, "margin": margin,
+                         "broad_margin": margin, "correct_margin": margin, "call_logodds": value})
+    rows[-1]["call_logodds"] = np.nan  # record c: call log-odds undefined under one knockout
+    per, dropped, excluded = deltas_per_record(pd.DataFrame(rows))
+    assert excluded == 0
+    for knockout in ("boundary", "random", "random_anywhere", "procedure"):
+        assert set(per[(per["measure"] == "margin") & (per["knockout"] == knockout)]["record_id"]) == {"a", "c"}
+        assert set(per[(per["measure"] == "call_logodds") & (per["knockout"] == knockout)]["record_id"]) == {"a", "b"}
+    reasons = {(r.measure, r.reason): r.n_records for r in dropped.itertuples()}
+    assert reasons[("margin", "correct action is abstention (no correct tool)")] == 1
+    assert reasons[("call_logodds", "undefined under some condition (names never diverge)")] == 1
 
 
 def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
@@ -172,7 +173,7 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
             "--analyses", "sweep,ratios,suppression,knockout,heads"]
     assert main(args) == 0
     report = (out / "report.md").read_text()
-    for needle in ("7.31", "10.71", "2.26", "0.15", "1.23", "1.81", "3.45", "69.4", "divergence", str(tiny_qwen3_dir)):
+    for needle in ("7.31", "10.71", "2.26", "0.15", "1.23", "1.81", "3.45", "69.4", "tool_choice", "Eq. 1", str(tiny_qwen3_dir)):
         assert needle in report, needle
     for name in ("fig02_retrieval_trap", "fig03_mechanism", "fig04_boundary_attention", "fig05_suppression",
                  "fig06_knockout_controls", "fig07_knockout_selectivity", "fig08_head_heatmap", "fig09_candidate_heads"):
@@ -200,12 +201,15 @@ def test_all_analyses_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
     assert main(["ratios", "--item", T_WRONG_ITEM, "--configs", "basm", *common]) == 0
     assert main(["suppression", "--item", T_WRONG_ITEM, "--configs", "proc,basm", *common]) == 0
     assert main(["knockout", "--item", T_WRONG_ITEM, "--random-draws", "2", *common]) == 0
-    assert main(["heads", "--item", T_WRONG_ITEM, "--item", "retail-ok-0001", "--top-n", "3", "--random-draws", "1", *common]) == 0
+    heads_items = ["--item", T_WRONG_ITEM, "--item", "retail-ok-0001", "--item", "retail-wrong-0004", "--item", "retail-ok-0004"]
+    assert main(["heads", *heads_items, "--top-n", "3", "--random-draws", "1", *common]) == 0  # two task groups: rank on one, test on the other
     for name, analysis in (("sweep", "sweep"), ("ratios", "ratios"), ("suppression", "suppression"), ("knockout", "knockout"),
                            ("heads", "heads"), ("heads_causal", "heads_causal")):
         rows = check_rows(tmp_path / f"{name}.jsonl", analysis)
         if "margin" in rows:
-            assert rows["margin"].notna().all()  # divergence is defined under SmolLM2's first-token collisions
+            # Eq. 1 on the tool choice is defined under SmolLM2's first-token collisions, and NaN
+            # exactly where the correct action is abstention (no correct tool)
+            assert (rows["margin"].isna() == rows["correct_is_abstain"].astype(bool)).all(), name
     for name in ("fig02_retrieval_trap", "fig04_boundary_attention", "fig05_suppression", "fig06_knockout_controls",
                  "fig07_knockout_selectivity", "fig08_head_heatmap", "fig09_candidate_heads"):
         check_figure(tmp_path, name)

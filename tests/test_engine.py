@@ -7,6 +7,7 @@ TransformerBridge hook edits ≤ 1e-4; cached branch vs full forward ≤ 1e-5.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,7 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from probes.analysis import score_record
 from probes.engine import ATTN_IMPLEMENTATION, BASELINE, Knockout, ProbeSession, span_positions
+from reference import knockout_masks, masked_eager_forward
 
 N = 48
 QUERY_ROWS = [20, 33, 47]
@@ -45,39 +48,16 @@ def eager_models(model_root: Path) -> dict[str, torch.nn.Module]:
     }
 
 
-def _masks(n: int, n_layers: int, n_heads: int, ko: Knockout, query_rows: Sequence[int]) -> list[torch.Tensor]:
-    """Independent reference: one float additive mask [1, head, n, n] per layer (0 / -inf)."""
-    causal = torch.full((n, n), float("-inf")).triu(1)
-    active = ko.active(n_layers, n_heads)
-    out = []
-    for layer in range(n_layers):
-        m = causal.expand(n_heads, n, n).clone()
-        for h in range(n_heads):
-            if active[layer, h]:
-                for q in query_rows:
-                    m[h, q, list(ko.key_positions)] = float("-inf")
-        out.append(m[None])
-    return out
-
-
-@torch.no_grad()
 def _reference_logits(model: torch.nn.Module, ids: list[int], ko: Knockout, query_rows: Sequence[int]) -> torch.Tensor:
     """Logits [n, vocab] of an eager forward where each layer gets its own 4D float mask via a pre-hook."""
+    return _reference(model, ids, ko, query_rows)[0]
+
+
+def _reference(model: torch.nn.Module, ids: list[int], ko: Knockout, query_rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [n, vocab], attention probabilities [layer, head, n, n]) of that eager forward."""
     cfg = model.config
-    masks = _masks(len(ids), cfg.num_hidden_layers, cfg.num_attention_heads, ko, query_rows)
-    handles = []
-    for i, layer in enumerate(model.model.layers):
-
-        def pre(_m, args, kwargs, mask=masks[i]):
-            kwargs["attention_mask"] = mask
-            return args, kwargs
-
-        handles.append(layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True))
-    try:
-        return model(torch.tensor([ids]), use_cache=False).logits[0].float()
-    finally:
-        for h in handles:
-            h.remove()
+    active = ko.active(cfg.num_hidden_layers, cfg.num_attention_heads)
+    return masked_eager_forward(model, ids, knockout_masks(len(ids), active, ko.key_positions, query_rows))
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
@@ -139,12 +119,34 @@ def test_cached_branch_equals_full_forwards(arch, sessions, eager_models):
             assert (a.span_mass[s] - b.span_mass[s]).abs().max() <= TOL
         assert (a.residual - b.residual).abs().max() <= TOL
         assert abs(a.entropy - b.entropy) <= TOL
-        # Candidates: a full forward over prompt[:anchor+1] + ids, knocking out the query rows up to the anchor.
+        # Candidates: a full forward over prompt[:anchor+1] + ids, knocking out the query rows up to
+        # the anchor and every continuation row; span masses at the rows predicting each token.
         for name, (anchor, toks) in cands.items():
             seq = ids[: anchor + 1] + toks
-            ref = torch.log_softmax(_reference_logits(eager_models[arch], seq, ko, [r for r in QUERY_ROWS if r <= anchor]), -1)
-            want = ref[torch.arange(anchor, anchor + len(toks)), toks]
-            assert (a.candidate_token_logprobs[name] - want).abs().max() <= TOL, (ko.name, name)
+            blocked = [r for r in QUERY_ROWS if r <= anchor] + list(range(anchor + 1, anchor + len(toks)))
+            logits, att = _reference(eager_models[arch], seq, ko, blocked)
+            ref = torch.log_softmax(logits, -1)
+            rows = torch.arange(anchor, anchor + len(toks))
+            assert (a.candidate_token_logprobs[name] - ref[rows, toks]).abs().max() <= TOL, (ko.name, name)
+            for s, pos in SPANS.items():
+                want = att[:, :, rows][..., [q for q in pos if q <= anchor]].sum(-1)  # [layer, head, len(toks)]
+                assert (a.candidate_span_mass[name][s] - want).abs().max() <= TOL, (ko.name, name, s)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_knockout_rows_and_continuations_are_selectable(arch, sessions, eager_models):
+    """``rows`` limits a knockout to some query rows; ``continuation=False`` spares candidate rows."""
+    sess, ids = sessions[arch], _ids(5)
+    toks = [5, 6, 7]
+    ko = Knockout("some_rows", range(4, 14), rows=(33,), continuation=False)
+    res = sess.run(ids, QUERY_ROWS, SPANS, [ko], {"c": (47, toks)})[ko.name]
+    logits = _reference_logits(eager_models[arch], ids + toks[:-1], ko, [33])
+    assert (res.logits - logits[QUERY_ROWS[0] : N]).abs().max() <= TOL
+    want = torch.log_softmax(logits, -1)[torch.arange(47, 50), toks]
+    assert (res.candidate_token_logprobs["c"] - want).abs().max() <= TOL
+    # ... and the default (every query row, continuations too) gives something else.
+    every = sess.run(ids, QUERY_ROWS, SPANS, [Knockout("all", range(4, 14))], {"c": (47, toks)})["all"]
+    assert (every.candidate_token_logprobs["c"] - res.candidate_token_logprobs["c"]).abs().max() > 1e-3
 
 
 def test_condition_batching_does_not_change_results(sessions):
@@ -250,7 +252,7 @@ def test_invalid_requests(sessions):
 
 
 def _native_record(tok, names: dict[str, str], collide: bool) -> dict:
-    """A native-format record: prompt, then `<tool_call>\\n{"name": "` forced up to the decision row."""
+    """A native-format record: prompt, then `<tool_call>\n{"name": "` forced up to the decision row."""
     prompt = tok.encode("Use the tool only when the applicability conditions hold. Risk: the account is locked.")
     forced = tok.encode('<tool_call>\n{"name": "')
     ids = prompt + forced
@@ -264,38 +266,46 @@ def _native_record(tok, names: dict[str, str], collide: bool) -> dict:
                   "first_token_id": tok.encode("I")[0]})
     return {
         "record_id": "x|proc|k2|native", "item_id": "x", "bucket": "T_wrong", "format": "native",
-        "input_ids": ids, "decision_index": d, "open_index": open_index, "query_rows": [open_index, d],
+        "input_ids": ids, "decision_index": d, "open_index": open_index, "query_rows": list(range(open_index, d + 1)),
         "spans": {"boundary": [[2, 8]], "procedure": [[8, 14]]}, "candidates": cands, "collision": collide,
     }
 
 
-def test_score_record_flags_collisions(sessions):
+def test_score_record_resolves_a_shared_first_token_at_the_divergence_row(sessions):
     sess = sessions["qwen3"]
     tok = sess.tokenizer
     rec = _native_record(tok, {"wrong": "get_user_orders", "correct": "get_user_profile"}, True)
-    assert rec["candidates"][0]["first_token_id"] == rec["candidates"][1]["first_token_id"]
-    rows = sess.score_record(rec, [Knockout.from_spans("boundary", rec["spans"]["boundary"])])
+    w, c = rec["candidates"][0]["token_ids"], rec["candidates"][1]["token_ids"]
+    s = next(i for i in range(min(len(w), len(c))) if w[i] != c[i])
+    assert s > 0, "the names must share a first token for this test"
+    rows = score_record(sess, rec, [Knockout.from_spans("boundary", rec["spans"]["boundary"])])
     assert [r["condition"] for r in rows] == ["baseline", "boundary"]
-    for r in rows:
-        m = r["margins"]
-        assert m["wrong_tool"]["collision"] and m["wrong_tool"]["value"] != m["wrong_tool"]["value"]  # nan
-        assert "collision" in m["wrong_tool"]["note"]
-        assert not m["divergence"]["collision"] and torch.isfinite(torch.tensor(m["divergence"]["value"]))
-        assert not m["sequence_logprob"]["collision"]
-        assert r["format"] == "native" and r["record_collision"]
-        assert len(r["span_mass"]["boundary"]) == sess.n_layers
+    d = rec["decision_index"]
+    for r, ko in zip(rows, [BASELINE, Knockout.from_spans("boundary", rec["spans"]["boundary"])]):
+        assert r["first_token_collision"] and math.isnan(r["margin_first_token"])  # never a silent 0
+        assert not r["margin_collision"] and r["deciding_depth"] == s and r["deciding_row"] == d + s
+        assert r["margin_pairs"] == [["get_user_orders", "get_user_profile", s]]
+        # Independent: a full run over the prompt plus the shared prefix; raw logits at the row after it.
+        res = sess.forward(rec["input_ids"] + c[:s], list(range(rec["open_index"], d + s + 1)), conditions=[ko] if ko.key_positions else [],
+                           include_baseline=not ko.key_positions)
+        logits = res.conditions[0].logits_at(d + s)
+        assert r["margin"] == pytest.approx(float(logits[w[s]] - logits[c[s]]), abs=1e-5)
 
 
-def test_score_record_without_collision_matches_eq1(sessions):
+def test_score_record_eq1_with_abstention_present_matches_raw_logits(sessions):
+    """Abstention stays among the candidates; Eq. 1 on the tool choice does not use it, and the
+    abstention decision is its own quantity (call log-odds at the open row)."""
     sess = sessions["qwen3"]
     tok = sess.tokenizer
     rec = _native_record(tok, {"wrong": "cancel_order", "correct": "refund_payment"}, False)
-    rec["candidates"] = [c for c in rec["candidates"] if c["role"] != "abstain"]
-    row = sess.score_record(rec)[0]
-    res = sess.run(rec["input_ids"], rec["query_rows"])
-    dec = res.conditions[0].logits_at(rec["decision_index"])
-    w, c = (x["first_token_id"] for x in rec["candidates"])
-    assert row["wrong_tool"] == pytest.approx(float(dec[w] - dec[c]), abs=1e-6)
-    assert not row["wrong_tool_collision"]
-    # Without shared first tokens the divergence variant is Eq. 1 itself.
-    assert row["divergence"] == pytest.approx(row["wrong_tool"], abs=1e-5)
+    assert any(c["role"] == "abstain" for c in rec["candidates"])
+    row = score_record(sess, rec)[0]
+    with torch.no_grad():
+        logits = sess.model(torch.tensor([rec["input_ids"]])).logits[0].float()  # raw logits, no engine
+    w, c = (x["first_token_id"] for x in rec["candidates"][:2])
+    d, o = rec["decision_index"], rec["open_index"]
+    assert row["margin"] == pytest.approx(float(logits[d, w] - logits[d, c]), abs=1e-5)
+    assert row["margin_first_token"] == pytest.approx(row["margin"], abs=1e-5)
+    p_open = torch.softmax(logits[o].double(), -1)[rec["input_ids"][o + 1]]
+    assert row["call_logodds"] == pytest.approx(float(torch.log(p_open) - torch.log1p(-p_open)), abs=1e-4)
+    assert not row["correct_is_abstain"]

@@ -31,8 +31,8 @@ from probes.calls import (
     stop_token_ids,
 )
 from probes.cli import main
-from probes.dataset import ABSTAIN, load_dataset
-from probes.linear import ProbeSettings, auc, grouped_folds, permute_within_groups, probe_layer, spread_limit
+from probes.dataset import ABSTAIN, load_dataset, spread_limit
+from probes.linear import ProbeSettings, auc, grouped_folds, permute_within_groups, probe_layers
 from probes.results import load_results
 
 torch.set_num_threads(1)
@@ -162,8 +162,7 @@ def test_probe_separable_vs_random_features():
     direction = rng.normal(size=64)
     separable = noise + np.outer(2.0 * y, direction / np.linalg.norm(direction)) * 3
     settings = ProbeSettings(folds=4, permutations=6, resamples=300)
-    good = probe_layer(separable, y, groups, settings)
-    chance = probe_layer(noise, y, groups, settings)
+    good, chance = probe_layers(np.stack([separable, noise], axis=1), y, groups, settings)
     assert good["auc"] > 0.95 and good["low"] > 0.8 and good["p_perm"] == pytest.approx(1 / 7)
     assert abs(chance["auc"] - 0.5) < 0.2 and chance["low"] < 0.5 < chance["high"]
     assert abs(good["null_mean"] - 0.5) < 0.2 and good["n_folds"] == 4 and good["n_groups"] == 12

@@ -117,7 +117,11 @@ def test_native_format_layout(qwen3_builder, qwen3, dataset):
     # the open row is the last token of the generation prompt; the forced prefix starts with <tool_call>
     assert qwen3.decode(ids[record["open_index"] + 1 :]) == NATIVE_FORCED_PREFIX
     assert ids[record["open_index"] + 1] == qwen3.convert_tokens_to_ids("<tool_call>")
-    assert record["query_rows"] == [record["open_index"], record["decision_index"]]
+    # every row from the open row to the decision row: the forced-prefix rows feed the decision
+    assert record["query_rows"] == list(range(record["open_index"], record["decision_index"] + 1))
+    assert len(record["query_rows"]) == len(qwen3.encode(NATIVE_FORCED_PREFIX, add_special_tokens=False)) + 1
+    (memory,) = record["spans"]["memory"]  # the memory block holds every slot span
+    assert all(memory[0] <= s and e <= memory[1] for name, spans in record["spans"].items() for s, e in spans if name != "memory")
     for candidate in record["candidates"]:
         # independent in-context tokenization: the whole prompt plus the call as the model writes it
         if candidate["action"] == ABSTAIN:

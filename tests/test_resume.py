@@ -94,6 +94,6 @@ def test_resume_with_other_options_refuses(tiny_qwen3_dir: Path, tmp_path: Path)
     args[args.index("--k-max") + 1] = "0"
     assert main(args) == 0
     with pytest.raises(ResultsConfigMismatch):
-        main([*args, "--margin-variant", "sequence_logprob"])
-    assert main([*args, "--margin-variant", "sequence_logprob", "--overwrite"]) == 0
-    assert load_results(tmp_path / "sweep.jsonl").attrs["meta"]["config"]["margin_variant"] == "sequence_logprob"
+        main([*args, "--margin-variant", "path"])
+    assert main([*args, "--margin-variant", "path", "--overwrite"]) == 0
+    assert load_results(tmp_path / "sweep.jsonl").attrs["meta"]["config"]["margin_variant"] == "path"

@@ -12,7 +12,7 @@ from typing import Any
 from probes.heads import MIN_SPAN_MASS
 from probes.organism.heldout import heldout_report
 from probes.organism.train import head_key
-from probes.organism.validate import validate
+from probes.organism.validate import Validation, validate
 
 DISCLAIMER = (
     "**This is a synthetic organism for validating the instrument, not evidence about Qwen3.** It has "
@@ -258,10 +258,15 @@ eval T_wrong, n = {heldout.get('n_knockout', '')}; baseline margin {_fmt(ko['bas
 `basm-probes organism validate` runs the probe analyses (sweep, knockout, ratios, heads) on every eval
 item of T_wrong and T_ok at k = 2 and tests each targeted effect with a 95% cluster-bootstrap CI over
 task groups and a one-sided sign-flip permutation test (a claim holds iff the CI lies above 0 and
-p < 0.05). Margins: Eq. 1 (`wrong_tool` variant), logits. Heads are ranked on half of the task groups
-and tested on the other half; only heads whose decision row puts at least {MIN_SPAN_MASS:g} of its attention on
-boundary ∪ procedure in both buckets are ranked (`basm-probes heads --min-span-mass`): the log ratio of a
-head that reads neither span is set by ε. `tests/test_organism_validate.py` asserts every claim.
+p < 0.05). Margins: Eq. 1 on the tool choice (`--margin-variant tool_choice`: wrong vs correct tool,
+in logits; items whose correct action is abstention have none and are left out). Knockouts block B from
+every row from the one that opens the call to the decision row; the random control draws |B| positions
+of the memory block outside B. Heads are ranked on half of the task groups and tested on the other half
+against random heads matched by their attention mass on boundary ∪ procedure; only heads whose decision
+row puts at least {MIN_SPAN_MASS:g} of its attention on boundary ∪ procedure in both buckets are ranked
+(`basm-probes heads --min-span-mass`): the log ratio of a head that reads neither span is set by ε.
+`tests/test_organism_validate.py` checks every claim against this table, and `basm-probes organism card`
+regenerates it (and this card).
 
 {validation}
 
@@ -290,7 +295,9 @@ probe engine.
     (out_dir / "README.md").write_text(text)
 
 
-def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None = None) -> Validation:
+    """Rerun the held-out check and the validation of the organism in ``out_dir``; write
+    ``heldout_check.json``, ``validation.json`` and the model card there."""
     out_dir = Path(out_dir)
     if summary is None:
         summary = json.loads((out_dir / "training_summary.json").read_text())
@@ -304,4 +311,15 @@ def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None 
     write_card(out_dir, summary, heldout, validation.markdown(), validation.as_dict()["claims"], validation.as_dict()["head_ranking"])
     print(validation.markdown())
     print(f"held-out check ({heldout['seconds']:.0f} s), validation ({validation.seconds:.0f} s) and model card written to {out_dir}")
-    return heldout
+    return validation
+
+
+# ----------------------------------------------------------------------------- CLI
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--model", type=Path, default=None, help="organism folder (default: the bundled one)")
+
+
+def run(args: Any) -> int:
+    from probes.organism import ORGANISM_DIR
+
+    return 0 if evaluate_and_write_card(args.model or ORGANISM_DIR).holds else 1

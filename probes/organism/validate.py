@@ -15,14 +15,16 @@ eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_
                over all layers and heads, paired by task group (every group has both)
 heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 T_wrong;     heads rows
                heads ranked on half of the task groups (only heads that read B ∪ P, see
-               :func:`probes.heads.ranking`), tested on the other half
+               :func:`probes.heads.ranking`), tested on the other half; random heads matched
+               on B ∪ P mass (:func:`probes.heads.matched_random_sets`)
 =============  ============================================================================  =========================
 
 Each statistic is a mean over task groups (items of a group share a template, so they are not
 independent) with a 95% cluster-bootstrap CI (:func:`probes.stats.bootstrap_mean`) and a one-sided
 sign-flip permutation test over task groups (:func:`probes.stats.paired_permutation_test`). A claim
-holds iff the CI lies above 0 and p < :data:`ALPHA`. Margins are in logits (log-probability form of
-Eq. 1, ``--margin-variant`` of the analyses).
+holds iff the CI lies above 0 and p < :data:`ALPHA`. Margins are Eq. 1 on the tool choice, in logits
+(``--margin-variant tool_choice``): items whose correct action is abstention have none and are left
+out. The random control is the neutral one (random spans of the memory block outside B).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from probes import heads as heads_mod
 from probes import knockout as knockout_mod
 from probes import ratios as ratios_mod
 from probes import sweep as sweep_mod
-from probes.analysis import EPSILON, Analysis, open_analysis
+from probes.analysis import EPSILON, Analysis, AnalysisError, open_analysis
 from probes.engine import ProbeSession
 from probes.organism import ORGANISM_DIR
 from probes.stats import Estimate, bootstrap_mean, paired_permutation_test
@@ -143,31 +145,23 @@ def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
     return replace(claim, n_records=int(rows["bucket"].isin(["T_ok", "T_wrong"]).sum()))
 
 
-def split_groups(groups: Sequence[str]) -> tuple[set[str], set[str]]:
-    """Task groups for ranking heads (even positions in sorted order) and for testing them (odd)."""
-    ordered = sorted(set(groups))
-    return set(ordered[0::2]), set(ordered[1::2])
-
-
 def heads_claim(analysis: Analysis, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
-    attention = heads_mod.collect_attention(analysis)
-    rank_groups, test_groups = split_groups(attention["task_group"])
-    rank = heads_mod.ranking(attention[attention["task_group"].isin(rank_groups)], analysis.args.min_span_mass)
-    sets = heads_mod.head_sets(rank, analysis.session.n_layers, analysis.session.n_heads, top, draws, seed)
-    test_items = tuple(item for item in analysis.items if item.task_group in test_groups)
-    test = replace(analysis, items=test_items, name=f"{heads_mod.NAME}_test", _score_cache={})
-    causal = heads_mod.collect_causal(test, sets)
-    causal = causal[causal["boundary_size"] > 0]
-    wide = causal.pivot_table(index=["item_id", "task_group"], columns="selection", values="margin", aggfunc="first")
-    wide = wide.reset_index().set_index("item_id")
-    base = causal[causal["condition"] == "baseline"].set_index("item_id")["margin"].astype(float)
-    top_name = next(name for name in sets if name.startswith("top-"))
-    random_names = [name for name in sets if name.startswith("random-")]
+    """Heads ranked on one half of the task groups, top-N vs matched random-N knockout on the other
+    (:func:`probes.heads.split_groups`, :func:`probes.heads.select_heads`, as the ``heads`` analysis)."""
+    attention, _, test_groups = heads_mod.with_halves(heads_mod.collect_attention(analysis))
+    selection = heads_mod.select_heads(attention[attention["half"] == "rank"], min_span_mass=analysis.args.min_span_mass,
+                                       top=top, draws=draws, seed=seed)
+    if selection.top_name != f"top-{top}":  # fewer ranked heads than asked: the claim would be about another N
+        raise AnalysisError(f"heads claim: {selection.note}")
+    wide, dropped = heads_mod.record_margins(heads_mod.collect_causal(analysis, selection.sets, groups=test_groups), list(selection.sets))
+    base = wide["baseline"]
+    notes = "; ".join(filter(None, [selection.note, f"{dropped} records with an undefined margin left out" if dropped else ""]))
     claim = paired_claim(
-        "heads", f"knocking out boundary attention in the top-{top} ranked heads moves the margin more than in {top} random heads",
-        wide[top_name] - base, wide[random_names].mean(axis=1) - base, wide["task_group"], seed=seed,
+        "heads", f"knocking out boundary attention in the top-{top} ranked heads moves the margin more than in {top} "
+                 f"random heads matched on B ∪ P attention mass{f' ({notes})' if notes else ''}",
+        wide[selection.top_name] - base, wide[selection.random_names].mean(axis=1) - base, wide["task_group"], seed=seed,
     )
-    return claim, rank
+    return claim, selection.ranking
 
 
 # ----------------------------------------------------------------------------- running
@@ -216,7 +210,7 @@ def validate(
     """Run the analyses behind the five claims (results resume from ``out``) and test the claims."""
     started = time.perf_counter()
     common = ["--model", str(model), "--split", "eval", "--out", str(out), "--embedder", embedder, "--seed", str(seed),
-              "--margin-variant", "wrong_tool", *(["--limit", str(limit)] if limit else []), *(["--overwrite"] if overwrite else [])]
+              "--margin-variant", "tool_choice", *(["--limit", str(limit)] if limit else []), *(["--overwrite"] if overwrite else [])]
     sweep = analysis_for("sweep", [*common, "--bucket", "T_wrong", "--configs", "proc,basm", "--k-max", str(DEPTH)], None)
     session = sweep.session
     claims = trap_and_suppression(sweep_mod.collect(sweep), seed)
@@ -229,7 +223,7 @@ def validate(
     heads_claim_, rank = heads_claim(heads, top, draws, seed)
     claims.append(heads_claim_)
     config = {"model": sweep.model_path, "split": "eval", "limit": limit, "k": DEPTH, "embedder": sweep.builder.retriever.embedder.name,
-              "margin_variant": "wrong_tool", "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "min_span_mass": heads.args.min_span_mass, "alpha": ALPHA,
+              "margin_variant": "tool_choice", "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "min_span_mass": heads.args.min_span_mass, "alpha": ALPHA,
               "n_items": {"T_wrong": len(sweep.items), "T_ok+T_wrong": len(heads.items)}}
     return Validation(claims, rank, config, time.perf_counter() - started)
 

@@ -1,0 +1,132 @@
+"""``linear`` probe statistics: the default permutation test can reach p < 0.01, the best-layer
+claim is tested against the max-over-layers null (one label permutation shared by every layer),
+the exact Newton fit equals scikit-learn's pipeline, and a one-class training fold is an error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
+
+import probes.linear as linear
+from probes.linear import DEFAULT_PERMUTATIONS, ProbeSettings, grouped_folds, out_of_fold_scores, permuted_labels, probe_layers
+
+
+@pytest.fixture(autouse=True)
+def _one_blas_thread():
+    with threadpool_limits(1):
+        yield
+
+
+def _data(n_groups: int = 10, per: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """40 items in 10 task groups, each group half T_ok (1), half T_wrong (0)."""
+    return np.tile([1, 0] * (per // 2), n_groups), np.repeat([f"g{i:02d}" for i in range(n_groups)], per)
+
+
+def _planted(y: np.ndarray, rng: np.random.Generator, d: int = 8, shift: float = 2.0) -> np.ndarray:
+    X = rng.normal(size=(len(y), d))
+    X[:, 0] += shift * y  # one feature dimension carries the label
+    return X
+
+
+def test_one_default_permutation_count_reaches_p_below_001():
+    from probes.cli import build_parser
+
+    assert ProbeSettings().permutations == DEFAULT_PERMUTATIONS >= 199
+    args = build_parser().parse_args(["linear"])
+    assert args.permutations == DEFAULT_PERMUTATIONS  # the CLI and the library share one default
+    assert 1 / (1 + DEFAULT_PERMUTATIONS) < 0.01
+
+
+def test_default_settings_planted_feature_vs_random():
+    y, groups = _data()
+    rng = np.random.default_rng(0)
+    planted, noise = probe_layers(np.stack([_planted(y, rng), rng.normal(size=(len(y), 8))], axis=1), y, groups)
+    assert planted["n_permutations"] == DEFAULT_PERMUTATIONS and planted["n_folds"] == 5
+    assert planted["auc"] > 0.8 and planted["p_perm"] < 0.01 and planted["p_perm"] == pytest.approx(1 / 200)
+    assert planted["null_low"] < 0.5 < planted["null_high"] < planted["auc"]
+    assert noise["p_perm"] > 0.05 and noise["null_low"] < noise["auc"] < noise["null_high"]
+
+
+def test_permuted_labels_are_seeded_and_keep_groups_and_folds():
+    y, groups = _data()
+    Y = permuted_labels(y, groups, 50, seed=3)
+    assert Y.shape == (50, len(y)) and np.array_equal(Y, permuted_labels(y, groups, 50, seed=3))
+    assert len({row.tobytes() for row in Y}) > 40
+    for g in set(groups):
+        assert (Y[:, groups == g].sum(1) == y[groups == g].sum()).all()
+    # folds depend on the per-group class counts only: permuted labels get the observed folds
+    reference = grouped_folds(y, groups, 5, seed=0)
+    for row in Y[:5]:
+        assert all(np.array_equal(a[1], b[1]) for a, b in zip(grouped_folds(row, groups, 5, seed=0), reference))
+
+
+def test_max_over_layers_null_for_the_best_layer(monkeypatch):
+    y, groups = _data()
+    rng = np.random.default_rng(1)
+    random_layers = [rng.normal(size=(len(y), 8)) for _ in range(4)]
+    draws = []
+    original = linear.permuted_labels
+
+    def spy(*args, **kwargs):
+        draws.append(original(*args, **kwargs))
+        return draws[-1]
+
+    monkeypatch.setattr(linear, "permuted_labels", spy)
+    one_informative = probe_layers(np.stack([*random_layers[:2], _planted(y, rng), *random_layers[2:]], axis=1), y, groups)
+    assert len(draws) == 1 and draws[0].shape == (DEFAULT_PERMUTATIONS, len(y))  # one permutation matrix for all layers
+    best = max(one_informative, key=lambda row: row["auc"])
+    assert best is one_informative[2] and best["p_maxnull"] < 0.01
+    assert len({row["maxnull_high"] for row in one_informative}) == 1  # one max-null per (config, k)
+
+    all_random = probe_layers(np.stack(random_layers, axis=1), y, groups)
+    best = max(all_random, key=lambda row: row["auc"])
+    assert best["p_maxnull"] > 0.05 and best["p_maxnull"] >= best["p_perm"]  # family-wise ≥ per layer
+    assert best["maxnull_mean"] > best["null_mean"]
+
+
+def test_same_permutations_at_every_layer():
+    """A duplicated layer gets the identical null, and with only copies the max-null is that null."""
+    y, groups = _data()
+    X = np.random.default_rng(2).normal(size=(len(y), 8))
+    settings = ProbeSettings(permutations=49, resamples=50)
+    a, b = probe_layers(np.stack([X, X], axis=1), y, groups, settings)
+    for key in ("auc", "null_mean", "null_low", "null_high", "p_perm"):
+        assert a[key] == b[key], key
+    assert (a["maxnull_low"], a["maxnull_high"], a["p_maxnull"]) == (a["null_low"], a["null_high"], a["p_perm"])
+
+
+@pytest.mark.parametrize("d", [6, 120])  # fewer and more features than training items
+def test_newton_fit_equals_sklearn_pipeline(d):
+    y, groups = _data()
+    X = _planted(y, np.random.default_rng(4), d=d, shift=1.0)
+    folds = grouped_folds(y, groups, 5, seed=0)
+    ours = out_of_fold_scores(X, y, folds, C=0.5)
+    reference = np.full(len(y), np.nan)
+    for train, test in folds:
+        model = make_pipeline(StandardScaler(), LogisticRegression(C=0.5, tol=1e-12, max_iter=100_000)).fit(X[train], y[train])
+        reference[test] = model.decision_function(X[test])
+    np.testing.assert_allclose(ours, reference, atol=1e-4)  # lbfgs stops at a gradient ~1e-7, Newton closer
+    both = out_of_fold_scores(X, np.stack([y, y[::-1]]), folds, C=0.5)  # label rows fitted together = one by one
+    np.testing.assert_allclose(both[0], ours, atol=1e-9)
+    np.testing.assert_allclose(both[1], out_of_fold_scores(X, y[::-1], folds, C=0.5), atol=1e-9)
+
+
+def test_one_class_training_fold_is_an_error():
+    y, groups = _data()
+    X = np.random.default_rng(5).normal(size=(len(y), 4))
+    positives, negatives = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+    folds = [(positives, negatives), (negatives, positives)]
+    with pytest.raises(ValueError, match=r"fold 0: its 20 training items hold one class only"):
+        out_of_fold_scores(X, y, folds)
+
+
+def test_no_task_disjoint_cv_and_zero_permutations():
+    y, groups = _data(n_groups=1)
+    (row,) = probe_layers(np.zeros((len(y), 1, 3)), y, groups)
+    assert np.isnan(row["auc"]) and np.isnan(row["p_maxnull"]) and row["n_folds"] == 0 and "no task-disjoint CV" in row["note"]
+    with pytest.raises(ValueError, match="permutations must be ≥ 1"):
+        probe_layers(np.zeros((len(y), 1, 3)), y, groups, ProbeSettings(permutations=0))
