@@ -9,8 +9,9 @@ claim          statistic (per record, then compared)                            
 =============  ============================================================================  =========================
 trap           proc margin at k = 2 − proc margin at k = 0, on T_wrong                       sweep rows
 suppression    proc margin − basm margin at k = 2, on T_wrong                                sweep rows
-knockout       Δm(boundary) − Δm(control), basm k = 2 T_wrong; controls: random same-        knockout rows
-               length spans (mean over draws) and the procedure span; plus Δm(boundary) > 0
+knockout       Δm(boundary) − Δm(control), basm k = 2 T_wrong; controls: |B| random          knockout rows
+               memory positions outside B (mean over draws) and the procedure span;
+               plus Δm(boundary) > 0
 eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_B / (ᾱ_P + ε)        ratios rows
                over all layers and heads, paired by task group (every group has both)
 heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 T_wrong;     heads rows
@@ -122,7 +123,7 @@ def knockout_claims(rows: pd.DataFrame, seed: int) -> list[Claim]:
     groups = wide["task_group"]
     return [
         paired_claim("knockout>0", "boundary knockout raises the basm T_wrong margin", delta["boundary"], zero, groups, seed=seed),
-        paired_claim("knockout>random", "boundary knockout raises it more than random same-length spans",
+        paired_claim("knockout>random", "boundary knockout raises it more than |B| random positions of the memory block outside B",
                      delta["boundary"], random_delta, groups, seed=seed),
         paired_claim("knockout>procedure", "boundary knockout raises it more than the procedure-span knockout",
                      delta["boundary"], delta["procedure"], groups, seed=seed),
