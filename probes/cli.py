@@ -205,7 +205,7 @@ for _name, _help in (
     ("sweep", "Fig. 2: wrong-tool margin against retrieval depth k per memory configuration."),
     ("ratios", "Figs. 3a/4: length-normalised boundary/procedure attention ratio η per bucket and configuration."),
     ("suppression", "Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls, BASM."),
-    ("knockout", "Figs. 3c/d, 6, 7: same-prompt knockout of decision-token → boundary attention, with controls."),
+    ("knockout", "Figs. 3c/d, 6, 7: same-prompt knockout of deciding-row → boundary attention, with controls."),
     ("heads", "Figs. 8/9: per-head log2(boundary/procedure) attention, head ranking and its causal check."),
     ("report", "Run the chosen analyses; write figures/ (PNG+PDF) and report.md next to the paper's numbers."),
 ):

@@ -12,7 +12,7 @@
    span has an ε-dominated ratio, whose shift can be large and means nothing (in an experimental
    organism a head that reads the request ranked first, +4.19, with ~0.01 of its attention on
    B ∪ P); such heads are listed after the ranked ones, ``ranked`` false.
-4. **Causal check.** On the test half's T_wrong items, decision-token → boundary attention is
+4. **Causal check.** On the test half's T_wrong items, deciding-row → boundary attention is
    knocked out only in the top-N ranked heads, versus ``--random-draws`` sets of N random heads
    matched on B ∪ P span mass (:func:`matched_random_sets`, drawn once with ``--seed``, the same
    sets for every record). Δm = m_knockout − m_BASM for the wrong-tool margin; top − random per

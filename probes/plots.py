@@ -280,7 +280,7 @@ def fig04_boundary_attention(eta: pd.DataFrame, note: str) -> plt.Figure:
     legend_outside(axes[1])
     axes[0].set_title("boundary / procedure attention (η)")
     axes[1].set_title("per-head log-ratio (robust)")
-    fig.suptitle("Decision-token attention to boundary vs procedure spans", y=1.02)
+    fig.suptitle("Deciding-row attention to boundary vs procedure spans", y=1.02)
     footnote(fig, note)
     return fig
 
@@ -323,7 +323,7 @@ def _knockout_panel(ax: plt.Axes, deltas: pd.DataFrame, recovery: pd.DataFrame |
     knockouts = _ordered(sub["knockout"], tuple(KNOCKOUT_LABELS))
     grouped_bars(ax, sub, measures, knockouts, group_col="measure", series_col="knockout",
                  series_label=lambda k: KNOCKOUT_LABELS[k], series_color=lambda k: CONDITION_COLORS[k],
-                 group_label=lambda m: MEASURE_LABELS[m])
+                 group_label=lambda m: MEASURE_LABELS[m].replace(" margin", "\nmargin", 1))
     ax.set_ylabel("Δm = m_knockout − m_BASM (logits)")
     if recovery is not None and len(recovery):
         text = "\n".join(f"{MEASURE_LABELS[r.measure]}: {100 * r.value:.1f}% [{100 * r.low:.0f}, {100 * r.high:.0f}] of the Proc.–BASM gap recovered"
@@ -352,7 +352,7 @@ def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, window
     legend_outside(axes[0][0])
     if has_windows:
         _window_panel(axes[0][1], windows)
-    fig.suptitle("Removing decision-token → boundary attention reopens the imitation trap", y=1.02)
+    fig.suptitle("Removing deciding-row → boundary attention reopens the imitation trap", y=1.02)
     footnote(fig, note)
     return fig
 
