@@ -500,10 +500,8 @@ def summarise(rows: pd.DataFrame, by: Sequence[str], value: str = "margin", *, s
         key = key if isinstance(key, tuple) else (key,)
         finite = sub[np.isfinite(sub[value].astype(float))]
         est = bootstrap_mean(finite[value].astype(float).to_numpy(), finite["task_group"].to_numpy(), seed=seed)
-        note = no_ci_note(est.n_units)
-        low, high = (math.nan, math.nan) if note else (est.low, est.high)
-        out.append({**dict(zip(by, key)), "value": est.value, "low": low, "high": high, "n": est.n_units,
-                    "n_items": len(finite), "n_nan": len(sub) - len(finite), "note": note})
+        out.append({**dict(zip(by, key)), "value": est.value, "low": est.low, "high": est.high, "n": est.n_units,
+                    "n_items": len(finite), "n_nan": len(sub) - len(finite), "note": no_ci_note(est.n_units)})
     return pd.DataFrame(out, columns=[*by, "value", "low", "high", "n", "n_items", "n_nan", "note"])
 
 

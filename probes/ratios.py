@@ -104,9 +104,8 @@ def median_log2(alpha_b: np.ndarray, alpha_p: np.ndarray, epsilon: float = EPSIL
 
 def _median_ci(alpha_b: np.ndarray, alpha_p: np.ndarray, groups: np.ndarray, seed: int, resamples: int = 1000) -> tuple[float, float]:
     labels = list(dict.fromkeys(groups.tolist()))
-    if len(labels) < 2:
-        value = median_log2(alpha_b, alpha_p)
-        return value, value
+    if len(labels) < 2:  # no CI, never a zero-width one
+        return float("nan"), float("nan")
     members = [np.flatnonzero(groups == g) for g in labels]
     rng = np.random.default_rng(seed)
     stats = []

@@ -50,13 +50,16 @@ def bootstrap_mean(
     seed: int = DEFAULT_SEED,
     confidence: float = 0.95,
 ) -> Estimate:
-    """Mean with a percentile bootstrap CI over task groups (or items when ``groups`` is None)."""
+    """Mean with a percentile bootstrap CI over task groups (or items when ``groups`` is None);
+    one unit has no CI (low = high = NaN)."""
     units = group_means(values, groups)
     units = units[np.isfinite(units)]
     if len(units) == 0:
         return Estimate(float("nan"), float("nan"), float("nan"), 0)
-    if len(units) == 1 or np.all(units == units[0]):
-        return Estimate(float(units.mean()), float(units.min()), float(units.max()), len(units))
+    if len(units) == 1:  # nothing to resample: no CI, never a zero-width one
+        return Estimate(float(units[0]), float("nan"), float("nan"), 1)
+    if np.all(units == units[0]):  # every unit agrees: the resampling distribution is that value
+        return Estimate(float(units[0]), float(units[0]), float(units[0]), len(units))
     result = scipy_stats.bootstrap(
         (units,), np.mean, n_resamples=resamples, confidence_level=confidence,
         method="percentile", random_state=np.random.default_rng(seed),

@@ -106,7 +106,7 @@ def test_bar_plots_draw_no_bar_and_say_no_ci() -> None:
     caps = [_whiskers(c.errorbar) for c in ax.containers if hasattr(c, "errorbar")]
     assert caps == [1, 0]  # proc: one whisker; basm (1 group): none, not a zero-width one
     assert any("no CI (1 group)" in t for t in _texts(fig))
-    # a zero-width interval from one group (what bootstrap_mean returns) draws no whisker either
+    # a zero-width interval from one group (as older results files hold) draws no whisker either
     zero = frame.assign(low=[0.5, 0.5], high=[1.5, 0.5])
     assert np.isnan(plots.ci_errors(zero)[:, 1]).all() and np.isfinite(plots.ci_errors(zero)[:, 0]).all()
     plots.plt.close("all")
