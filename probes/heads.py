@@ -44,6 +44,7 @@ from probes.analysis import (
     add_common_arguments,
     cached_scorer,
     markdown_table,
+    no_ci_note,
     open_analysis,
     provenance,
     run_jobs,
@@ -60,6 +61,7 @@ DEFAULT_DRAWS = 3
 MIN_SPAN_MASS = 0.05  # attention mass on B ∪ P a head's decision row needs (both buckets) to be ranked
 SENSITIVITY_FLOORS = (0.0, 0.01, 0.03, 0.05, 0.1, 0.2)  # --min-span-mass values of the sensitivity table
 MATCH_POOL = 2  # a random head is drawn among the MATCH_POOL·N non-top heads nearest its top head in log span mass
+MATCH_TOLERANCE = 2.0  # random sets' mean span mass within this factor of the top set's, else the match is flagged
 
 Head = tuple[int, int]
 
@@ -215,6 +217,10 @@ def select_heads(rank_rows: pd.DataFrame, *, min_span_mass: float, top: int, dra
     notes = [f"only {n} of {top} heads reach span mass {min_span_mass:g}"] if n < top else []
     if pool < MATCH_POOL * n:
         notes.append(f"random heads drawn among all {pool} non-top heads (fewer than {MATCH_POOL * n})")
+    top_mass, random_mass = mean_span_mass(rank, best), float(np.mean([mean_span_mass(rank, h) for h in randoms]))
+    if not 1 / MATCH_TOLERANCE <= random_mass / top_mass <= MATCH_TOLERANCE:
+        # too few heads read B ∪ P as much as the top heads: the comparison is not mass-matched
+        notes.append(f"weak match: random sets' mean B ∪ P mass {random_mass:.3g} vs top {top_mass:.3g}")
     sets = {f"top-{n}": best, **{f"random-{n} #{i}": heads for i, heads in enumerate(randoms)}}
     return Selection(min_span_mass, rank, sets, pool, "; ".join(notes))
 
@@ -259,7 +265,8 @@ def record_margins(rows: pd.DataFrame, names: Sequence[str]) -> tuple[pd.DataFra
 
 def estimate_row(selection: str, values: pd.Series, groups: pd.Series, *, seed: int, **extra: object) -> dict[str, object]:
     est = bootstrap_mean(values.to_numpy(float), groups.to_numpy(), seed=seed)
-    return {"selection": selection, "value": est.value, "low": est.low, "high": est.high, "n": est.n_units, "n_items": len(values), **extra}
+    return {"selection": selection, "value": est.value, "low": est.low, "high": est.high, "n": est.n_units, "n_items": len(values),
+            "ci_note": no_ci_note(est.n_units), **extra}
 
 
 def causal_table(rows: pd.DataFrame, selection: Selection, *, seed: int = 0) -> pd.DataFrame:
@@ -280,7 +287,7 @@ def causal_table(rows: pd.DataFrame, selection: Selection, *, seed: int = 0) -> 
 
 
 SENSITIVITY_COLUMNS = ["floor", "chosen", "n_ranked", "top", "top_span_mass", "random_span_mass", "pool",
-                       "value", "low", "high", "n", "n_items", "n_dropped", "note"]
+                       "value", "low", "high", "n", "n_items", "n_dropped", "ci_note", "note"]
 
 
 def floor_rows(causal_rows: pd.DataFrame, floor: float) -> pd.DataFrame:
@@ -304,7 +311,7 @@ def sensitivity_table(selections: Sequence[Selection], causal_rows: pd.DataFrame
                "random_span_mass": float(np.mean([mean_span_mass(sel.ranking, sel.sets[n]) for n in sel.random_names])) if top else np.nan}
         if top and causal_rows is not None:
             diff = causal_table(floor_rows(causal_rows, sel.floor), sel, seed=seed).iloc[-1]
-            row.update({c: diff[c] for c in ("value", "low", "high", "n", "n_items", "n_dropped")})
+            row.update({c: diff[c] for c in ("value", "low", "high", "n", "n_items", "n_dropped", "ci_note")})
         out.append(row)
     return pd.DataFrame(out).reindex(columns=SENSITIVITY_COLUMNS)
 

@@ -35,6 +35,7 @@ share one task group, where no task-disjoint CV exists).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,26 +230,48 @@ def probe_layers(features: np.ndarray, y: np.ndarray, groups: Sequence[str], set
                 for _ in range(n_layers)]
     shuffled = permuted_labels(y, groups, settings.permutations, settings.seed)
     everything = np.vstack([y, shuffled])  # row 0: the observed labels
-    aucs = np.empty((n_layers, len(everything)))  # [layer, observed + permutations]
+    # A layer whose features do not vary over the items (e.g. the embedding of the same decision
+    # token) carries no information: it is not probed and leaves the max-over-layers family.
+    constant = [bool(np.ptp(features[:, layer, :], axis=0).max() == 0) for layer in range(n_layers)]
+    if all(constant):
+        raise ValueError("every layer's features are identical across items: nothing to probe")
+    aucs = np.full((n_layers, len(everything)), np.nan)  # [layer, observed + permutations]
     observed_scores = []
     for layer in range(n_layers):
-        scores = out_of_fold_scores(features[:, layer, :], everything, folds, C=settings.C)
-        aucs[layer] = [auc(labels_, row) for labels_, row in zip(everything, scores)]
-        observed_scores.append(scores[0])
+        if constant[layer]:
+            observed_scores.append(None)
+        else:
+            scores = out_of_fold_scores(features[:, layer, :], everything, folds, C=settings.C)
+            aucs[layer] = [auc(labels_, row) for labels_, row in zip(everything, scores)]
+            observed_scores.append(scores[0])
         if progress is not None:
             progress()
-    max_null = aucs[:, 1:].max(axis=0)
+    max_null = np.nanmax(aucs[:, 1:], axis=0)
     maxnull_mean, maxnull_low, maxnull_high = _interval(max_null)
+    labelings = distinct_labelings(y, groups)
+    # With few task groups the within-group permutations repeat: p cannot go below 1/labelings.
+    few = f"only {labelings} distinct within-group labelings: p ≥ {1 / labelings:.3g}" if labelings <= settings.permutations else ""
     rows = []
     for layer in range(n_layers):
+        if constant[layer]:
+            rows.append({**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0,
+                         "note": "features identical across items (input-independent at this row): not probed"})
+            continue
         value, null = float(aucs[layer, 0]), aucs[layer, 1:]
         low, high = group_bootstrap_auc(y, observed_scores[layer], groups, resamples=settings.resamples, seed=settings.seed + layer)
         null_mean, null_low, null_high = _interval(null)
         rows.append({**base, "auc": value, "low": low, "high": high, "null_mean": null_mean, "null_low": null_low, "null_high": null_high,
                      "p_perm": float((1 + np.sum(null >= value)) / (1 + len(null))),
                      "maxnull_mean": maxnull_mean, "maxnull_low": maxnull_low, "maxnull_high": maxnull_high,
-                     "p_maxnull": float((1 + np.sum(max_null >= value)) / (1 + len(max_null))), "n_permutations": len(null), "note": ""})
+                     "p_maxnull": float((1 + np.sum(max_null >= value)) / (1 + len(max_null))), "n_permutations": len(null), "note": few})
     return rows
+
+
+def distinct_labelings(y: np.ndarray, groups: Sequence[str]) -> int:
+    """How many distinct label vectors a within-task-group permutation can produce."""
+    y, groups = np.asarray(y), np.asarray(groups)
+    return int(np.prod([math.comb(int((groups == g).sum()), int(y[groups == g].sum())) for g in dict.fromkeys(groups.tolist())],
+                       dtype=object))
 
 
 # ------------------------------------------------------------------------------------- features

@@ -116,7 +116,7 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     t = summary.table
     pivot = t.pivot_table(index=["bucket", "config"], columns="k", values="value", sort=False).reset_index()
     pivot.columns = [str(c) if not isinstance(c, int) else f"k={c}" for c in pivot.columns]
-    body = (f"{plots.MARGIN_LABELS[analysis.variant]} by bucket, configuration and k; mean over items, "
+    body = (f"{plots.MARGIN_LABELS[analysis.variant]} by bucket, configuration and k; mean of task-group means, "
             f"95% CIs over task groups in `{NAME}_summary.csv`. {summary.n_abstain_items} items whose correct action is "
             f"abstention are left out (no correct tool).\n\n{markdown_table(pivot)}\n\n"
             f"k = 0 check: prompts identical across configurations: **{summary.k0_prompts_identical}**; "

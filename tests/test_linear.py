@@ -130,3 +130,25 @@ def test_no_task_disjoint_cv_and_zero_permutations():
     assert np.isnan(row["auc"]) and np.isnan(row["p_maxnull"]) and row["n_folds"] == 0 and "no task-disjoint CV" in row["note"]
     with pytest.raises(ValueError, match="permutations must be ≥ 1"):
         probe_layers(np.zeros((len(y), 1, 3)), y, groups, ProbeSettings(permutations=0))
+
+
+def test_constant_layer_is_not_probed_and_leaves_the_max_null_family():
+    """The embedding of one fixed decision token is the same for every item: AUC 0.5 there would
+    be an artefact, and it must not be chosen as the best layer."""
+    y, groups = _data()
+    X = _planted(y, np.random.default_rng(3), d=4)
+    features = np.stack([np.ones_like(X), X], axis=1)  # layer 0 constant
+    rows = probe_layers(features, y, groups, ProbeSettings(permutations=19))
+    assert np.isnan(rows[0]["auc"]) and "identical across items" in rows[0]["note"]
+    assert np.isfinite(rows[1]["auc"]) and rows[1]["n_permutations"] == 19
+    with pytest.raises(ValueError, match="identical across items"):
+        probe_layers(np.ones((len(y), 2, 3)), y, groups, ProbeSettings(permutations=5))
+
+
+def test_few_groups_state_the_smallest_reachable_p():
+    y = np.array([1, 0] * 4)
+    groups = np.repeat(["a", "b", "c", "d"], 2)
+    assert linear.distinct_labelings(y, groups) == 16  # 2 labelings per group of one T_ok and one T_wrong
+    X = np.c_[y + 0.01 * np.arange(8), np.arange(8) % 3][:, None, :].astype(float)
+    (row,) = probe_layers(X, y, groups, ProbeSettings(permutations=19, folds=2))
+    assert "16 distinct within-group labelings" in row["note"]
