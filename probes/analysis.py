@@ -50,6 +50,7 @@ from probes.cli import add_dataset_arguments, select_items
 from probes.configs import CONFIGS
 from probes.dataset import BUCKETS, Item, ProbeDataset, load_dataset
 from probes.engine import Knockout, ProbeSession, span_positions
+from probes.loading import model_fingerprint
 from probes.rendering import FORMATS, BuildSettings, PromptBuilder
 from probes.results import ResultsStore
 from probes.retrieval import RetrievalWeights, Retriever, make_embedder
@@ -183,6 +184,7 @@ class Analysis:
     builder: PromptBuilder
     model_path: str
     out_dir: Path
+    model_fingerprint: dict[str, str]
     _score_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
@@ -194,11 +196,15 @@ class Analysis:
         return self.args.format
 
     def config(self, **extra: Any) -> dict[str, Any]:
-        """The full configuration recorded in the results header (resuming requires equality)."""
+        """The full configuration recorded in the results header (resuming requires equality).
+
+        ``fingerprint`` covers everything a row depends on beyond the options: the weights and
+        the tokenizer (content hashes), the items and skill libraries (content), and the code.
+        """
         a = self.args
         return {
             "model": self.model_path,
-            "model_fingerprint": _fingerprint(Path(self.model_path)),
+            "fingerprint": {**self.model_fingerprint, "dataset": self.dataset.content_digest(self.items), "code": code_digest()},
             "dtype": a.dtype, "device": a.device, "format": a.format, "margin_variant": a.margin_variant,
             "epsilon": EPSILON, "k_max": a.k_max, "seed": a.seed,
             "builder": {"embedder": self.builder.retriever.embedder.name, "gamma": a.gamma, "beta": a.beta},
@@ -216,15 +222,29 @@ class Analysis:
         return [item for item in self.items if item.bucket in buckets]
 
 
-def _fingerprint(model_dir: Path) -> str:
-    """Hash of the model's config.json (a cheap identity; weights are not hashed)."""
-    cfg = model_dir / "config.json"
-    return hashlib.sha256(cfg.read_bytes()).hexdigest()[:16] if cfg.is_file() else ""
+# The modules that draw, plot or report results only; every other module shapes the rows.
+_PRESENTATION_MODULES = ("cli.py", "plots.py", "report.py")
+
+
+@functools.cache
+def code_digest() -> str:
+    """Hash of the source of every module that computes rows (a code change invalidates resume)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.name not in _PRESENTATION_MODULES:
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 # Shared by the analyses of one process (``report``): loaded and embedded once.
-@functools.cache
 def _dataset(root: str) -> ProbeDataset:
+    # keyed by the files' size and mtime too: an edited dataset is loaded afresh, never served stale
+    files = sorted(Path(root).rglob("*.json*"))
+    return _load_dataset(root, tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+
+
+@functools.cache
+def _load_dataset(root: str, signature: tuple[tuple[str, int, int], ...]) -> ProbeDataset:
     return load_dataset(root)
 
 
@@ -271,7 +291,8 @@ def open_analysis(args: argparse.Namespace, name: str, *, session: ProbeSession 
                             tokenizer_name=str(model))
     builder.warm(items)
     model_path = str(Path(model).resolve()) if Path(str(model)).exists() else str(model)
-    return Analysis(name, args, session, dataset, items, builder, model_path, Path(args.out))
+    fingerprint = model_fingerprint(session.model.name_or_path, session.tokenizer)
+    return Analysis(name, args, session, dataset, items, builder, model_path, Path(args.out), fingerprint)
 
 
 # ---------------------------------------------------------------------------- jobs

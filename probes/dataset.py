@@ -8,10 +8,11 @@ Layout on disk (see ``datasets/basm_probe/README.md``)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,7 @@ class Domain:
     description: str
     catalog: ToolCatalog
     library: LibraryReport
+    digest: str = ""  # SHA-256 of the domain file (tools and skills), for results fingerprints
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,15 @@ class ProbeDataset:
     def library_for(self, item: Item) -> tuple[Skill, ...]:
         """Skills retrievable for ``item``: those of its catalog domains."""
         return tuple(skill for name in item.catalog_domains for skill in self.domains[name].library.skills)
+
+    def content_digest(self, items: Iterable[Item]) -> str:
+        """Hash of the content that prompts of ``items`` are built from: every field of every item
+        and the domain files of their catalogs (editing an item's text changes it)."""
+        items = list(items)
+        h = hashlib.sha256(json.dumps([asdict(item) for item in items], sort_keys=True, default=list).encode())
+        for name in sorted({name for item in items for name in item.catalog_domains}):
+            h.update(f"{name}\0{self.domains[name].digest}\n".encode())
+        return h.hexdigest()[:16]
 
     def select(
         self,
@@ -231,7 +242,7 @@ def load_dataset(root: str | Path = DEFAULT_DATASET_DIR, *, strict: bool = True)
         library = build_library(raw.get("skills", []), catalog, domain=name)
         if strict and library.rejected:
             raise DatasetError(f"{path}: {library.summary()}")
-        domains[name] = Domain(name, raw.get("description", ""), catalog, library)
+        domains[name] = Domain(name, raw.get("description", ""), catalog, library, hashlib.sha256(path.read_bytes()).hexdigest())
     items = []
     for line_number, line in enumerate(items_path.read_text().splitlines(), start=1):
         if not line.strip():
