@@ -5,16 +5,23 @@ corrupt lines, bad options and datasets) and checks that nothing is lost, duplic
 from __future__ import annotations
 
 import json
+import os
+import resource
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from probes.cli import main
 from probes.dataset import DEFAULT_DATASET_DIR
-from probes.results import ResultsConfigMismatch, load_results
+from probes.results import ResultsConfigMismatch, ResultsCorrupt, load_results
 
 torch.set_num_threads(1)
 FAST = ["--embedder", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base,basm", "--no-figure"]
@@ -85,3 +92,161 @@ def test_weight_hash_is_memoised_by_size_and_mtime(model: Path, monkeypatch: pyt
     monkeypatch.setattr(Path, "open", lambda self, *a, **k: reads.append(self.name) or real_open(self, *a, **k))
     assert probes.loading.model_fingerprint(model) == first
     assert "model.safetensors" not in reads
+
+
+# ---------------------------------------------------------------------------- helpers for subprocess runs
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(argv: list[str], **kwargs) -> subprocess.Popen:
+    """``basm-probes argv`` in a child process (for kills, write limits and concurrent writers)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "probes.cli", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def keys(path: Path) -> list[str]:
+    return [json.loads(line)["key"] for line in path.read_text().splitlines()[1:]]
+
+
+# ---------------------------------------------------------------------------- 2. one writer per output
+def test_concurrent_runs_never_duplicate_rows(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = sweep(model, out, "--limit", "2")
+    runs = [cli(argv), cli(argv)]
+    results = [(run.wait(timeout=600), run.stderr.read()) for run in runs]
+    assert any(rc == 0 for rc, _ in results)
+    for rc, err in results:
+        assert rc == 0 or "being written by another basm-probes run" in err, err[-2000:]
+    written = keys(out / "sweep.jsonl")
+    assert len(written) == len(set(written)) == 2 * 2 * 2  # items × k × configs
+
+
+def test_a_held_lock_stops_a_second_writer(model: Path, tmp_path: Path) -> None:
+    from probes.results import ResultsStore
+
+    path = tmp_path / "out" / "sweep.jsonl"
+    ResultsStore(path, "sweep", {"held": True})  # this process now writes the file
+    run = cli(sweep(model, tmp_path / "out"))
+    assert run.wait(timeout=600) != 0
+    assert "being written by another basm-probes run" in run.stderr.read()
+    assert load_results(path).attrs["meta"]["config"] == {"held": True}
+
+
+def test_a_file_with_a_repeated_key_is_refused(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    path = out / "sweep.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines, lines[2]]) + "\n")  # what two unlocked writers produced
+    with pytest.raises(ResultsCorrupt, match=r"sweep\.jsonl:6: key .* already written on line 3"):
+        main(sweep(model, out))
+
+
+# ---------------------------------------------------------------------------- 3. append-only resume
+def _limit_writes(size: int):
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk: writes fail with EFBIG, the process goes on
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
+def test_a_full_disk_never_shortens_a_finished_file(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    path = out / "sweep.jsonl"
+    before = path.read_bytes()
+    run = cli(sweep(model, out), preexec_fn=_limit_writes(len(before)))
+    run.wait(timeout=600)
+    assert path.read_bytes() == before
+
+
+def test_a_write_limit_mid_file_then_resume_gives_the_full_table(model: Path, tmp_path: Path) -> None:
+    assert main(sweep(model, tmp_path / "full")) == 0
+    full = load_results(tmp_path / "full" / "sweep.jsonl").sort_values("key").reset_index(drop=True)
+    header = (tmp_path / "full" / "sweep.jsonl").read_text().split("\n")[0]
+    out = tmp_path / "out"
+    run = cli(sweep(model, out), preexec_fn=_limit_writes(len(header) + 3000))  # header, a row or so, a torn line
+    assert run.wait(timeout=600) != 0
+    assert 0 < len(keys_lenient(out / "sweep.jsonl")) < len(full)
+    assert main(sweep(model, out)) == 0
+    resumed = load_results(out / "sweep.jsonl").sort_values("key").reset_index(drop=True)
+    pd.testing.assert_frame_equal(resumed.drop(columns="prompt_digest"), full.drop(columns="prompt_digest"))
+
+
+def keys_lenient(path: Path) -> list[str]:
+    """Keys of the complete lines (a torn last line left out)."""
+    return [json.loads(line)["key"] for line in path.read_text().split("\n")[1:-1]]
+
+
+def test_a_killed_run_resumes_to_the_same_table(model: Path, tmp_path: Path) -> None:
+    assert main(sweep(model, tmp_path / "full", "--limit", "3")) == 0
+    full = load_results(tmp_path / "full" / "sweep.jsonl").sort_values("key").reset_index(drop=True)
+    out = tmp_path / "out"
+    path = out / "sweep.jsonl"
+    run = cli(sweep(model, out, "--limit", "3"))
+    deadline = time.monotonic() + 300
+    while run.poll() is None and time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= 3:
+            run.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    run.wait(timeout=60)
+    assert main(sweep(model, out, "--limit", "3")) == 0
+    resumed = load_results(path).sort_values("key").reset_index(drop=True)
+    assert resumed["key"].is_unique
+    pd.testing.assert_frame_equal(resumed.drop(columns="prompt_digest"), full.drop(columns="prompt_digest"))
+
+
+def test_a_corrupt_middle_line_is_named_not_dropped(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    path = out / "sweep.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2][: len(lines[2]) // 2]
+    path.write_text("\n".join(lines) + "\n")
+    damaged = path.read_bytes()
+    with pytest.raises(ResultsCorrupt, match=r"sweep\.jsonl:3: not a results row"):
+        main(sweep(model, out))
+    with pytest.raises(ResultsCorrupt, match=r"sweep\.jsonl:3"):
+        load_results(path)
+    assert path.read_bytes() == damaged  # every later row is still there
+
+
+def test_a_finished_read_only_file_is_read_back(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    path = out / "sweep.jsonl"
+    before = path.read_bytes()
+    real_open = Path.open
+
+    def read_only(self, mode="r", *args, **kwargs):  # chmod 444 does not stop root: refuse writes here
+        if self == path and set(mode) & set("wa+"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", read_only)
+    assert main(sweep(model, out)) == 0
+    assert path.read_bytes() == before
+
+
+# ---------------------------------------------------------------------------- 7. strict JSON
+def test_results_are_strict_json_and_nan_reads_back(tmp_path: Path) -> None:
+    import math
+
+    import numpy as np
+
+    from probes.results import ResultsStore
+
+    path = tmp_path / "r.jsonl"
+    store = ResultsStore(path, "x", {})
+    store.append([{"key": "a", "m": math.nan, "n": np.float32(np.inf), "heads": [[1.0, -math.inf]], "ok": 2.5}])
+
+    def strict(token: str) -> None:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    rows = [json.loads(line, parse_constant=strict) for line in path.read_text().splitlines()]
+    assert rows[1]["m"] is None and rows[1]["_nonfinite"]["m"] == "nan"
+    frame = load_results(path)
+    assert math.isnan(frame["m"][0]) and frame["n"][0] == math.inf and frame["heads"][0] == [[1.0, -math.inf]]
+    assert "_nonfinite" not in frame.columns and frame["ok"][0] == 2.5
