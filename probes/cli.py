@@ -20,6 +20,7 @@ from typing import Any
 from probes.configs import CONFIGS
 from probes.dataset import BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.rendering import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer, strip_offsets
+from probes.results import atomic_path
 from probes.retrieval import RetrievalWeights, Retriever, make_embedder
 
 @dataclass(frozen=True)
@@ -116,12 +117,12 @@ def _build(args: argparse.Namespace) -> int:
     configs = args.configs or list(CONFIGS)
     formats = args.formats or ["native"]
     ks = list(range(args.k_max + 1))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     report = SpanReport()
     n_records = 0
     collisions: Counter[str] = Counter()
     tempting_first: Counter[str] = Counter()
-    with args.out.open("w") as handle:
+    # into a temporary file renamed at the end: a killed or failing build leaves the old --out whole
+    with atomic_path(args.out) as tmp, tmp.open("w") as handle:
         for records, item_report in build_records(builder, items, configs, ks, formats, workers=args.workers):
             report.exact += item_report.exact
             report.whitespace_edges += item_report.whitespace_edges

@@ -403,13 +403,15 @@ SUMMARY_COLUMNS = ["config", "k", "layer", "auc", "low", "high", "null_mean", "n
 
 def compute(analysis: Any) -> Any:
     """Features, probes and the summary table (also written to ``linear_summary.csv``)."""
+    from probes.results import write_csv
+
     keep_probe_items(analysis)
     a = analysis.args
     settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed)
     index, cache = collect_features(analysis)
     table = probe_all(analysis, index, cache, settings)[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
     analysis.out_dir.mkdir(parents=True, exist_ok=True)
-    table.to_csv(analysis.out_dir / f"{NAME}_summary.csv", index=False)
+    write_csv(table, analysis.out_dir / f"{NAME}_summary.csv")
     return table
 
 

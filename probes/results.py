@@ -21,7 +21,8 @@ import json
 import math
 import os
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,28 @@ class ResultsStore:
             handle.flush()
             os.fsync(handle.fileno())
         self._keys.update(keys)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path next to ``path`` (same suffix) that replaces ``path`` only when the block
+    succeeds: a killed or failing writer leaves the old file whole, never a shorter one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        with tmp.open("rb+") as handle:
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
+    """A summary table, written atomically."""
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:

@@ -250,3 +250,27 @@ def test_results_are_strict_json_and_nan_reads_back(tmp_path: Path) -> None:
     frame = load_results(path)
     assert math.isnan(frame["m"][0]) and frame["n"][0] == math.inf and frame["heads"][0] == [[1.0, -math.inf]]
     assert "_nonfinite" not in frame.columns and frame["ok"][0] == 2.5
+
+
+# ---------------------------------------------------------------------------- 4. build writes atomically
+def test_a_failing_build_leaves_the_previous_records_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import probes.cli
+
+    out = tmp_path / "records.jsonl"
+    argv = ["build", "--limit", "2", "--k-max", "1", "--config", "basm", "--workers", "1", "--embedder", "lexical", "--out", str(out)]
+    assert main(argv) == 0
+    before = out.read_bytes()
+    real = probes.cli._build_item
+    calls = []
+
+    def failing(item):
+        calls.append(item)
+        if len(calls) == 3:
+            raise RuntimeError("killed mid-build")
+        return real(item)
+
+    monkeypatch.setattr(probes.cli, "_build_item", failing)
+    with pytest.raises(RuntimeError, match="killed mid-build"):
+        main(argv)
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl"]  # no temporary file left behind
