@@ -198,6 +198,19 @@ def _check_architecture(cfg: PretrainedConfig, d: Path, trust_remote_code: bool)
         )
 
 
+def check_device(device: str) -> None:
+    """Fail before loading anything when ``device`` does not exist on this machine."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as error:
+        raise ModelLoadError(f"--device {device!r} is not a torch device ({error}); use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ModelLoadError(f"--device {device}: torch {torch.__version__} sees {torch.cuda.device_count()} CUDA device(s) here; "
+                             "use --device cpu, or install a CUDA build of torch on a GPU machine")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"--device {device}: MPS is not available on this machine; use --device cpu")
+
+
 def load_model(
     model: str | Path,
     *,
@@ -217,6 +230,8 @@ def load_model(
     """
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if device_map is None:
+        check_device(device)
     if str(model).endswith(".gguf"):
         d = convert_gguf(model, trust_remote_code=trust_remote_code)
     else:

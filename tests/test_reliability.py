@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -21,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from probes.cli import main
 from probes.dataset import DEFAULT_DATASET_DIR
-from probes.results import ResultsConfigMismatch, ResultsCorrupt, load_results
+from probes.results import ResultsCorrupt, load_results
 
 torch.set_num_threads(1)
 FAST = ["--embedder", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base,basm", "--no-figure"]
@@ -43,26 +44,34 @@ def dataset(tmp_path: Path) -> Path:
     return Path(shutil.copytree(DEFAULT_DATASET_DIR, tmp_path / "dataset"))
 
 
+def fails(argv: list[str], capsys: pytest.CaptureFixture, code: int = 1) -> str:
+    """Run the CLI, expect exit ``code`` and a short message without a traceback; return stderr."""
+    capsys.readouterr()
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error: " in err
+    return err
+
+
 def sweep(model: Path, out: Path, *extra: str, dataset: Path = DEFAULT_DATASET_DIR) -> list[str]:
     return ["sweep", "--model", str(model), "--dataset", str(dataset), "--out", str(out), *FAST, *extra]
 
 
 # ---------------------------------------------------------------------------- 1. fingerprinted resume
-def test_changed_weights_stop_a_resume(model: Path, tmp_path: Path) -> None:
+def test_changed_weights_stop_a_resume(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out)) == 0
     weights = load_file(model / "model.safetensors")
     name = next(iter(weights))
     weights[name] = weights[name] + 1.0
     save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ResultsConfigMismatch, match=r"fingerprint\.weights.*--overwrite"):
-        main(sweep(model, out))
+    assert re.search(r"fingerprint\.weights.*--overwrite", fails(sweep(model, out), capsys))
     before = (out / "sweep.jsonl").read_bytes()
     assert main(sweep(model, out, "--overwrite")) == 0
     assert (out / "sweep.jsonl").read_bytes() != before
 
 
-def test_edited_items_stop_a_resume(model: Path, dataset: Path, tmp_path: Path) -> None:
+def test_edited_items_stop_a_resume(model: Path, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out, dataset=dataset)) == 0
     (item_id,) = set(load_results(out / "sweep.jsonl")["item_id"])
@@ -72,8 +81,7 @@ def test_edited_items_stop_a_resume(model: Path, dataset: Path, tmp_path: Path) 
         if raw["id"] == item_id:
             raw["user"] += " Please hurry."
     items.write_text("".join(json.dumps(raw) + "\n" for raw in lines))
-    with pytest.raises(ResultsConfigMismatch, match=r"fingerprint\.dataset"):
-        main(sweep(model, out, dataset=dataset))
+    assert "fingerprint.dataset" in fails(sweep(model, out, dataset=dataset), capsys)
 
 
 def test_linear_residuals_are_keyed_by_the_weights() -> None:
@@ -129,18 +137,18 @@ def test_a_held_lock_stops_a_second_writer(model: Path, tmp_path: Path) -> None:
     ResultsStore(path, "sweep", {"held": True})  # this process now writes the file
     run = cli(sweep(model, tmp_path / "out"))
     assert run.wait(timeout=600) != 0
-    assert "being written by another basm-probes run" in run.stderr.read()
+    err = run.stderr.read()
+    assert "being written by another basm-probes run" in err and "Traceback" not in err
     assert load_results(path).attrs["meta"]["config"] == {"held": True}
 
 
-def test_a_file_with_a_repeated_key_is_refused(model: Path, tmp_path: Path) -> None:
+def test_a_file_with_a_repeated_key_is_refused(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out)) == 0
     path = out / "sweep.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join([*lines, lines[2]]) + "\n")  # what two unlocked writers produced
-    with pytest.raises(ResultsCorrupt, match=r"sweep\.jsonl:6: key .* already written on line 3"):
-        main(sweep(model, out))
+    assert re.search(r"sweep\.jsonl:6: key .* already written on line 3", fails(sweep(model, out), capsys))
 
 
 # ---------------------------------------------------------------------------- 3. append-only resume
@@ -198,7 +206,7 @@ def test_a_killed_run_resumes_to_the_same_table(model: Path, tmp_path: Path) -> 
     pd.testing.assert_frame_equal(resumed.drop(columns="prompt_digest"), full.drop(columns="prompt_digest"))
 
 
-def test_a_corrupt_middle_line_is_named_not_dropped(model: Path, tmp_path: Path) -> None:
+def test_a_corrupt_middle_line_is_named_not_dropped(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out)) == 0
     path = out / "sweep.jsonl"
@@ -206,8 +214,7 @@ def test_a_corrupt_middle_line_is_named_not_dropped(model: Path, tmp_path: Path)
     lines[2] = lines[2][: len(lines[2]) // 2]
     path.write_text("\n".join(lines) + "\n")
     damaged = path.read_bytes()
-    with pytest.raises(ResultsCorrupt, match=r"sweep\.jsonl:3: not a results row"):
-        main(sweep(model, out))
+    assert "sweep.jsonl:3: not a results row" in fails(sweep(model, out), capsys)
     with pytest.raises(ResultsCorrupt, match=r"sweep\.jsonl:3"):
         load_results(path)
     assert path.read_bytes() == damaged  # every later row is still there
@@ -274,3 +281,88 @@ def test_a_failing_build_leaves_the_previous_records_whole(tmp_path: Path, monke
         main(argv)
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl"]  # no temporary file left behind
+
+
+# ---------------------------------------------------------------------------- 5, 6, 8: the error catalogue
+def _catalogue():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("error_catalogue", ROOT / "docs" / "error_catalogue.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+CATALOGUE = _catalogue()
+
+
+@pytest.mark.parametrize("case", CATALOGUE.CASES, ids=lambda case: case.name)
+def test_every_bad_input_gives_its_code_and_message(case) -> None:
+    code, message = CATALOGUE.run_case(case)
+    assert (code, "Traceback" in message) == (case.code, False), message
+    assert case.expect in message and message.count("error: ") == 1
+
+
+def test_the_catalogue_in_docs_lists_every_case_with_its_code() -> None:
+    rows = [line.split(" | ") for line in CATALOGUE.TABLE.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [(row[0].lstrip("| "), int(row[2])) for row in rows] == [(c.name, c.code) for c in CATALOGUE.CASES]
+
+
+def test_bad_options_leave_previous_results_untouched(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    before = (out / "sweep.jsonl").read_bytes()
+    fails(sweep(model, out, "--k-max", "-1", "--overwrite"), capsys, code=2)
+    assert (out / "sweep.jsonl").read_bytes() == before
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_at_session(monkeypatch: pytest.MonkeyPatch) -> dict:
+    import probes.analysis
+
+    seen = {}
+
+    def stop(args, model):
+        seen.update(k_max=args.k_max, seed=args.seed)
+        raise _Stop
+
+    monkeypatch.setattr(probes.analysis, "open_session", stop)
+    return seen
+
+
+def test_explicit_flags_beat_the_toml_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _stop_at_session(monkeypatch)
+    (tmp_path / "run.toml").write_text("k_max = 1\nseed = 3\n")
+    with pytest.raises(_Stop):  # --k-max 4 is sweep's default, and still explicit
+        main(["sweep", "--config", str(tmp_path / "run.toml"), "--k-max", "4", "--model", "m", "--out", str(tmp_path)])
+    assert seen == {"k_max": 4, "seed": 3}
+
+
+def test_prompted_format_on_the_organism_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    _stop_at_session(monkeypatch)
+    with pytest.raises(_Stop):
+        main(["sweep", "--format", "prompted", "--out", str(tmp_path), *FAST])
+    assert "warning: the bundled organism was trained on the native format only" in capsys.readouterr().err
+
+
+def test_ctrl_c_says_how_to_resume_and_debug_shows_the_traceback(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    import probes.analysis
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probes.analysis, "score_record", interrupt)
+    capsys.readouterr()
+    assert main(sweep(model, tmp_path / "out")) == 130
+    err = capsys.readouterr().err
+    assert "rerun the same command to resume" in err and "Traceback" not in err
+    with pytest.raises(KeyboardInterrupt):
+        main([*sweep(model, tmp_path / "out"), "--debug"])
+    with pytest.raises(ResultsCorrupt):
+        (tmp_path / "out" / "sweep.jsonl").write_text("not json\n")
+        main([*sweep(model, tmp_path / "out"), "--debug"])
