@@ -271,6 +271,7 @@ def code_digest() -> str:
 
 
 # Shared by the analyses of one process (``report``): loaded and embedded once.
+# Shared by the analyses of one process (``report``): loaded and embedded once.
 def _dataset(root: str) -> ProbeDataset:
     # keyed by the files' size and mtime too: an edited dataset is loaded afresh, never served stale
     files = sorted(Path(root).rglob("*.json*"))
