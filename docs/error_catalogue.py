@@ -61,6 +61,17 @@ def _dataset(edit: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
     return setup
 
 
+def _domain(edit: Callable[[dict], object]) -> Callable[[Path], None]:
+    """A copy of the bundled dataset whose retail domain file is ``edit``-ed."""
+    def setup(tmp: Path) -> None:
+        shutil.copytree(DEFAULT_DATASET_DIR, tmp / "data")
+        path = tmp / "data" / "domains" / "retail.json"
+        raw = json.loads(path.read_text())
+        edit(raw)
+        path.write_text(json.dumps(raw))
+    return setup
+
+
 def _first_item(**change: object) -> Callable[[list[str]], list[str]]:
     def edit(lines: list[str]) -> list[str]:
         raw = json.loads(lines[0])
@@ -124,6 +135,14 @@ CASES: list[Case] = [
     Case("dataset: unknown tempting skill", _sweep(*DATA), 1, "items.jsonl:1 (item retail-ok-0001): tempting skill",
          _dataset(_first_item(tempting_skill="retail.nope"))),
     Case("dataset: empty items.jsonl", _sweep(*DATA), 1, "holds no items", _dataset(lambda lines: [])),
+    Case("domain: tools not a list", _sweep(*DATA), 1, "retail.json: 'tools' of domain 'retail' must be a list",
+         _domain(lambda raw: raw.update(tools="get_order_details"))),
+    Case("domain: a tool that is 42", _sweep(*DATA), 1, "retail.json: tool 0 in domain 'retail' must be an object",
+         _domain(lambda raw: raw["tools"].__setitem__(0, 42))),
+    Case("domain: tool name null", _sweep(*DATA), 1, "retail.json: tool 0 in domain 'retail': 'name' and 'description' must be strings",
+         _domain(lambda raw: raw["tools"][0].update(name=None))),
+    Case("domain: skill slot null", _sweep(*DATA), 1, "goal: must be a string, got NoneType",
+         _domain(lambda raw: raw["skills"][0].update(goal=None))),
     Case("dataset: not a dataset folder", _sweep("--dataset", "<tmp>"), 1, "is not a probe dataset"),
     # the model
     Case("model: missing folder", _sweep(), 1, "model directory <tmp>/no-model does not exist"),
@@ -154,9 +173,13 @@ def run_case(case: Case) -> tuple[int, str]:
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = main(_resolve(case.argv, tmp))
-        lines = [line for line in err.getvalue().splitlines() if "error: " in line or line.startswith("warning")]
-        message = " ".join(lines).replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>")
-        return code, message if lines else err.getvalue()
+        lines = err.getvalue().splitlines()
+        start = next((i for i, line in enumerate(lines) if "error: " in line), None)
+        if start is None:
+            return code, err.getvalue()
+        # the message: its first line and any continuation, without the --debug hint and progress bars
+        message = " ".join(line.strip() for line in lines[start:] if not line.startswith("(rerun with --debug"))
+        return code, message.replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>")
 
 
 def table(results: list[tuple[Case, int, str]]) -> str:

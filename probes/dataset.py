@@ -270,7 +270,10 @@ def load_dataset(root: str | Path = DEFAULT_DATASET_DIR, *, strict: bool = True)
         if not isinstance(raw, dict):
             raise DatasetError(f"{path}: a domain file must be a JSON object with 'tools' and 'skills', got {type(raw).__name__}")
         name = raw.get("domain", path.stem)
-        catalog = ToolCatalog(tools_from_json(raw.get("tools", []), domain=name))
+        try:
+            catalog = ToolCatalog(tools_from_json(raw.get("tools", []), domain=name))
+        except ValueError as error:
+            raise DatasetError(f"{path}: {error}") from error
         library = build_library(raw.get("skills", []), catalog, domain=name)
         if strict and library.rejected:
             raise DatasetError(f"{path}: {library.summary()}")
