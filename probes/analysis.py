@@ -33,6 +33,7 @@ import functools
 import hashlib
 import json
 import math
+import sys
 import tomllib
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -46,10 +47,11 @@ import torch
 from tqdm.auto import tqdm
 
 from probes import margins as margins_mod
-from probes.cli import add_dataset_arguments, select_items
+from probes.cli import add_dataset_arguments, check_options, select_items
 from probes.configs import CONFIGS
 from probes.dataset import BUCKETS, Item, ProbeDataset, load_dataset
 from probes.engine import Knockout, ProbeSession, span_positions
+from probes.loading import model_fingerprint
 from probes.rendering import FORMATS, BuildSettings, PromptBuilder
 from probes.results import ResultsStore
 from probes.retrieval import RetrievalWeights, Retriever, make_embedder
@@ -130,30 +132,63 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, k_max: int = 2, buc
     parser.set_defaults(_parser=parser)
 
 
-def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
-    """Apply the TOML file (for options left at their defaults), ``--items`` and ``--quick``.
+def _toml_value(action: argparse.Action, key: str, value: Any, where: Path) -> Any:
+    """A TOML value checked and parsed as its flag would be; a type error names the file and key."""
+    def bad(expected: str) -> AnalysisError:
+        return AnalysisError(f"{where}: option {key!r} must be {expected}, got {value!r} ({type(value).__name__})")
 
-    The TOML file is applied once per namespace: ``report`` resolves its own options, then
-    forwards them (and ``config_file``, for the record) to each analysis, whose own resolution
-    must not re-apply the file over forwarded values.
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    values = value if isinstance(action, argparse._AppendAction) and isinstance(value, list) else [value]
+    parsed = []
+    for v in values:
+        if action.type in (int, float):
+            if isinstance(v, bool) or not isinstance(v, int | float) or (action.type is int and not isinstance(v, int)):
+                raise bad("an integer" if action.type is int else "a number")
+        elif not isinstance(v, str):
+            raise bad("a string" + (" or a list of strings" if isinstance(action, argparse._AppendAction) else ""))
+        elif callable(action.type):
+            try:
+                v = action.type(v)  # same parsing as the flag
+            except (argparse.ArgumentTypeError, ValueError) as error:
+                raise AnalysisError(f"{where}: option {key!r}: {error}") from error
+        if action.choices is not None and v not in action.choices:
+            raise AnalysisError(f"{where}: option {key!r} must be one of {', '.join(map(str, action.choices))}, got {v!r}")
+        parsed.append(v)
+    return parsed if isinstance(action, argparse._AppendAction) else parsed[0]
+
+
+def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
+    """Apply the TOML file (for options not given as flags), ``--items`` and ``--quick``.
+
+    Flags given on the command line win (``args._explicit``, recorded by :func:`probes.cli.main`;
+    without it, a value other than the default counts as given). The TOML file is applied once
+    per namespace: ``report`` resolves its own options, then forwards them (and ``config_file``,
+    for the record) to each analysis, whose own resolution must not re-apply the file.
     """
     parser: argparse.ArgumentParser = args._parser
     if args.config_file is not None and not getattr(args, "_config_applied", False):
         args._config_applied = True
-        with Path(args.config_file).open("rb") as handle:
-            table = tomllib.load(handle)
+        try:
+            with Path(args.config_file).open("rb") as handle:
+                table = tomllib.load(handle)
+        except OSError as error:
+            raise AnalysisError(f"--config {args.config_file}: cannot read it ({error.strerror})") from error
+        except tomllib.TOMLDecodeError as error:
+            raise AnalysisError(f"--config {args.config_file}: not valid TOML: {error}") from error
         # keys are flag names without dashes (`k-max`, `item`) or their destinations (`k_max`, `item_ids`)
-        actions = {action.dest: action for action in parser._actions}
+        actions = {action.dest: action for action in parser._actions if action.option_strings}
         actions |= {o.lstrip("-").replace("-", "_"): a for a in parser._actions for o in a.option_strings}
+        explicit = getattr(args, "_explicit", None)
         for key, value in table.items():
             action = actions.get(key.replace("-", "_"))
-            if action is None:
+            if action is None or action.dest in ("help", "config_file"):
                 raise AnalysisError(f"{args.config_file}: unknown option {key!r}")
-            if isinstance(value, str) and callable(action.type):  # same parsing as the flag
-                value = action.type(value)
-            if isinstance(value, str) and action.nargs is None and isinstance(action, argparse._AppendAction):
-                value = [value]
-            if getattr(args, action.dest) == parser.get_default(action.dest):  # explicit flags win
+            value = _toml_value(action, key, value, args.config_file)
+            given = action.dest in explicit if explicit is not None else getattr(args, action.dest) != parser.get_default(action.dest)
+            if not given:
                 setattr(args, action.dest, value)
     if args.items:
         spec = parse_items(args.items)
@@ -183,6 +218,7 @@ class Analysis:
     builder: PromptBuilder
     model_path: str
     out_dir: Path
+    model_fingerprint: dict[str, str]
     _score_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
@@ -194,11 +230,15 @@ class Analysis:
         return self.args.format
 
     def config(self, **extra: Any) -> dict[str, Any]:
-        """The full configuration recorded in the results header (resuming requires equality)."""
+        """The full configuration recorded in the results header (resuming requires equality).
+
+        ``fingerprint`` covers everything a row depends on beyond the options: the weights and
+        the tokenizer (content hashes), the items and skill libraries (content), and the code.
+        """
         a = self.args
         return {
             "model": self.model_path,
-            "model_fingerprint": _fingerprint(Path(self.model_path)),
+            "fingerprint": {**self.model_fingerprint, "dataset": self.dataset.content_digest(self.items), "code": code_digest()},
             "dtype": a.dtype, "device": a.device, "format": a.format, "margin_variant": a.margin_variant,
             "epsilon": EPSILON, "k_max": a.k_max, "seed": a.seed,
             "builder": {"embedder": self.builder.retriever.embedder.name, "gamma": a.gamma, "beta": a.beta},
@@ -216,15 +256,30 @@ class Analysis:
         return [item for item in self.items if item.bucket in buckets]
 
 
-def _fingerprint(model_dir: Path) -> str:
-    """Hash of the model's config.json (a cheap identity; weights are not hashed)."""
-    cfg = model_dir / "config.json"
-    return hashlib.sha256(cfg.read_bytes()).hexdigest()[:16] if cfg.is_file() else ""
+# The modules that draw, plot or report results only; every other module shapes the rows.
+_PRESENTATION_MODULES = ("cli.py", "plots.py", "report.py")
+
+
+@functools.cache
+def code_digest() -> str:
+    """Hash of the source of every module that computes rows (a code change invalidates resume)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.name not in _PRESENTATION_MODULES:
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 # Shared by the analyses of one process (``report``): loaded and embedded once.
-@functools.cache
+# Shared by the analyses of one process (``report``): loaded and embedded once.
 def _dataset(root: str) -> ProbeDataset:
+    # keyed by the files' size and mtime too: an edited dataset is loaded afresh, never served stale
+    files = sorted(Path(root).rglob("*.json*"))
+    return _load_dataset(root, tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+
+
+@functools.cache
+def _load_dataset(root: str, signature: tuple[tuple[str, int, int], ...]) -> ProbeDataset:
     return load_dataset(root)
 
 
@@ -255,23 +310,29 @@ def open_analysis(args: argparse.Namespace, name: str, *, session: ProbeSession 
     args = resolve_options(args)
     torch.manual_seed(args.seed)
     model = args.model if args.model is not None else default_model()
+    # options and dataset first: a bad value stops the run before the model is loaded
+    dataset = _dataset(str(args.dataset))
+    if args.items:
+        unknown = [d for d in parse_items(args.items)["domains"] if d not in dataset.domains]
+        if unknown:
+            raise AnalysisError(f"--items {args.items}: {', '.join(map(repr, unknown))} is not a bucket ({', '.join(BUCKETS)}), "
+                                f"a domain ({', '.join(dataset.domains)}) or a count; the form is BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10")
+    items = select_items(dataset, args)
+    check_options(args, dataset, items)
+    if args.format == "prompted" and Path(model).resolve() == default_model().resolve():
+        print("warning: the bundled organism was trained on the native format only; --format prompted measures "
+              "a format it never saw", file=sys.stderr)
     if session is None:
         session = open_session(args, model)
     if session.tokenizer is None:
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
-    dataset = _dataset(str(args.dataset))
-    try:
-        items = select_items(dataset, args)
-    except ValueError as error:  # unknown bucket / domain / item id, or an id the other filters drop
-        raise AnalysisError(f"item filters: {error}") from error
-    if not items:
-        raise AnalysisError("no items match the filters (--bucket/--domain/--split/--limit/--item/--items)")
     retriever = _retriever(args.embedder)
     builder = PromptBuilder(session.tokenizer, dataset, retriever, BuildSettings(k_max=args.k_max, gamma=args.gamma, beta=args.beta),
                             tokenizer_name=str(model))
     builder.warm(items)
     model_path = str(Path(model).resolve()) if Path(str(model)).exists() else str(model)
-    return Analysis(name, args, session, dataset, items, builder, model_path, Path(args.out))
+    fingerprint = model_fingerprint(session.model.name_or_path or model, session.tokenizer)  # the folder actually loaded (GGUF: converted)
+    return Analysis(name, args, session, dataset, items, builder, model_path, Path(args.out), fingerprint)
 
 
 # ---------------------------------------------------------------------------- jobs

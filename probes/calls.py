@@ -483,14 +483,14 @@ def print_rates(rates: pd.DataFrame) -> None:
 
 def compute(analysis: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Generate (resumably) and aggregate; returns (rows, rates) and writes ``calls_summary.csv``."""
-    from probes.results import ResultsStore, load_results
+    from probes.results import ResultsStore, load_results, write_csv
 
     configs = _configs_of(analysis.args)
     store = ResultsStore(analysis.out_dir / f"{NAME}.jsonl", NAME, calls_config(analysis, configs), overwrite=analysis.args.overwrite)
     generate_rows(analysis, store, configs)
     rows = load_results(store.path)
     rates = call_rates(rows, seed=analysis.args.seed)
-    rates.to_csv(analysis.out_dir / f"{NAME}_summary.csv", index=False)
+    write_csv(rates, analysis.out_dir / f"{NAME}_summary.csv")
     return rows, rates
 
 
@@ -586,7 +586,7 @@ def collect_paired_calls(analysis: Any) -> tuple[pd.DataFrame, str]:
 
 def compute_paired(analysis: Any) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """Paired rows (``paired.jsonl``) and their summary (``paired_summary.csv``)."""
-    from probes.results import ResultsStore, load_results
+    from probes.results import ResultsStore, load_results, write_csv
 
     calls, how = collect_paired_calls(analysis)
     store = ResultsStore(analysis.out_dir / f"{PAIRED_NAME}.jsonl", PAIRED_NAME, calls_config(analysis, PAIRED_CONFIGS),
@@ -594,7 +594,7 @@ def compute_paired(analysis: Any) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     store.append([row for row in pair_rows(calls) if row["key"] not in store])
     paired = load_results(store.path)
     summary = paired_summary(paired, seed=analysis.args.seed)
-    summary.to_csv(analysis.out_dir / f"{PAIRED_NAME}_summary.csv", index=False)
+    write_csv(summary, analysis.out_dir / f"{PAIRED_NAME}_summary.csv")
     return paired, summary, how
 
 

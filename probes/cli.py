@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from probes.configs import CONFIGS
-from probes.dataset import BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
+from probes.dataset import BUCKETS, DEFAULT_DATASET_DIR, DatasetError, Item, ProbeDataset, load_dataset
 from probes.rendering import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer, strip_offsets
+from probes.results import atomic_path
 from probes.retrieval import RetrievalWeights, Retriever, make_embedder
 
 @dataclass(frozen=True)
@@ -56,13 +57,38 @@ def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--k-max", type=int, default=BuildSettings.k_max, help="largest retrieval depth K")
 
 
+class OptionError(ValueError):
+    """An option is out of range or selects nothing; the message names the option."""
+
+
 def select_items(dataset: ProbeDataset, args: argparse.Namespace) -> tuple[Item, ...]:
     """The items of a run (every analysis and ``build``): ``--limit`` takes N per bucket
     round-robin over task groups (:func:`probes.dataset.spread_limit`)."""
-    return dataset.select(
-        buckets=args.bucket, domains=args.domain, split=None if args.split == "all" else args.split,
-        ids=args.item_ids, limit_per_bucket=args.limit, spread=True,
-    )
+    if args.limit is not None and args.limit < 1:
+        raise OptionError(f"--limit {args.limit}: must be ≥ 1 (items per bucket)")
+    try:
+        items = dataset.select(
+            buckets=args.bucket, domains=args.domain, split=None if args.split == "all" else args.split,
+            ids=args.item_ids, limit_per_bucket=args.limit, spread=True,
+        )
+    except ValueError as error:  # unknown bucket / domain / item id, or an id the other filters drop
+        raise OptionError(f"item filters: {error}") from error
+    if not items:
+        raise OptionError("no items match the filters (--bucket/--domain/--split/--limit/--item/--items)")
+    return items
+
+
+def check_options(args: argparse.Namespace, dataset: ProbeDataset, items: Sequence[Item]) -> None:
+    """Ranges of the builder options, checked before any model or tokenizer is loaded."""
+    smallest = min(items, key=lambda item: len(dataset.library_for(item)))
+    size = len(dataset.library_for(smallest))
+    for flag, k in (("--k-max", args.k_max), ("--k", getattr(args, "k", None))):
+        if k is not None and k < 0:
+            raise OptionError(f"{flag} {k}: the retrieval depth must be ≥ 0")
+        if k is not None and k > size:  # deeper retrieval would repeat the same prompt under new k labels
+            raise OptionError(f"{flag} {k}: item {smallest.id} has only {size} skills to retrieve; use {flag} {size} or less")
+    if args.beta < 0:
+        raise OptionError(f"--beta {args.beta}: the boundary token budget must be ≥ 0")
 
 
 def make_builder(args: argparse.Namespace, dataset: ProbeDataset, tokenizer: Any | None = None) -> PromptBuilder:
@@ -112,16 +138,17 @@ def _build(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     dataset = load_dataset(args.dataset)
     items = select_items(dataset, args)
+    check_options(args, dataset, items)
     builder = make_builder(args, dataset)
     configs = args.configs or list(CONFIGS)
     formats = args.formats or ["native"]
     ks = list(range(args.k_max + 1))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     report = SpanReport()
     n_records = 0
     collisions: Counter[str] = Counter()
     tempting_first: Counter[str] = Counter()
-    with args.out.open("w") as handle:
+    # into a temporary file renamed at the end: a killed or failing build leaves the old --out whole
+    with atomic_path(args.out) as tmp, tmp.open("w") as handle:
         for records, item_report in build_records(builder, items, configs, ks, formats, workers=args.workers):
             report.exact += item_report.exact
             report.whitespace_edges += item_report.whitespace_edges
@@ -163,7 +190,11 @@ def _show(args: argparse.Namespace) -> int:
     from rich.text import Text
 
     dataset = load_dataset(args.dataset)
-    (item,) = dataset.select(ids=[args.item])
+    try:
+        (item,) = dataset.select(ids=[args.item])
+    except ValueError as error:
+        raise OptionError(f"{args.item!r}: {error}") from error
+    check_options(args, dataset, [item])
     builder = make_builder(args, dataset)
     record = builder.build(item, args.config, args.k, args.format)
     styles = {"procedure": "bold green", "boundary": "bold magenta"}
@@ -242,13 +273,60 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="basm-probes", description="Probe boundary-aware skill memory inside local HF models.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
-        command.add_arguments(subparsers.add_parser(name, help=command.help, description=command.help))
+        sub = subparsers.add_parser(name, help=command.help, description=command.help)
+        command.add_arguments(sub)
+        sub.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     return parser
 
 
+def _known_errors() -> tuple[type[BaseException], ...]:
+    """Errors whose message says what went wrong, where and what to do (no traceback needed).
+    Imported when an error happens: these modules load torch."""
+    from probes.analysis import AnalysisError
+    from probes.loading import ModelLoadError, PromptTooLongError
+    from probes.results import ResultsConfigMismatch, ResultsCorrupt, ResultsLocked
+
+    return (OptionError, AnalysisError, DatasetError, ModelLoadError, PromptTooLongError, ResultsConfigMismatch,
+            ResultsCorrupt, ResultsLocked, OSError)
+
+
+USAGE_ERRORS = 2  # exit code of a bad option (as argparse's own); other known errors exit 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return COMMANDS[args.command].run(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # options written on the command line beat the --config TOML file even when they equal the default
+    sub = parser._subparsers._group_actions[0].choices[args.command]
+    args._explicit = explicit_options(sub, argv[argv.index(args.command) + 1:])
+    try:
+        return COMMANDS[args.command].run(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("\ninterrupted: the rows written so far are kept; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if args.debug or not isinstance(error, _known_errors()):
+            raise
+        from probes.analysis import AnalysisError
+
+        message = f"{error.strerror}: {error.filename}" if isinstance(error, OSError) and error.filename else str(error)
+        print(f"basm-probes {args.command}: error: {message}\n(rerun with --debug for the traceback)", file=sys.stderr)
+        return USAGE_ERRORS if isinstance(error, OptionError | AnalysisError) else 1
+
+
+def explicit_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """Destinations of the options written in ``argv``."""
+    given = set()
+    for token in argv:
+        if token == "--":
+            break
+        action = parser._option_string_actions.get(token.split("=", 1)[0]) if token.startswith("-") else None
+        if action is not None:
+            given.add(action.dest)
+    return given
 
 
 if __name__ == "__main__":

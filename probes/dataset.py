@@ -8,10 +8,11 @@ Layout on disk (see ``datasets/basm_probe/README.md``)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -67,21 +68,51 @@ _ITEM_FIELDS = (
 )
 
 
-def _parse_item(raw: Mapping[str, Any], where: str) -> Item:
+_STRING_FIELDS = ("id", "bucket", "split", "domain", "task_group", "user", "tempting_skill")
+_NAME_LIST_FIELDS = ("catalog_domains", "unavailable_tools", "wrong_tools", "state_cues")
+
+
+def _check_history(history: Any, where: str) -> None:
+    if not isinstance(history, list):
+        raise DatasetError(f"{where}: field 'history' must be a list of messages, got {type(history).__name__}")
+    for i, message in enumerate(history):
+        at = f"{where}: history[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in ("assistant", "tool"):
+            raise DatasetError(f"{at} must be an object with role 'assistant' or 'tool', got {message!r:.80}")
+        if message["role"] == "assistant":
+            call = message.get("tool_call")
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(call.get("arguments", {}), dict):
+                raise DatasetError(f"{at}: an assistant message needs tool_call {{name: string, arguments: object}}, got {call!r:.80}")
+        elif not isinstance(message.get("name"), str) or not isinstance(message.get("content"), str):
+            raise DatasetError(f"{at}: a tool message needs string 'name' and 'content'")
+
+
+def _parse_item(raw: Any, where: str) -> Item:
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{where}: an item must be a JSON object, got {type(raw).__name__} {raw!r:.40}")
     missing = [name for name in _ITEM_FIELDS if name not in raw]
     if missing:
         raise DatasetError(f"{where}: item is missing fields {missing}")
+    for name in _STRING_FIELDS:
+        if not isinstance(raw[name], str) or not raw[name]:
+            raise DatasetError(f"{where}: field {name!r} must be a non-empty string, got {raw[name]!r:.40}")
+    for name in _NAME_LIST_FIELDS:
+        if not isinstance(raw[name], list) or not all(isinstance(v, str) for v in raw[name]):
+            raise DatasetError(f"{where}: field {name!r} must be a list of strings, got {raw[name]!r:.60}")
+    _check_history(raw["history"], where)
     if raw["bucket"] not in BUCKETS:
         raise DatasetError(f"{where}: bucket {raw['bucket']!r} is not one of {BUCKETS}")
     if raw["split"] not in SPLITS:
         raise DatasetError(f"{where}: split {raw['split']!r} is not one of {SPLITS}")
     action = raw["correct_action"]
+    if not isinstance(action, dict):
+        raise DatasetError(f"{where}: correct_action must be {{kind: call, tool}} or {{kind: abstain}}, got {action!r:.60}")
     if action.get("kind") == "abstain":
         correct, arguments = ABSTAIN, None
-    elif action.get("kind") == "call" and isinstance(action.get("tool"), str):
+    elif action.get("kind") == "call" and isinstance(action.get("tool"), str) and isinstance(action.get("arguments", {}), dict):
         correct, arguments = action["tool"], action.get("arguments")
     else:
-        raise DatasetError(f"{where}: correct_action must be {{kind: call, tool}} or {{kind: abstain}}, got {action}")
+        raise DatasetError(f"{where}: correct_action must be {{kind: call, tool, arguments?: object}} or {{kind: abstain}}, got {action}")
     return Item(
         id=raw["id"],
         bucket=raw["bucket"],
@@ -106,6 +137,7 @@ class Domain:
     description: str
     catalog: ToolCatalog
     library: LibraryReport
+    digest: str = ""  # SHA-256 of the domain file (tools and skills), for results fingerprints
 
 
 @dataclass(frozen=True)
@@ -128,6 +160,15 @@ class ProbeDataset:
     def library_for(self, item: Item) -> tuple[Skill, ...]:
         """Skills retrievable for ``item``: those of its catalog domains."""
         return tuple(skill for name in item.catalog_domains for skill in self.domains[name].library.skills)
+
+    def content_digest(self, items: Iterable[Item]) -> str:
+        """Hash of the content that prompts of ``items`` are built from: every field of every item
+        and the domain files of their catalogs (editing an item's text changes it)."""
+        items = list(items)
+        h = hashlib.sha256(json.dumps([asdict(item) for item in items], sort_keys=True, default=list).encode())
+        for name in sorted({name for item in items for name in item.catalog_domains}):
+            h.update(f"{name}\0{self.domains[name].digest}\n".encode())
+        return h.hexdigest()[:16]
 
     def select(
         self,
@@ -226,13 +267,19 @@ def load_dataset(root: str | Path = DEFAULT_DATASET_DIR, *, strict: bool = True)
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as error:
             raise DatasetError(f"{path}: invalid JSON: {error}") from error
+        if not isinstance(raw, dict):
+            raise DatasetError(f"{path}: a domain file must be a JSON object with 'tools' and 'skills', got {type(raw).__name__}")
         name = raw.get("domain", path.stem)
-        catalog = ToolCatalog(tools_from_json(raw.get("tools", []), domain=name))
+        try:
+            catalog = ToolCatalog(tools_from_json(raw.get("tools", []), domain=name))
+        except ValueError as error:
+            raise DatasetError(f"{path}: {error}") from error
         library = build_library(raw.get("skills", []), catalog, domain=name)
         if strict and library.rejected:
             raise DatasetError(f"{path}: {library.summary()}")
-        domains[name] = Domain(name, raw.get("description", ""), catalog, library)
+        domains[name] = Domain(name, raw.get("description", ""), catalog, library, hashlib.sha256(path.read_bytes()).hexdigest())
     items = []
+    lines: dict[str, str] = {}  # item id -> "file:line", for the reference checks
     for line_number, line in enumerate(items_path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -242,12 +289,15 @@ def load_dataset(root: str | Path = DEFAULT_DATASET_DIR, *, strict: bool = True)
         except json.JSONDecodeError as error:
             raise DatasetError(f"{where}: invalid JSON: {error}") from error
         items.append(_parse_item(raw_item, where))
+        lines[items[-1].id] = where
+    if not items:
+        raise DatasetError(f"{items_path} holds no items (the file is empty)")
     dataset = ProbeDataset(root, domains, tuple(items))
     duplicate_ids = sorted(item_id for item_id, count in Counter(item.id for item in items).items() if count > 1)
     if duplicate_ids:
         raise DatasetError(f"{items_path}: duplicate item ids {duplicate_ids[:5]}")
     for item in items:
-        _check_item_references(item, dataset, f"{items_path} item {item.id}")
+        _check_item_references(item, dataset, f"{lines[item.id]} (item {item.id})")
     return dataset
 
 

@@ -51,7 +51,7 @@ from probes.analysis import (
 )
 from probes.engine import Knockout
 from probes.ratios import head_alphas
-from probes.results import load_results
+from probes.results import load_results, write_csv
 from probes.stats import bootstrap_mean
 
 NAME = "heads"
@@ -394,9 +394,9 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
 def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     summary = compute(analysis)
-    summary.ranking.to_csv(analysis.out_dir / f"{NAME}_ranking.csv", index=False)
-    summary.causal.to_csv(analysis.out_dir / f"{NAME}_causal_summary.csv", index=False)
-    summary.sensitivity.to_csv(analysis.out_dir / f"{NAME}_sensitivity.csv", index=False)
+    write_csv(summary.ranking, analysis.out_dir / f"{NAME}_ranking.csv")
+    write_csv(summary.causal, analysis.out_dir / f"{NAME}_causal_summary.csv")
+    write_csv(summary.sensitivity, analysis.out_dir / f"{NAME}_sensitivity.csv")
     print(summary.ranking.head(10).round(3).to_string(index=False))
     if len(summary.causal):
         print(summary.causal.round(3).to_string(index=False))

@@ -72,7 +72,7 @@ from probes.analysis import (
     summarise,
 )
 from probes.engine import Knockout, span_positions
-from probes.results import load_results
+from probes.results import load_results, write_csv
 
 NAME = "knockout"
 FIGURES = ("fig06_knockout_controls", "fig07_knockout_selectivity")
@@ -334,8 +334,8 @@ def knockout_note(analysis: Analysis) -> str:
 def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     summary = summarise_rows(collect(analysis), knockout_note(analysis), analysis.args.seed)
-    summary.deltas.to_csv(analysis.out_dir / f"{NAME}_summary.csv", index=False)
-    summary.recovery.to_csv(analysis.out_dir / f"{NAME}_gap_recovery.csv", index=False)
+    write_csv(summary.deltas, analysis.out_dir / f"{NAME}_summary.csv")
+    write_csv(summary.recovery, analysis.out_dir / f"{NAME}_gap_recovery.csv")
     print(summary.deltas.round(3).to_string(index=False))
     for r in summary.recovery.itertuples():
         print(f"gap recovered ({r.measure}): {100 * r.value:.1f}% [{100 * r.low:.1f}, {100 * r.high:.1f}] "

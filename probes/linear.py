@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,9 +276,10 @@ def distinct_labelings(y: np.ndarray, groups: Sequence[str]) -> int:
 
 
 # ------------------------------------------------------------------------------------- features
-def feature_key(record: Mapping[str, Any]) -> str:
-    """Content key of a prompt's decision-row residual: its token ids and decision row."""
-    digest = hashlib.sha256()
+def feature_key(record: Mapping[str, Any], model: str = "") -> str:
+    """Content key of a prompt's decision-row residual: its token ids and decision row, and
+    ``model`` (the weights fingerprint and dtype), so changed weights never reuse residuals."""
+    digest = hashlib.sha256(model.encode())
     digest.update(np.asarray(record["input_ids"], dtype=np.int64).tobytes())
     digest.update(str(sorted(record["query_rows"])).encode())
     return digest.hexdigest()[:24]
@@ -351,12 +353,18 @@ def collect_features(analysis: Any) -> tuple[Any, FeatureCache]:
     from probes.results import load_results
 
     configs = list(analysis.args.configs)
-    cache = FeatureCache(analysis.out_dir / "linear_features")
+    store = analysis.store(configs=configs, row="decision", features="residual stream [layer+1, d_model]",
+                           limit_mode="spread over task groups")  # first: it takes the lock on the output
+    root = analysis.out_dir / "linear_features"
+    if analysis.args.overwrite and root.is_dir():  # --overwrite discards every result, cached residuals too
+        shutil.rmtree(root)
+    cache = FeatureCache(root)
+    model = f"{analysis.model_fingerprint['weights']}|{analysis.args.dtype}"
     jobs = [Job(item, config, k, analysis.fmt, ("residual",))
             for item in analysis.items for k in range(analysis.args.k_max + 1) for config in configs]
 
     def scorer(record: dict[str, Any], job: Any) -> list[dict[str, Any]]:
-        key = feature_key(record)
+        key = feature_key(record, model)
         if key not in cache:
             cache.save(key, residual_features(analysis.session, record))
         row = {f: record.get(f) for f in ROW_FIELDS}
@@ -364,8 +372,6 @@ def collect_features(analysis: Any) -> tuple[Any, FeatureCache]:
                    decision_index=record["decision_index"], n_tokens=len(record["input_ids"]))
         return [row]
 
-    store = analysis.store(configs=configs, row="decision", features="residual stream [layer+1, d_model]",
-                           limit_mode="spread over task groups")
     run_jobs(analysis, store, jobs, scorer)
     return load_results(store.path), cache
 
@@ -420,13 +426,15 @@ SUMMARY_COLUMNS = ["config", "k", "layer", "auc", "low", "high", "null_mean", "n
 
 def compute(analysis: Any) -> Any:
     """Features, probes and the summary table (also written to ``linear_summary.csv``)."""
+    from probes.results import write_csv
+
     keep_probe_items(analysis)
     a = analysis.args
     settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed)
     index, cache = collect_features(analysis)
     table = probe_all(analysis, index, cache, settings)[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
     analysis.out_dir.mkdir(parents=True, exist_ok=True)
-    table.to_csv(analysis.out_dir / f"{NAME}_summary.csv", index=False)
+    write_csv(table, analysis.out_dir / f"{NAME}_summary.csv")
     return table
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import transformers
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -106,12 +107,20 @@ def resolve_model_dir(model: str | Path, *, allow_pickle: bool = False) -> Path:
     return d
 
 
-def _file_sha256(path: Path) -> str:
-    """SHA-256 of a file, memoised per (path, size, mtime) so large GGUFs are hashed once."""
-    index = gguf_cache_dir() / "hashes.json"
+def hash_cache_path() -> Path:
+    """Memo of file hashes by (path, size, mtime_ns) (``$BASM_PROBES_CACHE`` or ~/.cache/basm-probes)."""
+    return gguf_cache_dir().parent / "hashes.json"
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, memoised per (path, size, mtime_ns) so large weights are hashed once."""
+    index = hash_cache_path()
     st = path.stat()
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    memo: dict[str, str] = json.loads(index.read_text()) if index.exists() else {}
+    try:
+        memo: dict[str, str] = json.loads(index.read_text())
+    except (OSError, ValueError):  # absent, or torn by another process: rebuild
+        memo = {}
     if key not in memo:
         h = hashlib.sha256()
         with path.open("rb") as f:
@@ -119,8 +128,31 @@ def _file_sha256(path: Path) -> str:
                 h.update(chunk)
         memo[key] = h.hexdigest()
         index.parent.mkdir(parents=True, exist_ok=True)
-        index.write_text(json.dumps(memo, indent=1))
+        tmp = index.with_name(f".{index.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(memo, indent=1))
+        tmp.replace(index)  # atomic: concurrent runs never read a half-written memo
     return memo[key]
+
+
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", *(f"*{s}" for s in PICKLE_SUFFIXES), "config.json", "generation_config.json")
+TOKENIZER_FINGERPRINT_FILES = (*TOKENIZER_FILES, "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+
+
+def _files_digest(d: Path, patterns: tuple[str, ...]) -> str:
+    files = sorted({p for pattern in patterns for p in d.glob(pattern) if p.is_file()})
+    h = hashlib.sha256()
+    for p in files:
+        h.update(f"{p.name}\0{file_sha256(p)}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def model_fingerprint(model_dir: str | Path, tokenizer: Any = None) -> dict[str, str]:
+    """Content hashes of what a row depends on in the model folder: ``weights`` (weight files and
+    config) and ``tokenizer`` (tokenizer files plus the chat template actually in use)."""
+    d = Path(model_dir)
+    tok = hashlib.sha256(_files_digest(d, TOKENIZER_FINGERPRINT_FILES).encode())
+    tok.update(str(getattr(tokenizer, "chat_template", None)).encode())
+    return {"weights": _files_digest(d, WEIGHT_FILES), "tokenizer": tok.hexdigest()[:16]}
 
 
 def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
@@ -128,7 +160,7 @@ def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist")
-    out = gguf_cache_dir() / _file_sha256(path)
+    out = gguf_cache_dir() / file_sha256(path)
     if (out / "config.json").exists() and _has_safetensors(out):
         return out
     tmp = out.with_name(out.name + ".partial")
@@ -166,6 +198,19 @@ def _check_architecture(cfg: PretrainedConfig, d: Path, trust_remote_code: bool)
         )
 
 
+def check_device(device: str) -> None:
+    """Fail before loading anything when ``device`` does not exist on this machine."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as error:
+        raise ModelLoadError(f"--device {device!r} is not a torch device ({error}); use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ModelLoadError(f"--device {device}: torch {torch.__version__} sees {torch.cuda.device_count()} CUDA device(s) here; "
+                             "use --device cpu, or install a CUDA build of torch on a GPU machine")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"--device {device}: MPS is not available on this machine; use --device cpu")
+
+
 def load_model(
     model: str | Path,
     *,
@@ -185,6 +230,8 @@ def load_model(
     """
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if device_map is None:
+        check_device(device)
     if str(model).endswith(".gguf"):
         d = convert_gguf(model, trust_remote_code=trust_remote_code)
     else:
@@ -196,15 +243,19 @@ def load_model(
     _check_architecture(cfg, d, trust_remote_code)
     if not any((d / f).exists() for f in TOKENIZER_FILES):
         raise ModelLoadError(f"{d} has weights but no tokenizer files ({', '.join(TOKENIZER_FILES)})")
-    m = AutoModelForCausalLM.from_pretrained(
-        d,
-        dtype=DTYPES[dtype],
-        device_map=device_map,
-        attn_implementation=attn_implementation,
-        local_files_only=True,
-        trust_remote_code=trust_remote_code,
-        use_safetensors=_has_safetensors(d) or not allow_pickle,
-    )
+    try:
+        m = AutoModelForCausalLM.from_pretrained(
+            d,
+            dtype=DTYPES[dtype],
+            device_map=device_map,
+            attn_implementation=attn_implementation,
+            local_files_only=True,
+            trust_remote_code=trust_remote_code,
+            use_safetensors=_has_safetensors(d) or not allow_pickle,
+        )
+    except SafetensorError as e:  # truncated or corrupt file: name it (the library does not)
+        files = ", ".join(p.name for p in sorted(d.glob("*.safetensors")))
+        raise ModelLoadError(f"cannot read the safetensors weights in {d} ({files}): {e}; the file is truncated or corrupt, copy it again") from e
     if device_map is None:
         m = m.to(device)
     tok = AutoTokenizer.from_pretrained(d, local_files_only=True, trust_remote_code=trust_remote_code)

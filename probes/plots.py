@@ -22,6 +22,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from probes.configs import CONFIGS, config_label  # noqa: E402
+from probes.results import atomic_path  # noqa: E402
 
 BUCKET_LABELS: dict[str, str] = {
     "T_ok": r"$T_{\mathrm{ok}}$",
@@ -90,7 +91,8 @@ def save_figure(fig: plt.Figure, out_dir: str | Path, name: str) -> list[Path]:
     fig.tight_layout()
     for path in paths:
         # Fixed metadata: identical inputs give identical files.
-        fig.savefig(path, bbox_inches="tight", metadata={"CreationDate": None} if path.suffix == ".pdf" else {"Software": None})
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, bbox_inches="tight", metadata={"CreationDate": None} if path.suffix == ".pdf" else {"Software": None})
     plt.close(fig)
     return paths
 

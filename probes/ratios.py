@@ -47,7 +47,7 @@ from probes.analysis import (
     run_jobs,
 )
 from probes.configs import CONTROL_CONFIGS
-from probes.results import load_results
+from probes.results import load_results, write_csv
 
 NAME = "ratios"
 FIGURE = "fig04_boundary_attention"
@@ -153,8 +153,8 @@ def figure(summary: RatiosSummary, out_dir: Path, row: str = "deciding") -> list
 def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     summary = summarise_rows(collect(analysis), f"{provenance(analysis)}\n{aggregate_note(analysis.args)}", analysis.args.seed)
-    summary.eta.to_csv(analysis.out_dir / f"{NAME}_summary.csv", index=False)
-    summary.heads.to_csv(analysis.out_dir / f"{NAME}_heads.csv", index=False)
+    write_csv(summary.eta, analysis.out_dir / f"{NAME}_summary.csv")
+    write_csv(summary.heads, analysis.out_dir / f"{NAME}_heads.csv")
     print(summary.eta.round(3).to_string(index=False))
     print(aggregate_note(analysis.args))
     if analysis.args.figure:

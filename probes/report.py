@@ -38,7 +38,7 @@ from probes.analysis import (
     provenance,
     resolve_options,
 )
-from probes.results import environment
+from probes.results import atomic_path, environment
 
 # In paper order. A module that cannot be imported is an error (leave it out with --analyses).
 ANALYSES: tuple[str, ...] = ("sweep", "ratios", "suppression", "knockout", "heads", "linear", "calls", "paired")
@@ -141,7 +141,8 @@ def write_report(out_dir: Path, header: list[str], sections: list[ReportSection]
         parts += ["## Failed", "", *[f"- {line}" for line in failed], ""]
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.md"
-    path.write_text("\n".join(parts))
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(parts))
     return path
 
 

@@ -324,11 +324,19 @@ def build_library(
 
 def tools_from_json(entries: Sequence[Mapping[str, Any]], *, domain: str = "") -> tuple[Tool, ...]:
     """Parse tool definitions (``{name, description, parameters}``), checking each JSON schema."""
+    if not isinstance(entries, list):
+        raise ValueError(f"'tools' of domain {domain!r} must be a list of tool objects, got {type(entries).__name__}")
     tools = []
     for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"tool {index} in domain {domain!r} must be an object {{name, description, parameters}}, got {entry!r:.40}")
         missing = [key for key in ("name", "description", "parameters") if key not in entry]
         if missing:
             raise ValueError(f"tool {index} in domain {domain!r} is missing {missing}")
+        wrong = [key for key, kind in (("name", str), ("description", str), ("parameters", dict)) if not isinstance(entry[key], kind)]
+        if wrong or not entry["name"]:
+            raise ValueError(f"tool {index} in domain {domain!r}: 'name' and 'description' must be strings (name non-empty), "
+                             f"'parameters' an object; wrong: {wrong or ['name']}")
         try:
             jsonschema.Draft202012Validator.check_schema(entry["parameters"])
         except jsonschema.SchemaError as error:

@@ -34,7 +34,7 @@ from probes.analysis import (
     run_jobs,
     summarise,
 )
-from probes.results import load_results
+from probes.results import load_results, write_csv
 
 NAME = "suppression"
 FIGURE = "fig05_suppression"
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     note = f"{provenance(analysis)}\nT_wrong items only · mean ± 95% bootstrap CI over task groups"
     summary = summarise_rows(collect(analysis), note, analysis.args.seed)
-    summary.table.to_csv(analysis.out_dir / f"{NAME}_summary.csv", index=False)
+    write_csv(summary.table, analysis.out_dir / f"{NAME}_summary.csv")
     print(summary.table.round(3).to_string(index=False))
     if analysis.args.figure:
         print("figure:", ", ".join(map(str, figure(summary, analysis.out_dir / "figures"))))

@@ -36,7 +36,7 @@ from probes.analysis import (
     summarise,
 )
 from probes.configs import CONTROL_CONFIGS, PAPER_CONFIGS
-from probes.results import load_results
+from probes.results import load_results, write_csv
 
 NAME = "sweep"
 FIGURE = "fig02_retrieval_trap"
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     rows = collect(analysis)
     summary = summarise_rows(rows, provenance(analysis), analysis.variant)
-    summary.table.to_csv(analysis.out_dir / f"{NAME}_summary.csv", index=False)
+    write_csv(summary.table, analysis.out_dir / f"{NAME}_summary.csv")
     print_summary(summary)
     if analysis.args.figure:
         print("figure:", ", ".join(map(str, figure(summary, analysis.out_dir / "figures"))))

@@ -22,7 +22,7 @@ import probes.report as report
 from probes import plots
 from probes.analysis import QUICK, AnalysisError, ReportSection, bootstrap_ratio, no_ci_note, resolve_options, summarise
 from probes.cli import COMMANDS, main, select_items
-from probes.dataset import BUCKETS, load_dataset, spread_limit
+from probes.dataset import BUCKETS, DEFAULT_DATASET_DIR, load_dataset, spread_limit
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +250,10 @@ def test_the_common_options_cover_every_analysis() -> None:
 @pytest.mark.parametrize("name", ANALYSIS_COMMANDS)
 def test_session_options_reach_the_session(name: str, monkeypatch, tmp_path) -> None:
     seen = _capture_session(monkeypatch)
+    # the invented filter values select nothing in a real dataset, and the dataset is checked before the model
+    dataset = probes.analysis._dataset(str(DEFAULT_DATASET_DIR))
+    monkeypatch.setattr(probes.analysis, "_dataset", lambda root: dataset)
+    monkeypatch.setattr(probes.analysis, "select_items", lambda dataset, args: dataset.items[:1])
     argv = _non_default_argv(_parser(name), tmp_path)
     with pytest.raises(_Loaded):
         main([name, *argv])

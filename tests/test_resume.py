@@ -12,7 +12,7 @@ import torch
 
 import probes.analysis
 from probes.cli import main
-from probes.results import ResultsConfigMismatch, ResultsStore, load_results
+from probes.results import ResultsStore, load_results
 
 torch.set_num_threads(1)
 
@@ -89,11 +89,11 @@ def load_results_lenient(path: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_resume_with_other_options_refuses(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+def test_resume_with_other_options_refuses(tiny_qwen3_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     args = _args(tiny_qwen3_dir, tmp_path) + ["--configs", "base,basm"]
     args[args.index("--k-max") + 1] = "0"
     assert main(args) == 0
-    with pytest.raises(ResultsConfigMismatch):
-        main([*args, "--margin-variant", "path"])
+    assert main([*args, "--margin-variant", "path"]) == 1
+    assert "changed: config.margin_variant" in capsys.readouterr().err
     assert main([*args, "--margin-variant", "path", "--overwrite"]) == 0
     assert load_results(tmp_path / "sweep.jsonl").attrs["meta"]["config"]["margin_variant"] == "path"

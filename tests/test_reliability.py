@@ -1,0 +1,368 @@
+"""Runs never lie about their results: each test reproduces one failure of a real run (changed
+weights or data under a half-finished output, concurrent writers, kills and full disks mid-write,
+corrupt lines, bad options and datasets) and checks that nothing is lost, duplicated or mixed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from probes.cli import main
+from probes.dataset import DEFAULT_DATASET_DIR
+from probes.results import ResultsCorrupt, load_results
+
+torch.set_num_threads(1)
+FAST = ["--embedder", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base,basm", "--no-figure"]
+
+
+@pytest.fixture(autouse=True)
+def _hash_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BASM_PROBES_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def model(tiny_qwen3_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny model, free to be edited."""
+    return Path(shutil.copytree(tiny_qwen3_dir, tmp_path / "model"))
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(DEFAULT_DATASET_DIR, tmp_path / "dataset"))
+
+
+def fails(argv: list[str], capsys: pytest.CaptureFixture, code: int = 1) -> str:
+    """Run the CLI, expect exit ``code`` and a short message without a traceback; return stderr."""
+    capsys.readouterr()
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error: " in err
+    return err
+
+
+def sweep(model: Path, out: Path, *extra: str, dataset: Path = DEFAULT_DATASET_DIR) -> list[str]:
+    return ["sweep", "--model", str(model), "--dataset", str(dataset), "--out", str(out), *FAST, *extra]
+
+
+# ---------------------------------------------------------------------------- 1. fingerprinted resume
+def test_changed_weights_stop_a_resume(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    weights = load_file(model / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1.0
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    assert re.search(r"fingerprint\.weights.*--overwrite", fails(sweep(model, out), capsys))
+    before = (out / "sweep.jsonl").read_bytes()
+    assert main(sweep(model, out, "--overwrite")) == 0
+    assert (out / "sweep.jsonl").read_bytes() != before
+
+
+def test_edited_items_stop_a_resume(model: Path, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out, dataset=dataset)) == 0
+    (item_id,) = set(load_results(out / "sweep.jsonl")["item_id"])
+    items = dataset / "items.jsonl"
+    lines = [json.loads(line) for line in items.read_text().splitlines()]
+    for raw in lines:
+        if raw["id"] == item_id:
+            raw["user"] += " Please hurry."
+    items.write_text("".join(json.dumps(raw) + "\n" for raw in lines))
+    assert "fingerprint.dataset" in fails(sweep(model, out, dataset=dataset), capsys)
+
+
+def test_linear_residuals_are_keyed_by_the_weights() -> None:
+    from probes.linear import feature_key
+
+    record = {"input_ids": [1, 2, 3], "query_rows": [2]}
+    assert feature_key(record, "weightsA|float32") != feature_key(record, "weightsB|float32")
+
+
+def test_weight_hash_is_memoised_by_size_and_mtime(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import probes.loading
+
+    first = probes.loading.model_fingerprint(model)
+    reads = []
+    real_open = Path.open
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: reads.append(self.name) or real_open(self, *a, **k))
+    assert probes.loading.model_fingerprint(model) == first
+    assert "model.safetensors" not in reads
+
+
+# ---------------------------------------------------------------------------- helpers for subprocess runs
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(argv: list[str], **kwargs) -> subprocess.Popen:
+    """``basm-probes argv`` in a child process (for kills, write limits and concurrent writers)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "probes.cli", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def keys(path: Path) -> list[str]:
+    return [json.loads(line)["key"] for line in path.read_text().splitlines()[1:]]
+
+
+# ---------------------------------------------------------------------------- 2. one writer per output
+def test_concurrent_runs_never_duplicate_rows(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = sweep(model, out, "--limit", "2")
+    runs = [cli(argv), cli(argv)]
+    results = [(run.wait(timeout=600), run.stderr.read()) for run in runs]
+    assert any(rc == 0 for rc, _ in results)
+    for rc, err in results:
+        assert rc == 0 or "being written by another basm-probes run" in err, err[-2000:]
+    written = keys(out / "sweep.jsonl")
+    assert len(written) == len(set(written)) == 2 * 2 * 2  # items × k × configs
+
+
+def test_a_held_lock_stops_a_second_writer(model: Path, tmp_path: Path) -> None:
+    from probes.results import ResultsStore
+
+    path = tmp_path / "out" / "sweep.jsonl"
+    ResultsStore(path, "sweep", {"held": True})  # this process now writes the file
+    run = cli(sweep(model, tmp_path / "out"))
+    assert run.wait(timeout=600) != 0
+    err = run.stderr.read()
+    assert "being written by another basm-probes run" in err and "Traceback" not in err
+    assert load_results(path).attrs["meta"]["config"] == {"held": True}
+
+
+def test_a_file_with_a_repeated_key_is_refused(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    path = out / "sweep.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines, lines[2]]) + "\n")  # what two unlocked writers produced
+    assert re.search(r"sweep\.jsonl:6: key .* already written on line 3", fails(sweep(model, out), capsys))
+
+
+# ---------------------------------------------------------------------------- 3. append-only resume
+def _limit_writes(size: int):
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk: writes fail with EFBIG, the process goes on
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
+def test_a_full_disk_never_shortens_a_finished_file(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    path = out / "sweep.jsonl"
+    before = path.read_bytes()
+    run = cli(sweep(model, out), preexec_fn=_limit_writes(len(before) // 2))  # a rewrite would be cut in half
+    run.wait(timeout=600)
+    assert path.read_bytes() == before
+
+
+def test_a_write_limit_mid_file_then_resume_gives_the_full_table(model: Path, tmp_path: Path) -> None:
+    assert main(sweep(model, tmp_path / "full")) == 0
+    full = load_results(tmp_path / "full" / "sweep.jsonl").sort_values("key").reset_index(drop=True)
+    header = (tmp_path / "full" / "sweep.jsonl").read_text().split("\n")[0]
+    out = tmp_path / "out"
+    run = cli(sweep(model, out), preexec_fn=_limit_writes(len(header) + 3000))  # header, a row or so, a torn line
+    assert run.wait(timeout=600) != 0
+    assert 0 < len(keys_lenient(out / "sweep.jsonl")) < len(full)
+    assert main(sweep(model, out)) == 0
+    resumed = load_results(out / "sweep.jsonl").sort_values("key").reset_index(drop=True)
+    pd.testing.assert_frame_equal(resumed.drop(columns="prompt_digest"), full.drop(columns="prompt_digest"))
+
+
+def keys_lenient(path: Path) -> list[str]:
+    """Keys of the complete lines (a torn last line left out)."""
+    return [json.loads(line)["key"] for line in path.read_text().split("\n")[1:-1]]
+
+
+def test_a_killed_run_resumes_to_the_same_table(model: Path, tmp_path: Path) -> None:
+    assert main(sweep(model, tmp_path / "full", "--limit", "3")) == 0
+    full = load_results(tmp_path / "full" / "sweep.jsonl").sort_values("key").reset_index(drop=True)
+    out = tmp_path / "out"
+    path = out / "sweep.jsonl"
+    run = cli(sweep(model, out, "--limit", "3"))
+    deadline = time.monotonic() + 300
+    while run.poll() is None and time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= 3:
+            run.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    run.wait(timeout=60)
+    assert main(sweep(model, out, "--limit", "3")) == 0
+    resumed = load_results(path).sort_values("key").reset_index(drop=True)
+    assert resumed["key"].is_unique
+    pd.testing.assert_frame_equal(resumed.drop(columns="prompt_digest"), full.drop(columns="prompt_digest"))
+
+
+def test_a_corrupt_middle_line_is_named_not_dropped(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    path = out / "sweep.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2][: len(lines[2]) // 2]
+    path.write_text("\n".join(lines) + "\n")
+    damaged = path.read_bytes()
+    assert "sweep.jsonl:3: not a results row" in fails(sweep(model, out), capsys)
+    with pytest.raises(ResultsCorrupt, match=r"sweep\.jsonl:3"):
+        load_results(path)
+    assert path.read_bytes() == damaged  # every later row is still there
+
+
+def test_a_finished_read_only_file_is_read_back(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    path = out / "sweep.jsonl"
+    before = path.read_bytes()
+    real_open = Path.open
+
+    def read_only(self, mode="r", *args, **kwargs):  # chmod 444 does not stop root: refuse writes here
+        if self == path and set(mode) & set("wa+"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", read_only)
+    assert main(sweep(model, out)) == 0
+    assert path.read_bytes() == before
+
+
+# ---------------------------------------------------------------------------- 7. strict JSON
+def test_results_are_strict_json_and_nan_reads_back(tmp_path: Path) -> None:
+    import math
+
+    import numpy as np
+
+    from probes.results import ResultsStore
+
+    path = tmp_path / "r.jsonl"
+    store = ResultsStore(path, "x", {})
+    store.append([{"key": "a", "m": math.nan, "n": np.float32(np.inf), "heads": [[1.0, -math.inf]], "ok": 2.5}])
+
+    def strict(token: str) -> None:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    rows = [json.loads(line, parse_constant=strict) for line in path.read_text().splitlines()]
+    assert rows[1]["m"] is None and rows[1]["_nonfinite"]["m"] == "nan"
+    frame = load_results(path)
+    assert math.isnan(frame["m"][0]) and frame["n"][0] == math.inf and frame["heads"][0] == [[1.0, -math.inf]]
+    assert "_nonfinite" not in frame.columns and frame["ok"][0] == 2.5
+
+
+# ---------------------------------------------------------------------------- 4. build writes atomically
+def test_a_failing_build_leaves_the_previous_records_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import probes.cli
+
+    out = tmp_path / "records.jsonl"
+    argv = ["build", "--limit", "2", "--k-max", "1", "--config", "basm", "--workers", "1", "--embedder", "lexical", "--out", str(out)]
+    assert main(argv) == 0
+    before = out.read_bytes()
+    real = probes.cli._build_item
+    calls = []
+
+    def failing(item):
+        calls.append(item)
+        if len(calls) == 3:
+            raise RuntimeError("killed mid-build")
+        return real(item)
+
+    monkeypatch.setattr(probes.cli, "_build_item", failing)
+    with pytest.raises(RuntimeError, match="killed mid-build"):
+        main(argv)
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl"]  # no temporary file left behind
+
+
+# ---------------------------------------------------------------------------- 5, 6, 8: the error catalogue
+def _catalogue():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("error_catalogue", ROOT / "docs" / "error_catalogue.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+CATALOGUE = _catalogue()
+
+
+@pytest.mark.parametrize("case", CATALOGUE.CASES, ids=lambda case: case.name)
+def test_every_bad_input_gives_its_code_and_message(case) -> None:
+    code, message = CATALOGUE.run_case(case)
+    assert (code, "Traceback" in message) == (case.code, False), message
+    assert case.expect in message and message.count("error: ") == 1
+
+
+def test_the_catalogue_in_docs_lists_every_case_with_its_code() -> None:
+    rows = [line.split(" | ") for line in CATALOGUE.TABLE.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [(row[0].lstrip("| "), int(row[2])) for row in rows] == [(c.name, c.code) for c in CATALOGUE.CASES]
+
+
+def test_bad_options_leave_previous_results_untouched(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    before = (out / "sweep.jsonl").read_bytes()
+    fails(sweep(model, out, "--k-max", "-1", "--overwrite"), capsys, code=2)
+    assert (out / "sweep.jsonl").read_bytes() == before
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_at_session(monkeypatch: pytest.MonkeyPatch) -> dict:
+    import probes.analysis
+
+    seen = {}
+
+    def stop(args, model):
+        seen.update(k_max=args.k_max, seed=args.seed)
+        raise _Stop
+
+    monkeypatch.setattr(probes.analysis, "open_session", stop)
+    return seen
+
+
+def test_explicit_flags_beat_the_toml_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _stop_at_session(monkeypatch)
+    (tmp_path / "run.toml").write_text("k_max = 1\nseed = 3\n")
+    with pytest.raises(_Stop):  # --k-max 4 is sweep's default, and still explicit
+        main(["sweep", "--config", str(tmp_path / "run.toml"), "--k-max", "4", "--model", "m", "--out", str(tmp_path)])
+    assert seen == {"k_max": 4, "seed": 3}
+
+
+def test_prompted_format_on_the_organism_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    _stop_at_session(monkeypatch)
+    with pytest.raises(_Stop):
+        main(["sweep", "--format", "prompted", "--out", str(tmp_path), *FAST])
+    assert "warning: the bundled organism was trained on the native format only" in capsys.readouterr().err
+
+
+def test_ctrl_c_says_how_to_resume_and_debug_shows_the_traceback(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    import probes.analysis
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probes.analysis, "score_record", interrupt)
+    capsys.readouterr()
+    assert main(sweep(model, tmp_path / "out")) == 130
+    err = capsys.readouterr().err
+    assert "rerun the same command to resume" in err and "Traceback" not in err
+    with pytest.raises(KeyboardInterrupt):
+        main([*sweep(model, tmp_path / "out"), "--debug"])
+    with pytest.raises(ResultsCorrupt):
+        (tmp_path / "out" / "sweep.jsonl").write_text("not json\n")
+        main([*sweep(model, tmp_path / "out"), "--debug"])
