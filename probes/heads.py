@@ -378,6 +378,7 @@ def heads_note(analysis: Analysis, chosen: Selection) -> str:
 def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     summary = compute(analysis)
     paths = figures(summary, figures_dir, depth(analysis.args))
+    write_tables(summary, analysis.out_dir)
     body = (f"Heads ranked on the ranking half by the T_ok → T_wrong increase of log2(boundary/procedure attention) "
             f"(BASM, k = {depth(analysis.args)}):\n\n{markdown_table(summary.ranking.head(10))}")
     if len(summary.causal):
@@ -391,12 +392,17 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     return ReportSection(NAME, "Figs. 8/9 — boundary heads (`heads`)", paths, body, comparisons, summary)
 
 
+def write_tables(summary: HeadsSummary, out_dir: Path) -> None:
+    """The summary tables of this analysis, next to its results file."""
+    write_csv(summary.ranking, out_dir / f"{NAME}_ranking.csv")
+    write_csv(summary.causal, out_dir / f"{NAME}_causal_summary.csv")
+    write_csv(summary.sensitivity, out_dir / f"{NAME}_sensitivity.csv")
+
+
 def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     summary = compute(analysis)
-    write_csv(summary.ranking, analysis.out_dir / f"{NAME}_ranking.csv")
-    write_csv(summary.causal, analysis.out_dir / f"{NAME}_causal_summary.csv")
-    write_csv(summary.sensitivity, analysis.out_dir / f"{NAME}_sensitivity.csv")
+    write_tables(summary, analysis.out_dir)
     print(summary.ranking.head(10).round(3).to_string(index=False))
     if len(summary.causal):
         print(summary.causal.round(3).to_string(index=False))

@@ -331,11 +331,16 @@ def knockout_note(analysis: Analysis) -> str:
             f"random anywhere: same-length runs anywhere before the call · paired records per measure · mean ± 95% bootstrap CI over task groups")
 
 
+def write_tables(summary: KnockoutSummary, out_dir: Path) -> None:
+    """The summary tables of this analysis, next to its results file."""
+    write_csv(summary.deltas, out_dir / f"{NAME}_summary.csv")
+    write_csv(summary.recovery, out_dir / f"{NAME}_gap_recovery.csv")
+
+
 def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     summary = summarise_rows(collect(analysis), knockout_note(analysis), analysis.args.seed)
-    write_csv(summary.deltas, analysis.out_dir / f"{NAME}_summary.csv")
-    write_csv(summary.recovery, analysis.out_dir / f"{NAME}_gap_recovery.csv")
+    write_tables(summary, analysis.out_dir)
     print(summary.deltas.round(3).to_string(index=False))
     for r in summary.recovery.itertuples():
         print(f"gap recovered ({r.measure}): {100 * r.value:.1f}% [{100 * r.low:.1f}, {100 * r.high:.1f}] "
@@ -351,6 +356,7 @@ def run(args: argparse.Namespace) -> int:
 def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     summary = summarise_rows(collect(analysis), knockout_note(analysis), analysis.args.seed)
     paths = figures(summary, figures_dir)
+    write_tables(summary, analysis.out_dir)
     d, r = summary.deltas, summary.recovery
     main = d[d["knockout"].isin(plots.KNOCKOUT_LABELS)][["bucket", "knockout", "measure", "value", "low", "high", "n"]]
     body = (f"Signed shift Δm = m_knockout − m_BASM (logits; `margin` is {analysis.variant}, Eq. 1 on the tool choice by default); "

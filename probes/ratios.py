@@ -150,11 +150,16 @@ def figure(summary: RatiosSummary, out_dir: Path, row: str = "deciding") -> list
     return plots.save_figure(plots.fig04_boundary_attention(summary.eta[summary.eta["row"] == row], summary.note), out_dir, FIGURE)
 
 
+def write_tables(summary: RatiosSummary, out_dir: Path) -> None:
+    """The summary tables of this analysis, next to its results file."""
+    write_csv(summary.eta, out_dir / f"{NAME}_summary.csv")
+    write_csv(summary.heads, out_dir / f"{NAME}_heads.csv")
+
+
 def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     summary = summarise_rows(collect(analysis), f"{provenance(analysis)}\n{aggregate_note(analysis.args)}", analysis.args.seed)
-    write_csv(summary.eta, analysis.out_dir / f"{NAME}_summary.csv")
-    write_csv(summary.heads, analysis.out_dir / f"{NAME}_heads.csv")
+    write_tables(summary, analysis.out_dir)
     print(summary.eta.round(3).to_string(index=False))
     print(aggregate_note(analysis.args))
     if analysis.args.figure:
@@ -166,6 +171,7 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     note = aggregate_note(analysis.args)
     summary = summarise_rows(collect(analysis), f"{provenance(analysis)}\n{note}", analysis.args.seed)
     paths = figure(summary, figures_dir, analysis.args.attention_row)
+    write_tables(summary, analysis.out_dir)
     e = summary.eta
     table = e[["row", "bucket", "config", "eta", "eta_low", "eta_high", "log2_median", "n", "n_items"]]
     body = f"{note}.\n\n{markdown_table(table)}"

@@ -198,7 +198,9 @@ def run(args: argparse.Namespace) -> int:
         + (" (Eq. 1 on the tool choice)" if args.margin_variant == "tool_choice" else ""),
         f"- **embedder**: {', '.join(sorted(embedders)) or '—'} (--embedder {args.embedder}) · **γ**: {args.gamma} · **β**: {args.beta}",
         f"- **k**: {'per analysis (sweep 0..K; others at k = K)' if args.k_max is None else f'K = {args.k_max}'} · **seed**: {args.seed}"
-        f" · **quick**: {args.quick}",
+        f" · **quick**: {args.quick}"
+        + (" (4 task groups per bucket: a percentile bootstrap over so few groups under-covers, so the CIs are indicative only)"
+           if args.quick else ""),
         "- **CIs**: 95% bootstrap over task groups; a cell with fewer than two task groups shows \"no CI (1 group)\"",
         "- **attention aggregate**: η = ratio of mean span attentions and median per-head log2 ratio, ε = 1e-6 (never a mean of per-head ratios)",
         f"- **versions**: python {env['python']}, " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),

@@ -84,11 +84,16 @@ def figure(summary: SuppressionSummary, out_dir: Path) -> list[Path]:
     return plots.save_figure(plots.fig05_suppression(summary.table, summary.note), out_dir, FIGURE)
 
 
+def write_tables(summary: SuppressionSummary, out_dir: Path) -> None:
+    """The summary tables of this analysis, next to its results file."""
+    write_csv(summary.table, out_dir / f"{NAME}_summary.csv")
+
+
 def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     note = f"{provenance(analysis)}\nT_wrong items only · mean ± 95% bootstrap CI over task groups"
     summary = summarise_rows(collect(analysis), note, analysis.args.seed)
-    write_csv(summary.table, analysis.out_dir / f"{NAME}_summary.csv")
+    write_tables(summary, analysis.out_dir)
     print(summary.table.round(3).to_string(index=False))
     if analysis.args.figure:
         print("figure:", ", ".join(map(str, figure(summary, analysis.out_dir / "figures"))))
@@ -99,6 +104,7 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     note = f"{provenance(analysis)}\nT_wrong items only · mean ± 95% bootstrap CI over task groups"
     summary = summarise_rows(collect(analysis), note, analysis.args.seed)
     paths = figure(summary, figures_dir)
+    write_tables(summary, analysis.out_dir)
     t = summary.table
     body = (f"T_wrong margins (logits; `margin` is {analysis.variant}, Eq. 1 on the tool choice by default); CIs over task groups; "
             f"every cell on the same items ({int(t['n_dropped'].iloc[0]) if len(t) else 0} items without a defined margin left out, "

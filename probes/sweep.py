@@ -99,11 +99,16 @@ def print_summary(summary: SweepSummary) -> None:
           "are left out of it (their call log-odds are in the rows)")
 
 
+def write_tables(summary: SweepSummary, out_dir: Path) -> None:
+    """The summary tables of this analysis, next to its results file."""
+    write_csv(summary.table, out_dir / f"{NAME}_summary.csv")
+
+
 def run(args: argparse.Namespace) -> int:
     analysis = open_analysis(args, NAME)
     rows = collect(analysis)
     summary = summarise_rows(rows, provenance(analysis), analysis.variant)
-    write_csv(summary.table, analysis.out_dir / f"{NAME}_summary.csv")
+    write_tables(summary, analysis.out_dir)
     print_summary(summary)
     if analysis.args.figure:
         print("figure:", ", ".join(map(str, figure(summary, analysis.out_dir / "figures"))))
@@ -113,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
 def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     summary = summarise_rows(collect(analysis), provenance(analysis), analysis.variant)
     paths = figure(summary, figures_dir)
+    write_tables(summary, analysis.out_dir)
     t = summary.table
     pivot = t.pivot_table(index=["bucket", "config"], columns="k", values="value", sort=False).reset_index()
     pivot.columns = [str(c) if not isinstance(c, int) else f"k={c}" for c in pivot.columns]
