@@ -242,7 +242,9 @@ def test_cli_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
     probes_ = load_results(tmp_path / "linear_probe.jsonl")
     assert len(probes_) == 2 * 3 and probes_["key"].is_unique  # k ∈ {0, 1} × (embeddings + 2 layers)
     k1 = probes_[probes_["k"] == 1]
-    assert k1["auc"].notna().all() and (k1["n_groups"] == 2).all() and (k1["n"] == 4).all()
+    # the embedding layer sees the same decision token in every prompt: not probed, and said so
+    assert k1[k1["layer"] == 0]["auc"].isna().all() and k1[k1["layer"] == 0]["note"].str.contains("identical across items").all()
+    assert k1[k1["layer"] > 0]["auc"].notna().all() and (k1["n_groups"] == 2).all() and (k1["n"] == 4).all()
     assert len(list((tmp_path / "linear_features").glob("*.npy"))) == 4 * 2  # one residual per distinct prompt
     _check_figure(tmp_path, "fig10_linear_probe")
 
@@ -260,5 +262,6 @@ def test_cli_calls_paired_linear_smollm2(smollm2_dir, tmp_path):
     _check_figure(tmp_path, "fig12_paired_status")
     assert main(["linear", *common, "--configs", "basm", "--permutations", "2", "--resamples", "100"]) == 0
     table = pd.read_csv(tmp_path / "linear_summary.csv")
-    assert len(table) == 2 * 31 and table[table["k"] == 1]["auc"].notna().all()  # SmolLM2: 30 layers + embeddings
+    k1 = table[table["k"] == 1]
+    assert len(table) == 2 * 31 and k1[k1["layer"] > 0]["auc"].notna().all()  # SmolLM2: 30 layers + embeddings (constant: not probed)
     _check_figure(tmp_path, "fig10_linear_probe")
