@@ -395,7 +395,9 @@ def deciding_depth(cands: Sequence[margins_mod.CandidateInfo]) -> tuple[str | No
     wrong = [c for c in cands if c.role == "wrong"]
     if not correct or not wrong:
         return None, 0
-    return correct[0].key, min(margins_mod.shared_prefix(correct[0].token_ids, w.token_ids) for w in wrong)
+    depth = min(margins_mod.shared_prefix(correct[0].token_ids, w.token_ids) for w in wrong)
+    # names that never diverge (the margin is NaN then) are read at the correct name's last row
+    return correct[0].key, min(depth, len(correct[0].token_ids) - 1)
 
 
 def score_record(
