@@ -140,6 +140,11 @@ def memory_control(record: dict[str, Any], blocks: Sequence[Sequence[int]], rng:
     return draw_span(free, block_lengths(blocks), rng)
 
 
+def pool_text(pool: str) -> str:
+    """Where a ``--random-pool`` draws, in words (figure notes and the report)."""
+    return "outside B and P" if pool == "memory" else "outside B (P allowed)"
+
+
 def anywhere_control(record: dict[str, Any], blocks: Sequence[Sequence[int]], rng: np.random.Generator) -> tuple[list[int], list[int]]:
     """Same-length runs anywhere before the first query row except B and token 0."""
     free = np.ones(min(record["query_rows"]), dtype=bool)
@@ -273,10 +278,10 @@ def deltas_per_record(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, i
 
 def control_draws(rows: pd.DataFrame) -> pd.DataFrame:
     """How the random controls were drawn: coverage of |B| and how often a run had to be split."""
-    draws = rows[rows["condition"].map(control_of).isin(set(CONTROL_PREFIXES.values())) & (rows["config"] == "basm")]
+    rows = rows.assign(control=rows["condition"].map(control_of))
+    draws = rows[rows["control"].isin(set(CONTROL_PREFIXES.values())) & (rows["config"] == "basm")]
     if not len(draws):
         return pd.DataFrame(columns=["control", "n_records", "n_draws", "mean_coverage", "n_short", "n_split", "mean_procedure_share"])
-    draws = draws.assign(control=draws["condition"].map(control_of))
     out = []
     for control, sub in draws.groupby("control", sort=False):
         out.append({"control": control, "n_records": sub["record_id"].nunique(), "n_draws": len(sub),
@@ -327,7 +332,7 @@ def knockout_note(analysis: Analysis) -> str:
     a = analysis.args
     return (f"{provenance(analysis)}\nΔm = m_knockout − m_BASM (signed) at k = {a.k if a.k is not None else a.k_max} · "
             f"rows blocked: {a.knockout_rows} · random: mean of {a.random_draws} spans of |B| positions in the memory block "
-            f"outside B{' and P' if a.random_pool == 'memory' else ' (P allowed)'}; "
+            f"{pool_text(a.random_pool)}; "
             f"random anywhere: same-length runs anywhere before the call · paired records per measure · mean ± 95% bootstrap CI over task groups")
 
 
@@ -363,7 +368,7 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
             f"CIs over task groups. Rows blocked: `{analysis.args.knockout_rows}`. Every knockout and control of a measure is compared "
             f"on the same records. BASM records without a boundary span excluded: {summary.n_excluded}.\n\n{markdown_table(main)}\n\n"
             f"Records left out of a measure's comparison:\n\n{markdown_table(summary.dropped) if len(summary.dropped) else 'none'}\n\n"
-            f"How the random controls were drawn (`random`: the memory block outside B{' and P' if analysis.args.random_pool == 'memory' else ' (P allowed)'}, "
+            f"How the random controls were drawn (`random`: the memory block {pool_text(analysis.args.random_pool)}, "
             f"the default neutral control; "
             f"`random_anywhere`: anywhere before the call):\n\n{markdown_table(summary.controls)}\n\n"
             f"Share of the Proc. Skill gap recovered by the boundary knockout (T_wrong; CI resamples task groups jointly):\n\n"
