@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from probes.cli import main
+from probes.cli.main import main
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--workers", type=int, default=2)

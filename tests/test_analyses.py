@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
-from probes.cli import main
-from probes.results import load_results
+from probes.cli.main import main
+from probes.reporting.results import load_results
 
 torch.set_num_threads(1)
 
@@ -66,9 +66,9 @@ def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_
     # Eq. 2 at the deciding row (the decision row, or the row after a shared first token).
     from transformers import AutoModelForCausalLM
 
-    from probes.dataset import load_dataset
-    from probes.rendering import BuildSettings, PromptBuilder, load_tokenizer
-    from probes.retrieval import Retriever, make_embedder
+    from probes.data.dataset import load_dataset
+    from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
+    from probes.data.retrieval import Retriever, make_embedder
 
     dataset = load_dataset()
     builder = PromptBuilder(load_tokenizer(str(tiny_qwen3_dir)), dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=2))
@@ -123,11 +123,11 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
 
     # The CLI's rows are the library scorer's rows for the same record and conditions (the scorer
     # itself is checked against an eager 4D-mask forward in tests/test_measures.py).
-    from probes.analysis import score_record
-    from probes.dataset import load_dataset
-    from probes.engine import Knockout, ProbeSession
-    from probes.rendering import BuildSettings, PromptBuilder
-    from probes.retrieval import Retriever, make_embedder
+    from probes.analyses.base import score_record
+    from probes.data.dataset import load_dataset
+    from probes.engine.session import Knockout, ProbeSession
+    from probes.prompts.builder import BuildSettings, PromptBuilder
+    from probes.data.retrieval import Retriever, make_embedder
 
     session = ProbeSession(tiny_qwen3_dir)
     dataset = load_dataset()
@@ -144,7 +144,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
 def test_knockout_compares_every_control_on_the_same_records() -> None:
     """A measure that is NaN for a record (abstention as the correct action) drops that record from
     every knockout and control of that measure, and the drop is counted with its reason."""
-    from probes.knockout import deltas_per_record
+    from probes.analyses.knockout import deltas_per_record
 
     rows = []
     for rec, abstain in (("a", False), ("b", True), ("c", False)):
@@ -185,7 +185,7 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
 def test_missing_default_model_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import probes.organism
 
-    from probes.analysis import AnalysisError, default_model
+    from probes.analyses.base import AnalysisError, default_model
 
     monkeypatch.setattr(probes.organism, "ORGANISM_DIR", tmp_path / "absent")
     with pytest.raises(AnalysisError, match="--model"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from probes.cli import main
+from probes.cli.main import main
 
 
 def test_build_writes_documented_records(tmp_path, capsys):
@@ -26,7 +26,7 @@ def test_build_writes_documented_records(tmp_path, capsys):
 
 
 def test_show_highlights_spans(capsys):
-    from probes.dataset import load_dataset
+    from probes.data.dataset import load_dataset
 
     item = load_dataset().select(buckets=["T_wrong"], split="eval")[0]
     assert main(["show", item.id, "--config", "basm", "--k", "2", "--embedder", "lexical"]) == 0

@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from probes.analysis import score_record
-from probes.engine import ATTN_IMPLEMENTATION, BASELINE, Knockout, ProbeSession, span_positions
+from probes.analyses.base import score_record
+from probes.engine.session import ATTN_IMPLEMENTATION, BASELINE, Knockout, ProbeSession, span_positions
 from reference import knockout_masks, masked_eager_forward
 
 N = 48

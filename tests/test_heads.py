@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from probes.analysis import EPSILON, AnalysisError, open_analysis
-from probes.cli import build_parser, main
-from probes.heads import (
+from probes.analyses.base import EPSILON, AnalysisError, open_analysis
+from probes.cli.main import build_parser, main
+from probes.analyses.heads import (
     MATCH_POOL,
     SENSITIVITY_FLOORS,
     compute,
@@ -22,7 +22,7 @@ from probes.heads import (
     split_groups,
     top_heads,
 )
-from probes.results import load_results
+from probes.reporting.results import load_results
 
 torch.set_num_threads(1)
 

@@ -11,8 +11,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
-import probes.linear as linear
-from probes.linear import DEFAULT_PERMUTATIONS, ProbeSettings, grouped_folds, out_of_fold_scores, permuted_labels, probe_layers
+import probes.analyses.linear as linear
+from probes.analyses.linear import DEFAULT_PERMUTATIONS, ProbeSettings, grouped_folds, out_of_fold_scores, permuted_labels, probe_layers
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +33,7 @@ def _planted(y: np.ndarray, rng: np.random.Generator, d: int = 8, shift: float =
 
 
 def test_one_default_permutation_count_reaches_p_below_001():
-    from probes.cli import build_parser
+    from probes.cli.main import build_parser
 
     assert ProbeSettings().permutations == DEFAULT_PERMUTATIONS >= 199
     args = build_parser().parse_args(["linear"])

@@ -18,7 +18,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from threadpoolctl import threadpool_limits
 
-from probes.calls import (
+from probes.analyses.calls import (
     call_rates,
     classify,
     generation_prompt,
@@ -30,10 +30,10 @@ from probes.calls import (
     parse_prompted,
     stop_token_ids,
 )
-from probes.cli import main
-from probes.dataset import ABSTAIN, load_dataset, spread_limit
-from probes.linear import ProbeSettings, auc, grouped_folds, permute_within_groups, probe_layers
-from probes.results import load_results
+from probes.cli.main import main
+from probes.data.dataset import ABSTAIN, load_dataset, spread_limit
+from probes.analyses.linear import ProbeSettings, auc, grouped_folds, permute_within_groups, probe_layers
+from probes.reporting.results import load_results
 
 torch.set_num_threads(1)
 COMMON = ["--limit", "2", "--k-max", "1", "--embedder", "lexical"]
@@ -180,7 +180,7 @@ def test_generation_through_probe_attention_equals_sdpa(tiny_qwen3_dir):
     """HF generate on the session's model (probe attention registered) = a plain sdpa model."""
     from transformers import AutoModelForCausalLM
 
-    from probes.engine import ProbeSession
+    from probes.engine.session import ProbeSession
 
     session = ProbeSession(tiny_qwen3_dir)
     reference = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, attn_implementation="sdpa").eval()
@@ -193,8 +193,8 @@ def test_generation_through_probe_attention_equals_sdpa(tiny_qwen3_dir):
 
 
 def test_generation_prompt_drops_the_forced_prefix(tiny_qwen3_dir):
-    from probes.rendering import NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, load_tokenizer
-    from probes.retrieval import RetrievalWeights, Retriever, make_embedder
+    from probes.prompts.builder import NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, load_tokenizer
+    from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
 
     dataset = load_dataset()
     (item,) = dataset.select(split="eval", buckets=["T_wrong"], limit_per_bucket=1)

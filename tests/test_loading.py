@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from probes.engine import ProbeSession
-from probes.loading import ModelLoadError, PromptTooLongError, check_context_length, load_model, resolve_model_dir
+from probes.engine.session import ProbeSession
+from probes.engine.loading import ModelLoadError, PromptTooLongError, check_context_length, load_model, resolve_model_dir
 
 
 def test_loads_local_dir(qwen3_dir):

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from probes.dataset import ABSTAIN
-from probes.margins import (
+from probes.data.dataset import ABSTAIN
+from probes.scoring.margins import (
     CandidateInfo,
     NonFiniteLogitsError,
     broad_margin,

@@ -18,13 +18,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from probes.analysis import score_record
-from probes.dataset import load_dataset
-from probes.engine import BASELINE, Knockout, ProbeSession, span_positions
-from probes.knockout import anywhere_control, draw_span, memory_control
-from probes.analysis import record_rng
-from probes.rendering import BuildSettings, PromptBuilder
-from probes.retrieval import Retriever, make_embedder
+from probes.analyses.base import score_record
+from probes.data.dataset import load_dataset
+from probes.engine.session import BASELINE, Knockout, ProbeSession, span_positions
+from probes.analyses.knockout import anywhere_control, draw_span, memory_control
+from probes.analyses.base import record_rng
+from probes.prompts.builder import BuildSettings, PromptBuilder
+from probes.data.retrieval import Retriever, make_embedder
 from reference import knockout_masks, masked_eager_forward
 
 COLLIDING_ITEM = "retail-ok-0001"  # get_order_details vs get_stock_info: both start with "get"

@@ -16,13 +16,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import probes.analysis
-import probes.engine
-import probes.report as report
-from probes import plots
-from probes.analysis import QUICK, AnalysisError, ReportSection, bootstrap_ratio, no_ci_note, resolve_options, summarise
-from probes.cli import COMMANDS, main, select_items
-from probes.dataset import BUCKETS, DEFAULT_DATASET_DIR, load_dataset, spread_limit
+import probes.analyses.base
+import probes.engine.session
+import probes.analyses.report as report
+from probes.reporting import plots
+from probes.analyses.base import QUICK, AnalysisError, ReportSection, bootstrap_ratio, no_ci_note, resolve_options, summarise
+from probes.cli.main import COMMANDS, main, select_items
+from probes.data.dataset import BUCKETS, DEFAULT_DATASET_DIR, load_dataset, spread_limit
 
 
 @pytest.fixture(scope="module")
@@ -137,16 +137,16 @@ def test_line_and_error_bar_figures_say_no_ci() -> None:
 # ---------------------------------------------------------------------------- report fails loudly
 def test_report_with_an_unimportable_analysis_is_an_error(monkeypatch, tmp_path, capsys) -> None:
     args = _parse("report", ["--model", "m", "--analyses", "sweep,calls", "--out", str(tmp_path)])
-    monkeypatch.setitem(sys.modules, "probes.calls", None)  # `import probes.calls` raises ImportError
+    monkeypatch.setitem(sys.modules, "probes.analyses.calls", None)  # `import probes.analyses.calls` raises ImportError
     monkeypatch.setattr(report, "open_session", _no_session)
     code = report.run(args)
     assert code != 0
-    assert "cannot import probes.calls" in capsys.readouterr().err
+    assert "cannot import probes.analyses.calls" in capsys.readouterr().err
     assert not (tmp_path / "report.md").exists()
 
 
 def test_report_section_error_is_printed_and_fails(monkeypatch, tmp_path, capsys) -> None:
-    import probes.sweep
+    import probes.analyses.sweep
 
     def boom(analysis, figures_dir):
         raise AnalysisError("boom: no rows")
@@ -155,8 +155,8 @@ def test_report_section_error_is_printed_and_fails(monkeypatch, tmp_path, capsys
     monkeypatch.setattr(report, "open_session", lambda args, model: object())
     monkeypatch.setattr(report, "open_analysis", lambda args, name, session: analysis)
     monkeypatch.setattr(report, "provenance", lambda analysis: "")
-    monkeypatch.setattr(probes.sweep, "report_section", boom)
-    monkeypatch.setattr(importlib.import_module("probes.ratios"), "report_section",
+    monkeypatch.setattr(probes.analyses.sweep, "report_section", boom)
+    monkeypatch.setattr(importlib.import_module("probes.analyses.ratios"), "report_section",
                         lambda a, d: ReportSection("ratios", "Ratios", [], "body"))
     code = main(["report", "--model", "m", "--analyses", "sweep,ratios", "--out", str(tmp_path)])
     assert code == 1
@@ -236,7 +236,7 @@ def _capture_session(monkeypatch) -> dict[str, Any]:
         seen.update(kwargs, model=str(model_or_dir))
         raise _Loaded
 
-    monkeypatch.setattr(probes.engine.ProbeSession, "__init__", init)
+    monkeypatch.setattr(probes.engine.session.ProbeSession, "__init__", init)
     return seen
 
 
@@ -251,9 +251,9 @@ def test_the_common_options_cover_every_analysis() -> None:
 def test_session_options_reach_the_session(name: str, monkeypatch, tmp_path) -> None:
     seen = _capture_session(monkeypatch)
     # the invented filter values select nothing in a real dataset, and the dataset is checked before the model
-    dataset = probes.analysis._dataset(str(DEFAULT_DATASET_DIR))
-    monkeypatch.setattr(probes.analysis, "_dataset", lambda root: dataset)
-    monkeypatch.setattr(probes.analysis, "select_items", lambda dataset, args: dataset.items[:1])
+    dataset = probes.analyses.base._dataset(str(DEFAULT_DATASET_DIR))
+    monkeypatch.setattr(probes.analyses.base, "_dataset", lambda root: dataset)
+    monkeypatch.setattr(probes.analyses.base, "select_items", lambda dataset, args: dataset.items[:1])
     argv = _non_default_argv(_parser(name), tmp_path)
     with pytest.raises(_Loaded):
         main([name, *argv])
@@ -295,18 +295,18 @@ def test_report_toml_does_not_override_explicit_flags(tmp_path) -> None:
     toml = tmp_path / "run.toml"
     toml.write_text('k-max = 1\nseed = 5\n')
     args = resolve_options(_parse("report", ["--config", str(toml), "--k-max", "4"]))
-    import probes.sweep
+    import probes.analyses.sweep
 
-    sub = resolve_options(report.analysis_args(probes.sweep, args))
+    sub = resolve_options(report.analysis_args(probes.analyses.sweep, args))
     assert (args.k_max, sub.k_max, sub.seed) == (4, 4, 5)  # sweep's default K is 4: the file must not win
 
 
 def test_embedder_choice_is_printed_and_recorded(tiny_qwen3_dir, tmp_path, capsys) -> None:
-    from probes.results import load_results
-    from probes.retrieval import make_embedder
+    from probes.reporting.results import load_results
+    from probes.data.retrieval import make_embedder
 
     make_embedder.cache_clear()
-    probes.analysis._retriever.cache_clear()
+    probes.analyses.base._retriever.cache_clear()
     assert main(["sweep", "--model", str(tiny_qwen3_dir), "--embedder", "lexical", "--item", "retail-wrong-0001",
                  "--k-max", "0", "--configs", "base", "--split", "all", "--out", str(tmp_path), "--no-figure"]) == 0
     assert "embedder: lexical-hashing (--embedder lexical)" in capsys.readouterr().err

@@ -11,11 +11,12 @@ import pytest
 import torch
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-from probes.dataset import ABSTAIN, load_dataset
+from probes.data.dataset import ABSTAIN, load_dataset
 from probes.organism import ORGANISM_DIR
-from probes.organism.train import (
+from probes.organism.train.loop import (
     EDIT_CONFIGS,
     TRAIN_ATTN_IMPLEMENTATION,
+    install_train_attention,
     EDIT_SHARES,
     K_WEIGHTS,
     MIXTURE,
@@ -48,7 +49,7 @@ from probes.organism.train import (
     train,
     train_organism_tokenizer,
 )
-from probes.rendering import NATIVE_FORCED_PREFIX, SpanReport, check_spans
+from probes.prompts.builder import NATIVE_FORCED_PREFIX, SpanReport, check_spans
 
 TINY = dict(
     steps=3, batch_size=2, limit_items=2, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
@@ -171,7 +172,7 @@ def test_planted_head_attention_equals_eager_output_attentions(dataset):
     mask_fn = lambda p, w: isolation_mask(batch, flags, p, w)  # noqa: E731
     with torch.no_grad():
         plain_hidden, _ = shared_prefix_hidden(model, sequences, max_prefix, suffix_mask=mask_fn)
-        model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
+        model.set_attn_implementation(install_train_attention())
         recording = supervision()
         with supervising(model, [recording]):
             hidden, prefix = shared_prefix_hidden(model, sequences, max_prefix, suffix_mask=mask_fn)
@@ -187,7 +188,7 @@ def test_planted_head_attention_equals_eager_output_attentions(dataset):
                     recorded = recording.probs[cell]
                     assert (recorded[:n] - attentions[layer][0, head, row]).abs().max() <= 1e-5
                     assert bool((recorded[n:] == 0).all())  # right padding of the shorter sequences is never attended
-        model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
+        model.set_attn_implementation(install_train_attention())
         _, stats = batch_loss(model, batch, 5.0, isolate=flags, planted_heads=[("verdict", layer, head)], planted_head_weight=1.0)
     verdict = [cell for cell, (*_, target) in enumerate(cells) if target == "verdict"]
     expected = np.mean([recording.probs[cell, list(cells[cell][2])].sum().item() for cell in verdict])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from probes.organism import ORGANISM_DIR
-from probes.organism.train import FINGERPRINT_STEPS, TrainConfig, train
+from probes.organism.train.loop import FINGERPRINT_STEPS, TrainConfig, train
 from probes.organism.validate import ALPHA, validate
 
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
@@ -61,8 +61,8 @@ def test_retraining_reproduces_the_committed_run(summary):
 
 
 def test_sweep_without_model_runs_on_the_bundled_organism(tmp_path):
-    from probes.cli import main
-    from probes.results import load_results
+    from probes.cli.main import main
+    from probes.reporting.results import load_results
 
     assert main(["sweep", "--limit", "2", "--k-max", "1", "--configs", "proc,basm", "--out", str(tmp_path)]) == 0
     rows = load_results(tmp_path / "sweep.jsonl")

@@ -20,9 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from probes.cli import main
-from probes.dataset import DEFAULT_DATASET_DIR
-from probes.results import ResultsCorrupt, load_results
+from probes.cli.main import main
+from probes.data.dataset import DEFAULT_DATASET_DIR
+from probes.reporting.results import ResultsCorrupt, load_results
 
 torch.set_num_threads(1)
 FAST = ["--embedder", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base,basm", "--no-figure"]
@@ -85,20 +85,20 @@ def test_edited_items_stop_a_resume(model: Path, dataset: Path, tmp_path: Path, 
 
 
 def test_linear_residuals_are_keyed_by_the_weights() -> None:
-    from probes.linear import feature_key
+    from probes.analyses.linear import feature_key
 
     record = {"input_ids": [1, 2, 3], "query_rows": [2]}
     assert feature_key(record, "weightsA|float32") != feature_key(record, "weightsB|float32")
 
 
 def test_weight_hash_is_memoised_by_size_and_mtime(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import probes.loading
+    import probes.engine.loading
 
-    first = probes.loading.model_fingerprint(model)
+    first = probes.engine.loading.model_fingerprint(model)
     reads = []
     real_open = Path.open
     monkeypatch.setattr(Path, "open", lambda self, *a, **k: reads.append(self.name) or real_open(self, *a, **k))
-    assert probes.loading.model_fingerprint(model) == first
+    assert probes.engine.loading.model_fingerprint(model) == first
     assert "model.safetensors" not in reads
 
 
@@ -109,7 +109,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def cli(argv: list[str], **kwargs) -> subprocess.Popen:
     """``basm-probes argv`` in a child process (for kills, write limits and concurrent writers)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "probes.cli", *argv], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "probes.cli.main", *argv], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -131,7 +131,7 @@ def test_concurrent_runs_never_duplicate_rows(model: Path, tmp_path: Path) -> No
 
 
 def test_a_held_lock_stops_a_second_writer(model: Path, tmp_path: Path) -> None:
-    from probes.results import ResultsStore
+    from probes.reporting.results import ResultsStore
 
     path = tmp_path / "out" / "sweep.jsonl"
     ResultsStore(path, "sweep", {"held": True})  # this process now writes the file
@@ -243,7 +243,7 @@ def test_results_are_strict_json_and_nan_reads_back(tmp_path: Path) -> None:
 
     import numpy as np
 
-    from probes.results import ResultsStore
+    from probes.reporting.results import ResultsStore
 
     path = tmp_path / "r.jsonl"
     store = ResultsStore(path, "x", {})
@@ -261,13 +261,13 @@ def test_results_are_strict_json_and_nan_reads_back(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- 4. build writes atomically
 def test_a_failing_build_leaves_the_previous_records_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import probes.cli
+    import probes.cli.main
 
     out = tmp_path / "records.jsonl"
     argv = ["build", "--limit", "2", "--k-max", "1", "--config", "basm", "--workers", "1", "--embedder", "lexical", "--out", str(out)]
     assert main(argv) == 0
     before = out.read_bytes()
-    real = probes.cli._build_item
+    real = probes.cli.main._build_item
     calls = []
 
     def failing(item):
@@ -276,7 +276,7 @@ def test_a_failing_build_leaves_the_previous_records_whole(tmp_path: Path, monke
             raise RuntimeError("killed mid-build")
         return real(item)
 
-    monkeypatch.setattr(probes.cli, "_build_item", failing)
+    monkeypatch.setattr(probes.cli.main, "_build_item", failing)
     with pytest.raises(RuntimeError, match="killed mid-build"):
         main(argv)
     assert out.read_bytes() == before
@@ -322,7 +322,7 @@ class _Stop(Exception):
 
 
 def _stop_at_session(monkeypatch: pytest.MonkeyPatch) -> dict:
-    import probes.analysis
+    import probes.analyses.base
 
     seen = {}
 
@@ -330,7 +330,7 @@ def _stop_at_session(monkeypatch: pytest.MonkeyPatch) -> dict:
         seen.update(k_max=args.k_max, seed=args.seed)
         raise _Stop
 
-    monkeypatch.setattr(probes.analysis, "open_session", stop)
+    monkeypatch.setattr(probes.analyses.base, "open_session", stop)
     return seen
 
 
@@ -351,12 +351,12 @@ def test_prompted_format_on_the_organism_warns(tmp_path: Path, monkeypatch: pyte
 
 def test_ctrl_c_says_how_to_resume_and_debug_shows_the_traceback(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture) -> None:
-    import probes.analysis
+    import probes.analyses.base
 
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(probes.analysis, "score_record", interrupt)
+    monkeypatch.setattr(probes.analyses.base, "score_record", interrupt)
     capsys.readouterr()
     assert main(sweep(model, tmp_path / "out")) == 130
     err = capsys.readouterr().err

@@ -13,15 +13,15 @@ import re
 import numpy as np
 import pytest
 
-from probes.bpe import train_bpe_tokenizer
-from probes.configs import CONFIGS, get_config
-from probes.dataset import ABSTAIN, load_dataset
-from probes.rendering import (
+from probes.prompts.bpe import train_bpe_tokenizer
+from probes.data.configs import CONFIGS, get_config
+from probes.data.dataset import ABSTAIN, load_dataset
+from probes.prompts.builder import (
     ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, TOOLS_BLOCK_HEADER, BuildSettings, PromptBuilder, SpanReport,
     TemplateSupport, check_spans, load_tokenizer,
 )
-from probes.retrieval import Retriever, make_embedder
-from probes.schema import BOUNDARY_SLOTS
+from probes.data.retrieval import Retriever, make_embedder
+from probes.data.schema import BOUNDARY_SLOTS
 
 K_MAX = 4
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-import probes.analysis
-from probes.cli import main
-from probes.results import ResultsStore, load_results
+import probes.analyses.base
+from probes.cli.main import main
+from probes.reporting.results import ResultsStore, load_results
 
 torch.set_num_threads(1)
 
@@ -38,7 +38,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: 
 
     # Kill after 7 prompts have been written, then tear the file's last line as a kill mid-write would.
     calls = {"append": 0, "score": 0}
-    real_append, real_score = ResultsStore.append, probes.analysis.score_record
+    real_append, real_score = ResultsStore.append, probes.analyses.base.score_record
 
     def dying_append(self, rows):
         if calls["append"] == 7:
@@ -61,7 +61,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: 
         calls["score"] += 1
         return real_score(*args, **kwargs)
 
-    monkeypatch.setattr(probes.analysis, "score_record", counting_score)
+    monkeypatch.setattr(probes.analyses.base, "score_record", counting_score)
     assert main(_args(tiny_qwen3_dir, tmp_path / "resumed")) == 0
     resumed = _table(path)
     assert resumed["key"].is_unique

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from probes.dataset import load_dataset
-from probes.retrieval import (
+from probes.data.dataset import load_dataset
+from probes.data.retrieval import (
     LexicalEmbedder, RetrievalWeights, Retriever, boundary_relevance, content_words, jaccard,
     make_embedder, step_overlap, tools_in_text,
 )

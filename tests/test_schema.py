@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probes.schema import (
+from probes.data.schema import (
     BOUNDARY_SLOTS, SLOTS, SkillValidationError, Tool, ToolCatalog, build_library, validate_skill,
 )
 

@@ -1,4 +1,4 @@
-"""The one cluster bootstrap (probes.stats.bootstrap_mean): resampling unit and no zero-width CIs."""
+"""The one cluster bootstrap (probes.scoring.stats.bootstrap_mean): resampling unit and no zero-width CIs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from probes.stats import bootstrap_mean
+from probes.scoring.stats import bootstrap_mean
 
 
 def test_one_group_has_no_ci_not_a_zero_width_one():

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from probes.heads import MIN_SPAN_MASS
+from probes.analyses.heads import MIN_SPAN_MASS
 from probes.organism.heldout import heldout_report
-from probes.organism.train import head_key
+from probes.organism.train.loop import head_key
 from probes.organism.validate import Validation, validate
 
 DISCLAIMER = (
@@ -170,7 +170,7 @@ tags: [synthetic, model-organism, interpretability, qwen3-architecture]
 ## Training data
 
 {summary['n_train_items']} items of the dataset's **train** split ({summary['n_train_items_per_bucket']}), task-group disjoint from
-the eval split (asserted at training time). Prompts were built by `probes.rendering.PromptBuilder` with this
+the eval split (asserted at training time). Prompts were built by `probes.prompts.builder.PromptBuilder` with this
 tokenizer, retrieval embedder `{summary['embedder']}`, default `BuildSettings()` (γ = 0, β = 384), k ∈ {cfg['ks']}.
 Each example is a prompt (without the forced prefix) followed by the action: the full call
 `<tool_call>\\n{{"name": NAME, "arguments": {{...}}}}\\n</tool_call><|im_end|>` or the refusal sentence. The
@@ -238,7 +238,7 @@ Examples seen per (configuration | bucket): {seen_lines}.
 ## Held-out check (eval split, plain transformers forward passes)
 
 {heldout.get('n_eval_items', '')} eval items; accuracy is the argmax over all candidate actions (every catalog tool + abstain), scored
-as in `probes.margins` (tool: log P(forced prefix | open row) + log P(name | decision row); abstain:
+as in `probes.scoring.margins` (tool: log P(forced prefix | open row) + log P(name | decision row); abstain:
 log(1 − P(`<tool_call>` | open row))). Margin = Eq. 1 on those scores, max over wrong − max over
 {{correct, abstain}}; means are means of task-group means, CIs resample task groups. Computed by `probes.organism.heldout` at training time.
 

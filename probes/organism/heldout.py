@@ -4,7 +4,7 @@ Used by the training command to fill the model card, and as an independent cross
 probe engine: candidate scoring, accuracy and the wrong-tool margin per configuration × bucket × k,
 plus a small same-prompt knockout and attention-ratio check written directly against HF masks.
 
-Scores follow ``probes.margins`` (native format, log-probability form): a tool ``y`` scores
+Scores follow ``probes.scoring.margins`` (native format, log-probability form): a tool ``y`` scores
 ``log P(forced prefix | open row) + log P(y | decision row)``; abstaining scores
 ``log(1 − P(<tool_call> | open row))``. The margin is Eq. 1 over those scores:
 ``max_wrong − max(correct, abstain)``. Tool names are single tokens of the organism's tokenizer,
@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen3ForCausalLM
 
-from probes.dataset import ABSTAIN, ProbeDataset, load_dataset
+from probes.data.dataset import ABSTAIN, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_NAME
-from probes.organism.train import shared_prefix_hidden
-from probes.rendering import BuildSettings, PromptBuilder
-from probes.retrieval import Retriever, make_embedder
-from probes.stats import bootstrap_mean
+from probes.organism.train.loop import shared_prefix_hidden
+from probes.prompts.builder import BuildSettings, PromptBuilder
+from probes.data.retrieval import Retriever, make_embedder
+from probes.scoring.stats import bootstrap_mean
 
 EVAL_CONFIGS: tuple[str, ...] = ("base", "proc", "app", "basm")
 
@@ -113,7 +113,7 @@ def build_eval_records(builder: PromptBuilder, items, configs: Sequence[str], ks
 
 
 def group_ci(values: Sequence[float], groups: Sequence[str]) -> tuple[float, float, float]:
-    """Mean of task-group means with its 95% cluster-bootstrap CI (:func:`probes.stats.bootstrap_mean`);
+    """Mean of task-group means with its 95% cluster-bootstrap CI (:func:`probes.scoring.stats.bootstrap_mean`);
     NaN values (e.g. the tool margin of abstain items) are left out."""
     keep = np.isfinite(np.asarray(values, dtype=float))
     estimate = bootstrap_mean(np.asarray(values, dtype=float)[keep], np.asarray(groups)[keep])

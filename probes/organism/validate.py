@@ -1,7 +1,7 @@
 """``basm-probes organism validate``: do the probes recover what was planted in the organism?
 
-Five claims, measured with the probe analyses themselves (:mod:`probes.sweep`, :mod:`probes.knockout`,
-:mod:`probes.ratios`, :mod:`probes.heads`) on the held-out (eval) split, which is task-group
+Five claims, measured with the probe analyses themselves (:mod:`probes.analyses.sweep`, :mod:`probes.analyses.knockout`,
+:mod:`probes.analyses.ratios`, :mod:`probes.analyses.heads`) on the held-out (eval) split, which is task-group
 disjoint from the organism's training items:
 
 =============  ============================================================================  =========================
@@ -16,13 +16,13 @@ eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_
                over all layers and heads, paired by task group (every group has both)
 heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 T_wrong;     heads rows
                heads ranked on half of the task groups (only heads that read B ∪ P, see
-               :func:`probes.heads.ranking`), tested on the other half; random heads matched
-               on B ∪ P mass (:func:`probes.heads.matched_random_sets`)
+               :func:`probes.analyses.heads.ranking`), tested on the other half; random heads matched
+               on B ∪ P mass (:func:`probes.analyses.heads.matched_random_sets`)
 =============  ============================================================================  =========================
 
 Each statistic is a mean over task groups (items of a group share a template, so they are not
-independent) with a 95% cluster-bootstrap CI (:func:`probes.stats.bootstrap_mean`) and a one-sided
-sign-flip permutation test over task groups (:func:`probes.stats.paired_permutation_test`). A claim
+independent) with a 95% cluster-bootstrap CI (:func:`probes.scoring.stats.bootstrap_mean`) and a one-sided
+sign-flip permutation test over task groups (:func:`probes.scoring.stats.paired_permutation_test`). A claim
 holds iff the CI lies above 0 and p < :data:`ALPHA`. Margins are Eq. 1 on the tool choice, in logits
 (``--margin-variant tool_choice``): items whose correct action is abstention have none and are left
 out. The random control is the neutral one (random spans of the memory block outside B).
@@ -42,14 +42,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probes import heads as heads_mod
-from probes import knockout as knockout_mod
-from probes import ratios as ratios_mod
-from probes import sweep as sweep_mod
-from probes.analysis import EPSILON, Analysis, AnalysisError, open_analysis
-from probes.engine import ProbeSession
+from probes.analyses import heads as heads_mod
+from probes.analyses import knockout as knockout_mod
+from probes.analyses import ratios as ratios_mod
+from probes.analyses import sweep as sweep_mod
+from probes.analyses.base import EPSILON, Analysis, AnalysisError, open_analysis
+from probes.engine.session import ProbeSession
 from probes.organism import ORGANISM_DIR
-from probes.stats import Estimate, bootstrap_mean, paired_permutation_test
+from probes.scoring.stats import Estimate, bootstrap_mean, paired_permutation_test
 
 ALPHA = 0.05
 DEPTH = 2  # the retrieval depth of every claim (the paper's focus)
@@ -148,7 +148,7 @@ def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
 
 def heads_claim(analysis: Analysis, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
     """Heads ranked on one half of the task groups, top-N vs matched random-N knockout on the other
-    (:func:`probes.heads.split_groups`, :func:`probes.heads.select_heads`, as the ``heads`` analysis)."""
+    (:func:`probes.analyses.heads.split_groups`, :func:`probes.analyses.heads.select_heads`, as the ``heads`` analysis)."""
     attention, _, test_groups = heads_mod.with_halves(heads_mod.collect_attention(analysis))
     selection = heads_mod.select_heads(attention[attention["half"] == "rank"], min_span_mass=analysis.args.min_span_mass,
                                        top=top, draws=draws, seed=seed)
@@ -192,7 +192,7 @@ class Validation:
 
 
 def analysis_for(name: str, argv: Sequence[str], session: ProbeSession | None) -> Analysis:
-    from probes.cli import build_parser
+    from probes.cli.main import build_parser
 
     return open_analysis(build_parser().parse_args([name, *argv]), name, session=session)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from probes import plots
-from probes.analysis import (
+from probes.reporting import plots
+from probes.analyses.base import (
     Analysis,
     Comparison,
     Job,
@@ -35,8 +35,8 @@ from probes.analysis import (
     run_jobs,
     summarise,
 )
-from probes.configs import CONTROL_CONFIGS, PAPER_CONFIGS
-from probes.results import load_results, write_csv
+from probes.data.configs import CONTROL_CONFIGS, PAPER_CONFIGS
+from probes.reporting.results import load_results, write_csv
 
 NAME = "sweep"
 FIGURE = "fig02_retrieval_trap"

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 from sklearn.feature_extraction.text import CountVectorizer, HashingVectorizer
 
-from probes.schema import BOUNDARY_SLOTS, Skill
+from probes.data.schema import BOUNDARY_SLOTS, Skill
 
 _ANALYZER = CountVectorizer(stop_words="english", token_pattern=r"(?u)\b[a-zA-Z][a-zA-Z0-9]+\b").build_analyzer()
 

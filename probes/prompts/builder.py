@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from probes.configs import MemoryConfig, get_config
-from probes.dataset import ABSTAIN, Item, ProbeDataset
-from probes.retrieval import Retriever, ScoredSkill, boundary_relevance, tools_in_text
-from probes.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
+from probes.data.configs import MemoryConfig, get_config
+from probes.data.dataset import ABSTAIN, Item, ProbeDataset
+from probes.data.retrieval import Retriever, ScoredSkill, boundary_relevance, tools_in_text
+from probes.data.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
 
 FORMATS: tuple[str, ...] = ("native", "prompted")
 NATIVE_FORCED_PREFIX = '<tool_call>\n{"name": "'

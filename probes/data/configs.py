@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from probes.schema import BOUNDARY_SLOTS, PROCEDURAL_SLOTS
+from probes.data.schema import BOUNDARY_SLOTS, PROCEDURAL_SLOTS
 
 
 @dataclass(frozen=True)

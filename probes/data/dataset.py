@@ -17,13 +17,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from probes.schema import LibraryReport, Skill, ToolCatalog, build_library, tools_from_json
+from probes.data.schema import LibraryReport, Skill, ToolCatalog, build_library, tools_from_json
 
 BUCKETS: tuple[str, ...] = ("T_ok", "T_wrong", "T_repair")
 SPLITS: tuple[str, ...] = ("train", "eval")
 ABSTAIN = "<abstain>"
 
-DEFAULT_DATASET_DIR = Path(__file__).resolve().parent.parent / "datasets" / "basm_probe"
+def bundled_dataset(name: str) -> Path:
+    """The folder of a dataset shipped with the package: the repository's top-level ``datasets/``,
+    reached through the ``probes/datasets`` link (installed copies hold the files themselves)."""
+    return Path(__file__).resolve().parent.parent / "datasets" / name
+
+
+DEFAULT_DATASET_DIR = bundled_dataset("basm_probe")
 
 
 class DatasetError(ValueError):
@@ -182,7 +188,7 @@ class ProbeDataset:
     ) -> tuple[Item, ...]:
         """Filter items; ``limit_per_bucket`` keeps N items of each bucket: with ``spread``,
         round-robin over task groups (:func:`spread_limit`; what every analysis's ``--limit``
-        does, through :func:`probes.cli.select_items`), else the first N in file order (fixtures:
+        does, through :func:`probes.cli.main.select_items`), else the first N in file order (fixtures:
         usually a single task group). The result is in file order."""
         buckets = set(buckets) if buckets is not None else None
         domains = set(domains) if domains is not None else None
@@ -219,7 +225,7 @@ def spread_limit(items: Sequence[Item], limit: int) -> list[Item]:
     Items of one task group share a template, and CIs resample task groups: the first N items
     in file order are usually a single group, whose CI has zero width. This is the one
     implementation of ``--limit``: every analysis selects its items through
-    :func:`probes.cli.select_items`, i.e. ``ProbeDataset.select(..., spread=True)``.
+    :func:`probes.cli.main.select_items`, i.e. ``ProbeDataset.select(..., spread=True)``.
     """
     if limit < 0:
         raise ValueError(f"limit must be ≥ 0, got {limit}")

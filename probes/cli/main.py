@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from probes.configs import CONFIGS
-from probes.dataset import BUCKETS, DEFAULT_DATASET_DIR, DatasetError, Item, ProbeDataset, load_dataset
-from probes.rendering import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer, strip_offsets
-from probes.results import atomic_path
-from probes.retrieval import RetrievalWeights, Retriever, make_embedder
+from probes.data.configs import CONFIGS
+from probes.data.dataset import BUCKETS, DEFAULT_DATASET_DIR, DatasetError, Item, ProbeDataset, load_dataset
+from probes.prompts.builder import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer, strip_offsets
+from probes.reporting.results import atomic_path
+from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
 
 @dataclass(frozen=True)
 class Command:
@@ -63,7 +63,7 @@ class OptionError(ValueError):
 
 def select_items(dataset: ProbeDataset, args: argparse.Namespace) -> tuple[Item, ...]:
     """The items of a run (every analysis and ``build``): ``--limit`` takes N per bucket
-    round-robin over task groups (:func:`probes.dataset.spread_limit`)."""
+    round-robin over task groups (:func:`probes.data.dataset.spread_limit`)."""
     if args.limit is not None and args.limit < 1:
         raise OptionError(f"--limit {args.limit}: must be ≥ 1 (items per bucket)")
     try:
@@ -224,7 +224,7 @@ register("show", "Print one prompt with its procedure and boundary spans highlig
 # ---------------------------------------------------------------------------- probe analyses
 def lazy(module: str, attr: str) -> Callable[..., Any]:
     """Defer importing an analysis module until its subcommand is used (fast startup; no import
-    cycle with probes.analysis, which imports the shared options above)."""
+    cycle with probes.analyses.base, which imports the shared options above)."""
 
     def call(*args: Any) -> Any:
         return getattr(importlib.import_module(module), attr)(*args)
@@ -241,13 +241,13 @@ for _name, _help in (
     ("report", "Run the chosen analyses; write figures/ (PNG+PDF) and report.md next to the paper's numbers."),
 ):
     register(_name, _help, lazy(f"probes.{_name}", "add_arguments"), lazy(f"probes.{_name}", "run"))
-register("linear", "Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer.", lazy("probes.linear", "add_arguments"), lazy("probes.linear", "run"))
-register("calls", "Fig. 11: greedy next-action calls per k; wrong-/correct-call and parse-failure rates.", lazy("probes.calls", "add_arguments"), lazy("probes.calls", "run"))
-register("paired", "Fig. 12: paired outcome status of BASM vs procedure padding (reuses calls results).", lazy("probes.paired", "add_arguments"), lazy("probes.paired", "run"))
+register("linear", "Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer.", lazy("probes.analyses.linear", "add_arguments"), lazy("probes.analyses.linear", "run"))
+register("calls", "Fig. 11: greedy next-action calls per k; wrong-/correct-call and parse-failure rates.", lazy("probes.analyses.calls", "add_arguments"), lazy("probes.analyses.calls", "run"))
+register("paired", "Fig. 12: paired outcome status of BASM vs procedure padding (reuses calls results).", lazy("probes.analyses.paired", "add_arguments"), lazy("probes.analyses.paired", "run"))
 
 
 ORGANISM_COMMANDS = {
-    "train": ("probes.organism.train", "train the bundled model organism from the dataset's train split"),
+    "train": ("probes.organism.train.loop", "train the bundled model organism from the dataset's train split"),
     "validate": ("probes.organism.validate", "test on held-out items that the probes recover the planted mechanism"),
     "card": ("probes.organism.card", "rerun the held-out check and the validation; rewrite validation.json and the model card"),
 }
@@ -282,9 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _known_errors() -> tuple[type[BaseException], ...]:
     """Errors whose message says what went wrong, where and what to do (no traceback needed).
     Imported when an error happens: these modules load torch."""
-    from probes.analysis import AnalysisError
-    from probes.loading import ModelLoadError, PromptTooLongError
-    from probes.results import ResultsConfigMismatch, ResultsCorrupt, ResultsLocked
+    from probes.analyses.base import AnalysisError
+    from probes.engine.loading import ModelLoadError, PromptTooLongError
+    from probes.reporting.results import ResultsConfigMismatch, ResultsCorrupt, ResultsLocked
 
     return (OptionError, AnalysisError, DatasetError, ModelLoadError, PromptTooLongError, ResultsConfigMismatch,
             ResultsCorrupt, ResultsLocked, OSError)
@@ -310,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         if args.debug or not isinstance(error, _known_errors()):
             raise
-        from probes.analysis import AnalysisError
+        from probes.analyses.base import AnalysisError
 
         message = f"{error.strerror}: {error.filename}" if isinstance(error, OSError) and error.filename else str(error)
         print(f"basm-probes {args.command}: error: {message}\n(rerun with --debug for the traceback)", file=sys.stderr)

@@ -3,7 +3,7 @@
 Shared style helpers come first; every figure function takes the tidy summary tables of its
 analysis module and returns a matplotlib ``Figure``. :func:`save_figure` writes PNG and PDF.
 Names follow the paper: buckets T_ok / T_wrong / T_repair (mathtext subscripts), configuration
-labels from :mod:`probes.configs`, margins in logits, error bars = 95% bootstrap CIs over task
+labels from :mod:`probes.data.configs`, margins in logits, error bars = 95% bootstrap CIs over task
 groups.
 """
 
@@ -12,17 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")  # figures are files; never open a window (CI, servers)
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from probes.configs import CONFIGS, config_label  # noqa: E402
-from probes.results import atomic_path  # noqa: E402
+from probes.data.configs import CONFIGS, config_label
+from probes.reporting.results import atomic_path
 
 BUCKET_LABELS: dict[str, str] = {
     "T_ok": r"$T_{\mathrm{ok}}$",
@@ -102,11 +98,11 @@ def footnote(fig: plt.Figure, text: str, y: float = -0.01) -> None:
     fig.text(0.01, y, text, ha="left", va="top", fontsize=7.5, color="0.35", wrap=True)
 
 
-MIN_CI_GROUPS = 2  # as probes.analysis.MIN_CI_GROUPS: fewer task groups give no CI
+MIN_CI_GROUPS = 2  # as probes.analyses.base.MIN_CI_GROUPS: fewer task groups give no CI
 
 
 def no_ci_label(n_groups: float) -> str:
-    """What a cell without a CI shows instead of an error bar (as ``probes.analysis.no_ci_note``)."""
+    """What a cell without a CI shows instead of an error bar (as ``probes.analyses.base.no_ci_note``)."""
     n = int(n_groups) if np.isfinite(n_groups) else 0
     return f"no CI ({n} group{'' if n == 1 else 's'})" if n < MIN_CI_GROUPS else "no CI"
 

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from probes import plots
-from probes.analysis import (
+from probes.reporting import plots
+from probes.analyses.base import (
     EPSILON,
     Analysis,
     AnalysisError,
@@ -49,10 +49,10 @@ from probes.analysis import (
     provenance,
     run_jobs,
 )
-from probes.engine import Knockout
-from probes.ratios import head_alphas
-from probes.results import load_results, write_csv
-from probes.stats import bootstrap_mean
+from probes.engine.session import Knockout
+from probes.analyses.ratios import head_alphas
+from probes.reporting.results import load_results, write_csv
+from probes.scoring.stats import bootstrap_mean
 
 NAME = "heads"
 FIGURES = ("fig08_head_heatmap", "fig09_candidate_heads")

@@ -2,7 +2,7 @@
 after the paper's figures) and ``report.md`` with our numbers next to the paper's.
 
 Every analysis module taking part exposes ``add_arguments(parser)`` and
-``report_section(analysis, figures_dir) -> ReportSection`` (see :mod:`probes.analysis`). The report
+``report_section(analysis, figures_dir) -> ReportSection`` (see :mod:`probes.analyses.base`). The report
 builds each analysis's options from that module's own defaults, overridden by the options given
 to every common option given to ``report`` (:data:`FORWARDED`: model and session options, format,
 margin variant, builder, item filters, k, seed, ``--quick``...), so a section reproduces exactly
@@ -10,7 +10,7 @@ what the analysis's own subcommand would compute, and reuses its resumable resul
 same ``--out`` folder.
 
 An analysis module that cannot be imported is an error before anything runs; an analysis that
-fails (:class:`~probes.analysis.AnalysisError`) is reported in ``report.md`` and on the console,
+fails (:class:`~probes.analyses.base.AnalysisError`) is reported in ``report.md`` and on the console,
 and makes the exit status non-zero.
 """
 
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from probes import plots
-from probes.analysis import (
+from probes.reporting import plots
+from probes.analyses.base import (
     AnalysisError,
     Comparison,
     ReportSection,
@@ -38,7 +38,7 @@ from probes.analysis import (
     provenance,
     resolve_options,
 )
-from probes.results import atomic_path, environment
+from probes.reporting.results import atomic_path, environment
 
 # In paper order. A module that cannot be imported is an error (leave it out with --analyses).
 ANALYSES: tuple[str, ...] = ("sweep", "ratios", "suppression", "knockout", "heads", "linear", "calls", "paired")

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from probes import plots
-from probes.analysis import (
+from probes.reporting import plots
+from probes.analyses.base import (
     Analysis,
     Comparison,
     Job,
@@ -34,7 +34,7 @@ from probes.analysis import (
     run_jobs,
     summarise,
 )
-from probes.results import load_results, write_csv
+from probes.reporting.results import load_results, write_csv
 
 NAME = "suppression"
 FIGURE = "fig05_suppression"

@@ -28,7 +28,7 @@ record_residual=True)``): ``[n_layers + 1, d_model]`` per prompt, cached as ``.n
 by the prompt's token ids (k = 0 prompts are shared by every configuration and computed once).
 
 ``--limit N`` keeps N items per bucket taken round-robin over task groups
-(:func:`probes.dataset.spread_limit`, as in every analysis), not the first N in file order (those
+(:func:`probes.data.dataset.spread_limit`, as in every analysis), not the first N in file order (those
 share one task group, where no task-disjoint CV exists).
 """
 
@@ -322,8 +322,8 @@ FIGURE = "fig10_linear_probe"
 
 
 def add_arguments(parser: Any) -> None:
-    from probes.analysis import add_common_arguments, configs_arg
-    from probes.configs import PAPER_CONFIGS
+    from probes.analyses.base import add_common_arguments, configs_arg
+    from probes.data.configs import PAPER_CONFIGS
 
     add_common_arguments(parser, k_max=4, buckets=PROBE_BUCKETS)
     parser.add_argument("--configs", type=configs_arg, default=list(PAPER_CONFIGS),
@@ -338,8 +338,8 @@ def add_arguments(parser: Any) -> None:
 
 def keep_probe_items(analysis: Any) -> None:
     """Keep the T_ok / T_wrong items (``--limit`` already spread them over task groups, see
-    :func:`probes.dataset.spread_limit`: task-disjoint CV needs at least two task groups per class)."""
-    from probes.analysis import AnalysisError
+    :func:`probes.data.dataset.spread_limit`: task-disjoint CV needs at least two task groups per class)."""
+    from probes.analyses.base import AnalysisError
 
     items = [item for item in analysis.items if item.bucket in PROBE_BUCKETS]
     if not items:
@@ -349,8 +349,8 @@ def keep_probe_items(analysis: Any) -> None:
 
 def collect_features(analysis: Any) -> tuple[Any, FeatureCache]:
     """Residuals of every (item, config, k) prompt; returns (index rows, feature cache)."""
-    from probes.analysis import ROW_FIELDS, Job, run_jobs
-    from probes.results import load_results
+    from probes.analyses.base import ROW_FIELDS, Job, run_jobs
+    from probes.reporting.results import load_results
 
     configs = list(analysis.args.configs)
     store = analysis.store(configs=configs, row="decision", features="residual stream [layer+1, d_model]",
@@ -382,7 +382,7 @@ def probe_all(analysis: Any, index: Any, cache: FeatureCache, settings: ProbeSet
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from probes.results import ResultsStore, load_results
+    from probes.reporting.results import ResultsStore, load_results
 
     store = ResultsStore(analysis.out_dir / "linear_probe.jsonl", "linear_probe",
                          analysis.config(configs=list(analysis.args.configs), limit_mode="spread over task groups",
@@ -426,7 +426,7 @@ SUMMARY_COLUMNS = ["config", "k", "layer", "auc", "low", "high", "null_mean", "n
 
 def compute(analysis: Any) -> Any:
     """Features, probes and the summary table (also written to ``linear_summary.csv``)."""
-    from probes.results import write_csv
+    from probes.reporting.results import write_csv
 
     keep_probe_items(analysis)
     a = analysis.args
@@ -439,8 +439,8 @@ def compute(analysis: Any) -> Any:
 
 
 def figure(analysis: Any, table: Any, figures_dir: Path) -> list[Path]:
-    from probes import plots
-    from probes.analysis import provenance
+    from probes.reporting import plots
+    from probes.analyses.base import provenance
 
     a = analysis.args
     note = (f"{provenance(analysis).replace(f' · margin: {a.margin_variant}', '')}\n"
@@ -482,7 +482,7 @@ def best_layers(table: Any) -> Any:
 
 
 def report_section(analysis: Any, figures_dir: Path) -> Any:
-    from probes.analysis import Comparison, ReportSection, markdown_table
+    from probes.analyses.base import Comparison, ReportSection, markdown_table
 
     table = compute(analysis)
     paths = figure(analysis, table, figures_dir)
@@ -502,7 +502,7 @@ def report_section(analysis: Any, figures_dir: Path) -> Any:
 
 
 def run(args: Any) -> int:
-    from probes.analysis import open_analysis
+    from probes.analyses.base import open_analysis
 
     analysis = open_analysis(args, NAME)
     table = compute(analysis)

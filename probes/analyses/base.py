@@ -4,13 +4,13 @@
 An analysis is a list of :class:`Job` s, one per prompt record (item × memory config × k), and a
 scorer that turns the record into tidy rows, one per condition. :func:`run_jobs` builds each
 record lazily with the tokenizer of the model under study, scores it, and appends its rows to a
-resumable :class:`~probes.results.ResultsStore` (key ``"{record_id}|{condition}"``), under one
+resumable :class:`~probes.reporting.results.ResultsStore` (key ``"{record_id}|{condition}"``), under one
 tqdm bar whose total is every job of the run, so the ETA covers the whole run. A rerun skips the
 keys already written and never writes one twice.
 
 :func:`score_record` is the one record scorer: one cached-branching engine call per record
 evaluates the baseline and every knockout at once, and returns per condition every quantity of
-:mod:`probes.margins`:
+:mod:`probes.scoring.margins`:
 
 - ``margin``: the headline, by default Eq. 1 on the tool choice (``margin_tool_choice``: wrong
   tools vs the correct tool, each pair at the row where their names diverge); also written:
@@ -46,16 +46,16 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from probes import margins as margins_mod
-from probes.cli import add_dataset_arguments, check_options, select_items
-from probes.configs import CONFIGS
-from probes.dataset import BUCKETS, Item, ProbeDataset, load_dataset
-from probes.engine import Knockout, ProbeSession, span_positions
-from probes.loading import model_fingerprint
-from probes.rendering import FORMATS, BuildSettings, PromptBuilder
-from probes.results import ResultsStore
-from probes.retrieval import RetrievalWeights, Retriever, make_embedder
-from probes.stats import bootstrap_mean
+from probes.scoring import margins as margins_mod
+from probes.cli.main import add_dataset_arguments, check_options, select_items
+from probes.data.configs import CONFIGS
+from probes.data.dataset import BUCKETS, Item, ProbeDataset, load_dataset
+from probes.engine.session import Knockout, ProbeSession, span_positions
+from probes.engine.loading import model_fingerprint
+from probes.prompts.builder import FORMATS, BuildSettings, PromptBuilder
+from probes.reporting.results import ResultsStore
+from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
+from probes.scoring.stats import bootstrap_mean
 
 MARGIN_VARIANTS: tuple[str, ...] = ("tool_choice", "first_token", "path")
 DEFAULT_VARIANT = "tool_choice"
@@ -163,7 +163,7 @@ def _toml_value(action: argparse.Action, key: str, value: Any, where: Path) -> A
 def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
     """Apply the TOML file (for options not given as flags), ``--items`` and ``--quick``.
 
-    Flags given on the command line win (``args._explicit``, recorded by :func:`probes.cli.main`;
+    Flags given on the command line win (``args._explicit``, recorded by :func:`probes.cli.main.main`;
     without it, a value other than the default counts as given). The TOML file is applied once
     per namespace: ``report`` resolves its own options, then forwards them (and ``config_file``,
     for the record) to each analysis, whose own resolution must not re-apply the file.
@@ -520,7 +520,7 @@ def names_arg(known: Iterable[str], what: str) -> Callable[[str], list[str]]:
     return parse
 
 
-configs_arg = names_arg(CONFIGS, "configuration(s)")  # ``--configs base,proc,...`` (names from probes.configs)
+configs_arg = names_arg(CONFIGS, "configuration(s)")  # ``--configs base,proc,...`` (names from probes.data.configs)
 
 
 def provenance(analysis: Analysis, n_items: int | None = None) -> str:

@@ -37,9 +37,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probes.dataset import ABSTAIN
-from probes.rendering import ABSTAIN_TEXT
-from probes.stats import bootstrap_mean, paired_permutation_test
+from probes.data.dataset import ABSTAIN
+from probes.prompts.builder import ABSTAIN_TEXT
+from probes.scoring.stats import bootstrap_mean, paired_permutation_test
 
 MAX_NEW_TOKENS = 48
 OUTCOMES: tuple[str, ...] = ("correct_tool", "wrong_tool", "other_tool", "abstain", "parse_failure")
@@ -385,8 +385,8 @@ def _generation_arguments(parser: Any) -> None:
 
 
 def add_arguments(parser: Any) -> None:
-    from probes.analysis import add_common_arguments, configs_arg
-    from probes.configs import CONTROL_CONFIGS
+    from probes.analyses.base import add_common_arguments, configs_arg
+    from probes.data.configs import CONTROL_CONFIGS
 
     add_common_arguments(parser, k_max=4)
     parser.add_argument("--configs", type=configs_arg, default=list(CALLS_CONFIGS),
@@ -397,7 +397,7 @@ def add_arguments(parser: Any) -> None:
 
 
 def add_paired_arguments(parser: Any) -> None:
-    from probes.analysis import add_common_arguments
+    from probes.analyses.base import add_common_arguments
 
     add_common_arguments(parser, k_max=4)
     _generation_arguments(parser)
@@ -434,7 +434,7 @@ def generate_rows(analysis: Any, store: Any, configs: Sequence[str], items: Sequ
                   only_keys: set[str] | None = None) -> int:
     """Greedy calls of every (item, config, k) into ``store`` (resumable); returns jobs run.
     ``only_keys``: restrict to these row keys (``{record_id}|greedy``)."""
-    from probes.analysis import Job, run_jobs
+    from probes.analyses.base import Job, run_jobs
 
     items = analysis.items if items is None else items
     session = analysis.session
@@ -455,7 +455,7 @@ def generate_rows(analysis: Any, store: Any, configs: Sequence[str], items: Sequ
 
 
 def _configs_of(args: Any) -> list[str]:
-    from probes.configs import CONTROL_CONFIGS
+    from probes.data.configs import CONTROL_CONFIGS
 
     return list(dict.fromkeys([*args.configs, *(CONTROL_CONFIGS if args.controls else ())]))
 
@@ -470,7 +470,7 @@ def _calls_note(analysis: Any, rows: pd.DataFrame) -> str:
 
 def _provenance(analysis: Any) -> str:
     """The shared provenance line without the margin variant (no margin is computed here)."""
-    from probes.analysis import provenance
+    from probes.analyses.base import provenance
 
     return provenance(analysis).replace(f" · margin: {analysis.args.margin_variant}", "")
 
@@ -483,7 +483,7 @@ def print_rates(rates: pd.DataFrame) -> None:
 
 def compute(analysis: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Generate (resumably) and aggregate; returns (rows, rates) and writes ``calls_summary.csv``."""
-    from probes.results import ResultsStore, load_results, write_csv
+    from probes.reporting.results import ResultsStore, load_results, write_csv
 
     configs = _configs_of(analysis.args)
     store = ResultsStore(analysis.out_dir / f"{NAME}.jsonl", NAME, calls_config(analysis, configs), overwrite=analysis.args.overwrite)
@@ -495,7 +495,7 @@ def compute(analysis: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def figure(analysis: Any, rows: pd.DataFrame, rates: pd.DataFrame, figures_dir: Path) -> list[Path]:
-    from probes import plots
+    from probes.reporting import plots
 
     plots.style()
     return plots.save_figure(plots.fig11_call_rates(rates, _calls_note(analysis, rows)), figures_dir, FIGURE)
@@ -509,7 +509,7 @@ def _cell(rates: pd.DataFrame, **where: Any) -> float:
 
 
 def report_section(analysis: Any, figures_dir: Path) -> Any:
-    from probes.analysis import Comparison, ReportSection, markdown_table
+    from probes.analyses.base import Comparison, ReportSection, markdown_table
 
     rows, rates = compute(analysis)
     paths = figure(analysis, rows, rates, figures_dir)
@@ -528,7 +528,7 @@ def report_section(analysis: Any, figures_dir: Path) -> Any:
 
 
 def run(args: Any) -> int:
-    from probes.analysis import open_analysis
+    from probes.analyses.base import open_analysis
 
     analysis = open_analysis(args, NAME)
     rows, rates = compute(analysis)
@@ -542,7 +542,7 @@ def run(args: Any) -> int:
 # ------------------------------------------------------------------------------------- paired
 def _reusable_calls(path: Path, expected: Mapping[str, Any]) -> pd.DataFrame | None:
     """Rows (of the wanted configs) of an existing calls file written with the same settings."""
-    from probes.results import load_results, read_meta
+    from probes.reporting.results import load_results, read_meta
 
     if not path.is_file() or path.stat().st_size == 0:
         return None
@@ -562,7 +562,7 @@ def _reusable_calls(path: Path, expected: Mapping[str, Any]) -> pd.DataFrame | N
 def collect_paired_calls(analysis: Any) -> tuple[pd.DataFrame, str]:
     """Calls of BASM and procedure padding on the run's items and k: reused from a matching calls
     file where present, generated (resumably, into OUT/paired_calls.jsonl) only where missing."""
-    from probes.results import ResultsStore, load_results
+    from probes.reporting.results import ResultsStore, load_results
 
     configs = list(PAIRED_CONFIGS)
     expected = calls_config(analysis, configs)
@@ -586,7 +586,7 @@ def collect_paired_calls(analysis: Any) -> tuple[pd.DataFrame, str]:
 
 def compute_paired(analysis: Any) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """Paired rows (``paired.jsonl``) and their summary (``paired_summary.csv``)."""
-    from probes.results import ResultsStore, load_results, write_csv
+    from probes.reporting.results import ResultsStore, load_results, write_csv
 
     calls, how = collect_paired_calls(analysis)
     store = ResultsStore(analysis.out_dir / f"{PAIRED_NAME}.jsonl", PAIRED_NAME, calls_config(analysis, PAIRED_CONFIGS),
@@ -599,7 +599,7 @@ def compute_paired(analysis: Any) -> tuple[pd.DataFrame, pd.DataFrame, str]:
 
 
 def paired_figure(analysis: Any, summary: pd.DataFrame, how: str, figures_dir: Path) -> list[Path]:
-    from probes import plots
+    from probes.reporting import plots
 
     note = (f"{_provenance(analysis)} · greedy calls ({how})\nsolved = the greedy call is the correct action · "
             f"Δ = solve rate BASM − procedure padding, p: two-sided sign-flip permutation test over task groups · "
@@ -609,7 +609,7 @@ def paired_figure(analysis: Any, summary: pd.DataFrame, how: str, figures_dir: P
 
 
 def paired_report_section(analysis: Any, figures_dir: Path) -> Any:
-    from probes.analysis import Comparison, ReportSection, markdown_table
+    from probes.analyses.base import Comparison, ReportSection, markdown_table
 
     _paired, summary, how = compute_paired(analysis)
     paths = paired_figure(analysis, summary, how, figures_dir)
@@ -624,7 +624,7 @@ def paired_report_section(analysis: Any, figures_dir: Path) -> Any:
 
 
 def run_paired(args: Any) -> int:
-    from probes.analysis import open_analysis
+    from probes.analyses.base import open_analysis
 
     analysis = open_analysis(args, PAIRED_NAME)
     _paired, summary, how = compute_paired(analysis)

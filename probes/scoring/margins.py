@@ -49,13 +49,10 @@ from typing import Any
 
 import torch
 
-from probes.dataset import ABSTAIN
+from probes.data.dataset import ABSTAIN
+from probes.engine.logits import NonFiniteLogitsError, check_finite, entropy  # noqa: F401  (re-exported: the scorer raises them)
 
 ROLES = ("correct", "wrong", "abstain", "other")  # "other": the rest of the catalog
-
-
-class NonFiniteLogitsError(ValueError):
-    """Logits contained NaN or inf, so no margin is meaningful."""
 
 
 @dataclass(frozen=True)
@@ -99,19 +96,6 @@ def candidates_from_record(record: Mapping[str, Any]) -> list[CandidateInfo]:
         CandidateInfo(str(i), c["role"], str(c["action"]), int(c["anchor_index"]), tuple(int(t) for t in c["token_ids"]))
         for i, c in enumerate(record["candidates"])
     ]
-
-
-def check_finite(t: torch.Tensor, what: str) -> None:
-    if not bool(torch.isfinite(t).all()):
-        bad = int((~torch.isfinite(t)).sum())
-        raise NonFiniteLogitsError(f"{what}: {bad} non-finite values (NaN/inf); check the dtype (try float32) and the weights")
-
-
-def entropy(logits: torch.Tensor) -> float:
-    """Next-token entropy (nats) of one logit vector."""
-    check_finite(logits, "entropy logits")
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return float(-(logp.exp() * logp).sum())
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:

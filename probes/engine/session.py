@@ -6,7 +6,8 @@ to and what it would predict if some attention edges were removed.
 
 Algorithm
 ---------
-A custom attention function is registered with transformers under ``"basm_probe"`` (together
+A custom attention function is registered with transformers under ``"basm_probe"`` by
+:func:`install_attention` when a session opens (together
 with the sdpa mask builder; without it transformers silently drops the causal mask for
 unregistered implementations). Models call it with the final ``q, k, v`` (after q/k norms and
 RoPE), so it works for every causal LM that uses transformers' attention interface (Qwen3,
@@ -52,8 +53,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from probes import margins as margins_mod
-from probes.loading import check_context_length, load_model
+from probes.engine.logits import check_finite, entropy
+from probes.engine.loading import check_context_length, load_model
 
 ATTN_IMPLEMENTATION = "basm_probe"
 
@@ -427,9 +428,14 @@ def _branch_forward(
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(ATTN_IMPLEMENTATION, probe_attention_forward)
-# Without a registered mask function transformers builds no causal mask for custom names.
-AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+def install_attention() -> str:
+    """Register :func:`probe_attention_forward` with transformers under :data:`ATTN_IMPLEMENTATION`
+    (idempotent; called by :class:`ProbeSession`, never at import). Returns the name to pass as
+    ``attn_implementation``."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, probe_attention_forward)
+    # Without a registered mask function transformers builds no causal mask for custom names.
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    return ATTN_IMPLEMENTATION
 
 
 # --------------------------------------------------------------------------------------------
@@ -539,6 +545,7 @@ class ProbeSession:
         tokenizer: Any = None,
         row_chunk: int = 256,
     ) -> None:
+        install_attention()
         if isinstance(model_or_dir, PreTrainedModel):
             model = model_or_dir
             model.set_attn_implementation(ATTN_IMPLEMENTATION)
@@ -670,14 +677,14 @@ class ProbeSession:
         for i, c in enumerate(conds):
             lg = logits[i].float()
             dec = lg[last_row - row_offset]
-            margins_mod.check_finite(dec, f"decision-row logits under condition {c.name!r}")
+            check_finite(dec, f"decision-row logits under condition {c.name!r}")
             out.append(
                 ConditionResult(
                     condition=c,
                     row_offset=row_offset,
                     logits=lg.cpu(),
                     span_mass={s: span_mass[:, i, :, :, j].cpu() for j, s in enumerate(names)},
-                    entropy=margins_mod.entropy(dec),
+                    entropy=entropy(dec),
                     candidate_token_logprobs=cand_lp[i],
                     candidate_span_mass={k: {s: v[..., j].cpu() for j, s in enumerate(names)} for k, v in cand_mass[i].items()},
                     rows=state.rows[:, i].cpu() if state.rows is not None else None,

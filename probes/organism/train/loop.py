@@ -53,13 +53,13 @@ from transformers import AttentionInterface, PreTrainedTokenizerFast, Qwen3Confi
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from probes.bpe import train_bpe_tokenizer
-from probes.configs import CONFIGS
-from probes.dataset import ABSTAIN, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
+from probes.prompts.bpe import train_bpe_tokenizer
+from probes.data.configs import CONFIGS
+from probes.data.dataset import ABSTAIN, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_DIR, ORGANISM_NAME
-from probes.rendering import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, tokens_overlapping
-from probes.retrieval import Retriever, make_embedder
-from probes.schema import SLOTS, Skill
+from probes.prompts.builder import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, tokens_overlapping
+from probes.data.retrieval import Retriever, make_embedder
+from probes.data.schema import SLOTS, Skill
 
 # ----------------------------------------------------------------------------- mixture
 # Sampling weight of a training example per (configuration, bucket), for every k in 1..4.
@@ -243,7 +243,7 @@ class TrainConfig:
 
 # ----------------------------------------------------------------------------- tokenizer
 def train_organism_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE with the ChatML template of :mod:`probes.bpe`, but identifier-preserving
+    """Byte-level BPE with the ChatML template of :mod:`probes.prompts.bpe`, but identifier-preserving
     pre-tokenization (:data:`ORGANISM_PRETOKENIZER_PATTERN`) so tool names are single tokens and
     Eq. 1's first-token sets never collide."""
     return train_bpe_tokenizer(
@@ -676,9 +676,13 @@ def record_rows(supervision: HeadSupervision, module: torch.nn.Module, query: to
     supervision.probs = torch.softmax(scores, dim=-1)
 
 
-AttentionInterface.register(TRAIN_ATTN_IMPLEMENTATION, supervised_attention_forward)
-# Without a registered mask function transformers builds no causal mask for custom names.
-AttentionMaskInterface.register(TRAIN_ATTN_IMPLEMENTATION, sdpa_mask)
+def install_train_attention() -> str:
+    """Register :func:`supervised_attention_forward` under :data:`TRAIN_ATTN_IMPLEMENTATION`
+    (idempotent; called before a model is switched to it, never at import)."""
+    AttentionInterface.register(TRAIN_ATTN_IMPLEMENTATION, supervised_attention_forward)
+    # Without a registered mask function transformers builds no causal mask for custom names.
+    AttentionMaskInterface.register(TRAIN_ATTN_IMPLEMENTATION, sdpa_mask)
+    return TRAIN_ATTN_IMPLEMENTATION
 
 
 def rename_tools(input_ids: Sequence[int], name_ids: Sequence[int], rng: random.Random) -> list[int]:
@@ -998,7 +1002,7 @@ def train(
     sampler = BatchSampler(plan, cfg.batch_size, cfg.seed)
     model = make_model(cfg, tokenizer).to(cfg.device)
     if cfg.planted_head_weight > 0:
-        model.set_attn_implementation(TRAIN_ATTN_IMPLEMENTATION)
+        model.set_attn_implementation(install_train_attention())
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]

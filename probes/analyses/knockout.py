@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probes import plots
-from probes.analysis import (
+from probes.reporting import plots
+from probes.analyses.base import (
     Analysis,
     Comparison,
     Job,
@@ -71,8 +71,8 @@ from probes.analysis import (
     run_jobs,
     summarise,
 )
-from probes.engine import Knockout, span_positions
-from probes.results import load_results, write_csv
+from probes.engine.session import Knockout, span_positions
+from probes.reporting.results import load_results, write_csv
 
 NAME = "knockout"
 FIGURES = ("fig06_knockout_controls", "fig07_knockout_selectivity")

@@ -16,7 +16,7 @@ procedure attention is near zero, so they are never averaged. Two robust aggrega
 - **median per-head log2 ratio**: α averaged over items per (layer, head), then the median over
   heads of log2((α_B + ε) / (α_P + ε)); 95% CI by resampling task groups.
 
-ε = :data:`probes.analysis.EPSILON` (1e-6), stated in every output.
+ε = :data:`probes.analyses.base.EPSILON` (1e-6), stated in every output.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from probes import plots
-from probes.analysis import (
+from probes.reporting import plots
+from probes.analyses.base import (
     ATTENTION_ROWS,
     EPSILON,
     Analysis,
@@ -46,8 +46,8 @@ from probes.analysis import (
     provenance,
     run_jobs,
 )
-from probes.configs import CONTROL_CONFIGS
-from probes.results import load_results, write_csv
+from probes.data.configs import CONTROL_CONFIGS
+from probes.reporting.results import load_results, write_csv
 
 NAME = "ratios"
 FIGURE = "fig04_boundary_attention"

@@ -1,0 +1,3 @@
+from probes.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Training of the bundled model organism (``basm-probes organism train``)."""
