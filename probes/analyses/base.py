@@ -1,90 +1,131 @@
-"""The shared runner of every probe analysis (``sweep``, ``ratios``, ``suppression``, ``knockout``,
-``heads``, ``linear``, ``calls``, ``paired``).
+"""The analysis contract, its options and the one pipeline every analysis runs through.
 
-An analysis is a list of :class:`Job` s, one per prompt record (item × memory config × k), and a
-scorer that turns the record into tidy rows, one per condition. :func:`run_jobs` builds each
-record lazily with the tokenizer of the model under study, scores it, and appends its rows to a
-resumable :class:`~probes.reporting.results.ResultsStore` (key ``"{record_id}|{condition}"``), under one
-tqdm bar whose total is every job of the run, so the ETA covers the whole run. A rerun skips the
-keys already written and never writes one twice.
+An analysis is a class whose keyword-only fields are its options, stored as given (as in
+scikit-learn): ``Sweep(k_max=4, buckets=["T_wrong"])``. Calling :meth:`Analysis.run` on a loaded
+:class:`~probes.engine.session.ProbeSession` (or letting it load ``model``) goes through one
+pipeline, the same for every analysis::
 
-:func:`score_record` is the one record scorer: one cached-branching engine call per record
-evaluates the baseline and every knockout at once, and returns per condition every quantity of
-:mod:`probes.scoring.margins`:
+    collect(ctx) -> rows  →  summarise(ctx, rows) -> summary  →  tables / figures  →  section (report)
 
-- ``margin``: the headline, by default Eq. 1 on the tool choice (``margin_tool_choice``: wrong
-  tools vs the correct tool, each pair at the row where their names diverge); also written:
-  ``margin_first_token`` (Eq. 1 strictly at the decision row, NaN under first-token collisions),
-  ``margin_path`` (whole-path log-probabilities, abstention included) and ``call_logodds`` (the
-  abstention decision, a separate quantity). Items whose correct action is abstention
-  (``correct_is_abstain``) have no tool-choice margin: NaN, reported through ``call_logodds``;
-- ``broad_margin``: every non-correct catalog tool vs the correct tool (tool-vs-control);
-- ``correct_margin``: the correct tool vs the other non-wrong tools (independent of the wrong tool);
-- ``alpha_boundary`` / ``alpha_procedure``: Eq. 2's length-normalised span attention at the
-  *deciding row* (the row predicting the first token where the correct name parts from a wrong
-  one: the decision row, or a row of their shared name prefix), averaged over layers and heads;
-  ``alpha_*_open`` at the row that opens the call (native); per ``[layer][head]`` on request.
+and returns an :class:`AnalysisResult` (rows, summary, tables, figure paths, the options). The CLI
+derives each subcommand's flags from these fields (:mod:`probes.cli.options`); nothing here knows
+about argparse.
+
+Rows are scored per :class:`Job` (one prompt record: item × memory configuration × k) and appended
+to a resumable :class:`~probes.reporting.results.ResultsStore` (key ``"{record_id}|{condition}"``)
+under ``out/<model>/``, so several models share one ``out`` folder; a rerun skips the keys already
+written and never writes one twice.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import functools
 import hashlib
 import json
-import math
 import sys
-import tomllib
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from probes.scoring import margins as margins_mod
-from probes.cli.main import add_dataset_arguments, check_options, select_items
 from probes.data.configs import CONFIGS
-from probes.data.dataset import BUCKETS, Item, ProbeDataset, load_dataset
-from probes.engine.session import Knockout, ProbeSession, span_positions
+from probes.data.dataset import BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
+from probes.data.retrieval import EMBEDDERS, RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint
+from probes.engine.session import Knockout, ProbeSession
 from probes.prompts.builder import FORMATS, BuildSettings, PromptBuilder
-from probes.reporting.results import ResultsStore
-from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
-from probes.scoring.stats import bootstrap_mean
+from probes.reporting.results import ResultsStore, write_csv
+from probes.scoring.score import DEFAULT_VARIANT, EPSILON, MARGIN_VARIANTS, MARGINS, ROW_FIELDS, score_record
 
-MARGIN_VARIANTS: tuple[str, ...] = ("tool_choice", "first_token", "path")
-DEFAULT_VARIANT = "tool_choice"
-EPSILON = 1e-6  # ε of Eq. 2's ratio (stated in every output that uses it)
 # --quick: a small item subset so that `report --quick` finishes in minutes on 2 CPU cores. The
 # limit is spread over task groups (ProbeDataset.select): 4 items per bucket = 4 task groups, the
 # fewest that give a bootstrap CI and two task groups per half of a split-half test.
 QUICK = {"limit": 4, "k_max": 2, "random_draws": 2}
+SPLIT_CHOICES = ("train", "eval", "all")
 
 
 class AnalysisError(RuntimeError):
     """A run cannot start as configured; the message says what to do."""
 
 
-# ---------------------------------------------------------------------------- options
-def default_model() -> Path:
-    """The bundled model organism; a clear error until it has been trained and committed."""
-    from probes.organism import ORGANISM_DIR
+class OptionError(ValueError):
+    """An option has the wrong type, is out of range or selects nothing; the message names it."""
 
-    if not (ORGANISM_DIR / "config.json").is_file():
-        raise AnalysisError(
-            f"the bundled model organism is not in {ORGANISM_DIR} yet; pass --model PATH "
-            "(a local HF folder, a name in the local HF cache, or a .gguf file)"
-        )
-    return ORGANISM_DIR
+
+# ---------------------------------------------------------------------------- options
+def option(
+    default: Any,
+    help: str,
+    *,
+    type: Callable[..., Any] = str,
+    choices: Sequence[Any] | None = None,
+    flag: str | None = None,
+    repeat: bool = False,
+    names: Sequence[str] | None = None,
+    group: str = "run",
+    minimum: float | None = None,
+) -> Any:
+    """A keyword option of an analysis (a dataclass field with what the CLI and the validator need).
+
+    ``repeat``: a list given by repeating the flag (``--bucket T_ok --bucket T_wrong``);
+    ``names``: a list given as comma-separated names from ``names`` (``--configs base,proc``);
+    ``flag``: the CLI flag when it is not ``--field-name`` (``--no-figure`` for a True default).
+    """
+    if isinstance(default, list):
+        default = tuple(default)
+    meta = {"help": help, "type": type, "choices": tuple(choices) if choices is not None else None, "flag": flag,
+            "repeat": repeat, "names": tuple(names) if names is not None else None, "group": group, "minimum": minimum}
+    return field(default=default, metadata=meta)
+
+
+def option_fields(cls: type) -> list[dataclasses.Field]:
+    """The option fields of an analysis class (every dataclass field with option metadata)."""
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+
+def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "") -> Any:
+    """``value`` checked (and normalised: lists become tuples, paths stay as given) against the
+    option's type, choices and range; a precise :class:`OptionError` otherwise."""
+    meta = f.metadata
+    label = f"{where}{analysis}: option {f.name!r} ({meta['flag'] or '--' + f.name.replace('_', '-')})"
+    if value is None:
+        if f.default is None:
+            return None
+        raise OptionError(f"{label} must not be None (default: {f.default!r})")
+    if meta["repeat"] or meta["names"] is not None:
+        values = [value] if isinstance(value, str) else value
+        if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values):
+            raise OptionError(f"{label} must be a list of strings, got {value!r}")
+        known = meta["names"] or meta["choices"]
+        if known is not None and (unknown := [v for v in values if v not in known]):
+            raise OptionError(f"{label}: unknown {unknown}; known: {', '.join(known)}")
+        return tuple(values)
+    kind = meta["type"]
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise OptionError(f"{label} must be true or false, got {value!r}")
+    elif kind in (int, float):
+        if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
+            raise OptionError(f"{label} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+        if meta["minimum"] is not None and value < meta["minimum"]:
+            raise OptionError(f"{label} must be ≥ {meta['minimum']}, got {value!r}")
+    elif kind is Path:
+        if not isinstance(value, str | Path):
+            raise OptionError(f"{label} must be a path, got {value!r}")
+    elif not isinstance(value, str):
+        raise OptionError(f"{label} must be a string, got {value!r}")
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise OptionError(f"{label} must be one of {', '.join(map(str, meta['choices']))}, got {value!r}")
+    return value
 
 
 def parse_items(spec: str) -> dict[str, Any]:
-    """``--items`` compact filter: colon-separated bucket names, domain names and one count,
+    """``items`` compact filter: colon-separated bucket names, domain names and one count,
     e.g. ``T_wrong:retail:10`` (any order; each part optional)."""
     out: dict[str, Any] = {"buckets": [], "domains": [], "limit": None}
     for part in filter(None, spec.split(":")):
@@ -97,121 +138,223 @@ def parse_items(spec: str) -> dict[str, Any]:
     return out
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, *, k_max: int = 2, buckets: Sequence[str] | None = None) -> None:
-    """Options shared by every analysis. ``k_max``/``buckets``: this analysis's defaults."""
-    group = parser.add_argument_group("model")
-    group.add_argument("--model", help="local HF folder, local-cache name or .gguf (default: the bundled organism)")
-    group.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto (default: float32)")
-    group.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    group.add_argument("--device-map", default=None, help='accelerate device map for multi-GPU models, e.g. "auto"')
-    group.add_argument("--allow-pickle", action="store_true", help="allow .bin (pickle) weights; safetensors only by default")
-    group.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped in the model folder")
-    group = parser.add_argument_group("probe")
-    group.add_argument("--format", default="native", choices=FORMATS, help="decision format (default: native)")
-    group.add_argument(
-        "--margin-variant", default=DEFAULT_VARIANT, choices=MARGIN_VARIANTS,
-        help="the headline margin: tool_choice (default; Eq. 1 on the tool choice, each wrong/correct pair "
-        "compared where their names diverge), first_token (Eq. 1 at the decision row, NaN where names share "
-        "a first token) or path (whole-path log-probabilities, abstention included); all are written to the rows",
-    )
-    group.add_argument("--k-max", type=int, default=k_max, help=f"largest retrieval depth K (default: {k_max})")
-    group.add_argument("--embedder", choices=("auto", "minilm", "lexical"), default="auto", help="retrieval embedder")
-    group.add_argument("--gamma", type=float, default=BuildSettings.gamma, help="boundary relevance gate γ (Eq. 10)")
-    group.add_argument("--beta", type=int, default=BuildSettings.beta, help="boundary token budget β (Eq. 10)")
-    group.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
-    add_dataset_arguments(parser)
-    parser.set_defaults(_default_buckets=tuple(buckets) if buckets else None)
-    parser.add_argument("--items", help="compact item filter BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10")
-    group = parser.add_argument_group("run")
-    group.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results/)")
-    group.add_argument("--config", type=Path, dest="config_file", help="TOML file of options; explicit flags override it")
-    group.add_argument("--overwrite", action="store_true", help="discard existing results instead of resuming")
-    group.add_argument("--quick", action="store_true",
-                       help=f"small run: {QUICK['limit']} items (task groups) per bucket, k ≤ {QUICK['k_max']}")
-    group.add_argument("--no-figure", dest="figure", action="store_false", help="write rows only")
-    parser.set_defaults(_parser=parser)
+def default_model() -> Path:
+    """The bundled model organism; a clear error until it has been trained and committed."""
+    from probes.organism import ORGANISM_DIR
+
+    if not (ORGANISM_DIR / "config.json").is_file():
+        raise AnalysisError(
+            f"the bundled model organism is not in {ORGANISM_DIR} yet; pass model=PATH (--model PATH): "
+            "a local HF folder, a name in the local HF cache, or a .gguf file"
+        )
+    return ORGANISM_DIR
 
 
-def _toml_value(action: argparse.Action, key: str, value: Any, where: Path) -> Any:
-    """A TOML value checked and parsed as its flag would be; a type error names the file and key."""
-    def bad(expected: str) -> AnalysisError:
-        return AnalysisError(f"{where}: option {key!r} must be {expected}, got {value!r} ({type(value).__name__})")
+def model_label(model: str | Path) -> str:
+    """The folder name of a model's results under ``out``: the organism's name for the bundled
+    organism, a folder's or file's name, or a hub-style name with ``/`` replaced."""
+    from probes.organism import ORGANISM_DIR, ORGANISM_NAME
 
-    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    values = value if isinstance(action, argparse._AppendAction) and isinstance(value, list) else [value]
-    parsed = []
-    for v in values:
-        if action.type in (int, float):
-            if isinstance(v, bool) or not isinstance(v, int | float) or (action.type is int and not isinstance(v, int)):
-                raise bad("an integer" if action.type is int else "a number")
-        elif not isinstance(v, str):
-            raise bad("a string" + (" or a list of strings" if isinstance(action, argparse._AppendAction) else ""))
-        elif callable(action.type):
-            try:
-                v = action.type(v)  # same parsing as the flag
-            except (argparse.ArgumentTypeError, ValueError) as error:
-                raise AnalysisError(f"{where}: option {key!r}: {error}") from error
-        if action.choices is not None and v not in action.choices:
-            raise AnalysisError(f"{where}: option {key!r} must be one of {', '.join(map(str, action.choices))}, got {v!r}")
-        parsed.append(v)
-    return parsed if isinstance(action, argparse._AppendAction) else parsed[0]
+    path = Path(str(model))
+    if path.exists() and path.resolve() == ORGANISM_DIR.resolve():
+        return ORGANISM_NAME
+    if path.exists():
+        return path.stem if path.is_file() else path.resolve().name
+    return str(model).replace("/", "--")
 
 
-def resolve_options(args: argparse.Namespace) -> argparse.Namespace:
-    """Apply the TOML file (for options not given as flags), ``--items`` and ``--quick``.
+# ---------------------------------------------------------------------------- the contract
+@dataclass(frozen=True)
+class Comparison:
+    """One line of the report's "ours vs the paper" table (``paper`` None: not published)."""
 
-    Flags given on the command line win (``args._explicit``, recorded by :func:`probes.cli.main.main`;
-    without it, a value other than the default counts as given). The TOML file is applied once
-    per namespace: ``report`` resolves its own options, then forwards them (and ``config_file``,
-    for the record) to each analysis, whose own resolution must not re-apply the file.
+    quantity: str
+    ours: float
+    paper: float | None
+    unit: str = "logits"
+    note: str = ""
+
+
+@dataclass
+class ReportSection:
+    """What an analysis contributes to ``report``: its figures, a markdown body, the comparisons
+    with the paper, and its summary object (reused by composite figures)."""
+
+    name: str
+    title: str
+    figures: list[Path]
+    markdown: str
+    comparisons: list[Comparison] = field(default_factory=list)
+    summary: Any = None
+
+
+@dataclass
+class AnalysisResult:
+    """What :meth:`Analysis.run` returns: the rows (one per record × condition), the summary
+    object, the summary tables written next to the rows, the figure files, and the options the
+    analysis ran with (as given, and as resolved: ``quick``, ``items``, default buckets)."""
+
+    analysis: Analysis
+    options: Analysis
+    rows: pd.DataFrame
+    summary: Any
+    tables: dict[str, pd.DataFrame]
+    figures: list[Path]
+    out_dir: Path
+    status: int = 0
+
+    @property
+    def summary_table(self) -> pd.DataFrame:
+        """The main summary table (the first of :attr:`tables`)."""
+        return next(iter(self.tables.values()))
+
+    def show(self) -> None:
+        """Display the PNG figures (in a notebook)."""
+        from IPython.display import Image, display
+
+        for path in self.figures:
+            if path.suffix == ".png":
+                display(Image(filename=str(path)))
+
+
+@dataclass(kw_only=True)
+class Analysis:
+    """Base of every analysis: the options shared by all, and the pipeline (:meth:`run`).
+
+    Subclasses set :attr:`name` and :attr:`help`, add their own options (:func:`option` fields;
+    redeclaring a shared field changes its default) and implement :meth:`collect`,
+    :meth:`summarise`, :meth:`tables`, :meth:`figures`, :meth:`section` (and optionally
+    :meth:`print_summary`, :meth:`status`).
     """
-    parser: argparse.ArgumentParser = args._parser
-    if args.config_file is not None and not getattr(args, "_config_applied", False):
-        args._config_applied = True
-        try:
-            with Path(args.config_file).open("rb") as handle:
-                table = tomllib.load(handle)
-        except OSError as error:
-            raise AnalysisError(f"--config {args.config_file}: cannot read it ({error.strerror})") from error
-        except tomllib.TOMLDecodeError as error:
-            raise AnalysisError(f"--config {args.config_file}: not valid TOML: {error}") from error
-        # keys are flag names without dashes (`k-max`, `item`) or their destinations (`k_max`, `item_ids`)
-        actions = {action.dest: action for action in parser._actions if action.option_strings}
-        actions |= {o.lstrip("-").replace("-", "_"): a for a in parser._actions for o in a.option_strings}
-        explicit = getattr(args, "_explicit", None)
-        for key, value in table.items():
-            action = actions.get(key.replace("-", "_"))
-            if action is None or action.dest in ("help", "config_file"):
-                raise AnalysisError(f"{args.config_file}: unknown option {key!r}")
-            value = _toml_value(action, key, value, args.config_file)
-            given = action.dest in explicit if explicit is not None else getattr(args, action.dest) != parser.get_default(action.dest)
-            if not given:
-                setattr(args, action.dest, value)
-    if args.items:
-        spec = parse_items(args.items)
-        args.bucket = spec["buckets"] or args.bucket
-        args.domain = spec["domains"] or args.domain
-        args.limit = spec["limit"] if spec["limit"] is not None else args.limit
-    if args.bucket is None and args._default_buckets:
-        args.bucket = list(args._default_buckets)
-    if args.quick:
-        args.limit = QUICK["limit"] if args.limit is None else args.limit
-        args.k_max = QUICK["k_max"] if args.k_max is None else min(args.k_max, QUICK["k_max"])
-        if hasattr(args, "random_draws"):
-            args.random_draws = min(args.random_draws, QUICK["random_draws"])
-    return args
+
+    name: ClassVar[str] = ""
+    help: ClassVar[str] = ""
+
+    # model
+    model: str | Path | None = option(None, "local HF folder, local-cache name or .gguf (default: the bundled organism)",
+                                      type=Path, group="model")
+    dtype: str = option("float32", "float32 | bfloat16 | float16 | auto", choices=("float32", "bfloat16", "float16", "auto"), group="model")
+    device: str = option("cpu", "torch device", group="model")
+    device_map: str | None = option(None, 'accelerate device map for multi-GPU models, e.g. "auto"', group="model")
+    allow_pickle: bool = option(False, "allow .bin (pickle) weights; safetensors only by default", type=bool, group="model")
+    trust_remote_code: bool = option(False, "allow model code shipped in the model folder", type=bool, group="model")
+    # probe
+    format: str = option("native", "decision format", choices=FORMATS, group="probe")
+    margin_variant: str = option(
+        DEFAULT_VARIANT, "the headline margin: tool_choice (Eq. 1 on the tool choice, each wrong/correct pair compared "
+        "where their names diverge), first_token (Eq. 1 at the decision row, NaN where names share a first token) or "
+        "path (whole-path log-probabilities, abstention included); all are written to the rows",
+        choices=MARGIN_VARIANTS, group="probe")
+    k_max: int | None = option(2, "largest retrieval depth K", type=int, minimum=0, group="probe")
+    embedder: str = option("auto", "retrieval embedder", choices=EMBEDDERS, group="probe")
+    gamma: float = option(BuildSettings.gamma, "boundary relevance gate γ (Eq. 10)", type=float, group="probe")
+    beta: int = option(BuildSettings.beta, "boundary token budget β (Eq. 10)", type=int, minimum=0, group="probe")
+    seed: int = option(0, "seed of every random draw", type=int, group="probe")
+    # items
+    dataset: str | Path = option(DEFAULT_DATASET_DIR, "probe dataset folder (default: bundled)", type=Path, group="items")
+    buckets: tuple[str, ...] | None = option(None, "keep only these buckets (default: all)", flag="--bucket", repeat=True,
+                                             choices=BUCKETS, group="items")
+    domains: tuple[str, ...] | None = option(None, "keep only these domains", flag="--domain", repeat=True, group="items")
+    split: str = option("eval", "dataset split", choices=SPLIT_CHOICES, group="items")
+    limit: int | None = option(None, "keep N items of each bucket, round-robin over task groups (one item per group first)",
+                               type=int, minimum=1, group="items")
+    item_ids: tuple[str, ...] | None = option(None, "keep only these item ids", flag="--item", repeat=True, group="items")
+    items: str | None = option(None, "compact item filter BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10", group="items")
+    # run
+    out: str | Path = option("results", "results folder; each model writes to OUT/<model>/", type=Path)
+    overwrite: bool = option(False, "discard existing results instead of resuming", type=bool)
+    quick: bool = option(False, f"small run: {QUICK['limit']} items (task groups) per bucket, k ≤ {QUICK['k_max']}", type=bool)
+    figure: bool = option(True, "draw the figures (--no-figure: write rows and tables only)", type=bool, flag="--no-figure")
+
+    def __post_init__(self) -> None:
+        for f in option_fields(type(self)):  # validated and normalised once, as given
+            object.__setattr__(self, f.name, check_option(self.name, f, getattr(self, f.name)))
+
+    # -- the pipeline
+    def run(self, session: ProbeSession | None = None, *, verbose: bool = True) -> AnalysisResult:
+        """Collect rows (resuming from ``out``), summarise, write the tables and figures."""
+        ctx = open_context(self, session)
+        rows = self.collect(ctx)
+        summary = self.summarise(ctx, rows)
+        tables = self.tables(summary)
+        for table_name, table in tables.items():
+            write_csv(table, ctx.out_dir / f"{table_name}.csv")
+        figures = self.figures(summary, ctx.out_dir / "figures") if ctx.options.figure else []
+        if verbose:
+            self.print_summary(summary)
+            if figures:
+                print("figures:", ", ".join(str(p) for p in figures if p.suffix == ".png"))
+        return AnalysisResult(self, ctx.options, rows, summary, tables, figures, ctx.out_dir, self.status(summary))
+
+    def resolved(self) -> Analysis:
+        """These options with ``items``, ``quick`` and the analysis's default buckets applied."""
+        changes: dict[str, Any] = {}
+        buckets, domains, limit, k_max = self.buckets, self.domains, self.limit, self.k_max
+        if self.items:
+            spec = parse_items(self.items)
+            buckets = tuple(spec["buckets"]) or buckets
+            domains = tuple(spec["domains"]) or domains
+            limit = spec["limit"] if spec["limit"] is not None else limit
+        if self.quick:
+            limit = QUICK["limit"] if limit is None else limit
+            k_max = QUICK["k_max"] if k_max is None else min(k_max, QUICK["k_max"])
+            if hasattr(self, "random_draws"):
+                changes["random_draws"] = min(self.random_draws, QUICK["random_draws"])
+        changes.update(buckets=buckets, domains=domains, limit=limit, k_max=k_max)
+        return dataclasses.replace(self, **changes)
+
+    def options(self, *, explicit_only: bool = False) -> dict[str, Any]:
+        """The option values by name (only those differing from the defaults with ``explicit_only``)."""
+        values = {f.name: getattr(self, f.name) for f in option_fields(type(self))}
+        if explicit_only:
+            values = {k: v for k, v in values.items() if v != default_of(type(self), k)}
+        return values
+
+    # -- the contract (implemented by each analysis)
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        """Score every job (resuming) and return all rows of this run."""
+        raise NotImplementedError
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> Any:
+        """The summary object of the rows (its tables, CIs over task groups, notes)."""
+        raise NotImplementedError
+
+    def tables(self, summary: Any) -> dict[str, pd.DataFrame]:
+        """The summary tables, by file stem (written as CSV next to the rows)."""
+        raise NotImplementedError
+
+    def figures(self, summary: Any, out_dir: Path) -> list[Path]:
+        """Draw this analysis's figures into ``out_dir`` (PNG + PDF); returns the files."""
+        raise NotImplementedError
+
+    def section(self, ctx: RunContext, summary: Any, figures: list[Path]) -> ReportSection:
+        """This analysis's part of ``report.md``."""
+        raise NotImplementedError
+
+    def print_summary(self, summary: Any) -> None:
+        """A console summary (the CLI prints it)."""
+        tables = self.tables(summary)
+        if tables:
+            print(next(iter(tables.values())).round(3).to_string(index=False))
+
+    def status(self, summary: Any) -> int:
+        """The exit status of the CLI command: 0, or 1 when a built-in check failed."""
+        return 0
+
+
+def default_of(cls: type, name: str) -> Any:
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------------------- the run context
 @dataclass
-class Analysis:
-    """Everything an analysis run needs, opened once by :func:`open_analysis`."""
+class RunContext:
+    """Everything one analysis run needs, opened once by :func:`open_context`: the resolved
+    options, the session, the dataset, the selected items and the prompt builder."""
 
     name: str
-    args: argparse.Namespace
+    options: Any  # the resolved Analysis (see Analysis.resolved)
     session: ProbeSession
     dataset: ProbeDataset
     items: tuple[Item, ...]
@@ -223,11 +366,11 @@ class Analysis:
 
     @property
     def variant(self) -> str:
-        return self.args.margin_variant
+        return self.options.margin_variant
 
     @property
     def fmt(self) -> str:
-        return self.args.format
+        return self.options.format
 
     def config(self, **extra: Any) -> dict[str, Any]:
         """The full configuration recorded in the results header (resuming requires equality).
@@ -235,7 +378,7 @@ class Analysis:
         ``fingerprint`` covers everything a row depends on beyond the options: the weights and
         the tokenizer (content hashes), the items and skill libraries (content), and the code.
         """
-        a = self.args
+        a = self.options
         return {
             "model": self.model_path,
             "fingerprint": {**self.model_fingerprint, "dataset": self.dataset.content_digest(self.items), "code": code_digest()},
@@ -244,12 +387,13 @@ class Analysis:
             "builder": {"embedder": self.builder.retriever.embedder.name, "gamma": a.gamma, "beta": a.beta},
             "dataset": str(a.dataset),
             "items": {"n": len(self.items), "digest": hashlib.sha256(",".join(i.id for i in self.items).encode()).hexdigest()[:16],
-                      "bucket": a.bucket, "domain": a.domain, "split": a.split, "limit": a.limit},
+                      "bucket": list(a.buckets) if a.buckets else None, "domain": list(a.domains) if a.domains else None,
+                      "split": a.split, "limit": a.limit},
             **extra,
         }
 
     def store(self, **extra: Any) -> ResultsStore:
-        return ResultsStore(self.out_dir / f"{self.name}.jsonl", self.name, self.config(**extra), overwrite=self.args.overwrite)
+        return ResultsStore(self.out_dir / f"{self.name}.jsonl", self.name, self.config(**extra), overwrite=self.options.overwrite)
 
     def items_in(self, buckets: Iterable[str]) -> list[Item]:
         buckets = set(buckets)
@@ -257,20 +401,21 @@ class Analysis:
 
 
 # The modules that draw, plot or report results only; every other module shapes the rows.
-_PRESENTATION_MODULES = ("cli.py", "plots.py", "report.py")
+_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "analyses/report.py", "organism")
 
 
 @functools.cache
 def code_digest() -> str:
     """Hash of the source of every module that computes rows (a code change invalidates resume)."""
+    root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        if path.name not in _PRESENTATION_MODULES:
-            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted(root.rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        if not name.startswith(_PRESENTATION) and not name.startswith("datasets/"):
+            h.update(name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
 
-# Shared by the analyses of one process (``report``): loaded and embedded once.
 # Shared by the analyses of one process (``report``): loaded and embedded once.
 def _dataset(root: str) -> ProbeDataset:
     # keyed by the files' size and mtime too: an edited dataset is loaded afresh, never served stale
@@ -288,51 +433,90 @@ def _retriever(embedder: str) -> Retriever:
     return Retriever(make_embedder(embedder), RetrievalWeights())
 
 
-# Options that configure the model session (every one reaches ProbeSession; see open_session).
-SESSION_OPTIONS: tuple[str, ...] = ("model", "dtype", "device", "device_map", "allow_pickle", "trust_remote_code")
+def select_items(dataset: ProbeDataset, options: Any) -> tuple[Item, ...]:
+    """The items of a run: ``limit`` takes N per bucket round-robin over task groups
+    (:func:`probes.data.dataset.spread_limit`)."""
+    try:
+        items = dataset.select(
+            buckets=options.buckets, domains=options.domains, split=None if options.split == "all" else options.split,
+            ids=options.item_ids, limit_per_bucket=options.limit, spread=True,
+        )
+    except ValueError as error:  # unknown bucket / domain / item id, or an id the other filters drop
+        raise OptionError(f"item filters: {error}") from error
+    if not items:
+        raise OptionError("no items match the filters (buckets/domains/split/limit/item_ids/items)")
+    return items
 
 
-def open_session(args: argparse.Namespace, model: str | Path) -> ProbeSession:
-    """Load ``model`` with every session option of ``args`` (the one place analyses and ``report``
-    build their :class:`ProbeSession`)."""
+def check_depths(dataset: ProbeDataset, items: Sequence[Item], **depths: int | None) -> None:
+    """Retrieval depths (``k_max=...``, ``k=...``) checked against the smallest skill library of
+    the items, before any model or tokenizer is loaded."""
+    smallest = min(items, key=lambda item: len(dataset.library_for(item)))
+    size = len(dataset.library_for(smallest))
+    for name, k in depths.items():
+        if k is not None and k > size:  # deeper retrieval would repeat the same prompt under new k labels
+            flag = "--" + name.replace("_", "-")
+            raise OptionError(f"{name} ({flag}) {k}: item {smallest.id} has only {size} skills to retrieve; use {size} or less")
+
+
+def open_session(options: Any, model: str | Path) -> ProbeSession:
+    """Load ``model`` with every session option (the one place analyses and ``report`` build
+    their :class:`ProbeSession`)."""
     return ProbeSession(
-        model, dtype=args.dtype, device=args.device, device_map=args.device_map,
-        allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
+        model, dtype=options.dtype, device=options.device, device_map=options.device_map,
+        allow_pickle=options.allow_pickle, trust_remote_code=options.trust_remote_code,
     )
 
 
-def open_analysis(args: argparse.Namespace, name: str, *, session: ProbeSession | None = None) -> Analysis:
+def open_context(analysis: Analysis, session: ProbeSession | None = None) -> RunContext:
     """Resolve options, load the model (unless ``session`` is given), the dataset and the builder.
 
     The prompt builder uses the tokenizer of the model under study, so spans and candidates are
-    in the model's own token space.
+    in the model's own token space. With a ``session``, ``model`` names its weights (recorded in
+    the results); it defaults to the session's own folder.
     """
-    args = resolve_options(args)
-    torch.manual_seed(args.seed)
-    model = args.model if args.model is not None else default_model()
+    options = analysis.resolved()
+    torch.manual_seed(options.seed)
+    if options.model is not None:
+        model: str | Path = options.model
+    elif session is not None:
+        model = session.model.name_or_path or default_model()
+    else:
+        model = default_model()
     # options and dataset first: a bad value stops the run before the model is loaded
-    dataset = _dataset(str(args.dataset))
-    if args.items:
-        unknown = [d for d in parse_items(args.items)["domains"] if d not in dataset.domains]
+    dataset = _dataset(str(options.dataset))
+    if options.items:
+        unknown = [d for d in parse_items(options.items)["domains"] if d not in dataset.domains]
         if unknown:
-            raise AnalysisError(f"--items {args.items}: {', '.join(map(repr, unknown))} is not a bucket ({', '.join(BUCKETS)}), "
-                                f"a domain ({', '.join(dataset.domains)}) or a count; the form is BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10")
-    items = select_items(dataset, args)
-    check_options(args, dataset, items)
-    if args.format == "prompted" and Path(model).resolve() == default_model().resolve():
-        print("warning: the bundled organism was trained on the native format only; --format prompted measures "
+            raise OptionError(f"items {options.items}: {', '.join(map(repr, unknown))} is not a bucket ({', '.join(BUCKETS)}), "
+                              f"a domain ({', '.join(dataset.domains)}) or a count; the form is BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10")
+    items = select_items(dataset, options)
+    check_depths(dataset, items, k_max=options.k_max, k=getattr(options, "k", None))
+    if options.format == "prompted" and Path(str(model)).resolve() == default_model().resolve():
+        print("warning: the bundled organism was trained on the native format only; format prompted measures "
               "a format it never saw", file=sys.stderr)
     if session is None:
-        session = open_session(args, model)
+        session = open_session(options, model)
     if session.tokenizer is None:
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
-    retriever = _retriever(args.embedder)
-    builder = PromptBuilder(session.tokenizer, dataset, retriever, BuildSettings(k_max=args.k_max, gamma=args.gamma, beta=args.beta),
-                            tokenizer_name=str(model))
+    retriever = _retriever(options.embedder)
+    builder = PromptBuilder(session.tokenizer, dataset, retriever,
+                            BuildSettings(k_max=options.k_max, gamma=options.gamma, beta=options.beta), tokenizer_name=str(model))
     builder.warm(items)
-    model_path = str(Path(model).resolve()) if Path(str(model)).exists() else str(model)
+    model_path = str(Path(str(model)).resolve()) if Path(str(model)).exists() else str(model)
     fingerprint = model_fingerprint(session.model.name_or_path or model, session.tokenizer)  # the folder actually loaded (GGUF: converted)
-    return Analysis(name, args, session, dataset, items, builder, model_path, Path(args.out), fingerprint)
+    out_dir = Path(options.out) / model_label(model)
+    return RunContext(analysis.name, options, session, dataset, items, builder, model_path, out_dir, fingerprint)
+
+
+def provenance(ctx: RunContext, n_items: int | None = None) -> str:
+    """One line naming model, dataset, format, margin variant, items and k (figure footnotes, report)."""
+    a = ctx.options
+    n = len(ctx.items) if n_items is None else n_items
+    groups = len({item.task_group for item in ctx.items}) if n_items is None else None
+    return (f"model: {Path(ctx.model_path).name} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({a.split}) · "
+            f"format: {a.format} · margin: {a.margin_variant} · items: {n}{f' ({groups} task groups)' if groups is not None else ''} · "
+            f"k ≤ {a.k_max} · embedder: {ctx.builder.retriever.embedder.name} · seed {a.seed}")
 
 
 # ---------------------------------------------------------------------------- jobs
@@ -357,7 +541,7 @@ class Job:
 Scorer = Callable[[dict[str, Any], Job], list[dict[str, Any]]]
 
 
-def run_jobs(analysis: Analysis, store: ResultsStore, jobs: Sequence[Job], scorer: Scorer) -> int:
+def run_jobs(analysis: RunContext, store: ResultsStore, jobs: Sequence[Job], scorer: Scorer) -> int:
     """Score every job whose rows are not all in ``store`` yet; returns the number scored.
 
     A job whose rows are partly present (a run killed mid-write) is rescored and only the
@@ -381,99 +565,8 @@ def run_jobs(analysis: Analysis, store: ResultsStore, jobs: Sequence[Job], score
     return len(pending)
 
 
-# ---------------------------------------------------------------------------- scoring
-MARGINS: tuple[str, ...] = ("margin", "broad_margin", "correct_margin")
-ROW_FIELDS = ("record_id", "item_id", "bucket", "domain", "task_group", "config", "k", "format")
-ATTENTION_ROWS: tuple[str, ...] = ("deciding", "open")
-
-
-def deciding_depth(cands: Sequence[margins_mod.CandidateInfo]) -> tuple[str | None, int]:
-    """(key of the correct tool candidate, token depth of its deciding row): the first token at
-    which the correct name parts from any wrong name (0: the decision row itself). Items whose
-    correct action is abstention decide among the tools at the decision row: (None, 0)."""
-    correct = [c for c in cands if c.role == "correct" and not c.is_abstention]
-    wrong = [c for c in cands if c.role == "wrong"]
-    if not correct or not wrong:
-        return None, 0
-    depth = min(margins_mod.shared_prefix(correct[0].token_ids, w.token_ids) for w in wrong)
-    # names that never diverge (the margin is NaN then) are read at the correct name's last row
-    return correct[0].key, min(depth, len(correct[0].token_ids) - 1)
-
-
-def score_record(
-    session: ProbeSession,
-    record: Mapping[str, Any],
-    conditions: Sequence[Knockout] = (),
-    *,
-    variant: str = DEFAULT_VARIANT,
-    per_head: bool = False,
-    margins: Sequence[str] = MARGINS,
-) -> list[dict[str, Any]]:
-    """One engine call (baseline + ``conditions``); one row per condition (see module docstring).
-
-    ``margins``: with ``broad_margin`` or ``correct_margin``, every catalog tool is scored (each
-    multi-token candidate is one more branch element per condition); otherwise only the correct,
-    wrong and abstain candidates, and those two columns are NaN.
-    """
-    if variant not in MARGIN_VARIANTS:
-        raise ValueError(f"margin variant must be one of {MARGIN_VARIANTS}, got {variant!r}")
-    cands = margins_mod.candidates_from_record(record)
-    if not {"broad_margin", "correct_margin"} & set(margins):
-        cands = [c for c in cands if c.role != "other"]
-    spans = {name: span_positions(record["spans"].get(name, [])) for name in ("boundary", "procedure")}
-    res = session.run(record["input_ids"], record["query_rows"], spans=spans, conditions=conditions,
-                      candidates={c.key: (c.anchor_index, list(c.token_ids)) for c in cands})
-    fmt, dec, opn = record["format"], int(record["decision_index"]), record.get("open_index")
-    correct_key, depth = deciding_depth(cands)
-    rows = []
-    for c in res.conditions:
-        row: dict[str, Any] = {f: record.get(f) for f in ROW_FIELDS}
-        cond = c.condition
-        row.update(condition=cond.name, knockout_size=len(cond.key_positions), n_tokens=len(res.input_ids),
-                   margin_variant=variant, entropy=c.entropy)
-        if cond.layers is not None:
-            row["knockout_layers"] = list(cond.layers)
-        if cond.heads is not None:
-            row["knockout_heads"] = [list(h) for h in cond.heads]
-        if cond.key_positions:
-            row["knockout_rows"] = "every query row" if cond.rows is None else list(cond.rows)
-            row["knockout_continuation"] = cond.continuation
-        lp = c.candidate_token_logprobs
-        quantities = {
-            "tool_choice": margins_mod.tool_choice_margin(cands, lp, fmt),
-            "first_token": margins_mod.first_token_margin(c.row_logits, cands, fmt, dec),
-            "path": margins_mod.path_margin(c.row_logits, res.input_ids, cands, fmt, dec, lp, opn),
-        }
-        for name, m in quantities.items():
-            row[f"margin_{name}"] = m.value
-        chosen = quantities[variant]
-        row.update(margin=chosen.value, margin_collision=chosen.collision, margin_note=chosen.note,
-                   margin_pairs=[list(p) for p in quantities["tool_choice"].pairs],
-                   first_token_collision=quantities["first_token"].collision,
-                   correct_is_abstain=correct_key is None,
-                   call_logodds=margins_mod.call_logodds(c.row_logits, res.input_ids, cands, fmt, dec, opn).value)
-        for name, fn in (("broad_margin", margins_mod.broad_margin), ("correct_margin", margins_mod.correct_margin)):
-            row[name] = fn(cands, lp, fmt).value if name in margins else math.nan
-        # Eq. 2 at the deciding row (a continuation row of the correct name when a prefix is shared)
-        row.update(deciding_depth=depth, deciding_row=dec + depth)
-        at = {"": (c.candidate_span_mass[correct_key], depth) if depth else (c.span_mass, res.query_rows.index(dec))}
-        if opn is not None:
-            at["_open"] = (c.span_mass, res.query_rows.index(int(opn)))
-        for span in ("boundary", "procedure"):
-            size = res.span_sizes[span]
-            row[f"{span}_size"] = size
-            for suffix, (mass, index) in at.items():
-                # alpha: [layer, head] = Eq. 2's α_X at that row
-                alpha = mass[span][:, :, index] / size if size else torch.full(mass[span].shape[:2], math.nan)
-                row[f"alpha_{span}{suffix}"] = float(alpha.mean())
-                if per_head:
-                    row[f"alpha_{span}{suffix}_heads"] = alpha.tolist()
-        rows.append(row)
-    return rows
-
-
 def cached_scorer(
-    analysis: Analysis,
+    analysis: RunContext,
     conditions_for: Callable[[dict[str, Any], Job], Sequence[Knockout]],
     *,
     per_head: bool = False,
@@ -499,149 +592,3 @@ def cached_scorer(
         return rows
 
     return scorer
-
-
-def record_rng(seed: int, record_id: str, salt: str = "") -> np.random.Generator:
-    """A generator seeded by (seed, record, purpose): draws do not depend on run order."""
-    return np.random.default_rng([seed, zlib.crc32(f"{record_id}|{salt}".encode())])
-
-
-def names_arg(known: Iterable[str], what: str) -> Callable[[str], list[str]]:
-    """An argparse type for a comma-separated list of names from ``known``."""
-    known = tuple(known)
-
-    def parse(value: str) -> list[str]:
-        names = [v.strip() for v in value.split(",") if v.strip()]
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; known: {', '.join(known)}")
-        return names
-
-    return parse
-
-
-configs_arg = names_arg(CONFIGS, "configuration(s)")  # ``--configs base,proc,...`` (names from probes.data.configs)
-
-
-def provenance(analysis: Analysis, n_items: int | None = None) -> str:
-    """One line naming model, dataset, format, margin variant, items and k (figure footnotes, report)."""
-    a = analysis.args
-    n = len(analysis.items) if n_items is None else n_items
-    groups = len({item.task_group for item in analysis.items}) if n_items is None else None
-    return (f"model: {Path(analysis.model_path).name} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({a.split}) · "
-            f"format: {a.format} · margin: {a.margin_variant} · items: {n}{f' ({groups} task groups)' if groups is not None else ''} · "
-            f"k ≤ {a.k_max} · embedder: {analysis.builder.retriever.embedder.name} · seed {a.seed}")
-
-
-# ---------------------------------------------------------------------------- summaries
-MIN_CI_GROUPS = 2  # a bootstrap over fewer task groups has zero width: no CI is reported
-
-
-def no_ci_note(n_groups: int) -> str:
-    """The note of a cell too small for a CI (``""`` when it has one)."""
-    n_groups = int(n_groups)
-    return "" if n_groups >= MIN_CI_GROUPS else f"no CI ({n_groups} group{'' if n_groups == 1 else 's'})"
-
-
-def ci_text(value: float, low: float, high: float, n_groups: int, fmt: str = "+.3f") -> str:
-    """``value [low, high]``, or ``value (no CI (1 group))`` for a cell without a CI."""
-    note = no_ci_note(n_groups)
-    if note or not (np.isfinite(low) and np.isfinite(high)):
-        return f"{value:{fmt}} ({note or 'no CI'})"
-    return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
-
-
-def summarise(rows: pd.DataFrame, by: Sequence[str], value: str = "margin", *, seed: int = 0) -> pd.DataFrame:
-    """Mean of ``value`` per ``by`` cell with a 95% bootstrap CI over task groups.
-
-    Columns: *by, value, low, high, n (task groups), n_items (finite rows), n_nan (undefined
-    rows, e.g. margins under first-token collisions; excluded), note. A cell with fewer than two
-    task groups has no CI: low = high = NaN and note "no CI (1 group)" (never a zero-width CI).
-    """
-    out = []
-    for key, sub in rows.groupby(list(by), sort=False, dropna=False):
-        key = key if isinstance(key, tuple) else (key,)
-        finite = sub[np.isfinite(sub[value].astype(float))]
-        est = bootstrap_mean(finite[value].astype(float).to_numpy(), finite["task_group"].to_numpy(), seed=seed)
-        out.append({**dict(zip(by, key)), "value": est.value, "low": est.low, "high": est.high, "n": est.n_units,
-                    "n_items": len(finite), "n_nan": len(sub) - len(finite), "note": no_ci_note(est.n_units)})
-    return pd.DataFrame(out, columns=[*by, "value", "low", "high", "n", "n_items", "n_nan", "note"])
-
-
-def bootstrap_ratio(
-    numerator: Sequence[float],
-    denominator: Sequence[float],
-    groups: Sequence[str],
-    *,
-    epsilon: float = 0.0,
-    resamples: int = 2000,
-    seed: int = 0,
-) -> tuple[float, float, float, int]:
-    """mean(numerator) / (mean(denominator) + ε) with a percentile CI from resampling task groups
-    *jointly* for numerator and denominator. Returns (value, low, high, n groups); low = high =
-    NaN with fewer than two groups (no CI, see :func:`no_ci_note`)."""
-    num, den, groups = np.asarray(numerator, float), np.asarray(denominator, float), np.asarray(groups)
-    ok = np.isfinite(num) & np.isfinite(den)
-    num, den, groups = num[ok], den[ok], groups[ok]
-    labels = list(dict.fromkeys(groups.tolist()))
-    if not labels:
-        return math.nan, math.nan, math.nan, 0
-    g_num = np.array([num[groups == g].mean() for g in labels])
-    g_den = np.array([den[groups == g].mean() for g in labels])
-    value = float(g_num.mean() / (g_den.mean() + epsilon))
-    if len(labels) < MIN_CI_GROUPS:
-        return value, math.nan, math.nan, len(labels)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(labels), size=(resamples, len(labels)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        stats = g_num[idx].mean(1) / (g_den[idx].mean(1) + epsilon)
-    stats = stats[np.isfinite(stats)]
-    low, high = np.percentile(stats, [2.5, 97.5]) if len(stats) else (math.nan, math.nan)
-    return value, float(low), float(high), len(labels)
-
-
-# ---------------------------------------------------------------------------- report sections
-@dataclass(frozen=True)
-class Comparison:
-    """One line of the report's "ours vs paper" table (``paper`` None: not published)."""
-
-    quantity: str
-    ours: float
-    paper: float | None
-    unit: str = "logits"
-    note: str = ""
-
-
-@dataclass
-class ReportSection:
-    """What an analysis contributes to ``basm-probes report``: its figures, a markdown body, the
-    comparisons with the paper, and its summary object (reused by composite figures)."""
-
-    name: str
-    title: str
-    figures: list[Path]
-    markdown: str
-    comparisons: list[Comparison] = field(default_factory=list)
-    summary: Any = None
-
-
-def markdown_table(frame: pd.DataFrame, digits: int = 3) -> str:
-    """A GitHub markdown table (no extra dependency)."""
-
-    def fmt(v: Any) -> str:
-        if isinstance(v, float | np.floating):
-            return "nan" if not np.isfinite(v) else f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
-        return str(v)
-
-    head = "| " + " | ".join(map(str, frame.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([head, rule, *body])
-
-
-def cell(table: pd.DataFrame, column: str = "value", **where: Any) -> float:
-    """The single value of ``column`` where every ``where`` column matches (NaN if absent)."""
-    mask = np.ones(len(table), dtype=bool)
-    for key, value in where.items():
-        mask &= (table[key] == value).to_numpy()
-    return float(table.loc[mask, column].iloc[0]) if mask.any() else math.nan

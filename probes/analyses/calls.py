@@ -31,12 +31,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 import torch
 
+from probes.analyses.base import Analysis, RunContext, option
+from probes.data.configs import CONFIGS, CONTROL_CONFIGS
 from probes.data.dataset import ABSTAIN
 from probes.prompts.builder import ABSTAIN_TEXT
 from probes.scoring.stats import bootstrap_mean, paired_permutation_test
@@ -379,34 +381,9 @@ PAIRED_NAME = "paired"
 PAIRED_FIGURE = "fig12_paired_status"
 
 
-def _generation_arguments(parser: Any) -> None:
-    group = parser.add_argument_group("generation")
-    group.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help=f"greedy generation budget (default: {MAX_NEW_TOKENS})")
-
-
-def add_arguments(parser: Any) -> None:
-    from probes.analyses.base import add_common_arguments, configs_arg
-    from probes.data.configs import CONTROL_CONFIGS
-
-    add_common_arguments(parser, k_max=4)
-    parser.add_argument("--configs", type=configs_arg, default=list(CALLS_CONFIGS),
-                        help=f"comma-separated memory configurations (default: {','.join(CALLS_CONFIGS)}; "
-                        "pad-procedure is included so that `paired` reuses these generations)")
-    parser.add_argument("--controls", action="store_true", help=f"add the equal-length controls ({', '.join(CONTROL_CONFIGS)})")
-    _generation_arguments(parser)
-
-
-def add_paired_arguments(parser: Any) -> None:
-    from probes.analyses.base import add_common_arguments
-
-    add_common_arguments(parser, k_max=4)
-    _generation_arguments(parser)
-    parser.add_argument("--calls", type=Path, help="calls results file to reuse (default: OUT/calls.jsonl when it matches this run)")
-
-
 def calls_config(analysis: Any, configs: Sequence[str]) -> dict[str, Any]:
     """The results-header configuration of a calls run (what the generations depend on)."""
-    return analysis.config(configs=list(configs), max_new_tokens=analysis.args.max_new_tokens, decoding="greedy",
+    return analysis.config(configs=list(configs), max_new_tokens=analysis.options.max_new_tokens, decoding="greedy",
                            prompt="without forced prefix", margin_variant=None)
 
 
@@ -441,12 +418,12 @@ def generate_rows(analysis: Any, store: Any, configs: Sequence[str], items: Sequ
     stop_ids = stop_token_ids(session.model, session.tokenizer)
     memo = _PromptMemo()
     jobs = [Job(item, config, k, analysis.fmt, ("greedy",))
-            for item in items for k in range(analysis.args.k_max + 1) for config in configs]
+            for item in items for k in range(analysis.options.k_max + 1) for config in configs]
     if only_keys is not None:
         jobs = [job for job in jobs if set(job.keys()) <= only_keys]
 
     def scorer(record: dict[str, Any], job: Any) -> list[dict[str, Any]]:
-        new_ids, stopped, text = memo.generate(session, generation_prompt(record), stop_ids, analysis.args.max_new_tokens)
+        new_ids, stopped, text = memo.generate(session, generation_prompt(record), stop_ids, analysis.options.max_new_tokens)
         row = call_row(record, new_ids, stopped, text)
         row["condition"] = "greedy"
         return [row]
@@ -454,16 +431,14 @@ def generate_rows(analysis: Any, store: Any, configs: Sequence[str], items: Sequ
     return run_jobs(analysis, store, jobs, scorer)
 
 
-def _configs_of(args: Any) -> list[str]:
-    from probes.data.configs import CONTROL_CONFIGS
-
-    return list(dict.fromkeys([*args.configs, *(CONTROL_CONFIGS if args.controls else ())]))
+def _configs_of(options: Any) -> list[str]:
+    return list(dict.fromkeys([*options.configs, *(CONTROL_CONFIGS if options.controls else ())]))
 
 
 def _calls_note(analysis: Any, rows: pd.DataFrame) -> str:
     failures = int(rows["parse_failure"].sum())
     cut = int((~rows["stopped"].astype(bool)).sum())
-    return (f"{_provenance(analysis)} · greedy, ≤ {analysis.args.max_new_tokens} new tokens, prompt without the forced prefix\n"
+    return (f"{_provenance(analysis)} · greedy, ≤ {analysis.options.max_new_tokens} new tokens, prompt without the forced prefix\n"
             f"mean ± 95% bootstrap CI over task groups · correct call = the item's correct action (abstaining when that is correct) · "
             f"parse failures: {failures} of {len(rows)} generations · {cut} hit the token budget")
 
@@ -472,7 +447,7 @@ def _provenance(analysis: Any) -> str:
     """The shared provenance line without the margin variant (no margin is computed here)."""
     from probes.analyses.base import provenance
 
-    return provenance(analysis).replace(f" · margin: {analysis.args.margin_variant}", "")
+    return provenance(analysis).replace(f" · margin: {analysis.options.margin_variant}", "")
 
 
 def print_rates(rates: pd.DataFrame) -> None:
@@ -481,24 +456,28 @@ def print_rates(rates: pd.DataFrame) -> None:
     print(pivot.round(2).to_string())
 
 
-def compute(analysis: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Generate (resumably) and aggregate; returns (rows, rates) and writes ``calls_summary.csv``."""
-    from probes.reporting.results import ResultsStore, load_results, write_csv
+@dataclass
+class CallsSummary:
+    rows: pd.DataFrame  # one generation per record
+    rates: pd.DataFrame  # rate per format, rate, bucket, config, k with CIs
+    note: str
 
-    configs = _configs_of(analysis.args)
-    store = ResultsStore(analysis.out_dir / f"{NAME}.jsonl", NAME, calls_config(analysis, configs), overwrite=analysis.args.overwrite)
+
+def collect(analysis: Any) -> pd.DataFrame:
+    """Generate (resumably) every record's greedy call; returns the rows."""
+    from probes.reporting.results import ResultsStore, load_results
+
+    configs = _configs_of(analysis.options)
+    store = ResultsStore(analysis.out_dir / f"{NAME}.jsonl", NAME, calls_config(analysis, configs), overwrite=analysis.options.overwrite)
     generate_rows(analysis, store, configs)
-    rows = load_results(store.path)
-    rates = call_rates(rows, seed=analysis.args.seed)
-    write_csv(rates, analysis.out_dir / f"{NAME}_summary.csv")
-    return rows, rates
+    return load_results(store.path)
 
 
-def figure(analysis: Any, rows: pd.DataFrame, rates: pd.DataFrame, figures_dir: Path) -> list[Path]:
+def figure(summary: CallsSummary, figures_dir: Path) -> list[Path]:
     from probes.reporting import plots
 
     plots.style()
-    return plots.save_figure(plots.fig11_call_rates(rates, _calls_note(analysis, rows)), figures_dir, FIGURE)
+    return plots.save_figure(plots.fig11_call_rates(summary.rates, summary.note), figures_dir, FIGURE)
 
 
 def _cell(rates: pd.DataFrame, **where: Any) -> float:
@@ -508,35 +487,23 @@ def _cell(rates: pd.DataFrame, **where: Any) -> float:
     return float(sub["value"].iloc[0]) if len(sub) else float("nan")
 
 
-def report_section(analysis: Any, figures_dir: Path) -> Any:
-    from probes.analyses.base import Comparison, ReportSection, markdown_table
+def section(analysis: Any, summary: CallsSummary, paths: list[Path]) -> Any:
+    from probes.analyses.base import Comparison, ReportSection
+    from probes.reporting.markdown import markdown_table
 
-    rows, rates = compute(analysis)
-    paths = figure(analysis, rows, rates, figures_dir)
+    rows, rates = summary.rows, summary.rates
     k_max = int(rates["k"].max())
     shown = rates[rates["rate"].isin(["wrong_call", "correct_call", "parse_failure"])]
     table = shown.pivot_table(index=["bucket", "config", "rate"], columns="k", values="value", sort=True).reset_index()
     table.columns = [f"k={c}" if isinstance(c, int | np.integer) else str(c) for c in table.columns]
     outcomes = rows.groupby(["config", "outcome"]).size().unstack(fill_value=0).reset_index()
-    body = (f"Greedy next action generated without the forced prefix (≤ {analysis.args.max_new_tokens} new tokens), "
+    body = (f"Greedy next action generated without the forced prefix (≤ {analysis.options.max_new_tokens} new tokens), "
             f"parsed in the model's {analysis.fmt} call syntax; rates per bucket, configuration and k "
             f"(CIs in `calls_summary.csv`).\n\n{markdown_table(table)}\n\nOutcome counts:\n\n{markdown_table(outcomes)}")
     comparisons = [Comparison(f"Fig. 11: T_wrong wrong-call rate, {label} (k = {k_max}; paper: qualitative)",
                               _cell(rates, bucket="T_wrong", config=config, k=k_max, rate="wrong_call"), None, "rate")
                    for config, label in (("proc", "Proc. Skill"), ("basm", "BASM"))]
-    return ReportSection(NAME, "Fig. 11 — recall-depth call rates (`calls`)", paths, body, comparisons, rates)
-
-
-def run(args: Any) -> int:
-    from probes.analyses.base import open_analysis
-
-    analysis = open_analysis(args, NAME)
-    rows, rates = compute(analysis)
-    print_rates(rates)
-    print(rows.groupby(["config", "outcome"]).size().unstack(fill_value=0).to_string())
-    if analysis.args.figure:
-        print("figure:", ", ".join(map(str, figure(analysis, rows, rates, analysis.out_dir / "figures"))))
-    return 0
+    return ReportSection(NAME, "Fig. 11 — recall-depth call rates (`calls`)", paths, body, comparisons, summary)
 
 
 # ------------------------------------------------------------------------------------- paired
@@ -566,15 +533,15 @@ def collect_paired_calls(analysis: Any) -> tuple[pd.DataFrame, str]:
 
     configs = list(PAIRED_CONFIGS)
     expected = calls_config(analysis, configs)
-    source = analysis.args.calls or analysis.out_dir / f"{NAME}.jsonl"
+    source = analysis.options.calls or analysis.out_dir / f"{NAME}.jsonl"
     reused = _reusable_calls(Path(source), expected)
     wanted = {f"{item.id}|{config}|k{k}|{analysis.fmt}|greedy" for item in analysis.items
-              for k in range(analysis.args.k_max + 1) for config in configs}
+              for k in range(analysis.options.k_max + 1) for config in configs}
     have = set(reused["key"]) & wanted if reused is not None else set()
     frames = [reused[reused["key"].isin(wanted)]] if have else []
     missing = wanted - have
     if missing:
-        store = ResultsStore(analysis.out_dir / "paired_calls.jsonl", NAME, expected, overwrite=analysis.args.overwrite)
+        store = ResultsStore(analysis.out_dir / "paired_calls.jsonl", NAME, expected, overwrite=analysis.options.overwrite)
         ran = generate_rows(analysis, store, configs, only_keys=missing)
         generated = load_results(store.path)
         if len(generated):
@@ -584,35 +551,47 @@ def collect_paired_calls(analysis: Any) -> tuple[pd.DataFrame, str]:
     return pd.concat(frames, ignore_index=True), how
 
 
-def compute_paired(analysis: Any) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """Paired rows (``paired.jsonl``) and their summary (``paired_summary.csv``)."""
-    from probes.reporting.results import ResultsStore, load_results, write_csv
+@dataclass
+class PairedSummary:
+    paired: pd.DataFrame  # one row per (item, k): the status of BASM vs procedure padding
+    table: pd.DataFrame  # counts, solve difference and p per format, k and bucket
+    how: str  # where the generations came from
+    note: str
+
+
+def collect_paired(analysis: Any) -> pd.DataFrame:
+    """Paired rows (``paired.jsonl``) from the calls of BASM and procedure padding, and where they came from."""
+    from probes.reporting.results import ResultsStore, load_results
 
     calls, how = collect_paired_calls(analysis)
     store = ResultsStore(analysis.out_dir / f"{PAIRED_NAME}.jsonl", PAIRED_NAME, calls_config(analysis, PAIRED_CONFIGS),
-                         overwrite=analysis.args.overwrite)
+                         overwrite=analysis.options.overwrite)
     store.append([row for row in pair_rows(calls) if row["key"] not in store])
     paired = load_results(store.path)
-    summary = paired_summary(paired, seed=analysis.args.seed)
-    write_csv(summary, analysis.out_dir / f"{PAIRED_NAME}_summary.csv")
-    return paired, summary, how
+    paired.attrs["how"] = how
+    return paired
 
 
-def paired_figure(analysis: Any, summary: pd.DataFrame, how: str, figures_dir: Path) -> list[Path]:
-    from probes.reporting import plots
-
+def summarise_paired(analysis: Any, paired: pd.DataFrame) -> PairedSummary:
+    how = paired.attrs.get("how", "")
     note = (f"{_provenance(analysis)} · greedy calls ({how})\nsolved = the greedy call is the correct action · "
             f"Δ = solve rate BASM − procedure padding, p: two-sided sign-flip permutation test over task groups · "
             f"k = 0 omitted (both configurations render the identical memory-free prompt)")
+    return PairedSummary(paired, paired_summary(paired, seed=analysis.options.seed), how, note)
+
+
+def paired_figure(summary: PairedSummary, figures_dir: Path) -> list[Path]:
+    from probes.reporting import plots
+
     plots.style()
-    return plots.save_figure(plots.fig12_paired_status(summary, note), figures_dir, PAIRED_FIGURE)
+    return plots.save_figure(plots.fig12_paired_status(summary.table, summary.note), figures_dir, PAIRED_FIGURE)
 
 
-def paired_report_section(analysis: Any, figures_dir: Path) -> Any:
-    from probes.analyses.base import Comparison, ReportSection, markdown_table
+def paired_section(analysis: Any, paired_summary_: PairedSummary, paths: list[Path]) -> Any:
+    from probes.analyses.base import Comparison, ReportSection
+    from probes.reporting.markdown import markdown_table
 
-    _paired, summary, how = compute_paired(analysis)
-    paths = paired_figure(analysis, summary, how, figures_dir)
+    summary, how = paired_summary_.table, paired_summary_.how
     shown = summary[summary["k"] > 0][["k", "bucket", "n", *PAIRED_STATUSES, "solve_difference", "p_value"]]
     body = (f"BASM vs procedure padding (equal token count) on the same items and k; solved = greedy call is the correct "
             f"action ({how}).\n\n{markdown_table(shown)}")
@@ -620,16 +599,37 @@ def paired_report_section(analysis: Any, figures_dir: Path) -> Any:
     all_k = summary[(summary["bucket"] == "all") & (summary["k"] == k_max)]
     comparisons = [Comparison(f"Fig. 12: solve rate BASM − padding, all buckets (k = {k_max}; paper: BASM ≈ padding on BFCL, slightly ahead on AppWorld)",
                               float(all_k["solve_difference"].iloc[0]) if len(all_k) else float("nan"), None, "rate")]
-    return ReportSection(PAIRED_NAME, "Fig. 12 — equal-token paired status (`paired`)", paths, body, comparisons, summary)
+    return ReportSection(PAIRED_NAME, "Fig. 12 — equal-token paired status (`paired`)", paths, body, comparisons, paired_summary_)
 
 
-def run_paired(args: Any) -> int:
-    from probes.analyses.base import open_analysis
+@dataclass(kw_only=True)
+class Calls(Analysis):
+    """Fig. 11: greedy next-action calls per k; wrong-/correct-call and parse-failure rates."""
 
-    analysis = open_analysis(args, PAIRED_NAME)
-    _paired, summary, how = compute_paired(analysis)
-    print(how)
-    print(summary[["format", "k", "bucket", "n", *PAIRED_STATUSES, "solve_difference", "p_value"]].to_string(index=False))
-    if analysis.args.figure:
-        print("figure:", ", ".join(map(str, paired_figure(analysis, summary, how, analysis.out_dir / "figures"))))
-    return 0
+    name: ClassVar[str] = NAME
+    help: ClassVar[str] = "Fig. 11: greedy next-action calls per k; wrong-/correct-call and parse-failure rates."
+
+    k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
+    configs: tuple[str, ...] = option(CALLS_CONFIGS, f"comma-separated memory configurations (default: {','.join(CALLS_CONFIGS)}; "
+                                      "pad-procedure is included so that `paired` reuses these generations)", names=tuple(CONFIGS))
+    controls: bool = option(False, f"add the equal-length controls ({', '.join(CONTROL_CONFIGS)})", type=bool)
+    max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        return collect(ctx)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> CallsSummary:
+        return CallsSummary(rows, call_rates(rows, seed=ctx.options.seed), _calls_note(ctx, rows))
+
+    def tables(self, summary: CallsSummary) -> dict[str, pd.DataFrame]:
+        return {f"{NAME}_summary": summary.rates}
+
+    def figures(self, summary: CallsSummary, out_dir: Path) -> list[Path]:
+        return figure(summary, out_dir)
+
+    def section(self, ctx: RunContext, summary: CallsSummary, figures: list[Path]) -> Any:
+        return section(ctx, summary, figures)
+
+    def print_summary(self, summary: CallsSummary) -> None:
+        print_rates(summary.rates)
+        print(summary.rows.groupby(["config", "outcome"]).size().unstack(fill_value=0).to_string())

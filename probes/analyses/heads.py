@@ -25,33 +25,22 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from probes.reporting import plots
-from probes.analyses.base import (
-    EPSILON,
-    Analysis,
-    AnalysisError,
-    Comparison,
-    Job,
-    ReportSection,
-    add_common_arguments,
-    cached_scorer,
-    markdown_table,
-    no_ci_note,
-    open_analysis,
-    provenance,
-    run_jobs,
-)
+from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.reporting.markdown import markdown_table
+from probes.scoring.score import EPSILON
+from probes.scoring.stats import no_ci_note
 from probes.engine.session import Knockout
 from probes.analyses.ratios import head_alphas
-from probes.reporting.results import load_results, write_csv
+from probes.reporting.results import load_results
 from probes.scoring.stats import bootstrap_mean
 
 NAME = "heads"
@@ -66,22 +55,12 @@ MATCH_TOLERANCE = 2.0  # random sets' mean span mass within this factor of the t
 Head = tuple[int, int]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, k_max=2, buckets=("T_ok", "T_wrong"))
-    parser.add_argument("--k", type=int, help="retrieval depth (default: --k-max)")
-    parser.add_argument("--top-n", type=int, default=DEFAULT_TOP, help=f"heads in the causal check (default: {DEFAULT_TOP})")
-    parser.add_argument("--random-draws", type=int, default=DEFAULT_DRAWS, help=f"random head sets (default: {DEFAULT_DRAWS})")
-    parser.add_argument("--min-span-mass", type=float, default=MIN_SPAN_MASS,
-                        help=f"rank only heads whose decision row puts this much attention on boundary ∪ procedure (default: {MIN_SPAN_MASS})")
-    parser.add_argument("--no-causal", dest="causal", action="store_false", help="skip the knockout check of the ranking")
+def depth(options: Any) -> int:
+    return options.k if options.k is not None else options.k_max
 
 
-def depth(args: argparse.Namespace) -> int:
-    return args.k if args.k is not None else args.k_max
-
-
-def collect_attention(analysis: Analysis) -> pd.DataFrame:
-    k = depth(analysis.args)
+def collect_attention(analysis: RunContext) -> pd.DataFrame:
+    k = depth(analysis.options)
     jobs = [Job(item, "basm", k, analysis.fmt, ("baseline",)) for item in analysis.items]
     store = analysis.store(k=k)
     run_jobs(analysis, store, jobs, cached_scorer(analysis, lambda record, job: (), per_head=True, margins=()))
@@ -226,11 +205,11 @@ def select_heads(rank_rows: pd.DataFrame, *, min_span_mass: float, top: int, dra
 
 
 # ----------------------------------------------------------------------------- causal check
-def collect_causal(analysis: Analysis, sets: Mapping[str, Sequence[Head]], *, groups: Collection[str]) -> pd.DataFrame:
+def collect_causal(analysis: RunContext, sets: Mapping[str, Sequence[Head]], *, groups: Collection[str]) -> pd.DataFrame:
     """Boundary knockout in each head set on the T_wrong items of task ``groups``. Sets with the same
     heads share one condition; the knocked-out rows come once per set name (``selection``), the
     baseline rows once (``selection`` "baseline"). All rows carry ``half`` = "test"."""
-    k = depth(analysis.args)
+    k = depth(analysis.options)
     distinct = list(dict.fromkeys(tuple(sorted(heads)) for heads in sets.values()))
     conditions = {heads: f"heads_{i}" for i, heads in enumerate(distinct)}
 
@@ -330,7 +309,7 @@ class HeadsSummary:
     messages: list[str]  # what a reader must know about this run (split, skipped checks, smaller sets)
 
 
-def figures(summary: HeadsSummary, out_dir: Path, k: int) -> list[Path]:
+def draw_figures(summary: HeadsSummary, out_dir: Path, k: int) -> list[Path]:
     plots.style()
     title = f"BASM, {plots.bucket_label('T_wrong')}, k = {k}: log2(boundary / procedure attention)"
     paths = plots.save_figure(plots.fig08_head_heatmap(summary.heatmap, summary.note, title), out_dir, FIGURES[0])
@@ -339,11 +318,11 @@ def figures(summary: HeadsSummary, out_dir: Path, k: int) -> list[Path]:
     return paths
 
 
-def compute(analysis: Analysis) -> HeadsSummary:
+def compute(analysis: RunContext, rows: pd.DataFrame | None = None) -> HeadsSummary:
     """Map (all items), ranking (ranking half), then (unless ``--no-causal``) the knockout check of
     the ranking on the test half, at ``--min-span-mass`` and at every floor of the sensitivity table."""
-    a = analysis.args
-    rows, rank_groups, test_groups = with_halves(collect_attention(analysis))
+    a = analysis.options
+    rows, rank_groups, test_groups = with_halves(collect_attention(analysis) if rows is None else rows)
     rank_rows, test_wrong = rows[rows["half"] == "rank"], rows[(rows["half"] == "test") & (rows["bucket"] == "T_wrong")]
     floors = sorted({*SENSITIVITY_FLOORS, a.min_span_mass})
     selections = [select_heads(rank_rows, min_span_mass=f, top=a.top_n, draws=a.random_draws, seed=a.seed) for f in floors]
@@ -366,8 +345,8 @@ def compute(analysis: Analysis) -> HeadsSummary:
                         heads_note(analysis, chosen), messages)
 
 
-def heads_note(analysis: Analysis, chosen: Selection) -> str:
-    a = analysis.args
+def heads_note(analysis: RunContext, chosen: Selection) -> str:
+    a = analysis.options
     n = len(chosen.sets[chosen.top_name]) if chosen.top_name else 0
     return (f"{provenance(analysis)}\nper head: log2((ᾱ_B + ε)/(ᾱ_P + ε)), ᾱ averaged over items (ratio of means), ε = {EPSILON:g} · "
             f"ranked on half of the task groups: heads with attention mass ≥ {a.min_span_mass:g} on B ∪ P in both buckets · "
@@ -375,12 +354,9 @@ def heads_note(analysis: Analysis, chosen: Selection) -> str:
             f"matched on B ∪ P mass (each head drawn among the {chosen.pool} nearest non-top heads), pooled")
 
 
-def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
-    summary = compute(analysis)
-    paths = figures(summary, figures_dir, depth(analysis.args))
-    write_tables(summary, analysis.out_dir)
+def section(analysis: RunContext, summary: HeadsSummary, paths: list[Path]) -> ReportSection:
     body = (f"Heads ranked on the ranking half by the T_ok → T_wrong increase of log2(boundary/procedure attention) "
-            f"(BASM, k = {depth(analysis.args)}):\n\n{markdown_table(summary.ranking.head(10))}")
+            f"(BASM, k = {depth(analysis.options)}):\n\n{markdown_table(summary.ranking.head(10))}")
     if len(summary.causal):
         body += ("\n\nCausal check on the test half's T_wrong items (Δ wrong-tool margin, boundary knockout in these heads only; "
                  f"random sets matched on B ∪ P span mass):\n\n{markdown_table(summary.causal)}")
@@ -392,23 +368,41 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
     return ReportSection(NAME, "Figs. 8/9 — boundary heads (`heads`)", paths, body, comparisons, summary)
 
 
-def write_tables(summary: HeadsSummary, out_dir: Path) -> None:
-    """The summary tables of this analysis, next to its results file."""
-    write_csv(summary.ranking, out_dir / f"{NAME}_ranking.csv")
-    write_csv(summary.causal, out_dir / f"{NAME}_causal_summary.csv")
-    write_csv(summary.sensitivity, out_dir / f"{NAME}_sensitivity.csv")
+@dataclass(kw_only=True)
+class Heads(Analysis):
+    """Figs. 8/9: per-head log2(boundary/procedure) attention, a split-half head ranking and its causal check."""
 
+    name: ClassVar[str] = NAME
+    help: ClassVar[str] = "Figs. 8/9: per-head log2(boundary/procedure) attention, head ranking and its causal check."
 
-def run(args: argparse.Namespace) -> int:
-    analysis = open_analysis(args, NAME)
-    summary = compute(analysis)
-    write_tables(summary, analysis.out_dir)
-    print(summary.ranking.head(10).round(3).to_string(index=False))
-    if len(summary.causal):
-        print(summary.causal.round(3).to_string(index=False))
-    print(summary.sensitivity.round(3).to_string(index=False))
-    for message in summary.messages:
-        print(message)
-    if analysis.args.figure:
-        print("figures:", ", ".join(map(str, figures(summary, analysis.out_dir / "figures", depth(analysis.args)))))
-    return 0
+    buckets: tuple[str, ...] | None = option(("T_ok", "T_wrong"), "keep only these buckets", flag="--bucket",
+                                             repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
+    k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
+    top_n: int = option(DEFAULT_TOP, "heads in the causal check", type=int, minimum=1)
+    random_draws: int = option(DEFAULT_DRAWS, "random head sets", type=int, minimum=1)
+    min_span_mass: float = option(MIN_SPAN_MASS, "rank only heads whose decision row puts this much attention on boundary ∪ procedure",
+                                  type=float, minimum=0.0)
+    causal: bool = option(True, "run the knockout check of the ranking (--no-causal: skip it)", type=bool, flag="--no-causal")
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        return collect_attention(ctx)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> HeadsSummary:
+        return compute(ctx, rows)
+
+    def tables(self, summary: HeadsSummary) -> dict[str, pd.DataFrame]:
+        return {f"{NAME}_ranking": summary.ranking, f"{NAME}_causal_summary": summary.causal, f"{NAME}_sensitivity": summary.sensitivity}
+
+    def figures(self, summary: HeadsSummary, out_dir: Path) -> list[Path]:
+        return draw_figures(summary, out_dir, depth(self.resolved()))
+
+    def section(self, ctx: RunContext, summary: HeadsSummary, figures: list[Path]) -> ReportSection:
+        return section(ctx, summary, figures)
+
+    def print_summary(self, summary: HeadsSummary) -> None:
+        print(summary.ranking.head(10).round(3).to_string(index=False))
+        if len(summary.causal):
+            print(summary.causal.round(3).to_string(index=False))
+        print(summary.sensitivity.round(3).to_string(index=False))
+        for message in summary.messages:
+            print(message)

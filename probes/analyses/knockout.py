@@ -45,34 +45,22 @@ condition); records left out are counted with their reason. Records whose bounda
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from probes.reporting import plots
-from probes.analyses.base import (
-    Analysis,
-    Comparison,
-    Job,
-    ReportSection,
-    add_common_arguments,
-    bootstrap_ratio,
-    cached_scorer,
-    cell,
-    markdown_table,
-    open_analysis,
-    provenance,
-    record_rng,
-    run_jobs,
-    summarise,
-)
+from probes.analyses import paper
+from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.reporting.markdown import cell, markdown_table
+from probes.scoring.score import record_rng
+from probes.scoring.stats import bootstrap_ratio, summarise
 from probes.engine.session import Knockout, span_positions
-from probes.reporting.results import load_results, write_csv
+from probes.reporting.results import load_results
 
 NAME = "knockout"
 FIGURES = ("fig06_knockout_controls", "fig07_knockout_selectivity")
@@ -81,19 +69,6 @@ DEFAULT_DRAWS = 5
 KNOCKOUT_ROWS = ("path", "endpoints")
 RANDOM_POOLS = ("memory+procedure", "memory")
 CONTROL_PREFIXES = {"random_": "random", "anywhere_": "random_anywhere"}  # draw condition -> control
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, k_max=2, buckets=("T_wrong", "T_ok"))
-    parser.add_argument("--k", type=int, help="retrieval depth (default: --k-max)")
-    parser.add_argument("--random-draws", type=int, default=DEFAULT_DRAWS, help=f"random spans per record and control (default: {DEFAULT_DRAWS})")
-    parser.add_argument("--layer-window", type=int, help="also knock out B in windows of this many consecutive layers")
-    parser.add_argument("--random-pool", choices=RANDOM_POOLS, default="memory+procedure",
-                        help="where the neutral random spans are drawn: the memory block outside B (default; the share on P is "
-                        "recorded) or outside B and P (often shorter than B)")
-    parser.add_argument("--knockout-rows", choices=KNOCKOUT_ROWS, default="path",
-                        help="rows blocked: path (default; every row from the open row to the decision row and the candidate "
-                        "name rows, so a shared name prefix is covered) or endpoints (open and decision rows only)")
 
 
 def draw_span(free: np.ndarray, lengths: Sequence[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
@@ -172,10 +147,10 @@ def blocked_rows(record: dict[str, Any], policy: str) -> dict[str, Any]:
     raise ValueError(f"--knockout-rows must be one of {KNOCKOUT_ROWS}, got {policy!r}")
 
 
-def knockout_scorer(analysis: Analysis, windows: Sequence[Sequence[int]]):
+def knockout_scorer(analysis: RunContext, windows: Sequence[Sequence[int]]):
     """The scorer of a BASM record under every knockout; each control row also says how it was
     drawn: ``control_pieces`` (run lengths) and ``control_coverage`` (positions blocked / |B|)."""
-    a = analysis.args
+    a = analysis.options
     drawn: dict[str, tuple[list[int], list[int]]] = {}  # condition -> (positions, run lengths) of the record being scored
 
     def conditions(record: dict[str, Any], job: Job) -> list[Knockout]:
@@ -211,8 +186,8 @@ def knockout_scorer(analysis: Analysis, windows: Sequence[Sequence[int]]):
     return scorer
 
 
-def collect(analysis: Analysis) -> pd.DataFrame:
-    a = analysis.args
+def collect(analysis: RunContext) -> pd.DataFrame:
+    a = analysis.options
     k = a.k if a.k is not None else a.k_max
     windows = layer_windows(analysis.session.n_layers, a.layer_window) if a.layer_window else []
     names = condition_names(a.random_draws, windows)
@@ -320,7 +295,7 @@ def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> Knockou
     return KnockoutSummary(deltas, gap_recovery(rows, per, seed), windows, per, dropped, control_draws(rows), excluded, note)
 
 
-def figures(summary: KnockoutSummary, out_dir: Path) -> list[Path]:
+def draw_figures(summary: KnockoutSummary, out_dir: Path) -> list[Path]:
     plots.style()
     note = f"{summary.note}\nBASM records without a boundary span excluded: {summary.n_excluded}"
     paths = plots.save_figure(plots.fig06_knockout_controls(summary.deltas, summary.recovery, summary.windows, note), out_dir, FIGURES[0])
@@ -328,47 +303,22 @@ def figures(summary: KnockoutSummary, out_dir: Path) -> list[Path]:
     return paths
 
 
-def knockout_note(analysis: Analysis) -> str:
-    a = analysis.args
+def knockout_note(analysis: RunContext) -> str:
+    a = analysis.options
     return (f"{provenance(analysis)}\nΔm = m_knockout − m_BASM (signed) at k = {a.k if a.k is not None else a.k_max} · "
             f"rows blocked: {a.knockout_rows} · random: mean of {a.random_draws} spans of |B| positions in the memory block "
             f"{pool_text(a.random_pool)}; "
             f"random anywhere: same-length runs anywhere before the call · paired records per measure · mean ± 95% bootstrap CI over task groups")
 
 
-def write_tables(summary: KnockoutSummary, out_dir: Path) -> None:
-    """The summary tables of this analysis, next to its results file."""
-    write_csv(summary.deltas, out_dir / f"{NAME}_summary.csv")
-    write_csv(summary.recovery, out_dir / f"{NAME}_gap_recovery.csv")
-
-
-def run(args: argparse.Namespace) -> int:
-    analysis = open_analysis(args, NAME)
-    summary = summarise_rows(collect(analysis), knockout_note(analysis), analysis.args.seed)
-    write_tables(summary, analysis.out_dir)
-    print(summary.deltas.round(3).to_string(index=False))
-    for r in summary.recovery.itertuples():
-        print(f"gap recovered ({r.measure}): {100 * r.value:.1f}% [{100 * r.low:.1f}, {100 * r.high:.1f}] "
-              f"(Proc {r.proc:.2f}, BASM {r.basm:.2f}, Δm boundary {r.delta:+.2f}; n = {r.n} task groups)")
-    print(f"BASM records without a boundary span (excluded): {summary.n_excluded}")
-    print("records left out of a measure's paired comparison:\n" + (summary.dropped.to_string(index=False) if len(summary.dropped) else "none"))
-    print("random controls:\n" + summary.controls.round(3).to_string(index=False))
-    if analysis.args.figure:
-        print("figures:", ", ".join(map(str, figures(summary, analysis.out_dir / "figures"))))
-    return 0
-
-
-def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
-    summary = summarise_rows(collect(analysis), knockout_note(analysis), analysis.args.seed)
-    paths = figures(summary, figures_dir)
-    write_tables(summary, analysis.out_dir)
+def section(analysis: RunContext, summary: KnockoutSummary, paths: list[Path]) -> ReportSection:
     d, r = summary.deltas, summary.recovery
     main = d[d["knockout"].isin(plots.KNOCKOUT_LABELS)][["bucket", "knockout", "measure", "value", "low", "high", "n"]]
     body = (f"Signed shift Δm = m_knockout − m_BASM (logits; `margin` is {analysis.variant}, Eq. 1 on the tool choice by default); "
-            f"CIs over task groups. Rows blocked: `{analysis.args.knockout_rows}`. Every knockout and control of a measure is compared "
+            f"CIs over task groups. Rows blocked: `{analysis.options.knockout_rows}`. Every knockout and control of a measure is compared "
             f"on the same records. BASM records without a boundary span excluded: {summary.n_excluded}.\n\n{markdown_table(main)}\n\n"
             f"Records left out of a measure's comparison:\n\n{markdown_table(summary.dropped) if len(summary.dropped) else 'none'}\n\n"
-            f"How the random controls were drawn (`random`: the memory block {pool_text(analysis.args.random_pool)}, "
+            f"How the random controls were drawn (`random`: the memory block {pool_text(analysis.options.random_pool)}, "
             f"the default neutral control; "
             f"`random_anywhere`: anywhere before the call):\n\n{markdown_table(summary.controls)}\n\n"
             f"Share of the Proc. Skill gap recovered by the boundary knockout (T_wrong; CI resamples task groups jointly):\n\n"
@@ -377,13 +327,60 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
         body += f"\n\nLayer windows (Δ wrong-tool margin, T_wrong):\n\n{markdown_table(summary.windows)}"
     sel = plots.selectivity_table(d)
     comparisons = [
-        Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), 3.45),
-        Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), 3.65),
+        Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), paper.FIG6_DELTA["margin"]),
+        Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), paper.FIG6_DELTA["broad_margin"]),
         *(Comparison(f"Fig. 6: Proc.–BASM gap recovered, {plots.MEASURE_LABELS[m]}", 100 * cell(r, measure=m), p, "%",
                      f"gap m_Proc − m_BASM = {cell(r, 'gap', measure=m):+.2f} logits" + ("" if cell(r, "gap", measure=m) > 0 else " (≤ 0: undefined)"))
-          for m, p in (("margin", 69.4), ("broad_margin", 41.0))),
+          for m, p in paper.FIG6_RECOVERED.items()),
     ]
     comparisons += [Comparison(f"Fig. 7: selectivity {b}–{'wrong' if m == 'margin' else 'correct'}", cell(sel, cell=c, knockout="boundary"), p,
                                note="paper: Qwen3-14B")
-                    for (b, m, c), p in zip(plots.SELECTIVITY, (0.27, 0.04, -0.11))]
+                    for (b, m, c), p in zip(plots.SELECTIVITY, paper.FIG7_SELECTIVITY)]
     return ReportSection(NAME, "Figs. 3c/d, 6, 7 — same-prompt knockout (`knockout`)", paths, body, comparisons, summary)
+
+
+def print_summary(summary: KnockoutSummary) -> None:
+    print(summary.deltas.round(3).to_string(index=False))
+    for r in summary.recovery.itertuples():
+        print(f"gap recovered ({r.measure}): {100 * r.value:.1f}% [{100 * r.low:.1f}, {100 * r.high:.1f}] "
+              f"(Proc {r.proc:.2f}, BASM {r.basm:.2f}, Δm boundary {r.delta:+.2f}; n = {r.n} task groups)")
+    print(f"BASM records without a boundary span (excluded): {summary.n_excluded}")
+    print("records left out of a measure's paired comparison:\n" + (summary.dropped.to_string(index=False) if len(summary.dropped) else "none"))
+    print("random controls:\n" + summary.controls.round(3).to_string(index=False))
+
+
+@dataclass(kw_only=True)
+class KnockoutAnalysis(Analysis):
+    """Figs. 3c/d, 6, 7: same-prompt knockout of the deciding rows' attention to the boundary span, with controls."""
+
+    name: ClassVar[str] = NAME
+    help: ClassVar[str] = "Figs. 3c/d, 6, 7: same-prompt knockout of deciding-row → boundary attention, with controls."
+
+    buckets: tuple[str, ...] | None = option(("T_wrong", "T_ok"), "keep only these buckets", flag="--bucket",
+                                             repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
+    k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
+    random_draws: int = option(DEFAULT_DRAWS, "random spans per record and control", type=int, minimum=1)
+    layer_window: int | None = option(None, "also knock out B in windows of this many consecutive layers", type=int, minimum=1)
+    random_pool: str = option("memory+procedure", "where the neutral random spans are drawn: the memory block outside B (the share "
+                              "on P is recorded) or outside B and P (often shorter than B)", choices=RANDOM_POOLS)
+    knockout_rows: str = option("path", "rows blocked: path (every row from the open row to the decision row and the candidate "
+                                "name rows, so a shared name prefix is covered) or endpoints (open and decision rows only)",
+                                choices=KNOCKOUT_ROWS)
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        return collect(ctx)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> KnockoutSummary:
+        return summarise_rows(rows, knockout_note(ctx), ctx.options.seed)
+
+    def tables(self, summary: KnockoutSummary) -> dict[str, pd.DataFrame]:
+        return {f"{NAME}_summary": summary.deltas, f"{NAME}_gap_recovery": summary.recovery}
+
+    def figures(self, summary: KnockoutSummary, out_dir: Path) -> list[Path]:
+        return draw_figures(summary, out_dir)
+
+    def section(self, ctx: RunContext, summary: KnockoutSummary, figures: list[Path]) -> ReportSection:
+        return section(ctx, summary, figures)
+
+    def print_summary(self, summary: KnockoutSummary) -> None:
+        print_summary(summary)

@@ -40,13 +40,17 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.special import expit
 from scipy.stats import rankdata
 from sklearn.model_selection import StratifiedGroupKFold
 from sklearn.preprocessing import StandardScaler
+
+from probes.analyses.base import Analysis, RunContext, option
+from probes.data.configs import CONFIGS, PAPER_CONFIGS
+from probes.scoring.stats import cluster_bootstrap
 
 POSITIVE, NEGATIVE = "T_ok", "T_wrong"  # applicable (1) vs inapplicable (0)
 PROBE_BUCKETS: tuple[str, ...] = (POSITIVE, NEGATIVE)
@@ -177,21 +181,7 @@ def auc(y: np.ndarray, scores: np.ndarray) -> float:
 
 def group_bootstrap_auc(y: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
     """Percentile CI of the pooled AUC, resampling task groups with replacement."""
-    groups = np.asarray(groups)
-    members = [np.flatnonzero(groups == g) for g in dict.fromkeys(groups.tolist())]
-    if len(members) < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(resamples):
-        index = np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))])
-        value = auc(y[index], scores[index])
-        if np.isfinite(value):
-            values.append(value)
-    if not values:
-        return float("nan"), float("nan")
-    alpha = (1 - confidence) / 2
-    return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
+    return cluster_bootstrap(lambda idx: auc(y[idx], scores[idx]), groups, resamples=resamples, seed=seed, confidence=confidence)
 
 
 def permute_within_groups(y: np.ndarray, groups: Sequence[str], rng: np.random.Generator) -> np.ndarray:
@@ -321,21 +311,6 @@ NAME = "linear"
 FIGURE = "fig10_linear_probe"
 
 
-def add_arguments(parser: Any) -> None:
-    from probes.analyses.base import add_common_arguments, configs_arg
-    from probes.data.configs import PAPER_CONFIGS
-
-    add_common_arguments(parser, k_max=4, buckets=PROBE_BUCKETS)
-    parser.add_argument("--configs", type=configs_arg, default=list(PAPER_CONFIGS),
-                        help=f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})")
-    group = parser.add_argument_group("linear probe")
-    group.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help=f"task-disjoint CV folds (default: {DEFAULT_FOLDS}; lowered to the task groups per class)")
-    group.add_argument("--C", type=float, default=DEFAULT_C, help=f"inverse L2 strength of the logistic regression (default: {DEFAULT_C})")
-    group.add_argument("--permutations", type=int, default=DEFAULT_PERMUTATIONS,
-                       help=f"label permutations within task groups, shared by all layers; p ≥ 1/(1 + N) (default: {DEFAULT_PERMUTATIONS})")
-    group.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help=f"task-group bootstrap resamples of the AUC CI (default: {DEFAULT_RESAMPLES})")
-
-
 def keep_probe_items(analysis: Any) -> None:
     """Keep the T_ok / T_wrong items (``--limit`` already spread them over task groups, see
     :func:`probes.data.dataset.spread_limit`: task-disjoint CV needs at least two task groups per class)."""
@@ -349,19 +324,20 @@ def keep_probe_items(analysis: Any) -> None:
 
 def collect_features(analysis: Any) -> tuple[Any, FeatureCache]:
     """Residuals of every (item, config, k) prompt; returns (index rows, feature cache)."""
-    from probes.analyses.base import ROW_FIELDS, Job, run_jobs
+    from probes.analyses.base import Job, run_jobs
+    from probes.scoring.score import ROW_FIELDS
     from probes.reporting.results import load_results
 
-    configs = list(analysis.args.configs)
+    configs = list(analysis.options.configs)
     store = analysis.store(configs=configs, row="decision", features="residual stream [layer+1, d_model]",
                            limit_mode="spread over task groups")  # first: it takes the lock on the output
     root = analysis.out_dir / "linear_features"
-    if analysis.args.overwrite and root.is_dir():  # --overwrite discards every result, cached residuals too
+    if analysis.options.overwrite and root.is_dir():  # --overwrite discards every result, cached residuals too
         shutil.rmtree(root)
     cache = FeatureCache(root)
-    model = f"{analysis.model_fingerprint['weights']}|{analysis.args.dtype}"
+    model = f"{analysis.model_fingerprint['weights']}|{analysis.options.dtype}"
     jobs = [Job(item, config, k, analysis.fmt, ("residual",))
-            for item in analysis.items for k in range(analysis.args.k_max + 1) for config in configs]
+            for item in analysis.items for k in range(analysis.options.k_max + 1) for config in configs]
 
     def scorer(record: dict[str, Any], job: Any) -> list[dict[str, Any]]:
         key = feature_key(record, model)
@@ -385,11 +361,11 @@ def probe_all(analysis: Any, index: Any, cache: FeatureCache, settings: ProbeSet
     from probes.reporting.results import ResultsStore, load_results
 
     store = ResultsStore(analysis.out_dir / "linear_probe.jsonl", "linear_probe",
-                         analysis.config(configs=list(analysis.args.configs), limit_mode="spread over task groups",
+                         analysis.config(configs=list(analysis.options.configs), limit_mode="spread over task groups",
                                          probe=asdict_settings(settings),
                                          null="labels permuted within task groups, the same permutations at every layer; "
                                               "p_maxnull against the max over layers"),
-                         overwrite=analysis.args.overwrite)
+                         overwrite=analysis.options.overwrite)
     cells = [(config, int(k), frame.sort_values("item_id")) for (config, k), frame in index.groupby(["config", "k"], sort=True)]
     n_layers = cache.load(index["feature_key"].iloc[0]).shape[0]
     memo: dict[tuple, list[dict[str, Any]]] = {}  # identical feature sets (k = 0) are probed once
@@ -424,32 +400,37 @@ SUMMARY_COLUMNS = ["config", "k", "layer", "auc", "low", "high", "null_mean", "n
                    "n", "n_pos", "n_neg", "n_groups", "n_folds", "note"]
 
 
-def compute(analysis: Any) -> Any:
-    """Features, probes and the summary table (also written to ``linear_summary.csv``)."""
-    from probes.reporting.results import write_csv
+@dataclass
+class LinearSummary:
+    table: Any  # SUMMARY_COLUMNS per (config, k, layer)
+    note: str  # the figure's footnote
 
-    keep_probe_items(analysis)
-    a = analysis.args
+
+def compute(analysis: Any, index: Any) -> LinearSummary:
+    """Probes of every (config, k, layer) on the collected features, and the summary table."""
+    a = analysis.options
     settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed)
-    index, cache = collect_features(analysis)
-    table = probe_all(analysis, index, cache, settings)[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
-    analysis.out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(table, analysis.out_dir / f"{NAME}_summary.csv")
-    return table
+    table = probe_all(analysis, index, FeatureCache(analysis.out_dir / "linear_features"), settings)
+    table = table[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
+    return LinearSummary(table, figure_note(analysis, table))
 
 
-def figure(analysis: Any, table: Any, figures_dir: Path) -> list[Path]:
-    from probes.reporting import plots
+def figure_note(analysis: Any, table: Any) -> str:
     from probes.analyses.base import provenance
 
-    a = analysis.args
-    note = (f"{provenance(analysis).replace(f' · margin: {a.margin_variant}', '')}\n"
+    a = analysis.options
+    return (f"{provenance(analysis).replace(f' · margin: {a.margin_variant}', '')}\n"
             f"AUC of out-of-fold scores, StratifiedGroupKFold by task group (≤ {a.folds} folds), "
             f"StandardScaler + L2 logistic regression (C = {a.C}); band: 95% bootstrap CI over task groups; "
             f"grey: labels shuffled within task groups ({a.permutations} permutations, the same at every layer; mean and 95% range)\n"
             f"{best_layer_note(best_layers(table))}")
+
+
+def figure(summary: LinearSummary, figures_dir: Path) -> list[Path]:
+    from probes.reporting import plots
+
     plots.style()
-    return plots.save_figure(plots.fig10_linear_probe(table, note), figures_dir, FIGURE)
+    return plots.save_figure(plots.fig10_linear_probe(summary.table, summary.note), figures_dir, FIGURE)
 
 
 def best_layer_note(best: Any) -> str:
@@ -481,11 +462,11 @@ def best_layers(table: Any) -> Any:
     return pd.DataFrame(out)
 
 
-def report_section(analysis: Any, figures_dir: Path) -> Any:
-    from probes.analyses.base import Comparison, ReportSection, markdown_table
+def section(analysis: Any, summary: LinearSummary, paths: list[Path]) -> Any:
+    from probes.analyses.base import Comparison, ReportSection
+    from probes.reporting.markdown import markdown_table
 
-    table = compute(analysis)
-    paths = figure(analysis, table, figures_dir)
+    table = summary.table
     best = best_layers(table)
     k_max = int(table["k"].max())
     body = ("Task-disjoint (StratifiedGroupKFold by task group) logistic-regression probes for applicability "
@@ -498,18 +479,7 @@ def report_section(analysis: Any, figures_dir: Path) -> Any:
     comparisons = [Comparison(f"Fig. 10: best-layer probe AUC, {config} (k = {k_max}; paper: no stable high-AUC vector)",
                               float(best[(best["config"] == config) & (best["k"] == k_max)]["auc"].iloc[0]), None, "AUC")
                    for config in ("proc", "basm") if len(best) and ((best["config"] == config) & (best["k"] == k_max)).any()]
-    return ReportSection(NAME, "Fig. 10 — residual-stream linear probe control (`linear`)", paths, body, comparisons, table)
-
-
-def run(args: Any) -> int:
-    from probes.analyses.base import open_analysis
-
-    analysis = open_analysis(args, NAME)
-    table = compute(analysis)
-    print_summary(table)
-    if analysis.args.figure:
-        print("figure:", ", ".join(map(str, figure(analysis, table, analysis.out_dir / "figures"))))
-    return 0
+    return ReportSection(NAME, "Fig. 10 — residual-stream linear probe control (`linear`)", paths, body, comparisons, summary)
 
 
 def print_summary(table: Any) -> None:
@@ -523,3 +493,41 @@ def print_summary(table: Any) -> None:
                   f"n = {int(best['n'])} items / {int(best['n_groups'])} task groups, {int(best['n_folds'])} folds")
         else:
             print(f"{config:>16} k={k}: no AUC ({frame['note'].iloc[0]})")
+
+
+@dataclass(kw_only=True)
+class Linear(Analysis):
+    """Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer."""
+
+    name: ClassVar[str] = NAME
+    help: ClassVar[str] = "Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer."
+
+    k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
+    buckets: tuple[str, ...] | None = option(PROBE_BUCKETS, "keep only these buckets (the probe contrasts T_ok and T_wrong)",
+                                             flag="--bucket", repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
+    configs: tuple[str, ...] = option(PAPER_CONFIGS, f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})",
+                                      names=tuple(CONFIGS))
+    folds: int = option(DEFAULT_FOLDS, "task-disjoint CV folds (lowered to the task groups per class)", type=int, minimum=2, group="linear probe")
+    C: float = option(DEFAULT_C, "inverse L2 strength of the logistic regression", type=float, minimum=0.0, group="linear probe")
+    permutations: int = option(DEFAULT_PERMUTATIONS, "label permutations within task groups, shared by all layers; p ≥ 1/(1 + N)",
+                               type=int, minimum=1, group="linear probe")
+    resamples: int = option(DEFAULT_RESAMPLES, "task-group bootstrap resamples of the AUC CI", type=int, minimum=1, group="linear probe")
+
+    def collect(self, ctx: RunContext) -> Any:
+        keep_probe_items(ctx)
+        return collect_features(ctx)[0]
+
+    def summarise(self, ctx: RunContext, rows: Any) -> LinearSummary:
+        return compute(ctx, rows)
+
+    def tables(self, summary: LinearSummary) -> dict[str, Any]:
+        return {f"{NAME}_summary": summary.table}
+
+    def figures(self, summary: LinearSummary, out_dir: Path) -> list[Path]:
+        return figure(summary, out_dir)
+
+    def section(self, ctx: RunContext, summary: LinearSummary, figures: list[Path]) -> Any:
+        return section(ctx, summary, figures)
+
+    def print_summary(self, summary: LinearSummary) -> None:
+        print_summary(summary.table)

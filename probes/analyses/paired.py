@@ -1,14 +1,57 @@
 """``paired`` (Fig. 12): the equal-token paired status of BASM vs procedure padding.
 
-Implemented in :mod:`probes.analyses.calls` (it reuses the greedy calls); this module gives the analysis
-its own name for the CLI and ``basm-probes report``.
+It reuses the greedy generations of :mod:`probes.analyses.calls` (a matching ``calls.jsonl`` in the
+same results folder) and generates only what is missing.
 """
 
-from probes.analyses.calls import PAIRED_FIGURE as FIGURE
-from probes.analyses.calls import PAIRED_NAME as NAME
-from probes.analyses.calls import add_paired_arguments as add_arguments
-from probes.analyses.calls import compute_paired as compute
-from probes.analyses.calls import paired_report_section as report_section
-from probes.analyses.calls import run_paired as run
+from __future__ import annotations
 
-__all__ = ["FIGURE", "NAME", "add_arguments", "compute", "report_section", "run"]
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from probes.analyses.base import Analysis, RunContext, option
+from probes.analyses.calls import (
+    MAX_NEW_TOKENS,
+    PAIRED_NAME,
+    PAIRED_STATUSES,
+    PairedSummary,
+    collect_paired,
+    paired_figure,
+    paired_section,
+    summarise_paired,
+)
+
+
+@dataclass(kw_only=True)
+class Paired(Analysis):
+    """Fig. 12: paired outcome status of BASM vs procedure padding (reuses the calls results)."""
+
+    name: ClassVar[str] = PAIRED_NAME
+    help: ClassVar[str] = "Fig. 12: paired outcome status of BASM vs procedure padding (reuses calls results)."
+
+    k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
+    max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
+    calls: str | Path | None = option(None, "calls results file to reuse (default: OUT/<model>/calls.jsonl when it matches this run)",
+                                      type=Path)
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        return collect_paired(ctx)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> PairedSummary:
+        return summarise_paired(ctx, rows)
+
+    def tables(self, summary: PairedSummary) -> dict[str, pd.DataFrame]:
+        return {f"{PAIRED_NAME}_summary": summary.table}
+
+    def figures(self, summary: PairedSummary, out_dir: Path) -> list[Path]:
+        return paired_figure(summary, out_dir)
+
+    def section(self, ctx: RunContext, summary: PairedSummary, figures: list[Path]) -> Any:
+        return paired_section(ctx, summary, figures)
+
+    def print_summary(self, summary: PairedSummary) -> None:
+        print(summary.how)
+        print(summary.table[["format", "k", "bucket", "n", *PAIRED_STATUSES, "solve_difference", "p_value"]].to_string(index=False))

@@ -21,47 +21,25 @@ procedure attention is near zero, so they are never averaged. Two robust aggrega
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from probes.reporting import plots
-from probes.analyses.base import (
-    ATTENTION_ROWS,
-    EPSILON,
-    Analysis,
-    Comparison,
-    Job,
-    ReportSection,
-    add_common_arguments,
-    bootstrap_ratio,
-    cached_scorer,
-    cell,
-    configs_arg,
-    markdown_table,
-    open_analysis,
-    provenance,
-    run_jobs,
-)
-from probes.data.configs import CONTROL_CONFIGS
-from probes.reporting.results import load_results, write_csv
+from probes.analyses import paper
+from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.reporting.markdown import cell, markdown_table
+from probes.scoring.score import ATTENTION_ROWS, EPSILON
+from probes.scoring.stats import bootstrap_ratio, cluster_bootstrap
+from probes.data.configs import CONFIGS, CONTROL_CONFIGS
+from probes.reporting.results import load_results
 
 NAME = "ratios"
 FIGURE = "fig04_boundary_attention"
 DEFAULT_CONFIGS = ("basm", *CONTROL_CONFIGS)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, k_max=2)
-    parser.add_argument("--configs", type=configs_arg, default=list(DEFAULT_CONFIGS),
-                        help=f"configurations with a boundary (or control) span (default: {','.join(DEFAULT_CONFIGS)})")
-    parser.add_argument("--k", type=int, help="retrieval depth (default: --k-max)")
-    parser.add_argument("--attention-row", choices=ATTENTION_ROWS, default="deciding",
-                        help="query row of the figure: the deciding row (default; the decision row, or the row after a shared "
-                        "name prefix) or the native row that opens the tool call; the summary has both")
 
 
 @dataclass
@@ -71,12 +49,12 @@ class RatiosSummary:
     note: str
 
 
-def depth(args: argparse.Namespace) -> int:
-    return args.k if args.k is not None else args.k_max
+def depth(options: Any) -> int:
+    return options.k if options.k is not None else options.k_max
 
 
-def collect(analysis: Analysis) -> pd.DataFrame:
-    a = analysis.args
+def collect(analysis: RunContext) -> pd.DataFrame:
+    a = analysis.options
     k = depth(a)
     jobs = [Job(item, config, k, analysis.fmt, ("baseline",)) for item in analysis.items for config in a.configs]
     store = analysis.store(configs=a.configs, k=k)
@@ -103,17 +81,7 @@ def median_log2(alpha_b: np.ndarray, alpha_p: np.ndarray, epsilon: float = EPSIL
 
 
 def _median_ci(alpha_b: np.ndarray, alpha_p: np.ndarray, groups: np.ndarray, seed: int, resamples: int = 1000) -> tuple[float, float]:
-    labels = list(dict.fromkeys(groups.tolist()))
-    if len(labels) < 2:  # no CI, never a zero-width one
-        return float("nan"), float("nan")
-    members = [np.flatnonzero(groups == g) for g in labels]
-    rng = np.random.default_rng(seed)
-    stats = []
-    for _ in range(resamples):
-        idx = np.concatenate([members[i] for i in rng.integers(0, len(labels), len(labels))])
-        stats.append(median_log2(alpha_b[idx], alpha_p[idx]))
-    low, high = np.percentile(stats, [2.5, 97.5])
-    return float(low), float(high)
+    return cluster_bootstrap(lambda idx: median_log2(alpha_b[idx], alpha_p[idx]), groups, resamples=resamples, seed=seed)
 
 
 def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> RatiosSummary:
@@ -140,8 +108,8 @@ def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> RatiosS
     return RatiosSummary(pd.DataFrame(eta), pd.DataFrame(heads), note)
 
 
-def aggregate_note(args: argparse.Namespace) -> str:
-    return (f"query row: {args.attention_row} · k = {depth(args)} · η = ratio of mean span attentions (not a mean of per-head ratios), "
+def aggregate_note(options: Any) -> str:
+    return (f"query row: {options.attention_row} · k = {depth(options)} · η = ratio of mean span attentions (not a mean of per-head ratios), "
             f"ε = {EPSILON:g} · right: median over (layer, head) of log2 of item-averaged α · 95% CIs resample task groups")
 
 
@@ -150,31 +118,44 @@ def figure(summary: RatiosSummary, out_dir: Path, row: str = "deciding") -> list
     return plots.save_figure(plots.fig04_boundary_attention(summary.eta[summary.eta["row"] == row], summary.note), out_dir, FIGURE)
 
 
-def write_tables(summary: RatiosSummary, out_dir: Path) -> None:
-    """The summary tables of this analysis, next to its results file."""
-    write_csv(summary.eta, out_dir / f"{NAME}_summary.csv")
-    write_csv(summary.heads, out_dir / f"{NAME}_heads.csv")
-
-
-def run(args: argparse.Namespace) -> int:
-    analysis = open_analysis(args, NAME)
-    summary = summarise_rows(collect(analysis), f"{provenance(analysis)}\n{aggregate_note(analysis.args)}", analysis.args.seed)
-    write_tables(summary, analysis.out_dir)
-    print(summary.eta.round(3).to_string(index=False))
-    print(aggregate_note(analysis.args))
-    if analysis.args.figure:
-        print("figure:", ", ".join(map(str, figure(summary, analysis.out_dir / "figures", analysis.args.attention_row))))
-    return 0
-
-
-def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
-    note = aggregate_note(analysis.args)
-    summary = summarise_rows(collect(analysis), f"{provenance(analysis)}\n{note}", analysis.args.seed)
-    paths = figure(summary, figures_dir, analysis.args.attention_row)
-    write_tables(summary, analysis.out_dir)
+def section(analysis: RunContext, summary: RatiosSummary, paths: list[Path]) -> ReportSection:
+    note = aggregate_note(analysis.options)
     e = summary.eta
     table = e[["row", "bucket", "config", "eta", "eta_low", "eta_high", "log2_median", "n", "n_items"]]
     body = f"{note}.\n\n{markdown_table(table)}"
     comparisons = [Comparison(f"Fig. 3a: η at the deciding row, BASM, {b}", cell(e, "eta", row="deciding", bucket=b, config="basm"), p, "ratio")
-                   for b, p in (("T_ok", 0.15), ("T_wrong", 1.23), ("T_repair", 1.81))]
+                   for b, p in paper.FIG3A_ETA.items()]
     return ReportSection(NAME, "Figs. 3a/4 — boundary vs procedure attention (`ratios`)", paths, body, comparisons, summary)
+
+
+@dataclass(kw_only=True)
+class Ratios(Analysis):
+    """Figs. 3a/4: length-normalised boundary/procedure attention ratio η per bucket and configuration."""
+
+    name: ClassVar[str] = NAME
+    help: ClassVar[str] = "Figs. 3a/4: length-normalised boundary/procedure attention ratio η per bucket and configuration."
+
+    configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations with a boundary (or control) span (default: {','.join(DEFAULT_CONFIGS)})",
+                                      names=tuple(CONFIGS))
+    k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
+    attention_row: str = option("deciding", "query row of the figure: the deciding row (the decision row, or the row after a shared "
+                                "name prefix) or the native row that opens the tool call; the summary has both", choices=ATTENTION_ROWS)
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        return collect(ctx)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> RatiosSummary:
+        return summarise_rows(rows, f"{provenance(ctx)}\n{aggregate_note(ctx.options)}", ctx.options.seed)
+
+    def tables(self, summary: RatiosSummary) -> dict[str, pd.DataFrame]:
+        return {f"{NAME}_summary": summary.eta, f"{NAME}_heads": summary.heads}
+
+    def figures(self, summary: RatiosSummary, out_dir: Path) -> list[Path]:
+        return figure(summary, out_dir, self.attention_row)
+
+    def section(self, ctx: RunContext, summary: RatiosSummary, figures: list[Path]) -> ReportSection:
+        return section(ctx, summary, figures)
+
+    def print_summary(self, summary: RatiosSummary) -> None:
+        print(summary.eta.round(3).to_string(index=False))
+        print(aggregate_note(self))

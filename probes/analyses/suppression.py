@@ -11,42 +11,25 @@ out are counted (``n_dropped``).
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 
 from probes.reporting import plots
-from probes.analyses.base import (
-    Analysis,
-    Comparison,
-    Job,
-    ReportSection,
-    add_common_arguments,
-    cached_scorer,
-    cell,
-    configs_arg,
-    markdown_table,
-    open_analysis,
-    provenance,
-    run_jobs,
-    summarise,
-)
-from probes.reporting.results import load_results, write_csv
+from probes.analyses import paper
+from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.data.configs import CONFIGS
+from probes.reporting.markdown import cell, markdown_table
+from probes.scoring.stats import summarise
+from probes.reporting.results import load_results
 
 NAME = "suppression"
 FIGURE = "fig05_suppression"
 DEFAULT_CONFIGS = ("proc", "pad-filler", "pad-procedure", "basm")
 MEASURES = ("margin", "broad_margin")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, k_max=2, buckets=("T_wrong",))
-    parser.add_argument("--configs", type=configs_arg, default=list(DEFAULT_CONFIGS),
-                        help=f"configurations (default: {','.join(DEFAULT_CONFIGS)})")
-    parser.add_argument("--k", type=int, help="retrieval depth (default: --k-max)")
 
 
 @dataclass
@@ -55,8 +38,8 @@ class SuppressionSummary:
     note: str
 
 
-def collect(analysis: Analysis) -> pd.DataFrame:
-    a = analysis.args
+def collect(analysis: RunContext) -> pd.DataFrame:
+    a = analysis.options
     k = a.k if a.k is not None else a.k_max
     jobs = [Job(item, config, k, analysis.fmt, ("baseline",)) for item in analysis.items for config in a.configs]
     store = analysis.store(configs=a.configs, k=k)
@@ -84,33 +67,42 @@ def figure(summary: SuppressionSummary, out_dir: Path) -> list[Path]:
     return plots.save_figure(plots.fig05_suppression(summary.table, summary.note), out_dir, FIGURE)
 
 
-def write_tables(summary: SuppressionSummary, out_dir: Path) -> None:
-    """The summary tables of this analysis, next to its results file."""
-    write_csv(summary.table, out_dir / f"{NAME}_summary.csv")
-
-
-def run(args: argparse.Namespace) -> int:
-    analysis = open_analysis(args, NAME)
-    note = f"{provenance(analysis)}\nT_wrong items only · mean ± 95% bootstrap CI over task groups"
-    summary = summarise_rows(collect(analysis), note, analysis.args.seed)
-    write_tables(summary, analysis.out_dir)
-    print(summary.table.round(3).to_string(index=False))
-    if analysis.args.figure:
-        print("figure:", ", ".join(map(str, figure(summary, analysis.out_dir / "figures"))))
-    return 0
-
-
-def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
-    note = f"{provenance(analysis)}\nT_wrong items only · mean ± 95% bootstrap CI over task groups"
-    summary = summarise_rows(collect(analysis), note, analysis.args.seed)
-    paths = figure(summary, figures_dir)
-    write_tables(summary, analysis.out_dir)
+def section(analysis: RunContext, summary: SuppressionSummary, paths: list[Path]) -> ReportSection:
     t = summary.table
     body = (f"T_wrong margins (logits; `margin` is {analysis.variant}, Eq. 1 on the tool choice by default); CIs over task groups; "
             f"every cell on the same items ({int(t['n_dropped'].iloc[0]) if len(t) else 0} items without a defined margin left out, "
             f"e.g. abstention as the correct action).\n\n{markdown_table(t)}")
     comparisons = [Comparison(f"Fig. 5: wrong-tool margin, {plots.label(c)}", cell(t, measure="margin", config=c), p)
-                   for c, p in (("proc", 10.71), ("pad-filler", 6.60), ("pad-procedure", 5.14), ("basm", 2.26))]
+                   for c, p in paper.FIG5_MARGIN.items()]
     comparisons += [Comparison(f"Fig. 5: tool-vs-control margin, {plots.label(c)}", cell(t, measure="broad_margin", config=c), p)
-                    for c, p in (("proc", 14.24), ("basm", 5.20))]
+                    for c, p in paper.FIG5_BROAD.items()]
     return ReportSection(NAME, "Figs. 3b/5 — wrong-tool suppression (`suppression`)", paths, body, comparisons, summary)
+
+
+@dataclass(kw_only=True)
+class Suppression(Analysis):
+    """Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls and BASM."""
+
+    name: ClassVar[str] = NAME
+    help: ClassVar[str] = "Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls, BASM."
+
+    buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (Fig. 5 is T_wrong)", flag="--bucket",
+                                             repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
+    configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations (default: {','.join(DEFAULT_CONFIGS)})", names=tuple(CONFIGS))
+    k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        return collect(ctx)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> SuppressionSummary:
+        note = f"{provenance(ctx)}\nT_wrong items only · mean ± 95% bootstrap CI over task groups"
+        return summarise_rows(rows, note, ctx.options.seed)
+
+    def tables(self, summary: SuppressionSummary) -> dict[str, pd.DataFrame]:
+        return {f"{NAME}_summary": summary.table}
+
+    def figures(self, summary: SuppressionSummary, out_dir: Path) -> list[Path]:
+        return figure(summary, out_dir)
+
+    def section(self, ctx: RunContext, summary: SuppressionSummary, figures: list[Path]) -> ReportSection:
+        return section(ctx, summary, figures)

@@ -12,41 +12,23 @@ the largest spread.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
+from probes.analyses import paper
+from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.data.configs import CONFIGS, CONTROL_CONFIGS, PAPER_CONFIGS
 from probes.reporting import plots
-from probes.analyses.base import (
-    Analysis,
-    Comparison,
-    Job,
-    ReportSection,
-    add_common_arguments,
-    cached_scorer,
-    cell,
-    configs_arg,
-    markdown_table,
-    open_analysis,
-    provenance,
-    run_jobs,
-    summarise,
-)
-from probes.data.configs import CONTROL_CONFIGS, PAPER_CONFIGS
-from probes.reporting.results import load_results, write_csv
+from probes.reporting.markdown import cell, markdown_table
+from probes.reporting.results import load_results
+from probes.scoring.stats import summarise
 
 NAME = "sweep"
 FIGURE = "fig02_retrieval_trap"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, k_max=4, buckets=("T_wrong",))  # Fig. 2 is T_wrong; --bucket adds others
-    parser.add_argument("--configs", type=configs_arg, default=list(PAPER_CONFIGS),
-                        help=f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})")
-    parser.add_argument("--controls", action="store_true", help=f"add the equal-length controls ({', '.join(CONTROL_CONFIGS)})")
 
 
 @dataclass
@@ -59,14 +41,14 @@ class SweepSummary:
     n_abstain_items: int = 0  # items without a correct tool (no tool-choice margin)
 
 
-def configs_of(args: argparse.Namespace) -> list[str]:
-    return list(dict.fromkeys([*args.configs, *(CONTROL_CONFIGS if args.controls else ())]))
+def configs_of(options: Any) -> list[str]:
+    return list(dict.fromkeys([*options.configs, *(CONTROL_CONFIGS if options.controls else ())]))
 
 
-def collect(analysis: Analysis) -> pd.DataFrame:
-    configs = configs_of(analysis.args)
+def collect(analysis: RunContext) -> pd.DataFrame:
+    configs = configs_of(analysis.options)
     jobs = [Job(item, config, k, analysis.fmt, ("baseline",))
-            for item in analysis.items for k in range(analysis.args.k_max + 1) for config in configs]
+            for item in analysis.items for k in range(analysis.options.k_max + 1) for config in configs]
     store = analysis.store(configs=configs)
     run_jobs(analysis, store, jobs, cached_scorer(analysis, lambda record, job: (), margins=("margin",)))
     return load_results(store.path)
@@ -99,26 +81,7 @@ def print_summary(summary: SweepSummary) -> None:
           "are left out of it (their call log-odds are in the rows)")
 
 
-def write_tables(summary: SweepSummary, out_dir: Path) -> None:
-    """The summary tables of this analysis, next to its results file."""
-    write_csv(summary.table, out_dir / f"{NAME}_summary.csv")
-
-
-def run(args: argparse.Namespace) -> int:
-    analysis = open_analysis(args, NAME)
-    rows = collect(analysis)
-    summary = summarise_rows(rows, provenance(analysis), analysis.variant)
-    write_tables(summary, analysis.out_dir)
-    print_summary(summary)
-    if analysis.args.figure:
-        print("figure:", ", ".join(map(str, figure(summary, analysis.out_dir / "figures"))))
-    return 0 if summary.k0_prompts_identical else 1
-
-
-def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
-    summary = summarise_rows(collect(analysis), provenance(analysis), analysis.variant)
-    paths = figure(summary, figures_dir)
-    write_tables(summary, analysis.out_dir)
+def section(analysis: RunContext, summary: SweepSummary, paths: list[Path]) -> ReportSection:
     t = summary.table
     pivot = t.pivot_table(index=["bucket", "config"], columns="k", values="value", sort=False).reset_index()
     pivot.columns = [str(c) if not isinstance(c, int) else f"k={c}" for c in pivot.columns]
@@ -128,8 +91,44 @@ def report_section(analysis: Analysis, figures_dir: Path) -> ReportSection:
             f"k = 0 check: prompts identical across configurations: **{summary.k0_prompts_identical}**; "
             f"largest margin spread between configurations at k = 0: {summary.k0_max_spread:.3g} logits.")
     comparisons = [
-        Comparison("Fig. 2: margin at k = 0, T_wrong (configs coincide)", cell(t, bucket="T_wrong", config="base", k=0), 7.31),
-        Comparison("Fig. 2: Proc. Skill at k = 2, T_wrong", cell(t, bucket="T_wrong", config="proc", k=2), 10.71),
-        Comparison("Fig. 2: BASM at k = 2, T_wrong", cell(t, bucket="T_wrong", config="basm", k=2), 2.26),
+        Comparison("Fig. 2: margin at k = 0, T_wrong (configs coincide)", cell(t, bucket="T_wrong", config="base", k=0), paper.FIG2["k0"]),
+        Comparison("Fig. 2: Proc. Skill at k = 2, T_wrong", cell(t, bucket="T_wrong", config="proc", k=2), paper.FIG2["proc_k2"]),
+        Comparison("Fig. 2: BASM at k = 2, T_wrong", cell(t, bucket="T_wrong", config="basm", k=2), paper.FIG2["basm_k2"]),
     ]
     return ReportSection(NAME, "Fig. 2 — retrieval trap (`sweep`)", paths, body, comparisons, summary)
+
+
+@dataclass(kw_only=True)
+class Sweep(Analysis):
+    """Fig. 2: wrong-tool margin against retrieval depth k = 0..K per memory configuration."""
+
+    name: ClassVar[str] = NAME
+    help: ClassVar[str] = "Fig. 2: wrong-tool margin against retrieval depth k per memory configuration."
+
+    k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
+    buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (Fig. 2 is T_wrong)", flag="--bucket",
+                                             repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
+    configs: tuple[str, ...] = option(PAPER_CONFIGS, f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})",
+                                      names=tuple(CONFIGS))
+    controls: bool = option(False, f"add the equal-length controls ({', '.join(CONTROL_CONFIGS)})", type=bool)
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        return collect(ctx)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> SweepSummary:
+        return summarise_rows(rows, provenance(ctx), ctx.variant)
+
+    def tables(self, summary: SweepSummary) -> dict[str, pd.DataFrame]:
+        return {f"{NAME}_summary": summary.table}
+
+    def figures(self, summary: SweepSummary, out_dir: Path) -> list[Path]:
+        return figure(summary, out_dir)
+
+    def section(self, ctx: RunContext, summary: SweepSummary, figures: list[Path]) -> ReportSection:
+        return section(ctx, summary, figures)
+
+    def print_summary(self, summary: SweepSummary) -> None:
+        print_summary(summary)
+
+    def status(self, summary: SweepSummary) -> int:
+        return 0 if summary.k0_prompts_identical else 1

@@ -11,17 +11,20 @@ import json
 import multiprocessing
 import sys
 import time
+from types import SimpleNamespace
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probes import analyses
+from probes.analyses.base import AnalysisError, OptionError, check_depths, select_items
 from probes.data.configs import CONFIGS
 from probes.data.dataset import BUCKETS, DEFAULT_DATASET_DIR, DatasetError, Item, ProbeDataset, load_dataset
 from probes.prompts.builder import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer, strip_offsets
 from probes.reporting.results import atomic_path
-from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
+from probes.data.retrieval import EMBEDDERS, RetrievalWeights, Retriever, make_embedder
 
 @dataclass(frozen=True)
 class Command:
@@ -51,42 +54,25 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("prompt builder")
     group.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="'qwen3' (bundled real Qwen3 tokenizer) or a local folder")
-    group.add_argument("--embedder", choices=("auto", "minilm", "lexical"), default="auto")
+    group.add_argument("--embedder", choices=EMBEDDERS, default="auto")
     group.add_argument("--gamma", type=float, default=BuildSettings.gamma, help="boundary relevance gate γ (Eq. 10)")
     group.add_argument("--beta", type=int, default=BuildSettings.beta, help="boundary token budget β (Eq. 10)")
     group.add_argument("--k-max", type=int, default=BuildSettings.k_max, help="largest retrieval depth K")
 
 
-class OptionError(ValueError):
-    """An option is out of range or selects nothing; the message names the option."""
+def select_build_items(dataset: ProbeDataset, args: argparse.Namespace) -> tuple[Item, ...]:
+    """The items of ``build`` / ``show``: the library's selection (:func:`probes.analyses.base.select_items`)."""
+    return select_items(dataset, SimpleNamespace(buckets=args.bucket, domains=args.domain, split=args.split,
+                                                 item_ids=args.item_ids, limit=args.limit))
 
 
-def select_items(dataset: ProbeDataset, args: argparse.Namespace) -> tuple[Item, ...]:
-    """The items of a run (every analysis and ``build``): ``--limit`` takes N per bucket
-    round-robin over task groups (:func:`probes.data.dataset.spread_limit`)."""
+def check_build_options(args: argparse.Namespace, dataset: ProbeDataset, items: Sequence[Item]) -> None:
     if args.limit is not None and args.limit < 1:
         raise OptionError(f"--limit {args.limit}: must be ≥ 1 (items per bucket)")
-    try:
-        items = dataset.select(
-            buckets=args.bucket, domains=args.domain, split=None if args.split == "all" else args.split,
-            ids=args.item_ids, limit_per_bucket=args.limit, spread=True,
-        )
-    except ValueError as error:  # unknown bucket / domain / item id, or an id the other filters drop
-        raise OptionError(f"item filters: {error}") from error
-    if not items:
-        raise OptionError("no items match the filters (--bucket/--domain/--split/--limit/--item/--items)")
-    return items
-
-
-def check_options(args: argparse.Namespace, dataset: ProbeDataset, items: Sequence[Item]) -> None:
-    """Ranges of the builder options, checked before any model or tokenizer is loaded."""
-    smallest = min(items, key=lambda item: len(dataset.library_for(item)))
-    size = len(dataset.library_for(smallest))
     for flag, k in (("--k-max", args.k_max), ("--k", getattr(args, "k", None))):
         if k is not None and k < 0:
             raise OptionError(f"{flag} {k}: the retrieval depth must be ≥ 0")
-        if k is not None and k > size:  # deeper retrieval would repeat the same prompt under new k labels
-            raise OptionError(f"{flag} {k}: item {smallest.id} has only {size} skills to retrieve; use {flag} {size} or less")
+    check_depths(dataset, items, k_max=args.k_max, k=getattr(args, "k", None))
     if args.beta < 0:
         raise OptionError(f"--beta {args.beta}: the boundary token budget must be ≥ 0")
 
@@ -137,8 +123,8 @@ def _build_arguments(parser: argparse.ArgumentParser) -> None:
 def _build(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     dataset = load_dataset(args.dataset)
-    items = select_items(dataset, args)
-    check_options(args, dataset, items)
+    items = select_build_items(dataset, args)
+    check_build_options(args, dataset, items)
     builder = make_builder(args, dataset)
     configs = args.configs or list(CONFIGS)
     formats = args.formats or ["native"]
@@ -178,6 +164,7 @@ register("build", "Build prompt records (JSON Lines) for items × configs × k �
 def _show_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("item", help="item id, e.g. retail-wrong-0003")
     parser.add_argument("--dataset", type=Path, default=DEFAULT_DATASET_DIR)
+    parser.set_defaults(limit=None)
     add_builder_arguments(parser)
     parser.add_argument("--config", default="basm", choices=sorted(CONFIGS))
     parser.add_argument("--k", type=int, default=2)
@@ -194,7 +181,7 @@ def _show(args: argparse.Namespace) -> int:
         (item,) = dataset.select(ids=[args.item])
     except ValueError as error:
         raise OptionError(f"{args.item!r}: {error}") from error
-    check_options(args, dataset, [item])
+    check_build_options(args, dataset, [item])
     builder = make_builder(args, dataset)
     record = builder.build(item, args.config, args.k, args.format)
     styles = {"procedure": "bold green", "boundary": "bold magenta"}
@@ -222,28 +209,47 @@ register("show", "Print one prompt with its procedure and boundary spans highlig
 
 
 # ---------------------------------------------------------------------------- probe analyses
+def _analysis_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
+    """The flags (derived from the analysis's keyword options) and the runner of ``basm-probes NAME``:
+    ``probes.analyses.run(NAME, **options)``. The class is imported when its command is used."""
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        from probes.cli.options import add_options
+
+        add_options(parser, analyses.get(name))
+
+    def run(args: argparse.Namespace) -> int:
+        from probes.cli.options import options_from_args
+
+        return analyses.run(name, **options_from_args(args, analyses.get(name))).status
+
+    return add_arguments, run
+
+
+# the help line of each analysis command (kept here so that `basm-probes --help` imports no torch-heavy module)
+ANALYSIS_HELP = {
+    "sweep": "Fig. 2: wrong-tool margin against retrieval depth k per memory configuration.",
+    "ratios": "Figs. 3a/4: length-normalised boundary/procedure attention ratio η per bucket and configuration.",
+    "suppression": "Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls, BASM.",
+    "knockout": "Figs. 3c/d, 6, 7: same-prompt knockout of deciding-row → boundary attention, with controls.",
+    "heads": "Figs. 8/9: per-head log2(boundary/procedure) attention, head ranking and its causal check.",
+    "linear": "Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer.",
+    "calls": "Fig. 11: greedy next-action calls per k; wrong-/correct-call and parse-failure rates.",
+    "paired": "Fig. 12: paired outcome status of BASM vs procedure padding (reuses calls results).",
+    "report": "Run the chosen analyses; write figures (PNG+PDF) and report.md next to the paper's numbers.",
+}
+
+for _name in analyses.REGISTRY:
+    register(_name, ANALYSIS_HELP[_name], *_analysis_command(_name))
+
+
 def lazy(module: str, attr: str) -> Callable[..., Any]:
-    """Defer importing an analysis module until its subcommand is used (fast startup; no import
-    cycle with probes.analyses.base, which imports the shared options above)."""
+    """Defer importing an organism command's module until it is used (fast startup)."""
 
     def call(*args: Any) -> Any:
         return getattr(importlib.import_module(module), attr)(*args)
 
     return call
-
-
-for _name, _help in (
-    ("sweep", "Fig. 2: wrong-tool margin against retrieval depth k per memory configuration."),
-    ("ratios", "Figs. 3a/4: length-normalised boundary/procedure attention ratio η per bucket and configuration."),
-    ("suppression", "Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls, BASM."),
-    ("knockout", "Figs. 3c/d, 6, 7: same-prompt knockout of deciding-row → boundary attention, with controls."),
-    ("heads", "Figs. 8/9: per-head log2(boundary/procedure) attention, head ranking and its causal check."),
-    ("report", "Run the chosen analyses; write figures/ (PNG+PDF) and report.md next to the paper's numbers."),
-):
-    register(_name, _help, lazy(f"probes.{_name}", "add_arguments"), lazy(f"probes.{_name}", "run"))
-register("linear", "Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer.", lazy("probes.analyses.linear", "add_arguments"), lazy("probes.analyses.linear", "run"))
-register("calls", "Fig. 11: greedy next-action calls per k; wrong-/correct-call and parse-failure rates.", lazy("probes.analyses.calls", "add_arguments"), lazy("probes.analyses.calls", "run"))
-register("paired", "Fig. 12: paired outcome status of BASM vs procedure padding (reuses calls results).", lazy("probes.analyses.paired", "add_arguments"), lazy("probes.analyses.paired", "run"))
 
 
 ORGANISM_COMMANDS = {
@@ -269,12 +275,15 @@ register("organism", "The bundled model organism: `organism train` retrains it, 
 
 
 # ---------------------------------------------------------------------------- entry point
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s flags are built (an analysis's come from its class, which
+    imports torch), or every command's with None."""
     parser = argparse.ArgumentParser(prog="basm-probes", description="Probe boundary-aware skill memory inside local HF models.")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name, command in COMMANDS.items():
-        sub = subparsers.add_parser(name, help=command.help, description=command.help)
-        command.add_arguments(sub)
+    for name, spec in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=spec.help, description=spec.help)
+        if command is None or name == command:
+            spec.add_arguments(sub)
         sub.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     return parser
 
@@ -282,7 +291,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _known_errors() -> tuple[type[BaseException], ...]:
     """Errors whose message says what went wrong, where and what to do (no traceback needed).
     Imported when an error happens: these modules load torch."""
-    from probes.analyses.base import AnalysisError
     from probes.engine.loading import ModelLoadError, PromptTooLongError
     from probes.reporting.results import ResultsConfigMismatch, ResultsCorrupt, ResultsLocked
 
@@ -295,11 +303,8 @@ USAGE_ERRORS = 2  # exit code of a bad option (as argparse's own); other known e
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(next((token for token in argv if not token.startswith("-")), None))
     args = parser.parse_args(argv)
-    # options written on the command line beat the --config TOML file even when they equal the default
-    sub = parser._subparsers._group_actions[0].choices[args.command]
-    args._explicit = explicit_options(sub, argv[argv.index(args.command) + 1:])
     try:
         return COMMANDS[args.command].run(args)
     except KeyboardInterrupt:
@@ -310,24 +315,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         if args.debug or not isinstance(error, _known_errors()):
             raise
-        from probes.analyses.base import AnalysisError
-
         message = f"{error.strerror}: {error.filename}" if isinstance(error, OSError) and error.filename else str(error)
         print(f"basm-probes {args.command}: error: {message}\n(rerun with --debug for the traceback)", file=sys.stderr)
         return USAGE_ERRORS if isinstance(error, OptionError | AnalysisError) else 1
-
-
-def explicit_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
-    """Destinations of the options written in ``argv``."""
-    given = set()
-    for token in argv:
-        if token == "--":
-            break
-        action = parser._option_string_actions.get(token.split("=", 1)[0]) if token.startswith("-") else None
-        if action is not None:
-            given.add(action.dest)
-    return given
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

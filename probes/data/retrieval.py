@@ -99,6 +99,9 @@ class LexicalEmbedder:
         return self._vectorizer.transform([text.replace("_", " ") for text in texts]).toarray()
 
 
+EMBEDDERS: tuple[str, ...] = ("auto", "minilm", "lexical")
+
+
 def choose_embedder(kind: str = "auto") -> tuple[Embedder, str]:
     """The embedder for ``kind`` and why it was chosen. ``auto``: MiniLM if its packages are
     installed, else the lexical embedder (which retrieves different skills)."""

@@ -46,7 +46,8 @@ from probes.analyses import heads as heads_mod
 from probes.analyses import knockout as knockout_mod
 from probes.analyses import ratios as ratios_mod
 from probes.analyses import sweep as sweep_mod
-from probes.analyses.base import EPSILON, Analysis, AnalysisError, open_analysis
+from probes.analyses.base import Analysis, AnalysisError, RunContext, open_context
+from probes.scoring.score import EPSILON
 from probes.engine.session import ProbeSession
 from probes.organism import ORGANISM_DIR
 from probes.scoring.stats import Estimate, bootstrap_mean, paired_permutation_test
@@ -146,11 +147,11 @@ def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
     return replace(claim, n_records=int(rows["bucket"].isin(["T_ok", "T_wrong"]).sum()))
 
 
-def heads_claim(analysis: Analysis, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
+def heads_claim(analysis: RunContext, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
     """Heads ranked on one half of the task groups, top-N vs matched random-N knockout on the other
     (:func:`probes.analyses.heads.split_groups`, :func:`probes.analyses.heads.select_heads`, as the ``heads`` analysis)."""
     attention, _, test_groups = heads_mod.with_halves(heads_mod.collect_attention(analysis))
-    selection = heads_mod.select_heads(attention[attention["half"] == "rank"], min_span_mass=analysis.args.min_span_mass,
+    selection = heads_mod.select_heads(attention[attention["half"] == "rank"], min_span_mass=analysis.options.min_span_mass,
                                        top=top, draws=draws, seed=seed)
     if selection.top_name != f"top-{top}":  # fewer ranked heads than asked: the claim would be about another N
         raise AnalysisError(f"heads claim: {selection.note}")
@@ -191,10 +192,9 @@ class Validation:
         return "\n".join(lines)
 
 
-def analysis_for(name: str, argv: Sequence[str], session: ProbeSession | None) -> Analysis:
-    from probes.cli.main import build_parser
-
-    return open_analysis(build_parser().parse_args([name, *argv]), name, session=session)
+def context_for(analysis: Analysis, session: ProbeSession | None) -> RunContext:
+    """The run context of one analysis of the validation (its rows resume from ``out``)."""
+    return open_context(analysis, session)
 
 
 def validate(
@@ -210,21 +210,21 @@ def validate(
 ) -> Validation:
     """Run the analyses behind the five claims (results resume from ``out``) and test the claims."""
     started = time.perf_counter()
-    common = ["--model", str(model), "--split", "eval", "--out", str(out), "--embedder", embedder, "--seed", str(seed),
-              "--margin-variant", "tool_choice", *(["--limit", str(limit)] if limit else []), *(["--overwrite"] if overwrite else [])]
-    sweep = analysis_for("sweep", [*common, "--bucket", "T_wrong", "--configs", "proc,basm", "--k-max", str(DEPTH)], None)
+    common = {"model": model, "split": "eval", "out": out, "embedder": embedder, "seed": seed, "margin_variant": "tool_choice",
+              "limit": limit or None, "overwrite": overwrite, "k_max": DEPTH}
+    sweep = context_for(sweep_mod.Sweep(**common, buckets=["T_wrong"], configs=["proc", "basm"]), None)
     session = sweep.session
     claims = trap_and_suppression(sweep_mod.collect(sweep), seed)
-    knock = analysis_for("knockout", [*common, "--bucket", "T_wrong", "--k-max", str(DEPTH), "--random-draws", str(draws)], session)
+    knock = context_for(knockout_mod.KnockoutAnalysis(**common, buckets=["T_wrong"], random_draws=draws), session)
     claims += knockout_claims(knockout_mod.collect(knock), seed)
-    both = ["--bucket", "T_ok", "--bucket", "T_wrong", "--k-max", str(DEPTH)]
-    ratios = analysis_for("ratios", [*common, *both, "--configs", "basm"], session)
+    both = ["T_ok", "T_wrong"]
+    ratios = context_for(ratios_mod.Ratios(**common, buckets=both, configs=["basm"]), session)
     claims.append(eta_claim(ratios_mod.collect(ratios), seed))
-    heads = analysis_for("heads", [*common, *both], session)
+    heads = context_for(heads_mod.Heads(**common, buckets=both), session)
     heads_claim_, rank = heads_claim(heads, top, draws, seed)
     claims.append(heads_claim_)
     config = {"model": sweep.model_path, "split": "eval", "limit": limit, "k": DEPTH, "embedder": sweep.builder.retriever.embedder.name,
-              "margin_variant": "tool_choice", "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "min_span_mass": heads.args.min_span_mass, "alpha": ALPHA,
+              "margin_variant": "tool_choice", "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "min_span_mass": heads.options.min_span_mass, "alpha": ALPHA,
               "n_items": {"T_wrong": len(sweep.items), "T_ok+T_wrong": len(heads.items)}}
     return Validation(claims, rank, config, time.perf_counter() - started)
 

@@ -1,5 +1,5 @@
-"""Statistics used by every analysis: cluster bootstrap CIs, paired permutation tests and the
-robust aggregates of attention ratios.
+"""Statistics used by every analysis: cluster bootstrap CIs, paired permutation tests, summaries
+per cell and the robust aggregates of attention ratios.
 
 Items of one task group share a template and differ only in fillers, so they are not independent:
 CIs resample task groups (the mean of group means), never individual items.
@@ -7,14 +7,17 @@ CIs resample task groups (the mean of group means), never individual items.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from scipy import stats as scipy_stats
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
+MIN_CI_GROUPS = 2  # a bootstrap over fewer task groups has zero width: no CI is reported
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,62 @@ def bootstrap_mean(
     return Estimate(float(units.mean()), float(result.confidence_interval.low), float(result.confidence_interval.high), len(units))
 
 
+def cluster_bootstrap(
+    statistic: Callable[[np.ndarray], float],
+    groups: Sequence[str],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile CI of ``statistic(rows)`` over resamples that draw task groups with replacement
+    (groups in first-seen order) and pass the row indices of the drawn groups, concatenated. For
+    statistics that are not a mean of group means (ratios of means, medians over heads, AUCs);
+    :func:`bootstrap_mean` is the special case of a mean. Non-finite resamples are skipped; fewer
+    than two groups give no CI: (NaN, NaN), never a zero-width one."""
+    groups = np.asarray(groups)
+    members = [np.flatnonzero(groups == g) for g in dict.fromkeys(groups.tolist())]
+    if len(members) < MIN_CI_GROUPS:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    values = []
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for _ in range(resamples):
+            value = statistic(np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))]))
+            if np.isfinite(value):
+                values.append(value)
+    if not values:
+        return math.nan, math.nan
+    alpha = (1 - confidence) / 2
+    return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
+
+
+def bootstrap_ratio(
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    groups: Sequence[str],
+    *,
+    epsilon: float = 0.0,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> tuple[float, float, float, int]:
+    """mean(numerator) / (mean(denominator) + ε) over task-group means, with a percentile CI from
+    resampling task groups *jointly* for numerator and denominator (:func:`cluster_bootstrap`).
+    Returns (value, low, high, n groups); low = high = NaN with fewer than two groups."""
+    num, den, groups = np.asarray(numerator, float), np.asarray(denominator, float), np.asarray(groups)
+    ok = np.isfinite(num) & np.isfinite(den)
+    num, den, groups = num[ok], den[ok], groups[ok]
+    labels = list(dict.fromkeys(groups.tolist()))
+    if not labels:
+        return math.nan, math.nan, math.nan, 0
+    g_num = np.array([num[groups == g].mean() for g in labels])
+    g_den = np.array([den[groups == g].mean() for g in labels])
+    value = float(g_num.mean() / (g_den.mean() + epsilon))
+    low, high = cluster_bootstrap(lambda idx: g_num[idx].mean() / (g_den[idx].mean() + epsilon), labels,
+                                  resamples=resamples, seed=seed)
+    return value, low, high, len(labels)
+
+
 def paired_permutation_test(
     a: Sequence[float],
     b: Sequence[float],
@@ -96,3 +155,34 @@ def median_log2_ratio(boundary: Sequence[float], procedure: Sequence[float], eps
     """Median over heads of log2((α_B + ε) / (α_P + ε))."""
     boundary, procedure = np.asarray(boundary, dtype=float), np.asarray(procedure, dtype=float)
     return float(np.median(np.log2((boundary + epsilon) / (procedure + epsilon))))
+
+
+def no_ci_note(n_groups: int) -> str:
+    """The note of a cell too small for a CI (``""`` when it has one)."""
+    n_groups = int(n_groups)
+    return "" if n_groups >= MIN_CI_GROUPS else f"no CI ({n_groups} group{'' if n_groups == 1 else 's'})"
+
+
+def ci_text(value: float, low: float, high: float, n_groups: int, fmt: str = "+.3f") -> str:
+    """``value [low, high]``, or ``value (no CI (1 group))`` for a cell without a CI."""
+    note = no_ci_note(n_groups)
+    if note or not (np.isfinite(low) and np.isfinite(high)):
+        return f"{value:{fmt}} ({note or 'no CI'})"
+    return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+
+def summarise(rows: pd.DataFrame, by: Sequence[str], value: str = "margin", *, seed: int = 0) -> pd.DataFrame:
+    """Mean of ``value`` per ``by`` cell with a 95% bootstrap CI over task groups.
+
+    Columns: *by, value, low, high, n (task groups), n_items (finite rows), n_nan (undefined
+    rows, e.g. margins under first-token collisions; excluded), note. A cell with fewer than two
+    task groups has no CI: low = high = NaN and note "no CI (1 group)" (never a zero-width CI).
+    """
+    out = []
+    for key, sub in rows.groupby(list(by), sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        finite = sub[np.isfinite(sub[value].astype(float))]
+        est = bootstrap_mean(finite[value].astype(float).to_numpy(), finite["task_group"].to_numpy(), seed=seed)
+        out.append({**dict(zip(by, key)), "value": est.value, "low": est.low, "high": est.high, "n": est.n_units,
+                    "n_items": len(finite), "n_nan": len(sub) - len(finite), "note": no_ci_note(est.n_units)})
+    return pd.DataFrame(out, columns=[*by, "value", "low", "high", "n", "n_items", "n_nan", "note"])

@@ -1,0 +1,31 @@
+"""Markdown and table helpers of the report (no analysis logic)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+def markdown_table(frame: pd.DataFrame, digits: int = 3) -> str:
+    """A GitHub markdown table (no extra dependency)."""
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float | np.floating):
+            return "nan" if not np.isfinite(v) else f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
+        return str(v)
+
+    head = "| " + " | ".join(map(str, frame.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def cell(table: pd.DataFrame, column: str = "value", **where: Any) -> float:
+    """The single value of ``column`` where every ``where`` column matches (NaN if absent)."""
+    mask = np.ones(len(table), dtype=bool)
+    for key, value in where.items():
+        mask &= (table[key] == value).to_numpy()
+    return float(table.loc[mask, column].iloc[0]) if mask.any() else math.nan
