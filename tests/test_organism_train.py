@@ -13,41 +13,36 @@ from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from probes.data.dataset import ABSTAIN, load_dataset
 from probes.organism import ORGANISM_DIR
-from probes.organism.train.loop import (
+from probes.organism.train.batch import batch_loss, isolation_mask, max_shared_prefix, relay_rows, shared_prefix_hidden
+from probes.organism.train.examples import (
     EDIT_CONFIGS,
-    TRAIN_ATTN_IMPLEMENTATION,
-    install_train_attention,
     EDIT_SHARES,
     K_WEIGHTS,
     MIXTURE,
     NAME_SLOTS,
     TOOL_LIST_END,
     TOOL_LIST_HEADER,
-    HeadSupervision,
-    head_key,
-    swap_words,
-    word_tokens,
-    TrainConfig,
     action_text,
-    attention_targets,
-    batch_loss,
     boundary_edits,
     counterfactual_donor,
     example_plan,
     isolated_blocks,
-    isolation_mask,
     make_builder,
     make_example,
-    make_model,
-    max_shared_prefix,
     partial_quote,
-    relay_rows,
     rename_tools,
-    shared_prefix_hidden,
-    supervising,
+    swap_words,
     tool_list_block,
-    train,
     train_organism_tokenizer,
+    word_tokens,
+)
+from probes.organism.train.loop import TrainConfig, make_model, train
+from probes.organism.train.supervision import (
+    HeadSupervision,
+    attention_targets,
+    head_key,
+    install_train_attention,
+    supervising,
 )
 from probes.prompts.builder import NATIVE_FORCED_PREFIX, SpanReport, check_spans
 

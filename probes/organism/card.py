@@ -11,7 +11,7 @@ from typing import Any
 
 from probes.analyses.heads import MIN_SPAN_MASS
 from probes.organism.heldout import heldout_report
-from probes.organism.train.loop import head_key
+from probes.organism.train.supervision import head_key
 from probes.organism.validate import Validation, validate
 
 DISCLAIMER = (
@@ -144,7 +144,7 @@ tags: [synthetic, model-organism, interpretability, qwen3-architecture]
 * `Qwen3ForCausalLM`, {cfg['num_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_heads']} query heads over
   {cfg['num_kv_heads']} KV heads (head_dim {cfg['head_dim']}), MLP {cfg['intermediate_size']}, RoPE θ {cfg['rope_theta']:g},
   tied embeddings, {summary['n_parameters']:,} parameters, float32 safetensors.
-* Trained from random initialisation by `basm-probes organism train` (`probes/organism/train.py`), seed
+* Trained from random initialisation by `basm-probes organism train` (`probes/organism/train/`), seed
   {cfg['seed']}, {summary['steps']} steps × batch {cfg['batch_size']} ({summary['sequences_seen']} sequences), AdamW
   (lr {cfg['lr']:g}, β = (0.9, 0.95), weight decay {cfg['weight_decay']}), {cfg['warmup_steps']} warm-up steps then cosine
   to {cfg['min_lr_ratio']:g}·lr, gradient clip {cfg['grad_clip']}, {summary['threads']} CPU threads.

@@ -26,7 +26,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen3ForCausalL
 
 from probes.data.dataset import ABSTAIN, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_NAME
-from probes.organism.train.loop import shared_prefix_hidden
+from probes.organism.train.batch import shared_prefix_hidden
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
 from probes.scoring.stats import bootstrap_mean
