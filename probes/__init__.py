@@ -1,3 +1,37 @@
-"""basm-probes: mechanistic-interpretability probes for boundary-aware skill memory in tool-use LLMs."""
+"""basm-probes: mechanistic-interpretability probes for boundary-aware skill memory in tool-use LLMs.
+
+The public API (imported lazily: ``import probes`` loads no torch)::
+
+    import probes
+    session = probes.ProbeSession("/models/Qwen3-8B", dtype="bfloat16", device="cuda")
+    record = session.prompt("retail-wrong-0013", config="basm", k=2)      # a prompt record
+    rows = session.score(record, knockouts=["boundary", "procedure", "random"])
+    sweep = probes.run("sweep", session, buckets=["T_wrong"], k_max=4, out="results/")
+    sweep.summary_table, sweep.figures
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "ProbeSession": "probes.engine.session",
+    "Knockout": "probes.engine.session",
+    "PromptBuilder": "probes.prompts.builder",
+    "load_dataset": "probes.data.dataset",
+    "score_record": "probes.scoring.score",
+    "run": "probes.analyses",
+    "ANALYSES": "probes.analyses",
+    "Analysis": "probes.analyses.base",
+    "AnalysisResult": "probes.analyses.base",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'probes' has no attribute {name!r}")

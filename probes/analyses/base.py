@@ -24,7 +24,7 @@ import functools
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,7 +33,6 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from probes.data.configs import CONFIGS
 from probes.data.dataset import BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.data.retrieval import EMBEDDERS, RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint

@@ -696,6 +696,54 @@ class ProbeSession:
     # ----------------------------------------------------------------------------------------
 
     @torch.inference_mode()
+    # -- conveniences for notebooks (they import the prompt and scoring layers when used)
+    def prompt(self, item: Any, *, config: str = "basm", k: int = 2, fmt: str = "native", dataset: str | Path | None = None,
+               embedder: str = "auto", gamma: float | None = None, beta: int | None = None) -> dict[str, Any]:
+        """The prompt record of ``item`` (an id or a dataset item) under memory configuration ``config``
+        at retrieval depth ``k``, in this model's own token space (see ``docs/prompt_records.md``)."""
+        from probes.data.dataset import DEFAULT_DATASET_DIR, load_dataset
+        from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
+        from probes.prompts.builder import BuildSettings, PromptBuilder
+
+        if self.tokenizer is None:
+            raise ValueError("this session has no tokenizer: pass tokenizer= when opening it")
+        settings = BuildSettings(k_max=max(k, BuildSettings.k_max),
+                                 **{name: v for name, v in (("gamma", gamma), ("beta", beta)) if v is not None})
+        key = (str(dataset or DEFAULT_DATASET_DIR), embedder, settings)
+        if getattr(self, "_builder_key", None) != key:
+            data = load_dataset(dataset or DEFAULT_DATASET_DIR)
+            self._builder = PromptBuilder(self.tokenizer, data, Retriever(make_embedder(embedder), RetrievalWeights()), settings,
+                                          tokenizer_name=str(self.model.name_or_path))
+            self._builder_key = key
+        builder = self._builder
+        if isinstance(item, str):
+            (item,) = builder.dataset.select(ids=[item])
+        return builder.build(item, config, k, fmt)
+
+    def score(self, record: Mapping[str, Any], *, knockouts: Sequence[str | Knockout] = (), variant: str = "tool_choice",
+              per_head: bool = False, seed: int = 0) -> Any:
+        """One row per condition (the baseline first) with every margin and Eq. 2's α, as a pandas
+        DataFrame (:func:`probes.scoring.score.score_record`). ``knockouts``: ``Knockout`` objects or
+        the names ``boundary`` and ``procedure`` (the record's spans) and ``random`` (the neutral
+        control: |B| random positions of the memory block outside B, seeded by ``seed`` and the record)."""
+        import pandas as pd
+
+        from probes.analyses.knockout import memory_control
+        from probes.scoring.score import record_rng, score_record
+
+        conditions = []
+        for knockout in knockouts:
+            if isinstance(knockout, Knockout):
+                conditions.append(knockout)
+            elif knockout in ("boundary", "procedure"):
+                conditions.append(Knockout.from_spans(knockout, record["spans"].get(knockout, [])))
+            elif knockout == "random":
+                positions, _ = memory_control(record, record["spans"].get("boundary", []), record_rng(seed, record["record_id"], "random_0"))
+                conditions.append(Knockout("random", tuple(positions)))
+            else:
+                raise ValueError(f"knockout {knockout!r}: give a Knockout or one of 'boundary', 'procedure', 'random'")
+        return pd.DataFrame(score_record(self, record, conditions, variant=variant, per_head=per_head))
+
     def run(
         self,
         input_ids: Sequence[int] | torch.Tensor,
