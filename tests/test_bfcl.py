@@ -246,11 +246,11 @@ def test_partition_by_context_counts_and_lists_skips(imported):
     items = dataset.select(limit_per_bucket=2, spread=True)
     lengths = {}
     for item in items:
-        records = [builder.build(item, config, 1, "native") for config in ("proc", "basm")]
+        records = [builder.build(item, "basm", 1, "native")]
         lengths[item.id] = max(max([len(tokenizer(r["text"], add_special_tokens=False)["input_ids"])]
                                    + [c["anchor_index"] + len(c["token_ids"]) for c in r["candidates"]]) for r in records)
     cut = sorted(lengths.values())[len(lengths) // 2]
-    part = bfcl.partition_by_context(builder, items, max_tokens=cut, k=1, configs=("proc", "basm"))
+    part = bfcl.partition_by_context(builder, items, max_tokens=cut, k=1, configs=("basm",))
     assert {item.id for item in part.kept} == {i for i, n in lengths.items() if n <= cut}
     assert {p.item_id for p in part.skipped} == {i for i, n in lengths.items() if n > cut}
     assert all(f"{lengths[p.item_id]} tokens > {cut}" in p.reason for p in part.skipped)

@@ -270,21 +270,19 @@ def replay(entry: Mapping[str, Any], category: str, classes: Mapping[str, type])
         hidden = tuple(name for turn, names in sorted(held_out.items()) if turn > t for name in names)
         calls = [parse_call(text) for text in truth]
         steps: list[Step] = []
-        before_previous: BFCLEnvironment | None = None
+        # The state before the previous call, kept only when that call is a different tool.
+        without_previous: BFCLEnvironment | None = None
         for j, call in enumerate(calls):
-            skip_failure = None
-            if j + 1 < len(calls) and calls[j + 1].name != call.name:
-                before_previous_next = env.snapshot()
-            else:
-                before_previous_next = None
+            before_this = env.snapshot() if j + 1 < len(calls) and calls[j + 1].name != call.name else None
             arguments = env.bind(call)
             observation = env.execute(call)
-            if j >= 1 and before_previous is not None and not is_error_observation(observation):
-                skipped = before_previous.execute(call)
+            skip_failure = None
+            if without_previous is not None and not is_error_observation(observation):
+                skipped = without_previous.execute(call)
                 if is_error_observation(skipped):
                     skip_failure = skipped
             steps.append(Step(call, arguments, observation, skip_failure))
-            before_previous = before_previous_next
+            without_previous = before_this
         turns.append(Turn(t, user, t in held_out, hidden, steps))
     owner = {name: type(method.__self__).__name__ for name, method in env.methods.items()}
     return Trajectory(category, entry["id"], entry_index(entry["id"]), tuple(entry["involved_classes"]), owner, turns)
@@ -560,7 +558,7 @@ def probe_items(
         for j, step in enumerate(turn.steps):
             point = f"t{turn.index}s{j}"
             name = step.call.name
-            if name in turn.hidden or (step.skip_failure is not None and turn.steps[j - 1].call.name in turn.hidden):
+            if name in turn.hidden:
                 # BFCL data inconsistency: the ground truth calls a function BFCL holds out at this turn.
                 skipped.append(SkippedPoint(f"{prefix}-{point}", "ground truth calls a function BFCL holds out at this turn"))
                 history.extend(step.messages())
@@ -574,7 +572,9 @@ def probe_items(
                 skipped.append(SkippedPoint(f"{prefix}-{point}-ok", f"T_ok: no validated skill for {name}"))
             if step.skip_failure is not None:
                 previous = turn.steps[j - 1]
-                if name in skill_of:
+                if previous.call.name in turn.hidden:
+                    skipped.append(SkippedPoint(f"{prefix}-{point}-repair", "T_repair: the skipped call is to a function BFCL holds out at this turn"))
+                elif name in skill_of:
                     failed = [
                         {"role": "assistant", "tool_call": {"name": name, "arguments": step.arguments}},
                         {"role": "tool", "name": name, "content": step.skip_failure},
