@@ -222,6 +222,9 @@ def test_items_render_through_the_qwen3_template(imported):
         chosen += [item for item in dataset.items if item.bucket == bucket and len(item.context) >= 6][:2]
     report = SpanReport()
     for item in chosen:
+        prompted = builder.build(item, "basm", 2, "prompted")  # earlier calls as text, observations as tool responses
+        check_spans(prompted, tokenizer, report)
+        assert prompted["text"].count("<tool_response>") == sum(m["role"] == "tool" for m in (*item.context, *item.history))
         for config in ("proc", "basm"):
             record = builder.build(item, config, 2, "native")
             check_spans(record, tokenizer, report)

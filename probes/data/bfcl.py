@@ -61,7 +61,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sklearn.feature_extraction.text import TfidfVectorizer
 
@@ -75,6 +75,9 @@ from probes.data.bfcl_exec import (
 )
 from probes.dataset import BUCKETS, Item
 from probes.schema import ToolCatalog, build_library, tools_from_json
+
+if TYPE_CHECKING:
+    from probes.rendering import PromptBuilder
 
 CATEGORIES: tuple[str, ...] = ("base", "long_context", "miss_func", "miss_param")
 # BFCL's constants.default_prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC (FC mode).
@@ -248,7 +251,6 @@ class Trajectory:
     entry_id: str
     index: int
     involved_classes: tuple[str, ...]
-    owner: dict[str, str]  # tool name → class
     turns: list[Turn]
 
 
@@ -284,8 +286,7 @@ def replay(entry: Mapping[str, Any], category: str, classes: Mapping[str, type])
             steps.append(Step(call, arguments, observation, skip_failure))
             without_previous = before_this
         turns.append(Turn(t, user, t in held_out, hidden, steps))
-    owner = {name: type(method.__self__).__name__ for name, method in env.methods.items()}
-    return Trajectory(category, entry["id"], entry_index(entry["id"]), tuple(entry["involved_classes"]), owner, turns)
+    return Trajectory(category, entry["id"], entry_index(entry["id"]), tuple(entry["involved_classes"]), turns)
 
 
 def context_messages(turns: Sequence[Turn]) -> list[dict[str, Any]]:
@@ -518,7 +519,7 @@ def probe_items(
              wrong: list[str], tempting_tool: str, cues: list[str], source: dict[str, Any]) -> dict[str, Any]:
         return {
             "id": f"{prefix}-{point}-{bucket.split('_')[1]}", "bucket": bucket, "split": "eval",
-            "domain": trajectory.owner.get(tempting_tool) or _domain_of(tempting_tool, catalog), "task_group": task_group,
+            "domain": _domain_of(tempting_tool, catalog), "task_group": task_group,
             "catalog_domains": domains, "unavailable_tools": list(turn.hidden), "user": turn.user,
             "context": context_messages(trajectory.turns[: turn.index]), "history": history,
             "correct_action": action, "wrong_tools": wrong, "tempting_skill": skill_of[tempting_tool],
@@ -845,7 +846,7 @@ class ContextPartition:
 
 
 def partition_by_context(
-    builder: Any, items: Iterable[Item], *, max_tokens: int, k: int, configs: Sequence[str] = ("proc", "app", "basm"), fmt: str = "native"
+    builder: PromptBuilder, items: Iterable[Item], *, max_tokens: int, k: int, configs: Sequence[str] = ("proc", "app", "basm"), fmt: str = "native"
 ) -> ContextPartition:
     """Split ``items`` into those whose longest prompt fits ``max_tokens`` and those skipped.
 
