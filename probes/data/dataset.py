@@ -54,6 +54,9 @@ class Item:
     wrong_tools: tuple[str, ...]
     tempting_skill: str
     state_cues: tuple[str, ...]
+    # Earlier turns of a multi-turn conversation, rendered before ``user``: user messages,
+    # assistant tool calls and tool observations. ``history`` is the current turn after ``user``.
+    context: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def state_text(self) -> str:
@@ -78,14 +81,17 @@ _STRING_FIELDS = ("id", "bucket", "split", "domain", "task_group", "user", "temp
 _NAME_LIST_FIELDS = ("catalog_domains", "unavailable_tools", "wrong_tools", "state_cues")
 
 
-def _check_history(history: Any, where: str) -> None:
+def _check_history(history: Any, where: str, field: str = "history", roles: tuple[str, ...] = ("assistant", "tool")) -> None:
     if not isinstance(history, list):
-        raise DatasetError(f"{where}: field 'history' must be a list of messages, got {type(history).__name__}")
+        raise DatasetError(f"{where}: field {field!r} must be a list of messages, got {type(history).__name__}")
     for i, message in enumerate(history):
-        at = f"{where}: history[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in ("assistant", "tool"):
-            raise DatasetError(f"{at} must be an object with role 'assistant' or 'tool', got {message!r:.80}")
-        if message["role"] == "assistant":
+        at = f"{where}: {field}[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in roles:
+            raise DatasetError(f"{at} must be an object with role {' or '.join(map(repr, roles))}, got {message!r:.80}")
+        if message["role"] == "user":
+            if not isinstance(message.get("content"), str) or not message["content"]:
+                raise DatasetError(f"{at}: a user message needs a non-empty string 'content'")
+        elif message["role"] == "assistant":
             call = message.get("tool_call")
             if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(call.get("arguments", {}), dict):
                 raise DatasetError(f"{at}: an assistant message needs tool_call {{name: string, arguments: object}}, got {call!r:.80}")
@@ -106,6 +112,7 @@ def _parse_item(raw: Any, where: str) -> Item:
         if not isinstance(raw[name], list) or not all(isinstance(v, str) for v in raw[name]):
             raise DatasetError(f"{where}: field {name!r} must be a list of strings, got {raw[name]!r:.60}")
     _check_history(raw["history"], where)
+    _check_history(raw.get("context", []), where, "context", ("user", "assistant", "tool"))
     if raw["bucket"] not in BUCKETS:
         raise DatasetError(f"{where}: bucket {raw['bucket']!r} is not one of {BUCKETS}")
     if raw["split"] not in SPLITS:
@@ -134,6 +141,7 @@ def _parse_item(raw: Any, where: str) -> Item:
         wrong_tools=tuple(raw["wrong_tools"]),
         tempting_skill=raw["tempting_skill"],
         state_cues=tuple(raw["state_cues"]),
+        context=tuple(raw.get("context", [])),
     )
 
 

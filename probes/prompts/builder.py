@@ -287,24 +287,35 @@ class PromptBuilder:
             system = PROMPTED_INSTRUCTION + json.dumps([schema["function"] for schema in schemas]) + "\n\n" + system
         elif not native_tools:
             system = system + "\n\n" + TOOLS_BLOCK_HEADER + "".join("\n" + json.dumps(s) for s in schemas) + TOOLS_BLOCK_FOOTER
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        for message in item.history:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        messages += self._conversation(item.context, fmt, native_tools)
+        messages.append({"role": "user", "content": user})
+        messages += self._conversation(item.history, fmt, native_tools)
+        return messages, (schemas if native_tools else None)
+
+    @staticmethod
+    def _conversation(messages: Sequence[Any], fmt: str, native_tools: bool) -> list[dict[str, Any]]:
+        """Chat messages for earlier turns (``item.context``) or the current turn's calls (``item.history``)."""
+        out: list[dict[str, Any]] = []
+        for message in messages:
             call_or_result = message.get("tool_call")
-            if native_tools:
+            if message["role"] == "user":
+                out.append({"role": "user", "content": message["content"]})
+            elif native_tools:
                 if call_or_result:
-                    messages.append({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": dict(call_or_result)}]})
+                    out.append({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": dict(call_or_result)}]})
                 else:
-                    messages.append({"role": "tool", "name": message["name"], "content": message["content"]})
+                    out.append({"role": "tool", "name": message["name"], "content": message["content"]})
             elif call_or_result:
                 text = (
                     f"{call_or_result['name']}({', '.join(f'{k}={json.dumps(v)}' for k, v in call_or_result.get('arguments', {}).items())})"
                     if fmt == "prompted"
                     else f"<tool_call>\n{json.dumps(dict(call_or_result))}\n</tool_call>"
                 )
-                messages.append({"role": "assistant", "content": text})
+                out.append({"role": "assistant", "content": text})
             else:
-                messages.append({"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"})
-        return messages, (schemas if native_tools else None)
+                out.append({"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"})
+        return out
 
     def _render_with_user(self, item: Item, fmt: str, catalog: ToolCatalog, user: str) -> str:
         """Render once per (item, format) with a placeholder user turn, then substitute the text.

@@ -1,0 +1,881 @@
+"""BFCL multi-turn entries as a probe dataset (decision points, buckets, extracted skill libraries).
+
+Reads the data files of the installed ``bfcl-eval`` package (``bfcl_eval/data``, Apache-2.0) and
+writes a dataset folder in the layout of ``datasets/basm_probe/`` (``domains/<Class>.json``,
+``items.jsonl``) plus a generated ``README.md`` that states every rule and count below.
+
+Entries and split
+    The four multi-turn categories (base, long_context, miss_func, miss_param) hold 200 entries
+    each; entry ``i`` of every category is the same scenario (same involved classes, mostly the
+    same initial state and requests). Entries are therefore split **by index**: a seeded
+    permutation puts ``skill_fraction`` of the indices in the skill-source set (skills are
+    extracted from their trajectories) and the rest in the probe set (items come only from them).
+    ``task_group`` is ``bfcl.<index>``: all items of one scenario, in every category, form one group.
+
+Trajectories
+    BFCL stores no tool outputs. Each entry's ground-truth calls are executed turn by turn on BFCL's
+    own API classes loaded with the entry's ``initial_config`` (:mod:`probes.data.bfcl_exec`;
+    ``long_context=True`` for the long_context category, as BFCL does), so every earlier call in a
+    prompt carries its real observation.
+
+Decision points
+    Step ``j`` of turn ``t`` (the ``j``-th ground-truth call of that turn) is a decision point:
+    the conversation so far (``context``: every earlier turn's user message, calls and
+    observations), the turn's user message (``user``), the turn's calls before ``j`` with their
+    observations (``history``), the functions available at that turn (miss_func: functions
+    whose doc BFCL holds out until a later turn are removed, as BFCL does; at the turn where they
+    come back the user message is BFCL's ``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC``) and
+    the ground-truth call. A turn whose ground truth is ``[]`` is one decision point whose correct
+    action is to make no call (abstain).
+
+Buckets (see :func:`import_bfcl` and the generated README for counts)
+    T_ok      every step whose ground-truth tool has a validated skill: that skill (the one a
+              retriever should surface) recommends exactly the correct call.
+    T_wrong   the retrieved skill recommends a call that is unavailable or premature:
+              miss_func turns with ground truth ``[]`` (the needed function is held out; tempting
+              skill = the held-out function's skill) and miss_param turns with ground truth ``[]``
+              (a parameter is missing and BFCL's next turn supplies it; tempting skill = the skill
+              of the call that uses the supplied value).
+    T_repair  step ``j ≥ 1`` whose call fails when the previous call of the turn (a different
+              tool) is skipped: the failing call and its real error observation are inserted
+              before the decision point, the correct action is the skipped call, and the wrong
+              tool is the failed one (repeating it).
+
+Skills (paper §4.2, Eqs. 6–7)
+    Tool-level anchors: one candidate per tool called in the skill-source entries' base
+    trajectories. The successful context supplies goal, procedure and tools; boundary slots come
+    only from evidence: failures (the same skip-the-previous-call perturbation, executed), held-out
+    functions (miss_func) and missing parameters (miss_param) of the skill-source entries. ψ
+    (:func:`probes.schema.build_library`) then rejects every candidate without risk cues or
+    avoidance rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import random
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+from probes.data.bfcl_exec import (
+    API_CLASS_FILES,
+    BFCLEnvironment,
+    Call,
+    is_error_observation,
+    load_api_classes,
+    parse_call,
+)
+from probes.dataset import BUCKETS, Item
+from probes.schema import ToolCatalog, build_library, tools_from_json
+
+if TYPE_CHECKING:
+    from probes.rendering import PromptBuilder
+
+CATEGORIES: tuple[str, ...] = ("base", "long_context", "miss_func", "miss_param")
+# BFCL's constants.default_prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC (FC mode).
+ADDED_FUNCTION_PROMPT = "I have updated some more functions you can choose from. What about now?"
+# BFCL's multi_turn_func_doc file per class (constants.executable_backend_config).
+FUNC_DOC_FILES: dict[str, str] = {
+    "GorillaFileSystem": "gorilla_file_system.json",
+    "MathAPI": "math_api.json",
+    "MessageAPI": "message_api.json",
+    "TwitterAPI": "posting_api.json",
+    "TicketAPI": "ticket_api.json",
+    "TradingBot": "trading_bot.json",
+    "TravelAPI": "travel_booking.json",
+    "VehicleControlAPI": "vehicle_control.json",
+}
+# BFCL's Python-style type names → JSON Schema (the FC handlers do the same conversion).
+SCHEMA_TYPES: dict[str, str] = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
+EVIDENCE_PER_SLOT = 3  # boundary items kept per slot (one per evidence kind first, then the rest)
+SNIPPET_CHARS = 140  # request and error quotes in skill text are cut at a word boundary
+ERROR_CHARS = 120
+
+
+class BFCLDataError(ValueError):
+    """The BFCL data are missing or malformed; the message names the file and what to do."""
+
+
+# ---------------------------------------------------------------------------- locating and loading
+def locate_bfcl_data(bfcl_dir: str | Path | None = None) -> Path:
+    """The BFCL data directory (holding ``BFCL_v*_multi_turn_base.json`` and ``possible_answer/``).
+
+    ``bfcl_dir`` may be that directory or the ``bfcl_eval`` package root; by default the installed
+    ``bfcl_eval`` package is located without importing it (its runtime needs pins we do not have).
+    """
+    if bfcl_dir is None:
+        spec = importlib.util.find_spec("bfcl_eval")
+        if spec is None or not spec.submodule_search_locations:
+            raise BFCLDataError("the BFCL data need the 'bfcl-eval' package: pip install --no-deps bfcl-eval "
+                                "(or pass bfcl_dir=<its bfcl_eval folder or data folder>)")
+        bfcl_dir = Path(next(iter(spec.submodule_search_locations)))
+    root = Path(bfcl_dir)
+    for candidate in (root, root / "data"):
+        if list(candidate.glob("BFCL_v*_multi_turn_base.json")) and (candidate / "possible_answer").is_dir():
+            return candidate
+    raise BFCLDataError(f"{root} holds no BFCL multi-turn data (BFCL_v*_multi_turn_base.json and possible_answer/); "
+                        "install it with: pip install --no-deps bfcl-eval, or pass the bfcl_eval/data folder")
+
+
+def api_source_dir(data_dir: Path) -> Path:
+    """``bfcl_eval/eval_checker/multi_turn_eval/func_source_code`` next to ``data_dir``."""
+    path = Path(data_dir).parent / "eval_checker" / "multi_turn_eval" / "func_source_code"
+    if not path.is_dir():
+        raise BFCLDataError(f"BFCL's API classes are not at {path}; reinstall with: pip install --no-deps bfcl-eval")
+    return path
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise BFCLDataError(f"{path}:{number}: invalid JSON: {error}") from error
+    return rows
+
+
+def category_file(data_dir: Path, category: str, *, answers: bool = False) -> Path:
+    """The (single) ``BFCL_v*_multi_turn_<category>.json`` file, or its possible answers."""
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown BFCL multi-turn category {category!r}; known: {CATEGORIES}")
+    folder = Path(data_dir) / "possible_answer" if answers else Path(data_dir)
+    matches = sorted(folder.glob(f"BFCL_v*_multi_turn_{category}.json"))
+    if len(matches) != 1:
+        raise BFCLDataError(f"expected one BFCL_v*_multi_turn_{category}.json in {folder}, found {[m.name for m in matches]}")
+    return matches[0]
+
+
+def entry_index(entry_id: str) -> int:
+    """``multi_turn_miss_func_17`` → 17."""
+    match = re.fullmatch(r"multi_turn_[a-z_]+_(\d+)", entry_id)
+    if not match:
+        raise BFCLDataError(f"unexpected BFCL entry id {entry_id!r} (expected multi_turn_<category>_<n>)")
+    return int(match.group(1))
+
+
+def load_entries(data_dir: Path, category: str) -> list[dict[str, Any]]:
+    """Entries of one category with their ground truth joined in (``entry["ground_truth"]``)."""
+    path = category_file(data_dir, category)
+    answers_path = category_file(data_dir, category, answers=True)
+    entries = _read_jsonl(path)
+    answers = {row["id"]: row["ground_truth"] for row in _read_jsonl(answers_path)}
+    for entry in entries:
+        if entry["id"] not in answers:
+            raise BFCLDataError(f"{answers_path}: no ground truth for {entry['id']}")
+        truth = answers[entry["id"]]
+        if len(truth) != len(entry["question"]):
+            raise BFCLDataError(f"{answers_path}: {entry['id']} has {len(truth)} ground-truth turns for {len(entry['question'])} question turns")
+        entry["ground_truth"] = truth
+    return entries
+
+
+def convert_schema(node: Any) -> Any:
+    """BFCL's parameter schema → JSON Schema: ``dict`` → ``object``, ``float`` → ``number``, ...,
+    applied to every nested schema (properties, items, additionalProperties)."""
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    if isinstance(out.get("type"), str):
+        out["type"] = SCHEMA_TYPES.get(out["type"], out["type"])
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {name: convert_schema(sub) for name, sub in out["properties"].items()}
+    for key in ("items", "additionalProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = convert_schema(out[key])
+    return out
+
+
+def load_tools(data_dir: Path, class_name: str) -> list[dict[str, Any]]:
+    """One class's function docs as tool objects ``{name, description, parameters}`` (JSON Schema)."""
+    path = Path(data_dir) / "multi_turn_func_doc" / FUNC_DOC_FILES[class_name]
+    if not path.is_file():
+        raise BFCLDataError(f"BFCL function docs {path} are missing; reinstall with: pip install --no-deps bfcl-eval")
+    return [
+        {"name": doc["name"], "description": doc["description"], "parameters": convert_schema(doc["parameters"])}
+        for doc in _read_jsonl(path)
+    ]
+
+
+def split_indices(indices: Iterable[int], *, skill_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(skill-source indices, probe indices): a seeded permutation, the first ``skill_fraction`` to skills."""
+    if not 0.0 < skill_fraction < 1.0:
+        raise ValueError(f"skill_fraction must be in (0, 1), got {skill_fraction}")
+    ordered = sorted(set(indices))
+    shuffled = list(ordered)
+    random.Random(seed).shuffle(shuffled)
+    n_skill = round(skill_fraction * len(ordered))
+    return sorted(shuffled[:n_skill]), sorted(shuffled[n_skill:])
+
+
+# ---------------------------------------------------------------------------- trajectories
+@dataclass
+class Step:
+    """One executed ground-truth call."""
+
+    call: Call
+    arguments: dict[str, Any]  # by parameter name
+    observation: str
+    # The observation of this call when the turn's previous call (a different tool) is skipped,
+    # when that is an error and the ground-truth execution is not (the T_repair perturbation).
+    skip_failure: str | None = None
+
+    def messages(self) -> list[dict[str, Any]]:
+        return [
+            {"role": "assistant", "tool_call": {"name": self.call.name, "arguments": self.arguments}},
+            {"role": "tool", "name": self.call.name, "content": self.observation},
+        ]
+
+
+@dataclass
+class Turn:
+    index: int
+    user: str
+    added_function: bool  # miss_func: the held-out function docs come back at this turn
+    hidden: tuple[str, ...]  # functions not available at this turn (miss_func)
+    steps: list[Step]
+
+
+@dataclass
+class Trajectory:
+    category: str
+    entry_id: str
+    index: int
+    involved_classes: tuple[str, ...]
+    turns: list[Turn]
+
+
+def replay(entry: Mapping[str, Any], category: str, classes: Mapping[str, type]) -> Trajectory:
+    """Execute an entry's ground truth turn by turn on BFCL's classes, recording observations and
+    the skip-the-previous-call failures."""
+    env = BFCLEnvironment(classes, entry["involved_classes"], entry["initial_config"], long_context=category == "long_context")
+    held_out = {int(turn): tuple(names) for turn, names in entry.get("missed_function", {}).items()}
+    turns = []
+    for t, (messages, truth) in enumerate(zip(entry["question"], entry["ground_truth"])):
+        if t in held_out:
+            if messages:
+                raise BFCLDataError(f"{entry['id']}: turn {t} brings back held-out functions but has a user message")
+            user = ADDED_FUNCTION_PROMPT
+        else:
+            if len(messages) != 1 or messages[0].get("role") != "user":
+                raise BFCLDataError(f"{entry['id']}: turn {t} must hold one user message, got {messages!r:.120}")
+            user = messages[0]["content"]
+        hidden = tuple(name for turn, names in sorted(held_out.items()) if turn > t for name in names)
+        calls = [parse_call(text) for text in truth]
+        steps: list[Step] = []
+        # The state before the previous call, kept only when that call is a different tool.
+        without_previous: BFCLEnvironment | None = None
+        for j, call in enumerate(calls):
+            before_this = env.snapshot() if j + 1 < len(calls) and calls[j + 1].name != call.name else None
+            arguments = env.bind(call)
+            observation = env.execute(call)
+            skip_failure = None
+            if without_previous is not None and not is_error_observation(observation):
+                skipped = without_previous.execute(call)
+                if is_error_observation(skipped):
+                    skip_failure = skipped
+            steps.append(Step(call, arguments, observation, skip_failure))
+            without_previous = before_this
+        turns.append(Turn(t, user, t in held_out, hidden, steps))
+    return Trajectory(category, entry["id"], entry_index(entry["id"]), tuple(entry["involved_classes"]), turns)
+
+
+def context_messages(turns: Sequence[Turn]) -> list[dict[str, Any]]:
+    """The chat messages of complete earlier turns: user message, then each call and observation."""
+    out: list[dict[str, Any]] = []
+    for turn in turns:
+        out.append({"role": "user", "content": turn.user})
+        for step in turn.steps:
+            out.extend(step.messages())
+    return out
+
+
+# ---------------------------------------------------------------------------- evidence and skills
+def _snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0]
+    return cut + " ..."
+
+
+def _error_text(observation: str) -> str:
+    try:
+        value = json.loads(observation)
+    except ValueError:
+        value = None
+    message = value["error"] if isinstance(value, dict) and "error" in value else observation
+    return _snippet(str(message), ERROR_CHARS)
+
+
+def _tool_summary(description: str) -> str:
+    """The function's own sentence from a BFCL description (after the class preamble)."""
+    marker = "Tool description:"
+    text = description.split(marker, 1)[1] if marker in description else description
+    return " ".join(text.split())
+
+
+def _value_strings(value: Any) -> list[str]:
+    """The forms in which an argument value can be quoted in text: strings (``@``/``#`` stripped),
+    numbers (``20`` for 20.0) and the elements of lists."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, str):
+        text = value.strip().lstrip("@#")
+        return [text] if len(text) > 1 else []
+    if isinstance(value, float) and value.is_integer():
+        return [str(int(value))]
+    if isinstance(value, (int, float)):
+        return [str(value)]
+    if isinstance(value, list):
+        return [text for element in value for text in _value_strings(element)]
+    return []
+
+
+def clarified_calls(turn: Turn, clarification: str) -> list[tuple[Step, list[str]]]:
+    """Calls of ``turn`` with an argument value quoted in ``clarification`` (the miss_param turn
+    after the under-specified one; a whole-word, case-insensitive match), with those parameters."""
+    text = clarification.lower()
+    found = []
+    for step in turn.steps:
+        params = [
+            name for name, value in step.arguments.items()
+            if any(re.search(rf"(?<!\w){re.escape(form.lower())}(?!\w)", text) for form in _value_strings(value))
+        ]
+        if params:
+            found.append((step, params))
+    return found
+
+
+@dataclass
+class ToolEvidence:
+    """What the skill-source trajectories say about one tool."""
+
+    successes: list[tuple[str, str, str | None]] = field(default_factory=list)  # (request, call text, previous tool)
+    failures: dict[tuple[str, str], str] = field(default_factory=dict)  # (error, prerequisite tool) → entry id
+    missing: dict[str, str] = field(default_factory=dict)  # request → entry id
+    missing_params: dict[tuple[str, ...], tuple[str, str]] = field(default_factory=dict)  # params → (request, entry id)
+    sources: set[str] = field(default_factory=set)
+
+
+def collect_evidence(trajectories: Iterable[Trajectory]) -> dict[str, ToolEvidence]:
+    """Evidence per tool from skill-source trajectories: successes and failures from base, held-out
+    functions from miss_func, missing parameters from miss_param."""
+    evidence: dict[str, ToolEvidence] = defaultdict(ToolEvidence)
+    for trajectory in trajectories:
+        for t, turn in enumerate(trajectory.turns):
+            if trajectory.category == "base":
+                for j, step in enumerate(turn.steps):
+                    previous = turn.steps[j - 1].call.name if j else None
+                    tool = evidence[step.call.name]
+                    tool.successes.append((turn.user, step.call.text, previous if previous != step.call.name else None))
+                    tool.sources.add(trajectory.entry_id)
+                    if step.skip_failure is not None and previous is not None:
+                        tool.failures.setdefault((_error_text(step.skip_failure), previous), trajectory.entry_id)
+            elif not turn.steps and trajectory.category == "miss_func" and t + 1 < len(trajectory.turns) and trajectory.turns[t + 1].added_function:
+                for name in set(turn.hidden) - set(trajectory.turns[t + 1].hidden):
+                    evidence[name].missing.setdefault(turn.user, trajectory.entry_id)
+                    evidence[name].sources.add(trajectory.entry_id)
+            elif not turn.steps and trajectory.category == "miss_param" and t + 1 < len(trajectory.turns):
+                for step, params in clarified_calls(trajectory.turns[t + 1], trajectory.turns[t + 1].user):
+                    evidence[step.call.name].missing_params.setdefault(tuple(params), (turn.user, trajectory.entry_id))
+                    evidence[step.call.name].sources.add(trajectory.entry_id)
+    return dict(evidence)
+
+
+def _round_robin(groups: Sequence[Sequence[str]], limit: int) -> list[str]:
+    out: list[str] = []
+    depth = 0
+    while len(out) < limit and any(depth < len(group) for group in groups):
+        for group in groups:
+            if depth < len(group) and len(out) < limit and group[depth] not in out:
+                out.append(group[depth])
+        depth += 1
+    return out
+
+
+def extract_skill(tool: Mapping[str, Any], evidence: ToolEvidence, domain: str) -> dict[str, Any]:
+    """f_ext of Eq. 6 (deterministic): a seven-slot candidate for one tool-level anchor.
+
+    Goal, procedure and tools come from the successful uses; risk cues, avoidance rules and
+    recovery notes only from failure, held-out-function and missing-parameter evidence (empty
+    when there is none, which ψ rejects)."""
+    name = tool["name"]
+    requests = [request for request, _, _ in evidence.successes]
+    example_request = min(requests, key=lambda r: (len(r), r))
+    previous = Counter(p for _, _, p in evidence.successes if p is not None)
+    call_counts = Counter(text for _, text, _ in evidence.successes)
+    example_call = max(call_counts, key=lambda text: (call_counts[text], -len(text), text))
+    procedure = []
+    if previous:
+        prerequisite, _ = max(previous.items(), key=lambda kv: (kv[1], kv[0]))
+        procedure.append(f"Call {prerequisite} first when the state it sets up is not in place yet.")
+    procedure.append(f"Call {name} with the values the request gives, e.g. {example_call}.")
+    procedure.append(f"Used for requests such as: \"{_snippet(example_request)}\"")
+    required = tool["parameters"].get("required", [])
+    applicability = [f"{name} is among the available functions."]
+    if required:
+        applicability.append(f"The request gives {', '.join(required)}.")
+
+    failure_cues = [f"{name} failed with \"{error}\" when {prereq} had not been called first." for error, prereq in evidence.failures]
+    failure_rules = [f"Do not repeat {name} unchanged after \"{error}\"; call {prereq} first." for error, prereq in evidence.failures]
+    missing_cues = [f"{name} is not among the available functions although the request needs it, e.g. \"{_snippet(request)}\"" for request in evidence.missing]
+    missing_rules = [f"When {name} is not among the available functions, call no substitute; tell the user it is unavailable."] if evidence.missing else []
+    param_cues = [f"The request does not give {', '.join(params)} for {name}, e.g. \"{_snippet(request)}\"" for params, (request, _) in evidence.missing_params.items()]
+    param_rules = [f"Do not call {name} before the user has given {', '.join(params)}; ask for it first." for params in evidence.missing_params]
+    recovery = [f"If {name} fails with \"{error}\", call {prereq}, then retry {name}." for error, prereq in evidence.failures]
+    return {
+        "id": f"{domain}.{name}",
+        "goal": _tool_summary(tool["description"]),
+        "procedure": procedure,
+        "tools": [name],
+        "applicability": applicability,
+        "risk_cues": _round_robin([failure_cues, missing_cues, param_cues], EVIDENCE_PER_SLOT),
+        "avoidance_rules": _round_robin([failure_rules, missing_rules, param_rules], EVIDENCE_PER_SLOT),
+        "recovery_notes": recovery[:EVIDENCE_PER_SLOT],
+    }
+
+
+# ---------------------------------------------------------------------------- report
+@dataclass
+class SkippedPoint:
+    item_id: str
+    reason: str
+
+
+@dataclass
+class ImportReport:
+    """What :func:`import_bfcl` wrote and everything it left out, with reasons."""
+
+    out: Path
+    categories: tuple[str, ...]
+    skill_indices: list[int]
+    probe_indices: list[int]
+    items: Counter  # (category, bucket) → count
+    skipped: list[SkippedPoint]
+    candidates: dict[str, int]  # domain → candidate skills
+    kept: dict[str, list[str]]  # domain → kept skill ids
+    rejected: dict[str, list[str]]  # skill id → ψ's problems
+    unanchored: list[str]  # tools with boundary evidence but no successful use (no candidate)
+    invalid_arguments: list[str]  # item ids whose correct arguments violate the tool schema
+    sizes: dict[str, int] = field(default_factory=dict)  # file → bytes
+
+    def skipped_counts(self) -> Counter:
+        return Counter(point.reason for point in self.skipped)
+
+    def summary(self) -> str:
+        lines = [f"{sum(self.items.values())} items written to {self.out}"]
+        for category in self.categories:
+            lines.append(f"  {category}: " + ", ".join(f"{b} {self.items[(category, b)]}" for b in BUCKETS))
+        lines.append(f"skills: {sum(len(v) for v in self.kept.values())} kept of {sum(self.candidates.values())} candidates "
+                     f"({len(self.rejected)} rejected by ψ); {len(self.unanchored)} tools with evidence but no successful use")
+        for reason, count in sorted(self.skipped_counts().items()):
+            lines.append(f"  skipped {count}: {reason}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- items
+class _NearestTool:
+    """The most similar other tool by TF-IDF cosine over name words + description (deterministic)."""
+
+    def __init__(self, tools: Mapping[str, str]) -> None:
+        self.names = sorted(tools)
+        texts = [name.replace("_", " ") + " " + _tool_summary(tools[name]) for name in self.names]
+        matrix = TfidfVectorizer(stop_words="english").fit_transform(texts)
+        self.similarity = (matrix @ matrix.T).toarray()
+        self.position = {name: i for i, name in enumerate(self.names)}
+
+    def __call__(self, name: str, visible: Iterable[str]) -> str:
+        row = self.similarity[self.position[name]]
+        options = sorted((name_ for name_ in visible if name_ != name), key=lambda other: (-row[self.position[other]], other))
+        return options[0]
+
+
+def _call_action(step: Step) -> dict[str, Any]:
+    return {"kind": "call", "tool": step.call.name, "arguments": step.arguments}
+
+
+def probe_items(
+    trajectory: Trajectory, *, skill_of: Mapping[str, str], catalog: Mapping[str, tuple[str, ...]], nearest: _NearestTool
+) -> tuple[list[dict[str, Any]], list[SkippedPoint]]:
+    """The decision items of one probe trajectory, and the decision points left out with reasons."""
+    items: list[dict[str, Any]] = []
+    skipped: list[SkippedPoint] = []
+    task_group = f"bfcl.{trajectory.index:03d}"
+    domains = list(trajectory.involved_classes)
+    all_tools = [name for domain in domains for name in catalog[domain]]
+    prefix = f"bfcl-{trajectory.category}-{trajectory.index:03d}"
+
+    def item(point: str, bucket: str, turn: Turn, history: list[dict[str, Any]], action: dict[str, Any],
+             wrong: list[str], tempting_tool: str, cues: list[str], source: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": f"{prefix}-{point}-{bucket.split('_')[1]}", "bucket": bucket, "split": "eval",
+            "domain": _domain_of(tempting_tool, catalog), "task_group": task_group,
+            "catalog_domains": domains, "unavailable_tools": list(turn.hidden), "user": turn.user,
+            "context": context_messages(trajectory.turns[: turn.index]), "history": history,
+            "correct_action": action, "wrong_tools": wrong, "tempting_skill": skill_of[tempting_tool],
+            "state_cues": cues, "source": {"entry": trajectory.entry_id, "turn": turn.index, **source},
+        }
+
+    for turn in trajectory.turns:
+        visible = [name for name in all_tools if name not in turn.hidden]
+        if not turn.steps:
+            point = f"t{turn.index}"
+            following = trajectory.turns[turn.index + 1] if turn.index + 1 < len(trajectory.turns) else None
+            if trajectory.category == "miss_func" and following is not None and following.added_function:
+                missing = [name for name in turn.hidden if name not in following.hidden]
+                with_skill = [name for name in missing if name in skill_of]
+                if not with_skill:
+                    skipped.append(SkippedPoint(f"{prefix}-{point}", f"T_wrong: no validated skill for the held-out function(s) {missing}"))
+                    continue
+                tempting = with_skill[0]
+                items.append(item(point, "T_wrong", turn, [], {"kind": "abstain"}, [nearest(tempting, visible)], tempting, [],
+                                  {"rule": "miss_func held-out function", "held_out": missing}))
+            elif trajectory.category == "miss_param" and following is not None and following.steps:
+                clarified = [(step, params, "miss_param premature call (uses the clarified value)")
+                             for step, params in clarified_calls(following, following.user)]
+                # An indirect clarification ("the file I mentioned") quotes no value: the turn's last call is its goal.
+                candidates = clarified or [(following.steps[-1], [], "miss_param premature call (last call of the next turn)")]
+                with_skill = [c for c in candidates if c[0].call.name in skill_of and c[0].call.name in visible]
+                if not with_skill:
+                    skipped.append(SkippedPoint(f"{prefix}-{point}", f"T_wrong: no validated skill for the premature call(s) {[c[0].call.name for c in candidates]}"))
+                    continue
+                step, params, rule = with_skill[0]
+                items.append(item(point, "T_wrong", turn, [], {"kind": "abstain"}, [step.call.name], step.call.name, [],
+                                  {"rule": rule, "missing_parameters": params, "clarification": following.user}))
+            else:
+                skipped.append(SkippedPoint(f"{prefix}-{point}", f"empty ground truth in {trajectory.category} outside the miss_func/miss_param rules"))
+            continue
+        history: list[dict[str, Any]] = []
+        for j, step in enumerate(turn.steps):
+            point = f"t{turn.index}s{j}"
+            name = step.call.name
+            if name in turn.hidden:
+                # BFCL data inconsistency: the ground truth calls a function BFCL holds out at this turn.
+                skipped.append(SkippedPoint(f"{prefix}-{point}", "ground truth calls a function BFCL holds out at this turn"))
+                history.extend(step.messages())
+                continue
+            if name in skill_of:
+                others = [s.call.name for s in turn.steps if s.call.name != name and s.call.name in visible]
+                wrong = list(dict.fromkeys(others)) or [nearest(name, visible)]
+                items.append(item(point, "T_ok", turn, list(history), _call_action(step), wrong, name, [],
+                                  {"rule": "ground-truth step", "step": j}))
+            else:
+                skipped.append(SkippedPoint(f"{prefix}-{point}-ok", f"T_ok: no validated skill for {name}"))
+            if step.skip_failure is not None:
+                previous = turn.steps[j - 1]
+                if previous.call.name in turn.hidden:
+                    skipped.append(SkippedPoint(f"{prefix}-{point}-repair", "T_repair: the skipped call is to a function BFCL holds out at this turn"))
+                elif name in skill_of:
+                    failed = [
+                        {"role": "assistant", "tool_call": {"name": name, "arguments": step.arguments}},
+                        {"role": "tool", "name": name, "content": step.skip_failure},
+                    ]
+                    items.append(item(point, "T_repair", turn, history[:-2] + failed, _call_action(previous), [name], name,
+                                      [_error_text(step.skip_failure)], {"rule": "previous call skipped", "step": j, "skipped_call": previous.call.text}))
+                else:
+                    skipped.append(SkippedPoint(f"{prefix}-{point}-repair", f"T_repair: no validated skill for {name}"))
+            history.extend(step.messages())
+    return items, skipped
+
+
+def _domain_of(tool: str, catalog: Mapping[str, tuple[str, ...]]) -> str:
+    return next(domain for domain, names in catalog.items() if tool in names)
+
+
+# ---------------------------------------------------------------------------- import
+def import_bfcl(
+    *,
+    out: str | Path,
+    bfcl_dir: str | Path | None = None,
+    categories: Sequence[str] = CATEGORIES,
+    skill_fraction: float = 0.5,
+    seed: int = 0,
+    max_probe_entries: int | None = None,
+) -> ImportReport:
+    """Write a probe dataset from BFCL's multi-turn entries to ``out`` and return what it holds.
+
+    ``categories``: the multi-turn categories items are made from (skills always use the
+    skill-source entries of base, miss_func and miss_param). ``skill_fraction``: share of entry
+    indices whose trajectories feed skill extraction (none of them yields an item). ``seed``: the
+    split's permutation. ``max_probe_entries``: keep only the first N probe indices (a small
+    sample; the README says so).
+    """
+    categories = tuple(categories)
+    unknown = [c for c in categories if c not in CATEGORIES]
+    if unknown or not categories:
+        raise ValueError(f"categories must be a non-empty subset of {CATEGORIES}, got {list(categories)}")
+    data_dir = locate_bfcl_data(bfcl_dir)
+    classes = load_api_classes(api_source_dir(data_dir))
+    tools = {domain: load_tools(data_dir, domain) for domain in FUNC_DOC_FILES}
+    catalog_names = {domain: tuple(tool["name"] for tool in entries) for domain, entries in tools.items()}
+    names = [name for entries in catalog_names.values() for name in entries]
+    if len(names) != len(set(names)):
+        raise BFCLDataError(f"BFCL tool names collide across classes: {sorted({n for n in names if names.count(n) > 1})}")
+
+    needed = sorted(set(categories) | {"base", "miss_func", "miss_param"})
+    entries = {category: load_entries(data_dir, category) for category in needed}
+    indices = {entry_index(entry["id"]) for entry in entries["base"]}
+    for category, rows in entries.items():
+        if {entry_index(entry["id"]) for entry in rows} != indices:
+            raise BFCLDataError(f"category {category} does not hold the same entry indices as base")
+    skill_indices, probe_indices = split_indices(indices, skill_fraction=skill_fraction, seed=seed)
+    if max_probe_entries is not None:
+        probe_indices = probe_indices[:max_probe_entries]
+    skill_set, probe_set = set(skill_indices), set(probe_indices)
+
+    # Skills: Eq. 6 per tool anchor, ψ per domain (Eq. 7).
+    evidence = collect_evidence(
+        replay(entry, category, classes)
+        for category in ("base", "miss_func", "miss_param") for entry in entries[category]
+        if entry_index(entry["id"]) in skill_set
+    )
+    tool_by_name = {tool["name"]: (domain, tool) for domain, entries_ in tools.items() for tool in entries_}
+    domain_files: dict[str, dict[str, Any]] = {}
+    kept: dict[str, list[str]] = {}
+    rejected: dict[str, list[str]] = {}
+    candidates_per_domain: dict[str, int] = {}
+    unanchored = sorted(name for name, ev in evidence.items() if not ev.successes)
+    for domain in FUNC_DOC_FILES:
+        candidates = [extract_skill(tool_by_name[name][1], evidence[name], domain)
+                      for name in catalog_names[domain] if name in evidence and evidence[name].successes]
+        catalog = ToolCatalog(tools_from_json(tools[domain], domain=domain))
+        library = build_library(candidates, catalog, domain=domain)
+        candidates_per_domain[domain] = len(candidates)
+        kept[domain] = [skill.id for skill in library.skills]
+        for error in library.rejected:
+            rejected[error.skill_id] = [f"{slot}: {' | '.join(reasons)}" for slot, reasons in error.problems.items()]
+        domain_files[domain] = {
+            "domain": domain,
+            "description": _tool_summary(tools[domain][0]["description"].split("Tool description:")[0]).rstrip(),
+            "tools": tools[domain],
+            "skills": [skill.to_json() for skill in library.skills],
+        }
+    skill_of = {skill_id.split(".", 1)[1]: skill_id for ids in kept.values() for skill_id in ids}
+
+    nearest = _NearestTool({tool["name"]: tool["description"] for entries_ in tools.values() for tool in entries_})
+    items: list[dict[str, Any]] = []
+    skipped: list[SkippedPoint] = []
+    for category in categories:
+        for entry in entries[category]:
+            if entry_index(entry["id"]) not in probe_set:
+                continue
+            new_items, new_skipped = probe_items(replay(entry, category, classes), skill_of=skill_of, catalog=catalog_names, nearest=nearest)
+            items.extend(new_items)
+            skipped.extend(new_skipped)
+
+    invalid = []
+    catalogs = {domain: ToolCatalog(tools_from_json(tools[domain], domain=domain)) for domain in tools}
+    for row in items:
+        action = row["correct_action"]
+        if action["kind"] == "call":
+            tool = catalogs[_domain_of(action["tool"], catalog_names)][action["tool"]]
+            if tool.validate_arguments(action["arguments"]):
+                invalid.append(row["id"])
+
+    out = Path(out)
+    (out / "domains").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "domains").glob("*.json"):
+        stale.unlink()
+    sizes = {}
+    for domain, content in domain_files.items():
+        path = out / "domains" / f"{domain}.json"
+        path.write_text(json.dumps(content, indent=1) + "\n")
+        sizes[f"domains/{domain}.json"] = path.stat().st_size
+    items_path = out / "items.jsonl"
+    items_path.write_text("".join(json.dumps(row) + "\n" for row in items))
+    sizes["items.jsonl"] = items_path.stat().st_size
+    report = ImportReport(
+        out=out, categories=categories, skill_indices=skill_indices, probe_indices=probe_indices,
+        items=counts_by_category(items),
+        skipped=skipped, candidates=candidates_per_domain, kept=kept, rejected=rejected, unanchored=unanchored,
+        invalid_arguments=invalid, sizes=sizes,
+    )
+    provenance = {
+        skill_id: sorted(evidence[skill_id.split(".", 1)[1]].sources) for ids in kept.values() for skill_id in ids
+    }
+    (out / "skill_sources.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    (out / "README.md").write_text(render_readme(report, data_dir=data_dir, skill_fraction=skill_fraction, seed=seed,
+                                                 max_probe_entries=max_probe_entries))
+    return report
+
+
+def counts_by_category(items: Iterable[Mapping[str, Any]]) -> Counter:
+    """(category, bucket) counts of raw item rows (their ``source.entry`` names the category)."""
+    return Counter((row["source"]["entry"].rsplit("_", 1)[0].removeprefix("multi_turn_"), row["bucket"]) for row in items)
+
+
+def _data_version(data_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for category in CATEGORIES:
+        for answers in (False, True):
+            digest.update(category_file(data_dir, category, answers=answers).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def render_readme(report: ImportReport, *, data_dir: Path, skill_fraction: float, seed: int, max_probe_entries: int | None) -> str:
+    """The dataset card: source, rules, counts per category and bucket, skills kept and rejected."""
+    files = ", ".join(category_file(data_dir, c).name for c in report.categories)
+    lines = [
+        "# bfcl: BFCL multi-turn decision points (generated)",
+        "",
+        "Generated by `probes.data.bfcl.import_bfcl`; do not edit by hand. Regenerate with",
+        "",
+        "```python",
+        "from probes.data.bfcl import import_bfcl",
+        f"import_bfcl(out={str(report.out)!r}, categories={list(report.categories)!r}, skill_fraction={skill_fraction}, seed={seed}"
+        + (f", max_probe_entries={max_probe_entries}" if max_probe_entries is not None else "") + ")",
+        "```",
+        "",
+        f"Source: the `bfcl-eval` package's data ({files}, their `possible_answer/` files and",
+        f"`multi_turn_func_doc/`; content hash `{_data_version(data_dir)}`). BFCL is Apache-2.0 (Gorilla project);",
+        "these files are derived from it under the same license.",
+        "",
+        "## Entries and split",
+        "",
+        f"Entry `i` is the same scenario in every category, so the split is by index: a seeded permutation (seed {seed})",
+        f"puts {len(report.skill_indices)} indices ({skill_fraction:.0%}) in the skill-source set and "
+        f"{len(report.probe_indices)} in the probe set" + (f" (a sample: the first {max_probe_entries} probe indices)" if max_probe_entries is not None else "") + ".",
+        "Skills are extracted only from skill-source entries; items come only from probe entries. Every item has",
+        "`split = eval`; `task_group = bfcl.<index>` (one scenario across categories: use it as the resampling unit).",
+        f"Skill-source indices: {report.skill_indices}.",
+        "",
+        "## Decision points",
+        "",
+        "Each entry's ground-truth calls are executed turn by turn on BFCL's own API classes loaded from its",
+        "`initial_config` (`long_context=True` in long_context), so earlier calls carry their real observations",
+        "(BFCL stores none). Step `j` of turn `t` is a decision point: `context` holds every earlier turn (user",
+        "message, each call and its observation; BFCL stores no assistant text, so none is inserted), `user` the",
+        "turn's message, `history` the turn's calls before `j` with observations. In miss_func, functions BFCL",
+        "holds out are removed from the catalog (`unavailable_tools`) until their turn, whose user message is BFCL's",
+        f"`{ADDED_FUNCTION_PROMPT}`. A turn with ground truth `[]` is one point whose correct action is to abstain.",
+        "Tool names are BFCL's (unique across the classes; checked); BFCL's `dict`/`float` types became `object`/`number`.",
+        "Retrieval (Eq. 8) sees the current turn only (`user` + `history`), not `context`.",
+        "",
+        "## Buckets",
+        "",
+        "* **T_ok**: every ground-truth step whose tool has a validated skill; the tempting skill is that tool's",
+        "  skill, so the skill recommends the correct call. `wrong_tools`: the other tools the turn's ground truth",
+        "  calls, else the visible tool nearest to the correct one (TF-IDF cosine over name words + description).",
+        "* **T_wrong**: the skill recommends a call that is unavailable or premature; the correct action is to abstain.",
+        "  *miss_func*: the turn with ground truth `[]` before the held-out function comes back; tempting skill = the",
+        "  held-out function's skill; `wrong_tools` = the visible tool nearest to it (the held-out one is not shown).",
+        "  *miss_param*: the turn with ground truth `[]`; the next turn supplies the missing information; the tempting",
+        "  call is the next turn's first call with an argument value quoted in that clarification (whole word; strings,",
+        "  numbers, list elements), else (an indirect clarification such as \"the file I mentioned\") the next turn's",
+        "  last call; `wrong_tools` = it; `source.rule` says which. Skill evidence uses only the quoted-value rule.",
+        "* **T_repair**: step `j ≥ 1` whose call, executed without the turn's previous call (a different tool), returns",
+        "  an error while its ground-truth execution does not. The failed call and that real error are put in `history`",
+        "  in place of the skipped call; the correct action is the skipped call; `wrong_tools` = the failed tool",
+        "  (repeating it); tempting skill = the failed tool's skill; `state_cues` = the error.",
+        "",
+        "## Items (category × bucket)",
+        "",
+        "| category | " + " | ".join(BUCKETS) + " | total |",
+        "|---|" + "---|" * (len(BUCKETS) + 1),
+    ]
+    for category in report.categories:
+        counts = [report.items[(category, b)] for b in BUCKETS]
+        lines.append(f"| {category} | " + " | ".join(map(str, counts)) + f" | {sum(counts)} |")
+    totals = [sum(report.items[(c, b)] for c in report.categories) for b in BUCKETS]
+    lines.append("| **all** | " + " | ".join(f"**{n}**" for n in totals) + f" | **{sum(totals)}** |")
+    lines += ["", "Decision points left out (counted, with reasons):", "", "| reason | points |", "|---|---|"]
+    for reason, count in sorted(report.skipped_counts().items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"| {reason} | {count} |")
+    lines += [
+        "",
+        f"Items whose correct arguments violate the tool's JSON schema: {len(report.invalid_arguments)}"
+        + (f" ({', '.join(report.invalid_arguments[:10])}{' ...' if len(report.invalid_arguments) > 10 else ''})" if report.invalid_arguments else "") + ".",
+        "",
+        "## Skills (§4.2, Eqs. 6–7)",
+        "",
+        "Tool-level anchors: one candidate per tool called in the skill-source base trajectories (f_ext,",
+        "`probes.data.bfcl.extract_skill`, deterministic). Goal = the tool's own description sentence; procedure = its",
+        "most frequent different predecessor in a turn (if any), its most frequent ground-truth call as an example,",
+        "and the shortest request it served; tools = [the tool]; applicability = availability and required parameters.",
+        "Boundary evidence (failure contexts τ⁻): the skip-the-previous-call failure (executed) → risk cue, avoidance",
+        "rule, recovery note; a held-out function in a miss_func `[]` turn → risk cue + avoidance rule; a missing",
+        f"parameter in a miss_param `[]` turn → risk cue + avoidance rule. At most {EVIDENCE_PER_SLOT} items per slot",
+        "(one per evidence kind first). ψ (`probes.schema.build_library`) rejects candidates without risk cues or",
+        "avoidance rules: only tools with failure or missing evidence keep a skill (precision first, as in §4.2).",
+        "`skill_sources.json` lists the entries each kept skill drew on.",
+        "",
+        "| domain (BFCL class) | tools | candidates | kept | rejected |",
+        "|---|---|---|---|---|",
+    ]
+    for domain in FUNC_DOC_FILES:
+        n_kept = len(report.kept[domain])
+        lines.append(f"| {domain} | {len(json.loads((report.out / 'domains' / f'{domain}.json').read_text())['tools'])} | "
+                     f"{report.candidates[domain]} | {n_kept} | {report.candidates[domain] - n_kept} |")
+    reasons = Counter("; ".join(problems) for problems in report.rejected.values())
+    lines += ["", "Rejections by ψ:", ""]
+    lines += [f"* {count} × {reason}" for reason, count in reasons.most_common()] or ["* none"]
+    lines += ["", f"Tools with boundary evidence but no successful use (no anchor, no candidate): {report.unanchored or 'none'}.", ""]
+    lines += [
+        "## Known limitations",
+        "",
+        "* Earlier turns end with their last observation: BFCL has no assistant text, so two user messages can",
+        "  follow each other (after a `[]` turn).",
+        "* Held-out functions are not shown, so a miss_func T_wrong item's `wrong_tools` is a stand-in (the nearest",
+        "  visible tool); its abstention is scored by the call log-odds, not Eq. 1 on the held-out name.",
+        "* Skills are lexical templates over trajectories; an LLM extractor (paper's f_ext) would paraphrase.",
+        "* long_context observations are long; use `probes.data.bfcl.partition_by_context` to list the items that",
+        "  exceed a model's context before a run.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- context length
+@dataclass(frozen=True)
+class ContextPartition:
+    """Items that fit a model's context and those that do not (with the measured length or error)."""
+
+    kept: tuple[Item, ...]
+    skipped: tuple[SkippedPoint, ...]
+    max_tokens: int
+
+
+def partition_by_context(
+    builder: PromptBuilder, items: Iterable[Item], *, max_tokens: int, k: int, configs: Sequence[str] = ("proc", "app", "basm"), fmt: str = "native"
+) -> ContextPartition:
+    """Split ``items`` into those whose longest prompt fits ``max_tokens`` and those skipped.
+
+    ``builder`` is a :class:`probes.rendering.PromptBuilder` (it carries the tokenizer and the
+    retriever that decides which skills a prompt holds). Each item's prompt is built for every
+    configuration in ``configs`` at depth ``k``; its length is the maximum, plus the longest
+    scored candidate continuation (the engine scores candidates after the prompt). An item whose
+    prompt cannot be built is skipped with the builder's error as the reason.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    kept: list[Item] = []
+    skipped: list[SkippedPoint] = []
+    for item in items:
+        try:
+            records = [builder.build(item, config, k, fmt) for config in configs]
+        except ValueError as error:
+            skipped.append(SkippedPoint(item.id, f"prompt cannot be built: {error}"))
+            continue
+        length = max(_needed_length(record) for record in records)
+        if length > max_tokens:
+            skipped.append(SkippedPoint(item.id, f"{length} tokens > {max_tokens} (k={k}, {fmt})"))
+        else:
+            kept.append(item)
+    return ContextPartition(tuple(kept), tuple(skipped), max_tokens)
+
+
+def _needed_length(record: Mapping[str, Any]) -> int:
+    """The lengths the engine checks against the context (``ProbeSession.run``): the prompt and,
+    per candidate, its anchor index + its token count."""
+    extents = [candidate["anchor_index"] + len(candidate["token_ids"]) for candidate in record["candidates"]]
+    return max([record["n_tokens"], *extents])
