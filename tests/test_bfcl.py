@@ -18,9 +18,9 @@ import pytest
 
 from probes.data import bfcl
 from probes.data.bfcl_exec import BFCLEnvironment, load_api_classes, parse_call
-from probes.dataset import ABSTAIN, DatasetError, load_dataset
-from probes.rendering import PromptBuilder, SpanReport, check_spans, load_tokenizer
-from probes.retrieval import Retriever, make_embedder
+from probes.data.dataset import ABSTAIN, DatasetError, load_dataset
+from probes.prompts.builder import PromptBuilder, SpanReport, check_spans, load_tokenizer
+from probes.data.retrieval import Retriever, make_embedder
 
 COMMITTED = Path(__file__).resolve().parent.parent / "datasets" / "bfcl"
 COMMITTED_CATEGORIES = ("base", "miss_func", "miss_param")

@@ -46,7 +46,7 @@ Skills (paper §4.2, Eqs. 6–7)
     trajectories. The successful context supplies goal, procedure and tools; boundary slots come
     only from evidence: failures (the same skip-the-previous-call perturbation, executed), held-out
     functions (miss_func) and missing parameters (miss_param) of the skill-source entries. ψ
-    (:func:`probes.schema.build_library`) then rejects every candidate without risk cues or
+    (:func:`probes.data.schema.build_library`) then rejects every candidate without risk cues or
     avoidance rules.
 """
 
@@ -73,11 +73,11 @@ from probes.data.bfcl_exec import (
     load_api_classes,
     parse_call,
 )
-from probes.dataset import BUCKETS, Item
-from probes.schema import ToolCatalog, build_library, tools_from_json
+from probes.data.dataset import BUCKETS, Item
+from probes.data.schema import ToolCatalog, build_library, tools_from_json
 
 if TYPE_CHECKING:
-    from probes.rendering import PromptBuilder
+    from probes.prompts.builder import PromptBuilder
 
 CATEGORIES: tuple[str, ...] = ("base", "long_context", "miss_func", "miss_param")
 # BFCL's constants.default_prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC (FC mode).
@@ -805,7 +805,7 @@ def render_readme(report: ImportReport, *, data_dir: Path, skill_fraction: float
         "Boundary evidence (failure contexts τ⁻): the skip-the-previous-call failure (executed) → risk cue, avoidance",
         "rule, recovery note; a held-out function in a miss_func `[]` turn → risk cue + avoidance rule; a missing",
         f"parameter in a miss_param `[]` turn → risk cue + avoidance rule. At most {EVIDENCE_PER_SLOT} items per slot",
-        "(one per evidence kind first). ψ (`probes.schema.build_library`) rejects candidates without risk cues or",
+        "(one per evidence kind first). ψ (`probes.data.schema.build_library`) rejects candidates without risk cues or",
         "avoidance rules: only tools with failure or missing evidence keep a skill (precision first, as in §4.2).",
         "`skill_sources.json` lists the entries each kept skill drew on.",
         "",
@@ -850,7 +850,7 @@ def partition_by_context(
 ) -> ContextPartition:
     """Split ``items`` into those whose longest prompt fits ``max_tokens`` and those skipped.
 
-    ``builder`` is a :class:`probes.rendering.PromptBuilder` (it carries the tokenizer and the
+    ``builder`` is a :class:`probes.prompts.builder.PromptBuilder` (it carries the tokenizer and the
     retriever that decides which skills a prompt holds). Each item's prompt is built for every
     configuration in ``configs`` at depth ``k``; its length is the maximum, plus the longest
     scored candidate continuation (the engine scores candidates after the prompt). An item whose
