@@ -18,6 +18,7 @@ import pytest
 
 from probes.data import bfcl
 from probes.data.bfcl_exec import BFCLEnvironment, load_api_classes, parse_call
+from probes.prompts.context import partition_by_context
 from probes.data.dataset import ABSTAIN, DatasetError, load_dataset
 from probes.prompts.builder import PromptBuilder, SpanReport, check_spans, load_tokenizer
 from probes.data.retrieval import Retriever, make_embedder
@@ -253,7 +254,7 @@ def test_partition_by_context_counts_and_lists_skips(imported):
         lengths[item.id] = max(max([len(tokenizer(r["text"], add_special_tokens=False)["input_ids"])]
                                    + [c["anchor_index"] + len(c["token_ids"]) for c in r["candidates"]]) for r in records)
     cut = sorted(lengths.values())[len(lengths) // 2]
-    part = bfcl.partition_by_context(builder, items, max_tokens=cut, k=1, configs=("basm",))
+    part = partition_by_context(builder, items, max_tokens=cut, k=1, configs=("basm",))
     assert {item.id for item in part.kept} == {i for i, n in lengths.items() if n <= cut}
     assert {p.item_id for p in part.skipped} == {i for i, n in lengths.items() if n > cut}
     assert all(f"{lengths[p.item_id]} tokens > {cut}" in p.reason for p in part.skipped)

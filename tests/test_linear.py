@@ -33,11 +33,14 @@ def _planted(y: np.ndarray, rng: np.random.Generator, d: int = 8, shift: float =
 
 
 def test_one_default_permutation_count_reaches_p_below_001():
+    from probes.analyses.linear import Linear
     from probes.cli.main import build_parser
+    from probes.cli.options import options_from_args
 
     assert ProbeSettings().permutations == DEFAULT_PERMUTATIONS >= 199
+    assert Linear().permutations == DEFAULT_PERMUTATIONS
     args = build_parser().parse_args(["linear"])
-    assert args.permutations == DEFAULT_PERMUTATIONS  # the CLI and the library share one default
+    assert Linear(**options_from_args(args, Linear)).permutations == DEFAULT_PERMUTATIONS  # the CLI and the library share one default
     assert 1 / (1 + DEFAULT_PERMUTATIONS) < 0.01
 
 

@@ -18,11 +18,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from probes.analyses.base import score_record
+from probes.scoring.score import record_rng, score_record
 from probes.data.dataset import load_dataset
 from probes.engine.session import BASELINE, Knockout, ProbeSession, span_positions
 from probes.analyses.knockout import anywhere_control, draw_span, memory_control
-from probes.analyses.base import record_rng
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
 from reference import knockout_masks, masked_eager_forward

@@ -1,7 +1,7 @@
 """The notebooks: committed without outputs, and executed headless (nbclient) on a tiny model.
 
 The parameters cell of every notebook reads ``BASM_MODEL`` / ``BASM_QUICK`` / ``BASM_OUT`` from
-the environment, which the executing kernel inherits.
+the environment, which the executing kernel inherits; results and figures go to ``BASM_OUT/<model>/``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def test_committed_without_outputs(path):
 def test_notebook_executes_on_quick_setting(path, tiny_qwen3_dir, tmp_path, monkeypatch):
     from nbclient import NotebookClient
 
+    from probes.analyses.base import model_label
+
     monkeypatch.setenv("BASM_MODEL", str(tiny_qwen3_dir))
     monkeypatch.setenv("BASM_QUICK", "1")
     monkeypatch.setenv("BASM_OUT", str(tmp_path / "results"))
@@ -50,4 +52,5 @@ def test_notebook_executes_on_quick_setting(path, tiny_qwen3_dir, tmp_path, monk
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
     assert any(o.get("data", {}).get("image/png") for c in nb.cells if c.cell_type == "code" for o in c.outputs), "no figure shown"
-    assert list((tmp_path / "results" / "figures").glob("*.png"))
+    # results are laid out by model: OUT/<model>/figures
+    assert list((tmp_path / "results" / model_label(tiny_qwen3_dir) / "figures").glob("*.png"))

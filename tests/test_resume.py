@@ -11,14 +11,20 @@ import pytest
 import torch
 
 import probes.analyses.base
+from probes.analyses.sweep import Sweep
 from probes.cli.main import main
-from probes.reporting.results import ResultsStore, load_results
+from probes.reporting.results import ResultsConfigMismatch, ResultsStore, load_results
 
 torch.set_num_threads(1)
 
 
 class Interrupted(Exception):
     pass
+
+
+def _sweep(model: Path, out: Path, **options) -> Sweep:
+    return Sweep(**{"model": model, "limit": 1, "buckets": ["T_wrong", "T_ok"], "k_max": 2, "embedder": "lexical", "out": out,
+                    **options})
 
 
 def _args(model: Path, out: Path) -> list[str]:
@@ -32,8 +38,9 @@ def _table(path: Path) -> pd.DataFrame:
 
 def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.set_num_threads(1)
-    assert main(_args(tiny_qwen3_dir, tmp_path / "full")) == 0
-    full = _table(tmp_path / "full" / "sweep.jsonl")
+    result = _sweep(tiny_qwen3_dir, tmp_path / "full").run()
+    assert result.status == 0 and result.out_dir == tmp_path / "full" / tiny_qwen3_dir.name
+    full = _table(result.out_dir / "sweep.jsonl")
     assert len(full) == 2 * 3 * 4  # items × k × configs, one baseline row each
 
     # Kill after 7 prompts have been written, then tear the file's last line as a kill mid-write would.
@@ -48,8 +55,8 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: 
 
     monkeypatch.setattr(ResultsStore, "append", dying_append)
     with pytest.raises(Interrupted):
-        main(_args(tiny_qwen3_dir, tmp_path / "resumed"))
-    path = tmp_path / "resumed" / "sweep.jsonl"
+        _sweep(tiny_qwen3_dir, tmp_path / "resumed").run()
+    path = tmp_path / "resumed" / tiny_qwen3_dir.name / "sweep.jsonl"
     with path.open("a") as handle:
         handle.write('{"key": "torn')
     partial = load_results_lenient(path)
@@ -62,7 +69,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: 
         return real_score(*args, **kwargs)
 
     monkeypatch.setattr(probes.analyses.base, "score_record", counting_score)
-    assert main(_args(tiny_qwen3_dir, tmp_path / "resumed")) == 0
+    assert _sweep(tiny_qwen3_dir, tmp_path / "resumed").run().status == 0
     resumed = _table(path)
     assert resumed["key"].is_unique
     pd.testing.assert_frame_equal(resumed, full)
@@ -72,7 +79,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: 
 
     # A third run finds everything done and scores nothing.
     calls["score"] = 0
-    assert main(_args(tiny_qwen3_dir, tmp_path / "resumed")) == 0
+    assert main(_args(tiny_qwen3_dir, tmp_path / "resumed")) == 0  # the CLI resumes the same results
     assert calls["score"] == 0
     pd.testing.assert_frame_equal(_table(path), full)
 
@@ -90,10 +97,15 @@ def load_results_lenient(path: Path) -> pd.DataFrame:
 
 
 def test_resume_with_other_options_refuses(tiny_qwen3_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    options = {"k_max": 0, "configs": ["base", "basm"]}
+    assert _sweep(tiny_qwen3_dir, tmp_path, **options).run().status == 0
+    with pytest.raises(ResultsConfigMismatch, match="changed: config.margin_variant"):
+        _sweep(tiny_qwen3_dir, tmp_path, margin_variant="path", **options).run()
+    # the CLI refuses the same way: exit status 1 and the change named
     args = _args(tiny_qwen3_dir, tmp_path) + ["--configs", "base,basm"]
     args[args.index("--k-max") + 1] = "0"
-    assert main(args) == 0
     assert main([*args, "--margin-variant", "path"]) == 1
     assert "changed: config.margin_variant" in capsys.readouterr().err
-    assert main([*args, "--margin-variant", "path", "--overwrite"]) == 0
-    assert load_results(tmp_path / "sweep.jsonl").attrs["meta"]["config"]["margin_variant"] == "path"
+    result = _sweep(tiny_qwen3_dir, tmp_path, margin_variant="path", overwrite=True, **options).run()
+    assert result.status == 0
+    assert load_results(result.out_dir / "sweep.jsonl").attrs["meta"]["config"]["margin_variant"] == "path"

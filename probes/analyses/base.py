@@ -38,6 +38,7 @@ from probes.data.retrieval import EMBEDDERS, RetrievalWeights, Retriever, make_e
 from probes.engine.loading import model_fingerprint
 from probes.engine.session import Knockout, ProbeSession
 from probes.prompts.builder import FORMATS, BuildSettings, PromptBuilder
+from probes.prompts.context import SkippedItem, partition_by_context
 from probes.reporting.results import ResultsStore, write_csv
 from probes.scoring.score import DEFAULT_VARIANT, EPSILON, MARGIN_VARIANTS, MARGINS, ROW_FIELDS, score_record
 
@@ -259,6 +260,8 @@ class Analysis:
                                type=int, minimum=1, group="items")
     item_ids: tuple[str, ...] | None = option(None, "keep only these item ids", flag="--item", repeat=True, group="items")
     items: str | None = option(None, "compact item filter BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10", group="items")
+    too_long: str = option("error", "items whose longest prompt (proc/app/basm at k_max) exceeds the model's context: error (stop), "
+                           "or skip them, listed on stderr and recorded in the results header", choices=("error", "skip"), group="items")
     # run
     out: str | Path = option("results", "results folder; each model writes to OUT/<model>/", type=Path)
     overwrite: bool = option(False, "discard existing results instead of resuming", type=bool)
@@ -361,6 +364,7 @@ class RunContext:
     model_path: str
     out_dir: Path
     model_fingerprint: dict[str, str]
+    skipped: tuple[SkippedItem, ...] = ()  # items left out by too_long="skip", with the reason
     _score_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
@@ -388,6 +392,7 @@ class RunContext:
             "items": {"n": len(self.items), "digest": hashlib.sha256(",".join(i.id for i in self.items).encode()).hexdigest()[:16],
                       "bucket": list(a.buckets) if a.buckets else None, "domain": list(a.domains) if a.domains else None,
                       "split": a.split, "limit": a.limit},
+            **({"skipped_too_long": [[s.item_id, s.reason] for s in self.skipped]} if self.skipped else {}),
             **extra,
         }
 
@@ -502,10 +507,21 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
     builder = PromptBuilder(session.tokenizer, dataset, retriever,
                             BuildSettings(k_max=options.k_max, gamma=options.gamma, beta=options.beta), tokenizer_name=str(model))
     builder.warm(items)
+    skipped: tuple[SkippedItem, ...] = ()
+    if options.too_long == "skip":
+        limit = getattr(session.model.config.get_text_config(), "max_position_embeddings", None)
+        if limit is not None:
+            part = partition_by_context(builder, items, max_tokens=limit, k=options.k_max, fmt=options.format)
+            items, skipped = part.kept, part.skipped
+            if skipped:
+                print(f"{analysis.name}: skipped {len(skipped)} items longer than the model's context ({limit} tokens): "
+                      + "; ".join(f"{s.item_id} ({s.reason})" for s in skipped), file=sys.stderr)
+            if not items:
+                raise OptionError(f"every selected item exceeds the model's context ({limit} tokens)")
     model_path = str(Path(str(model)).resolve()) if Path(str(model)).exists() else str(model)
     fingerprint = model_fingerprint(session.model.name_or_path or model, session.tokenizer)  # the folder actually loaded (GGUF: converted)
     out_dir = Path(options.out) / model_label(model)
-    return RunContext(analysis.name, options, session, dataset, items, builder, model_path, out_dir, fingerprint)
+    return RunContext(analysis.name, options, session, dataset, tuple(items), builder, model_path, out_dir, fingerprint, skipped)
 
 
 def provenance(ctx: RunContext, n_items: int | None = None) -> str:

@@ -208,6 +208,36 @@ def _show(args: argparse.Namespace) -> int:
 register("show", "Print one prompt with its procedure and boundary spans highlighted.", _show_arguments, _show)
 
 
+# ---------------------------------------------------------------------------- bfcl-import
+def _bfcl_arguments(parser: argparse.ArgumentParser) -> None:
+    from probes.data.bfcl import CATEGORIES
+
+    parser.add_argument("--out", type=Path, required=True, help="dataset folder to write (loads with --dataset OUT)")
+    parser.add_argument("--bfcl-dir", type=Path, help="BFCL data folder (default: the installed bfcl-eval package's)")
+    parser.add_argument("--categories", default="base,miss_func,miss_param",
+                        help=f"comma-separated multi-turn categories of the probe items (of {','.join(CATEGORIES)})")
+    parser.add_argument("--skill-fraction", type=float, default=0.5, help="share of entries whose trajectories feed skill extraction")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the entry split")
+    parser.add_argument("--max-probe-entries", type=int, help="keep only the first N probe entries (a small sample)")
+
+
+def _bfcl_import(args: argparse.Namespace) -> int:
+    from probes.data.bfcl import BFCLDataError, import_bfcl
+
+    try:
+        report = import_bfcl(out=args.out, bfcl_dir=args.bfcl_dir, categories=[c.strip() for c in args.categories.split(",") if c.strip()],
+                             skill_fraction=args.skill_fraction, seed=args.seed, max_probe_entries=args.max_probe_entries)
+    except BFCLDataError:
+        raise  # missing or malformed BFCL data: reported as a data error
+    except ValueError as error:
+        raise OptionError(str(error)) from error
+    print(report.summary())
+    return 0
+
+
+register("bfcl-import", "Turn the BFCL multi-turn data (bfcl-eval package) into a probe dataset folder.", _bfcl_arguments, _bfcl_import)
+
+
 # ---------------------------------------------------------------------------- probe analyses
 def _analysis_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
     """The flags (derived from the analysis's keyword options) and the runner of ``basm-probes NAME``:

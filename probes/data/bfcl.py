@@ -61,23 +61,19 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from probes.data.bfcl_exec import (
-    API_CLASS_FILES,
     BFCLEnvironment,
     Call,
     is_error_observation,
     load_api_classes,
     parse_call,
 )
-from probes.data.dataset import BUCKETS, Item
+from probes.data.dataset import BUCKETS, DatasetError
 from probes.data.schema import ToolCatalog, build_library, tools_from_json
-
-if TYPE_CHECKING:
-    from probes.prompts.builder import PromptBuilder
 
 CATEGORIES: tuple[str, ...] = ("base", "long_context", "miss_func", "miss_param")
 # BFCL's constants.default_prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC (FC mode).
@@ -100,7 +96,7 @@ SNIPPET_CHARS = 140  # request and error quotes in skill text are cut at a word 
 ERROR_CHARS = 120
 
 
-class BFCLDataError(ValueError):
+class BFCLDataError(DatasetError):
     """The BFCL data are missing or malformed; the message names the file and what to do."""
 
 
@@ -828,54 +824,12 @@ def render_readme(report: ImportReport, *, data_dir: Path, skill_fraction: float
         "* Held-out functions are not shown, so a miss_func T_wrong item's `wrong_tools` is a stand-in (the nearest",
         "  visible tool); its abstention is scored by the call log-odds, not Eq. 1 on the held-out name.",
         "* Skills are lexical templates over trajectories; an LLM extractor (paper's f_ext) would paraphrase.",
-        "* long_context observations are long; use `probes.data.bfcl.partition_by_context` to list the items that",
-        "  exceed a model's context before a run.",
+        "* long_context observations are long; run the analyses with `--too-long skip` (`too_long=\"skip\"`) to skip the",
+        "  items that exceed a model's context: they are listed and recorded (`probes.prompts.context`).",
         "",
     ]
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- context length
-@dataclass(frozen=True)
-class ContextPartition:
-    """Items that fit a model's context and those that do not (with the measured length or error)."""
 
-    kept: tuple[Item, ...]
-    skipped: tuple[SkippedPoint, ...]
-    max_tokens: int
-
-
-def partition_by_context(
-    builder: PromptBuilder, items: Iterable[Item], *, max_tokens: int, k: int, configs: Sequence[str] = ("proc", "app", "basm"), fmt: str = "native"
-) -> ContextPartition:
-    """Split ``items`` into those whose longest prompt fits ``max_tokens`` and those skipped.
-
-    ``builder`` is a :class:`probes.prompts.builder.PromptBuilder` (it carries the tokenizer and the
-    retriever that decides which skills a prompt holds). Each item's prompt is built for every
-    configuration in ``configs`` at depth ``k``; its length is the maximum, plus the longest
-    scored candidate continuation (the engine scores candidates after the prompt). An item whose
-    prompt cannot be built is skipped with the builder's error as the reason.
-    """
-    if max_tokens <= 0:
-        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-    kept: list[Item] = []
-    skipped: list[SkippedPoint] = []
-    for item in items:
-        try:
-            records = [builder.build(item, config, k, fmt) for config in configs]
-        except ValueError as error:
-            skipped.append(SkippedPoint(item.id, f"prompt cannot be built: {error}"))
-            continue
-        length = max(_needed_length(record) for record in records)
-        if length > max_tokens:
-            skipped.append(SkippedPoint(item.id, f"{length} tokens > {max_tokens} (k={k}, {fmt})"))
-        else:
-            kept.append(item)
-    return ContextPartition(tuple(kept), tuple(skipped), max_tokens)
-
-
-def _needed_length(record: Mapping[str, Any]) -> int:
-    """The lengths the engine checks against the context (``ProbeSession.run``): the prompt and,
-    per candidate, its anchor index + its token count."""
-    extents = [candidate["anchor_index"] + len(candidate["token_ids"]) for candidate in record["candidates"]]
-    return max([record["n_tokens"], *extents])
