@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 import torch
 
-from probes.analyses.base import EPSILON, AnalysisError, open_analysis
-from probes.cli.main import build_parser, main
+from probes.analyses.base import AnalysisError, open_context
 from probes.analyses.heads import (
     MATCH_POOL,
     SENSITIVITY_FLOORS,
+    Heads,
     compute,
     matched_random_sets,
     ranking,
@@ -23,13 +23,14 @@ from probes.analyses.heads import (
     top_heads,
 )
 from probes.reporting.results import load_results
+from probes.scoring.score import EPSILON
 
 torch.set_num_threads(1)
 
 # Two items (T_ok, T_wrong) in each of four task groups: two groups per half.
 ITEMS = ["retail-ok-0001", "retail-wrong-0001", "retail-ok-0004", "retail-wrong-0004",
          "retail-ok-0007", "retail-wrong-0007", "retail-ok-0010", "retail-wrong-0010"]
-FAST = ["--embedder", "lexical", "--split", "all", "--dtype", "float32"]
+FAST = {"embedder": "lexical", "split": "all", "dtype": "float32"}
 
 
 @pytest.fixture(autouse=True)
@@ -128,27 +129,29 @@ def test_matched_random_heads_with_few_candidates() -> None:
 
 
 # ---------------------------------------------------------------------------- through the CLI
-def heads_args(tmp_path: Path, *extra: str) -> list[str]:
-    items = [a for item in ITEMS for a in ("--item", item)]
-    return ["heads", *items, "--k", "1", "--top-n", "2", "--random-draws", "2", "--out", str(tmp_path), *FAST, *extra]
+def heads_analysis(tmp_path: Path, **extra) -> Heads:
+    return Heads(**{"item_ids": ITEMS, "k": 1, "top_n": 2, "random_draws": 2, "out": tmp_path, **FAST, **extra})
 
 
 def test_heads_tiny_ranks_and_tests_on_disjoint_halves(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
-    args = heads_args(tmp_path, "--model", str(tiny_qwen3_dir), "--min-span-mass", "0.07")
-    assert main(args) == 0
+    analysis = heads_analysis(tmp_path, model=tiny_qwen3_dir, min_span_mass=0.07)
+    result = analysis.run()
+    assert result.status == 0
+    out = result.out_dir
+    assert out == tmp_path / tiny_qwen3_dir.name
     for name in ("fig08_head_heatmap", "fig09_candidate_heads"):
         for suffix in (".png", ".pdf"):
-            assert (tmp_path / "figures" / f"{name}{suffix}").stat().st_size > 5000
-    attention = load_results(tmp_path / "heads.jsonl")
+            assert (out / "figures" / f"{name}{suffix}").stat().st_size > 5000
+    attention = load_results(out / "heads.jsonl")
     assert np.array(attention["alpha_boundary_heads"].iloc[0]).shape == (2, 4) and set(attention["item_id"]) == set(ITEMS)
     # Resumes from the rows written above (nothing is rescored): the summary holds the halves.
-    summary = compute(open_analysis(build_parser().parse_args(args), "heads"))
+    summary = compute(open_context(analysis))
     rows = summary.rows
     rank_items = set(rows.loc[rows["half"] == "rank", "item_id"])
     rank_groups = set(rows.loc[rows["half"] == "rank", "task_group"])
     assert len(rank_groups) == 2 and rows.groupby("task_group")["half"].nunique().eq(1).all()
 
-    causal = load_results(tmp_path / "heads_causal.jsonl")
+    causal = load_results(out / "heads_causal.jsonl")
     assert set(causal["bucket"]) == {"T_wrong"} and set(causal["item_id"]).isdisjoint(rank_items)
     assert set(causal["task_group"]).isdisjoint(rank_groups) and len(set(causal["task_group"])) == 2
     assert set(summary.causal_rows["half"]) == {"test"}
@@ -163,7 +166,7 @@ def test_heads_tiny_ranks_and_tests_on_disjoint_halves(tiny_qwen3_dir: Path, tmp
     assert set(causal["condition"]) == {"baseline", *sets} and len(set(map(tuple, sets.values()))) == len(sets)
     assert sorted(config["test_groups"]) == sorted(set(causal["task_group"]))
 
-    table = pd.read_csv(tmp_path / "heads_causal_summary.csv")
+    table = pd.read_csv(out / "heads_causal_summary.csv")
     assert list(table["selection"]) == ["top-2", "random-2 #0", "random-2 #1", "random-2", "top-2 − random-2"]
     assert table.loc[:3, "span_mass"].notna().all()
 
@@ -175,7 +178,7 @@ def test_heads_tiny_ranks_and_tests_on_disjoint_halves(tiny_qwen3_dir: Path, tmp
     expected = per_item.groupby(groups).mean().mean()
     assert abs(table.iloc[-1]["value"] - expected) <= 1e-9
 
-    sensitivity = pd.read_csv(tmp_path / "heads_sensitivity.csv")
+    sensitivity = pd.read_csv(out / "heads_sensitivity.csv")
     floors = sorted({*SENSITIVITY_FLOORS, 0.07})
     assert list(sensitivity["floor"]) == floors and len(sensitivity) == len(floors)
     assert list(sensitivity.loc[sensitivity["chosen"], "floor"]) == [0.07]
@@ -187,22 +190,22 @@ def test_heads_tiny_ranks_and_tests_on_disjoint_halves(tiny_qwen3_dir: Path, tmp
 
 def test_heads_tiny_without_a_test_half_says_so(tiny_qwen3_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """One task group: ranking only; the causal check is reported as not run, never silently empty."""
-    args = ["heads", "--model", str(tiny_qwen3_dir), "--item", "retail-ok-0001", "--item", "retail-wrong-0001", "--k", "1",
-            "--top-n", "2", "--out", str(tmp_path), "--no-figure", *FAST]
-    assert main(args) == 0
+    result = Heads(model=tiny_qwen3_dir, item_ids=["retail-ok-0001", "retail-wrong-0001"], k=1, top_n=2, out=tmp_path,
+                   figure=False, **FAST).run()
+    assert result.status == 0 and result.figures == []
     assert "causal check not run: no T_wrong item in the test half" in capsys.readouterr().out
-    assert not (tmp_path / "heads_causal.jsonl").exists()
-    sensitivity = pd.read_csv(tmp_path / "heads_sensitivity.csv")
+    assert not (result.out_dir / "heads_causal.jsonl").exists()
+    sensitivity = pd.read_csv(result.out_dir / "heads_sensitivity.csv")
     assert len(sensitivity) == len(SENSITIVITY_FLOORS) and sensitivity["value"].isna().all()
 
 
 def test_organism_heads_claim_uses_the_split_and_matched_heads(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
-    from probes.organism.validate import analysis_for, heads_claim
+    from probes.organism.validate import context_for, heads_claim
 
-    analysis = analysis_for("heads", heads_args(tmp_path, "--model", str(tiny_qwen3_dir))[1:], None)
-    claim, rank = heads_claim(analysis, 2, 2, 0)
-    causal = load_results(tmp_path / "heads_causal.jsonl")
-    _, test_groups = split_groups(it.task_group for it in analysis.items)
+    ctx = context_for(heads_analysis(tmp_path, model=tiny_qwen3_dir), None)
+    claim, rank = heads_claim(ctx, 2, 2, 0)
+    causal = load_results(ctx.out_dir / "heads_causal.jsonl")
+    _, test_groups = split_groups(it.task_group for it in ctx.items)
     assert set(causal["task_group"]) == test_groups and claim.n_records == causal["item_id"].nunique() == 2
     assert set(causal.attrs["meta"]["config"]["selections"]) == {"top-2", "random-2 #0", "random-2 #1"}
     assert bool(rank["ranked"].iloc[0]) and np.isfinite(claim.estimate.value)

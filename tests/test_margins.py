@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from probes.data.dataset import ABSTAIN
+from probes.engine.logits import NonFiniteLogitsError, entropy
 from probes.scoring.margins import (
     CandidateInfo,
-    NonFiniteLogitsError,
     broad_margin,
     call_logodds,
     correct_margin,
-    entropy,
     first_token_margin,
     path_margin,
     tool_choice_margin,

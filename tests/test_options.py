@@ -1,10 +1,12 @@
-"""Options reach what they configure; small runs keep several task groups; one task group shows
-"no CI" instead of a zero-width interval; report fails loudly."""
+"""Options reach what they configure (Python keywords, CLI flags, the TOML options file, report);
+bad options are precise errors; small runs keep several task groups; one task group shows "no CI"
+instead of a zero-width interval; report fails loudly."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import dataclasses
+import json
 import math
 import sys
 from collections import Counter
@@ -16,13 +18,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import probes.analyses.base
-import probes.engine.session
+import probes.analyses
+import probes.analyses.base as base
 import probes.analyses.report as report
-from probes.reporting import plots
-from probes.analyses.base import QUICK, AnalysisError, ReportSection, bootstrap_ratio, no_ci_note, resolve_options, summarise
-from probes.cli.main import COMMANDS, main, select_items
+import probes.engine.session
+from probes.analyses import ANALYSES, REGISTRY
+from probes.analyses.base import QUICK, Analysis, AnalysisError, OptionError, ReportSection, option_fields, select_items
+from probes.analyses.report import IF_GIVEN, Report
+from probes.cli.main import build_parser, main
+from probes.cli.options import flag_of, options_from_file
 from probes.data.dataset import BUCKETS, DEFAULT_DATASET_DIR, load_dataset, spread_limit
+from probes.reporting import plots
+from probes.scoring.stats import bootstrap_ratio, no_ci_note, summarise
+
+CLASSES = {name: probes.analyses.get(name) for name in REGISTRY}
+SHARED = [f.name for f in option_fields(Analysis)]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +40,416 @@ def dataset():
     return load_dataset()
 
 
-# ---------------------------------------------------------------------------- --limit and --quick
+# ---------------------------------------------------------------------------- invented option values
+# Values for options whose value the generic rule below cannot invent (all differ from every default).
+EXPLICIT: dict[str, Any] = {
+    "model": "x-model",
+    "device": "cuda:1",
+    "device_map": "auto",
+    "items": "T_ok:retail:3",
+    "item_ids": ("retail-ok-0001", "retail-wrong-0001"),
+    "domains": ("retail", "travel"),
+}
+
+
+def _field(cls: type[Analysis], name: str) -> dataclasses.Field:
+    return next(f for f in option_fields(cls) if f.name == name)
+
+
+def _invent(cls: type[Analysis], f: dataclasses.Field, tmp_path: Path) -> Any:
+    """A valid value of option ``f`` of ``cls`` different from its default (fails on one it cannot invent)."""
+    meta, default = f.metadata, f.default
+    if f.name in EXPLICIT:
+        value = EXPLICIT[f.name]
+    elif meta["type"] is bool:
+        value = not default
+    elif meta["names"] is not None:  # two names, in an order no default has
+        value = (meta["names"][-1], meta["names"][0])
+    elif meta["repeat"] and meta["choices"] is not None:
+        value = (meta["choices"][-1], meta["choices"][0])
+    elif meta["choices"] is not None:
+        value = next(c for c in meta["choices"] if c != default)
+    elif meta["type"] is int:
+        value = (default or 0) + 1
+    elif meta["type"] is float:
+        value = (default or 0.0) + 0.25
+    elif meta["type"] is Path:
+        value = str(tmp_path / f"x-{f.name}")
+    else:
+        raise AssertionError(f"{cls.name}: no test value for option {f.name}; add one to EXPLICIT")
+    assert value != default, (cls.name, f.name)
+    return value
+
+
+def _values(cls: type[Analysis], tmp_path: Path, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {f.name: _invent(cls, f, tmp_path) for f in option_fields(cls) if f.name not in skip}
+
+
+def _argv(cls: type[Analysis], values: dict[str, Any]) -> list[str]:
+    """The CLI flags giving ``values`` (repeat options as repeated flags, names comma-separated)."""
+    argv: list[str] = []
+    for name, value in values.items():
+        f = _field(cls, name)
+        flag = flag_of(f)
+        if f.metadata["type"] is bool:
+            assert value != f.default
+            argv.append(flag)
+        elif f.metadata["repeat"]:
+            for v in value:
+                argv += [flag, v]
+        elif f.metadata["names"] is not None:
+            argv += [flag, ",".join(value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a JSON string is a TOML basic string
+
+
+def _toml(path: Path, table: dict[str, Any]) -> Path:
+    path.write_text("".join(f"{key} = {_toml_value(value)}\n" for key, value in table.items()))
+    return path
+
+
+def _options(analysis: Analysis) -> dict[str, Any]:
+    return {f.name: getattr(analysis, f.name) for f in option_fields(type(analysis))}
+
+
+# ---------------------------------------------------------------------------- capturing the pipeline
+class _Captured(Exception):
+    """Raised by the patched pipeline once it has received the analysis (nothing is loaded)."""
+
+
+def _capture_analysis(monkeypatch) -> list[tuple[Analysis, Any]]:
+    """Every analysis entering the pipeline: ``open_context`` (analyses) or ``open_session`` (report)."""
+    seen: list[tuple[Analysis, Any]] = []
+
+    def context(analysis, session=None):
+        seen.append((analysis, session))
+        raise _Captured
+
+    def session(options, model):
+        seen.append((options, model))
+        raise _Captured
+
+    monkeypatch.setattr(base, "open_context", context)
+    monkeypatch.setattr(report, "open_session", session)
+    return seen
+
+
+class _Loaded(Exception):
+    """Raised by the patched ProbeSession instead of loading a model."""
+
+
+def _capture_session(monkeypatch) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def init(self, model_or_dir, **kwargs):
+        seen.update(kwargs, model=str(model_or_dir))
+        raise _Loaded
+
+    monkeypatch.setattr(probes.engine.session.ProbeSession, "__init__", init)
+    return seen
+
+
+# ---------------------------------------------------------------------------- every option arrives
+def test_every_analysis_has_every_shared_option_and_a_flag_for_each() -> None:
+    assert set(REGISTRY) == {*ANALYSES, "report"}
+    assert set(ANALYSES) == {"sweep", "ratios", "suppression", "knockout", "heads", "linear", "calls", "paired"}
+    for name, cls in CLASSES.items():
+        assert cls.name == name and issubclass(cls, Analysis)
+        assert set(SHARED) <= {f.name for f in option_fields(cls)}, name
+        commands = next(a for a in build_parser(name)._actions if isinstance(a, argparse._SubParsersAction))
+        parser = commands.choices[name]
+        flags = {s for action in parser._actions for s in action.option_strings}
+        for f in option_fields(cls):
+            assert flag_of(f) in flags, (name, f.name)
+        assert "--options-file" in flags
+
+
+@pytest.mark.parametrize("entry", ["python", "cli", "options-file"])
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_option_reaches_the_analysis(name: str, entry: str, monkeypatch, tmp_path) -> None:
+    cls = CLASSES[name]
+    values = _values(cls, tmp_path)
+    seen = _capture_analysis(monkeypatch)
+    with pytest.raises(_Captured):
+        if entry == "python":
+            probes.analyses.run(name, **values)
+        elif entry == "cli":
+            main([name, *_argv(cls, values)])
+        else:  # keys as field names and as flag names, alternately
+            table = {(f.name if n % 2 else flag_of(f).lstrip("-")): values[f.name] for n, f in enumerate(option_fields(cls))}
+            table = {key: (not value if key.startswith("no-") else value) for key, value in table.items()}  # no-figure = true
+            main([name, "--options-file", str(_toml(tmp_path / "options.toml", table))])
+    (analysis, _), = seen
+    assert type(analysis) is cls
+    got = _options(analysis)
+    for option, value in values.items():
+        assert got[option] == value, f"{name} ({entry}): option {option} arrives as {got[option]!r}, given {value!r}"
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_session_options_reach_the_session(name: str, monkeypatch, tmp_path) -> None:
+    seen = _capture_session(monkeypatch)
+    # the invented filter values select nothing in the real dataset, and the items are checked before the model
+    dataset = base._dataset(str(DEFAULT_DATASET_DIR))
+    monkeypatch.setattr(base, "_dataset", lambda root: dataset)
+    monkeypatch.setattr(base, "select_items", lambda dataset, options: dataset.items[:1])
+    cls = CLASSES[name]
+    with pytest.raises(_Loaded):
+        main([name, *_argv(cls, _values(cls, tmp_path))])
+    assert seen == {"model": "x-model", "dtype": "bfloat16", "device": "cuda:1", "device_map": "auto",
+                    "allow_pickle": True, "trust_remote_code": True}
+
+
+def test_session_options_reach_the_session_from_python(monkeypatch) -> None:
+    seen = _capture_session(monkeypatch)
+    with pytest.raises(_Loaded):
+        base.open_session(CLASSES["sweep"](dtype="float16", device="cuda:0", device_map="balanced", allow_pickle=True,
+                                           trust_remote_code=True), "m")
+    assert seen == {"model": "m", "dtype": "float16", "device": "cuda:0", "device_map": "balanced",
+                    "allow_pickle": True, "trust_remote_code": True}
+
+
+# ---------------------------------------------------------------------------- report forwards
+def _patch_report(monkeypatch) -> tuple[list[tuple[Analysis, Any]], object]:
+    """Report runs on a stand-in session; every analysis it opens is captured (and fails, so the run goes on)."""
+    session = object()
+    opened: list[tuple[Analysis, Any]] = []
+
+    def context(analysis, given_session=None):
+        opened.append((analysis, given_session))
+        raise AnalysisError("captured")
+
+    monkeypatch.setattr(report, "open_session", lambda options, model: session)
+    monkeypatch.setattr(report, "open_context", context)
+    return opened, session
+
+
+@pytest.mark.parametrize("entry", ["python", "cli"])
+@pytest.mark.parametrize("given", [True, False], ids=["k_max-buckets-given", "not-given"])
+def test_report_forwards_every_shared_option_to_every_analysis(given: bool, entry: str, monkeypatch, tmp_path) -> None:
+    options = _values(Report, tmp_path, skip=("analyses", "figures_dir") + (() if given else IF_GIVEN))
+    options["analyses"] = ANALYSES
+    options["out"] = str(tmp_path / "out")
+    opened, session = _patch_report(monkeypatch)
+    if entry == "python":
+        assert Report(**options).run().status == 1  # every analysis "failed" (captured)
+    else:
+        assert main(["report", *_argv(Report, options)]) == 1
+    assert [type(a).name for a, _ in opened] == list(ANALYSES)
+    for analysis, given_session in opened:
+        name = type(analysis).name
+        assert given_session is session, name  # one session, loaded once, shared
+        for option in SHARED:
+            if option in options:
+                assert getattr(analysis, option) == options[option], f"report does not forward {option} to {name}"
+            else:  # k_max / buckets not given to the report: the analysis keeps its own default
+                assert option in IF_GIVEN
+                assert getattr(analysis, option) == _field(type(analysis), option).default, f"{name}: {option}"
+        for f in option_fields(type(analysis)):  # its own options keep its own defaults
+            if f.name not in SHARED:
+                assert getattr(analysis, f.name) == f.default, f"{name}: {f.name}"
+    assert (tmp_path / "out" / "x-model" / "report.md").is_file()
+
+
+def test_report_options_file_does_not_override_explicit_flags(monkeypatch, tmp_path) -> None:
+    toml = _toml(tmp_path / "run.toml", {"k-max": 1, "seed": 5, "bucket": ["T_ok"]})
+    opened, _ = _patch_report(monkeypatch)
+    assert main(["report", "--model", "m", "--analyses", "sweep,heads", "--options-file", str(toml), "--k-max", "3",
+                 "--out", str(tmp_path)]) == 1
+    sweep, heads = (a for a, _ in opened)
+    assert (sweep.k_max, sweep.seed, sweep.buckets) == (3, 5, ("T_ok",))  # sweep's default K is 4: the flag wins, the file fills the rest
+    assert (heads.k_max, heads.seed, heads.buckets) == (3, 5, ("T_ok",))
+
+
+# ---------------------------------------------------------------------------- the options file
+def test_options_file_accepts_field_and_flag_names(tmp_path) -> None:
+    path = _toml(tmp_path / "o.toml", {"k-max": 1, "margin_variant": "path", "bucket": ["T_ok", "T_wrong"], "item": "retail-ok-0001",
+                                       "no-figure": True, "configs": ["basm", "proc"], "dataset": "d", "gamma": 1})
+    assert options_from_file(path, CLASSES["sweep"]) == {
+        "k_max": 1, "margin_variant": "path", "buckets": ("T_ok", "T_wrong"), "item_ids": ("retail-ok-0001",),
+        "figure": False, "configs": ("basm", "proc"), "dataset": "d", "gamma": 1}
+    assert options_from_file(_toml(tmp_path / "f.toml", {"figure": False, "no-causal": True}), CLASSES["heads"]) == {
+        "figure": False, "causal": False}
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"k_max": "two"}, "option 'k_max' (--k-max) must be an integer, got 'two'"),
+    ({"k-max": True}, "option 'k_max' (--k-max) must be an integer, got True"),
+    ({"seed": 1.5}, "option 'seed' (--seed) must be an integer, got 1.5"),
+    ({"k_max": -1}, "option 'k_max' (--k-max) must be ≥ 0, got -1"),
+    ({"gamma": "high"}, "option 'gamma' (--gamma) must be a number, got 'high'"),
+    ({"figure": "no"}, "option 'figure' (--no-figure) must be true or false, got 'no'"),
+    ({"no-figure": "yes"}, "option 'figure' (--no-figure) must be true or false, got 'yes'"),
+    ({"dtype": "fp8"}, "option 'dtype' (--dtype) must be one of float32, bfloat16, float16, auto, got 'fp8'"),
+    ({"configs": ["basm", "nope"]}, "option 'configs' (--configs): unknown ['nope']"),
+    ({"bucket": ["T_bad"]}, "option 'buckets' (--bucket): unknown ['T_bad']"),
+    ({"item_ids": [1]}, "option 'item_ids' (--item) must be a list of strings, got [1]"),
+    ({"device": 0}, "option 'device' (--device) must be a string, got 0"),
+    ({"out": 3}, "option 'out' (--out) must be a path, got 3"),
+])
+def test_options_file_types_are_checked(table: dict[str, Any], message: str, tmp_path) -> None:
+    path = _toml(tmp_path / "bad.toml", table)
+    with pytest.raises(OptionError) as error:
+        options_from_file(path, CLASSES["sweep"])
+    assert str(error.value).startswith(f"{path}: sweep: {message}"), str(error.value)
+
+
+@pytest.mark.parametrize("key", ["kmax", "top_n", "analyses", "config", "options_file"])
+def test_options_file_rejects_unknown_keys(key: str, tmp_path) -> None:
+    path = _toml(tmp_path / "bad.toml", {"seed": 1, key: 1})
+    with pytest.raises(OptionError) as error:
+        options_from_file(path, CLASSES["sweep"])
+    assert str(error.value).startswith(f"{path}: unknown option '{key}' for sweep; known: model, "), str(error.value)
+
+
+def test_options_file_errors_are_usage_errors_on_the_command_line(tmp_path, capsys) -> None:
+    bad = _toml(tmp_path / "bad.toml", {"k_max": "two"})
+    assert main(["sweep", "--options-file", str(bad)]) == 2
+    assert "option 'k_max' (--k-max) must be an integer, got 'two'" in capsys.readouterr().err
+    assert main(["sweep", "--options-file", str(_toml(tmp_path / "u.toml", {"kmax": 1}))]) == 2
+    assert "unknown option 'kmax' for sweep" in capsys.readouterr().err
+    (tmp_path / "broken.toml").write_text("k_max = = 1\n")
+    assert main(["sweep", "--options-file", str(tmp_path / "broken.toml")]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+    assert main(["sweep", "--options-file", str(tmp_path / "missing.toml")]) == 2
+    assert "cannot read it" in capsys.readouterr().err
+
+
+def test_flags_win_over_the_options_file(monkeypatch, tmp_path) -> None:
+    seen = _capture_analysis(monkeypatch)
+    toml = _toml(tmp_path / "o.toml", {"k_max": 1, "seed": 5, "bucket": ["T_ok"], "no-figure": True, "configs": ["proc"],
+                                       "controls": True})
+    with pytest.raises(_Captured):
+        main(["sweep", "--options-file", str(toml), "--k-max", "3", "--bucket", "T_repair", "--configs", "basm,base"])
+    (sweep, _), = seen
+    assert (sweep.k_max, sweep.buckets, sweep.configs) == (3, ("T_repair",), ("basm", "base"))  # flags win (lists replaced)
+    assert (sweep.seed, sweep.figure, sweep.controls) == (5, False, True)  # the file fills the rest
+    assert sweep.limit is None and sweep.margin_variant == "tool_choice"  # neither: the class defaults
+
+
+def test_flags_not_given_keep_the_class_defaults(monkeypatch) -> None:
+    seen = _capture_analysis(monkeypatch)
+    for name, cls in CLASSES.items():
+        with pytest.raises(_Captured):
+            main([name])
+        analysis, _ = seen.pop()
+        assert analysis == cls(), name  # exactly what Python's defaults give (e.g. sweep's K = 4, report's None)
+
+
+# ---------------------------------------------------------------------------- option validation
+def _wrong(f: dataclasses.Field) -> tuple[Any, str]:
+    meta = f.metadata
+    if meta["repeat"] or meta["names"] is not None:
+        return [3], "must be a list of strings, got [3]"
+    if meta["type"] is bool:
+        return "yes", "must be true or false, got 'yes'"
+    if meta["type"] is int:
+        return "2", "must be an integer, got '2'"
+    if meta["type"] is float:
+        return "x", "must be a number, got 'x'"
+    if meta["type"] is Path:
+        return 3, "must be a path, got 3"
+    return 3, "must be a string, got 3"
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_a_wrong_type_is_an_option_error_naming_the_option(name: str) -> None:
+    cls = CLASSES[name]
+    for f in option_fields(cls):
+        value, message = _wrong(f)
+        with pytest.raises(OptionError) as error:
+            cls(**{f.name: value})
+        assert str(error.value) == f"{name}: option {f.name!r} ({flag_of(f)}) {message}"
+
+
+@pytest.mark.parametrize(("name", "options", "message"), [
+    ("sweep", {"configs": ["basm", "nope"]}, "sweep: option 'configs' (--configs): unknown ['nope']; known: base, proc, "),
+    ("ratios", {"configs": "proc-skill"}, "ratios: option 'configs' (--configs): unknown ['proc-skill']"),
+    ("linear", {"configs": ("base", "BASM")}, "linear: option 'configs' (--configs): unknown ['BASM']"),
+    ("report", {"analyses": ["sweep", "report"]}, "report: option 'analyses' (--analyses): unknown ['report']"),
+    ("knockout", {"buckets": ["T_wrong", "wrong"]}, "knockout: option 'buckets' (--bucket): unknown ['wrong']"),
+    ("sweep", {"k_max": -1}, "sweep: option 'k_max' (--k-max) must be ≥ 0, got -1"),
+    ("sweep", {"limit": 0}, "sweep: option 'limit' (--limit) must be ≥ 1, got 0"),
+    ("sweep", {"k_max": 1.0}, "sweep: option 'k_max' (--k-max) must be an integer, got 1.0"),
+    ("sweep", {"seed": None}, "sweep: option 'seed' (--seed) must not be None (default: 0)"),
+    ("calls", {"format": "json"}, "calls: option 'format' (--format) must be one of native, prompted, got 'json'"),
+    ("knockout", {"random_pool": "everything"}, "knockout: option 'random_pool' (--random-pool) must be one of "),
+])
+def test_option_errors_name_the_option(name: str, options: dict[str, Any], message: str, monkeypatch) -> None:
+    _capture_session(monkeypatch)  # a bad option stops before any model is loaded
+    with pytest.raises(OptionError) as error:
+        probes.analyses.run(name, **options)
+    assert str(error.value).startswith(message)
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_it() -> None:
+    with pytest.raises(TypeError, match="kmax"):
+        probes.analyses.run("sweep", kmax=2)
+
+
+def test_an_unknown_config_name_on_the_command_line_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as code:
+        main(["sweep", "--configs", "basm,nope"])
+    assert code.value.code == 2
+    assert "--configs: unknown configs ['nope']; known: base, proc, " in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- quick and items
+def test_quick_caps_limit_depth_and_draws() -> None:
+    sweep, knockout, heads = CLASSES["sweep"], CLASSES["knockout"], CLASSES["heads"]
+    assert (sweep(quick=True).resolved().limit, sweep(quick=True).resolved().k_max) == (QUICK["limit"], QUICK["k_max"])
+    assert sweep(quick=True, k_max=1).resolved().k_max == 1  # below the cap: kept
+    assert sweep(quick=True, limit=2).resolved().limit == 2  # an explicit limit wins
+    assert (sweep().resolved().limit, sweep().resolved().k_max) == (None, 4)  # no quick: nothing changes
+    assert knockout(quick=True).resolved().random_draws == QUICK["random_draws"] < knockout().random_draws
+    assert heads(quick=True, random_draws=1).resolved().random_draws == 1
+    assert Report(quick=True).resolved().k_max == QUICK["k_max"]  # report's "each analysis's own" under quick
+    assert CLASSES["ratios"](quick=True).resolved().k_max == min(Analysis.k_max, QUICK["k_max"])
+
+
+def test_items_sets_buckets_domains_and_limit() -> None:
+    sweep = CLASSES["sweep"]
+    a = sweep(items="T_ok:retail:3", buckets=["T_wrong"], domains=["travel"], limit=9).resolved()
+    assert (a.buckets, a.domains, a.limit) == (("T_ok",), ("retail",), 3)
+    a = sweep(items="retail").resolved()
+    assert (a.buckets, a.domains, a.limit) == (("T_wrong",), ("retail",), None)  # sweep's own buckets kept
+    a = sweep(items="7:T_repair:T_ok", quick=True).resolved()
+    assert (a.buckets, a.domains, a.limit, a.k_max) == (("T_repair", "T_ok"), None, 7, QUICK["k_max"])  # items' count beats quick's
+    given = sweep(items="T_ok:3", quick=True)
+    assert given.resolved() is not given and (given.buckets, given.limit, given.k_max) == (("T_wrong",), None, 4)  # as given
+
+
+def test_the_pipeline_selects_items_with_the_resolved_options(monkeypatch) -> None:
+    seen = []
+
+    def select(dataset, options):
+        seen.append(options)
+        raise _Captured
+
+    monkeypatch.setattr(base, "select_items", select)
+    with pytest.raises(_Captured):
+        main(["sweep", "--quick", "--items", "T_ok:retail:3", "--k-max", "3"])
+    (options,) = seen
+    assert (options.buckets, options.domains, options.limit, options.k_max, options.quick) == (("T_ok",), ("retail",), 3, 2, True)
+
+
+def test_an_unknown_domain_in_items_is_an_option_error(capsys) -> None:
+    assert main(["sweep", "--items", "T_ok:retial:3"]) == 2
+    assert "items T_ok:retial:3: 'retial' is not a bucket" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- limit and quick select groups
 def test_limit_spreads_over_task_groups(dataset) -> None:
     eval_items = dataset.select(split="eval")
     chosen = dataset.select(split="eval", limit_per_bucket=5, spread=True)
@@ -52,19 +471,20 @@ def test_limit_cycles_through_groups_when_larger_than_groups() -> None:
 
 
 def test_every_analysis_selects_items_through_the_spread_limit(dataset) -> None:
-    for name in ("sweep", "ratios", "suppression", "knockout", "heads", "linear", "calls", "paired"):
-        args = _parse(name, ["--limit", "2"])
-        items = select_items(dataset, resolve_options(args))
+    for name in ANALYSES:
+        items = select_items(dataset, CLASSES[name](limit=2).resolved())
         per_bucket = Counter(i.bucket for i in items)
+        assert per_bucket, name
         for bucket in per_bucket:
+            assert per_bucket[bucket] == 2, (name, bucket)
             assert len({i.task_group for i in items if i.bucket == bucket}) == 2, (name, bucket)
 
 
 def test_quick_keeps_four_task_groups_per_bucket(dataset) -> None:
     assert QUICK["limit"] >= 4
     for name in ("sweep", "report"):
-        args = resolve_options(_parse(name, ["--quick", "--bucket", "T_ok", "--bucket", "T_wrong", "--bucket", "T_repair"]))
-        items = select_items(dataset, args)
+        options = CLASSES[name](quick=True, buckets=["T_ok", "T_wrong", "T_repair"]).resolved()
+        items = select_items(dataset, options)
         for bucket in BUCKETS:
             groups = {i.task_group for i in items if i.bucket == bucket}
             assert len(groups) >= 4, (name, bucket, groups)
@@ -135,180 +555,63 @@ def test_line_and_error_bar_figures_say_no_ci() -> None:
 
 
 # ---------------------------------------------------------------------------- report fails loudly
-def test_report_with_an_unimportable_analysis_is_an_error(monkeypatch, tmp_path, capsys) -> None:
-    args = _parse("report", ["--model", "m", "--analyses", "sweep,calls", "--out", str(tmp_path)])
-    monkeypatch.setitem(sys.modules, "probes.analyses.calls", None)  # `import probes.analyses.calls` raises ImportError
-    monkeypatch.setattr(report, "open_session", _no_session)
-    code = report.run(args)
-    assert code != 0
-    assert "cannot import probes.analyses.calls" in capsys.readouterr().err
-    assert not (tmp_path / "report.md").exists()
-
-
-def test_report_section_error_is_printed_and_fails(monkeypatch, tmp_path, capsys) -> None:
-    import probes.analyses.sweep
-
-    def boom(analysis, figures_dir):
-        raise AnalysisError("boom: no rows")
-
-    analysis = SimpleNamespace(builder=SimpleNamespace(retriever=SimpleNamespace(embedder=SimpleNamespace(name="e"))))
-    monkeypatch.setattr(report, "open_session", lambda args, model: object())
-    monkeypatch.setattr(report, "open_analysis", lambda args, name, session: analysis)
-    monkeypatch.setattr(report, "provenance", lambda analysis: "")
-    monkeypatch.setattr(probes.analyses.sweep, "report_section", boom)
-    monkeypatch.setattr(importlib.import_module("probes.analyses.ratios"), "report_section",
-                        lambda a, d: ReportSection("ratios", "Ratios", [], "body"))
-    code = main(["report", "--model", "m", "--analyses", "sweep,ratios", "--out", str(tmp_path)])
-    assert code == 1
-    assert "sweep failed: boom: no rows" in capsys.readouterr().err
-    text = (tmp_path / "report.md").read_text()
-    assert "## Failed" in text and "boom: no rows" in text and "## Ratios" in text
-
-
-def _no_session(args, model):
+def _no_session(options, model):
     raise AssertionError("the model must not be loaded")
 
 
-# ---------------------------------------------------------------------------- every option arrives
-# Values for options whose type the generic rule below cannot invent.
-EXPLICIT: dict[str, list[str]] = {
-    "k_max": ["1"],  # below --quick's cap, so it survives it
-    "configs": ["basm,proc"],
-    "analyses": ["sweep"],
-    "items": ["T_ok:retail:3"],
-    "item_ids": ["retail-ok-0001"],
-    "layer_window": ["2"],
-}
+def test_report_with_an_unimportable_analysis_is_an_error(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "probes.analyses.calls", None)  # `import probes.analyses.calls` raises ImportError
+    monkeypatch.setattr(report, "open_session", _no_session)
+    with pytest.raises(AnalysisError, match="cannot import the calls analysis"):
+        Report(model="m", analyses=["sweep", "calls"], out=tmp_path).run()
+    capsys.readouterr()
+    code = main(["report", "--model", "m", "--analyses", "sweep,calls", "--out", str(tmp_path)])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "cannot import the calls analysis" in err and "probes.analyses.calls" in err
+    assert not list(tmp_path.rglob("report.md"))
 
 
-def _parser(name: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=name)
-    COMMANDS[name].add_arguments(parser)
-    return parser
+def test_report_section_error_is_printed_and_fails(monkeypatch, tmp_path, capsys) -> None:
+    sweep, ratios = CLASSES["sweep"], CLASSES["ratios"]
+
+    def boom(self, ctx):
+        raise AnalysisError("boom: no rows")
+
+    ctx = SimpleNamespace(builder=SimpleNamespace(retriever=SimpleNamespace(embedder=SimpleNamespace(name="e"))),
+                          out_dir=tmp_path / "m")
+    monkeypatch.setattr(report, "open_session", lambda options, model: object())
+    monkeypatch.setattr(report, "open_context", lambda analysis, session: ctx)
+    monkeypatch.setattr(report, "provenance", lambda ctx: "")
+    monkeypatch.setattr(sweep, "collect", boom)
+    monkeypatch.setattr(ratios, "collect", lambda self, ctx: pd.DataFrame())
+    monkeypatch.setattr(ratios, "summarise", lambda self, ctx, rows: None)
+    monkeypatch.setattr(ratios, "tables", lambda self, summary: {})
+    monkeypatch.setattr(ratios, "figures", lambda self, summary, out_dir: [])
+    monkeypatch.setattr(ratios, "section", lambda self, ctx, summary, figures: ReportSection("ratios", "Ratios", [], "body"))
+    code = main(["report", "--model", "m", "--analyses", "sweep,ratios", "--out", str(tmp_path)])
+    assert code == 1
+    assert "sweep failed: boom: no rows" in capsys.readouterr().err
+    text = (tmp_path / "m" / "report.md").read_text()
+    assert "## Failed" in text and "boom: no rows" in text and "## Ratios" in text
 
 
-def _parse(name: str, argv: list[str]) -> argparse.Namespace:
-    return _parser(name).parse_args(argv)
-
-
-def _non_default_argv(parser: argparse.ArgumentParser, tmp_path: Path, skip: set[str] = frozenset()) -> list[str]:
-    """A value different from the default for every option of ``parser`` (fails on one it cannot invent)."""
-    argv: list[str] = []
-    for action in parser._actions:
-        if action.dest in ("help", *skip) or not action.option_strings:
-            continue
-        flag = action.option_strings[-1]
-        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
-            argv.append(flag)
-            continue
-        if action.dest in EXPLICIT:
-            values = EXPLICIT[action.dest]
-        elif action.choices:
-            default = action.default if isinstance(action.default, list) else [action.default]
-            values = [next(str(c) for c in action.choices if c not in default)]
-        elif action.type is int:
-            values = [str((action.default or 0) + 1)]
-        elif action.type is float:
-            values = [str((action.default or 0.0) + 0.25)]
-        elif action.type is Path:
-            path = tmp_path / action.dest
-            if action.dest == "config_file":
-                path = tmp_path / "options.toml"
-                path.write_text("")
-            values = [str(path)]
-        elif action.type is None and action.nargs is None:
-            values = {"dtype": "bfloat16", "device": "cuda:1", "device_map": "auto"}.get(action.dest, f"x-{action.dest}")
-            values = [values]
-        else:
-            raise AssertionError(f"{parser.prog}: no non-default test value for {flag}; add one to EXPLICIT")
-        argv += [flag, *values]
-    return argv
-
-
-class _Loaded(Exception):
-    """Raised by the patched ProbeSession instead of loading a model."""
-
-
-def _capture_session(monkeypatch) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-
-    def init(self, model_or_dir, **kwargs):
-        seen.update(kwargs, model=str(model_or_dir))
-        raise _Loaded
-
-    monkeypatch.setattr(probes.engine.session.ProbeSession, "__init__", init)
-    return seen
-
-
-ANALYSIS_COMMANDS = [name for name in COMMANDS if "--device-map" in _parser(name)._option_string_actions]
-
-
-def test_the_common_options_cover_every_analysis() -> None:
-    assert set(ANALYSIS_COMMANDS) >= {"sweep", "ratios", "suppression", "knockout", "heads", "linear", "calls", "paired", "report"}
-
-
-@pytest.mark.parametrize("name", ANALYSIS_COMMANDS)
-def test_session_options_reach_the_session(name: str, monkeypatch, tmp_path) -> None:
-    seen = _capture_session(monkeypatch)
-    # the invented filter values select nothing in a real dataset, and the dataset is checked before the model
-    dataset = probes.analyses.base._dataset(str(DEFAULT_DATASET_DIR))
-    monkeypatch.setattr(probes.analyses.base, "_dataset", lambda root: dataset)
-    monkeypatch.setattr(probes.analyses.base, "select_items", lambda dataset, args: dataset.items[:1])
-    argv = _non_default_argv(_parser(name), tmp_path)
-    with pytest.raises(_Loaded):
-        main([name, *argv])
-    assert seen == {"model": "x-model", "dtype": "bfloat16", "device": "cuda:1", "device_map": "auto",
-                    "allow_pickle": True, "trust_remote_code": True}
-
-
-@pytest.mark.parametrize("with_items", [True, False])
-def test_report_forwards_every_option_to_every_analysis(with_items: bool, tmp_path) -> None:
-    parser = _parser("report")
-    argv = _non_default_argv(parser, tmp_path, skip=set() if with_items else {"items"})
-    args = resolve_options(parser.parse_args(argv))
-    options = [a.dest for a in parser._actions if a.option_strings and a.dest != "help"]
-    for name in report.ANALYSES:
-        module = report._module(name)
-        assert not isinstance(module, str), module
-        sub = report.analysis_args(module, args)
-        for dest in options:
-            if dest in report.REPORT_ONLY or (dest == "items" and not with_items):
-                continue
-            assert getattr(args, dest) != parser.get_default(dest), f"test value of {dest} is the default"
-            assert getattr(sub, dest) == getattr(args, dest), f"report does not forward {dest} to {name}"
-        resolved = resolve_options(sub)  # what open_analysis does: must not undo the forwarded values
-        for dest in options:
-            if dest not in report.REPORT_ONLY:
-                assert getattr(resolved, dest) == getattr(args, dest), f"{name} re-resolves {dest}"
-
-
-def test_report_passes_session_options(monkeypatch, tmp_path) -> None:
-    seen = _capture_session(monkeypatch)
-    with pytest.raises(_Loaded):
-        main(["report", "--model", "m", "--device-map", "auto", "--allow-pickle", "--trust-remote-code",
-              "--dtype", "float16", "--device", "cuda:0", "--out", str(tmp_path)])
-    assert seen == {"model": "m", "dtype": "float16", "device": "cuda:0", "device_map": "auto",
-                    "allow_pickle": True, "trust_remote_code": True}
-
-
-def test_report_toml_does_not_override_explicit_flags(tmp_path) -> None:
-    toml = tmp_path / "run.toml"
-    toml.write_text('k-max = 1\nseed = 5\n')
-    args = resolve_options(_parse("report", ["--config", str(toml), "--k-max", "4"]))
-    import probes.analyses.sweep
-
-    sub = resolve_options(report.analysis_args(probes.analyses.sweep, args))
-    assert (args.k_max, sub.k_max, sub.seed) == (4, 4, 5)  # sweep's default K is 4: the file must not win
-
-
+# ---------------------------------------------------------------------------- the embedder is said
 def test_embedder_choice_is_printed_and_recorded(tiny_qwen3_dir, tmp_path, capsys) -> None:
-    from probes.reporting.results import load_results
     from probes.data.retrieval import make_embedder
+    from probes.reporting.results import load_results
 
     make_embedder.cache_clear()
-    probes.analyses.base._retriever.cache_clear()
-    assert main(["sweep", "--model", str(tiny_qwen3_dir), "--embedder", "lexical", "--item", "retail-wrong-0001",
-                 "--k-max", "0", "--configs", "base", "--split", "all", "--out", str(tmp_path), "--no-figure"]) == 0
+    base._retriever.cache_clear()
+    result = probes.analyses.run("sweep", model=str(tiny_qwen3_dir), embedder="lexical", item_ids=["retail-wrong-0001"],
+                                 k_max=0, configs=["base"], split="all", out=tmp_path / "py", figure=False)
     assert "embedder: lexical-hashing (--embedder lexical)" in capsys.readouterr().err
-    rows = load_results(tmp_path / "sweep.jsonl")
+    assert result.out_dir == tmp_path / "py" / base.model_label(tiny_qwen3_dir)
+    make_embedder.cache_clear()
+    base._retriever.cache_clear()
+    assert main(["sweep", "--model", str(tiny_qwen3_dir), "--embedder", "lexical", "--item", "retail-wrong-0001",
+                 "--k-max", "0", "--configs", "base", "--split", "all", "--out", str(tmp_path / "cli"), "--no-figure"]) == 0
+    assert "embedder: lexical-hashing (--embedder lexical)" in capsys.readouterr().err
+    rows = load_results(tmp_path / "cli" / result.out_dir.name / "sweep.jsonl")
     assert rows.attrs["meta"]["config"]["builder"]["embedder"] == "lexical-hashing"
+    assert result.rows.attrs["meta"]["config"]["builder"]["embedder"] == "lexical-hashing"

@@ -38,6 +38,7 @@ from probes.data.retrieval import EMBEDDERS, RetrievalWeights, Retriever, make_e
 from probes.engine.loading import model_fingerprint
 from probes.engine.session import Knockout, ProbeSession
 from probes.prompts.builder import FORMATS, BuildSettings, PromptBuilder
+from probes.prompts.record import record_id
 from probes.prompts.context import SkippedItem, partition_by_context
 from probes.reporting.results import ResultsStore, write_csv
 from probes.scoring.score import DEFAULT_VARIANT, EPSILON, MARGIN_VARIANTS, MARGINS, ROW_FIELDS, score_record
@@ -547,7 +548,7 @@ class Job:
 
     @property
     def record_id(self) -> str:
-        return f"{self.item.id}|{self.config}|k{self.k}|{self.fmt}"
+        return record_id(self.item.id, self.config, self.k, self.fmt)
 
     def keys(self) -> list[str]:
         return [f"{self.record_id}|{c}" for c in self.conditions]

@@ -40,6 +40,7 @@ import torch
 from probes.analyses.base import Analysis, RunContext, option
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS
 from probes.data.dataset import ABSTAIN
+from probes.prompts.record import record_id
 from probes.prompts.builder import ABSTAIN_TEXT
 from probes.scoring.stats import bootstrap_mean, paired_permutation_test
 
@@ -535,7 +536,7 @@ def collect_paired_calls(analysis: Any) -> tuple[pd.DataFrame, str]:
     expected = calls_config(analysis, configs)
     source = analysis.options.calls or analysis.out_dir / f"{NAME}.jsonl"
     reused = _reusable_calls(Path(source), expected)
-    wanted = {f"{item.id}|{config}|k{k}|{analysis.fmt}|greedy" for item in analysis.items
+    wanted = {f"{record_id(item.id, config, k, analysis.fmt)}|greedy" for item in analysis.items
               for k in range(analysis.options.k_max + 1) for config in configs}
     have = set(reused["key"]) & wanted if reused is not None else set()
     frames = [reused[reused["key"].isin(wanted)]] if have else []

@@ -22,7 +22,8 @@ from probes import analyses
 from probes.analyses.base import AnalysisError, OptionError, check_depths, select_items
 from probes.data.configs import CONFIGS
 from probes.data.dataset import BUCKETS, DEFAULT_DATASET_DIR, DatasetError, Item, ProbeDataset, load_dataset
-from probes.prompts.builder import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer, strip_offsets
+from probes.prompts.builder import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer
+from probes.prompts.record import to_json
 from probes.reporting.results import atomic_path
 from probes.data.retrieval import EMBEDDERS, RetrievalWeights, Retriever, make_embedder
 
@@ -95,7 +96,7 @@ def _build_item(item: Item) -> tuple[list[dict[str, Any]], SpanReport]:
     records = []
     for record in _WORKER_BUILDER.build_many([item], configs, ks, formats):
         check_spans(record, _WORKER_BUILDER.tokenizer, report)
-        records.append(strip_offsets(record))
+        records.append(to_json(record))
     return records, report
 
 

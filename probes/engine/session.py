@@ -695,7 +695,6 @@ class ProbeSession:
 
     # ----------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     # -- conveniences for notebooks (they import the prompt and scoring layers when used)
     def prompt(self, item: Any, *, config: str = "basm", k: int = 2, fmt: str = "native", dataset: str | Path | None = None,
                embedder: str = "auto", gamma: float | None = None, beta: int | None = None) -> dict[str, Any]:
@@ -744,6 +743,7 @@ class ProbeSession:
                 raise ValueError(f"knockout {knockout!r}: give a Knockout or one of 'boundary', 'procedure', 'random'")
         return pd.DataFrame(score_record(self, record, conditions, variant=variant, per_head=per_head))
 
+    @torch.inference_mode()
     def run(
         self,
         input_ids: Sequence[int] | torch.Tensor,

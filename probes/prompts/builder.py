@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from probes.prompts.record import PromptRecord, record_id
 from probes.data.configs import MemoryConfig, get_config
 from probes.data.dataset import ABSTAIN, Item, ProbeDataset
 from probes.data.retrieval import Retriever, ScoredSkill, boundary_relevance, tools_in_text
@@ -552,7 +553,7 @@ class PromptBuilder:
         candidates = self._candidates(item, fmt, np.asarray(ids), assembled["offsets"], assembled["text"], open_index, assembled["catalog"])
         tempting_rank = next((rank for rank, e in enumerate(self.retrieve(item), 1) if e.skill.id == item.tempting_skill), None)
         return {
-            "record_id": f"{item.id}|{config.name}|k{k}|{fmt}",
+            "record_id": record_id(item.id, config.name, k, fmt),
             "item_id": item.id, "bucket": item.bucket, "split": item.split, "domain": item.domain,
             "task_group": item.task_group, "config": config.name, "k": k, "format": fmt,
             "tokenizer": self.tokenizer_name,
@@ -573,7 +574,7 @@ class PromptBuilder:
 
     def build(
         self, item: Item, config: str | MemoryConfig, k: int, fmt: str = "native", *, retrieved: Sequence[ScoredSkill] | None = None
-    ) -> dict[str, Any]:
+    ) -> PromptRecord:
         """One prompt record for ``item`` under ``config`` with the top-``k`` retrieved skills
         (``retrieved``: show these k skills instead, e.g. counterfactual edits of the top k)."""
         config = get_config(config) if isinstance(config, str) else config
@@ -648,12 +649,7 @@ class PromptBuilder:
                         if shared is None:
                             yield self.build(item, config, k, fmt)
                         else:
-                            yield {**shared, "record_id": f"{item.id}|{config}|k0|{fmt}", "config": config}
-
-
-def strip_offsets(record: dict[str, Any]) -> dict[str, Any]:
-    """Records are written without internal fields."""
-    return {key: value for key, value in record.items() if key != "offsets"}
+                            yield {**shared, "record_id": record_id(item.id, config, 0, fmt), "config": config}
 
 
 @dataclass

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from probes.data.dataset import ABSTAIN
-from probes.engine.logits import NonFiniteLogitsError, check_finite, entropy  # noqa: F401  (re-exported: the scorer raises them)
+from probes.engine.logits import check_finite
 
 ROLES = ("correct", "wrong", "abstain", "other")  # "other": the rest of the catalog
 
