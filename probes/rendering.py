@@ -35,6 +35,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from probes.configs import MemoryConfig, get_config
 from probes.dataset import ABSTAIN, Item, ProbeDataset
+from probes.priming import ToolMentionRewriter
 from probes.retrieval import Retriever, ScoredSkill, boundary_relevance, tools_in_text
 from probes.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
 
@@ -114,6 +115,7 @@ class _Segment:
 @dataclass
 class _MemoryBlock:
     segments: list[_Segment] = field(default_factory=list)
+    rewriter: ToolMentionRewriter | None = None  # the priming configurations' boundary rewrite
 
     def add(self, text: str, rank: int | None = None, slot: str | None = None, body: bool = False) -> None:
         self.segments.append(_Segment(text, rank, slot, body))
@@ -196,6 +198,8 @@ class PromptBuilder:
         self._retrieval_cache: dict[str, list[ScoredSkill]] = {}
         self._control_sources: dict[tuple, list[str]] = {}
         self._control_plans: dict[tuple, tuple[int, dict[int, int]]] = {}
+        # every tool of every domain: a boundary item can name a tool outside the item's catalog
+        self._all_tool_names = tuple(sorted({tool.name for domain in dataset.domains.values() for tool in domain.catalog}))
 
     # ------------------------------------------------------------------ retrieval
     def retrieve(self, item: Item) -> list[ScoredSkill]:
@@ -248,6 +252,8 @@ class PromptBuilder:
         block = _MemoryBlock()
         if not retrieved or not config.slots:
             return block
+        # The priming rewrites apply to the items BASM shows (gate and budget on the original text).
+        rewriter = block.rewriter = ToolMentionRewriter(config.rewrite, self._all_tool_names) if config.rewrite else None
         plan = self._boundary_plan(item, retrieved, config)
         block.add("# Retrieved skills\nThese skills were distilled from past successful tasks.")
         for rank, (entry, boundary) in enumerate(zip(retrieved, plan), start=1):
@@ -269,10 +275,13 @@ class PromptBuilder:
                     block.add(self._control_text(config.control, body_tokens, item, retrieved, rank), rank, "control", body=True)
                 continue
             for slot in BOUNDARY_SLOTS:
-                if slot not in boundary:
+                items = boundary.get(slot, ())
+                if rewriter:
+                    items = tuple(text for text in map(rewriter.rewrite, items) if text is not None)
+                if not items:
                     continue
-                block.add(f"\n{SLOT_LABELS[slot]}:\n- ", rank, slot)
-                for index, text in enumerate(boundary[slot]):
+                block.add(f"\n{rewriter.label(SLOT_LABELS[slot]) if rewriter else SLOT_LABELS[slot]}:\n- ", rank, slot)
+                for index, text in enumerate(items):
                     if index:
                         block.add("\n- ", rank, slot, body=True)
                     block.add(text, rank, slot, body=True)
@@ -551,7 +560,10 @@ class PromptBuilder:
             # feed the decision row, so knockouts and attention cover all of them.
             "query_rows": list(range(open_index, decision + 1)) if open_index is not None else [decision],
             "spans": spans,
-            "spans_kind": {"boundary": "boundary" if config.control is None else f"control:{config.control}"},
+            "spans_kind": (
+                block.rewriter.record() if block.rewriter
+                else {"boundary": "boundary" if config.control is None else f"control:{config.control}"}
+            ),
             "skills": skills,
             "candidates": [{k_: v for k_, v in c.items()} for c in candidates],
             "collision": any(c["collides_with"] and c["role"] != "other" for c in candidates),
