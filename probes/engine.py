@@ -18,6 +18,12 @@ Qwen2, Llama, ...). Outside a probe call it *is* sdpa.
    only edits query rows, and rows before ``p`` never see a query row (causality), so the
    prefix keys/values are identical under every condition. The attention function keeps each
    layer's prefix ``k, v`` (``[1, kv_head, p, d_head]``), shared, never copied per condition.
+   Across prompts (``prefix_cache`` > 0, the default), the session keeps the prefix ``k, v`` of
+   the last prompts per token prefix (probes.prefix_cache): a new prompt takes the longest
+   cached prefix it shares (a sweep's prompts of one item share the system turn, the tool
+   catalog and the first skills) and runs only the rest, with the reused keys in its mask.
+   Prefix rows are never recorded or knocked out, so their ``k, v`` depend on the tokens only;
+   ``prefix_reuse`` counts the tokens reused and computed.
 2. **Branch.** ``input_ids[p:]`` (a few tokens) runs as *one batch* holding every condition
    (condition 0 is the unmodified baseline) plus every multi-token candidate continuation under
    every condition. Each branch row attends to the shared prefix keys and to its own branch keys.
@@ -54,6 +60,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probes import margins as margins_mod
 from probes.loading import check_context_length, load_model
+from probes.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter
 
 ATTN_IMPLEMENTATION = "basm_probe"
 
@@ -180,6 +187,8 @@ class _ProbeState:
     rows: torch.Tensor | None = None
     row_chunk: int = 256
     prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # prefix mode: keys/values of positions [0, q_offset) reused from an earlier prompt
+    reused_kv: LayerKV = field(default_factory=dict)
     _moved: dict[torch.device, _ProbeState] = field(default_factory=dict)
 
     def on(self, device: torch.device) -> _ProbeState:
@@ -333,6 +342,13 @@ def probe_attention_forward(
     state = _STATE.get()
     if state is None or state.mode == "prefix":
         if state is not None:
+            reused = state.reused_kv.get(module.layer_idx)
+            if reused is not None:
+                # Extending a reused prefix: this forward holds positions q_offset.. only, so the
+                # mask transformers built for it knows nothing of the reused keys; build it here.
+                key, value = torch.cat((reused[0], key), dim=2), torch.cat((reused[1], value), dim=2)
+                q_pos = torch.arange(state.q_offset, state.q_offset + query.shape[2], device=query.device)
+                attention_mask = _allowed(q_pos, key.shape[2], sliding_window)[None, None]
             state.prefix_kv[module.layer_idx] = (key, value)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
@@ -525,6 +541,8 @@ class ProbeSession:
 
     ``model_or_dir``: a local model directory, a name in the local HF cache, a ``.gguf`` file, or
     an already loaded causal LM (its attention implementation is switched to ``basm_probe``).
+    ``prefix_cache``: how many prompt prefixes ``run`` keeps for reuse by later prompts (0: none;
+    every output equals the no-reuse run to fp32 tolerance, tests/test_prefix_reuse.py).
     """
 
     def __init__(
@@ -538,6 +556,7 @@ class ProbeSession:
         trust_remote_code: bool = False,
         tokenizer: Any = None,
         row_chunk: int = 256,
+        prefix_cache: int = 1,
     ) -> None:
         if isinstance(model_or_dir, PreTrainedModel):
             model = model_or_dir
@@ -561,6 +580,28 @@ class ProbeSession:
         self.max_context: int | None = getattr(cfg, "max_position_embeddings", None)
         self._layers = model.base_model.layers
         self._embed = model.get_input_embeddings()
+        # ``run`` reuses the keys/values of the longest token prefix shared with the last
+        # ``prefix_cache`` prompts (0: off); see probes.prefix_cache.
+        self._prefix_cache = PrefixKVCache(prefix_cache)
+        self.prefix_reuse = PrefixReuseCounter()
+
+    def clear_prefix_cache(self) -> None:
+        """Drop the cached prefixes (their memory); the counter keeps counting."""
+        self._prefix_cache.clear()
+
+    def _prefix_kv(self, prefix: list[int]) -> LayerKV:
+        """Per-layer keys/values of ``prefix`` (fast path), starting from the longest cached prefix."""
+        m, reused = self._prefix_cache.longest(prefix)
+        if m < len(prefix):
+            state = _ProbeState(mode="prefix", q_offset=m, reused_kv=reused)
+            with _activate(state):
+                self.model.base_model(input_ids=torch.tensor([prefix[m:]], device=self.device),
+                                      position_ids=torch.arange(m, len(prefix), device=self.device)[None], use_cache=False)
+            reused = state.prefix_kv
+        self._prefix_cache.store(prefix, reused)
+        self.prefix_reuse.tokens_reused += m
+        self.prefix_reuse.tokens_computed += len(prefix) - m
+        return reused
 
     @property
     def device(self) -> torch.device:
@@ -744,9 +785,9 @@ class ProbeSession:
         state.key_block[:, :n] &= state.prompt_keys
 
         if p > 0:
-            with _activate(_ProbeState(mode="prefix")) as pre:
-                self.model.base_model(input_ids=torch.tensor([ids[:p]], device=dev), use_cache=False)
-            state.prefix_kv = pre.prefix_kv
+            state.prefix_kv = self._prefix_kv(ids[:p])
+        self.prefix_reuse.prompts += 1
+        self.prefix_reuse.tokens_computed += n - p
         positions = torch.arange(p, p + t_len, device=dev).expand(len(seqs), -1)
         with _activate(state), self._residual_hooks(record_residual, len(conds), rows[-1] - p) as resid:
             logits = self.model(input_ids=branch, position_ids=positions, use_cache=False).logits
