@@ -60,7 +60,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probes import margins as margins_mod
 from probes.loading import check_context_length, load_model
-from probes.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter
+from probes.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter, Segment, join
 
 ATTN_IMPLEMENTATION = "basm_probe"
 
@@ -189,6 +189,8 @@ class _ProbeState:
     prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # prefix mode: keys/values of positions [0, q_offset) reused from an earlier prompt
     reused_kv: LayerKV = field(default_factory=dict)
+    # prefix mode: keys/values of the positions this forward computed (q_offset on)
+    new_kv: LayerKV = field(default_factory=dict)
     _moved: dict[torch.device, _ProbeState] = field(default_factory=dict)
 
     def on(self, device: torch.device) -> _ProbeState:
@@ -342,6 +344,7 @@ def probe_attention_forward(
     state = _STATE.get()
     if state is None or state.mode == "prefix":
         if state is not None:
+            state.new_kv[module.layer_idx] = (key, value)
             reused = state.reused_kv.get(module.layer_idx)
             if reused is not None:
                 # Extending a reused prefix: this forward holds positions q_offset.. only, so the
@@ -556,7 +559,7 @@ class ProbeSession:
         trust_remote_code: bool = False,
         tokenizer: Any = None,
         row_chunk: int = 256,
-        prefix_cache: int = 1,
+        prefix_cache: int = 8,
     ) -> None:
         if isinstance(model_or_dir, PreTrainedModel):
             model = model_or_dir
@@ -591,17 +594,19 @@ class ProbeSession:
 
     def _prefix_kv(self, prefix: list[int]) -> LayerKV:
         """Per-layer keys/values of ``prefix`` (fast path), starting from the longest cached prefix."""
-        m, reused = self._prefix_cache.longest(prefix)
+        m, segments = self._prefix_cache.longest(prefix)
+        kv = join(segments) if segments else {}
         if m < len(prefix):
-            state = _ProbeState(mode="prefix", q_offset=m, reused_kv=reused)
+            state = _ProbeState(mode="prefix", q_offset=m, reused_kv=kv)
             with _activate(state):
                 self.model.base_model(input_ids=torch.tensor([prefix[m:]], device=self.device),
                                       position_ids=torch.arange(m, len(prefix), device=self.device)[None], use_cache=False)
-            reused = state.prefix_kv
-        self._prefix_cache.store(prefix, reused)
+            segments += (Segment(m, state.new_kv),)
+            kv = state.prefix_kv
+        self._prefix_cache.store(prefix, segments)
         self.prefix_reuse.tokens_reused += m
         self.prefix_reuse.tokens_computed += len(prefix) - m
-        return reused
+        return kv
 
     @property
     def device(self) -> torch.device:

@@ -53,46 +53,85 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     return int(differs[0]) if len(differs) else n
 
 
-class PrefixKVCache:
-    """A least-recently-used store of (token prefix -> per-layer keys and values).
+@dataclass(frozen=True)
+class Segment:
+    """Keys and values of the token positions ``[start, start + length)`` of a prefix."""
 
-    ``max_entries`` bounds memory: each entry holds 2 · layers · kv_heads · d_head values per
-    token (Qwen3-8B in bf16: about 0.15 MB per token). ``max_entries = 0`` disables reuse.
+    start: int
+    kv: LayerKV
+
+    @property
+    def length(self) -> int:
+        return next(iter(self.kv.values()))[0].shape[2] if self.kv else 0
+
+    def cut(self, end: int) -> Segment:
+        """This segment up to absolute position ``end`` (views, no copy)."""
+        n = end - self.start
+        return Segment(self.start, {layer: (k[:, :, :n], v[:, :, :n]) for layer, (k, v) in self.kv.items()})
+
+
+def join(segments: Sequence[Segment]) -> LayerKV:
+    """One [1, kv_head, n, d_head] key and value tensor per layer from consecutive segments."""
+    if len(segments) == 1:
+        return dict(segments[0].kv)
+    return {layer: (torch.cat([s.kv[layer][0] for s in segments], dim=2), torch.cat([s.kv[layer][1] for s in segments], dim=2))
+            for layer in segments[0].kv}
+
+
+class PrefixKVCache:
+    """A least-recently-used store of (token prefix -> keys and values of its positions).
+
+    An entry is a chain of segments: the part reused from an earlier entry (views of that entry's
+    tensors) and the part computed for it, so prefixes shared by several entries are held once.
+    ``max_entries`` bounds how many prefixes are kept; memory is about the distinct tokens among
+    them (the system turn once, then each entry's own suffix), at 2 · layers · kv_heads · d_head
+    values per token (Qwen3-8B in bf16: 144 KiB per token). ``max_entries = 0`` disables reuse.
     """
 
     def __init__(self, max_entries: int) -> None:
         if max_entries < 0:
             raise ValueError(f"prefix cache size must be >= 0, got {max_entries}")
         self.max_entries = max_entries
-        self._entries: OrderedDict[bytes, tuple[np.ndarray, LayerKV]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[np.ndarray, tuple[Segment, ...]]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest(self, ids: Sequence[int]) -> tuple[int, LayerKV]:
-        """(m, kv): the longest prefix ``ids[:m]`` held by an entry, and that entry's keys and
-        values cut to m tokens (views); (0, {}) when nothing is shared."""
+    def longest(self, ids: Sequence[int]) -> tuple[int, tuple[Segment, ...]]:
+        """(m, segments): the longest prefix ``ids[:m]`` held by an entry and its segments cut to
+        m tokens (views); (0, ()) when nothing is shared."""
         query = np.asarray(ids, dtype=np.int64)
         best, best_key = 0, None
-        for key, (tokens, _kv) in self._entries.items():
+        for key, (tokens, _segments) in self._entries.items():
             m = common_prefix_length(tokens, query)
             if m > best:
                 best, best_key = m, key
         if best_key is None:
-            return 0, {}
+            return 0, ()
         self._entries.move_to_end(best_key)
-        kv = self._entries[best_key][1]
-        return best, {layer: (k[:, :, :best], v[:, :, :best]) for layer, (k, v) in kv.items()}
+        segments = self._entries[best_key][1]
+        return best, tuple(s if s.start + s.length <= best else s.cut(best) for s in segments if s.start < best)
 
-    def store(self, ids: Sequence[int], kv: LayerKV) -> None:
+    def store(self, ids: Sequence[int], segments: Sequence[Segment]) -> None:
         if self.max_entries == 0 or not len(ids):
             return
+        if sum(s.length for s in segments) != len(ids) or any(a.start + a.length != b.start for a, b in zip(segments, segments[1:])):
+            raise ValueError("the segments must cover the prefix's positions in order")
         tokens = np.asarray(ids, dtype=np.int64)
         key = tokens.tobytes()
-        self._entries[key] = (tokens, kv)
+        self._entries[key] = (tokens, tuple(segments))
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+    def held_tokens(self) -> int:
+        """Token positions whose keys/values the cache keeps alive (shared storage counted once)."""
+        storages: dict[int, int] = {}
+        for _tokens, segments in self._entries.values():
+            for segment in segments:
+                key = next(iter(segment.kv.values()))[0]
+                storages[key.untyped_storage().data_ptr()] = key.untyped_storage().nbytes() // (key.element_size() * key.shape[1] * key.shape[3])
+        return sum(storages.values())
 
     def clear(self) -> None:
         self._entries.clear()

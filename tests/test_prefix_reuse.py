@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,7 +21,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from probes.dataset import load_dataset
 from probes.engine import Knockout, ProbeSession, span_positions
 from probes.organism import ORGANISM_DIR
-from probes.prefix_cache import PrefixKVCache, common_prefix_length
+from probes.prefix_cache import PrefixKVCache, Segment, join
 from probes.rendering import BuildSettings, PromptBuilder
 from probes.retrieval import Retriever, make_embedder
 
@@ -68,41 +67,47 @@ def score(session: ProbeSession, record: dict):
     return session.run(record["input_ids"], record["query_rows"], spans, conditions, candidates, record_rows=True, record_residual=True)
 
 
-def assert_same(a, b, where: str) -> None:
+def assert_same(a, b, where: str) -> float:
+    """Every output of ``a`` equals ``b``'s to TOL; returns the largest absolute difference."""
     assert a.input_ids == b.input_ids and a.query_rows == b.query_rows
     assert [c.condition for c in a.conditions] == [c.condition for c in b.conditions]
+    largest = 0.0
     for x, y in zip(a.conditions, b.conditions):
         tag = f"{where} {x.condition.name}"
         assert x.row_offset == y.row_offset
-        assert (x.logits - y.logits).abs().max() <= TOL, tag
-        assert (x.rows - y.rows).abs().max() <= TOL, tag
-        assert (x.residual - y.residual).abs().max() <= TOL, tag
-        assert abs(x.entropy - y.entropy) <= TOL, tag
-        assert x.span_mass.keys() == y.span_mass.keys()
-        for span in x.span_mass:
-            assert (x.span_mass[span] - y.span_mass[span]).abs().max() <= TOL, (tag, span)
-        assert x.candidate_token_logprobs.keys() == y.candidate_token_logprobs.keys()
+        assert x.span_mass.keys() == y.span_mass.keys() and x.candidate_token_logprobs.keys() == y.candidate_token_logprobs.keys()
+        pairs = [("logits", x.logits, y.logits), ("rows", x.rows, y.rows), ("residual", x.residual, y.residual),
+                 ("entropy", torch.tensor(x.entropy), torch.tensor(y.entropy))]
+        pairs += [(f"span_mass {s}", x.span_mass[s], y.span_mass[s]) for s in x.span_mass]
         for name in x.candidate_token_logprobs:
-            assert (x.candidate_token_logprobs[name] - y.candidate_token_logprobs[name]).abs().max() <= TOL, (tag, name)
-            for span in x.candidate_span_mass[name]:
-                assert (x.candidate_span_mass[name][span] - y.candidate_span_mass[name][span]).abs().max() <= TOL, (tag, name, span)
+            pairs.append((f"logprobs {name}", x.candidate_token_logprobs[name], y.candidate_token_logprobs[name]))
+            pairs += [(f"span_mass {name} {s}", x.candidate_span_mass[name][s], y.candidate_span_mass[name][s]) for s in x.candidate_span_mass[name]]
+        for what, u, v in pairs:
+            assert u.shape == v.shape, (tag, what)
+            difference = float((u - v).abs().max()) if u.numel() else 0.0
+            assert difference <= TOL, (tag, what, difference)
+            largest = max(largest, difference)
+    return largest
 
 
 def test_sweep_sequence_with_reuse_equals_without(tiny_dir, records):
     plain = ProbeSession(tiny_dir, prefix_cache=0)
-    reuse = ProbeSession(tiny_dir)  # the default: one cached prefix
-    for record in records:
-        assert_same(score(reuse, record), score(plain, record), record["record_id"])
+    reuse = ProbeSession(tiny_dir, prefix_cache=len(records))  # every earlier prompt stays cached
+    largest = max(assert_same(score(reuse, record), score(plain, record), record["record_id"]) for record in records)
     assert plain.prefix_reuse.tokens_reused == 0
-    # independent count: each prompt's prefix (up to its first query row) against the previous one's
-    prefixes = [np.asarray(r["input_ids"][: min(r["query_rows"])]) for r in records]
-    shared = [0] + [common_prefix_length(a, b) for a, b in zip(prefixes, prefixes[1:])]
+    # independent count: each prompt's prefix (up to its first query row) against every earlier one's
+    prefixes = [record["input_ids"][: min(record["query_rows"])] for record in records]
+    shared = [max((next((i for i, (x, y) in enumerate(zip(earlier, prefix)) if x != y), min(len(earlier), len(prefix)))
+                   for earlier in prefixes[:j]), default=0) for j, prefix in enumerate(prefixes)]
     counter = reuse.prefix_reuse
     assert counter.prompts == len(records)
     assert counter.tokens_reused == sum(shared)
     assert counter.tokens_reused + counter.tokens_computed == sum(r["n_tokens"] for r in records)
     assert counter.fraction_reused > 0.5  # the system turn and tool catalog are shared
-    print(f"\n{counter}")
+    # shared prefixes are held once: about the distinct tokens, far fewer than all prefixes together
+    distinct = sum(len(prefix) for prefix in prefixes) - sum(shared)
+    assert reuse._prefix_cache.held_tokens() == distinct
+    print(f"\n{counter}; cache holds {distinct} of {sum(len(p) for p in prefixes)} prefix tokens; largest |difference| {largest:.1e}")
 
 
 def test_reuse_from_a_longer_cached_prefix_and_a_repeat(tiny_dir, records):
@@ -126,19 +131,30 @@ def test_reuse_from_a_longer_cached_prefix_and_a_repeat(tiny_dir, records):
 
 
 def test_cache_is_bounded_lru_and_clearable():
-    kv = lambda n: {0: (torch.zeros(1, 2, n, 4), torch.ones(1, 2, n, 4))}  # noqa: E731
+    def segment(start: int, n: int) -> Segment:
+        return Segment(start, {0: (torch.arange(n, dtype=torch.float32).expand(1, 2, n)[..., None].repeat(1, 1, 1, 4) + start,
+                                   torch.ones(1, 2, n, 4))})
+
     cache = PrefixKVCache(2)
-    cache.store([1, 2, 3, 4], kv(4))
-    cache.store([1, 2, 9], kv(3))
+    cache.store([1, 2, 3, 4], (segment(0, 4),))
+    m, got = cache.longest([1, 2, 9])
+    assert m == 2 and [s.length for s in got] == [2]
+    cache.store([1, 2, 9], (*got, segment(2, 1)))  # shares positions 0..1 with the first entry
     m, got = cache.longest([1, 2, 3, 7, 7])
-    assert m == 3 and got[0][0].shape == (1, 2, 3, 4)
-    cache.store([5, 6], kv(2))  # evicts the least recently used entry, [1, 2, 9]
-    assert len(cache) == 2 and cache.longest([1, 2, 9])[0] == 2
+    assert m == 3 and join(got)[0][0].shape == (1, 2, 3, 4)
+    assert torch.equal(join(got)[0][0][0, 0, :, 0], torch.tensor([0.0, 1.0, 2.0]))  # positions 0, 1, 2
+    m, got = cache.longest([1, 2, 9, 5])
+    assert m == 3 and torch.equal(join(got)[0][0][0, 0, :, 0], torch.tensor([0.0, 1.0, 2.0]))  # 0, 1 shared; 2 its own
+    assert cache.held_tokens() == 5
+    with pytest.raises(ValueError, match="cover the prefix"):
+        cache.store([1, 2, 3], (segment(0, 2),))
+    cache.store([5, 6], (segment(0, 2),))  # evicts the least recently used entry, [1, 2, 3, 4]
+    assert len(cache) == 2 and cache.longest([1, 2, 3, 4])[0] == 2
     assert cache.longest([8])[0] == 0
     cache.clear()
     assert len(cache) == 0 and cache.longest([1, 2, 3])[0] == 0
     off = PrefixKVCache(0)
-    off.store([1, 2], kv(2))
+    off.store([1, 2], (segment(0, 2),))
     assert len(off) == 0
     with pytest.raises(ValueError, match="prefix cache size"):
         PrefixKVCache(-1)
