@@ -797,19 +797,24 @@ class ProbeSession:
         with _activate(state), self._residual_hooks(record_residual, len(conds), rows[-1] - p) as resid:
             logits = self.model(input_ids=branch, position_ids=positions, use_cache=False).logits
 
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        def token_logprobs(element: int, local_rows: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+            # log-softmax at the scored rows only: the full [element, row, vocab] one costs as
+            # much as the LM head at a large vocabulary
+            x = logits[element, local_rows].float()
+            chosen = x[torch.arange(len(tokens), device=x.device), torch.tensor(tokens, device=x.device)]
+            return (chosen - torch.logsumexp(x, dim=-1)).cpu()
+
         mass = state.span_mass  # [layer, element, head, t, span]
         cand_lp: list[dict[str, torch.Tensor]] = [{} for _ in conds]
         cand_mass: list[dict[str, torch.Tensor]] = [{} for _ in conds]
         for ci in range(len(conds)):
             for name, (a, t) in candidates.items():
                 if len(t) == 1:
-                    cand_lp[ci][name] = logp[ci, a - p, t[0]].reshape(1).cpu()
+                    cand_lp[ci][name] = token_logprobs(ci, torch.tensor([a - p], device=logits.device), t)
                     cand_mass[ci][name] = mass[:, ci, :, a - p : a - p + 1]
             for k, (name, a, t) in enumerate(multi):
                 e = len(conds) + ci * len(multi) + k
-                r = torch.arange(a - p, a - p + len(t), device=logp.device)
-                cand_lp[ci][name] = logp[e, r, torch.tensor(t, device=logp.device)].cpu()
+                cand_lp[ci][name] = token_logprobs(e, torch.arange(a - p, a - p + len(t), device=logits.device), t)
                 # the row predicting token j of the candidate is its local row a - p + j
                 cand_mass[ci][name] = mass[:, e, :, a - p : a - p + len(t)]
         local = torch.tensor(rows, device=mass.device) - p
