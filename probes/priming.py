@@ -54,9 +54,9 @@ class ToolMentionRewriter:
         """The rewritten item, or None where ``names_only`` drops it (it names no tool)."""
         mentions = self.pattern.findall(text)
         self.mentioned += [name for name in dict.fromkeys(mentions) if name not in self.mentioned]
-        if len(self.mentioned) > len(string.ascii_uppercase):
-            raise ValueError("more than 26 distinct tools named in one prompt's boundary fields")
         if self.mode == "anonymise":
+            if len(self.mentioned) > len(string.ascii_uppercase):
+                raise ValueError("more than 26 distinct tools named in one prompt's boundary fields: no placeholder letter left")
             return self.pattern.sub(lambda match: self.placeholder(match.group()), text)
         if not mentions:
             return None
