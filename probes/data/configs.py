@@ -17,6 +17,7 @@ class MemoryConfig:
     slots: tuple[str, ...]  # slots rendered for every retrieved skill, in schema order
     gated: bool = False  # apply the boundary relevance gate γ and budget β (Eq. 10)
     control: str | None = None  # equal-length control: boundary text replaced by "filler" or "procedure"
+    rewrite: str | None = None  # boundary items' tool mentions rewritten: "anonymise" or "names_only" (probes.prompts.priming)
     description: str = ""
 
     @property
@@ -49,11 +50,20 @@ CONFIGS: dict[str, MemoryConfig] = {
             "pad-procedure", "Procedure padding", _BASM_SLOTS, gated=True, control="procedure",
             description="BASM with each boundary block replaced by extra procedure text of equal token count",
         ),
+        MemoryConfig(
+            "basm-anon", "BASM, tools anonymised", _BASM_SLOTS, gated=True, rewrite="anonymise",
+            description="BASM with every tool name in the boundary items replaced by a placeholder (tool A, tool B, ...)",
+        ),
+        MemoryConfig(
+            "basm-names", "BASM, tool names only", _BASM_SLOTS, gated=True, rewrite="names_only",
+            description="BASM with each boundary item reduced to a neutral sentence listing the tool names it mentions",
+        ),
     )
 }
 
 PAPER_CONFIGS: tuple[str, ...] = ("base", "proc", "app", "basm")
 CONTROL_CONFIGS: tuple[str, ...] = ("pad-filler", "pad-procedure")
+PRIMING_CONFIGS: tuple[str, ...] = ("basm-anon", "basm-names")  # tool naming vs boundary meaning
 
 
 def get_config(name: str) -> MemoryConfig:

@@ -19,6 +19,12 @@ Qwen2, Llama, ...). Outside a probe call it *is* sdpa.
    only edits query rows, and rows before ``p`` never see a query row (causality), so the
    prefix keys/values are identical under every condition. The attention function keeps each
    layer's prefix ``k, v`` (``[1, kv_head, p, d_head]``), shared, never copied per condition.
+   Across prompts (``prefix_cache`` > 0, the default), the session keeps the prefix ``k, v`` of
+   the last prompts per token prefix (probes.engine.prefix_cache): a new prompt takes the longest
+   cached prefix it shares (a sweep's prompts of one item share the system turn, the tool
+   catalog and the first skills) and runs only the rest, with the reused keys in its mask.
+   Prefix rows are never recorded or knocked out, so their ``k, v`` depend on the tokens only;
+   ``prefix_reuse`` counts the tokens reused and computed.
 2. **Branch.** ``input_ids[p:]`` (a few tokens) runs as *one batch* holding every condition
    (condition 0 is the unmodified baseline) plus every multi-token candidate continuation under
    every condition. Each branch row attends to the shared prefix keys and to its own branch keys.
@@ -55,6 +61,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probes.engine.logits import check_finite, entropy
 from probes.engine.loading import check_context_length, load_model
+from probes.engine.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter, Segment, join
 
 ATTN_IMPLEMENTATION = "basm_probe"
 
@@ -181,6 +188,10 @@ class _ProbeState:
     rows: torch.Tensor | None = None
     row_chunk: int = 256
     prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # prefix mode: keys/values of positions [0, q_offset) reused from an earlier prompt
+    reused_kv: LayerKV = field(default_factory=dict)
+    # prefix mode: keys/values of the positions this forward computed (q_offset on)
+    new_kv: LayerKV = field(default_factory=dict)
     _moved: dict[torch.device, _ProbeState] = field(default_factory=dict)
 
     def on(self, device: torch.device) -> _ProbeState:
@@ -334,6 +345,14 @@ def probe_attention_forward(
     state = _STATE.get()
     if state is None or state.mode == "prefix":
         if state is not None:
+            state.new_kv[module.layer_idx] = (key, value)
+            reused = state.reused_kv.get(module.layer_idx)
+            if reused is not None:
+                # Extending a reused prefix: this forward holds positions q_offset.. only, so the
+                # mask transformers built for it knows nothing of the reused keys; build it here.
+                key, value = torch.cat((reused[0], key), dim=2), torch.cat((reused[1], value), dim=2)
+                q_pos = torch.arange(state.q_offset, state.q_offset + query.shape[2], device=query.device)
+                attention_mask = _allowed(q_pos, key.shape[2], sliding_window)[None, None]
             state.prefix_kv[module.layer_idx] = (key, value)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
@@ -531,6 +550,8 @@ class ProbeSession:
 
     ``model_or_dir``: a local model directory, a name in the local HF cache, a ``.gguf`` file, or
     an already loaded causal LM (its attention implementation is switched to ``basm_probe``).
+    ``prefix_cache``: how many prompt prefixes ``run`` keeps for reuse by later prompts (0: none;
+    every output equals the no-reuse run to fp32 tolerance, tests/test_prefix_reuse.py).
     """
 
     def __init__(
@@ -544,6 +565,7 @@ class ProbeSession:
         trust_remote_code: bool = False,
         tokenizer: Any = None,
         row_chunk: int = 256,
+        prefix_cache: int = 8,
     ) -> None:
         install_attention()
         if isinstance(model_or_dir, PreTrainedModel):
@@ -568,6 +590,30 @@ class ProbeSession:
         self.max_context: int | None = getattr(cfg, "max_position_embeddings", None)
         self._layers = model.base_model.layers
         self._embed = model.get_input_embeddings()
+        # ``run`` reuses the keys/values of the longest token prefix shared with the last
+        # ``prefix_cache`` prompts (0: off); see probes.engine.prefix_cache.
+        self._prefix_cache = PrefixKVCache(prefix_cache)
+        self.prefix_reuse = PrefixReuseCounter()
+
+    def clear_prefix_cache(self) -> None:
+        """Drop the cached prefixes (their memory); the counter keeps counting."""
+        self._prefix_cache.clear()
+
+    def _prefix_kv(self, prefix: list[int]) -> LayerKV:
+        """Per-layer keys/values of ``prefix`` (fast path), starting from the longest cached prefix."""
+        m, segments = self._prefix_cache.longest(prefix)
+        kv = join(segments) if segments else {}
+        if m < len(prefix):
+            state = _ProbeState(mode="prefix", q_offset=m, reused_kv=kv)
+            with _activate(state):
+                self.model.base_model(input_ids=torch.tensor([prefix[m:]], device=self.device),
+                                      position_ids=torch.arange(m, len(prefix), device=self.device)[None], use_cache=False)
+            segments += (Segment(m, state.new_kv),)
+            kv = state.prefix_kv
+        self._prefix_cache.store(prefix, segments)
+        self.prefix_reuse.tokens_reused += m
+        self.prefix_reuse.tokens_computed += len(prefix) - m
+        return kv
 
     @property
     def device(self) -> torch.device:
@@ -799,26 +845,31 @@ class ProbeSession:
         state.key_block[:, :n] &= state.prompt_keys
 
         if p > 0:
-            with _activate(_ProbeState(mode="prefix")) as pre:
-                self.model.base_model(input_ids=torch.tensor([ids[:p]], device=dev), use_cache=False)
-            state.prefix_kv = pre.prefix_kv
+            state.prefix_kv = self._prefix_kv(ids[:p])
+        self.prefix_reuse.prompts += 1
+        self.prefix_reuse.tokens_computed += n - p
         positions = torch.arange(p, p + t_len, device=dev).expand(len(seqs), -1)
         with _activate(state), self._residual_hooks(record_residual, len(conds), rows[-1] - p) as resid:
             logits = self.model(input_ids=branch, position_ids=positions, use_cache=False).logits
 
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        def token_logprobs(element: int, local_rows: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+            # log-softmax at the scored rows only: the full [element, row, vocab] one costs as
+            # much as the LM head at a large vocabulary
+            x = logits[element, local_rows].float()
+            chosen = x[torch.arange(len(tokens), device=x.device), torch.tensor(tokens, device=x.device)]
+            return (chosen - torch.logsumexp(x, dim=-1)).cpu()
+
         mass = state.span_mass  # [layer, element, head, t, span]
         cand_lp: list[dict[str, torch.Tensor]] = [{} for _ in conds]
         cand_mass: list[dict[str, torch.Tensor]] = [{} for _ in conds]
         for ci in range(len(conds)):
             for name, (a, t) in candidates.items():
                 if len(t) == 1:
-                    cand_lp[ci][name] = logp[ci, a - p, t[0]].reshape(1).cpu()
+                    cand_lp[ci][name] = token_logprobs(ci, torch.tensor([a - p], device=logits.device), t)
                     cand_mass[ci][name] = mass[:, ci, :, a - p : a - p + 1]
             for k, (name, a, t) in enumerate(multi):
                 e = len(conds) + ci * len(multi) + k
-                r = torch.arange(a - p, a - p + len(t), device=logp.device)
-                cand_lp[ci][name] = logp[e, r, torch.tensor(t, device=logp.device)].cpu()
+                cand_lp[ci][name] = token_logprobs(e, torch.arange(a - p, a - p + len(t), device=logits.device), t)
                 # the row predicting token j of the candidate is its local row a - p + j
                 cand_mass[ci][name] = mass[:, e, :, a - p : a - p + len(t)]
         local = torch.tensor(rows, device=mass.device) - p

@@ -38,6 +38,7 @@ from probes.data.configs import MemoryConfig, get_config
 from probes.data.dataset import ABSTAIN, Item, ProbeDataset
 from probes.data.retrieval import Retriever, ScoredSkill, boundary_relevance, tools_in_text
 from probes.data.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
+from probes.prompts.priming import ToolMentionRewriter
 
 FORMATS: tuple[str, ...] = ("native", "prompted")
 NATIVE_FORCED_PREFIX = '<tool_call>\n{"name": "'
@@ -115,6 +116,7 @@ class _Segment:
 @dataclass
 class _MemoryBlock:
     segments: list[_Segment] = field(default_factory=list)
+    rewriter: ToolMentionRewriter | None = None  # the priming configurations' boundary rewrite
 
     def add(self, text: str, rank: int | None = None, slot: str | None = None, body: bool = False) -> None:
         self.segments.append(_Segment(text, rank, slot, body))
@@ -197,6 +199,8 @@ class PromptBuilder:
         self._retrieval_cache: dict[str, list[ScoredSkill]] = {}
         self._control_sources: dict[tuple, list[str]] = {}
         self._control_plans: dict[tuple, tuple[int, dict[int, int]]] = {}
+        # every tool of every domain: a boundary item can name a tool outside the item's catalog
+        self._all_tool_names = tuple(sorted({tool.name for domain in dataset.domains.values() for tool in domain.catalog}))
 
     # ------------------------------------------------------------------ retrieval
     def retrieve(self, item: Item) -> list[ScoredSkill]:
@@ -249,6 +253,8 @@ class PromptBuilder:
         block = _MemoryBlock()
         if not retrieved or not config.slots:
             return block
+        # The priming rewrites apply to the items BASM shows (gate and budget on the original text).
+        rewriter = block.rewriter = ToolMentionRewriter(config.rewrite, self._all_tool_names) if config.rewrite else None
         plan = self._boundary_plan(item, retrieved, config)
         block.add("# Retrieved skills\nThese skills were distilled from past successful tasks.")
         for rank, (entry, boundary) in enumerate(zip(retrieved, plan), start=1):
@@ -270,10 +276,13 @@ class PromptBuilder:
                     block.add(self._control_text(config.control, body_tokens, item, retrieved, rank), rank, "control", body=True)
                 continue
             for slot in BOUNDARY_SLOTS:
-                if slot not in boundary:
+                items = boundary.get(slot, ())
+                if rewriter:
+                    items = tuple(text for text in map(rewriter.rewrite, items) if text is not None)
+                if not items:
                     continue
-                block.add(f"\n{SLOT_LABELS[slot]}:\n- ", rank, slot)
-                for index, text in enumerate(boundary[slot]):
+                block.add(f"\n{rewriter.label(SLOT_LABELS[slot]) if rewriter else SLOT_LABELS[slot]}:\n- ", rank, slot)
+                for index, text in enumerate(items):
                     if index:
                         block.add("\n- ", rank, slot, body=True)
                     block.add(text, rank, slot, body=True)
@@ -563,7 +572,10 @@ class PromptBuilder:
             # feed the decision row, so knockouts and attention cover all of them.
             "query_rows": list(range(open_index, decision + 1)) if open_index is not None else [decision],
             "spans": spans,
-            "spans_kind": {"boundary": "boundary" if config.control is None else f"control:{config.control}"},
+            "spans_kind": (
+                block.rewriter.record() if block.rewriter
+                else {"boundary": "boundary" if config.control is None else f"control:{config.control}"}
+            ),
             "skills": skills,
             "candidates": [{k_: v for k_, v in c.items()} for c in candidates],
             "collision": any(c["collides_with"] and c["role"] != "other" for c in candidates),

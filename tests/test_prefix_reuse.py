@@ -1,0 +1,160 @@
+"""Shared-prefix key/value reuse across prompts (probes.engine.prefix_cache, ProbeSession.run).
+
+Bar: a sweep-like sequence of real prompt records (one item, k = 0 then proc/app/basm/basm-anon at
+k = 1..3, built by PromptBuilder) scored on a tiny random fp32 Qwen3 (the bundled organism's
+tokenizer and chat template: a 3k vocabulary keeps the test fast; attention scores widened so
+softmax rows are far from uniform) with reuse gives every output of the session without reuse to ≤ 1e-5: logits at every kept row,
+span masses, full attention rows, residuals, entropies, candidate log-probabilities and candidate
+span masses, under knockouts whose keys lie inside the reused prefix. The reuse counter equals an
+independent count of the shared prefixes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+from probes.data.dataset import load_dataset
+from probes.engine.session import Knockout, ProbeSession, span_positions
+from probes.organism import ORGANISM_DIR
+from probes.engine.prefix_cache import PrefixKVCache, Segment, join
+from probes.prompts.builder import BuildSettings, PromptBuilder
+from probes.data.retrieval import Retriever, make_embedder
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tokenizer = AutoTokenizer.from_pretrained(ORGANISM_DIR)
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "q_norm" in name or "k_norm" in name:
+                weight.mul_(3.0)
+    out = tmp_path_factory.mktemp("tiny_qwen3_organism_tokenizer")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def records(tiny_dir: Path):
+    dataset = load_dataset()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(), tokenizer_name="qwen3")
+    item = dataset.select(buckets=["T_wrong"], split="eval")[0]
+    out = [builder.build(item, "base", 0)]
+    out += [builder.build(item, config, k) for k in (1, 2, 3) for config in ("proc", "app", "basm", "basm-anon")]
+    return out
+
+
+def score(session: ProbeSession, record: dict):
+    spans = {name: span_positions(record["spans"].get(name, [])) for name in ("boundary", "procedure", "memory")}
+    conditions = [
+        Knockout.from_spans("boundary", record["spans"].get("boundary", [])),
+        Knockout.from_spans("memory_l1", record["spans"].get("memory", []), layers=(1,), continuation=False),
+    ]
+    conditions = [c for c in conditions if c.key_positions]
+    candidates = {f"{c['role']}:{c['action']}": (c["anchor_index"], c["token_ids"]) for c in record["candidates"] if c["role"] != "other"}
+    return session.run(record["input_ids"], record["query_rows"], spans, conditions, candidates, record_rows=True, record_residual=True)
+
+
+def assert_same(a, b, where: str) -> float:
+    """Every output of ``a`` equals ``b``'s to TOL; returns the largest absolute difference."""
+    assert a.input_ids == b.input_ids and a.query_rows == b.query_rows
+    assert [c.condition for c in a.conditions] == [c.condition for c in b.conditions]
+    largest = 0.0
+    for x, y in zip(a.conditions, b.conditions):
+        tag = f"{where} {x.condition.name}"
+        assert x.row_offset == y.row_offset
+        assert x.span_mass.keys() == y.span_mass.keys() and x.candidate_token_logprobs.keys() == y.candidate_token_logprobs.keys()
+        pairs = [("logits", x.logits, y.logits), ("rows", x.rows, y.rows), ("residual", x.residual, y.residual),
+                 ("entropy", torch.tensor(x.entropy), torch.tensor(y.entropy))]
+        pairs += [(f"span_mass {s}", x.span_mass[s], y.span_mass[s]) for s in x.span_mass]
+        for name in x.candidate_token_logprobs:
+            pairs.append((f"logprobs {name}", x.candidate_token_logprobs[name], y.candidate_token_logprobs[name]))
+            pairs += [(f"span_mass {name} {s}", x.candidate_span_mass[name][s], y.candidate_span_mass[name][s]) for s in x.candidate_span_mass[name]]
+        for what, u, v in pairs:
+            assert u.shape == v.shape, (tag, what)
+            difference = float((u - v).abs().max()) if u.numel() else 0.0
+            assert difference <= TOL, (tag, what, difference)
+            largest = max(largest, difference)
+    return largest
+
+
+def test_sweep_sequence_with_reuse_equals_without(tiny_dir, records):
+    plain = ProbeSession(tiny_dir, prefix_cache=0)
+    reuse = ProbeSession(tiny_dir, prefix_cache=len(records))  # every earlier prompt stays cached
+    largest = max(assert_same(score(reuse, record), score(plain, record), record["record_id"]) for record in records)
+    assert plain.prefix_reuse.tokens_reused == 0
+    # independent count: each prompt's prefix (up to its first query row) against every earlier one's
+    prefixes = [record["input_ids"][: min(record["query_rows"])] for record in records]
+    shared = [max((next((i for i, (x, y) in enumerate(zip(earlier, prefix)) if x != y), min(len(earlier), len(prefix)))
+                   for earlier in prefixes[:j]), default=0) for j, prefix in enumerate(prefixes)]
+    counter = reuse.prefix_reuse
+    assert counter.prompts == len(records)
+    assert counter.tokens_reused == sum(shared)
+    assert counter.tokens_reused + counter.tokens_computed == sum(r["n_tokens"] for r in records)
+    assert counter.fraction_reused > 0.5  # the system turn and tool catalog are shared
+    # shared prefixes are held once: about the distinct tokens, far fewer than all prefixes together
+    distinct = sum(len(prefix) for prefix in prefixes) - sum(shared)
+    assert reuse._prefix_cache.held_tokens() == distinct
+    print(f"\n{counter}; cache holds {distinct} of {sum(len(p) for p in prefixes)} prefix tokens; largest |difference| {largest:.1e}")
+
+
+def test_reuse_from_a_longer_cached_prefix_and_a_repeat(tiny_dir, records):
+    """A prompt whose whole prefix lies inside a cached one, and the same prompt again."""
+    plain = ProbeSession(tiny_dir, prefix_cache=0)
+    reuse = ProbeSession(tiny_dir, prefix_cache=2)
+    long = records[-1]
+    p = min(long["query_rows"])
+    short_ids = long["input_ids"][: p - 40]
+    rows = [len(short_ids) - 3, len(short_ids) - 1]
+    spans = {"boundary": span_positions(long["spans"]["boundary"])[:5]}
+    knockout = [Knockout("early", range(10, 30))]
+    score(reuse, long)
+    for _ in range(2):
+        before = reuse.prefix_reuse.tokens_reused
+        a = reuse.run(short_ids, rows, spans, knockout, {"c": (rows[-1], [11, 12, 13])}, record_rows=True, record_residual=True)
+        assert reuse.prefix_reuse.tokens_reused - before == rows[0]  # the whole prefix came from the cache
+        b = plain.run(short_ids, rows, spans, knockout, {"c": (rows[-1], [11, 12, 13])}, record_rows=True, record_residual=True)
+        assert_same(a, b, "short")
+    assert_same(score(reuse, long), score(plain, long), "repeat")
+
+
+def test_cache_is_bounded_lru_and_clearable():
+    def segment(start: int, n: int) -> Segment:
+        return Segment(start, {0: (torch.arange(n, dtype=torch.float32).expand(1, 2, n)[..., None].repeat(1, 1, 1, 4) + start,
+                                   torch.ones(1, 2, n, 4))})
+
+    cache = PrefixKVCache(2)
+    cache.store([1, 2, 3, 4], (segment(0, 4),))
+    m, got = cache.longest([1, 2, 9])
+    assert m == 2 and [s.length for s in got] == [2]
+    cache.store([1, 2, 9], (*got, segment(2, 1)))  # shares positions 0..1 with the first entry
+    m, got = cache.longest([1, 2, 3, 7, 7])
+    assert m == 3 and join(got)[0][0].shape == (1, 2, 3, 4)
+    assert torch.equal(join(got)[0][0][0, 0, :, 0], torch.tensor([0.0, 1.0, 2.0]))  # positions 0, 1, 2
+    m, got = cache.longest([1, 2, 9, 5])
+    assert m == 3 and torch.equal(join(got)[0][0][0, 0, :, 0], torch.tensor([0.0, 1.0, 2.0]))  # 0, 1 shared; 2 its own
+    assert cache.held_tokens() == 5
+    with pytest.raises(ValueError, match="cover the prefix"):
+        cache.store([1, 2, 3], (segment(0, 2),))
+    cache.store([5, 6], (segment(0, 2),))  # evicts the least recently used entry, [1, 2, 3, 4]
+    assert len(cache) == 2 and cache.longest([1, 2, 3, 4])[0] == 2
+    assert cache.longest([8])[0] == 0
+    cache.clear()
+    assert len(cache) == 0 and cache.longest([1, 2, 3])[0] == 0
+    off = PrefixKVCache(0)
+    off.store([1, 2], (segment(0, 2),))
+    assert len(off) == 0
+    with pytest.raises(ValueError, match="prefix cache size"):
+        PrefixKVCache(-1)
