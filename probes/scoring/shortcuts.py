@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from sklearn.linear_model import LogisticRegression
 
 from probes.dataset import Item, ProbeDataset
 from probes.linear import auc, group_bootstrap_auc, grouped_folds
+from probes.retrieval import content_words as retrieval_words
 from probes.schema import Skill
 from probes.stats import bootstrap_mean
 
@@ -96,9 +97,11 @@ def content_words(text: str) -> frozenset[str]:
     return frozenset(lemma(token) for token in tokens if token not in STOPWORDS and not token.isdigit())
 
 
-def slot_words(skill: Skill, slots: Iterable[str]) -> frozenset[str]:
-    """Content words of the named list slots of ``skill`` (e.g. ``risk_cues``, ``avoidance_rules``)."""
-    return frozenset().union(*(content_words(entry) for slot in slots for entry in getattr(skill, slot)))
+def slot_words(skill: Skill, slots: Iterable[str], words: Callable[[str], frozenset[str]] | None = None) -> frozenset[str]:
+    """Content words (``words``, default :func:`content_words`) of the named list slots of
+    ``skill`` (e.g. ``risk_cues``, ``avoidance_rules``)."""
+    words = words or content_words
+    return frozenset().union(*(words(entry) for slot in slots for entry in getattr(skill, slot)))
 
 
 def has_negation(text: str) -> bool:
@@ -116,13 +119,16 @@ def word_count(text: str) -> int:
     return len(text.split())
 
 
-def overlap_rule(item: Item, skill: Skill) -> str:
+def overlap_rule(item: Item, skill: Skill, *, words: Callable[[str], frozenset[str]] | None = None) -> str:
     """The reviewer's lexical rule, no model: ``T_wrong`` iff the request (``item.user``) shares
     strictly more content words with the tempting skill's risk cues + avoidance rules than with its
-    applicability; else ``T_ok`` (a tie, e.g. no shared word at all, is ``T_ok``)."""
-    request = content_words(item.user)
-    against = len(request & slot_words(skill, ("risk_cues", "avoidance_rules")))
-    for_ = len(request & slot_words(skill, ("applicability",)))
+    applicability; else ``T_ok`` (a tie, e.g. no shared word at all, is ``T_ok``). ``words``:
+    :func:`content_words` by default; :func:`probes.retrieval.content_words` (scikit-learn's
+    English stop words, no lemmatisation, tool names split on ``_``) is the retriever's own notion."""
+    words = words or content_words
+    request = words(item.user)
+    against = len(request & slot_words(skill, ("risk_cues", "avoidance_rules"), words))
+    for_ = len(request & slot_words(skill, ("applicability",), words))
     return "T_wrong" if against > for_ else "T_ok"
 
 
@@ -205,12 +211,16 @@ def shortcut_table(
     dataset: ProbeDataset,
     *,
     splits: Sequence[str | None] = ("eval", "train", None),
+    split_kind: str = "template",
     tokenizer: Any = None,
     folds: int = DEFAULT_FOLDS,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Every shortcut statistic of ``dataset`` per split (``None`` = all items, written ``all``).
+    """Every shortcut statistic of ``dataset`` per split (``None`` = all items, written ``all``);
+    ``split_kind`` picks the split field (:meth:`probes.dataset.ProbeDataset.select`: ``"template"``
+    = ``split``, ``"scenario"`` = ``split_scenario``), written in the ``split`` column as e.g.
+    ``eval`` or ``scenario:eval``.
 
     Columns: ``shortcut, split, compared, statistic, value, low, high, n_items, n_groups, note``;
     ``low``/``high`` are a 95% percentile bootstrap CI over task groups (NaN where the statistic
@@ -220,7 +230,8 @@ def shortcut_table(
       ``item.user`` without special tokens): ``auc`` and ``share_groups_wrong_longer``
       (:func:`length_rows`), T_ok vs T_wrong.
     * ``overlap_rule`` ``accuracy``: share of T_ok and T_wrong items whose bucket
-      :func:`overlap_rule` gets right (chance 0.5 on a balanced pair), CI over task groups.
+      :func:`overlap_rule` gets right (chance 0.5 on a balanced pair), CI over task groups;
+      ``overlap_rule_retrieval_words``: the same with the retriever's word notion.
     * ``shares_risk_word`` ``rate`` per bucket (T_ok, T_wrong): :func:`shares_risk_word`.
     * ``negation`` / ``contrast`` ``rate`` per bucket (all buckets): :func:`has_negation` /
       :func:`has_contrast` on ``item.user``.
@@ -238,7 +249,9 @@ def shortcut_table(
     rows: list[dict[str, Any]] = []
     for split in splits:
         name = split or "all"
-        chosen = dataset.select(split=split)
+        if split is not None and split_kind != "template":
+            name = f"{split_kind}:{split}"
+        chosen = dataset.select(split=split, split_kind=split_kind)
         if not chosen:
             raise ValueError(f"{dataset.root}: no items in split {name!r}")
         pair = [item for item in chosen if item.bucket in PAIR]
@@ -252,6 +265,9 @@ def shortcut_table(
             correct = [float(overlap_rule(item, dataset.skills[item.tempting_skill]) == item.bucket) for item in pair]
             rows.append(_rate_row("overlap_rule", name, COMPARED, "accuracy", correct, groups,
                                   "T_wrong iff the request shares more content words with risk cues + avoidance rules than with applicability", **common))
+            correct = [float(overlap_rule(item, dataset.skills[item.tempting_skill], words=retrieval_words) == item.bucket) for item in pair]
+            rows.append(_rate_row("overlap_rule_retrieval_words", name, COMPARED, "accuracy", correct, groups,
+                                  "overlap_rule with the retriever's words (probes.retrieval.content_words)", **common))
             y, scores = bag_of_words(pair, folds=folds, seed=seed)
             scored = np.isfinite(scores)
             if scored.any():
@@ -288,7 +304,7 @@ def shortcut_table(
     return pd.DataFrame(rows, columns=["shortcut", "split", "compared", "statistic", "value", "low", "high", "n_items", "n_groups", "note"])
 
 
-REQUEST_RULES = ("request_length_words", "request_length_tokens", "overlap_rule", "bag_of_words")
+REQUEST_RULES = ("request_length_words", "request_length_tokens", "overlap_rule", "overlap_rule_retrieval_words", "bag_of_words")
 
 
 def best_shortcut(table: pd.DataFrame, *, split: str = "eval") -> dict[str, dict[str, Any]]:
