@@ -107,8 +107,20 @@ def test_length_auc_matches_sklearn_and_pair_share(toy_dataset, toy_table):
     lengths = [len(item.user.split()) for item in pair]
     assert lengths == [4, 8, 9, 5, 3, 11, 6, 6]
     assert _value(toy_table, "request_length_words", "auc") == pytest.approx(roc_auc_score(y, lengths), abs=1e-12)
-    # pairs: g0 wrong longer, g1 not, g2 wrong longer, g3 tie (not longer) -> 2/4
-    assert _value(toy_table, "request_length_words", "share_groups_wrong_longer") == pytest.approx(0.5, abs=1e-12)
+    # pairs: g0 wrong longer (1), g1 shorter (0), g2 longer (1), g3 tie (1/2) -> 2.5/4
+    assert _value(toy_table, "request_length_words", "share_groups_wrong_longer") == pytest.approx(0.625, abs=1e-12)
+
+
+def test_grouped_auc_bootstrap_equals_the_linear_probe_one():
+    from probes import linear
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 2, 60)
+    scores = np.round(rng.normal(size=60) + y, 1)  # rounding makes ties
+    groups = [f"g{i % 9}" for i in range(60)]
+    for seed in (0, 5):
+        ours = shortcuts.group_bootstrap_auc(y, scores, groups, resamples=300, seed=seed)
+        reference = linear.group_bootstrap_auc(y, scores, np.array(groups), resamples=300, seed=seed)
+        assert ours == pytest.approx(reference, abs=1e-12)
 
 
 def test_overlap_accuracy_risk_sharing_negation(toy_table):

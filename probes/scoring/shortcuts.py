@@ -31,7 +31,7 @@ from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
 
 from probes.dataset import Item, ProbeDataset
-from probes.linear import auc, group_bootstrap_auc, grouped_folds
+from probes.linear import auc, grouped_folds
 from probes.retrieval import content_words as retrieval_words
 from probes.schema import Skill
 from probes.stats import bootstrap_mean
@@ -167,10 +167,41 @@ def _rate_row(shortcut: str, split: str, compared: str, statistic: str, values: 
     return _row(shortcut, split, compared, statistic, estimate.value, estimate.low, estimate.high, len(values), estimate.n_units, note)
 
 
+def group_bootstrap_auc(y: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, resamples: int, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of the pooled AUC (positive class y = 1) when task groups are resampled with
+    replacement: the same draws and the same interval as :func:`probes.linear.group_bootstrap_auc`
+    (checked in the tests), computed in closed form instead of re-ranking every resample. With
+    ``W[i, j]`` = Σ over positives of group i and negatives of group j of 1[s⁺ > s⁻] + ½·1[s⁺ = s⁻],
+    a resample with group multiplicities c has AUC = cᵀWc / ((c·n⁺)(c·n⁻)); resamples without
+    both classes are skipped."""
+    y = np.asarray(y).astype(bool)
+    scores = np.asarray(scores, dtype=float)
+    groups = np.asarray(groups)
+    order = list(dict.fromkeys(groups.tolist()))
+    if len(order) < 2:
+        return float("nan"), float("nan")
+    index = np.array([order.index(g) for g in groups])
+    pos, neg = np.flatnonzero(y), np.flatnonzero(~y)
+    wins = (scores[pos][:, None] > scores[neg][None, :]) + 0.5 * (scores[pos][:, None] == scores[neg][None, :])
+    W = np.zeros((len(order), len(order)))
+    np.add.at(W, (index[pos][:, None], index[neg][None, :]), wins)
+    n_pos, n_neg = np.bincount(index[pos], minlength=len(order)), np.bincount(index[neg], minlength=len(order))
+    rng = np.random.default_rng(seed)
+    counts = np.array([np.bincount(rng.integers(0, len(order), len(order)), minlength=len(order)) for _ in range(resamples)], dtype=float)
+    denominator = (counts @ n_pos) * (counts @ n_neg)
+    valid = denominator > 0
+    values = np.einsum("ri,ij,rj->r", counts[valid], W, counts[valid]) / denominator[valid]
+    if not len(values):
+        return float("nan"), float("nan")
+    alpha = (1 - confidence) / 2
+    return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
+
+
 def length_rows(items: Sequence[Item], split: str, lengths: Sequence[int], unit: str, *, resamples: int, seed: int) -> list[dict[str, Any]]:
     """Length-alone AUC (T_wrong positive, score = request length in ``unit``) with its percentile
-    CI over task groups (:func:`probes.linear.group_bootstrap_auc`), and the share of task groups
-    whose mean T_wrong length exceeds their mean T_ok length (CI: bootstrap over groups)."""
+    CI over task groups (:func:`group_bootstrap_auc`), and the share of task groups
+    whose mean T_wrong length exceeds their mean T_ok length, a tie counting one half (0.5 =
+    uninformative; CI: bootstrap over groups)."""
     y = np.array([item.bucket == "T_wrong" for item in items], dtype=int)
     lengths = np.asarray(lengths, dtype=float)
     groups = [item.task_group for item in items]
@@ -182,9 +213,9 @@ def length_rows(items: Sequence[Item], split: str, lengths: Sequence[int], unit:
         member = np.array([g == group for g in groups])
         wrong, ok = lengths[member & (y == 1)], lengths[member & (y == 0)]
         if len(wrong) and len(ok):
-            longer.append(float(wrong.mean() > ok.mean()))
+            longer.append(0.5 if wrong.mean() == ok.mean() else float(wrong.mean() > ok.mean()))
     if longer:
-        rows.append(_rate_row(f"request_length_{unit}", split, COMPARED, "share_groups_wrong_longer", longer, None, f"task groups whose mean T_wrong request is longer (in {unit}) than their mean T_ok request",
+        rows.append(_rate_row(f"request_length_{unit}", split, COMPARED, "share_groups_wrong_longer", longer, None, f"share of task groups whose mean T_wrong request is longer (in {unit}) than their mean T_ok request; ties count 1/2",
                               resamples=resamples, seed=seed))
     return rows
 
@@ -236,7 +267,7 @@ def shortcut_table(
     * ``negation`` / ``contrast`` ``rate`` per bucket (all buckets): :func:`has_negation` /
       :func:`has_contrast` on ``item.user``.
     * ``bag_of_words`` ``accuracy`` (out-of-fold P(T_ok) > 0.5; CI over groups) and ``auc``
-      (T_ok positive; CI :func:`probes.linear.group_bootstrap_auc`): :func:`bag_of_words`.
+      (T_ok positive; CI :func:`group_bootstrap_auc`): :func:`bag_of_words`.
     * ``repair_code_copy`` ``rate``: share of T_repair items whose :func:`error_code` occurs
       verbatim (case-sensitive substring) in the tempting skill's recovery notes.
     * ``tempting_skill_length`` ``ratio``: mean :func:`skill_length` of the distinct tempting
