@@ -61,7 +61,7 @@ def build_domains():
             spec = p["skills"][tool]
             v2_skills[tool] = {
                 "goal": spec["goal"],
-                "procedure": ["Collect the details the request gives.", f"Call {tool} with them."],
+                "procedure": [spec["step"], f"Call {tool} with them."],
                 "tools": [tool],
                 "applicability": spec["applicability"],
                 "risk_cues": spec["risk_cues"],
