@@ -10,8 +10,8 @@ the shortcut baselines report; request lengths are counted with the real Qwen3 t
 """
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 import re
 import sys
 from collections import defaultdict
@@ -44,7 +44,10 @@ def problems(root: Path = HERE) -> list[str]:
     dataset = load_dataset(root)
     items = dataset.items
 
-    import generate  # the committed files are what the generator writes now
+    # the committed files are what the generator writes now (loaded by path: no clash with any other "generate")
+    spec = importlib.util.spec_from_file_location("basm_probe_v2_generate", HERE / "generate.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
     domains = generate.build_domains()
     if [json.loads(line) for line in (root / "items.jsonl").read_text().splitlines()] != generate.build_items(domains):
         found.append("items.jsonl differs from what generate.py produces: run generate.py")
