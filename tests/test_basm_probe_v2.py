@@ -23,8 +23,7 @@ def v2():
     return load_dataset(V2_DIR)
 
 
-def test_check_script_finds_no_problem(monkeypatch):
-    monkeypatch.syspath_prepend(str(V2_DIR))
+def test_check_script_finds_no_problem():
     spec = importlib.util.spec_from_file_location("basm_probe_v2_check", V2_DIR / "check.py")
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
