@@ -44,13 +44,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 from scipy.special import expit
-from scipy.stats import rankdata
-from sklearn.model_selection import StratifiedGroupKFold
 from sklearn.preprocessing import StandardScaler
 
 from probes.analyses.base import Analysis, RunContext, option
 from probes.data.configs import CONFIGS, PAPER_CONFIGS
-from probes.scoring.stats import cluster_bootstrap
+from probes.scoring.stats import auc, group_bootstrap_auc, grouped_folds  # noqa: F401  (auc: part of this module's probe API)
 
 POSITIVE, NEGATIVE = "T_ok", "T_wrong"  # applicable (1) vs inapplicable (0)
 PROBE_BUCKETS: tuple[str, ...] = (POSITIVE, NEGATIVE)
@@ -78,24 +76,6 @@ def labels(buckets: Sequence[str]) -> np.ndarray:
     if unknown:
         raise ValueError(f"the applicability probe uses {PROBE_BUCKETS} only, got {unknown}")
     return np.array([bucket == POSITIVE for bucket in buckets], dtype=int)
-
-
-def grouped_folds(y: np.ndarray, groups: Sequence[str], n_splits: int = DEFAULT_FOLDS, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Task-disjoint stratified folds (train, test) index arrays.
-
-    ``n_splits`` is lowered to the number of task groups holding each class, so that every
-    training fold can contain both classes. Fewer than 2 such groups: no folds (empty list).
-    The folds depend on ``y`` only through each group's class counts, so labels permuted within
-    groups get the same folds.
-    """
-    y = np.asarray(y)
-    groups = np.asarray(groups)
-    per_class = min(len(set(groups[y == c])) for c in (0, 1)) if len(set(y.tolist())) == 2 else 0
-    n_splits = min(n_splits, per_class, len(set(groups.tolist())))
-    if n_splits < 2:
-        return []
-    splitter = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
-    return [(train, test) for train, test in splitter.split(np.zeros(len(y)), y, groups)]
 
 
 def fit_logistic(Z: np.ndarray, Y: np.ndarray, C: float = DEFAULT_C) -> tuple[np.ndarray, np.ndarray]:
@@ -163,25 +143,6 @@ def out_of_fold_scores(X: np.ndarray, Y: np.ndarray, folds: Sequence[tuple[np.nd
             W, b = fit_logistic(u[:, keep] * s[keep], rows[block, train], C)
             scores[block, test] = W @ test_coords.T + b[:, None]
     return scores.reshape(Y.shape)
-
-
-def auc(y: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC by the Mann–Whitney rank formula (ties count one half; equals
-    ``sklearn.metrics.roc_auc_score``, checked in the tests, without its per-call overhead, which
-    dominates thousands of bootstrap resamples). NaN scores are dropped; one class: NaN."""
-    ok = np.isfinite(scores)
-    y, scores = np.asarray(y)[ok].astype(bool), np.asarray(scores, dtype=float)[ok]
-    n_pos = int(y.sum())
-    n_neg = len(y) - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    ranks = rankdata(scores)
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def group_bootstrap_auc(y: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
-    """Percentile CI of the pooled AUC, resampling task groups with replacement."""
-    return cluster_bootstrap(lambda idx: auc(y[idx], scores[idx]), groups, resamples=resamples, seed=seed, confidence=confidence)
 
 
 def permute_within_groups(y: np.ndarray, groups: Sequence[str], rng: np.random.Generator) -> np.ndarray:

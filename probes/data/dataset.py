@@ -21,6 +21,7 @@ from probes.data.schema import LibraryReport, Skill, ToolCatalog, build_library,
 
 BUCKETS: tuple[str, ...] = ("T_ok", "T_wrong", "T_repair")
 SPLITS: tuple[str, ...] = ("train", "eval")
+SPLIT_KINDS: tuple[str, ...] = ("template", "scenario")  # item field: split, split_scenario
 ABSTAIN = "<abstain>"
 
 def bundled_dataset(name: str) -> Path:
@@ -57,6 +58,8 @@ class Item:
     # Earlier turns of a multi-turn conversation, rendered before ``user``: user messages,
     # assistant tool calls and tool observations. ``history`` is the current turn after ``user``.
     context: tuple[Mapping[str, Any], ...] = ()
+    # Optional second split that holds out whole scenarios (datasets that have one, e.g. basm_probe_v2).
+    split_scenario: str | None = None
 
     @property
     def state_text(self) -> str:
@@ -117,6 +120,8 @@ def _parse_item(raw: Any, where: str) -> Item:
         raise DatasetError(f"{where}: bucket {raw['bucket']!r} is not one of {BUCKETS}")
     if raw["split"] not in SPLITS:
         raise DatasetError(f"{where}: split {raw['split']!r} is not one of {SPLITS}")
+    if raw.get("split_scenario") is not None and raw["split_scenario"] not in SPLITS:
+        raise DatasetError(f"{where}: split_scenario {raw['split_scenario']!r} is not one of {SPLITS} (or leave the field out)")
     action = raw["correct_action"]
     if not isinstance(action, dict):
         raise DatasetError(f"{where}: correct_action must be {{kind: call, tool}} or {{kind: abstain}}, got {action!r:.60}")
@@ -142,6 +147,7 @@ def _parse_item(raw: Any, where: str) -> Item:
         tempting_skill=raw["tempting_skill"],
         state_cues=tuple(raw["state_cues"]),
         context=tuple(raw.get("context", [])),
+        split_scenario=raw.get("split_scenario"),
     )
 
 
@@ -179,7 +185,9 @@ class ProbeDataset:
         """Hash of the content that prompts of ``items`` are built from: every field of every item
         and the domain files of their catalogs (editing an item's text changes it)."""
         items = list(items)
-        h = hashlib.sha256(json.dumps([asdict(item) for item in items], sort_keys=True, default=list).encode())
+        # an absent split_scenario is left out, so datasets without it keep their digests
+        fields = [{k: v for k, v in asdict(item).items() if not (k == "split_scenario" and v is None)} for item in items]
+        h = hashlib.sha256(json.dumps(fields, sort_keys=True, default=list).encode())
         for name in sorted({name for item in items for name in item.catalog_domains}):
             h.update(f"{name}\0{self.domains[name].digest}\n".encode())
         return h.hexdigest()[:16]
@@ -190,14 +198,24 @@ class ProbeDataset:
         buckets: Iterable[str] | None = None,
         domains: Iterable[str] | None = None,
         split: str | None = None,
+        split_kind: str = "template",
         ids: Iterable[str] | None = None,
         limit_per_bucket: int | None = None,
         spread: bool = False,
     ) -> tuple[Item, ...]:
         """Filter items; ``limit_per_bucket`` keeps N items of each bucket: with ``spread``,
         round-robin over task groups (:func:`spread_limit`; what every analysis's ``--limit``
-        does, through :func:`probes.cli.main.select_items`), else the first N in file order (fixtures:
-        usually a single task group). The result is in file order."""
+        does, through :func:`probes.analyses.base.select_items`), else the first N in file order (fixtures:
+        usually a single task group). The result is in file order.
+
+        ``split_kind``: ``"template"`` filters ``split`` on the item field ``split`` (task groups,
+        i.e. templates, held out); ``"scenario"`` on ``split_scenario`` (whole scenarios held out),
+        an error for a dataset whose items lack that field."""
+        if split_kind not in SPLIT_KINDS:
+            raise ValueError(f"split_kind must be one of {SPLIT_KINDS}, got {split_kind!r}")
+        if split is not None and split_kind == "scenario" and any(item.split_scenario is None for item in self.items):
+            raise ValueError(f"{self.root}: split_kind='scenario' needs the item field 'split_scenario', which this dataset's items lack")
+        split_field = "split" if split_kind == "template" else "split_scenario"
         buckets = set(buckets) if buckets is not None else None
         domains = set(domains) if domains is not None else None
         ids = set(ids) if ids is not None else None
@@ -208,7 +226,7 @@ class ProbeDataset:
             item for item in self.items
             if (buckets is None or item.bucket in buckets)
             and (domains is None or item.domain in domains)
-            and (split is None or item.split == split)
+            and (split is None or getattr(item, split_field) == split)
             and (ids is None or item.id in ids)
         ]
         if ids is not None and (unknown := ids - {item.id for item in chosen_items}):

@@ -1,0 +1,157 @@
+"""Dataset cards: measured statistics of a probe dataset folder, written to ``<folder>/CARD.md``.
+
+Works for any folder that :func:`probes.data.dataset.load_dataset` reads (v1 ``basm_probe``,
+``basm_probe_v2``, a later import in the same format). The card holds
+
+* counts per bucket × split (``split``, and ``split_scenario`` where the items have it), per domain ×
+  bucket, and per correct-action kind;
+* every shortcut baseline of :func:`probes.scoring.shortcuts.shortcut_table` (eval and all items;
+  with a tokenizer also request length in its tokens) and :func:`~probes.scoring.shortcuts.best_shortcut`;
+* first-token collision rates in the native tool-call format, computed from the candidate tool
+  names directly (:func:`first_name_token`), not from built prompt records: the prompt builder
+  restarts tokenization at the last special token before the decision, which in the native format
+  is ``<tool_call>``, so the in-context continuation of ``<tool_call>\\n{"name": "`` is exactly what is
+  tokenized here. A *decision-set* collision: two of {correct tool, wrong tools} share their first
+  name token (the first-token margin of Eq. 1 is then undefined, NaN in ``probes.scoring.margins``); a
+  *record* collision is what a native record's ``collision`` field flags: the correct tool or a
+  wrong tool shares its first token with any other tool of the shown catalog. The abstain
+  continuation starts at another row in this format and never collides.
+
+The card is regenerated and compared with the committed file by ``tests/test_cards.py``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from probes.data.dataset import ABSTAIN, BUCKETS, SPLITS, ProbeDataset, load_dataset
+from probes.prompts.builder import NATIVE_FORCED_PREFIX, load_tokenizer
+from probes.scoring.shortcuts import best_shortcut, shortcut_table
+
+CARD_NAME = "CARD.md"
+DEFAULT_TOKENIZER = "qwen3"
+DEFAULT_RESAMPLES = 1000
+NAME_CONTINUATION = '", "arguments": {'  # what follows a tool name in the native format
+
+
+def first_name_token(tokenizer: Any, name: str) -> int:
+    """First token id of tool ``name`` continuing the native forced prefix
+    ``<tool_call>\\n{"name": "``, tokenized in context (prefix + name + ``", "arguments": {``).
+    A BPE merge across the prefix boundary is an error (the decision row would not exist)."""
+    prefix = tokenizer(NATIVE_FORCED_PREFIX, add_special_tokens=False)["input_ids"]
+    full = tokenizer(NATIVE_FORCED_PREFIX + name + NAME_CONTINUATION, add_special_tokens=False)["input_ids"]
+    if full[: len(prefix)] != prefix:
+        raise ValueError(f"tool name {name!r} merges with the native prefix {NATIVE_FORCED_PREFIX!r} under this tokenizer")
+    return int(full[len(prefix)])
+
+
+def collision_table(dataset: ProbeDataset, tokenizer: Any) -> tuple[pd.DataFrame, Counter[tuple[str, str]]]:
+    """Per bucket: items, decision-set and record collision rates (module docstring); and a
+    count of the colliding decision-set name pairs."""
+    first: dict[str, int] = {}
+
+    def token(name: str) -> int:
+        if name not in first:
+            first[name] = first_name_token(tokenizer, name)
+        return first[name]
+
+    pairs: Counter[tuple[str, str]] = Counter()
+    rows = []
+    for bucket in [b for b in BUCKETS if any(item.bucket == b for item in dataset.items)]:
+        decision, record = [], []
+        for item in dataset.items:
+            if item.bucket != bucket:
+                continue
+            names = sorted({*item.wrong_tools, *([item.correct_action] if item.correct_action != ABSTAIN else [])})
+            colliding = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if token(a) == token(b)]
+            pairs.update(colliding)
+            decision.append(bool(colliding))
+            shown = dataset.catalog_for(item).names
+            record.append(any(token(name) == token(other) for name in names for other in shown if other != name))
+        rows.append({"bucket": bucket, "items": len(decision), "decision_set_collision": float(np.mean(decision)),
+                     "record_collision": float(np.mean(record))})
+    return pd.DataFrame(rows), pairs
+
+
+def _markdown(frame: pd.DataFrame) -> str:
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "---|" * len(frame.columns)
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def _fmt(value: float) -> str:
+    return "—" if not np.isfinite(value) else f"{value:.3f}"
+
+
+def _counts(dataset: ProbeDataset) -> list[str]:
+    items = dataset.items
+    buckets = [b for b in BUCKETS if any(item.bucket == b for item in items)]
+    out = ["## Counts", ""]
+    fields = ["split"] + (["split_scenario"] if all(item.split_scenario is not None for item in items) else [])
+    for field in fields:
+        counts = Counter((getattr(item, field), item.bucket) for item in items)
+        frame = pd.DataFrame([{field: split, **{b: counts[(split, b)] for b in buckets}, "total": sum(counts[(split, b)] for b in buckets)} for split in SPLITS])
+        out += [f"By bucket × `{field}`:", "", _markdown(frame), ""]
+    counts = Counter((item.domain, item.bucket) for item in items)
+    frame = pd.DataFrame([{"domain": d, **{b: counts[(d, b)] for b in buckets}} for d in sorted({item.domain for item in items})])
+    out += ["By domain (of the tempting skill) × bucket:", "", _markdown(frame), ""]
+    kinds = Counter((item.bucket, "abstain" if item.correct_action == ABSTAIN else "call") for item in items)
+    frame = pd.DataFrame([{"bucket": b, "call": kinds[(b, "call")], "abstain": kinds[(b, "abstain")]} for b in buckets])
+    groups = Counter(item.task_group for item in items)
+    out += ["Correct action kind per bucket:", "", _markdown(frame), "",
+            f"{len(items)} items in {len(groups)} task groups ({min(groups.values())}–{max(groups.values())} items per group), "
+            f"{len({item.tempting_skill for item in items})} distinct tempting skills, {len(dataset.skills)} skills in {len(dataset.domains)} domains.", ""]
+    return out
+
+
+def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFAULT_TOKENIZER, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> str:
+    """The card text of the dataset in ``dataset_dir``. ``tokenizer``: ``"qwen3"`` (the real Qwen3
+    tokenizer), a local tokenizer folder, or ``None`` (no token lengths, no collision section; the
+    card says so). ``resamples``/``seed``: of the bootstrap CIs. Deterministic for fixed arguments."""
+    dataset_dir = Path(dataset_dir)
+    dataset = load_dataset(dataset_dir)
+    loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
+    tokenizer_label = "none" if tokenizer is None else ("Qwen3 (probes.prompts.builder.load_tokenizer('qwen3'))" if str(tokenizer) == "qwen3" else Path(tokenizer).name)
+    kinds = ["template"] + (["scenario"] if all(item.split_scenario is not None for item in dataset.items) else [])
+    table = pd.concat([shortcut_table(dataset, splits=("eval", None), split_kind="template", tokenizer=loaded, resamples=resamples, seed=seed)]
+                      + [shortcut_table(dataset, splits=("eval",), split_kind=kind, tokenizer=loaded, resamples=resamples, seed=seed) for kind in kinds[1:]],
+                      ignore_index=True)
+    lines = [f"# Dataset card: {dataset_dir.name}", "",
+             "Generated by `probes.reporting.cards.write_card`; do not edit by hand (tests/test_cards.py regenerates it).",
+             f"Parameters: tokenizer = {tokenizer_label}; bootstrap resamples = {resamples}, seed = {seed}; CIs are 95% percentile intervals over task groups.", ""]
+    lines += _counts(dataset)
+    shown = table.assign(ci=[f"[{_fmt(lo)}, {_fmt(hi)}]" for lo, hi in zip(table.low, table.high)], value=[_fmt(v) for v in table.value])
+    lines += ["## Shortcut baselines", "",
+              "No-model rules and a bag-of-words classifier (`probes.scoring.shortcuts`, whose docstrings define each row). "
+              "`all` = train + eval; `scenario:eval` = the scenario-held-out split.", "",
+              _markdown(shown[["shortcut", "split", "compared", "statistic", "value", "ci", "n_items", "n_groups", "note"]]), ""]
+    for split in ["eval"] + (["scenario:eval"] if "scenario" in kinds else []):
+        best = best_shortcut(table, split=split)
+        described = "; ".join(f"{stat} {entry['value']:.3f} [{_fmt(entry['low'])}, {_fmt(entry['high'])}] ({entry['shortcut']})" for stat, entry in best.items())
+        lines += [f"Best request-level shortcut on `{split}` (AUC orientation-free): {described}.", ""]
+    lines += ["## First-token collisions (native tool-call format)", ""]
+    if loaded is None:
+        lines += ["Not computed: no tokenizer was given.", ""]
+    else:
+        collisions, pairs = collision_table(dataset, loaded)
+        frame = collisions.assign(decision_set_collision=collisions.decision_set_collision.map(_fmt), record_collision=collisions.record_collision.map(_fmt))
+        listed = ", ".join(f"{a}/{b} ({n})" for (a, b), n in sorted(pairs.items())) or "none"
+        lines += ["From the candidate tool names directly (see `probes.reporting.cards`): the first token of each name after "
+                  "`<tool_call>\\n{\"name\": \"`. Decision set: two of {correct tool, wrong tools} collide (first-token margin undefined); "
+                  "record: the correct or a wrong tool collides with any other shown tool (a native record's `collision` field).", "",
+                  _markdown(frame), "", f"Colliding decision-set pairs (items): {listed}.", ""]
+    return "\n".join(lines)
+
+
+def write_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFAULT_TOKENIZER, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Path:
+    """Write :func:`dataset_card` to ``<dataset_dir>/CARD.md``; returns the path."""
+    path = Path(dataset_dir) / CARD_NAME
+    path.write_text(dataset_card(dataset_dir, tokenizer=tokenizer, resamples=resamples, seed=seed), encoding="utf-8")
+    return path
+

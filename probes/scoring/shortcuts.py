@@ -1,0 +1,332 @@
+"""Shortcut baselines: how far a decision item can be solved without reading boundary semantics.
+
+Pure functions, no model. Each statistic is computed on the same items as the probes
+(:meth:`probes.data.dataset.ProbeDataset.select` by split) with the probes' unit of resampling: task
+groups (items of one group share a template). :func:`shortcut_table` returns one tidy row per
+shortcut × split × compared buckets; :func:`best_shortcut` gives the strongest accuracy and AUC
+among the request-level rules, to be drawn as reference lines on the linear-probe figure.
+
+Words. A *content word* is a lower-cased token of ``[a-z0-9]+(?:_[a-z0-9]+)*`` (a snake_case tool
+name stays one token, so ``create_return_request`` never matches the prose word "return"; an id
+``BK-20417`` gives the prefix token ``bk`` and a number), after apostrophe suffixes (``'s``,
+``n't``, ``'ll``...) are cut, that is not in :data:`STOPWORDS` and not all digits, mapped by
+:func:`lemma`. Both the list and the lemmatiser are fixed here so that every dataset is measured
+the same way; they were not tuned to reproduce any reported figure.
+
+Length AUC. Orientation: AUC = P(length of a T_wrong request > length of a T_ok request), ties
+counting one half (Mann-Whitney; :func:`probes.analyses.linear.auc` with T_wrong as the positive class).
+0.5 = length carries no bucket information; below 0.5 = T_ok requests are longer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.feature_extraction.text import CountVectorizer
+from sklearn.linear_model import LogisticRegression
+
+from probes.data.dataset import Item, ProbeDataset
+from probes.data.retrieval import content_words as retrieval_words
+from probes.data.schema import Skill
+from probes.scoring.stats import auc, bootstrap_mean, group_bootstrap_auc, grouped_folds
+
+PAIR = ("T_ok", "T_wrong")
+COMPARED = "T_ok vs T_wrong"
+DEFAULT_RESAMPLES = 1000
+DEFAULT_FOLDS = 5
+
+# Function words, auxiliaries, pronouns, contraction stems (``don't`` -> ``don``) and the
+# politeness marker "please". Negation is measured on its own (NEGATION_PATTERN), so the
+# negators are stop words here too.
+STOPWORDS = frozenset("""
+a an the and or but nor if then than so as of to in on at by for from with without into onto about over under
+up down out off again further once here there when where why how what which who whom whose this that these those
+i me my mine myself we us our ours you your yours he him his she her hers it its they them their theirs
+am is are was were be been being have has had having do does did doing will would shall should can could may
+might must ought not no never none nothing nobody neither
+don doesn didn isn aren wasn weren haven hasn hadn won wouldn shouldn couldn cannot
+all any both each few more most other some such own same too very just also only even still yet
+one please now s t
+""".split())
+
+NEGATION_PATTERN = re.compile(r"\b(?:not|no|never|none|nothing|nobody|nowhere|neither|nor|without|cannot)\b|n[’']t\b", re.I)
+CONTRAST_PATTERN = re.compile(r"\b(?:but|instead|however|though|although|rather|only|just|still|yet|whereas|except|unless)\b", re.I)
+_TOKEN = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
+_APOSTROPHE_SUFFIX = re.compile(r"[’'][a-z]*")
+_KEEP_DOUBLE = set("lsz")
+
+
+def lemma(word: str) -> str:
+    """Deterministic suffix stripper (not a dictionary lemmatiser), applied in this order to a
+    lower-cased token without ``_`` (tool names are returned unchanged):
+
+    1. plural: ``-ies`` -> ``-y``; else a final ``-s`` is dropped unless the word ends in
+       ``ss``, ``us`` or ``is``;
+    2. ``-ing`` or ``-ed`` is dropped, then a doubled final consonant other than l/s/z is undoubled
+       (``shipped`` -> ``ship``);
+    3. a final ``-e`` is dropped (``arrive``/``arrived``/``arriving`` -> ``arriv``).
+
+    A step applies only if at least three letters remain.
+    """
+    if "_" in word:
+        return word
+    if word.endswith("ies") and len(word) - 3 >= 3:
+        word = word[:-3] + "y"
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) - 1 >= 3:
+        word = word[:-1]
+    for suffix in ("ing", "ed"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            if len(word) >= 4 and word[-1] == word[-2] and word[-1] not in _KEEP_DOUBLE and word[-1] not in "aeiou":
+                word = word[:-1]
+            break
+    if word.endswith("e") and len(word) - 1 >= 3:
+        word = word[:-1]
+    return word
+
+
+def content_words(text: str) -> frozenset[str]:
+    """The content words of ``text`` (module docstring): tokens minus stop words and numbers, lemmatised."""
+    tokens = _TOKEN.findall(_APOSTROPHE_SUFFIX.sub("", text.lower()))
+    return frozenset(lemma(token) for token in tokens if token not in STOPWORDS and not token.isdigit())
+
+
+def slot_words(skill: Skill, slots: Iterable[str], words: Callable[[str], frozenset[str]] | None = None) -> frozenset[str]:
+    """Content words (``words``, default :func:`content_words`) of the named list slots of
+    ``skill`` (e.g. ``risk_cues``, ``avoidance_rules``)."""
+    words = words or content_words
+    return frozenset().union(*(words(entry) for slot in slots for entry in getattr(skill, slot)))
+
+
+def has_negation(text: str) -> bool:
+    """True iff ``text`` holds a negator of :data:`NEGATION_PATTERN` (``not``, ``no``, ``n't``, ``without``...)."""
+    return NEGATION_PATTERN.search(text) is not None
+
+
+def has_contrast(text: str) -> bool:
+    """True iff ``text`` holds a contrast/restriction word of :data:`CONTRAST_PATTERN` (``but``, ``instead``, ``only``...)."""
+    return CONTRAST_PATTERN.search(text) is not None
+
+
+def word_count(text: str) -> int:
+    """Whitespace-separated words."""
+    return len(text.split())
+
+
+def overlap_rule(item: Item, skill: Skill, *, words: Callable[[str], frozenset[str]] | None = None) -> str:
+    """The reviewer's lexical rule, no model: ``T_wrong`` iff the request (``item.user``) shares
+    strictly more content words with the tempting skill's risk cues + avoidance rules than with its
+    applicability; else ``T_ok`` (a tie, e.g. no shared word at all, is ``T_ok``). ``words``:
+    :func:`content_words` by default; :func:`probes.data.retrieval.content_words` (scikit-learn's
+    English stop words, no lemmatisation, tool names split on ``_``) is the retriever's own notion."""
+    words = words or content_words
+    request = words(item.user)
+    against = len(request & slot_words(skill, ("risk_cues", "avoidance_rules"), words))
+    for_ = len(request & slot_words(skill, ("applicability",), words))
+    return "T_wrong" if against > for_ else "T_ok"
+
+
+def shares_risk_word(item: Item, skill: Skill) -> bool:
+    """The request shares at least one content word with the tempting skill's risk cues."""
+    return bool(content_words(item.user) & slot_words(skill, ("risk_cues",)))
+
+
+def error_code(item: Item) -> str:
+    """The error code of a T_repair item: the string ``error`` field of the JSON content of the
+    last tool message in its history. A history without one is an error naming the item."""
+    for message in reversed(item.history):
+        if message["role"] == "tool":
+            try:
+                content = json.loads(message["content"])
+            except json.JSONDecodeError as error:
+                raise ValueError(f"item {item.id}: the tool observation is not JSON ({error}); an error code needs {{'error': CODE}}") from error
+            if isinstance(content, dict) and isinstance(content.get("error"), str):
+                return content["error"]
+            break
+    raise ValueError(f"item {item.id}: no tool observation with a string 'error' field in its history")
+
+
+def skill_length(skill: Skill) -> int:
+    """Words of goal + procedure (what Proc. Skill retrieval and formatting show)."""
+    return word_count(skill.goal) + sum(word_count(step) for step in skill.procedure)
+
+
+def _row(shortcut: str, split: str, compared: str, statistic: str, value: float, low: float, high: float, n_items: int, n_groups: int, note: str) -> dict[str, Any]:
+    return {"shortcut": shortcut, "split": split, "compared": compared, "statistic": statistic, "value": value,
+            "low": low, "high": high, "n_items": n_items, "n_groups": n_groups, "note": note}
+
+
+def _rate_row(shortcut: str, split: str, compared: str, statistic: str, values: Sequence[float], groups: Sequence[str] | None, note: str, *, resamples: int, seed: int) -> dict[str, Any]:
+    estimate = bootstrap_mean(values, groups, resamples=resamples, seed=seed)
+    return _row(shortcut, split, compared, statistic, estimate.value, estimate.low, estimate.high, len(values), estimate.n_units, note)
+
+
+def length_rows(items: Sequence[Item], split: str, lengths: Sequence[int], unit: str, *, resamples: int, seed: int) -> list[dict[str, Any]]:
+    """Length-alone AUC (T_wrong positive, score = request length in ``unit``) with its percentile
+    CI over task groups (:func:`group_bootstrap_auc`), and the share of task groups
+    whose mean T_wrong length exceeds their mean T_ok length, a tie counting one half (0.5 =
+    uninformative; CI: bootstrap over groups)."""
+    y = np.array([item.bucket == "T_wrong" for item in items], dtype=int)
+    lengths = np.asarray(lengths, dtype=float)
+    groups = [item.task_group for item in items]
+    low, high = group_bootstrap_auc(y, lengths, groups, resamples=resamples, seed=seed)
+    rows = [_row(f"request_length_{unit}", split, COMPARED, "auc", auc(y, lengths), low, high, len(items), len(set(groups)),
+                 f"AUC of request length in {unit} for T_wrong (positive) vs T_ok; 0.5 = uninformative")]
+    longer = []
+    for group in dict.fromkeys(groups):
+        member = np.array([g == group for g in groups])
+        wrong, ok = lengths[member & (y == 1)], lengths[member & (y == 0)]
+        if len(wrong) and len(ok):
+            longer.append(0.5 if wrong.mean() == ok.mean() else float(wrong.mean() > ok.mean()))
+    if longer:
+        rows.append(_rate_row(f"request_length_{unit}", split, COMPARED, "share_groups_wrong_longer", longer, None, f"share of task groups whose mean T_wrong request is longer (in {unit}) than their mean T_ok request; ties count 1/2",
+                              resamples=resamples, seed=seed))
+    return rows
+
+
+def bag_of_words(items: Sequence[Item], *, folds: int = DEFAULT_FOLDS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Out-of-fold P(T_ok) of a bag-of-words classifier of the request text alone: binary
+    CountVectorizer over the content-word analyser of this module (fit on the training fold only)
+    and scikit-learn's L2 LogisticRegression (C = 1, lbfgs), with the linear probes' task-disjoint
+    folds (:func:`probes.analyses.linear.grouped_folds`: StratifiedGroupKFold over task groups, ≤ ``folds``).
+    Returns (labels with T_ok = 1, out-of-fold scores); items in no test fold get NaN."""
+    y = np.array([item.bucket == "T_ok" for item in items], dtype=int)
+    groups = [item.task_group for item in items]
+    texts = [item.user for item in items]
+    scores = np.full(len(items), np.nan)
+    for train, test in grouped_folds(y, groups, folds, seed):
+        vectorizer = CountVectorizer(analyzer=lambda text: sorted(content_words(text)), binary=True)
+        X_train = vectorizer.fit_transform([texts[i] for i in train])
+        model = LogisticRegression(C=1.0, max_iter=1000).fit(X_train, y[train])
+        scores[test] = model.predict_proba(vectorizer.transform([texts[i] for i in test]))[:, 1]
+    return y, scores
+
+
+def shortcut_table(
+    dataset: ProbeDataset,
+    *,
+    splits: Sequence[str | None] = ("eval", "train", None),
+    split_kind: str = "template",
+    tokenizer: Any = None,
+    folds: int = DEFAULT_FOLDS,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Every shortcut statistic of ``dataset`` per split (``None`` = all items, written ``all``);
+    ``split_kind`` picks the split field (:meth:`probes.data.dataset.ProbeDataset.select`: ``"template"``
+    = ``split``, ``"scenario"`` = ``split_scenario``), written in the ``split`` column as e.g.
+    ``eval`` or ``scenario:eval``.
+
+    Columns: ``shortcut, split, compared, statistic, value, low, high, n_items, n_groups, note``;
+    ``low``/``high`` are a 95% percentile bootstrap CI over task groups (NaN where the statistic
+    has no resampling unit). Rows:
+
+    * ``request_length_words`` (and ``request_length_tokens`` when ``tokenizer`` is given; tokens of
+      ``item.user`` without special tokens): ``auc`` and ``share_groups_wrong_longer``
+      (:func:`length_rows`), T_ok vs T_wrong.
+    * ``overlap_rule`` ``accuracy``: share of T_ok and T_wrong items whose bucket
+      :func:`overlap_rule` gets right (chance 0.5 on a balanced pair), CI over task groups;
+      ``overlap_rule_retrieval_words``: the same with the retriever's word notion.
+    * ``shares_risk_word`` ``rate`` per bucket (T_ok, T_wrong): :func:`shares_risk_word`.
+    * ``negation`` / ``contrast`` ``rate`` per bucket (all buckets): :func:`has_negation` /
+      :func:`has_contrast` on ``item.user``.
+    * ``bag_of_words`` ``accuracy`` (out-of-fold P(T_ok) > 0.5; CI over groups) and ``auc``
+      (T_ok positive; CI :func:`group_bootstrap_auc`): :func:`bag_of_words`.
+    * ``repair_code_copy`` ``rate``: share of T_repair items whose :func:`error_code` occurs
+      verbatim (case-sensitive substring) in the tempting skill's recovery notes.
+    * ``tempting_skill_length`` ``ratio``: mean :func:`skill_length` of the distinct tempting
+      skills of the items over that of the other skills in their catalog domains' libraries
+      (no CI; ``n_items`` = number of skills, ``note`` holds both means).
+
+    The skill used is always ``item.tempting_skill`` (the one the dataset says retrieval ranks
+    first); retrieval itself is not run.
+    """
+    rows: list[dict[str, Any]] = []
+    for split in splits:
+        name = split or "all"
+        if split is not None and split_kind != "template":
+            name = f"{split_kind}:{split}"
+        chosen = dataset.select(split=split, split_kind=split_kind)
+        if not chosen:
+            raise ValueError(f"{dataset.root}: no items in split {name!r}")
+        pair = [item for item in chosen if item.bucket in PAIR]
+        groups = [item.task_group for item in pair]
+        common = dict(resamples=resamples, seed=seed)
+        if len({item.bucket for item in pair}) == 2:
+            rows += length_rows(pair, name, [word_count(item.user) for item in pair], "words", **common)
+            if tokenizer is not None:
+                lengths = [len(tokenizer(item.user, add_special_tokens=False)["input_ids"]) for item in pair]
+                rows += length_rows(pair, name, lengths, "tokens", **common)
+            correct = [float(overlap_rule(item, dataset.skills[item.tempting_skill]) == item.bucket) for item in pair]
+            rows.append(_rate_row("overlap_rule", name, COMPARED, "accuracy", correct, groups,
+                                  "T_wrong iff the request shares more content words with risk cues + avoidance rules than with applicability", **common))
+            correct = [float(overlap_rule(item, dataset.skills[item.tempting_skill], words=retrieval_words) == item.bucket) for item in pair]
+            rows.append(_rate_row("overlap_rule_retrieval_words", name, COMPARED, "accuracy", correct, groups,
+                                  "overlap_rule with the retriever's words (probes.data.retrieval.content_words)", **common))
+            y, scores = bag_of_words(pair, folds=folds, seed=seed)
+            scored = np.isfinite(scores)
+            if scored.any():
+                kept = [g for g, ok in zip(groups, scored) if ok]
+                hits = ((scores[scored] > 0.5).astype(int) == y[scored]).astype(float)
+                rows.append(_rate_row("bag_of_words", name, COMPARED, "accuracy", hits, kept, f"out-of-fold, ≤ {folds} task-disjoint folds", **common))
+                low, high = group_bootstrap_auc(y[scored], scores[scored], kept, resamples=resamples, seed=seed)
+                rows.append(_row("bag_of_words", name, COMPARED, "auc", auc(y[scored], scores[scored]), low, high, int(scored.sum()), len(set(kept)),
+                                 "AUC of out-of-fold P(T_ok), T_ok positive"))
+        for bucket in PAIR:
+            members = [item for item in pair if item.bucket == bucket]
+            if members:
+                rows.append(_rate_row("shares_risk_word", name, bucket, "rate",
+                                      [float(shares_risk_word(item, dataset.skills[item.tempting_skill])) for item in members],
+                                      [item.task_group for item in members], "request shares a content word with the tempting skill's risk cues", **common))
+        for bucket in dict.fromkeys(item.bucket for item in chosen):
+            members = [item for item in chosen if item.bucket == bucket]
+            member_groups = [item.task_group for item in members]
+            rows.append(_rate_row("negation", name, bucket, "rate", [float(has_negation(item.user)) for item in members], member_groups, "request holds a negator", **common))
+            rows.append(_rate_row("contrast", name, bucket, "rate", [float(has_contrast(item.user)) for item in members], member_groups, "request holds a contrast/restriction word", **common))
+        repairs = [item for item in chosen if item.bucket == "T_repair"]
+        if repairs:
+            copied = [float(any(error_code(item) in note for note in dataset.skills[item.tempting_skill].recovery_notes)) for item in repairs]
+            rows.append(_rate_row("repair_code_copy", name, "T_repair", "rate", copied, [item.task_group for item in repairs],
+                                  "error code occurs verbatim in the tempting skill's recovery notes", **common))
+        tempting = {item.tempting_skill for item in chosen}
+        library = {skill.id: skill for item in chosen for skill in dataset.library_for(item)}
+        others = [skill_length(skill) for sid, skill in library.items() if sid not in tempting]
+        tempting_lengths = [skill_length(dataset.skills[sid]) for sid in sorted(tempting)]
+        if others:
+            rows.append(_row("tempting_skill_length", name, "tempting vs other skills", "ratio", float(np.mean(tempting_lengths) / np.mean(others)),
+                             float("nan"), float("nan"), len(tempting_lengths) + len(others), 0,
+                             f"goal+procedure words: tempting {np.mean(tempting_lengths):.1f} (n={len(tempting_lengths)}), others {np.mean(others):.1f} (n={len(others)})"))
+    return pd.DataFrame(rows, columns=["shortcut", "split", "compared", "statistic", "value", "low", "high", "n_items", "n_groups", "note"])
+
+
+REQUEST_RULES = ("request_length_words", "request_length_tokens", "overlap_rule", "overlap_rule_retrieval_words", "bag_of_words")
+
+
+def best_shortcut(table: pd.DataFrame, *, split: str = "eval") -> dict[str, dict[str, Any]]:
+    """The strongest T_ok-vs-T_wrong shortcut of ``table`` (from :func:`shortcut_table`) in
+    ``split``, for reference lines on the linear-probe figure:
+    ``{"accuracy": {"shortcut", "value", "low", "high"}, "auc": {...}}``.
+
+    Only request-level rules count (:data:`REQUEST_RULES`). AUCs are orientation-free
+    separabilities, max(AUC, 1 - AUC) (CI mirrored the same way), because a rule can be read in
+    either direction; accuracies are taken as they are. A statistic with no row is absent.
+    """
+    chosen = table[(table["split"] == split) & table["shortcut"].isin(REQUEST_RULES) & (table["compared"] == COMPARED)]
+    best: dict[str, dict[str, Any]] = {}
+    for statistic in ("accuracy", "auc"):
+        rows = chosen[chosen["statistic"] == statistic]
+        if rows.empty:
+            continue
+        entries = []
+        for row in rows.itertuples():
+            value, low, high = row.value, row.low, row.high
+            if statistic == "auc" and value < 0.5:
+                value, low, high = 1 - value, 1 - high, 1 - low
+            entries.append({"shortcut": row.shortcut, "value": float(value), "low": float(low), "high": float(high)})
+        best[statistic] = max(entries, key=lambda entry: entry["value"])
+    return best

@@ -1,0 +1,177 @@
+"""Shortcut baselines: every statistic against an independent hand computation on a tiny
+synthetic dataset, plus a pin of the v1 figures (values measured by this module, not tuned)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from probes.data.dataset import DEFAULT_DATASET_DIR, Item, load_dataset
+from probes.data.schema import Skill
+from probes.scoring import shortcuts
+from probes.scoring.shortcuts import best_shortcut, content_words, lemma, overlap_rule, shortcut_table
+
+TOOLS = [
+    {"name": name, "description": f"Tool {name}.", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": [], "additionalProperties": False}}
+    for name in ("ship_parcel", "hold_parcel", "track_parcel")
+]
+
+
+def _skill(sid: str, tool: str, goal: str, procedure: list[str], recovery: list[str]) -> dict:
+    return {"id": sid, "goal": goal, "procedure": procedure, "tools": [tool],
+            "applicability": ["The parcel is packed and labelled."],
+            "risk_cues": ["The recipient is travelling abroad."],
+            "avoidance_rules": ["Do not ship while the recipient is away; call hold_parcel."],
+            "recovery_notes": recovery}
+
+
+SKILLS = [
+    # tempting skill: goal + procedure = 5 + 4 + 4 = 13 words
+    _skill("toy.ship", "ship_parcel", "Send a packed parcel out.", ["Read the parcel number.", "Call ship_parcel with it."], ["If ship_parcel fails with ADDRESS_INVALID, call track_parcel."]),
+    # others: 3 + 2 + 2 = 7 and 3 + 2 = 5 words
+    _skill("toy.hold", "hold_parcel", "Hold a parcel.", ["Call hold_parcel.", "Confirm it."], []),
+    _skill("toy.track", "track_parcel", "Track a parcel.", ["Call track_parcel."], []),
+]
+
+# (group, bucket, user): lengths in words are given by the texts; groups g0..g3
+REQUESTS = [
+    ("g0", "T_ok", "Ship my parcel today."),                                             # 4 words
+    ("g0", "T_wrong", "Ship my parcel, the recipient is travelling abroad."),            # 8
+    ("g1", "T_ok", "Please ship the packed parcel that is labelled now."),               # 9
+    ("g1", "T_wrong", "Ship it but not yet."),                                          # 5
+    ("g2", "T_ok", "Send parcel out."),                                                 # 3
+    ("g2", "T_wrong", "Send the parcel; the recipient went abroad, I think, not home."),  # 11
+    ("g3", "T_ok", "Ship the packed box without delay."),                               # 6
+    ("g3", "T_wrong", "Ship the box to my sister."),                                    # 6
+]
+REPAIRS = [("g0", "ADDRESS_INVALID"), ("g1", "ADDRESS_INVALID"), ("g2", "TIMEOUT"), ("g3", "ADDRESS_INVALID")]
+
+
+@pytest.fixture(scope="module")
+def toy_dataset(tmp_path_factory: pytest.TempPathFactory):
+    root: Path = tmp_path_factory.mktemp("toy_dataset")
+    (root / "domains").mkdir()
+    (root / "domains" / "toy.json").write_text(json.dumps({"domain": "toy", "description": "Toy parcels.", "tools": TOOLS, "skills": SKILLS}))
+    lines = []
+    for i, (group, bucket, user) in enumerate(REQUESTS):
+        lines.append({"id": f"toy-{i}", "bucket": bucket, "split": "eval", "domain": "toy", "task_group": group, "catalog_domains": ["toy"],
+                      "unavailable_tools": [], "user": user, "history": [], "correct_action": {"kind": "call", "tool": "ship_parcel" if bucket == "T_ok" else "hold_parcel"},
+                      "wrong_tools": ["hold_parcel" if bucket == "T_ok" else "ship_parcel"], "tempting_skill": "toy.ship", "state_cues": []})
+    for i, (group, code) in enumerate(REPAIRS):
+        history = [{"role": "assistant", "tool_call": {"name": "ship_parcel", "arguments": {}}}, {"role": "tool", "name": "ship_parcel", "content": json.dumps({"error": code})}]
+        lines.append({"id": f"toy-r{i}", "bucket": "T_repair", "split": "eval", "domain": "toy", "task_group": group, "catalog_domains": ["toy"],
+                      "unavailable_tools": [], "user": "Ship my parcel.", "history": history, "correct_action": {"kind": "call", "tool": "track_parcel"},
+                      "wrong_tools": ["ship_parcel"], "tempting_skill": "toy.ship", "state_cues": [code]})
+    (root / "items.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return load_dataset(root)
+
+
+@pytest.fixture(scope="module")
+def toy_table(toy_dataset):
+    return shortcut_table(toy_dataset, splits=("eval",), folds=2, resamples=200)
+
+
+def _value(table: pd.DataFrame, shortcut: str, statistic: str, compared: str = shortcuts.COMPARED) -> float:
+    row = table[(table.shortcut == shortcut) & (table.statistic == statistic) & (table.compared == compared)]
+    assert len(row) == 1, (shortcut, statistic, compared)
+    return float(row.value.iloc[0])
+
+
+def test_lemma_and_content_words():
+    assert [lemma(w) for w in ("deliveries", "shipped", "arrived", "arrive", "arriving", "boxes", "called", "status", "create_return_request")] == \
+        ["delivery", "ship", "arriv", "arriv", "arriv", "box", "call", "status", "create_return_request"]
+    assert content_words("The customer's parcel BK-20417 hasn't arrived; call create_return_request.") == \
+        {"customer", "parcel", "bk", "arriv", "call", "create_return_request"}
+
+
+def test_overlap_rule_on_handmade_items():
+    skill = Skill(id="s", goal="g", procedure=("p",), tools=(), applicability=("The parcel is packed.",),
+                  risk_cues=("The recipient is abroad.",), avoidance_rules=("Do not ship when away.",), recovery_notes=())
+    def item(user: str) -> Item:
+        return Item("i", "T_ok", "eval", "d", "g", ("d",), (), user, (), "t", None, (), "s", ())
+    # shared with risk+avoidance vs applicability, counted by hand:
+    assert overlap_rule(item("Ship it, the recipient is abroad."), skill) == "T_wrong"   # {ship, recipient, abroad} vs {}
+    assert overlap_rule(item("The packed parcel, ship it."), skill) == "T_ok"            # {ship} vs {pack, parcel}
+    assert overlap_rule(item("Parcel for the recipient."), skill) == "T_ok"              # {recipient} vs {parcel}: tie -> T_ok
+    assert overlap_rule(item("Hello there."), skill) == "T_ok"                           # {} vs {}
+
+
+def test_length_auc_matches_sklearn_and_pair_share(toy_dataset, toy_table):
+    pair = [item for item in toy_dataset.items if item.bucket in ("T_ok", "T_wrong")]
+    y = [item.bucket == "T_wrong" for item in pair]
+    lengths = [len(item.user.split()) for item in pair]
+    assert lengths == [4, 8, 9, 5, 3, 11, 6, 6]
+    assert _value(toy_table, "request_length_words", "auc") == pytest.approx(roc_auc_score(y, lengths), abs=1e-12)
+    # pairs: g0 wrong longer (1), g1 shorter (0), g2 longer (1), g3 tie (1/2) -> 2.5/4
+    assert _value(toy_table, "request_length_words", "share_groups_wrong_longer") == pytest.approx(0.625, abs=1e-12)
+
+
+def test_closed_form_auc_bootstrap_equals_the_generic_cluster_bootstrap():
+    from probes.scoring.stats import auc, cluster_bootstrap, group_bootstrap_auc
+
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 2, 60)
+    scores = np.round(rng.normal(size=60) + y, 1)  # rounding makes ties
+    groups = [f"g{i % 9}" for i in range(60)]
+    for seed in (0, 5):
+        ours = group_bootstrap_auc(y, scores, groups, resamples=300, seed=seed)
+        reference = cluster_bootstrap(lambda idx: auc(y[idx], scores[idx]), groups, resamples=300, seed=seed)
+        assert ours == pytest.approx(reference, abs=1e-12)
+
+
+def test_overlap_accuracy_risk_sharing_negation(toy_table):
+    # overlap rule per item (risk+avoid words {recipient, travell, abroad, ship, whil, away, call, hold_parcel}
+    # vs applicability {parcel, pack, labell}): g0 ok {ship}v{parcel} -> ok ✓; g0 wrong {ship,recipient,travell,abroad}v{parcel} -> wrong ✓;
+    # g1 ok {ship}v{pack,parcel,labell} -> ok ✓; g1 wrong {ship}v{} -> wrong ✓; g2 ok {}v{parcel} -> ok ✓;
+    # g2 wrong {recipient,abroad}v{parcel} -> wrong ✓; g3 ok {ship}v{pack} tie -> ok ✓; g3 wrong {ship}v{} -> wrong ✓
+    assert _value(toy_table, "overlap_rule", "accuracy") == pytest.approx(1.0)
+    # risk cue words {recipient, travell, abroad}: T_ok none; T_wrong g0, g2 -> 2/4 (group means = item values here)
+    assert _value(toy_table, "shares_risk_word", "rate", "T_ok") == pytest.approx(0.0)
+    assert _value(toy_table, "shares_risk_word", "rate", "T_wrong") == pytest.approx(0.5)
+    # negators: T_ok "without" (g3) -> 1/4; T_wrong "not" (g1, g2) -> 2/4; contrast: T_wrong "but" (g1) -> 1/4
+    assert _value(toy_table, "negation", "rate", "T_ok") == pytest.approx(0.25)
+    assert _value(toy_table, "negation", "rate", "T_wrong") == pytest.approx(0.5)
+    assert _value(toy_table, "contrast", "rate", "T_wrong") == pytest.approx(0.25)
+    assert _value(toy_table, "contrast", "rate", "T_ok") == pytest.approx(0.0)
+
+
+def test_repair_copy_and_skill_length(toy_table):
+    assert _value(toy_table, "repair_code_copy", "rate", "T_repair") == pytest.approx(3 / 4)
+    assert _value(toy_table, "tempting_skill_length", "ratio", "tempting vs other skills") == pytest.approx(13 / ((7 + 5) / 2), abs=1e-12)
+
+
+def test_bag_of_words_separates_a_marker_word_and_not_identical_texts(toy_dataset):
+    items = [item for item in toy_dataset.items if item.bucket in ("T_ok", "T_wrong")]
+    marked = [Item(**{**item.__dict__, "user": ("zebra " if item.bucket == "T_wrong" else "lion ") + "ship it"}) for item in items]
+    y, scores = shortcuts.bag_of_words(marked, folds=2)
+    assert np.isfinite(scores).all() and roc_auc_score(y, scores) == 1.0
+    same = [Item(**{**item.__dict__, "user": "ship it"}) for item in items]
+    y, scores = shortcuts.bag_of_words(same, folds=2)
+    assert roc_auc_score(y, scores) == 0.5
+
+
+def test_best_shortcut_mirrors_auc_and_ignores_non_request_rows():
+    rows = [("request_length_words", "auc", 0.2, 0.1, 0.3), ("bag_of_words", "auc", 0.7, 0.6, 0.8),
+            ("overlap_rule", "accuracy", 0.6, 0.5, 0.7), ("bag_of_words", "accuracy", 0.55, 0.5, 0.6),
+            ("repair_code_copy", "accuracy", 1.0, 1.0, 1.0)]
+    table = pd.DataFrame([{"shortcut": s, "split": "eval", "compared": shortcuts.COMPARED, "statistic": st, "value": v, "low": lo, "high": hi}
+                          for s, st, v, lo, hi in rows])
+    best = best_shortcut(table)
+    assert best["auc"] == {"shortcut": "request_length_words", "value": pytest.approx(0.8), "low": pytest.approx(0.7), "high": pytest.approx(0.9)}
+    assert best["accuracy"]["shortcut"] == "overlap_rule" and best["accuracy"]["value"] == 0.6
+
+
+def test_v1_pin():
+    """The v1 figures this module measures (reviewer: overlap 68.5%, length AUC 0.77-0.79)."""
+    table = shortcut_table(load_dataset(DEFAULT_DATASET_DIR), splits=("eval",), resamples=50)
+    assert _value(table, "overlap_rule", "accuracy") == pytest.approx(113 / 168, abs=1e-12)
+    assert _value(table, "overlap_rule", "accuracy") == pytest.approx(0.68, abs=0.03)
+    assert _value(table, "request_length_words", "auc") == pytest.approx(0.7928, abs=1e-4)
+    assert _value(table, "request_length_words", "auc") == pytest.approx(0.77, abs=0.03)
+    assert _value(table, "repair_code_copy", "rate", "T_repair") == 1.0
+    assert _value(table, "tempting_skill_length", "ratio", "tempting vs other skills") == pytest.approx(1.893, abs=1e-3)
