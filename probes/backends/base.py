@@ -46,6 +46,7 @@ class Backend(Protocol):
     n_layers: int
     n_heads: int
     tokenizer: Any
+    model: Any  # the HF model: the analysis runner reads ``model.name_or_path``; the calls analysis generates with it
 
     def run(
         self,
@@ -104,14 +105,15 @@ class Forward:
 class ForwardBackend(abc.ABC):
     """``run`` by one edited forward per condition and per (condition, multi-token candidate).
 
-    Subclasses set ``name``, ``n_layers``, ``n_heads``, ``tokenizer``, ``config`` (the HF config)
-    and implement :meth:`forward_edited`.
+    Subclasses set ``name``, ``n_layers``, ``n_heads``, ``tokenizer``, ``model`` (the HF model),
+    ``config`` (its config) and implement :meth:`forward_edited`.
     """
 
     name: str
     n_layers: int
     n_heads: int
     tokenizer: Any
+    model: Any
     config: Any
 
     @abc.abstractmethod

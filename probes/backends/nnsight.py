@@ -111,6 +111,7 @@ class NNsightBackend(ForwardBackend):
         if lm.config.get_text_config()._attn_implementation != "eager" and not remote:
             raise RuntimeError("the nnsight backend needs eager attention (its softmax is the edited operation)")
         self.lm = lm
+        self.model = lm._module  # the HF model (the analysis runner reads its name_or_path; calls generate with it)
         self.tokenizer = lm.tokenizer
         self.config = lm.config
         cfg = lm.config.get_text_config()
@@ -126,7 +127,8 @@ class NNsightBackend(ForwardBackend):
         read = list(read_rows)
         x = torch.tensor([ids], device=self._embed.device if not self.remote else "cpu")
         probs, resid = [], []
-        with torch.inference_mode(), self.lm.trace(x, remote=self.remote):
+        keep = torch.tensor(read, device=x.device)  # logits at the read rows only (the vocabulary is large)
+        with torch.inference_mode(), self.lm.trace(x, remote=self.remote, logits_to_keep=keep):
             if residual_row is not None:
                 resid.append(self._embed.output[0, residual_row].float().clone().save())
             for layer in range(self.n_layers):
@@ -139,7 +141,7 @@ class NNsightBackend(ForwardBackend):
                     out = self._layers[layer].output
                     hs = out[0] if isinstance(out, tuple) else out
                     resid.append(hs[0, residual_row].float().clone().save())
-            logits = self.lm.output.logits[0, read].float().save()
+            logits = self.lm.output.logits[0].float().save()
         return Forward(
             logits=logits.cpu(),
             probs=torch.stack([p.cpu() for p in probs]),

@@ -53,6 +53,7 @@ class TransformerLensBackend(ForwardBackend):
                                        trust_remote_code=trust_remote_code, attn_implementation="eager")
             bridge = TransformerBridge.boot_transformers(str(model), hf_model=hf.eval(), tokenizer=tokenizer)
         self.bridge = bridge
+        self.model = bridge.original_model  # the HF model, as rewritten by the bridge
         self.tokenizer = bridge.tokenizer
         self.config = bridge.original_model.config
         self.n_layers, self.n_heads = bridge.cfg.n_layers, bridge.cfg.n_heads
@@ -79,9 +80,10 @@ class TransformerLensBackend(ForwardBackend):
             hooks += [(f"blocks.{layer}.hook_resid_post", resid_hook(layer + 1)) for layer in range(self.n_layers)]
         x = torch.tensor([ids], device=self.bridge.cfg.device)
         with torch.inference_mode():
-            logits = self.bridge.run_with_hooks(x, fwd_hooks=hooks)
+            # logits at the read rows only (the vocabulary is large); the bridge passes it to HF
+            logits = self.bridge.run_with_hooks(x, fwd_hooks=hooks, logits_to_keep=torch.tensor(read, device=x.device))
         return Forward(
-            logits=logits[0, read].float().cpu(),
+            logits=logits[0].float().cpu(),
             probs=torch.stack([probs[layer] for layer in range(self.n_layers)]),
             residual=torch.stack([resid[i] for i in range(self.n_layers + 1)]) if residual_row is not None else None,
         )
