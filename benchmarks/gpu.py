@@ -2,7 +2,7 @@
 tokenizer, built locally from a config: nothing is downloaded).
 
     PYTHONPATH=. python benchmarks/gpu.py [--records 24] [--budget-s 450] [--json out.json]
-    PYTHONPATH=. python benchmarks/gpu.py --tiny          # a tiny shape on the CPU (the test)
+    PYTHONPATH=. python benchmarks/gpu.py --tiny          # a tiny shape, fp32, on the CPU (the test)
     PYTHONPATH=. python benchmarks/gpu.py --memory-table  # bf16 weight memory of Qwen3 8B/14B/32B
 
 Sections, side by side in one run (one model instance; its attention implementation is switched):
@@ -10,13 +10,14 @@ Sections, side by side in one run (one model instance; its attention implementat
 1. ``records``: per dataset prompt record (real prompt lengths: the native format, configuration
    ``basm`` at k = 1..4, eval items; ``--records`` of them), time and peak memory of a plain sdpa
    forward (``logits_to_keep=1``), of the engine scoring the record with the baseline only
-   (``score_record``: every margin and α) and with ten knockouts (boundary, procedure, four
-   neutral random spans, early and late layer windows, two head sets).
+   (``score_record``: every margin and α, so every catalog tool is a scored candidate; ``--tiny``:
+   only the correct, wrong and abstain candidates) and with ten knockouts (boundary, procedure,
+   four neutral random spans, early and late layer windows, two head sets).
 2. ``eager_attn``: HF eager with ``output_attentions=True`` on the longest record.
 3. ``mask_4d``: ten full eager forwards of the longest record, each with an explicit per-layer,
    per-head 4D additive mask that removes the knocked keys from the query rows: the reference.
 4. ``parity``: the engine's knockout logits (every row from the open row to the decision row)
-   against those 4D-mask forwards: max abs difference in bf16 (and the logits' scale).
+   against those 4D-mask forwards: max abs difference (bf16 on the GPU) and the logits' scale.
 5. ``long``: the engine with ten knockouts at 8k and 32k tokens (random ids; query rows n-8..n-1).
 
 Peak memory = ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it
@@ -111,15 +112,15 @@ def measure(fn: Callable[[], Any], device: torch.device) -> tuple[float, float |
     return dt, peak, out
 
 
-def build_model(tiny: bool, device: torch.device, vocab: int) -> Any:
-    """A Qwen3-8B-shaped (or tiny) causal LM with random bf16 weights on ``device``."""
+def build_model(tiny: bool, device: torch.device, vocab: int, dtype: torch.dtype) -> Any:
+    """A Qwen3-8B-shaped (or tiny) causal LM with random weights of ``dtype`` on ``device``."""
     from transformers import Qwen3ForCausalLM
 
     shape = {**TINY_SHAPE, "vocab_size": vocab} if tiny else QWEN3_SHAPES["Qwen3-8B"]
     cfg = qwen3_config(shape, max_position_embeddings=40960)
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen3ForCausalLM._from_config(cfg, torch_dtype=torch.bfloat16)
+        model = Qwen3ForCausalLM._from_config(cfg, dtype=dtype)
     return model.eval()
 
 
@@ -231,17 +232,20 @@ def _summary(values: list[float | None]) -> dict[str, float | None]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from probes.analysis import score_record
+    from probes.analysis import MARGINS, score_record
     from probes.engine import ATTN_IMPLEMENTATION, ProbeSession
     from probes.rendering import load_tokenizer
 
     clock = Clock(args.budget_s)
+    # every margin scores every catalog tool (one branch element per tool and condition); --tiny
+    # keeps the correct, wrong and abstain candidates (a 151k vocabulary on the CPU)
+    margins = ("margin",) if args.tiny else MARGINS
     device = torch.device("cpu" if args.tiny else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --tiny on the CPU")
     torch.set_num_threads(args.threads)
     report: dict[str, Any] = {"tiny": args.tiny, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                              "dtype": "bfloat16", "skipped": {}}
+                              "dtype": args.dtype, "margins": list(margins), "skipped": {}}
 
     def skip(step: str, why: str) -> None:
         report["skipped"][step] = why
@@ -249,13 +253,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     tokenizer = load_tokenizer("qwen3")
     t0 = time.perf_counter()
-    model = build_model(args.tiny, device, len(tokenizer))
+    dtype = getattr(torch, args.dtype)
+    model = build_model(args.tiny, device, len(tokenizer), dtype)
     cfg = model.config
     report["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "layers": cfg.num_hidden_layers,
                        "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "hidden": cfg.hidden_size,
                        "build_s": time.perf_counter() - t0}
     print(f"model: random Qwen3 ({'tiny' if args.tiny else '8B shape'}), {report['model']['parameters'] / 1e9:.3f}B parameters, "
-          f"bf16 on {report['device']}, built in {report['model']['build_s']:.1f} s", flush=True)
+          f"{args.dtype} on {report['device']}, built in {report['model']['build_s']:.1f} s", flush=True)
     records = dataset_records(tokenizer, args.records)
     lengths = [len(r["input_ids"]) for r in records]
     print(f"{len(records)} records, {min(lengths)}..{max(lengths)} tokens", flush=True)
@@ -271,11 +276,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model.set_attn_implementation("sdpa")
     plain_sdpa(warm["input_ids"])
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    score_record(session, warm, knockouts(warm, cfg.num_hidden_layers, cfg.num_attention_heads))
+    score_record(session, warm, [], margins=margins)
     for i, record in enumerate(records):
-        spent = [sum(r[m]["time_s"] for m in ("sdpa", "engine_baseline", "engine_10ko")) for r in per_record]
-        if spent and not clock.fits(max(spent) * 1.5 + args.reserve_s):
-            skip(f"records[{i}:]", f"{clock.left():.0f} s left; a record takes up to {max(spent):.1f} s and "
+        spent = max((sum(r[m]["time_s"] for m in ("sdpa", "engine_baseline", "engine_10ko")) for r in per_record), default=0.0)
+        if not clock.fits(spent * 1.5 + args.reserve_s):
+            skip(f"records[{i}:]", f"{clock.left():.0f} s left; a record took up to {spent:.1f} s and "
                  f"{args.reserve_s:.0f} s are kept for the later sections")
             break
         ids = record["input_ids"]
@@ -283,8 +288,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model.set_attn_implementation("sdpa")
         t_sdpa, m_sdpa, _ = measure(lambda: plain_sdpa(ids), device)
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
-        t_b0, m_b0, _ = measure(lambda: score_record(session, record, []), device)
-        t_b10, m_b10, _ = measure(lambda: score_record(session, record, conds), device)
+        t_b0, m_b0, _ = measure(lambda: score_record(session, record, [], margins=margins), device)
+        t_b10, m_b10, _ = measure(lambda: score_record(session, record, conds, margins=margins), device)
         per_record.append({"record_id": record["record_id"], "n_tokens": len(ids),
                            "sdpa": {"time_s": t_sdpa, "peak_mib": m_sdpa},
                            "engine_baseline": {"time_s": t_b0, "peak_mib": m_b0},
@@ -322,7 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         engine = session.run(ids, qrows, conditions=conds)  # logits at rows min(query_rows)..n-1
         model.set_attn_implementation("eager")
         for ko, res in zip(conds, engine.conditions[1:]):
-            masks = mask_4d(n, cfg.num_hidden_layers, cfg.num_attention_heads, ko, qrows, torch.bfloat16, device)
+            masks = mask_4d(n, cfg.num_hidden_layers, cfg.num_attention_heads, ko, qrows, dtype, device)
             t, m, ref = measure(lambda: masked_forward(model, ids, masks, qrows[0]), device)
             del masks
             times.append(t)
@@ -331,10 +336,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             diffs.append(float((res.logits - ref).abs().max()))
             scale = max(scale, float(ref.abs().max()))
         report["mask_4d"] = {"n_tokens": n, "forwards": N_KNOCKOUTS, "time_s": sum(times), "peak_mib": _summary(peaks)["max"]}
-        report["parity"] = {"max_abs_diff_bf16": max(diffs), "per_knockout": dict(zip([c.name for c in conds], diffs)),
+        report["parity"] = {"max_abs_diff": max(diffs), "per_knockout": dict(zip([c.name for c in conds], diffs)),
                             "max_abs_logit": scale, "rows": f"{qrows[0]}..{n - 1}"}
-        print(f"ten 4D-mask eager forwards, n={n}: {sum(times):.3f} s; engine vs 4D mask: max |Δlogit| = {max(diffs):.4f} "
-              f"(bf16; logits up to {scale:.2f})", flush=True)
+        print(f"ten 4D-mask eager forwards, n={n}: {sum(times):.3f} s; engine vs 4D mask: max |Δlogit| = {max(diffs):.2e} "
+              f"({args.dtype}; logits up to {scale:.2f})", flush=True)
     else:
         skip("mask_4d", f"{clock.left():.0f} s left; projected {eager_time * N_KNOCKOUTS * 1.5:.0f} s")
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
@@ -372,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget of the whole run (default 450 s)")
     ap.add_argument("--reserve-s", type=float, default=None, help="seconds kept for sections 2-5 while timing records")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default bfloat16; --tiny: float32")
     ap.add_argument("--json", type=Path, help="write the report here")
     ap.add_argument("--memory-table", action="store_true", help="print bf16 weight memory of Qwen3 8B/14B/32B and exit")
     args = ap.parse_args(argv)
@@ -382,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.long is None:
         args.long = [256, 512] if args.tiny else [8192, 32768]
+    if args.dtype is None:
+        args.dtype = "float32" if args.tiny else "bfloat16"
     if args.reserve_s is None:
         args.reserve_s = 5.0 if args.tiny else 150.0
     if args.tiny and args.records == 24:
