@@ -11,7 +11,9 @@ forward per condition and per (condition, multi-token candidate), candidate toke
 
 ``remote=True`` sends each trace to an NDIF deployment. Before anything is built, a preflight
 (:func:`ndif_preflight`) needs an API key, a reachable service that knows the key, and the model
-RUNNING there; otherwise it raises :class:`NDIFUnavailableError` at once.
+RUNNING there; otherwise it raises :class:`NDIFUnavailableError` at once. The deployment must run
+eager attention (the edited softmax is eager's); with sdpa or flash attention the first trace
+raises a RuntimeError that says so. Remote runs have not been exercised against a live NDIF.
 """
 
 from __future__ import annotations
@@ -123,6 +125,16 @@ class NNsightBackend(ForwardBackend):
             raise RuntimeError(f"{type(lm._module).__name__}: its attention module does not call transformers' attention interface")
         self._attention_call = calls[-1]  # the call; an earlier one is the lookup's assignment
 
+    def _softmax(self, layer: int) -> Any:
+        """The softmax call inside layer ``layer``'s attention function (inside a trace)."""
+        attention = getattr(self._layers[layer].self_attn.source, self._attention_call).source
+        try:
+            return getattr(attention, SOFTMAX_OP)
+        except AttributeError as e:  # e.g. a remote deployment running sdpa or flash attention
+            raise RuntimeError(f"layer {layer}: the attention function has no {SOFTMAX_OP} (attn_implementation="
+                               f"{self.config.get_text_config()._attn_implementation!r}); the nnsight backend edits the "
+                               "softmax of transformers' eager attention") from e
+
     def forward_edited(self, ids: list[int], edit: RowEdit, read_rows: Sequence[int], residual_row: int | None) -> Forward:
         read = list(read_rows)
         x = torch.tensor([ids], device=self._embed.device if not self.remote else "cpu")
@@ -132,7 +144,7 @@ class NNsightBackend(ForwardBackend):
             if residual_row is not None:
                 resid.append(self._embed.output[0, residual_row].float().clone().save())
             for layer in range(self.n_layers):
-                softmax = getattr(getattr(self._layers[layer].self_attn.source, self._attention_call).source, SOFTMAX_OP)
+                softmax = self._softmax(layer)
                 pattern = knock_pattern(softmax.output, layer, edit)
                 if edit.applies(layer):
                     softmax.output = pattern
