@@ -8,9 +8,13 @@ column (Eq. 1 margins, path margin, call log-odds, entropy, α of B and P at the
 open row) and the knockout effects Δm must agree, and so must the raw results: logits at every
 branch row, span masses at every query row, full query rows and the residual stream.
 
-Tolerance (fp32): 1e-5 absolute. The backends compute the same fp32 forward by different code
-(sdpa plus exact query rows with -inf scores, vs eager softmax with the blocked keys zeroed and the
-row renormalised), so only rounding differs; the measured maxima are printed (pytest -s).
+Tolerance (fp32): 1e-5, absolute for margins, Δm, entropy, α, span masses and attention rows;
+relative to the largest magnitude for raw logits and residuals. The backends compute the same fp32
+forward by different code (sdpa plus exact query rows with -inf scores, vs eager softmax with the
+blocked keys zeroed and the row renormalised), so only rounding differs. Measured maxima (printed
+by pytest -s): margins and Δm ≤ 2.4e-6, path margin ≤ 6.2e-6, entropy ≤ 2.9e-6, α ≤ 2.3e-9,
+span masses and rows ≤ 2.8e-6, logits ≤ 9.5e-6 absolute, residual ≤ 1.2e-6 relative.
+The prompted case is marked slow (``-m "not slow"`` leaves it out).
 """
 
 from __future__ import annotations
@@ -73,7 +77,8 @@ MATRIX = [
     ("qwen3", "native", ("boundary", "memory_heads")),
     ("llama", "native", ("procedure_l1", "boundary")),
     ("organism", "native", ("boundary", "procedure_l1", "memory_heads")),
-    ("organism", "prompted", ("memory_heads",)),  # 1751 tokens: the slowest case (one forward per candidate)
+    # 1751 tokens: one eager forward per candidate makes it ~1 min on a loaded 2-core machine
+    pytest.param("organism", "prompted", ("memory_heads",), marks=pytest.mark.slow),
 ]
 
 
@@ -148,9 +153,9 @@ def test_backends_agree_on_scored_records_and_raw_results(name, fmt, condition_n
         for c_ref, c in zip(ref.conditions, raw[b].conditions, strict=True):
             assert c.row_offset == c_ref.row_offset and c.logits.shape == c_ref.logits.shape
             diffs = {
-                "logits": (c.logits - c_ref.logits).abs().max(),
+                # logits and residual relative to their scale (a trained model's logits reach ~20)
+                "logits": (c.logits - c_ref.logits).abs().max() / c_ref.logits.abs().max().clamp(min=1.0),
                 "rows": (c.rows - c_ref.rows).abs().max(),
-                # relative to the stream's scale (it grows with depth)
                 "residual": (c.residual - c_ref.residual).abs().max() / c_ref.residual.abs().max().clamp(min=1.0),
                 **{f"span_mass {s}": (c.span_mass[s] - c_ref.span_mass[s]).abs().max() for s in record_spans},
             }
