@@ -12,7 +12,8 @@ Tolerance (fp32): 1e-5, absolute for margins, Δm, entropy, α, span masses and 
 relative to the largest magnitude for raw logits and residuals. The backends compute the same fp32
 forward by different code (sdpa plus exact query rows with -inf scores, vs eager softmax with the
 blocked keys zeroed and the row renormalised), so only rounding differs. Measured maxima (printed
-by pytest -s): margins and Δm ≤ 2.4e-6, path margin ≤ 6.2e-6, entropy ≤ 2.9e-6, α ≤ 2.3e-9,
+by pytest -s): margins and Δm ≤ 2.4e-6, path margin ≤ 6.2e-6, entropy ≤ 2.9e-6, α (mean and per
+head) ≤ 2.3e-9, per-head η = α_B / (α_P + ε) ≤ 1.2e-5 relative (tolerance 1e-4 relative),
 span masses and rows ≤ 2.8e-6, logits ≤ 9.5e-6 absolute, residual ≤ 1.2e-6 relative.
 The prompted case is marked slow (``-m "not slow"`` leaves it out).
 """
@@ -23,11 +24,12 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from probes.analysis import score_record
+from probes.analysis import EPSILON, score_record
 from probes.backends import BACKENDS, get_backend
 from probes.dataset import load_dataset
 from probes.engine import Knockout, span_positions
@@ -120,7 +122,7 @@ def test_backends_agree_on_scored_records_and_raw_results(name, fmt, condition_n
     rows = {}
     for b, backend in backends[name].items():
         t0 = time.perf_counter()
-        rows[b] = score_record(backend, record, conds, margins=SCORED)
+        rows[b] = score_record(backend, record, conds, margins=SCORED, per_head=True)
         print(f"\n{name} {fmt} {len(record['input_ids'])} tokens, {b}: {time.perf_counter() - t0:.2f} s")
     native = rows["native"]
     base = native[0]["margin"]
@@ -138,6 +140,18 @@ def test_backends_agree_on_scored_records_and_raw_results(name, fmt, condition_n
                 diff = abs(w[k] - g[k])
                 worst[f"{b} {k}"] = max(worst.get(f"{b} {k}", 0.0), diff)
                 assert diff <= TOL, (name, fmt, b, want["condition"], k, w[k], g[k])
+            # per-head α at the deciding and open rows, and the per-head ratio η = α_B / (α_P + ε)
+            heads = [k for k in want if k.endswith("_heads")]
+            assert {"alpha_boundary_heads", "alpha_procedure_heads"} <= set(heads)
+            for k in heads:
+                diff = float(np.abs(np.asarray(want[k]) - np.asarray(got[k])).max())
+                worst[f"{b} {k}"] = max(worst.get(f"{b} {k}", 0.0), diff)
+                assert diff <= TOL, (name, fmt, b, want["condition"], k)
+            eta = [(np.asarray(r["alpha_boundary_heads"]) + EPSILON) / (np.asarray(r["alpha_procedure_heads"]) + EPSILON)
+                   for r in (want, got)]
+            rel = float((np.abs(eta[0] - eta[1]) / eta[0]).max())
+            worst[f"{b} eta_heads (relative)"] = max(worst.get(f"{b} eta_heads (relative)", 0.0), rel)
+            assert rel <= 1e-4, (name, fmt, b, want["condition"], rel)
             # the knockout effect Δm
             dm = abs((want["margin"] - base) - (got["margin"] - rows[b][0]["margin"]))
             worst[f"{b} delta_m"] = max(worst.get(f"{b} delta_m", 0.0), dm)
