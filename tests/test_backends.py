@@ -5,7 +5,7 @@ whose correct and wrong names share their first token, so α is read in a contin
 random Llama with the organism's tokenizer (native), and the bundled organism (native and prompted). Each backend
 scores the records through the one record scorer, ``probes.analysis.score_record``; every numeric
 column (Eq. 1 margins, path margin, call log-odds, entropy, α of B and P at the deciding and the
-open row) and the knockout effects Δm must agree, and so must the raw results: logits at every
+open row, also per head, and the per-head ratio η) and the knockout effects Δm must agree, and so must the raw results: logits at every
 branch row, span masses at every query row, full query rows and the residual stream.
 
 Tolerance (fp32): 1e-5, absolute for margins, Δm, entropy, α, span masses and attention rows;
