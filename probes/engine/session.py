@@ -157,6 +157,42 @@ def span_positions(ranges: Sequence[Sequence[int]]) -> list[int]:
     return sorted({i for s, e in ranges for i in range(int(s), int(e))})
 
 
+def validate_request(
+    ids: Sequence[int],
+    query_rows: Sequence[int],
+    conditions: Sequence[Knockout],
+    config: Any,
+) -> list[int]:
+    """Check one probe request against the prompt and the model ``config``; the sorted query rows.
+
+    Shared by every backend (``probes.backends``) so that all refuse the same requests.
+    """
+    n = len(ids)
+    if n == 0:
+        raise ValueError("empty prompt")
+    check_context_length(n, config)
+    rows = sorted({int(r) for r in query_rows})
+    if not rows or rows[0] < 0 or rows[-1] >= n:
+        raise ValueError(f"query_rows {list(query_rows)} must be non-empty positions in 0..{n - 1}")
+    for c in conditions:
+        if c.key_positions and (c.key_positions[0] < 0 or c.key_positions[-1] >= n):
+            raise ValueError(f"knockout {c.name!r}: key positions must lie in 0..{n - 1}")
+        blocked = set(c.key_positions)
+        for r in rows:
+            if blocked.issuperset(range(r + 1)):
+                raise ValueError(f"knockout {c.name!r} blocks every key of query row {r}; its softmax is undefined")
+    return rows
+
+
+def validate_candidates(candidates: Mapping[str, tuple[int, Sequence[int]]], branch_point: int, n: int, config: Any) -> None:
+    """Candidates anchor at or after the first query row (``branch_point``) and are non-empty."""
+    for name, (anchor, toks) in candidates.items():
+        if not branch_point <= anchor < n or not toks:
+            raise ValueError(f"candidate {name!r}: anchor {anchor} must lie in {branch_point}..{n - 1} "
+                             f"(query rows start at {branch_point}) and ids be non-empty")
+        check_context_length(anchor + len(toks), config)
+
+
 # --------------------------------------------------------------------------------------------
 # Per-call state read by the attention function
 # --------------------------------------------------------------------------------------------
@@ -627,21 +663,7 @@ class ProbeSession:
         query_rows: Sequence[int],
         conditions: Sequence[Knockout],
     ) -> list[int]:
-        n = len(ids)
-        if n == 0:
-            raise ValueError("empty prompt")
-        check_context_length(n, self.model)
-        rows = sorted({int(r) for r in query_rows})
-        if not rows or rows[0] < 0 or rows[-1] >= n:
-            raise ValueError(f"query_rows {list(query_rows)} must be non-empty positions in 0..{n - 1}")
-        for c in conditions:
-            if c.key_positions and (c.key_positions[0] < 0 or c.key_positions[-1] >= n):
-                raise ValueError(f"knockout {c.name!r}: key positions must lie in 0..{n - 1}")
-            blocked = set(c.key_positions)
-            for r in rows:
-                if blocked.issuperset(range(r + 1)):
-                    raise ValueError(f"knockout {c.name!r} blocks every key of query row {r}; its softmax is undefined")
-        return rows
+        return validate_request(ids, query_rows, conditions, self.model.config)
 
     def _new_state(
         self,
@@ -813,10 +835,7 @@ class ProbeSession:
         rows = self._validate(ids, query_rows, conds)
         n, p = len(ids), rows[0]
         dev = self.device
-        for name, (anchor, toks) in candidates.items():
-            if not p <= anchor < n or not toks:
-                raise ValueError(f"candidate {name!r}: anchor {anchor} must lie in {p}..{n - 1} (query rows start at {p}) and ids be non-empty")
-            check_context_length(anchor + len(toks), self.model)
+        validate_candidates(candidates, p, n, self.model.config)
 
         # Branch elements: the conditions, then each multi-token candidate under each condition.
         multi = [(name, a, list(t)) for name, (a, t) in candidates.items() if len(t) > 1]

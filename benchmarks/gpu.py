@@ -1,0 +1,406 @@
+"""GPU benchmark of the probe engine on a Qwen3-8B-shaped model (random bf16 weights, real Qwen3
+tokenizer, built locally from a config: nothing is downloaded).
+
+    PYTHONPATH=. python benchmarks/gpu.py [--records 24] [--budget-s 450] [--json out.json]
+    PYTHONPATH=. python benchmarks/gpu.py --tiny          # a tiny shape, fp32, on the CPU (the test)
+    PYTHONPATH=. python benchmarks/gpu.py --memory-table  # bf16 weight memory of Qwen3 8B/14B/32B
+
+Sections, side by side in one run (one model instance; its attention implementation is switched):
+
+1. ``records``: per dataset prompt record (real prompt lengths: the native format, configuration
+   ``basm`` at k = 1..4, eval items; ``--records`` of them), time and peak memory of a plain sdpa
+   forward (``logits_to_keep=1``), of the engine scoring the record with the baseline only
+   (``score_record``: every margin and α, so every catalog tool is a scored candidate; ``--tiny``:
+   only the correct, wrong and abstain candidates) and with ten knockouts (boundary, procedure,
+   four neutral random spans, early and late layer windows, two head sets).
+2. ``eager_attn``: HF eager with ``output_attentions=True`` on the longest record.
+3. ``mask_4d``: ten full eager forwards of the longest record, each with an explicit per-layer,
+   per-head 4D additive mask that removes the knocked keys from the query rows: the reference.
+4. ``parity``: the engine's knockout logits (every row from the open row to the decision row)
+   against those 4D-mask forwards: max abs difference (bf16 on the GPU) and the logits' scale.
+5. ``long``: the engine with ten knockouts at 8k and 32k tokens (random ids; query rows n-8..n-1).
+
+Peak memory = ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it
+(what the call itself allocated), reset before every call; on the CPU (``--tiny``) it is not measured.
+The run budgets its time (``--budget-s``, default 450 s, under the 8-minute bar on one H200):
+before each step it projects the step's time from what it has measured and skips it, with the
+reason printed and recorded in the JSON, when the rest of the budget would not cover it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+N_KNOCKOUTS = 10
+# Qwen3 shapes (from the public config.json of each checkpoint); 8B is the benchmark's model.
+QWEN3_SHAPES: dict[str, dict[str, Any]] = {
+    "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+    "Qwen3-14B": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
+                      num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+    "Qwen3-32B": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                      num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+}
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+
+
+def qwen3_config(shape: dict[str, Any], **extra: Any) -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**{"max_position_embeddings": 40960, "rope_theta": 1_000_000.0, **shape, **extra})
+
+
+def parameter_count(shape: dict[str, Any]) -> int:
+    """Exact parameter count of a Qwen3 of this shape (built on the meta device: no memory)."""
+    from transformers import Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(qwen3_config(shape))
+    return sum(p.numel() for p in model.parameters())
+
+
+def memory_table() -> list[dict[str, Any]]:
+    """bf16 weight memory per Qwen3 size, and the KV cache per 1k tokens (bf16, batch 1)."""
+    out = []
+    for name, shape in QWEN3_SHAPES.items():
+        n = parameter_count(shape)
+        kv_per_1k = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2 * 1024
+        out.append({"model": name, "parameters": n, "weights_gib_bf16": n * 2 / 2**30, "kv_cache_mib_per_1k_tokens": kv_per_1k / 2**20})
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class Clock:
+    """The time budget: ``fits(seconds)`` says whether a step projected to take that long fits."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.start, self.budget = time.perf_counter(), budget_s
+
+    def left(self) -> float:
+        return self.budget - (time.perf_counter() - self.start)
+
+    def fits(self, projected_s: float) -> bool:
+        return projected_s < self.left()
+
+
+def measure(fn: Callable[[], Any], device: torch.device) -> tuple[float, float | None, Any]:
+    """(seconds, peak MiB allocated by the call or None on the CPU, result)."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    peak = (torch.cuda.max_memory_allocated() - before) / 2**20 if cuda else None
+    return dt, peak, out
+
+
+def build_model(tiny: bool, device: torch.device, vocab: int, dtype: torch.dtype) -> Any:
+    """A Qwen3-8B-shaped (or tiny) causal LM with random weights of ``dtype`` on ``device``."""
+    from transformers import Qwen3ForCausalLM
+
+    shape = {**TINY_SHAPE, "vocab_size": vocab} if tiny else QWEN3_SHAPES["Qwen3-8B"]
+    cfg = qwen3_config(shape, max_position_embeddings=40960)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM._from_config(cfg, dtype=dtype)
+    return model.eval()
+
+
+def knockouts(record: dict[str, Any], n_layers: int, n_heads: int, seed: int = 0) -> list[Any]:
+    """Ten knockouts of the kinds the analyses run (their spans from the record)."""
+    from probes.scoring.score import record_rng
+    from probes.engine.session import Knockout
+    from probes.analyses.knockout import memory_control
+
+    spans = record["spans"]
+    blocks = spans["boundary"]
+    rnd = [memory_control(record, blocks, record_rng(seed, record["record_id"], f"random_{i}"))[0] for i in range(4)]
+    half = n_layers // 2
+    g = np.random.default_rng(seed)
+    heads = [tuple((int(g.integers(n_layers)), int(g.integers(n_heads))) for _ in range(3)) for _ in range(2)]
+    conds = [
+        Knockout.from_spans("boundary", blocks),
+        Knockout.from_spans("procedure", spans["procedure"]),
+        *(Knockout(f"random{i}", tuple(r)) for i, r in enumerate(rnd)),
+        Knockout.from_spans("boundary_early", blocks, layers=range(half)),
+        Knockout.from_spans("boundary_late", blocks, layers=range(half, n_layers)),
+        Knockout.from_spans("boundary_heads_a", blocks, heads=heads[0]),
+        Knockout.from_spans("boundary_heads_b", blocks, heads=heads[1]),
+    ]
+    assert len(conds) == N_KNOCKOUTS
+    return conds
+
+
+def synthetic_knockouts(n: int, n_layers: int) -> tuple[list[int], dict[str, list[int]], list[Any]]:
+    """Query rows n-8..n-1 and ten knockouts over spans of n/8 tokens (the long-context check)."""
+    from probes.engine.session import Knockout
+
+    rows = list(range(n - 8, n))
+    w = n // 8
+    g = torch.Generator().manual_seed(n)
+    spans = {"boundary": list(range(w, 2 * w)), "procedure": list(range(2 * w, 3 * w))}
+    rnd = [sorted(torch.randperm(rows[0], generator=g)[:w].tolist()) for _ in range(6)]
+    half = n_layers // 2
+    conds = [Knockout("boundary", spans["boundary"]), Knockout("procedure", spans["procedure"]),
+             *(Knockout(f"random{i}", r) for i, r in enumerate(rnd)),
+             Knockout("boundary_early", spans["boundary"], layers=tuple(range(half))),
+             Knockout("boundary_late", spans["boundary"], layers=tuple(range(half, n_layers)))]
+    return rows, spans, conds
+
+
+def mask_4d(n: int, n_layers: int, n_heads: int, ko: Any, rows: list[int], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """Per layer, the additive mask [1, head, n, n]: causal, plus -inf at (query row, knocked key)
+    in the knockout's active heads. Layers with the same active heads share one tensor."""
+    active = ko.active(n_layers, n_heads)
+    neg = torch.finfo(dtype).min
+    causal = torch.full((n, n), neg, dtype=dtype, device=device).triu(1)
+    keys = torch.tensor(ko.key_positions, device=device)
+    r = torch.tensor(rows, device=device)
+    cache: dict[tuple[bool, ...], torch.Tensor] = {}
+    out = []
+    for layer in range(n_layers):
+        sig = tuple(active[layer].tolist())
+        if sig not in cache:
+            m = causal.expand(n_heads, n, n).clone()
+            for h in active[layer].nonzero().flatten().tolist():
+                m[h, r[:, None], keys[None, :]] = neg
+            cache[sig] = m[None]
+        out.append(cache[sig])
+    return out
+
+
+def masked_forward(model: Any, ids: list[int], masks: list[torch.Tensor], keep_from: int) -> torch.Tensor:
+    """Eager forward with ``masks[layer]`` as each layer's attention mask; logits [n - keep_from, vocab]."""
+    handles = []
+    for i, layer in enumerate(model.model.layers):
+        def pre(_m: Any, args: Any, kwargs: dict[str, Any], mask: torch.Tensor = masks[i]) -> tuple[Any, dict[str, Any]]:
+            kwargs["attention_mask"] = mask
+            return args, kwargs
+
+        handles.append(layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        with torch.inference_mode():
+            x = torch.tensor([ids], device=model.device)
+            keep = torch.arange(keep_from, len(ids), device=model.device)
+            return model(x, use_cache=False, logits_to_keep=keep).logits[0]
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def dataset_records(tokenizer: Any, n_records: int) -> list[dict[str, Any]]:
+    """``n_records`` native ``basm`` records of eval items spread over k = 1..4 (real prompt lengths)."""
+    from probes.data.dataset import load_dataset
+    from probes.prompts.builder import BuildSettings, PromptBuilder
+    from probes.data.retrieval import Retriever, make_embedder
+
+    dataset = load_dataset()
+    builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=4))
+    items = dataset.select(split="eval")
+    step = max(1, len(items) // n_records)
+    out = []
+    for i, item in enumerate(items[::step][:n_records]):
+        record = builder.build(item, "basm", 1 + i % 4, "native")
+        if record["spans"].get("boundary"):
+            out.append(record)
+    return out
+
+
+def _summary(values: list[float | None]) -> dict[str, float | None]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "max": None}
+    return {"mean": float(np.mean(vals)), "max": float(np.max(vals))}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from probes.scoring.score import MARGINS, score_record
+    from probes.engine.session import ATTN_IMPLEMENTATION, ProbeSession
+    from probes.prompts.builder import load_tokenizer
+
+    clock = Clock(args.budget_s)
+    # every margin scores every catalog tool (one branch element per tool and condition); --tiny
+    # keeps the correct, wrong and abstain candidates (a 151k vocabulary on the CPU)
+    margins = ("margin",) if args.tiny else MARGINS
+    device = torch.device("cpu" if args.tiny else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --tiny on the CPU")
+    torch.set_num_threads(args.threads)
+    report: dict[str, Any] = {"tiny": args.tiny, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                              "dtype": args.dtype, "margins": list(margins), "skipped": {}}
+
+    def skip(step: str, why: str) -> None:
+        report["skipped"][step] = why
+        print(f"SKIP {step}: {why}", flush=True)
+
+    tokenizer = load_tokenizer("qwen3")
+    t0 = time.perf_counter()
+    dtype = getattr(torch, args.dtype)
+    model = build_model(args.tiny, device, len(tokenizer), dtype)
+    cfg = model.config
+    report["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "layers": cfg.num_hidden_layers,
+                       "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "hidden": cfg.hidden_size,
+                       "build_s": time.perf_counter() - t0}
+    print(f"model: random Qwen3 ({'tiny' if args.tiny else '8B shape'}), {report['model']['parameters'] / 1e9:.3f}B parameters, "
+          f"{args.dtype} on {report['device']}, built in {report['model']['build_s']:.1f} s", flush=True)
+    records = dataset_records(tokenizer, args.records)
+    lengths = [len(r["input_ids"]) for r in records]
+    print(f"{len(records)} records, {min(lengths)}..{max(lengths)} tokens", flush=True)
+    session = ProbeSession(model, tokenizer=tokenizer)  # switches the model to the probe attention
+
+    def plain_sdpa(ids: list[int]) -> Any:
+        with torch.inference_mode():
+            return model(torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1)
+
+    # 1. Per record: plain sdpa forward, engine baseline only, engine with ten knockouts.
+    per_record = []
+    warm = records[0]
+    model.set_attn_implementation("sdpa")
+    plain_sdpa(warm["input_ids"])
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    # warm-up (CUDA kernels, allocator); on the CPU the baseline alone keeps the test short
+    score_record(session, warm, [] if args.tiny else knockouts(warm, cfg.num_hidden_layers, cfg.num_attention_heads), margins=margins)
+    for i, record in enumerate(records):
+        spent = max((sum(r[m]["time_s"] for m in ("sdpa", "engine_baseline", "engine_10ko")) for r in per_record), default=0.0)
+        if not clock.fits(spent * 1.5 + args.reserve_s):
+            skip(f"records[{i}:]", f"{clock.left():.0f} s left; a record took up to {spent:.1f} s and "
+                 f"{args.reserve_s:.0f} s are kept for the later sections")
+            break
+        ids = record["input_ids"]
+        conds = knockouts(record, cfg.num_hidden_layers, cfg.num_attention_heads)
+        model.set_attn_implementation("sdpa")
+        t_sdpa, m_sdpa, _ = measure(lambda: plain_sdpa(ids), device)
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        t_b0, m_b0, _ = measure(lambda: score_record(session, record, [], margins=margins), device)
+        t_b10, m_b10, _ = measure(lambda: score_record(session, record, conds, margins=margins), device)
+        per_record.append({"record_id": record["record_id"], "n_tokens": len(ids),
+                           "sdpa": {"time_s": t_sdpa, "peak_mib": m_sdpa},
+                           "engine_baseline": {"time_s": t_b0, "peak_mib": m_b0},
+                           "engine_10ko": {"time_s": t_b10, "peak_mib": m_b10}})
+        print(f"  {record['record_id']:45s} n={len(ids):5d}  sdpa {t_sdpa:7.3f} s  engine {t_b0:7.3f} s  "
+              f"engine+10ko {t_b10:7.3f} s", flush=True)
+    report["records"] = {
+        "per_record": per_record,
+        "summary": {m: {"time_s": _summary([r[m]["time_s"] for r in per_record]),
+                        "peak_mib": _summary([r[m]["peak_mib"] for r in per_record])}
+                    for m in ("sdpa", "engine_baseline", "engine_10ko")},
+    }
+
+    # 2.-4. On the longest record: eager output_attentions, ten 4D-mask forwards, parity.
+    longest = max(records, key=lambda r: len(r["input_ids"]))
+    ids, n = longest["input_ids"], len(longest["input_ids"])
+    qrows = longest["query_rows"]
+    conds = knockouts(longest, cfg.num_hidden_layers, cfg.num_attention_heads)
+    sdpa_time = max(r["sdpa"]["time_s"] for r in per_record) if per_record else 1.0
+    model.set_attn_implementation("eager")
+    if clock.fits(sdpa_time * 20 + args.reserve_s / 2):
+        def eager() -> Any:
+            with torch.inference_mode():
+                return model(torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1, output_attentions=True)
+
+        t, m, _ = measure(eager, device)
+        report["eager_attn"] = {"n_tokens": n, "time_s": t, "peak_mib": m}
+        print(f"eager output_attentions, n={n}: {t:.3f} s, peak {m} MiB", flush=True)
+    else:
+        skip("eager_attn", f"{clock.left():.0f} s left")
+    eager_time = report.get("eager_attn", {}).get("time_s", sdpa_time * 5)
+    if clock.fits(eager_time * N_KNOCKOUTS * 1.5 + args.reserve_s / 2):
+        diffs, scale, times, peaks = [], 0.0, [], []
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        engine = session.run(ids, qrows, conditions=conds)  # logits at rows min(query_rows)..n-1
+        model.set_attn_implementation("eager")
+        for ko, res in zip(conds, engine.conditions[1:]):
+            masks = mask_4d(n, cfg.num_hidden_layers, cfg.num_attention_heads, ko, qrows, dtype, device)
+            t, m, ref = measure(lambda: masked_forward(model, ids, masks, qrows[0]), device)
+            del masks
+            times.append(t)
+            peaks.append(m)
+            ref = ref.float().cpu()
+            diffs.append(float((res.logits - ref).abs().max()))
+            scale = max(scale, float(ref.abs().max()))
+        report["mask_4d"] = {"n_tokens": n, "forwards": N_KNOCKOUTS, "time_s": sum(times), "peak_mib": _summary(peaks)["max"]}
+        report["parity"] = {"max_abs_diff": max(diffs), "per_knockout": dict(zip([c.name for c in conds], diffs)),
+                            "max_abs_logit": scale, "rows": f"{qrows[0]}..{n - 1}"}
+        print(f"ten 4D-mask eager forwards, n={n}: {sum(times):.3f} s; engine vs 4D mask: max |Δlogit| = {max(diffs):.2e} "
+              f"({args.dtype}; logits up to {scale:.2f})", flush=True)
+    else:
+        skip("mask_4d", f"{clock.left():.0f} s left; projected {eager_time * N_KNOCKOUTS * 1.5:.0f} s")
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+    # 5. The engine with ten knockouts at long contexts.
+    report["long"] = []
+    last: tuple[int, float] | None = None
+    per_tok = (report["records"]["summary"]["engine_10ko"]["time_s"]["max"] or 1.0) / max(lengths)
+    for n_long in args.long:
+        # projected from the last long run, quadratic in n (attention); else linear from the records
+        projected = last[1] * (n_long / last[0]) ** 2 if last else per_tok * n_long * 2
+        if not clock.fits(projected * 1.3):
+            skip(f"long n={n_long}", f"{clock.left():.0f} s left, projected {projected:.0f} s")
+            continue
+        rows, spans, lconds = synthetic_knockouts(n_long, cfg.num_hidden_layers)
+        g = torch.Generator().manual_seed(0)
+        lids = torch.randint(0, cfg.vocab_size, (n_long,), generator=g).tolist()
+        try:
+            t, m, _ = measure(lambda: session.run(lids, rows, spans, lconds), device)
+        except torch.OutOfMemoryError as e:
+            skip(f"long n={n_long}", f"out of memory: {e}")
+            break
+        last = (n_long, t)
+        report["long"].append({"n_tokens": n_long, "time_s": t, "peak_mib": m})
+        print(f"engine + 10 knockouts, n={n_long}: {t:.3f} s, peak {m} MiB", flush=True)
+    report["total_s"] = time.perf_counter() - clock.start
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="a tiny Qwen3 shape on the CPU (checks the script, not the GPU)")
+    ap.add_argument("--records", type=int, default=24, help="dataset records to time (default 24)")
+    ap.add_argument("--long", type=int, nargs="*", default=None, help="long-context lengths (default 8192 32768; tiny: 256 512)")
+    ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget of the whole run (default 450 s)")
+    ap.add_argument("--reserve-s", type=float, default=None, help="seconds kept for sections 2-5 while timing records")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default bfloat16; --tiny: float32")
+    ap.add_argument("--json", type=Path, help="write the report here")
+    ap.add_argument("--memory-table", action="store_true", help="print bf16 weight memory of Qwen3 8B/14B/32B and exit")
+    args = ap.parse_args(argv)
+    if args.memory_table:
+        for row in memory_table():
+            print(f"{row['model']:10s} {row['parameters'] / 1e9:6.2f}B parameters  weights {row['weights_gib_bf16']:6.1f} GiB (bf16)  "
+                  f"KV cache {row['kv_cache_mib_per_1k_tokens']:.0f} MiB per 1k tokens")
+        return 0
+    if args.long is None:
+        args.long = [256, 512] if args.tiny else [8192, 32768]
+    if args.dtype is None:
+        args.dtype = "float32" if args.tiny else "bfloat16"
+    if args.reserve_s is None:
+        args.reserve_s = 5.0 if args.tiny else 150.0
+    if args.tiny and args.records == 24:
+        args.records = 1
+    report = run(args)
+    print(f"total {report['total_s']:.1f} s (budget {args.budget_s:.0f} s)")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

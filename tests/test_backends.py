@@ -1,0 +1,272 @@
+"""Backend parity: native engine, nnsight and TransformerLens give the same measurements.
+
+Matrix (fp32): a tiny random Qwen3 with the real Qwen3 tokenizer and chat template (a native record
+whose correct and wrong names share their first token, so α is read in a continuation row), a tiny
+random Llama with the organism's tokenizer (native), and the bundled organism (native and prompted). Each backend
+scores the records through the one record scorer, ``probes.scoring.score.score_record``; every numeric
+column (Eq. 1 margins, path margin, call log-odds, entropy, α of B and P at the deciding and the
+open row, also per head, and the per-head ratio η) and the knockout effects Δm must agree, and so must the raw results: logits at every
+branch row, span masses at every query row, full query rows and the residual stream.
+
+Tolerance (fp32): 1e-5, absolute for margins, Δm, entropy, α, span masses and attention rows;
+relative to the largest magnitude for raw logits and residuals. The backends compute the same fp32
+forward by different code (sdpa plus exact query rows with -inf scores, vs eager softmax with the
+blocked keys zeroed and the row renormalised), so only rounding differs. Measured maxima (printed
+by pytest -s): margins and Δm ≤ 2.4e-6, path margin ≤ 6.2e-6, entropy ≤ 2.9e-6, α (mean and per
+head) ≤ 2.3e-9, per-head η = α_B / (α_P + ε) ≤ 1.2e-5 relative (tolerance 1e-4 relative),
+span masses and rows ≤ 2.8e-6, logits ≤ 9.5e-6 absolute, residual ≤ 1.2e-6 relative.
+The prompted case is marked slow (``-m "not slow"`` leaves it out).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from probes.scoring.score import EPSILON, score_record
+from probes.backends import BACKENDS, get_backend
+from probes.data.dataset import load_dataset
+from probes.engine.session import Knockout, span_positions
+from probes.organism.train.examples import make_builder
+from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
+from probes.data.retrieval import Retriever, make_embedder
+
+ORGANISM = Path(__file__).resolve().parents[1] / "probes" / "organism" / "weights"
+COLLIDING_ITEM = "retail-ok-0001"  # get_order_details vs get_stock_info: both start with "get" under Qwen3
+TOL = 1e-5
+SCORED = ("margin",)  # correct, wrong and abstain candidates: the parity of multi-token scoring without every catalog tool
+
+
+def _tiny(arch: str, out: Path, tokenizer: object) -> None:
+    torch.manual_seed({"qwen3": 3, "llama": 4}[arch])
+    common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=8192, tie_word_embeddings=True,
+                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = Qwen3ForCausalLM(Qwen3Config(**common)) if arch == "qwen3" else LlamaForCausalLM(LlamaConfig(**common))
+    with torch.no_grad():  # widen the scores: random init gives near-uniform attention rows
+        for name, p in model.named_parameters():
+            if "q_proj" in name or "k_proj" in name:
+                p.mul_(8.0 if arch == "qwen3" else 30.0)
+            elif "q_norm" in name or "k_norm" in name:  # Qwen3 normalises q and k after the projection
+                p.mul_(4.0)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, object]]:
+    """name -> (model directory, tokenizer): the tiny Qwen3 has the real Qwen3 tokenizer (long
+    prompts, vocab 151669); the tiny Llama the organism's (short prompts, vocab 3072)."""
+    torch.set_num_threads(1)
+    organism_tokenizer = load_tokenizer(ORGANISM)
+    out = {"organism": (ORGANISM, organism_tokenizer)}
+    for arch, tokenizer in (("qwen3", load_tokenizer("qwen3")), ("llama", organism_tokenizer)):
+        d = tmp_path_factory.mktemp(f"tiny_{arch}")
+        _tiny(arch, d, tokenizer)
+        out[arch] = (d, tokenizer)
+    return out
+
+
+# (model, record format, conditions): together every way a Knockout restricts itself (all layers,
+# a layer window, (layer, head) pairs on chosen rows without the continuation) on both formats.
+MATRIX = [
+    ("qwen3", "native", ("boundary", "memory_heads")),
+    ("llama", "native", ("procedure_l1", "boundary")),
+    ("organism", "native", ("boundary", "procedure_l1", "memory_heads")),
+    # 1751 tokens: one eager forward per candidate makes it ~1 min on a loaded 2-core machine
+    pytest.param("organism", "prompted", ("memory_heads",), marks=pytest.mark.slow),
+]
+
+
+def _record(name: str, tokenizer: object, fmt: str) -> dict:
+    dataset = load_dataset()
+    if name != "qwen3":  # the organism's tokenizer and chat template
+        builder = make_builder(tokenizer, dataset, "lexical")
+    else:
+        builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=1))
+    return builder.build(dataset.select(ids=[COLLIDING_ITEM])[0], "basm", 1, fmt)
+
+
+def _conditions(record: dict, names: tuple[str, ...]) -> list[Knockout]:
+    spans = record["spans"]
+    every = {
+        "boundary": Knockout.from_spans("boundary", spans["boundary"]),
+        "procedure_l1": Knockout.from_spans("procedure_l1", spans["procedure"], layers=[1]),
+        "memory_heads": Knockout.from_spans("memory_heads", spans["memory"], heads=[(0, 1), (1, 2)],
+                                            rows=[record["decision_index"]], continuation=False),
+    }
+    return [every[n] for n in names]
+
+
+def _numeric(row: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in row.items() if isinstance(v, float) and not math.isnan(v)}
+
+
+@pytest.fixture(scope="module")
+def backends(models) -> dict[str, dict[str, object]]:
+    return {name: {b: get_backend(b, model_dir) for b in BACKENDS} for name, (model_dir, _) in models.items()}
+
+
+@pytest.mark.parametrize(("name", "fmt", "condition_names"), MATRIX)
+def test_backends_agree_on_scored_records_and_raw_results(name, fmt, condition_names, models, backends):
+    record = _record(name, models[name][1], fmt)
+    conds = _conditions(record, condition_names)
+    assert record["format"] == fmt
+    worst: dict[str, float] = {}
+    rows = {}
+    for b, backend in backends[name].items():
+        t0 = time.perf_counter()
+        rows[b] = score_record(backend, record, conds, margins=SCORED, per_head=True)
+        print(f"\n{name} {fmt} {len(record['input_ids'])} tokens, {b}: {time.perf_counter() - t0:.2f} s")
+    native = rows["native"]
+    base = native[0]["margin"]
+    # Not vacuous: a knockout moves the margin.
+    assert max(abs(r["margin"] - base) for r in native[1:]) > 1e-3
+    if name == "qwen3":  # the real Qwen3 tokenizer: correct and wrong names share their first token
+        assert record["collision"] and native[0]["deciding_row"] > record["decision_index"]  # α in a continuation row
+    for b in ("nnsight", "transformerlens"):
+        assert [r["condition"] for r in rows[b]] == [r["condition"] for r in native]
+        for want, got in zip(native, rows[b]):
+            w, g = _numeric(want), _numeric(got)
+            assert set(w) == set(g), (b, set(w) ^ set(g))
+            assert w.keys() >= {"margin", "margin_path", "call_logodds", "entropy", "alpha_boundary", "alpha_procedure"}
+            for k in w:
+                diff = abs(w[k] - g[k])
+                worst[f"{b} {k}"] = max(worst.get(f"{b} {k}", 0.0), diff)
+                assert diff <= TOL, (name, fmt, b, want["condition"], k, w[k], g[k])
+            # per-head α at the deciding and open rows, and the per-head ratio η = α_B / (α_P + ε)
+            heads = [k for k in want if k.endswith("_heads")]
+            assert {"alpha_boundary_heads", "alpha_procedure_heads"} <= set(heads)
+            for k in heads:
+                diff = float(np.abs(np.asarray(want[k]) - np.asarray(got[k])).max())
+                worst[f"{b} {k}"] = max(worst.get(f"{b} {k}", 0.0), diff)
+                assert diff <= TOL, (name, fmt, b, want["condition"], k)
+            eta = [(np.asarray(r["alpha_boundary_heads"]) + EPSILON) / (np.asarray(r["alpha_procedure_heads"]) + EPSILON)
+                   for r in (want, got)]
+            rel = float((np.abs(eta[0] - eta[1]) / eta[0]).max())
+            worst[f"{b} eta_heads (relative)"] = max(worst.get(f"{b} eta_heads (relative)", 0.0), rel)
+            assert rel <= 1e-4, (name, fmt, b, want["condition"], rel)
+            # the knockout effect Δm
+            dm = abs((want["margin"] - base) - (got["margin"] - rows[b][0]["margin"]))
+            worst[f"{b} delta_m"] = max(worst.get(f"{b} delta_m", 0.0), dm)
+            assert dm <= TOL
+
+    # Raw results (no candidates): logits at every branch row, span masses, full rows, residual.
+    record_spans = {s: span_positions(record["spans"][s]) for s in ("boundary", "procedure", "memory")}
+    raw = {b: backend.run(record["input_ids"], record["query_rows"], spans=record_spans, conditions=conds[:1],
+                          record_rows=True, record_residual=True) for b, backend in backends[name].items()}
+    ref = raw["native"]
+    assert float(ref.conditions[0].rows.max()) > 0.2  # attention rows far from uniform
+    for b in ("nnsight", "transformerlens"):
+        for c_ref, c in zip(ref.conditions, raw[b].conditions, strict=True):
+            assert c.row_offset == c_ref.row_offset and c.logits.shape == c_ref.logits.shape
+            diffs = {
+                # logits and residual relative to their scale (a trained model's logits reach ~20)
+                "logits": (c.logits - c_ref.logits).abs().max() / c_ref.logits.abs().max().clamp(min=1.0),
+                "rows": (c.rows - c_ref.rows).abs().max(),
+                "residual": (c.residual - c_ref.residual).abs().max() / c_ref.residual.abs().max().clamp(min=1.0),
+                **{f"span_mass {s}": (c.span_mass[s] - c_ref.span_mass[s]).abs().max() for s in record_spans},
+            }
+            for k, v in diffs.items():
+                worst[f"{b} raw {k}"] = max(worst.get(f"{b} raw {k}", 0.0), float(v))
+                assert v <= TOL, (name, b, c.condition.name, k, float(v))
+    print(f"{name} {fmt}: max |diff| " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(worst.items())))
+
+
+def test_prebuilt_notebook_objects_are_accepted(models, backends):
+    """An nnsight model built in a notebook (sdpa: switched to eager) and a booted bridge."""
+    from nnsight import LanguageModel
+    from transformer_lens.model_bridge import TransformerBridge
+
+    model_dir, tokenizer = models["organism"]
+    record = _record("organism", tokenizer, "native")
+    conds = _conditions(record, ("boundary",))
+    lm = LanguageModel(AutoModelForCausalLM.from_pretrained(model_dir).eval(), tokenizer=tokenizer)
+    bridge = TransformerBridge.boot_transformers(str(model_dir), hf_model=AutoModelForCausalLM.from_pretrained(model_dir).eval(),
+                                                 tokenizer=tokenizer)
+    want = score_record(backends["organism"]["native"], record, conds, margins=SCORED)
+    for backend in (get_backend("nnsight", lm), get_backend("transformerlens", bridge)):
+        for w, g in zip(want, score_record(backend, record, conds, margins=SCORED)):
+            assert abs(w["margin"] - g["margin"]) <= TOL and abs(w["alpha_boundary"] - g["alpha_boundary"]) <= TOL
+    assert lm.config._attn_implementation == "eager"
+
+
+def test_backends_refuse_what_the_engine_refuses(models, backends):
+    backend = backends["organism"]["transformerlens"]
+    with pytest.raises(ValueError, match="blocks every key"):
+        backend.run([5, 6, 7], [1], conditions=[Knockout("all", (0, 1))])
+    with pytest.raises(ValueError, match="anchor"):
+        backend.run([5, 6, 7], [1], candidates={"x": (0, [4])})
+    with pytest.raises(ValueError, match="unknown backend"):
+        get_backend("vllm", models["organism"][0])
+
+
+# --------------------------------------------------------------------------------------------
+# remote=True: a local stand-in of NDIF's HTTP interface; no network is touched.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ndif(monkeypatch: pytest.MonkeyPatch):
+    """Replace nnsight's one HTTP getter; ``answers`` maps a path to a dict or an exception."""
+    import httpx
+    from nnsight import CONFIG, ndif as ndif_mod
+
+    answers: dict[str, object] = {}
+    calls: list[str] = []
+
+    def fake_get(path: str, timeout=None, headers=None) -> dict:
+        calls.append(path)
+        answer = answers.get(path, httpx.ConnectError("[Errno -3] Temporary failure in name resolution"))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(ndif_mod, "_get", fake_get)
+    monkeypatch.setattr(CONFIG.API, "APIKEY", "test-key")
+    return answers, calls, CONFIG
+
+
+def _remote(repo: str = "Qwen/Qwen3-8B"):
+    return get_backend("nnsight", repo, remote=True)
+
+
+def test_remote_fails_at_once_offline_unauthorised_or_not_hosted(ndif, monkeypatch):
+    from probes.backends.nnsight import NDIFUnavailableError
+
+    answers, calls, config = ndif
+    t0 = time.perf_counter()
+    with pytest.raises(NDIFUnavailableError, match="cannot reach NDIF"):
+        _remote()
+    assert time.perf_counter() - t0 < 1.0 and calls == ["/whoami"]
+
+    answers["/whoami"] = {"email": None, "tags": []}
+    answers["/status"] = {"deployments": {}}
+    with pytest.raises(NDIFUnavailableError, match="does not recognise the configured API key"):
+        _remote()
+
+    answers["/whoami"] = {"email": "a@b.c", "tags": []}
+    answers["/status"] = {"deployments": {"x": {"repo_id": "meta-llama/Llama-3.1-8B", "application_state": "RUNNING"},
+                                          "y": {"repo_id": "Qwen/Qwen3-8B", "application_state": "DEPLOYING"}}}
+    with pytest.raises(NDIFUnavailableError, match=r"not running 'Qwen/Qwen3-8B' now \(running: meta-llama/Llama-3.1-8B\)"):
+        _remote()
+
+    monkeypatch.setattr(config.API, "APIKEY", None)
+    with pytest.raises(NDIFUnavailableError, match="needs an NDIF API key"):
+        _remote()
+
+
+def test_remote_preflight_passes_when_the_model_runs(ndif):
+    from probes.backends.nnsight import ndif_preflight
+
+    answers, calls, _ = ndif
+    answers["/whoami"] = {"email": "a@b.c", "tags": []}
+    answers["/status"] = {"deployments": {"y": {"repo_id": "Qwen/Qwen3-8B", "application_state": "RUNNING"}}}
+    ndif_preflight("Qwen/Qwen3-8B")
+    assert calls == ["/whoami", "/status"]
