@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from probes import margins as margins_mod
+from probes.engine.logits import check_finite, entropy
 from probes.engine.session import BASELINE, ConditionResult, Knockout, ProbeResult, validate_candidates, validate_request
 
 
@@ -176,13 +176,13 @@ class ForwardBackend(abc.ABC):
                 cand_mass[name] = {s: cm[..., j] for j, s in enumerate(names)}
             local = [r - p for r in rows]
             dec = fw.logits[rows[-1] - p]
-            margins_mod.check_finite(dec, f"decision-row logits under condition {c.name!r} ({self.name} backend)")
+            check_finite(dec, f"decision-row logits under condition {c.name!r} ({self.name} backend)")
             results.append(ConditionResult(
                 condition=c,
                 row_offset=p,
                 logits=fw.logits,
                 span_mass={s: mass[:, :, local, j] for j, s in enumerate(names)},
-                entropy=margins_mod.entropy(dec),
+                entropy=entropy(dec),
                 candidate_token_logprobs=cand_lp,
                 candidate_span_mass=cand_mass,
                 rows=fw.probs[:, :, local] if record_rows else None,
