@@ -1,0 +1,323 @@
+"""The package layout holds: no import cycles, nothing imports the CLI, importing the package (or a
+subpackage) loads no torch, the plots module leaves the matplotlib backend alone, the attention
+function is registered only when a session opens, and the notebook API computes exactly what the
+command line does."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import probes
+
+PACKAGE_DIR = Path(probes.__file__).resolve().parent
+ROOT = PACKAGE_DIR.parent
+
+
+# ---------------------------------------------------------------------------- the import graph
+def module_names(package_dir: Path) -> dict[str, Path]:
+    """Dotted name -> file of every module under ``package_dir`` (packages by their ``__init__``)."""
+    out = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def module_level_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Import statements run when the module is imported: the module body, with its if/try/with and
+    class bodies, but not function bodies, and not ``if TYPE_CHECKING:`` blocks."""
+    stack: list[ast.stmt] = list(reversed(tree.body))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If):
+            stack.extend(reversed(node.orelse if _is_type_checking(node.test) else [*node.body, *node.orelse]))
+        elif isinstance(node, ast.Try | ast.TryStar):
+            stack.extend(reversed([*node.body, *(s for h in node.handlers for s in h.body), *node.orelse, *node.finalbody]))
+        elif isinstance(node, ast.With | ast.AsyncWith | ast.For | ast.AsyncFor | ast.While | ast.ClassDef):
+            stack.extend(reversed([*node.body, *getattr(node, "orelse", [])]))
+
+
+def imported_modules(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """The absolute names an import statement of ``module`` imports (``from X import Y``: ``X.Y``
+    where Y may be a module, else ``X``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        source = ".".join(base + ([node.module] if node.module else []))
+    else:
+        source = node.module or ""
+    return [source, *(f"{source}.{alias.name}" for alias in node.names)]
+
+
+def import_graph(package_dir: Path) -> dict[str, set[str]]:
+    """module -> the modules of the package it imports at module level (the named module: ``from X
+    import Y`` is an edge to ``X.Y`` when that is a module, else to ``X``)."""
+    modules = module_names(package_dir)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in module_level_imports(tree):
+            targets = imported_modules(node, name, path.name == "__init__.py")
+            if isinstance(node, ast.ImportFrom):
+                source, *members = targets
+                found = [m for m in members if m in modules]
+                targets = found if found and len(found) == len(members) else [source, *found]
+            for target in targets:
+                while target and target not in modules:  # `import a.b.c` of a non-module: the longest module prefix
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (a -> ... -> a) per strongly connected component that has one (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph[v]:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    out = []
+    for component in components:  # a shortest path back to the start, inside the component
+        start, members = component[0], set(component)
+        paths, seen = {start: [start]}, {start}
+        frontier = [start]
+        cycle = None
+        while frontier and cycle is None:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & members):
+                    if w == start:
+                        cycle = [*paths[v], start]
+                        break
+                    if w not in seen:
+                        seen.add(w)
+                        paths[w] = [*paths[v], w]
+                        nxt.append(w)
+                if cycle:
+                    break
+            frontier = nxt
+        out.append(cycle)
+    return out
+
+
+def test_the_cycle_finder_finds_and_names_a_cycle(tmp_path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .a import f\n")
+    (pkg / "sub" / "a.py").write_text("import os\nfrom pkg.b import g\ndef f():\n    from pkg import c\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import c\n"
+                              "try:\n    from pkg.sub import a\nexcept ImportError:\n    pass\n")
+    (pkg / "c.py").write_text("from . import b\n")
+    graph = import_graph(pkg)
+    assert graph == {"pkg": set(), "pkg.sub": {"pkg.sub.a"}, "pkg.sub.a": {"pkg.b"}, "pkg.b": {"pkg.sub.a"}, "pkg.c": {"pkg.b"}}
+    assert cycles(graph) == [["pkg.b", "pkg.sub.a", "pkg.b"]]
+    assert cycles({"x": {"x"}, "y": set()}) == [["x", "x"]]
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph(PACKAGE_DIR)
+    assert len(graph) > 40 and graph["probes.analyses.sweep"] >= {"probes.analyses.base", "probes.scoring.stats"}
+    found = cycles(graph)
+    assert not found, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in found)
+
+
+# ---------------------------------------------------------------------------- nothing imports the CLI
+CLI_NAME = re.compile(r"probes\.cli(\.[A-Za-z_][\w.]*)?(:\w+)?")
+
+
+def cli_imports(path: Path, module: str) -> list[str]:
+    """Where ``path`` imports probes.cli (anywhere: module level or inside functions, by import
+    statement or by a module name given to importlib)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = imported_modules(node, module, path.name == "__init__.py")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and CLI_NAME.fullmatch(node.value):
+            names = [node.value]
+        if any(n == "probes.cli" or n.startswith(("probes.cli.", "probes.cli:")) for n in names):
+            found.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{node.lineno}")
+    return found
+
+
+def test_nothing_outside_the_cli_imports_the_cli(tmp_path) -> None:
+    offenders = [where for name, path in module_names(PACKAGE_DIR).items()
+                 if not (name == "probes.cli" or name.startswith("probes.cli.")) for where in cli_imports(path, name)]
+    assert not offenders, f"modules outside probes/cli import probes.cli: {offenders}"
+    # the check sees each form
+    probe = tmp_path / "probe.py"
+    for source in ("import probes.cli.main", "from probes.cli import main", "from probes import cli",
+                   "def f():\n    from probes.cli.options import add_options",
+                   "import importlib\nimportlib.import_module('probes.cli.options')", "from ..cli import main"):
+        probe.write_text(source + "\n")
+        assert cli_imports(probe, "probes.analyses.probe"), source
+    probe.write_text('"""See probes.cli.main for the flags."""\nimport probes.client\nfrom probes import analyses\n')
+    assert not cli_imports(probe, "probes.analyses.probe")
+
+
+# ---------------------------------------------------------------------------- in fresh interpreters
+def _script(source: str, **env: str | None) -> subprocess.Popen:
+    environ = {k: v for k, v in os.environ.items() if k not in env}
+    environ.update({k: v for k, v in env.items() if v is not None})
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(source)], cwd=ROOT, env=environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+# Every package __init__ but the CLI's, which re-exports probes.cli.main:main (the console script)
+# and so loads the prompt builder (transformers, torch): the CLI is the program, not the library.
+PACKAGES = sorted(name for name, path in module_names(PACKAGE_DIR).items()
+                  if path.name == "__init__.py" and name != "probes.cli")
+
+SCRIPTS = {
+    "no_torch": f"""
+        import sys
+        import {", ".join(PACKAGES)}
+        import probes.analyses
+        assert probes.analyses.REGISTRY and "sweep" in probes.ANALYSES  # the registry, without its modules
+        heavy = sorted(m for m in ("torch", "transformers", "matplotlib") if m in sys.modules)
+        assert not heavy, heavy
+        print("ok")
+    """,
+    # a notebook's chosen backend (here svg; e.g. inline) survives importing and styling the plots
+    "backend": """
+        import matplotlib
+        matplotlib.use("svg")
+        before = matplotlib.rcParams._get("backend")
+        import probes.reporting.plots
+        assert matplotlib.rcParams._get("backend") == before == "svg", matplotlib.rcParams._get("backend")
+        probes.reporting.plots.style()
+        assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+        print("ok")
+    """,
+    # not on import (nor on importing the analyses and the CLI): when a session opens; installing is idempotent
+    "attention": """
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        import probes.engine.session as s
+        import probes.analyses.base, probes.cli.main
+        from probes.organism import ORGANISM_DIR
+        NAME = s.ATTN_IMPLEMENTATION
+        MAPS = (AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping)
+        assert NAME == "basm_probe"
+        assert [NAME in m for m in MAPS] == [False, False], "registered on import"
+        session = s.ProbeSession(ORGANISM_DIR)
+        assert [NAME in m for m in MAPS] == [True, True], "not registered by opening a session"
+        assert session.model.config._attn_implementation == NAME
+        for m in MAPS:  # unregistered again: install_attention alone registers it, twice gives the same
+            del m[NAME]
+        assert s.install_attention() == NAME
+        assert MAPS[0][NAME] is s.probe_attention_forward and MAPS[1][NAME] is sdpa_mask
+        before = [dict(m) for m in MAPS]
+        assert s.install_attention() == NAME
+        assert [dict(m) for m in MAPS] == before
+        print("ok")
+    """,
+}
+ENV = {"backend": {"MPLBACKEND": None}}
+
+
+@pytest.fixture(scope="module")
+def scripts() -> Iterator[dict[str, subprocess.Popen]]:
+    """Every fresh-interpreter check, started at once (they run while the others wait)."""
+    procs = {name: _script(source, **ENV.get(name, {})) for name, source in SCRIPTS.items()}
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _ran(scripts: dict[str, subprocess.Popen], name: str) -> None:
+    output, _ = scripts[name].communicate(timeout=300)
+    assert scripts[name].returncode == 0 and output.strip().endswith("ok"), f"{name}:\n{output}"
+
+
+def test_importing_the_package_and_its_subpackages_loads_no_torch(scripts) -> None:
+    assert {"probes", "probes.analyses", "probes.data", "probes.engine", "probes.scoring", "probes.reporting"} <= set(PACKAGES)
+    _ran(scripts, "no_torch")
+
+
+def test_importing_the_plots_leaves_the_matplotlib_backend_alone(scripts) -> None:
+    _ran(scripts, "backend")
+
+
+def test_the_attention_function_is_registered_when_a_session_opens(scripts) -> None:
+    _ran(scripts, "attention")
+
+
+# ---------------------------------------------------------------------------- notebook API == CLI
+def test_the_notebook_api_and_the_cli_give_the_same_rows(tmp_path, capsys) -> None:
+    from probes.analyses.sweep import Sweep
+    from probes.cli.main import main
+    from probes.engine.session import ProbeSession
+    from probes.organism import ORGANISM_DIR, ORGANISM_NAME
+    from probes.reporting.results import load_results
+
+    session = ProbeSession(ORGANISM_DIR)
+    api = Sweep(limit=1, k_max=1, buckets=["T_wrong"], embedder="lexical", configs=["proc", "basm"], figure=False,
+                out=tmp_path / "api").run(session)
+    assert main(["sweep", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--embedder", "lexical",
+                 "--configs", "proc,basm", "--no-figure", "--out", str(tmp_path / "cli")]) == 0
+    assert api.status == 0 and api.out_dir == tmp_path / "api" / ORGANISM_NAME
+    cli = load_results(tmp_path / "cli" / ORGANISM_NAME / "sweep.jsonl")
+
+    rows = api.rows
+    assert len(rows) == 4 and set(rows["config"]) == {"proc", "basm"} and set(rows["k"]) == {0, 1}  # 1 item × 2 configs × k 0..1
+    assert rows["margin"].notna().all()
+    # every column, every value, in the same order: nothing differs between the two ways in
+    pd.testing.assert_frame_equal(rows.reset_index(drop=True), cli.reset_index(drop=True), check_exact=True)
+    # the same results header (configuration and fingerprints: model, dataset, code), so each resumes the other
+    assert rows.attrs["meta"]["config"] == cli.attrs["meta"]["config"]
+    table = pd.read_csv(tmp_path / "cli" / ORGANISM_NAME / "sweep_summary.csv")
+    pd.testing.assert_frame_equal(api.tables["sweep_summary"].reset_index(drop=True), table, check_dtype=False)
+    assert sorted(p.name for p in (tmp_path / "api" / ORGANISM_NAME).iterdir()) == \
+        sorted(p.name for p in (tmp_path / "cli" / ORGANISM_NAME).iterdir())
