@@ -46,6 +46,7 @@ from probes.scoring.score import DEFAULT_VARIANT, EPSILON, MARGIN_VARIANTS, MARG
 # --quick: a small item subset so that `report --quick` finishes in minutes on 2 CPU cores. The
 # limit is spread over task groups (ProbeDataset.select): 4 items per bucket = 4 task groups, the
 # fewest that give a bootstrap CI and two task groups per half of a split-half test.
+BACKEND_NAMES: tuple[str, ...] = ("native", "nnsight", "transformerlens")  # probes.backends.BACKENDS
 QUICK = {"limit": 4, "k_max": 2, "random_draws": 2}
 SPLIT_CHOICES = ("train", "eval", "all")
 
@@ -239,6 +240,11 @@ class Analysis:
     device_map: str | None = option(None, 'accelerate device map for multi-GPU models, e.g. "auto"', group="model")
     allow_pickle: bool = option(False, "allow .bin (pickle) weights; safetensors only by default", type=bool, group="model")
     trust_remote_code: bool = option(False, "allow model code shipped in the model folder", type=bool, group="model")
+    backend: str = option("native", "probe backend: native (cached branching), nnsight or transformerlens (docs/backends.md)",
+                          choices=BACKEND_NAMES, group="model")
+    remote: bool = option(False, "nnsight only: run on an NDIF deployment (fails at once when offline or unauthorised)", type=bool, group="model")
+    prefix_cache: int = option(8, "native only: prompt prefixes kept for key/value reuse across prompts (0: off)", type=int, minimum=0,
+                               group="model")
     # probe
     format: str = option("native", "decision format", choices=FORMATS, group="probe")
     margin_variant: str = option(
@@ -465,12 +471,17 @@ def check_depths(dataset: ProbeDataset, items: Sequence[Item], **depths: int | N
 
 
 def open_session(options: Any, model: str | Path) -> ProbeSession:
-    """Load ``model`` with every session option (the one place analyses and ``report`` build
-    their :class:`ProbeSession`)."""
-    return ProbeSession(
-        model, dtype=options.dtype, device=options.device, device_map=options.device_map,
-        allow_pickle=options.allow_pickle, trust_remote_code=options.trust_remote_code,
-    )
+    """Load ``model`` with every session option on the chosen backend (the one place analyses
+    and ``report`` build their session)."""
+    common = {"dtype": options.dtype, "device": options.device, "device_map": options.device_map,
+              "allow_pickle": options.allow_pickle, "trust_remote_code": options.trust_remote_code}
+    if options.remote and options.backend != "nnsight":
+        raise OptionError(f"option 'remote' (--remote) needs backend='nnsight', got backend={options.backend!r}")
+    if options.backend == "native":
+        return ProbeSession(model, **common, prefix_cache=options.prefix_cache)
+    from probes.backends import get_backend
+
+    return get_backend(options.backend, model, **common, **({"remote": True} if options.remote else {}))
 
 
 def open_context(analysis: Analysis, session: ProbeSession | None = None) -> RunContext:

@@ -365,6 +365,7 @@ SUMMARY_COLUMNS = ["config", "k", "layer", "auc", "low", "high", "null_mean", "n
 class LinearSummary:
     table: Any  # SUMMARY_COLUMNS per (config, k, layer)
     note: str  # the figure's footnote
+    shortcut: dict[str, Any] | None = None  # the best request-level shortcut AUC on the same split (probes.scoring.shortcuts)
 
 
 def compute(analysis: Any, index: Any) -> LinearSummary:
@@ -373,7 +374,17 @@ def compute(analysis: Any, index: Any) -> LinearSummary:
     settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed)
     table = probe_all(analysis, index, FeatureCache(analysis.out_dir / "linear_features"), settings)
     table = table[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
-    return LinearSummary(table, figure_note(analysis, table))
+    return LinearSummary(table, figure_note(analysis, table), best_shortcut_auc(analysis))
+
+
+def best_shortcut_auc(analysis: Any) -> dict[str, Any] | None:
+    """The best surface shortcut's T_ok/T_wrong AUC (request length, lexical overlap, bag of words)
+    on the dataset's split of this run: the bar a probe result has to clear."""
+    from probes.scoring.shortcuts import best_shortcut, shortcut_table
+
+    split = None if analysis.options.split == "all" else analysis.options.split
+    table = shortcut_table(analysis.dataset, splits=(split,), resamples=analysis.options.resamples, seed=analysis.options.seed)
+    return best_shortcut(table, split=split if split is not None else "all").get("auc")
 
 
 def figure_note(analysis: Any, table: Any) -> str:
@@ -391,7 +402,7 @@ def figure(summary: LinearSummary, figures_dir: Path) -> list[Path]:
     from probes.reporting import plots
 
     plots.style()
-    return plots.save_figure(plots.fig10_linear_probe(summary.table, summary.note), figures_dir, FIGURE)
+    return plots.save_figure(plots.fig10_linear_probe(summary.table, summary.note, summary.shortcut), figures_dir, FIGURE)
 
 
 def best_layer_note(best: Any) -> str:
@@ -437,6 +448,15 @@ def section(analysis: Any, summary: LinearSummary, paths: list[Path]) -> Any:
             f"p_best_layer_maxnull: each permutation is applied at every layer and its null statistic is the maximum "
             f"AUC over layers (95% interval: maxnull_low–maxnull_high).\n\n"
             f"{markdown_table(best) if len(best) else '(no AUC: too few task groups)'}")
+    if summary.shortcut is not None and len(best):
+        cut = summary.shortcut
+        below = best[best["low"].isna() | (best["low"] <= cut["value"])]
+        body += (f"\n\n**Shortcut bar.** The best surface shortcut on the same split ({cut['shortcut']}, no model) separates T_ok "
+                 f"from T_wrong with AUC {cut['value']:.3f} [{cut['low']:.3f}, {cut['high']:.3f}]. "
+                 + (f"**{len(below)} of {len(best)} best-layer probe results do not beat it** (CI lower bound ≤ the shortcut's AUC): "
+                    + ", ".join(f"{r.config} k={r.k}" for r in below.itertuples()) + ". Such a probe result can be read off the "
+                    "request's surface and is no evidence that the residual stream encodes applicability."
+                    if len(below) else "Every best-layer probe result's CI lies above it."))
     comparisons = [Comparison(f"Fig. 10: best-layer probe AUC, {config} (k = {k_max}; paper: no stable high-AUC vector)",
                               float(best[(best["config"] == config) & (best["k"] == k_max)]["auc"].iloc[0]), None, "AUC")
                    for config in ("proc", "basm") if len(best) and ((best["config"] == config) & (best["k"] == k_max)).any()]

@@ -21,7 +21,7 @@ import pandas as pd
 from probes.reporting import plots
 from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
-from probes.data.configs import CONFIGS
+from probes.data.configs import CONFIGS, PRIMING_CONFIGS
 from probes.reporting.markdown import cell, markdown_table
 from probes.scoring.stats import summarise
 from probes.reporting.results import load_results
@@ -41,8 +41,9 @@ class SuppressionSummary:
 def collect(analysis: RunContext) -> pd.DataFrame:
     a = analysis.options
     k = a.k if a.k is not None else a.k_max
-    jobs = [Job(item, config, k, analysis.fmt, ("baseline",)) for item in analysis.items for config in a.configs]
-    store = analysis.store(configs=a.configs, k=k)
+    configs = list(dict.fromkeys([*a.configs, *(PRIMING_CONFIGS if a.priming else ())]))
+    jobs = [Job(item, config, k, analysis.fmt, ("baseline",)) for item in analysis.items for config in configs]
+    store = analysis.store(configs=configs, k=k)
     run_jobs(analysis, store, jobs, cached_scorer(analysis, lambda record, job: (), margins=MEASURES))
     return load_results(store.path)
 
@@ -90,6 +91,7 @@ class Suppression(Analysis):
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
     configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations (default: {','.join(DEFAULT_CONFIGS)})", names=tuple(CONFIGS))
     k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
+    priming: bool = option(False, f"add the lexical-priming controls ({', '.join(PRIMING_CONFIGS)})", type=bool)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
         return collect(ctx)

@@ -21,7 +21,7 @@ import pandas as pd
 
 from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
-from probes.data.configs import CONFIGS, CONTROL_CONFIGS, PAPER_CONFIGS
+from probes.data.configs import CONFIGS, CONTROL_CONFIGS, PAPER_CONFIGS, PRIMING_CONFIGS
 from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
 from probes.reporting.results import load_results
@@ -42,7 +42,8 @@ class SweepSummary:
 
 
 def configs_of(options: Any) -> list[str]:
-    return list(dict.fromkeys([*options.configs, *(CONTROL_CONFIGS if options.controls else ())]))
+    return list(dict.fromkeys([*options.configs, *(CONTROL_CONFIGS if options.controls else ()),
+                               *(PRIMING_CONFIGS if options.priming else ())]))
 
 
 def collect(analysis: RunContext) -> pd.DataFrame:
@@ -111,6 +112,8 @@ class Sweep(Analysis):
     configs: tuple[str, ...] = option(PAPER_CONFIGS, f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})",
                                       names=tuple(CONFIGS))
     controls: bool = option(False, f"add the equal-length controls ({', '.join(CONTROL_CONFIGS)})", type=bool)
+    priming: bool = option(False, f"add the lexical-priming controls ({', '.join(PRIMING_CONFIGS)}): tool names in the boundary "
+                           "fields anonymised, or only the names kept", type=bool)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
         return collect(ctx)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from probes.backends.base import Backend, ForwardBackend
+if TYPE_CHECKING:
+    from probes.backends.base import Backend
 
 # name -> "module:class", imported on use so that a missing optional package only breaks its backend
 BACKENDS: dict[str, str] = {
@@ -38,4 +39,4 @@ def get_backend(name: str, model: str | Path | Any, **options: Any) -> Backend:
     return backend_class(name)(model, **options)
 
 
-__all__ = ["BACKENDS", "Backend", "ForwardBackend", "backend_class", "get_backend"]
+__all__ = ["BACKENDS", "backend_class", "get_backend"]

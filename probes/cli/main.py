@@ -239,6 +239,54 @@ def _bfcl_import(args: argparse.Namespace) -> int:
 register("bfcl-import", "Turn the BFCL multi-turn data (bfcl-eval package) into a probe dataset folder.", _bfcl_arguments, _bfcl_import)
 
 
+# ---------------------------------------------------------------------------- shortcuts, card
+def _shortcuts_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", type=Path, default=DEFAULT_DATASET_DIR, help="probe dataset folder (default: bundled v1)")
+    parser.add_argument("--split-kind", choices=("template", "scenario"), default="template", help="which held-out split")
+    parser.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="tokenizer of the token-length rule ('none': words only)")
+    parser.add_argument("--folds", type=int, default=5, help="task-disjoint folds of the bag-of-words classifier")
+    parser.add_argument("--resamples", type=int, default=1000, help="task-group bootstrap resamples")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the table as CSV here")
+
+
+def _shortcuts(args: argparse.Namespace) -> int:
+    from probes.scoring.shortcuts import best_shortcut, shortcut_table
+
+    tokenizer = None if args.tokenizer == "none" else load_tokenizer(args.tokenizer)
+    table = shortcut_table(load_dataset(args.dataset), split_kind=args.split_kind, tokenizer=tokenizer, folds=args.folds,
+                           resamples=args.resamples, seed=args.seed)
+    print(table.round(3).to_string(index=False))
+    best = best_shortcut(table)
+    print("best request-level shortcut on eval: " + "; ".join(f"{k} {v['value']:.3f} ({v['shortcut']})" for k, v in best.items()))
+    if args.out is not None:
+        from probes.reporting.results import write_csv
+
+        write_csv(table, args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _card_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dataset", type=Path, help="dataset folder; CARD.md is (re)written there")
+    parser.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="tokenizer of the length and collision statistics ('none': skip them)")
+    parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _card(args: argparse.Namespace) -> int:
+    from probes.reporting.cards import write_card
+
+    path = write_card(args.dataset, tokenizer=None if args.tokenizer == "none" else args.tokenizer, resamples=args.resamples, seed=args.seed)
+    print(f"wrote {path}")
+    return 0
+
+
+register("shortcuts", "Shortcut baselines of a dataset (request length, lexical-overlap rule, bag of words; no model).",
+         _shortcuts_arguments, _shortcuts)
+register("card", "Write a dataset's CARD.md: counts, shortcut baselines and first-token collision rates, measured.", _card_arguments, _card)
+
+
 # ---------------------------------------------------------------------------- probe analyses
 def _analysis_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
     """The flags (derived from the analysis's keyword options) and the runner of ``basm-probes NAME``:
@@ -349,3 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = f"{error.strerror}: {error.filename}" if isinstance(error, OSError) and error.filename else str(error)
         print(f"basm-probes {args.command}: error: {message}\n(rerun with --debug for the traceback)", file=sys.stderr)
         return USAGE_ERRORS if isinstance(error, OptionError | AnalysisError) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -456,9 +456,10 @@ def fig09_candidate_heads(ranking: pd.DataFrame, causal: pd.DataFrame | None, to
 
 
 # --- Figures 10–12 (linear probe control, recall-depth call rates, equal-token paired status)
-def fig10_linear_probe(table: pd.DataFrame, note: str) -> plt.Figure:
+def fig10_linear_probe(table: pd.DataFrame, note: str, shortcut: dict | None = None) -> plt.Figure:
     """AUC of the task-disjoint applicability probe per layer, one line per configuration (band:
-    95% CI over task groups), one panel per retrieval depth k; grey: shuffled-label baseline.
+    95% CI over task groups), one panel per retrieval depth k; grey: shuffled-label baseline;
+    dotted: the best surface shortcut's AUC (``shortcut``: ``{"shortcut", "value", "low", "high"}``).
 
     table: config, k, layer, auc, low, high, null_mean, null_low, null_high, n, n_groups, note.
     """
@@ -477,6 +478,8 @@ def fig10_linear_probe(table: pd.DataFrame, note: str) -> plt.Figure:
             ax.plot(line["layer"], line["auc"], marker="o", ms=3, color=color(config), label=label(config))
             ax.fill_between(line["layer"], line["low"], line["high"], color=color(config), alpha=0.15, lw=0)
         ax.axhline(0.5, color="0.3", lw=0.8)
+        if shortcut is not None:
+            ax.axhline(shortcut["value"], color="firebrick", lw=1, ls=":", label=f"best shortcut ({shortcut['shortcut']})")
         n_items = int(sub["n"].max()) if len(sub) else 0
         n_groups = int(sub["n_groups"].max()) if len(sub) else 0
         ax.set_title(f"k = {k}  ({n_items} items, {n_groups} task group{'s' if n_groups != 1 else ''})")
