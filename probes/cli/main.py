@@ -6,7 +6,6 @@ Subcommands are registered in :data:`COMMANDS` (name → adder of arguments, run
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import multiprocessing
 import sys
@@ -322,30 +321,25 @@ for _name in analyses.REGISTRY:
     register(_name, ANALYSIS_HELP[_name], *_analysis_command(_name))
 
 
-def lazy(module: str, attr: str) -> Callable[..., Any]:
-    """Defer importing an organism command's module until it is used (fast startup)."""
-
-    def call(*args: Any) -> Any:
-        return getattr(importlib.import_module(module), attr)(*args)
-
-    return call
-
-
 ORGANISM_COMMANDS = {
-    "train": ("probes.organism.train.loop", "train the bundled model organism from the dataset's train split"),
-    "validate": ("probes.organism.validate", "test on held-out items that the probes recover the planted mechanism"),
-    "card": ("probes.organism.card", "rerun the held-out check and the validation; rewrite validation.json and the model card"),
+    "train": "train the bundled model organism from the dataset's train split",
+    "validate": "test on held-out items that the probes recover the planted mechanism",
+    "card": "rerun the held-out check and the validation; rewrite validation.json and the model card",
 }
 
 
 def _organism_arguments(parser: argparse.ArgumentParser) -> None:
+    from probes.cli import organism
+
     actions = parser.add_subparsers(dest="organism_command", required=True)
-    for name, (module, help_text) in ORGANISM_COMMANDS.items():
-        lazy(module, "add_arguments")(actions.add_parser(name, help=help_text, description=help_text))
+    for name, help_text in ORGANISM_COMMANDS.items():
+        getattr(organism, f"{name}_arguments")(actions.add_parser(name, help=help_text, description=help_text))
 
 
 def _organism(args: argparse.Namespace) -> int:
-    return lazy(ORGANISM_COMMANDS[args.organism_command][0], "run")(args)
+    from probes.cli import organism
+
+    return getattr(organism, args.organism_command)(args)
 
 
 register("organism", "The bundled model organism: `organism train` retrains it, `organism validate` checks the probes on it, "

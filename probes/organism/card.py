@@ -315,11 +315,3 @@ def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None 
 
 
 # ----------------------------------------------------------------------------- CLI
-def add_arguments(parser: Any) -> None:
-    parser.add_argument("--model", type=Path, default=None, help="organism folder (default: the bundled one)")
-
-
-def run(args: Any) -> int:
-    from probes.organism import ORGANISM_DIR
-
-    return 0 if evaluate_and_write_card(args.model or ORGANISM_DIR).holds else 1

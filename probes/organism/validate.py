@@ -30,11 +30,9 @@ out. The random control is the neutral one (random spans of the memory block out
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
-from collections.abc import Sequence
+
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -236,33 +234,3 @@ def write(validation: Validation, out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- CLI
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=ORGANISM_DIR, help="organism folder (default: the bundled one)")
-    parser.add_argument("--out", type=Path, default=Path("results") / "organism_validate", help="results folder")
-    parser.add_argument("--limit", type=int, help="first N eval items per bucket (default: all)")
-    parser.add_argument("--embedder", choices=("auto", "minilm", "lexical"), default="auto")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"heads per knocked-out set (default: {DEFAULT_TOP})")
-    parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS, help=f"random spans / head sets (default: {DEFAULT_DRAWS})")
-    parser.add_argument("--overwrite", action="store_true", help="recompute instead of resuming the analyses' rows")
-
-
-def run(args: argparse.Namespace) -> int:
-    validation = validate(args.model, args.out, limit=args.limit, embedder=args.embedder, seed=args.seed, top=args.top,
-                          draws=args.draws, overwrite=args.overwrite)
-    write(validation, args.out)
-    for claim in validation.claims:
-        print(claim.line())
-    print(f"{sum(c.holds for c in validation.claims)}/{len(validation.claims)} claims hold "
-          f"({validation.seconds:.0f} s); written to {args.out / 'validation.md'}")
-    return 0 if validation.holds else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="basm-probes organism validate", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

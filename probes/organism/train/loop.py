@@ -28,18 +28,16 @@ augmentations), :mod:`~probes.organism.train.supervision` the planted heads' tar
 recording, :mod:`~probes.organism.train.batch` one batch's forward and loss; this module holds the
 configuration, the tokenizer and model construction, the optimisation loop, checkpointing and the
 command line: ``basm-probes organism train`` (:func:`add_arguments`, :func:`run`) or
-``python -m probes.organism.train.loop``. Deterministic given the seed (CPU, fixed thread count).
+``probes.organism.train.loop.train`` from Python. Deterministic given the seed (CPU, fixed thread count).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import platform
 import random
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -53,7 +51,6 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from probes.data.dataset import DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_DIR
-from probes.organism.card import evaluate_and_write_card
 from probes.organism.train.batch import batch_loss
 from probes.organism.train.examples import (
     BOUNDARY_CONFIGS,
@@ -396,36 +393,3 @@ def save(result: TrainResult, out_dir: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- CLI
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = TrainConfig()
-    parser.add_argument("--out", type=Path, default=ORGANISM_DIR, help=f"output folder (default: the bundled {ORGANISM_DIR})")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--threads", type=int, default=defaults.num_threads)
-    parser.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
-    parser.add_argument("--embedder", choices=("auto", "minilm", "lexical"), default=defaults.embedder)
-    parser.add_argument("--stop-after", type=int, default=None, help="stop after N steps of the --steps schedule (reproducible)")
-    parser.add_argument("--max-minutes", type=float, default=None, help="stop early after this many minutes of training (not reproducible: note the step)")
-    parser.add_argument("--no-card", action="store_true", help="do not run the held-out check or write the model card")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = train(
-        args.out, seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        num_threads=args.threads, device=args.device, embedder=args.embedder, max_minutes=args.max_minutes, stop_after=args.stop_after,
-    )
-    if not args.no_card:
-        evaluate_and_write_card(args.out, result.summary)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="basm-probes organism train", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
