@@ -96,7 +96,7 @@ def _results(edit: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
         _model(tmp)
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             assert main(_resolve(_sweep(model="<tmp>/model"), tmp)) == 0
-        path = tmp / "out" / "sweep.jsonl"
+        path = tmp / "out" / "model" / "sweep.jsonl"  # results live under OUT/<model folder name>/
         path.write_text("".join(line + "\n" for line in edit(path.read_text().splitlines())))
     return setup
 
@@ -110,20 +110,20 @@ def _other_weights(lines: list[str]) -> list[str]:
 DATA = ["--dataset", "<tmp>/data"]
 CASES: list[Case] = [
     # options, checked before any model is loaded
-    Case("negative depth", _sweep("--k-max", "-1"), 2, "--k-max -1: the retrieval depth must be ≥ 0"),
-    Case("depth above the library", _sweep("--k-max", "99"), 2, "skills to retrieve; use --k-max"),
-    Case("build: depth above the library", ["build", "--out", "<tmp>/r.jsonl", "--embedder", "lexical", "--k-max", "99"], 2, "skills to retrieve"),
-    Case("show: depth above the library", ["show", "retail-ok-0001", "--embedder", "lexical", "--k", "99"], 2, "--k 99"),
+    Case("negative depth", _sweep("--k-max", "-1"), 2, "option 'k_max' (--k-max) must be ≥ 0, got -1"),
+    Case("depth above the library", _sweep("--k-max", "99"), 2, "(--k-max) 99: item retail-wrong-0001 has only 9 skills to retrieve; use 9 or less"),
+    Case("build: depth above the library", ["build", "--out", "<tmp>/r.jsonl", "--embedder", "lexical", "--k-max", "99"], 2, "(--k-max) 99: item retail-ok-0001 has only 9 skills to retrieve; use 9 or less"),
+    Case("show: depth above the library", ["show", "retail-ok-0001", "--embedder", "lexical", "--k", "99"], 2, "(--k) 99: item retail-ok-0001 has only 9 skills to retrieve; use 9 or less"),
     Case("show: unknown item", ["show", "no-such-item", "--embedder", "lexical"], 2, "unknown or filtered-out item id"),
     Case("--items with an unknown part", _sweep("--items", "garbage"), 2, "'garbage' is not a bucket"),
-    Case("--limit 0", _sweep("--limit", "0"), 2, "--limit 0: must be ≥ 1"),
+    Case("--limit 0", _sweep("--limit", "0"), 2, "option 'limit' (--limit) must be ≥ 1, got 0"),
     Case("no item matches", _sweep("--domain", "retail", "--split", "train", "--item", "retail-ok-0001"), 2, "filtered-out item id"),
-    Case("negative --beta", _sweep("--beta", "-5"), 2, "--beta -5"),
-    Case("TOML: wrong type", _sweep("--config", "<tmp>/run.toml"), 2, "run.toml: option 'k_max' must be an integer", _toml('k_max = "two"\n')),
-    Case("TOML: unknown key", _sweep("--config", "<tmp>/run.toml"), 2, "run.toml: unknown option 'kmax'", _toml("kmax = 2\n")),
-    Case("TOML: bad choice", _sweep("--config", "<tmp>/run.toml"), 2, "must be one of native, prompted", _toml('format = "json"\n')),
-    Case("TOML: not TOML", _sweep("--config", "<tmp>/run.toml"), 2, "not valid TOML", _toml("k_max = = 2\n")),
-    Case("TOML: missing file", _sweep("--config", "<tmp>/absent.toml"), 2, "cannot read it"),
+    Case("negative --beta", _sweep("--beta", "-5"), 2, "option 'beta' (--beta) must be ≥ 0, got -5"),
+    Case("TOML: wrong type", _sweep("--options-file", "<tmp>/run.toml"), 2, "run.toml: sweep: option 'k_max' (--k-max) must be an integer, got 'two'", _toml('k_max = "two"\n')),
+    Case("TOML: unknown key", _sweep("--options-file", "<tmp>/run.toml"), 2, "run.toml: unknown option 'kmax' for sweep; known: ", _toml("kmax = 2\n")),
+    Case("TOML: bad choice", _sweep("--options-file", "<tmp>/run.toml"), 2, "run.toml: sweep: option 'format' (--format) must be one of native, prompted, got 'json'", _toml('format = "json"\n')),
+    Case("TOML: not TOML", _sweep("--options-file", "<tmp>/run.toml"), 2, "--options-file <tmp>/run.toml: not valid TOML", _toml("k_max = = 2\n")),
+    Case("TOML: missing file", _sweep("--options-file", "<tmp>/absent.toml"), 2, "--options-file <tmp>/absent.toml: cannot read it"),
     # datasets, checked with file and line before any model is loaded
     Case("dataset: user null", _sweep(*DATA), 1, "items.jsonl:1: field 'user' must be a non-empty string", _dataset(_first_item(user=None))),
     Case("dataset: history entry without tool_call", _sweep(*DATA), 1, "history[0]: an assistant message needs tool_call",

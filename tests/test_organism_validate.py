@@ -65,7 +65,8 @@ def test_sweep_without_model_runs_on_the_bundled_organism(tmp_path):
     from probes.reporting.results import load_results
 
     assert main(["sweep", "--limit", "2", "--k-max", "1", "--configs", "proc,basm", "--out", str(tmp_path)]) == 0
-    rows = load_results(tmp_path / "sweep.jsonl")
+    out = tmp_path / "basm-organism"  # results are laid out by model: OUT/<model label>/
+    rows = load_results(out / "sweep.jsonl")
     assert rows.attrs["meta"]["config"]["model"] == str(ORGANISM_DIR)
     assert set(rows["bucket"]) == {"T_wrong"} and len(rows) == 2 * 2 * 2
-    assert (tmp_path / "figures" / "fig02_retrieval_trap.png").stat().st_size > 10_000
+    assert (out / "figures" / "fig02_retrieval_trap.png").stat().st_size > 10_000

@@ -57,6 +57,11 @@ def sweep(model: Path, out: Path, *extra: str, dataset: Path = DEFAULT_DATASET_D
     return ["sweep", "--model", str(model), "--dataset", str(dataset), "--out", str(out), *FAST, *extra]
 
 
+def rows_file(out: Path) -> Path:
+    """The sweep's results file: rows live under OUT/<model label>/, and the ``model`` fixture's folder is named ``model``."""
+    return out / "model" / "sweep.jsonl"
+
+
 # ---------------------------------------------------------------------------- 1. fingerprinted resume
 def test_changed_weights_stop_a_resume(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
@@ -66,15 +71,15 @@ def test_changed_weights_stop_a_resume(model: Path, tmp_path: Path, capsys: pyte
     weights[name] = weights[name] + 1.0
     save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
     assert re.search(r"fingerprint\.weights.*--overwrite", fails(sweep(model, out), capsys))
-    before = (out / "sweep.jsonl").read_bytes()
+    before = rows_file(out).read_bytes()
     assert main(sweep(model, out, "--overwrite")) == 0
-    assert (out / "sweep.jsonl").read_bytes() != before
+    assert rows_file(out).read_bytes() != before
 
 
 def test_edited_items_stop_a_resume(model: Path, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out, dataset=dataset)) == 0
-    (item_id,) = set(load_results(out / "sweep.jsonl")["item_id"])
+    (item_id,) = set(load_results(rows_file(out))["item_id"])
     items = dataset / "items.jsonl"
     lines = [json.loads(line) for line in items.read_text().splitlines()]
     for raw in lines:
@@ -126,14 +131,14 @@ def test_concurrent_runs_never_duplicate_rows(model: Path, tmp_path: Path) -> No
     assert any(rc == 0 for rc, _ in results)
     for rc, err in results:
         assert rc == 0 or "being written by another basm-probes run" in err, err[-2000:]
-    written = keys(out / "sweep.jsonl")
+    written = keys(rows_file(out))
     assert len(written) == len(set(written)) == 2 * 2 * 2  # items × k × configs
 
 
 def test_a_held_lock_stops_a_second_writer(model: Path, tmp_path: Path) -> None:
     from probes.reporting.results import ResultsStore
 
-    path = tmp_path / "out" / "sweep.jsonl"
+    path = rows_file(tmp_path / "out")
     ResultsStore(path, "sweep", {"held": True})  # this process now writes the file
     run = cli(sweep(model, tmp_path / "out"))
     assert run.wait(timeout=600) != 0
@@ -145,7 +150,7 @@ def test_a_held_lock_stops_a_second_writer(model: Path, tmp_path: Path) -> None:
 def test_a_file_with_a_repeated_key_is_refused(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out)) == 0
-    path = out / "sweep.jsonl"
+    path = rows_file(out)
     lines = path.read_text().splitlines()
     path.write_text("\n".join([*lines, lines[2]]) + "\n")  # what two unlocked writers produced
     assert re.search(r"sweep\.jsonl:6: key .* already written on line 3", fails(sweep(model, out), capsys))
@@ -162,7 +167,7 @@ def _limit_writes(size: int):
 def test_a_full_disk_never_shortens_a_finished_file(model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out)) == 0
-    path = out / "sweep.jsonl"
+    path = rows_file(out)
     before = path.read_bytes()
     run = cli(sweep(model, out), preexec_fn=_limit_writes(len(before) // 2))  # a rewrite would be cut in half
     run.wait(timeout=600)
@@ -171,14 +176,14 @@ def test_a_full_disk_never_shortens_a_finished_file(model: Path, tmp_path: Path)
 
 def test_a_write_limit_mid_file_then_resume_gives_the_full_table(model: Path, tmp_path: Path) -> None:
     assert main(sweep(model, tmp_path / "full")) == 0
-    full = load_results(tmp_path / "full" / "sweep.jsonl").sort_values("key").reset_index(drop=True)
-    header = (tmp_path / "full" / "sweep.jsonl").read_text().split("\n")[0]
+    full = load_results(rows_file(tmp_path / "full")).sort_values("key").reset_index(drop=True)
+    header = rows_file(tmp_path / "full").read_text().split("\n")[0]
     out = tmp_path / "out"
     run = cli(sweep(model, out), preexec_fn=_limit_writes(len(header) + 3000))  # header, a row or so, a torn line
     assert run.wait(timeout=600) != 0
-    assert 0 < len(keys_lenient(out / "sweep.jsonl")) < len(full)
+    assert 0 < len(keys_lenient(rows_file(out))) < len(full)
     assert main(sweep(model, out)) == 0
-    resumed = load_results(out / "sweep.jsonl").sort_values("key").reset_index(drop=True)
+    resumed = load_results(rows_file(out)).sort_values("key").reset_index(drop=True)
     pd.testing.assert_frame_equal(resumed.drop(columns="prompt_digest"), full.drop(columns="prompt_digest"))
 
 
@@ -189,9 +194,9 @@ def keys_lenient(path: Path) -> list[str]:
 
 def test_a_killed_run_resumes_to_the_same_table(model: Path, tmp_path: Path) -> None:
     assert main(sweep(model, tmp_path / "full", "--limit", "3")) == 0
-    full = load_results(tmp_path / "full" / "sweep.jsonl").sort_values("key").reset_index(drop=True)
+    full = load_results(rows_file(tmp_path / "full")).sort_values("key").reset_index(drop=True)
     out = tmp_path / "out"
-    path = out / "sweep.jsonl"
+    path = rows_file(out)
     run = cli(sweep(model, out, "--limit", "3"))
     deadline = time.monotonic() + 300
     while run.poll() is None and time.monotonic() < deadline:
@@ -209,7 +214,7 @@ def test_a_killed_run_resumes_to_the_same_table(model: Path, tmp_path: Path) -> 
 def test_a_corrupt_middle_line_is_named_not_dropped(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out)) == 0
-    path = out / "sweep.jsonl"
+    path = rows_file(out)
     lines = path.read_text().splitlines()
     lines[2] = lines[2][: len(lines[2]) // 2]
     path.write_text("\n".join(lines) + "\n")
@@ -223,7 +228,7 @@ def test_a_corrupt_middle_line_is_named_not_dropped(model: Path, tmp_path: Path,
 def test_a_finished_read_only_file_is_read_back(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out)) == 0
-    path = out / "sweep.jsonl"
+    path = rows_file(out)
     before = path.read_bytes()
     real_open = Path.open
 
@@ -261,13 +266,15 @@ def test_results_are_strict_json_and_nan_reads_back(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- 4. build writes atomically
 def test_a_failing_build_leaves_the_previous_records_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import probes.cli.main
+    import importlib
+
+    cli_main = importlib.import_module("probes.cli.main")  # the module: `probes.cli.main` the attribute is the re-exported function
 
     out = tmp_path / "records.jsonl"
     argv = ["build", "--limit", "2", "--k-max", "1", "--config", "basm", "--workers", "1", "--embedder", "lexical", "--out", str(out)]
     assert main(argv) == 0
     before = out.read_bytes()
-    real = probes.cli.main._build_item
+    real = cli_main._build_item
     calls = []
 
     def failing(item):
@@ -276,7 +283,7 @@ def test_a_failing_build_leaves_the_previous_records_whole(tmp_path: Path, monke
             raise RuntimeError("killed mid-build")
         return real(item)
 
-    monkeypatch.setattr(probes.cli.main, "_build_item", failing)
+    monkeypatch.setattr(cli_main, "_build_item", failing)
     with pytest.raises(RuntimeError, match="killed mid-build"):
         main(argv)
     assert out.read_bytes() == before
@@ -312,9 +319,9 @@ def test_the_catalogue_in_docs_lists_every_case_with_its_code() -> None:
 def test_bad_options_leave_previous_results_untouched(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out)) == 0
-    before = (out / "sweep.jsonl").read_bytes()
+    before = rows_file(out).read_bytes()
     fails(sweep(model, out, "--k-max", "-1", "--overwrite"), capsys, code=2)
-    assert (out / "sweep.jsonl").read_bytes() == before
+    assert rows_file(out).read_bytes() == before
 
 
 class _Stop(Exception):
@@ -338,7 +345,7 @@ def test_explicit_flags_beat_the_toml_file(tmp_path: Path, monkeypatch: pytest.M
     seen = _stop_at_session(monkeypatch)
     (tmp_path / "run.toml").write_text("k_max = 1\nseed = 3\n")
     with pytest.raises(_Stop):  # --k-max 4 is sweep's default, and still explicit
-        main(["sweep", "--config", str(tmp_path / "run.toml"), "--k-max", "4", "--model", "m", "--out", str(tmp_path)])
+        main(["sweep", "--options-file", str(tmp_path / "run.toml"), "--k-max", "4", "--model", "m", "--out", str(tmp_path)])
     assert seen == {"k_max": 4, "seed": 3}
 
 
@@ -364,5 +371,5 @@ def test_ctrl_c_says_how_to_resume_and_debug_shows_the_traceback(model: Path, tm
     with pytest.raises(KeyboardInterrupt):
         main([*sweep(model, tmp_path / "out"), "--debug"])
     with pytest.raises(ResultsCorrupt):
-        (tmp_path / "out" / "sweep.jsonl").write_text("not json\n")
+        rows_file(tmp_path / "out").write_text("not json\n")
         main([*sweep(model, tmp_path / "out"), "--debug"])
