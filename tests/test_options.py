@@ -205,10 +205,30 @@ def test_session_options_reach_the_session(name: str, monkeypatch, tmp_path) -> 
     monkeypatch.setattr(base, "_dataset", lambda root: dataset)
     monkeypatch.setattr(base, "select_items", lambda dataset, options: dataset.items[:1])
     cls = CLASSES[name]
+    values = _values(cls, tmp_path, skip=("backend", "remote"))  # the native session (other backends: below)
     with pytest.raises(_Loaded):
-        main([name, *_argv(cls, _values(cls, tmp_path))])
+        main([name, *_argv(cls, values)])
     assert seen == {"model": "x-model", "dtype": "bfloat16", "device": "cuda:1", "device_map": "auto",
+                    "allow_pickle": True, "trust_remote_code": True, "prefix_cache": values["prefix_cache"]}
+
+
+def test_backend_options_reach_the_backend(monkeypatch) -> None:
+    import probes.backends
+
+    seen: dict[str, Any] = {}
+
+    def get_backend(name, model, **kwargs):
+        seen.update(kwargs, name=name, model=str(model))
+        raise _Loaded
+
+    monkeypatch.setattr(probes.backends, "get_backend", get_backend)
+    with pytest.raises(_Loaded):
+        base.open_session(CLASSES["sweep"](backend="nnsight", remote=True, dtype="float16", device="cuda:0", device_map="auto",
+                                           allow_pickle=True, trust_remote_code=True), "m")
+    assert seen == {"name": "nnsight", "model": "m", "remote": True, "dtype": "float16", "device": "cuda:0", "device_map": "auto",
                     "allow_pickle": True, "trust_remote_code": True}
+    with pytest.raises(OptionError, match="remote.*needs backend='nnsight'"):
+        base.open_session(CLASSES["sweep"](remote=True), "m")
 
 
 def test_session_options_reach_the_session_from_python(monkeypatch) -> None:
@@ -217,7 +237,7 @@ def test_session_options_reach_the_session_from_python(monkeypatch) -> None:
         base.open_session(CLASSES["sweep"](dtype="float16", device="cuda:0", device_map="balanced", allow_pickle=True,
                                            trust_remote_code=True), "m")
     assert seen == {"model": "m", "dtype": "float16", "device": "cuda:0", "device_map": "balanced",
-                    "allow_pickle": True, "trust_remote_code": True}
+                    "allow_pickle": True, "trust_remote_code": True, "prefix_cache": 8}
 
 
 # ---------------------------------------------------------------------------- report forwards

@@ -513,6 +513,8 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
               "a format it never saw", file=sys.stderr)
     if session is None:
         session = open_session(options, model)
+    else:  # record what the given session actually runs, not the option defaults
+        options = dataclasses.replace(options, dtype=str(session.model.dtype).removeprefix("torch."), device=str(session.model.device))
     if session.tokenizer is None:
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
     retriever = _retriever(options.embedder)
