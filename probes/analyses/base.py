@@ -283,17 +283,23 @@ class Analysis:
     def run(self, session: ProbeSession | None = None, *, verbose: bool = True) -> AnalysisResult:
         """Collect rows (resuming from ``out``), summarise, write the tables and figures."""
         ctx = open_context(self, session)
-        rows = self.collect(ctx)
-        summary = self.summarise(ctx, rows)
-        tables = self.tables(summary)
-        for table_name, table in tables.items():
-            write_csv(table, ctx.out_dir / f"{table_name}.csv")
+        rows, summary, tables = self.compute(ctx)
         figures = self.figures(summary, ctx.out_dir / "figures") if ctx.options.figure else []
         if verbose:
             self.print_summary(summary)
             if figures:
                 print("figures:", ", ".join(str(p) for p in figures if p.suffix == ".png"))
         return AnalysisResult(self, ctx.options, rows, summary, tables, figures, ctx.out_dir, self.status(summary))
+
+    def compute(self, ctx: RunContext) -> tuple[pd.DataFrame, Any, dict[str, pd.DataFrame]]:
+        """Collect and summarise on an open context; the summary tables are written next to the rows.
+        (:meth:`run` and ``report`` both go through here.)"""
+        rows = self.collect(ctx)
+        summary = self.summarise(ctx, rows)
+        tables = self.tables(summary)
+        for table_name, table in tables.items():
+            write_csv(table, ctx.out_dir / f"{table_name}.csv")
+        return rows, summary, tables
 
     def resolved(self) -> Analysis:
         """These options with ``items``, ``quick`` and the analysis's default buckets applied."""
@@ -311,13 +317,6 @@ class Analysis:
                 changes["random_draws"] = min(self.random_draws, QUICK["random_draws"])
         changes.update(buckets=buckets, domains=domains, limit=limit, k_max=k_max)
         return dataclasses.replace(self, **changes)
-
-    def options(self, *, explicit_only: bool = False) -> dict[str, Any]:
-        """The option values by name (only those differing from the defaults with ``explicit_only``)."""
-        values = {f.name: getattr(self, f.name) for f in option_fields(type(self))}
-        if explicit_only:
-            values = {k: v for k, v in values.items() if v != default_of(type(self), k)}
-        return values
 
     # -- the contract (implemented by each analysis)
     def collect(self, ctx: RunContext) -> pd.DataFrame:
@@ -349,11 +348,6 @@ class Analysis:
     def status(self, summary: Any) -> int:
         """The exit status of the CLI command: 0, or 1 when a built-in check failed."""
         return 0
-
-
-def default_of(cls: type, name: str) -> Any:
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------------------- the run context

@@ -43,7 +43,7 @@ from probes.analyses.base import (
 )
 from probes.engine.session import ProbeSession
 from probes.reporting import plots
-from probes.reporting.results import atomic_path, environment, write_csv
+from probes.reporting.results import atomic_path, environment
 
 # Shared options set on an analysis only when given to the report (else it keeps its own default).
 IF_GIVEN: tuple[str, ...] = ("k_max", "buckets")
@@ -152,9 +152,7 @@ class Report(Analysis):
                 try:
                     analysis = cls(**{**forwarded(self, cls), "model": model})
                     ctx = open_context(analysis, session)
-                    summary = analysis.summarise(ctx, analysis.collect(ctx))
-                    for table_name, table in analysis.tables(summary).items():
-                        write_csv(table, ctx.out_dir / f"{table_name}.csv")
+                    _rows, summary, _tables = analysis.compute(ctx)
                     sections[name] = analysis.section(ctx, summary, analysis.figures(summary, figures_dir))
                 except AnalysisError as failure:
                     failed.append(f"`{name}`: {failure}")
