@@ -42,7 +42,7 @@ def records(model_dir: Path, n: int) -> list[dict[str, Any]]:
     from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
     from probes.data.retrieval import Retriever, make_embedder
 
-    dataset = load_dataset()
+    dataset = load_dataset("basm_probe")
     tokenizer = load_tokenizer(model_dir)
     if model_dir.resolve() == ORGANISM.resolve():
         builder = make_builder(tokenizer, dataset, "lexical")

@@ -212,8 +212,8 @@ def dataset_records(tokenizer: Any, n_records: int) -> list[dict[str, Any]]:
     from probes.prompts.builder import BuildSettings, PromptBuilder
     from probes.data.retrieval import Retriever, make_embedder
 
-    dataset = load_dataset()
-    builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=4))
+    dataset = load_dataset("basm_probe_v2")  # a non-organism model's default set and gate
+    builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("minilm")), BuildSettings(k_max=4, relevance="semantic"))
     items = dataset.select(split="eval")
     step = max(1, len(items) // n_records)
     out = []

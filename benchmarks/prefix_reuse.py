@@ -58,7 +58,7 @@ def sweep_records(model_dir: Path, n_items: int, k_max: int, configs: list[str])
     from probes.prompts.builder import BuildSettings, PromptBuilder
     from probes.data.retrieval import Retriever, make_embedder
 
-    dataset = load_dataset()
+    dataset = load_dataset("basm_probe")
     builder = PromptBuilder(AutoTokenizer.from_pretrained(model_dir), dataset, Retriever(make_embedder("lexical")),
                             BuildSettings(k_max=k_max))
     per_item = []

@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from probes.cli.main import main  # noqa: E402
-from probes.data.dataset import DEFAULT_DATASET_DIR  # noqa: E402
+from probes.data.dataset import V1_DATASET_DIR  # noqa: E402
 from probes.organism import ORGANISM_DIR  # noqa: E402
 
 TABLE = Path(__file__).with_suffix(".md")
-FAST = ["--embedder", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base", "--no-figure"]
+FAST = ["--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base", "--no-figure"]
 NO_MODEL = "<tmp>/no-model"  # options and datasets are checked before the model is looked at
 
 
@@ -55,7 +55,7 @@ def _toml(text: str) -> Callable[[Path], None]:
 def _dataset(edit: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
     """A copy of the bundled dataset whose items.jsonl lines are ``edit``-ed."""
     def setup(tmp: Path) -> None:
-        shutil.copytree(DEFAULT_DATASET_DIR, tmp / "data")
+        shutil.copytree(V1_DATASET_DIR, tmp / "data")
         items = tmp / "data" / "items.jsonl"
         items.write_text("".join(line + "\n" for line in edit(items.read_text().splitlines())))
     return setup
@@ -64,7 +64,7 @@ def _dataset(edit: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
 def _domain(edit: Callable[[dict], object]) -> Callable[[Path], None]:
     """A copy of the bundled dataset whose retail domain file is ``edit``-ed."""
     def setup(tmp: Path) -> None:
-        shutil.copytree(DEFAULT_DATASET_DIR, tmp / "data")
+        shutil.copytree(V1_DATASET_DIR, tmp / "data")
         path = tmp / "data" / "domains" / "retail.json"
         raw = json.loads(path.read_text())
         edit(raw)
@@ -112,10 +112,11 @@ CASES: list[Case] = [
     # options, checked before any model is loaded
     Case("negative depth", _sweep("--k-max", "-1"), 2, "option 'k_max' (--k-max) must be ≥ 0, got -1"),
     Case("depth above the library", _sweep("--k-max", "99"), 2, "(--k-max) 99: item retail-wrong-0001 has only 9 skills to retrieve; use 9 or less"),
-    Case("build: depth above the library", ["build", "--out", "<tmp>/r.jsonl", "--embedder", "lexical", "--k-max", "99"], 2, "(--k-max) 99: item retail-ok-0001 has only 9 skills to retrieve; use 9 or less"),
-    Case("show: depth above the library", ["show", "retail-ok-0001", "--embedder", "lexical", "--k", "99"], 2, "(--k) 99: item retail-ok-0001 has only 9 skills to retrieve; use 9 or less"),
-    Case("show: unknown item", ["show", "no-such-item", "--embedder", "lexical"], 2, "unknown or filtered-out item id"),
+    Case("build: depth above the library", ["build", "--out", "<tmp>/r.jsonl", "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical", "--k-max", "99"], 2, "(--k-max) 99: item retail-ok-0001 has only 9 skills to retrieve; use 9 or less"),
+    Case("show: depth above the library", ["show", "retail-ok-0001", "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical", "--k", "99"], 2, "(--k) 99: item retail-ok-0001 has only 9 skills to retrieve; use 9 or less"),
+    Case("show: unknown item", ["show", "no-such-item", "--embedder", "lexical", "--relevance", "lexical"], 2, "unknown or filtered-out item id"),
     Case("--items with an unknown part", _sweep("--items", "garbage"), 2, "'garbage' is not a bucket"),
+    Case("semantic gate, lexical embedder", _sweep("--relevance", "semantic"), 2, "relevance 'semantic' (the default for a model other than the bundled organism) needs a semantic embedder"),
     Case("--limit 0", _sweep("--limit", "0"), 2, "option 'limit' (--limit) must be ≥ 1, got 0"),
     Case("no item matches", _sweep("--domain", "retail", "--split", "train", "--item", "retail-ok-0001"), 2, "filtered-out item id"),
     Case("negative --beta", _sweep("--beta", "-5"), 2, "option 'beta' (--beta) must be ≥ 0, got -5"),

@@ -24,7 +24,7 @@ from probes.reporting.results import load_results
 torch.set_num_threads(1)
 
 T_WRONG_ITEM = "retail-wrong-0001"
-FAST = {"embedder": "lexical", "split": "all"}
+FAST = {"dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical", "split": "all"}  # v1 mechanics
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +77,7 @@ def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_
     from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
     from probes.data.retrieval import Retriever, make_embedder
 
-    dataset = load_dataset()
+    dataset = load_dataset("basm_probe")
     builder = PromptBuilder(load_tokenizer(str(tiny_qwen3_dir)), dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=2))
     record = builder.build(dataset.select(ids=[T_WRONG_ITEM])[0], "basm", 2, "native")
     correct = next(c["token_ids"] for c in record["candidates"] if c["role"] == "correct")
@@ -139,7 +139,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     from probes.data.retrieval import Retriever, make_embedder
 
     session = ProbeSession(tiny_qwen3_dir)
-    dataset = load_dataset()
+    dataset = load_dataset("basm_probe")
     builder = PromptBuilder(session.tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=2))
     record = builder.build(dataset.select(ids=[T_WRONG_ITEM])[0], "basm", 2, "native")
     base, knocked = score_record(session, record, [Knockout.from_spans("boundary", record["spans"]["boundary"])])
@@ -148,6 +148,42 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
         assert abs(basm.loc["baseline", measure] - base[measure]) <= 1e-6, measure
     summary = (out / "knockout_gap_recovery.csv").read_text()
     assert summary.startswith("measure,value,low,high,n,gap")
+
+
+def test_knockout_priming_controls_run_the_same_conditions(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+    """``priming=True`` adds the two lexical-priming configurations with every knockout; the BASM rows
+    are those of a run without it, and a priming record's boundary knockout is the library scorer's."""
+    from probes.analyses.base import score_record
+    from probes.data.dataset import V2_DATASET_DIR, load_dataset
+    from probes.data.retrieval import Retriever, make_embedder
+    from probes.engine.session import Knockout, ProbeSession
+    from probes.prompts.builder import BuildSettings, PromptBuilder
+
+    # a non-organism model's defaults: basm_probe_v2 and the semantic gate (MiniLM)
+    common = dict(model=tiny_qwen3_dir, item_ids=[T_WRONG_ITEM], k=1, random_draws=1, figure=False, embedder="minilm", split="all")
+    plain = KnockoutAnalysis(out=tmp_path / "plain", **common).run(verbose=False)
+    primed = KnockoutAnalysis(out=tmp_path / "primed", priming=True, **common).run(verbose=False)
+    assert primed.options.dataset == V2_DATASET_DIR and primed.options.relevance == "semantic"
+    rows = primed.rows
+    assert set(rows["config"]) == {"basm", "basm-anon", "basm-names", "proc"}
+    conditions = {config: set(rows[rows["config"] == config]["condition"]) for config in ("basm", "basm-anon", "basm-names")}
+    assert conditions["basm"] == conditions["basm-anon"] == conditions["basm-names"] == {"baseline", "boundary", "random_0", "anywhere_0", "procedure"}
+    columns = ["key", "margin", "broad_margin", "correct_margin", "call_logodds"]
+    pd.testing.assert_frame_equal(plain.rows[plain.rows["config"].isin(["basm", "proc"])][columns].reset_index(drop=True),
+                                  rows[rows["config"].isin(["basm", "proc"])][columns].reset_index(drop=True))
+    table = primed.tables["knockout_priming"]
+    assert set(table["config"]) == {"basm", "basm-anon", "basm-names"} and set(table["knockout"]) == {"boundary", "random"}
+    assert "knockout_priming" not in plain.tables
+
+    session = ProbeSession(tiny_qwen3_dir)
+    dataset = load_dataset(V2_DATASET_DIR)
+    builder = PromptBuilder(session.tokenizer, dataset, Retriever(make_embedder("minilm")), BuildSettings(k_max=1, relevance="semantic"))
+    record = builder.build(dataset.select(ids=[T_WRONG_ITEM])[0], "basm-anon", 1, "native")
+    base, knocked = score_record(session, record, [Knockout.from_spans("boundary", record["spans"]["boundary"])])
+    anon = rows[rows["config"] == "basm-anon"].set_index("condition")
+    expected = knocked["margin"] - base["margin"]
+    assert abs(table.query("config == 'basm-anon' and knockout == 'boundary'")["value"].item() - expected) <= 1e-6
+    assert abs(anon.loc["boundary", "margin"] - knocked["margin"]) <= 1e-6
 
 
 def test_knockout_compares_every_control_on_the_same_records() -> None:
@@ -178,7 +214,7 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
     from probes.cli.options import options_from_args
 
     toml = tmp_path / "run.toml"
-    toml.write_text(f'model = "{tiny_qwen3_dir}"\nembedder = "lexical"\nlimit = 5\nsplit = "all"\nk-max = 1\n')
+    toml.write_text(f'model = "{tiny_qwen3_dir}"\ndataset = "basm_probe"\nembedder = "lexical"\nrelevance = "lexical"\nlimit = 5\nsplit = "all"\nk-max = 1\n')
     # --limit on the command line overrides the file's limit
     args = build_parser().parse_args(["report", "--options-file", str(toml), "--quick", "--limit", "1", "--out", str(tmp_path / "out"),
                                       "--analyses", "sweep,ratios,suppression,knockout,heads"])

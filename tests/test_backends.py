@@ -85,7 +85,7 @@ MATRIX = [
 
 
 def _record(name: str, tokenizer: object, fmt: str) -> dict:
-    dataset = load_dataset()
+    dataset = load_dataset("basm_probe")
     if name != "qwen3":  # the organism's tokenizer and chat template
         builder = make_builder(tokenizer, dataset, "lexical")
     else:

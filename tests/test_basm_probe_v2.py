@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.data.dataset import DEFAULT_DATASET_DIR, load_dataset
+from probes.data.dataset import V1_DATASET_DIR, load_dataset
 from probes.scoring.shortcuts import shortcut_table
 
 V2_DIR = Path(__file__).resolve().parent.parent / "datasets" / "basm_probe_v2"
@@ -53,7 +53,7 @@ def test_scenario_split_selects_whole_pairs(v2):
 
 
 def test_scenario_split_needs_the_field_and_a_known_kind():
-    v1 = load_dataset(DEFAULT_DATASET_DIR)
+    v1 = load_dataset(V1_DATASET_DIR)
     with pytest.raises(ValueError, match="split_scenario"):
         v1.select(split="eval", split_kind="scenario")
     with pytest.raises(ValueError, match="split_kind"):
@@ -63,7 +63,7 @@ def test_scenario_split_needs_the_field_and_a_known_kind():
 def test_v1_digest_is_unchanged_by_the_optional_field():
     """Results fingerprints of v1 must not move: its digest equals the pre-v2 formula (asdict
     without split_scenario), recomputed here."""
-    v1 = load_dataset(DEFAULT_DATASET_DIR)
+    v1 = load_dataset(V1_DATASET_DIR)
     items = v1.items[:30]
     fields = [{k: v for k, v in asdict(item).items() if k != "split_scenario"} for item in items]
     h = hashlib.sha256(json.dumps(fields, sort_keys=True, default=list).encode())

@@ -10,7 +10,7 @@ from probes.cli.main import main
 def test_build_writes_documented_records(tmp_path, capsys):
     out = tmp_path / "records.jsonl"
     code = main(["build", "--limit", "2", "--k-max", "2", "--config", "proc", "--config", "basm", "--config", "pad-filler",
-                 "--format", "native", "--format", "prompted", "--workers", "1", "--embedder", "lexical", "--out", str(out)])
+                 "--format", "native", "--format", "prompted", "--workers", "1", "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical", "--out", str(out)])
     assert code == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 6 * 3 * 3 * 2  # items × configs × k × formats
@@ -28,7 +28,7 @@ def test_build_writes_documented_records(tmp_path, capsys):
 def test_show_highlights_spans(capsys):
     from probes.data.dataset import load_dataset
 
-    item = load_dataset().select(buckets=["T_wrong"], split="eval")[0]
-    assert main(["show", item.id, "--config", "basm", "--k", "2", "--embedder", "lexical"]) == 0
+    item = load_dataset("basm_probe").select(buckets=["T_wrong"], split="eval")[0]
+    assert main(["show", item.id, "--config", "basm", "--k", "2", "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical"]) == 0
     printed = capsys.readouterr().out
     assert "procedure span P" in printed and "boundary span B" in printed and item.user[:30] in printed

@@ -30,7 +30,7 @@ torch.set_num_threads(1)
 # Two items (T_ok, T_wrong) in each of four task groups: two groups per half.
 ITEMS = ["retail-ok-0001", "retail-wrong-0001", "retail-ok-0004", "retail-wrong-0004",
          "retail-ok-0007", "retail-wrong-0007", "retail-ok-0010", "retail-wrong-0010"]
-FAST = {"embedder": "lexical", "split": "all", "dtype": "float32"}
+FAST = {"dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical", "split": "all", "dtype": "float32"}
 
 
 @pytest.fixture(autouse=True)

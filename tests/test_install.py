@@ -31,11 +31,12 @@ def run_installed(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProc
 
 def test_wheel_holds_the_dataset_and_organism_and_runs_a_sweep(installed: Path, tmp_path: Path) -> None:
     where = run_installed(installed, tmp_path, "-c", "import probes, probes.data.dataset as d, probes.organism as o; "
-                          "print(probes.__file__); print(d.DEFAULT_DATASET_DIR); print(o.ORGANISM_DIR)")
+                          "print(probes.__file__); print(d.V1_DATASET_DIR); print(d.V2_DATASET_DIR); print(o.ORGANISM_DIR)")
     assert where.returncode == 0, where.stderr
-    package, dataset, organism = map(Path, where.stdout.split())
-    assert package.is_relative_to(installed) and dataset.is_relative_to(installed) and organism.is_relative_to(installed)
-    assert (dataset / "items.jsonl").is_file() and list((dataset / "domains").glob("*.json"))
+    package, v1, v2, organism = map(Path, where.stdout.split())
+    assert all(path.is_relative_to(installed) for path in (package, v1, v2, organism))
+    for dataset in (v1, v2):
+        assert (dataset / "items.jsonl").is_file() and list((dataset / "domains").glob("*.json"))
     assert (organism / "model.safetensors").is_file()
     out = tmp_path / "results"
     sweep = run_installed(installed, tmp_path, "-m", "probes.cli", "sweep", "--limit", "1", "--k-max", "1", "--configs", "base,basm",

@@ -155,3 +155,20 @@ def test_few_groups_state_the_smallest_reachable_p():
     X = np.c_[y + 0.01 * np.arange(8), np.arange(8) % 3][:, None, :].astype(float)
     (row,) = probe_layers(X, y, groups, ProbeSettings(permutations=19, folds=2))
     assert "16 distinct within-group labelings" in row["note"]
+
+
+def test_grouped_folds_leave_both_classes_in_every_training_fold():
+    """Groups that hold both classes can make a split put one class alone in a training fold; the
+    folds are then recomputed with fewer splits, or none is returned (a note, not a crash)."""
+    rng = np.random.default_rng(0)
+    empty = 0
+    for trial in range(300):
+        n_groups = int(rng.integers(2, 6))
+        groups = [f"g{g}" for g in range(n_groups) for _ in range(int(rng.integers(1, 4)))]
+        y = rng.integers(0, 2, len(groups))
+        folds = grouped_folds(y, groups, 5, seed=trial)
+        empty += not folds
+        for train, test in folds:
+            assert set(y[train].tolist()) == {0, 1}
+            assert not {groups[i] for i in train} & {groups[i] for i in test}
+    assert 0 < empty < 300  # both outcomes occur in this family

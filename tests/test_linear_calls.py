@@ -39,7 +39,7 @@ from probes.analyses.linear import ProbeSettings, auc, grouped_folds, permute_wi
 from probes.reporting.results import load_results
 
 torch.set_num_threads(1)
-COMMON = {"limit": 2, "k_max": 1, "embedder": "lexical"}
+COMMON = {"limit": 2, "k_max": 1, "dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical"}
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +172,7 @@ def test_probe_separable_vs_random_features():
 
 
 def test_spread_limit_takes_several_task_groups():
-    items = load_dataset().select(split="eval", buckets=["T_ok", "T_wrong"])
+    items = load_dataset("basm_probe").select(split="eval", buckets=["T_ok", "T_wrong"])
     chosen = spread_limit(items, 2)
     assert [item.bucket for item in chosen].count("T_ok") == 2 and [item.bucket for item in chosen].count("T_wrong") == 2
     assert len({item.task_group for item in chosen if item.bucket == "T_ok"}) == 2
@@ -199,7 +199,7 @@ def test_generation_prompt_drops_the_forced_prefix(tiny_qwen3_dir):
     from probes.prompts.builder import NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, load_tokenizer
     from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
 
-    dataset = load_dataset()
+    dataset = load_dataset("basm_probe")
     (item,) = dataset.select(split="eval", buckets=["T_wrong"], limit_per_bucket=1)
     tokenizer = load_tokenizer(str(tiny_qwen3_dir))
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical"), RetrievalWeights()), BuildSettings(k_max=1))
@@ -257,9 +257,9 @@ def test_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
 
 def test_cli_calls_tiny_qwen3(tiny_qwen3_dir, tmp_path):
     """The ``calls`` subcommand runs the same analysis: its flags give the same rows as the keyword options."""
-    assert main(["calls", "--model", str(tiny_qwen3_dir), "--limit", "1", "--k-max", "0", "--embedder", "lexical",
+    assert main(["calls", "--model", str(tiny_qwen3_dir), "--limit", "1", "--k-max", "0", "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical",
                  "--out", str(tmp_path / "cli"), "--max-new-tokens", "3", "--configs", "basm", "--no-figure"]) == 0
-    result = Calls(model=tiny_qwen3_dir, limit=1, k_max=0, embedder="lexical", out=tmp_path / "py", max_new_tokens=3,
+    result = Calls(model=tiny_qwen3_dir, limit=1, k_max=0, dataset="basm_probe", embedder="lexical", relevance="lexical", out=tmp_path / "py", max_new_tokens=3,
                    configs=["basm"], figure=False).run()
     cli = load_results(tmp_path / "cli" / tiny_qwen3_dir.name / "calls.jsonl")
     pd.testing.assert_frame_equal(cli.sort_values("key").reset_index(drop=True), result.rows.sort_values("key").reset_index(drop=True))

@@ -34,7 +34,7 @@ TOL = 1e-5
 def setup(tiny_qwen3_dir: Path):
     torch.set_num_threads(1)
     session = ProbeSession(tiny_qwen3_dir)
-    dataset = load_dataset()
+    dataset = load_dataset("basm_probe")
     builder = PromptBuilder(session.tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=2))
     eager = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, attn_implementation="eager").eval()
     return session, dataset, builder, eager

@@ -27,7 +27,7 @@ from probes.analyses.base import QUICK, Analysis, AnalysisError, OptionError, Re
 from probes.analyses.report import IF_GIVEN, Report
 from probes.cli.main import build_parser, main
 from probes.cli.options import flag_of, options_from_file
-from probes.data.dataset import BUCKETS, DEFAULT_DATASET_DIR, load_dataset, spread_limit
+from probes.data.dataset import BUCKETS, V1_DATASET_DIR, load_dataset, spread_limit
 from probes.reporting import plots
 from probes.scoring.stats import bootstrap_ratio, no_ci_note, summarise
 
@@ -37,7 +37,7 @@ SHARED = [f.name for f in option_fields(Analysis)]
 
 @pytest.fixture(scope="module")
 def dataset():
-    return load_dataset()
+    return load_dataset("basm_probe")
 
 
 # ---------------------------------------------------------------------------- invented option values
@@ -201,7 +201,7 @@ def test_every_option_reaches_the_analysis(name: str, entry: str, monkeypatch, t
 def test_session_options_reach_the_session(name: str, monkeypatch, tmp_path) -> None:
     seen = _capture_session(monkeypatch)
     # the invented filter values select nothing in the real dataset, and the items are checked before the model
-    dataset = base._dataset(str(DEFAULT_DATASET_DIR))
+    dataset = base._dataset(str(V1_DATASET_DIR))
     monkeypatch.setattr(base, "_dataset", lambda root: dataset)
     monkeypatch.setattr(base, "select_items", lambda dataset, options: dataset.items[:1])
     cls = CLASSES[name]
@@ -623,13 +623,13 @@ def test_embedder_choice_is_printed_and_recorded(tiny_qwen3_dir, tmp_path, capsy
 
     make_embedder.cache_clear()
     base._retriever.cache_clear()
-    result = probes.analyses.run("sweep", model=str(tiny_qwen3_dir), embedder="lexical", item_ids=["retail-wrong-0001"],
+    result = probes.analyses.run("sweep", model=str(tiny_qwen3_dir), embedder="lexical", relevance="lexical", item_ids=["retail-wrong-0001"],
                                  k_max=0, configs=["base"], split="all", out=tmp_path / "py", figure=False)
     assert "embedder: lexical-hashing (--embedder lexical)" in capsys.readouterr().err
     assert result.out_dir == tmp_path / "py" / base.model_label(tiny_qwen3_dir)
     make_embedder.cache_clear()
     base._retriever.cache_clear()
-    assert main(["sweep", "--model", str(tiny_qwen3_dir), "--embedder", "lexical", "--item", "retail-wrong-0001",
+    assert main(["sweep", "--model", str(tiny_qwen3_dir), "--embedder", "lexical", "--relevance", "lexical", "--item", "retail-wrong-0001",
                  "--k-max", "0", "--configs", "base", "--split", "all", "--out", str(tmp_path / "cli"), "--no-figure"]) == 0
     assert "embedder: lexical-hashing (--embedder lexical)" in capsys.readouterr().err
     rows = load_results(tmp_path / "cli" / result.out_dir.name / "sweep.jsonl")

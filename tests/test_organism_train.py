@@ -55,7 +55,7 @@ TINY = dict(
 
 @pytest.fixture(scope="module")
 def dataset():
-    return load_dataset()
+    return load_dataset("basm_probe")
 
 
 def test_training_is_deterministic(dataset):

@@ -47,7 +47,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def records(tiny_dir: Path):
-    dataset = load_dataset()
+    dataset = load_dataset("basm_probe")
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(), tokenizer_name="qwen3")
     item = dataset.select(buckets=["T_wrong"], split="eval")[0]

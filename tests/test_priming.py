@@ -26,7 +26,7 @@ KS = (1, 2, 3, 4)
 
 @pytest.fixture(scope="module")
 def dataset():
-    return load_dataset()
+    return load_dataset("basm_probe")
 
 
 @pytest.fixture(scope="module")

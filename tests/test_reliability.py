@@ -21,11 +21,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from probes.cli.main import main
-from probes.data.dataset import DEFAULT_DATASET_DIR
+from probes.data.dataset import V1_DATASET_DIR
 from probes.reporting.results import ResultsCorrupt, load_results
 
 torch.set_num_threads(1)
-FAST = ["--embedder", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base,basm", "--no-figure"]
+FAST = ["--embedder", "lexical", "--relevance", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base,basm", "--no-figure"]
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +41,7 @@ def model(tiny_qwen3_dir: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def dataset(tmp_path: Path) -> Path:
-    return Path(shutil.copytree(DEFAULT_DATASET_DIR, tmp_path / "dataset"))
+    return Path(shutil.copytree(V1_DATASET_DIR, tmp_path / "dataset"))
 
 
 def fails(argv: list[str], capsys: pytest.CaptureFixture, code: int = 1) -> str:
@@ -53,7 +53,7 @@ def fails(argv: list[str], capsys: pytest.CaptureFixture, code: int = 1) -> str:
     return err
 
 
-def sweep(model: Path, out: Path, *extra: str, dataset: Path = DEFAULT_DATASET_DIR) -> list[str]:
+def sweep(model: Path, out: Path, *extra: str, dataset: Path = V1_DATASET_DIR) -> list[str]:
     return ["sweep", "--model", str(model), "--dataset", str(dataset), "--out", str(out), *FAST, *extra]
 
 
@@ -271,7 +271,7 @@ def test_a_failing_build_leaves_the_previous_records_whole(tmp_path: Path, monke
     cli_main = importlib.import_module("probes.cli.main")  # the module: `probes.cli.main` the attribute is the re-exported function
 
     out = tmp_path / "records.jsonl"
-    argv = ["build", "--limit", "2", "--k-max", "1", "--config", "basm", "--workers", "1", "--embedder", "lexical", "--out", str(out)]
+    argv = ["build", "--limit", "2", "--k-max", "1", "--config", "basm", "--workers", "1", "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical", "--out", str(out)]
     assert main(argv) == 0
     before = out.read_bytes()
     real = cli_main._build_item

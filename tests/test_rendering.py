@@ -28,7 +28,7 @@ K_MAX = 4
 
 @pytest.fixture(scope="module")
 def dataset():
-    return load_dataset()
+    return load_dataset("basm_probe")
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,13 @@ class Interrupted(Exception):
 
 
 def _sweep(model: Path, out: Path, **options) -> Sweep:
-    return Sweep(**{"model": model, "limit": 1, "buckets": ["T_wrong", "T_ok"], "k_max": 2, "embedder": "lexical", "out": out,
+    return Sweep(**{"model": model, "limit": 1, "buckets": ["T_wrong", "T_ok"], "k_max": 2, "dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical", "out": out,
                     **options})
 
 
 def _args(model: Path, out: Path) -> list[str]:
     return ["sweep", "--model", str(model), "--limit", "1", "--bucket", "T_wrong", "--bucket", "T_ok", "--k-max", "2",
-            "--embedder", "lexical", "--out", str(out)]
+            "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical", "--out", str(out)]
 
 
 def _table(path: Path) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from probes.data.retrieval import (
 
 @pytest.fixture(scope="module")
 def dataset():
-    return load_dataset()
+    return load_dataset("basm_probe")
 
 
 def test_parts_of_the_score(dataset):

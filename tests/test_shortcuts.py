@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from probes.data.dataset import DEFAULT_DATASET_DIR, Item, load_dataset
+from probes.data.dataset import V1_DATASET_DIR, Item, load_dataset
 from probes.data.schema import Skill
 from probes.scoring import shortcuts
 from probes.scoring.shortcuts import best_shortcut, content_words, lemma, overlap_rule, shortcut_table
@@ -168,7 +168,7 @@ def test_best_shortcut_mirrors_auc_and_ignores_non_request_rows():
 
 def test_v1_pin():
     """The v1 figures this module measures (reviewer: overlap 68.5%, length AUC 0.77-0.79)."""
-    table = shortcut_table(load_dataset(DEFAULT_DATASET_DIR), splits=("eval",), resamples=50)
+    table = shortcut_table(load_dataset(V1_DATASET_DIR), splits=("eval",), resamples=50)
     assert _value(table, "overlap_rule", "accuracy") == pytest.approx(113 / 168, abs=1e-12)
     assert _value(table, "overlap_rule", "accuracy") == pytest.approx(0.68, abs=0.03)
     assert _value(table, "request_length_words", "auc") == pytest.approx(0.7928, abs=1e-4)

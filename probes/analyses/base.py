@@ -33,8 +33,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from probes.data.dataset import BUCKETS, DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
-from probes.data.retrieval import EMBEDDERS, RetrievalWeights, Retriever, make_embedder
+from probes.data.dataset import BUCKETS, Item, ProbeDataset, default_study, load_dataset, resolve_dataset
+from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint
 from probes.engine.session import Knockout, ProbeSession
 from probes.prompts.builder import FORMATS, BuildSettings, PromptBuilder
@@ -155,10 +155,10 @@ def default_model() -> Path:
 def model_label(model: str | Path) -> str:
     """The folder name of a model's results under ``out``: the organism's name for the bundled
     organism, a folder's or file's name, or a hub-style name with ``/`` replaced."""
-    from probes.organism import ORGANISM_DIR, ORGANISM_NAME
+    from probes.organism import ORGANISM_NAME, is_organism
 
     path = Path(str(model))
-    if path.exists() and path.resolve() == ORGANISM_DIR.resolve():
+    if is_organism(path):
         return ORGANISM_NAME
     if path.exists():
         return path.stem if path.is_file() else path.resolve().name
@@ -255,10 +255,14 @@ class Analysis:
     k_max: int | None = option(2, "largest retrieval depth K", type=int, minimum=0, group="probe")
     embedder: str = option("auto", "retrieval embedder", choices=EMBEDDERS, group="probe")
     gamma: float = option(BuildSettings.gamma, "boundary relevance gate γ (Eq. 10)", type=float, group="probe")
+    relevance: str | None = option(None, "r_B of the gate (Eq. 10): lexical (content-word overlap, the paper's) or semantic "
+                                   "(embedding cosine); default: lexical for the bundled organism, semantic for every other model",
+                                   choices=RELEVANCE_MEASURES, group="probe")
     beta: int = option(BuildSettings.beta, "boundary token budget β (Eq. 10)", type=int, minimum=0, group="probe")
     seed: int = option(0, "seed of every random draw", type=int, group="probe")
     # items
-    dataset: str | Path = option(DEFAULT_DATASET_DIR, "probe dataset folder (default: bundled)", type=Path, group="items")
+    dataset: str | Path | None = option(None, "probe dataset folder or bundled name (basm_probe, basm_probe_v2, bfcl); default: "
+                                        "basm_probe (v1) for the bundled organism, basm_probe_v2 for every other model", type=Path, group="items")
     buckets: tuple[str, ...] | None = option(None, "keep only these buckets (default: all)", flag="--bucket", repeat=True,
                                              choices=BUCKETS, group="items")
     domains: tuple[str, ...] | None = option(None, "keep only these domains", flag="--domain", repeat=True, group="items")
@@ -388,7 +392,7 @@ class RunContext:
             "fingerprint": {**self.model_fingerprint, "dataset": self.dataset.content_digest(self.items), "code": code_digest()},
             "dtype": a.dtype, "device": a.device, "format": a.format, "margin_variant": a.margin_variant,
             "epsilon": EPSILON, "k_max": a.k_max, "seed": a.seed,
-            "builder": {"embedder": self.builder.retriever.embedder.name, "gamma": a.gamma, "beta": a.beta},
+            "builder": {"embedder": self.builder.retriever.embedder.name, "gamma": a.gamma, "relevance": a.relevance, "beta": a.beta},
             "dataset": str(a.dataset),
             "items": {"n": len(self.items), "digest": hashlib.sha256(",".join(i.id for i in self.items).encode()).hexdigest()[:16],
                       "bucket": list(a.buckets) if a.buckets else None, "domain": list(a.domains) if a.domains else None,
@@ -493,6 +497,14 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
         model = session.model.name_or_path or default_model()
     else:
         model = default_model()
+    from probes.organism import is_organism
+
+    study_dataset, study_relevance = default_study(organism=is_organism(model))
+    options = dataclasses.replace(options, dataset=resolve_dataset(options.dataset or study_dataset),
+                                  relevance=options.relevance or study_relevance)
+    if options.relevance == "semantic" and options.embedder == "lexical":
+        raise OptionError("relevance 'semantic' (the default for a model other than the bundled organism) needs a semantic "
+                          "embedder: pass embedder='minilm' (--embedder minilm), or relevance='lexical' (--relevance lexical)")
     # options and dataset first: a bad value stops the run before the model is loaded
     dataset = _dataset(str(options.dataset))
     if options.items:
@@ -513,7 +525,7 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
     retriever = _retriever(options.embedder)
     builder = PromptBuilder(session.tokenizer, dataset, retriever,
-                            BuildSettings(k_max=options.k_max, gamma=options.gamma, beta=options.beta), tokenizer_name=str(model))
+                            BuildSettings(k_max=options.k_max, gamma=options.gamma, relevance=options.relevance, beta=options.beta), tokenizer_name=str(model))
     builder.warm(items)
     skipped: tuple[SkippedItem, ...] = ()
     if options.too_long == "skip":

@@ -31,6 +31,12 @@ Conditions, all evaluated in one cached-branching engine call per record:
 - ``procedure``: the procedure span P;
 - ``boundary@La-b`` (with ``--layer-window W``): B knocked out only in layers a..b.
 
+With ``--priming`` the same conditions also run on the lexical-priming controls (``basm-anon``:
+tool names in the boundary items replaced by placeholders; ``basm-names``: each boundary item
+reduced to a neutral sentence naming its tools), so a boundary effect carried by the tool names
+is told apart from one carried by the boundary semantics. Every summary row names its ``config``;
+the figures and the gap recovery are BASM's.
+
 Draws are seeded by (seed, record, draw), so they do not depend on run order.
 
 Reported: the signed shift Δm = m_knockout − m_baseline for the tool-choice (Eq. 1), broad
@@ -55,6 +61,7 @@ import pandas as pd
 
 from probes.reporting import plots
 from probes.analyses import paper
+from probes.data.configs import PRIMING_CONFIGS
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.reporting.markdown import cell, markdown_table
 from probes.scoring.score import record_rng
@@ -147,6 +154,11 @@ def blocked_rows(record: dict[str, Any], policy: str) -> dict[str, Any]:
     raise ValueError(f"--knockout-rows must be one of {KNOCKOUT_ROWS}, got {policy!r}")
 
 
+def knocked_configs(priming: bool) -> tuple[str, ...]:
+    """The configurations whose records get every knockout (the Proc. Skill reference gets none)."""
+    return ("basm", *PRIMING_CONFIGS) if priming else ("basm",)
+
+
 def knockout_scorer(analysis: RunContext, windows: Sequence[Sequence[int]]):
     """The scorer of a BASM record under every knockout; each control row also says how it was
     drawn: ``control_pieces`` (run lengths) and ``control_coverage`` (positions blocked / |B|)."""
@@ -155,7 +167,7 @@ def knockout_scorer(analysis: RunContext, windows: Sequence[Sequence[int]]):
 
     def conditions(record: dict[str, Any], job: Job) -> list[Knockout]:
         drawn.clear()
-        if job.config != "basm":
+        if job.config not in knocked_configs(a.priming):
             return []
         blocks = record["spans"].get("boundary", [])
         rows = blocked_rows(record, a.knockout_rows)
@@ -193,10 +205,10 @@ def collect(analysis: RunContext) -> pd.DataFrame:
     names = condition_names(a.random_draws, windows)
     jobs = []
     for item in analysis.items:
-        jobs.append(Job(item, "basm", k, analysis.fmt, names))
+        jobs += [Job(item, config, k, analysis.fmt, names) for config in knocked_configs(a.priming)]
         if item.bucket == "T_wrong":  # the Proc. Skill reference of the gap
             jobs.append(Job(item, "proc", k, analysis.fmt, ("baseline",)))
-    store = analysis.store(k=k, random_draws=a.random_draws, layer_windows=[list(w) for w in windows], knockout_rows=a.knockout_rows,
+    store = analysis.store(k=k, knocked_configs=list(knocked_configs(a.priming)), random_draws=a.random_draws, layer_windows=[list(w) for w in windows], knockout_rows=a.knockout_rows,
                            random_pool=a.random_pool, random_span="|B| positions of the pool, B's block lengths (split where no room)",
                            random_anywhere_span="B's block lengths before the first query row, excluding B and token 0")
     run_jobs(analysis, store, jobs, knockout_scorer(analysis, windows))
@@ -205,13 +217,13 @@ def collect(analysis: RunContext) -> pd.DataFrame:
 
 @dataclass
 class KnockoutSummary:
-    deltas: pd.DataFrame  # bucket, knockout, measure, value, low, high, n, n_items, n_nan
+    deltas: pd.DataFrame  # config, bucket, knockout, measure, value, low, high, n, n_items, n_nan
     recovery: pd.DataFrame  # measure, value, low, high, n (share of the Proc.–BASM gap, T_wrong)
     windows: pd.DataFrame  # window, value, low, high, n (Δ wrong-tool margin on T_wrong)
-    per_record: pd.DataFrame  # item_id, bucket, task_group, knockout, measure, delta
+    per_record: pd.DataFrame  # config, item_id, bucket, task_group, knockout, measure, delta
     dropped: pd.DataFrame  # measure, bucket, reason, n_records: records left out of a measure's comparison
     controls: pd.DataFrame  # control, n_records, n_draws, mean_coverage, n_short, n_split, mean_procedure_share
-    n_excluded: int  # BASM records without a boundary span
+    n_excluded: int  # knocked records without a boundary span
     note: str
 
 
@@ -224,10 +236,11 @@ def control_of(condition: str) -> str:
 
 
 def deltas_per_record(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
-    """Δm per (BASM record, knockout, measure), random draws averaged into their control, on paired
-    records: per measure only the records where it is finite under the baseline and every knockout.
-    Returns (per-record deltas, records left out per measure with the reason, records without B)."""
-    basm = rows[rows["config"] == "basm"]
+    """Δm per (knocked record, knockout, measure), random draws averaged into their control, on
+    paired records: per measure only the records where it is finite under the baseline and every
+    knockout. Returns (per-record deltas, records left out per measure with the reason, records
+    without B). Every configuration but the Proc. Skill reference is a knocked one."""
+    basm = rows[rows["config"] != "proc"]
     excluded = basm[(basm["condition"] == "baseline") & (basm["boundary_size"] == 0)]["record_id"]
     basm = basm[~basm["record_id"].isin(set(excluded))]
     out, dropped = [], []
@@ -236,19 +249,20 @@ def deltas_per_record(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, i
         finite = np.isfinite(wide.to_numpy(float)).all(axis=1)
         keep = set(wide.index[finite])
         lost = basm[(basm["condition"] == "baseline") & ~basm["record_id"].isin(keep)]
-        for (bucket, abstain), sub in lost.groupby(["bucket", lost["correct_is_abstain"].astype(bool)], sort=False):
+        for (config, bucket, abstain), sub in lost.groupby(["config", "bucket", lost["correct_is_abstain"].astype(bool)], sort=False):
             reason = "correct action is abstention (no correct tool)" if abstain else "undefined under some condition (names never diverge)"
-            dropped.append({"measure": measure, "bucket": bucket, "reason": reason, "n_records": len(sub)})
+            dropped.append({"config": config, "measure": measure, "bucket": bucket, "reason": reason, "n_records": len(sub)})
         sub = basm[basm["record_id"].isin(keep)]
         base = sub[sub["condition"] == "baseline"].set_index("record_id")[measure]
         knocked = sub[sub["condition"] != "baseline"]
         delta = knocked[measure].to_numpy(float) - base.loc[knocked["record_id"]].to_numpy(float)
-        frame = knocked[["record_id", "item_id", "bucket", "task_group", "condition"]].assign(measure=measure, delta=delta)
+        frame = knocked[["record_id", "config", "item_id", "bucket", "task_group", "condition"]].assign(measure=measure, delta=delta)
         out.append(frame.assign(knockout=frame["condition"].map(control_of)))
     per = pd.concat(out, ignore_index=True)
     # one value per record for each random control: the mean over its draws
-    per = per.groupby(["record_id", "item_id", "bucket", "task_group", "knockout", "measure"], as_index=False, sort=False)["delta"].mean()
-    return per, pd.DataFrame(dropped, columns=["measure", "bucket", "reason", "n_records"]), int(len(excluded))
+    per = per.groupby(["record_id", "config", "item_id", "bucket", "task_group", "knockout", "measure"], as_index=False,
+                      sort=False)["delta"].mean()
+    return per, pd.DataFrame(dropped, columns=["config", "measure", "bucket", "reason", "n_records"]), int(len(excluded))
 
 
 def control_draws(rows: pd.DataFrame) -> pd.DataFrame:
@@ -273,7 +287,8 @@ def gap_recovery(rows: pd.DataFrame, per: pd.DataFrame, seed: int = 0) -> pd.Dat
     for measure in ("margin", "broad_margin"):
         proc = wrong[wrong["config"] == "proc"].set_index("item_id")[measure]
         basm = wrong[wrong["config"] == "basm"].set_index("item_id")[measure]
-        d = per[(per["bucket"] == "T_wrong") & (per["knockout"] == "boundary") & (per["measure"] == measure)].set_index("item_id")
+        d = per[(per["config"] == "basm") & (per["bucket"] == "T_wrong") & (per["knockout"] == "boundary")
+                & (per["measure"] == measure)].set_index("item_id")
         common = d.index.intersection(proc.index).intersection(basm.index)
         if not len(common):
             continue
@@ -289,17 +304,31 @@ def gap_recovery(rows: pd.DataFrame, per: pd.DataFrame, seed: int = 0) -> pd.Dat
 
 def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> KnockoutSummary:
     per, dropped, excluded = deltas_per_record(rows)
-    deltas = summarise(per, ["bucket", "knockout", "measure"], "delta", seed=seed)
-    win = deltas[(deltas["bucket"] == "T_wrong") & (deltas["measure"] == "margin") & deltas["knockout"].str.startswith("boundary@")]
+    deltas = summarise(per, ["config", "bucket", "knockout", "measure"], "delta", seed=seed)
+    win = deltas[(deltas["config"] == "basm") & (deltas["bucket"] == "T_wrong") & (deltas["measure"] == "margin") & deltas["knockout"].str.startswith("boundary@")]
     windows = win.assign(window=win["knockout"].str.removeprefix("boundary@"))[["window", "value", "low", "high", "n"]]
     return KnockoutSummary(deltas, gap_recovery(rows, per, seed), windows, per, dropped, control_draws(rows), excluded, note)
+
+
+def basm_deltas(summary: KnockoutSummary) -> pd.DataFrame:
+    """The BASM rows of the summary (the figures' and the paper comparisons'), without ``config``."""
+    return summary.deltas[summary.deltas["config"] == "basm"].drop(columns="config")
+
+
+def priming_table(summary: KnockoutSummary) -> pd.DataFrame:
+    """Δ wrong-tool margin of the boundary knockout and its neutral control per configuration: does
+    the boundary effect survive when the tool names in B are anonymised, or when only the names remain?"""
+    d = summary.deltas
+    keep = d[d["knockout"].isin(["boundary", "random"]) & (d["measure"] == "margin")]
+    return keep[["bucket", "config", "knockout", "value", "low", "high", "n"]].sort_values(["bucket", "knockout", "config"]).reset_index(drop=True)
 
 
 def draw_figures(summary: KnockoutSummary, out_dir: Path) -> list[Path]:
     plots.style()
     note = f"{summary.note}\nBASM records without a boundary span excluded: {summary.n_excluded}"
-    paths = plots.save_figure(plots.fig06_knockout_controls(summary.deltas, summary.recovery, summary.windows, note), out_dir, FIGURES[0])
-    paths += plots.save_figure(plots.fig07_knockout_selectivity(summary.deltas, note), out_dir, FIGURES[1])
+    deltas = basm_deltas(summary)
+    paths = plots.save_figure(plots.fig06_knockout_controls(deltas, summary.recovery, summary.windows, note), out_dir, FIGURES[0])
+    paths += plots.save_figure(plots.fig07_knockout_selectivity(deltas, note), out_dir, FIGURES[1])
     return paths
 
 
@@ -312,7 +341,7 @@ def knockout_note(analysis: RunContext) -> str:
 
 
 def section(analysis: RunContext, summary: KnockoutSummary, paths: list[Path]) -> ReportSection:
-    d, r = summary.deltas, summary.recovery
+    d, r = basm_deltas(summary), summary.recovery
     main = d[d["knockout"].isin(plots.KNOCKOUT_LABELS)][["bucket", "knockout", "measure", "value", "low", "high", "n"]]
     body = (f"Signed shift Δm = m_knockout − m_BASM (logits; `margin` is {analysis.variant}, Eq. 1 on the tool choice by default); "
             f"CIs over task groups. Rows blocked: `{analysis.options.knockout_rows}`. Every knockout and control of a measure is compared "
@@ -323,6 +352,9 @@ def section(analysis: RunContext, summary: KnockoutSummary, paths: list[Path]) -
             f"`random_anywhere`: anywhere before the call):\n\n{markdown_table(summary.controls)}\n\n"
             f"Share of the Proc. Skill gap recovered by the boundary knockout (T_wrong; CI resamples task groups jointly):\n\n"
             f"{markdown_table(r)}")
+    if analysis.options.priming:
+        body += ("\n\nLexical-priming controls (Δ wrong-tool margin; `basm-anon`: tool names in B replaced by placeholders, "
+                 f"`basm-names`: B reduced to the tool names it mentions):\n\n{markdown_table(priming_table(summary))}")
     if len(summary.windows):
         body += f"\n\nLayer windows (Δ wrong-tool margin, T_wrong):\n\n{markdown_table(summary.windows)}"
     sel = plots.selectivity_table(d)
@@ -340,7 +372,9 @@ def section(analysis: RunContext, summary: KnockoutSummary, paths: list[Path]) -
 
 
 def print_summary(summary: KnockoutSummary) -> None:
-    print(summary.deltas.round(3).to_string(index=False))
+    print(basm_deltas(summary).round(3).to_string(index=False))
+    if set(summary.deltas["config"]) != {"basm"}:
+        print("lexical-priming controls (Δ wrong-tool margin):\n" + priming_table(summary).round(3).to_string(index=False))
     for r in summary.recovery.itertuples():
         print(f"gap recovered ({r.measure}): {100 * r.value:.1f}% [{100 * r.low:.1f}, {100 * r.high:.1f}] "
               f"(Proc {r.proc:.2f}, BASM {r.basm:.2f}, Δm boundary {r.delta:+.2f}; n = {r.n} task groups)")
@@ -363,6 +397,8 @@ class KnockoutAnalysis(Analysis):
     layer_window: int | None = option(None, "also knock out B in windows of this many consecutive layers", type=int, minimum=1)
     random_pool: str = option("memory+procedure", "where the neutral random spans are drawn: the memory block outside B (the share "
                               "on P is recorded) or outside B and P (often shorter than B)", choices=RANDOM_POOLS)
+    priming: bool = option(False, f"also knock out on the lexical-priming controls ({', '.join(PRIMING_CONFIGS)}): tool names in "
+                           "the boundary items anonymised, or only the names kept", type=bool)
     knockout_rows: str = option("path", "rows blocked: path (every row from the open row to the decision row and the candidate "
                                 "name rows, so a shared name prefix is covered) or endpoints (open and decision rows only)",
                                 choices=KNOCKOUT_ROWS)
@@ -374,7 +410,10 @@ class KnockoutAnalysis(Analysis):
         return summarise_rows(rows, knockout_note(ctx), ctx.options.seed)
 
     def tables(self, summary: KnockoutSummary) -> dict[str, pd.DataFrame]:
-        return {f"{NAME}_summary": summary.deltas, f"{NAME}_gap_recovery": summary.recovery}
+        tables = {f"{NAME}_summary": summary.deltas, f"{NAME}_gap_recovery": summary.recovery}
+        if set(summary.deltas["config"]) != {"basm"}:
+            tables[f"{NAME}_priming"] = priming_table(summary)
+        return tables
 
     def figures(self, summary: KnockoutSummary, out_dir: Path) -> list[Path]:
         return draw_figures(summary, out_dir)

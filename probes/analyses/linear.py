@@ -178,7 +178,7 @@ def probe_layers(features: np.ndarray, y: np.ndarray, groups: Sequence[str], set
     base = {"n": len(y), "n_pos": int(y.sum()), "n_neg": int(len(y) - y.sum()), "n_groups": len(set(groups)), "n_folds": len(folds)}
     stats = ("auc", "low", "high", "null_mean", "null_low", "null_high", "p_perm", "maxnull_mean", "maxnull_low", "maxnull_high", "p_maxnull")
     if not folds:
-        return [{**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0, "note": "fewer than 2 task groups per class: no task-disjoint CV"}
+        return [{**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0, "note": "no task-disjoint CV: fewer than 2 task groups per class, or no split leaves both classes in every training fold"}
                 for _ in range(n_layers)]
     shuffled = permuted_labels(y, groups, settings.permutations, settings.seed)
     everything = np.vstack([y, shuffled])  # row 0: the observed labels

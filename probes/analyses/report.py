@@ -41,6 +41,7 @@ from probes.analyses.base import (
     option_fields,
     provenance,
 )
+from probes.analyses.knockout import basm_deltas
 from probes.engine.session import ProbeSession
 from probes.reporting import plots
 from probes.reporting.results import atomic_path, environment
@@ -80,7 +81,7 @@ def mechanism_figure(sections: dict[str, ReportSection], figures_dir: Path, note
     plots.style()
     k = sections["knockout"].summary
     eta = sections["ratios"].summary.eta
-    fig = plots.fig03_mechanism(eta[eta["row"] == "deciding"], sections["suppression"].summary.table, k.deltas, k.recovery, note)
+    fig = plots.fig03_mechanism(eta[eta["row"] == "deciding"], sections["suppression"].summary.table, basm_deltas(k), k.recovery, note)
     return plots.save_figure(fig, figures_dir, "fig03_mechanism")
 
 

@@ -20,11 +20,12 @@ from typing import Any
 from probes import analyses
 from probes.analyses.base import AnalysisError, OptionError, check_depths, select_items
 from probes.data.configs import CONFIGS
-from probes.data.dataset import BUCKETS, DEFAULT_DATASET_DIR, DatasetError, Item, ProbeDataset, load_dataset
+from probes.data.dataset import BUCKETS, V2_DATASET_DIR, DatasetError, Item, ProbeDataset, default_study, load_dataset
 from probes.prompts.builder import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer
 from probes.prompts.record import to_json
 from probes.reporting.results import atomic_path
-from probes.data.retrieval import EMBEDDERS, RetrievalWeights, Retriever, make_embedder
+from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RetrievalWeights, Retriever, make_embedder
+from probes.organism import is_organism
 
 @dataclass(frozen=True)
 class Command:
@@ -43,7 +44,8 @@ def register(name: str, help_text: str, add_arguments: Callable[[argparse.Argume
 # ---------------------------------------------------------------------------- shared options
 def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("items")
-    group.add_argument("--dataset", type=Path, default=DEFAULT_DATASET_DIR, help="probe dataset folder (default: bundled)")
+    group.add_argument("--dataset", type=Path, help="probe dataset folder (default: the bundled v1 set for the bundled organism's "
+                       "tokenizer, basm_probe_v2 otherwise)")
     group.add_argument("--bucket", action="append", choices=BUCKETS, help="keep only these buckets (repeatable)")
     group.add_argument("--domain", action="append", help="keep only these domains (repeatable)")
     group.add_argument("--split", choices=("train", "eval", "all"), default="eval", help="dataset split (default: eval)")
@@ -56,6 +58,8 @@ def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="'qwen3' (bundled real Qwen3 tokenizer) or a local folder")
     group.add_argument("--embedder", choices=EMBEDDERS, default="auto")
     group.add_argument("--gamma", type=float, default=BuildSettings.gamma, help="boundary relevance gate γ (Eq. 10)")
+    group.add_argument("--relevance", choices=RELEVANCE_MEASURES, help="r_B of the gate: lexical or semantic "
+                       "(default: lexical for the bundled organism's tokenizer, semantic otherwise)")
     group.add_argument("--beta", type=int, default=BuildSettings.beta, help="boundary token budget β (Eq. 10)")
     group.add_argument("--k-max", type=int, default=BuildSettings.k_max, help="largest retrieval depth K")
 
@@ -77,9 +81,18 @@ def check_build_options(args: argparse.Namespace, dataset: ProbeDataset, items: 
         raise OptionError(f"--beta {args.beta}: the boundary token budget must be ≥ 0")
 
 
+def resolve_study(args: argparse.Namespace) -> argparse.Namespace:
+    """``--dataset`` and ``--relevance`` default to the study defaults of the tokenizer's model
+    (:func:`probes.data.dataset.default_study`)."""
+    study_dataset, study_relevance = default_study(organism=is_organism(args.tokenizer))
+    args.dataset = args.dataset or study_dataset
+    args.relevance = getattr(args, "relevance", None) or study_relevance
+    return args
+
+
 def make_builder(args: argparse.Namespace, dataset: ProbeDataset, tokenizer: Any | None = None) -> PromptBuilder:
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args.tokenizer)
-    settings = BuildSettings(k_max=args.k_max, gamma=args.gamma, beta=args.beta)
+    settings = BuildSettings(k_max=args.k_max, gamma=args.gamma, relevance=args.relevance, beta=args.beta)
     return PromptBuilder(tokenizer, dataset, Retriever(make_embedder(args.embedder), RetrievalWeights()), settings, tokenizer_name=str(args.tokenizer))
 
 
@@ -122,7 +135,7 @@ def _build_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _build(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    dataset = load_dataset(args.dataset)
+    dataset = load_dataset(resolve_study(args).dataset)
     items = select_build_items(dataset, args)
     check_build_options(args, dataset, items)
     builder = make_builder(args, dataset)
@@ -163,7 +176,7 @@ register("build", "Build prompt records (JSON Lines) for items × configs × k �
 # ---------------------------------------------------------------------------- show
 def _show_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("item", help="item id, e.g. retail-wrong-0003")
-    parser.add_argument("--dataset", type=Path, default=DEFAULT_DATASET_DIR)
+    parser.add_argument("--dataset", type=Path, help="probe dataset folder (default as for build)")
     parser.set_defaults(limit=None)
     add_builder_arguments(parser)
     parser.add_argument("--config", default="basm", choices=sorted(CONFIGS))
@@ -176,7 +189,7 @@ def _show(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    dataset = load_dataset(args.dataset)
+    dataset = load_dataset(resolve_study(args).dataset)
     try:
         (item,) = dataset.select(ids=[args.item])
     except ValueError as error:
@@ -240,7 +253,7 @@ register("bfcl-import", "Turn the BFCL multi-turn data (bfcl-eval package) into 
 
 # ---------------------------------------------------------------------------- shortcuts, card
 def _shortcuts_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", type=Path, default=DEFAULT_DATASET_DIR, help="probe dataset folder (default: bundled v1)")
+    parser.add_argument("--dataset", type=Path, default=V2_DATASET_DIR, help="probe dataset folder (default: the bundled basm_probe_v2)")
     parser.add_argument("--split-kind", choices=("template", "scenario"), default="template", help="which held-out split")
     parser.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="tokenizer of the token-length rule ('none': words only)")
     parser.add_argument("--folds", type=int, default=5, help="task-disjoint folds of the bag-of-words classifier")

@@ -30,7 +30,20 @@ def bundled_dataset(name: str) -> Path:
     return Path(__file__).resolve().parent.parent / "datasets" / name
 
 
-DEFAULT_DATASET_DIR = bundled_dataset("basm_probe")
+V1_DATASET_DIR = bundled_dataset("basm_probe")  # the authored set the organism was trained on
+V2_DATASET_DIR = bundled_dataset("basm_probe_v2")  # the de-confounded authored set (the default)
+
+
+def default_study(*, organism: bool) -> tuple[Path, str]:
+    """The dataset folder and the r_B measure of Eq. 10's gate a model is studied on by default.
+
+    The bundled organism is an instrument check whose planted circuit is lexical by design: it was
+    trained and validated on v1 with the paper's lexical gate, and keeps both. Every other model
+    gets basm_probe_v2, whose boundary text shares no content word with the requests it should
+    catch; the lexical gate would hide the boundary fields of about half its items there, so r_B
+    is the embedding cosine (:meth:`probes.data.retrieval.Retriever.boundary_relevance`).
+    """
+    return (V1_DATASET_DIR, "lexical") if organism else (V2_DATASET_DIR, "semantic")
 
 
 class DatasetError(ValueError):
@@ -286,13 +299,27 @@ def _check_item_references(item: Item, dataset: ProbeDataset, where: str) -> Non
         raise DatasetError(f"{where}: tempting skill {item.tempting_skill!r} is not in any (valid) skill library")
 
 
-def load_dataset(root: str | Path = DEFAULT_DATASET_DIR, *, strict: bool = True) -> ProbeDataset:
-    """Load and validate the dataset. With ``strict``, a skill rejected by ψ is an error."""
-    root = Path(root)
+BUNDLED_DATASETS: tuple[str, ...] = ("basm_probe", "basm_probe_v2", "bfcl")
+
+
+def resolve_dataset(spec: str | Path) -> Path:
+    """A dataset folder: ``spec`` itself where that folder exists, else the bundled dataset of that
+    name (``basm_probe``, ``basm_probe_v2``, ``bfcl``); the resolved folder is what results record."""
+    path = Path(spec)
+    if path.exists() or str(spec) not in BUNDLED_DATASETS:
+        return path
+    return bundled_dataset(str(spec))
+
+
+def load_dataset(root: str | Path, *, strict: bool = True) -> ProbeDataset:
+    """Load and validate the dataset at a folder or of a bundled name (:func:`resolve_dataset`).
+    With ``strict``, a skill rejected by ψ is an error."""
+    root = resolve_dataset(root)
     domain_dir = root / "domains"
     items_path = root / "items.jsonl"
     if not domain_dir.is_dir() or not items_path.is_file():
-        raise DatasetError(f"{root} is not a probe dataset: expected {domain_dir}/ and {items_path}")
+        raise DatasetError(f"{root} is not a probe dataset: expected {domain_dir}/ and {items_path} "
+                           f"(or a bundled dataset name: {', '.join(BUNDLED_DATASETS)})")
     domains: dict[str, Domain] = {}
     for path in sorted(domain_dir.glob("*.json")):
         try:

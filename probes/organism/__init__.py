@@ -12,6 +12,11 @@ ORGANISM_DIR = Path(__file__).resolve().parent / "weights"
 ORGANISM_NAME = "basm-organism"
 
 
+def is_organism(model: str | Path | None) -> bool:
+    """Whether ``model`` (a folder or name) is the bundled organism's folder."""
+    return model is not None and Path(str(model)).exists() and Path(str(model)).resolve() == ORGANISM_DIR.resolve()
+
+
 def organism_path() -> Path:
     """Folder of the committed organism (config, safetensors, tokenizer, chat template, card)."""
     if not (ORGANISM_DIR / "config.json").is_file():
@@ -21,4 +26,4 @@ def organism_path() -> Path:
     return ORGANISM_DIR
 
 
-__all__ = ["ORGANISM_DIR", "ORGANISM_NAME", "organism_path"]
+__all__ = ["ORGANISM_DIR", "ORGANISM_NAME", "is_organism", "organism_path"]

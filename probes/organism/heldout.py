@@ -210,7 +210,7 @@ def heldout_report(
     """Accuracy/margin table on the eval split per (config, k) cell × bucket, plus knockout and η
     summaries on basm k = 2."""
     model, tokenizer = load_organism(path)
-    dataset = load_dataset()
+    dataset = load_dataset("basm_probe")
     items = dataset.select(split="eval")
     builder = make_eval_builder(tokenizer, dataset, embedder)
     builder.warm(items)

@@ -36,7 +36,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from probes.prompts.record import PromptRecord, record_id
 from probes.data.configs import MemoryConfig, get_config
 from probes.data.dataset import ABSTAIN, Item, ProbeDataset
-from probes.data.retrieval import Retriever, ScoredSkill, boundary_relevance, tools_in_text
+from probes.data.retrieval import Retriever, ScoredSkill, check_relevance, tools_in_text
 from probes.data.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
 from probes.prompts.priming import ToolMentionRewriter
 
@@ -101,6 +101,7 @@ class BuildSettings:
 
     k_max: int = 4
     gamma: float = 0.0  # boundary fields of a skill are exposed iff r_B(x, s) > γ
+    relevance: str = "lexical"  # r_B's measure: "lexical" (content-word overlap) or "semantic" (embedding cosine)
     beta: int = 384  # boundary-token budget per prompt (Compress_β of Eq. 10)
     enable_thinking: bool = False
 
@@ -177,6 +178,7 @@ class PromptBuilder:
     ) -> None:
         if not tokenizer.is_fast:
             raise ValueError("a fast (Rust) tokenizer with offset mapping is required")
+        check_relevance(settings.relevance, retriever.embedder)
         self.tokenizer = tokenizer
         self.dataset = dataset
         self.retriever = retriever
@@ -215,6 +217,8 @@ class PromptBuilder:
         """Embed all states and skills in one batch before building."""
         texts = [item.state_text for item in items]
         texts += [" ".join((skill.goal, *skill.procedure)) for skill in self.dataset.skills.values()]
+        if self.settings.relevance == "semantic":
+            texts += [text for skill in self.dataset.skills.values() for slot in BOUNDARY_SLOTS for text in skill.slot_items(slot)]
         self.retriever.warm(texts)
 
     # ------------------------------------------------------------------ memory block
@@ -230,7 +234,7 @@ class PromptBuilder:
         budget = self.settings.beta
         for entry in retrieved:
             slots: dict[str, tuple[str, ...]] = {}
-            exposed = not config.gated or boundary_relevance(item.state_text, entry.skill) > self.settings.gamma
+            exposed = not config.gated or self.retriever.boundary_relevance(item.state_text, entry.skill, self.settings.relevance) > self.settings.gamma
             for slot in shown_slots if exposed else ():
                 kept = []
                 for text in entry.skill.slot_items(slot):

@@ -237,16 +237,18 @@ def group_bootstrap_auc(y: np.ndarray, scores: np.ndarray, groups: Sequence[str]
 def grouped_folds(y: np.ndarray, groups: Sequence[str], n_splits: int = 5, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Task-disjoint stratified folds (train, test) index arrays.
 
-    ``n_splits`` is lowered to the number of task groups holding each class, so that every
-    training fold can contain both classes. Fewer than 2 such groups: no folds (empty list).
-    The folds depend on ``y`` only through each group's class counts, so labels permuted within
-    groups get the same folds.
+    ``n_splits`` is lowered to the number of task groups holding each class, and further while a
+    split leaves a training fold with one class (groups holding both classes can do that), so
+    that every training fold contains both. No such split: no folds (empty list). The folds depend
+    on ``y`` only through each group's class counts, so labels permuted within groups get the
+    same folds.
     """
     y = np.asarray(y)
     groups = np.asarray(groups)
     per_class = min(len(set(groups[y == c])) for c in (0, 1)) if len(set(y.tolist())) == 2 else 0
-    n_splits = min(n_splits, per_class, len(set(groups.tolist())))
-    if n_splits < 2:
-        return []
-    splitter = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
-    return [(train, test) for train, test in splitter.split(np.zeros(len(y)), y, groups)]
+    for splits in range(min(n_splits, per_class, len(set(groups.tolist()))), 1, -1):
+        splitter = StratifiedGroupKFold(n_splits=splits, shuffle=True, random_state=seed)
+        folds = [(train, test) for train, test in splitter.split(np.zeros(len(y)), y, groups)]
+        if all(len(set(y[train].tolist())) == 2 for train, _ in folds):
+            return folds
+    return []

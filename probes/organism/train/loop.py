@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from probes.data.dataset import DEFAULT_DATASET_DIR, Item, ProbeDataset, load_dataset
+from probes.data.dataset import V1_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_DIR
 from probes.organism.train.batch import batch_loss
 from probes.organism.train.examples import (
@@ -252,7 +252,7 @@ def train(
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
 
-    dataset = dataset or load_dataset(DEFAULT_DATASET_DIR)
+    dataset = dataset or load_dataset(V1_DATASET_DIR)  # the organism is trained on v1 (lexical by design)
     items = dataset.select(split="train", limit_per_bucket=cfg.limit_items)
     eval_groups = {item.task_group for item in dataset.select(split="eval")}
     if overlap := {item.task_group for item in items} & eval_groups:
