@@ -70,13 +70,15 @@ def test_two_process_sweep_has_the_rows_of_one_process(tiny_qwen3_dir: Path, one
     print("sweep wall times (s):", {k: round(v, 1) for k, v in TIMES.items()})
 
 
-# Rank 1 dies after DIE_AFTER jobs on the first launch; every rank logs the keys it scores.
+# Rank 1 dies after DIE_AFTER jobs on the first launch; every rank logs the keys it scores. The
+# script starts the process group itself, as a user's script may (the CLI test covers the other way).
 DRIVER = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
 
     import torch
     torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo")
     from probes.analyses.sweep import Sweep
     from probes.reporting.results import ResultsStore
 
