@@ -107,6 +107,16 @@ def _other_weights(lines: list[str]) -> list[str]:
     return [json.dumps(header), *lines[1:]]
 
 
+def _conflicting_shard(tmp: Path) -> None:
+    """A finished results file and a killed parallel run's shard file holding one of its keys with another value."""
+    _results(lambda lines: lines)(tmp)
+    path = tmp / "out" / "model" / "sweep.jsonl"
+    header, first = path.read_text().splitlines()[:2]
+    row = json.loads(first)
+    row["margin"] = 123.0
+    path.with_name("sweep.rank1-of-2.jsonl").write_text(f"{header}\n{json.dumps(row)}\n")
+
+
 DATA = ["--dataset", "<tmp>/data"]
 CASES: list[Case] = [
     # options, checked before any model is loaded
@@ -157,6 +167,8 @@ CASES: list[Case] = [
          _results(lambda lines: [lines[0], lines[1][:20], *lines[1:]])),
     Case("results: repeated key", _sweep(model="<tmp>/model"), 1, "already written on line 2",
          _results(lambda lines: [*lines, lines[1]])),
+    Case("results: shard file of a parallel run with other values", _sweep(model="<tmp>/model"), 1, "has values different from those already in sweep.jsonl",
+         _conflicting_shard),
     Case("results: not a results file", _sweep(model="<tmp>/model"), 1, "line 1 is not a results header",
          _results(lambda lines: ["hello", *lines[1:]])),
 ]

@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from probes.analyses.parallel import ShardedStore, open_store, rank_device, world
 from probes.data.dataset import BUCKETS, Item, ProbeDataset, default_study, load_dataset, resolve_dataset
 from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint
@@ -288,8 +289,9 @@ class Analysis:
         """Collect rows (resuming from ``out``), summarise, write the tables and figures."""
         ctx = open_context(self, session)
         rows, summary, tables = self.compute(ctx)
-        figures = self.figures(summary, ctx.out_dir / "figures") if ctx.options.figure else []
-        if verbose:
+        writer = world().rank == 0  # in a parallel run every rank returns the rows; rank 0 draws and prints
+        figures = self.figures(summary, ctx.out_dir / "figures") if ctx.options.figure and writer else []
+        if verbose and writer:
             self.print_summary(summary)
             if figures:
                 print("figures:", ", ".join(str(p) for p in figures if p.suffix == ".png"))
@@ -301,7 +303,7 @@ class Analysis:
         rows = self.collect(ctx)
         summary = self.summarise(ctx, rows)
         tables = self.tables(summary)
-        for table_name, table in tables.items():
+        for table_name, table in tables.items() if world().rank == 0 else ():
             write_csv(table, ctx.out_dir / f"{table_name}.csv")
         return rows, summary, tables
 
@@ -401,8 +403,8 @@ class RunContext:
             **extra,
         }
 
-    def store(self, **extra: Any) -> ResultsStore:
-        return ResultsStore(self.out_dir / f"{self.name}.jsonl", self.name, self.config(**extra), overwrite=self.options.overwrite)
+    def store(self, **extra: Any) -> ResultsStore | ShardedStore:
+        return open_store(self.out_dir / f"{self.name}.jsonl", self.name, self.config(**extra), overwrite=self.options.overwrite)
 
     def items_in(self, buckets: Iterable[str]) -> list[Item]:
         buckets = set(buckets)
@@ -517,10 +519,12 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
     if options.format == "prompted" and Path(str(model)).resolve() == default_model().resolve():
         print("warning: the bundled organism was trained on the native format only; format prompted measures "
               "a format it never saw", file=sys.stderr)
-    if session is None:
-        session = open_session(options, model)
-    else:  # record what the given session actually runs, not the option defaults
-        options = dataclasses.replace(options, dtype=str(session.model.dtype).removeprefix("torch."), device=str(session.model.device))
+    ranks = world()  # under torchrun: joins the other ranks before the model is loaded
+    if session is None:  # each rank of a parallel run on its node's GPU; the option as given is recorded
+        session = open_session(dataclasses.replace(options, device=rank_device(options.device, ranks)), model)
+    else:  # record what the given session actually runs, not the option defaults (the ranks' GPUs as one device type)
+        device = session.model.device.type if ranks.size > 1 else str(session.model.device)
+        options = dataclasses.replace(options, dtype=str(session.model.dtype).removeprefix("torch."), device=device)
     if session.tokenizer is None:
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
     retriever = _retriever(options.embedder)
@@ -576,15 +580,32 @@ class Job:
 Scorer = Callable[[dict[str, Any], Job], list[dict[str, Any]]]
 
 
-def run_jobs(analysis: RunContext, store: ResultsStore, jobs: Sequence[Job], scorer: Scorer) -> int:
+def run_jobs(analysis: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], scorer: Scorer) -> int:
     """Score every job whose rows are not all in ``store`` yet; returns the number scored.
 
     A job whose rows are partly present (a run killed mid-write) is rescored and only the
     missing rows are appended; scoring is deterministic, so the table is the same.
+
+    Under ``torchrun`` (a :class:`~probes.analyses.parallel.ShardedStore`) the pending jobs' items
+    are dealt round-robin to the ranks, each scores its own, and the merged results file is complete
+    on every rank when this returns; the number is then the total over the ranks.
     """
     done = store.done
     pending = [job for job in jobs if not all(key in done for key in job.keys())]
-    with tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=analysis.name, unit="prompt",
+    if not isinstance(store, ShardedStore):
+        return _score_jobs(analysis, store, jobs, pending, scorer)
+    ranks = store.world
+    # by item, not by job: an item's jobs share their prompt prefix (reused by the engine) on one rank
+    order = {item_id: i for i, item_id in enumerate(dict.fromkeys(job.item.id for job in pending))}
+    mine = [job for job in pending if order[job.item.id] % ranks.size == ranks.rank]
+    scored = _score_jobs(analysis, store, mine, mine, scorer, label=f" [rank {ranks.rank}/{ranks.size}]")
+    store.merge(key for job in jobs for key in job.keys())
+    return ranks.total(scored)
+
+
+def _score_jobs(analysis: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], pending: Sequence[Job], scorer: Scorer,
+                label: str = "") -> int:
+    with tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=analysis.name + label, unit="prompt",
               dynamic_ncols=True, smoothing=0.1) as bar:
         for job in pending:
             record = analysis.builder.build(job.item, job.config, job.k, job.fmt)

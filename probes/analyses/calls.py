@@ -466,10 +466,11 @@ class CallsSummary:
 
 def collect(analysis: Any) -> pd.DataFrame:
     """Generate (resumably) every record's greedy call; returns the rows."""
-    from probes.reporting.results import ResultsStore, load_results
+    from probes.analyses.parallel import open_store
+    from probes.reporting.results import load_results
 
     configs = _configs_of(analysis.options)
-    store = ResultsStore(analysis.out_dir / f"{NAME}.jsonl", NAME, calls_config(analysis, configs), overwrite=analysis.options.overwrite)
+    store = open_store(analysis.out_dir / f"{NAME}.jsonl", NAME, calls_config(analysis, configs), overwrite=analysis.options.overwrite)
     generate_rows(analysis, store, configs)
     return load_results(store.path)
 
@@ -530,7 +531,8 @@ def _reusable_calls(path: Path, expected: Mapping[str, Any]) -> pd.DataFrame | N
 def collect_paired_calls(analysis: Any) -> tuple[pd.DataFrame, str]:
     """Calls of BASM and procedure padding on the run's items and k: reused from a matching calls
     file where present, generated (resumably, into OUT/paired_calls.jsonl) only where missing."""
-    from probes.reporting.results import ResultsStore, load_results
+    from probes.analyses.parallel import open_store
+    from probes.reporting.results import load_results
 
     configs = list(PAIRED_CONFIGS)
     expected = calls_config(analysis, configs)
@@ -542,7 +544,7 @@ def collect_paired_calls(analysis: Any) -> tuple[pd.DataFrame, str]:
     frames = [reused[reused["key"].isin(wanted)]] if have else []
     missing = wanted - have
     if missing:
-        store = ResultsStore(analysis.out_dir / "paired_calls.jsonl", NAME, expected, overwrite=analysis.options.overwrite)
+        store = open_store(analysis.out_dir / "paired_calls.jsonl", NAME, expected, overwrite=analysis.options.overwrite)
         ran = generate_rows(analysis, store, configs, only_keys=missing)
         generated = load_results(store.path)
         if len(generated):
@@ -562,13 +564,18 @@ class PairedSummary:
 
 def collect_paired(analysis: Any) -> pd.DataFrame:
     """Paired rows (``paired.jsonl``) from the calls of BASM and procedure padding, and where they came from."""
+    from probes.analyses.parallel import on_rank_zero
     from probes.reporting.results import ResultsStore, load_results
 
     calls, how = collect_paired_calls(analysis)
-    store = ResultsStore(analysis.out_dir / f"{PAIRED_NAME}.jsonl", PAIRED_NAME, calls_config(analysis, PAIRED_CONFIGS),
-                         overwrite=analysis.options.overwrite)
-    store.append([row for row in pair_rows(calls) if row["key"] not in store])
-    paired = load_results(store.path)
+    path = analysis.out_dir / f"{PAIRED_NAME}.jsonl"
+
+    def write() -> None:  # derived from the calls every rank holds: rank 0 alone writes it
+        store = ResultsStore(path, PAIRED_NAME, calls_config(analysis, PAIRED_CONFIGS), overwrite=analysis.options.overwrite)
+        store.append([row for row in pair_rows(calls) if row["key"] not in store])
+
+    on_rank_zero(write)
+    paired = load_results(path)
     paired.attrs["how"] = how
     return paired
 

@@ -286,6 +286,7 @@ def keep_probe_items(analysis: Any) -> None:
 def collect_features(analysis: Any) -> tuple[Any, FeatureCache]:
     """Residuals of every (item, config, k) prompt; returns (index rows, feature cache)."""
     from probes.analyses.base import Job, run_jobs
+    from probes.analyses.parallel import on_rank_zero
     from probes.scoring.score import ROW_FIELDS
     from probes.reporting.results import load_results
 
@@ -293,8 +294,8 @@ def collect_features(analysis: Any) -> tuple[Any, FeatureCache]:
     store = analysis.store(configs=configs, row="decision", features="residual stream [layer+1, d_model]",
                            limit_mode="spread over task groups")  # first: it takes the lock on the output
     root = analysis.out_dir / "linear_features"
-    if analysis.options.overwrite and root.is_dir():  # --overwrite discards every result, cached residuals too
-        shutil.rmtree(root)
+    if analysis.options.overwrite:  # --overwrite discards every result, cached residuals too (rank 0 alone, before any rank writes)
+        on_rank_zero(lambda: shutil.rmtree(root) if root.is_dir() else None)
     cache = FeatureCache(root)
     model = f"{analysis.model_fingerprint['weights']}|{analysis.options.dtype}"
     jobs = [Job(item, config, k, analysis.fmt, ("residual",))
@@ -319,35 +320,41 @@ def probe_all(analysis: Any, index: Any, cache: FeatureCache, settings: ProbeSet
     import pandas as pd
     from tqdm.auto import tqdm
 
+    from probes.analyses.parallel import on_rank_zero
     from probes.reporting.results import ResultsStore, load_results
 
-    store = ResultsStore(analysis.out_dir / "linear_probe.jsonl", "linear_probe",
-                         analysis.config(configs=list(analysis.options.configs), limit_mode="spread over task groups",
-                                         probe=asdict_settings(settings),
-                                         null="labels permuted within task groups, the same permutations at every layer; "
-                                              "p_maxnull against the max over layers"),
-                         overwrite=analysis.options.overwrite)
-    cells = [(config, int(k), frame.sort_values("item_id")) for (config, k), frame in index.groupby(["config", "k"], sort=True)]
-    n_layers = cache.load(index["feature_key"].iloc[0]).shape[0]
-    memo: dict[tuple, list[dict[str, Any]]] = {}  # identical feature sets (k = 0) are probed once
-    with tqdm(total=len(cells) * n_layers, desc="linear probes", unit="layer", dynamic_ncols=True) as bar:
-        for config, k, frame in cells:
-            keys = [f"{config}|k{k}|L{layer}" for layer in range(n_layers)]
-            if all(key in store for key in keys):
-                bar.update(n_layers)
-                continue
-            features = np.stack([cache.load(key) for key in frame["feature_key"]])  # [n, L+1, d]
-            y = frame["label"].to_numpy(dtype=int)
-            groups = frame["task_group"].tolist()
-            signature = (tuple(frame["feature_key"]), tuple(y.tolist()))
-            if signature in memo:
-                bar.update(n_layers)
-            else:
-                memo[signature] = probe_layers(features, y, groups, settings, progress=lambda: bar.update(1))
-            store.append([{"key": key, "config": config, "k": k, "format": analysis.fmt, "layer": layer,
-                           "d_model": int(features.shape[2]), **memo[signature][layer]}
-                          for layer, key in enumerate(keys) if key not in store])
-    return load_results(store.path) if store.path.stat().st_size else pd.DataFrame()
+    path = analysis.out_dir / "linear_probe.jsonl"
+
+    def write() -> None:  # rank 0 alone in a parallel run: the probes need every rank's features
+        store = ResultsStore(path, "linear_probe",
+                             analysis.config(configs=list(analysis.options.configs), limit_mode="spread over task groups",
+                                             probe=asdict_settings(settings),
+                                             null="labels permuted within task groups, the same permutations at every layer; "
+                                                  "p_maxnull against the max over layers"),
+                             overwrite=analysis.options.overwrite)
+        cells = [(config, int(k), frame.sort_values("item_id")) for (config, k), frame in index.groupby(["config", "k"], sort=True)]
+        n_layers = cache.load(index["feature_key"].iloc[0]).shape[0]
+        memo: dict[tuple, list[dict[str, Any]]] = {}  # identical feature sets (k = 0) are probed once
+        with tqdm(total=len(cells) * n_layers, desc="linear probes", unit="layer", dynamic_ncols=True) as bar:
+            for config, k, frame in cells:
+                keys = [f"{config}|k{k}|L{layer}" for layer in range(n_layers)]
+                if all(key in store for key in keys):
+                    bar.update(n_layers)
+                    continue
+                features = np.stack([cache.load(key) for key in frame["feature_key"]])  # [n, L+1, d]
+                y = frame["label"].to_numpy(dtype=int)
+                groups = frame["task_group"].tolist()
+                signature = (tuple(frame["feature_key"]), tuple(y.tolist()))
+                if signature in memo:
+                    bar.update(n_layers)
+                else:
+                    memo[signature] = probe_layers(features, y, groups, settings, progress=lambda: bar.update(1))
+                store.append([{"key": key, "config": config, "k": k, "format": analysis.fmt, "layer": layer,
+                               "d_model": int(features.shape[2]), **memo[signature][layer]}
+                              for layer, key in enumerate(keys) if key not in store])
+
+    on_rank_zero(write)
+    return load_results(path) if path.stat().st_size else pd.DataFrame()
 
 
 def asdict_settings(settings: ProbeSettings) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from probes.analyses.base import (
     provenance,
 )
 from probes.analyses.knockout import basm_deltas
+from probes.analyses.parallel import rank_device, world
 from probes.engine.session import ProbeSession
 from probes.reporting import plots
 from probes.reporting.results import atomic_path, environment
@@ -138,8 +139,9 @@ class Report(Analysis):
                 error(f"cannot import the {name} analysis: {failure}")
                 raise AnalysisError(f"cannot import the {name} analysis ({failure}); fix it or leave it out with analyses") from failure
         model = self.model if self.model is not None else (session.model.name_or_path if session is not None else default_model())
-        if session is None:
-            session = open_session(self, model)
+        writer = world().rank == 0  # in a parallel run every rank collects; rank 0 draws and writes the report
+        if session is None:  # each rank of a parallel run on its node's GPU
+            session = open_session(dataclasses.replace(self, device=rank_device(self.device, world())), model)
         out_dir = Path(self.out) / model_label(model)
         sections: dict[str, ReportSection] = {}
         failed: list[str] = []
@@ -154,22 +156,26 @@ class Report(Analysis):
                     analysis = cls(**{**forwarded(self, cls), "model": model})
                     ctx = open_context(analysis, session)
                     _rows, summary, _tables = analysis.compute(ctx)
-                    sections[name] = analysis.section(ctx, summary, analysis.figures(summary, figures_dir))
+                    sections[name] = analysis.section(ctx, summary, analysis.figures(summary, figures_dir) if writer else [])
                 except AnalysisError as failure:
                     failed.append(f"`{name}`: {failure}")
                     error(f"{name} failed: {failure}")
                     continue
                 note = note or provenance(ctx)
                 embedders.add(ctx.builder.retriever.embedder.name)
-                print(f"[report] {name}: {time.perf_counter() - t0:.0f} s, figures: "
-                      f"{', '.join(p.name for p in sections[name].figures if p.suffix == '.png') if self.figure else '(no figures)'}")
-            fig03 = mechanism_figure(sections, figures_dir, note)
+                if writer:
+                    print(f"[report] {name}: {time.perf_counter() - t0:.0f} s, figures: "
+                          f"{', '.join(p.name for p in sections[name].figures if p.suffix == '.png') if self.figure else '(no figures)'}")
+            fig03 = mechanism_figure(sections, figures_dir, note) if writer else []
         resolved = self.resolved()
-        path = write_report(out_dir, self.header(resolved, model, embedders, time.perf_counter() - start), list(sections.values()),
-                            failed, fig03, figures=self.figure, figures_dir=figures_dir)
-        n_figures = len(list(figures_dir.glob("*.png"))) if self.figure else 0
-        print(f"[report] wrote {path} and {n_figures} figures in {time.perf_counter() - start:.0f} s")
-        if failed:
+        if not writer:
+            path = out_dir / "report.md"
+        else:
+            path = write_report(out_dir, self.header(resolved, model, embedders, time.perf_counter() - start), list(sections.values()),
+                                failed, fig03, figures=self.figure, figures_dir=figures_dir)
+            n_figures = len(list(figures_dir.glob("*.png"))) if self.figure else 0
+            print(f"[report] wrote {path} and {n_figures} figures in {time.perf_counter() - start:.0f} s")
+        if failed and writer:
             error(f"{len(failed)} of {len(self.analyses)} analyses failed (listed under \"Failed\" in {path})")
         table = pd.DataFrame([dataclasses.asdict(c) for s in sections.values() for c in s.comparisons],
                              columns=["quantity", "ours", "paper", "unit", "note"])

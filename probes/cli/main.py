@@ -377,11 +377,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _known_errors() -> tuple[type[BaseException], ...]:
     """Errors whose message says what went wrong, where and what to do (no traceback needed).
     Imported when an error happens: these modules load torch."""
+    from probes.analyses.parallel import ParallelError
     from probes.engine.loading import ModelLoadError, PromptTooLongError
     from probes.reporting.results import ResultsConfigMismatch, ResultsCorrupt, ResultsLocked
 
     return (OptionError, AnalysisError, DatasetError, ModelLoadError, PromptTooLongError, ResultsConfigMismatch,
-            ResultsCorrupt, ResultsLocked, OSError)
+            ResultsCorrupt, ResultsLocked, ParallelError, OSError)
 
 
 USAGE_ERRORS = 2  # exit code of a bad option (as argparse's own); other known errors exit 1

@@ -9,6 +9,12 @@ torn last line, and refuses a file whose configuration, keys or lines do not che
 One writer per file: a store holds an exclusive ``fcntl.flock`` on its file for the life of the
 process (the kernel drops it when the process dies, so a lock is never stale).
 
+Shard files: the ranks of a parallel run (``probes.analyses.parallel``) each write
+``<stem>.rank<R>-of-<W>.jsonl`` next to the results file, with the same header; rank 0 merges them
+into the results file (:meth:`ResultsStore.merge`) and deletes them. Opening a results file merges
+shard files left by a killed run first (any world size: their rows carry the same keys and
+configuration), so their rows are neither lost nor computed again.
+
 The files are strict JSON: a non-finite float is written as ``null`` and named, with its value
 (``"nan"``, ``"inf"``, ``"-inf"``), in the row's ``_nonfinite`` field; :func:`load_results` puts
 it back, so analyses see the same NaN as before.
@@ -21,7 +27,9 @@ import json
 import math
 import os
 import platform
-from collections.abc import Iterable, Iterator, Mapping
+import re
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -153,6 +161,37 @@ def _lock(path: Path) -> None:
     _LOCKS[(st.st_dev, st.st_ino)] = fd  # kept open until exit: the kernel releases the lock then
 
 
+def _release(path: Path, *, delete: bool = False) -> None:
+    """Drop this process's lock on ``path`` (none held: nothing to drop); ``delete``: unlink it first,
+    so no other process can lock the name in between."""
+    st = os.stat(path)
+    if delete:
+        path.unlink()
+    fd = _LOCKS.pop((st.st_dev, st.st_ino), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def shard_path(path: str | Path, rank: int, world_size: int) -> Path:
+    """The shard file of rank ``rank`` of ``world_size`` for the results file ``path``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.rank{rank}-of-{world_size}{path.suffix}")
+
+
+def shard_paths(path: str | Path) -> list[Path]:
+    """The shard files next to the results file ``path``, by world size and rank."""
+    path = Path(path)
+    pattern = re.compile(rf"{re.escape(path.stem)}\.rank(\d+)-of-(\d+){re.escape(path.suffix)}")
+    found = [(int(m[2]), int(m[1]), p) for p in path.parent.glob(f"{path.stem}.rank*-of-*{path.suffix}")
+             if (m := pattern.fullmatch(p.name))]
+    return [p for _, _, p in sorted(found)]
+
+
+def read_keys(path: str | Path) -> frozenset[str]:
+    """The keys of a results file (read only, no lock: for readers that never write it)."""
+    return frozenset(row["key"] for row in _scan(Path(path))[1])
+
+
 class ResultsStore:
     """Append-only JSONL results for one analysis run.
 
@@ -172,6 +211,15 @@ class ResultsStore:
             self._resume()
         else:
             self._start()
+        if leftovers := shard_paths(self.path):  # a killed parallel run: its rows are kept (or discarded with overwrite)
+            if overwrite:
+                for shard in leftovers:
+                    _lock(shard)  # a rank still writing it: ResultsLocked rather than a file pulled from under it
+                    _release(shard, delete=True)
+            else:
+                added = self.merge(leftovers)
+                print(f"{self.path.name}: merged {added} rows from the shard files of an unfinished parallel run "
+                      f"({', '.join(p.name for p in leftovers)})", file=sys.stderr)
 
     def _start(self) -> None:
         with self.path.open("w") as handle:  # truncates in place: the locked file stays the same file
@@ -194,6 +242,47 @@ class ResultsStore:
         if end < self.path.stat().st_size:
             os.truncate(self.path, end)  # drop only the torn last line; finished rows are never rewritten
         self._keys.update(row["key"] for row in rows)
+
+    def close(self) -> None:
+        """Release this process's lock on the file (a rank hands its shard file to rank 0)."""
+        _release(self.path)
+
+    def merge(self, shards: Sequence[Path], order: Sequence[str] = ()) -> int:
+        """Append the rows of ``shards`` (shard files of this results file) that are not here yet,
+        then delete the shards; returns the number of rows added.
+
+        Keys in ``order`` come first, in that order (a parallel run's job order), then the others in
+        file order. A shard must have this file's analysis and configuration, and no live writer; a
+        key found twice (here and in a shard, or in two shards) must carry identical values.
+        """
+        mine = {row["key"]: encode_row(row) for row in _scan(self.path)[1]}
+        found: dict[str, tuple[str, Path, dict[str, Any]]] = {}
+        for shard in shards:
+            if not shard.is_file():
+                raise FileNotFoundError(f"{shard}: shard file missing; every rank must write to the same folder "
+                                        "(in a multi-node run, --out on a file system that all nodes share)")
+            _lock(shard)
+            header, rows, _ = _scan(shard)
+            changed = _changes({"analysis": header.get("analysis"), "config": header.get("config")},
+                               {"analysis": self.meta["analysis"], "config": self.meta["config"]})
+            if changed:
+                raise ResultsConfigMismatch(
+                    f"{shard} (a shard of {self.path.name}) holds {len(rows)} rows computed with a different setup; changed: "
+                    f"{'; '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}. Delete it, or rerun with --overwrite")
+            for row in rows:
+                line = encode_row(row)
+                seen = mine.get(row["key"]) or (found[row["key"]][0] if row["key"] in found else None)
+                if seen is not None and seen != line:
+                    raise ResultsCorrupt(f"{shard}: key {row['key']!r} has values different from those already "
+                                         f"in {self.path.name} or another shard; delete the shard files or rerun with --overwrite")
+                if seen is None:
+                    found[row["key"]] = (line, shard, row)
+        ordered = [key for key in dict.fromkeys(order) if key in found]
+        first = set(ordered)
+        self.append(found[key][2] for key in [*ordered, *(key for key in found if key not in first)])
+        for shard in shards:  # after the rows are safely here: a kill in between merges them again, as equal
+            _release(shard, delete=True)
+        return len(found)
 
     @property
     def done(self) -> frozenset[str]:
