@@ -210,7 +210,8 @@ register("show", "Print one prompt with its procedure and boundary spans highlig
 
 # ---------------------------------------------------------------------------- bfcl-import
 def _bfcl_arguments(parser: argparse.ArgumentParser) -> None:
-    from probes.data.bfcl import CATEGORIES
+    from probes.data.bfcl import CATEGORIES, EXTRACTORS
+    from probes.data.extract_llm import MAX_NEW_TOKENS, RETRIES
 
     parser.add_argument("--out", type=Path, required=True, help="dataset folder to write (loads with --dataset OUT)")
     parser.add_argument("--bfcl-dir", type=Path, help="BFCL data folder (default: the installed bfcl-eval package's)")
@@ -219,14 +220,34 @@ def _bfcl_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skill-fraction", type=float, default=0.5, help="share of entries whose trajectories feed skill extraction")
     parser.add_argument("--seed", type=int, default=0, help="seed of the entry split")
     parser.add_argument("--max-probe-entries", type=int, help="keep only the first N probe entries (a small sample)")
+    group = parser.add_argument_group("skill extractor")
+    group.add_argument("--extractor", choices=EXTRACTORS, default="deterministic",
+                       help="f_ext of the skills: the deterministic templates, or a local chat model (--llm-model)")
+    group.add_argument("--llm-model", help="chat model of --extractor llm: a local folder, a name in the local HF cache or a .gguf file")
+    group.add_argument("--llm-max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="reply budget of the chat model")
+    group.add_argument("--llm-retries", type=int, default=RETRIES, help="corrected replies asked for after a rejected one")
+    group.add_argument("--llm-dtype", default="float32", help="dtype of the chat model (float32, bfloat16, float16, auto)")
+    group.add_argument("--llm-device", default="cpu", help="device of the chat model (cpu, cuda, cuda:N, mps)")
 
 
 def _bfcl_import(args: argparse.Namespace) -> int:
     from probes.data.bfcl import BFCLDataError, import_bfcl
 
+    llm_model = None
+    if args.extractor == "llm":
+        if args.llm_model is None:
+            raise OptionError("--extractor llm needs --llm-model (a local chat model folder, HF cache name or .gguf file)")
+        if args.llm_max_new_tokens < 1 or args.llm_retries < 0:
+            raise OptionError(f"--llm-max-new-tokens must be ≥ 1 and --llm-retries ≥ 0, got {args.llm_max_new_tokens} and {args.llm_retries}")
+        from probes.engine.generate import ChatGenerator
+
+        llm_model = ChatGenerator.load(args.llm_model, max_new_tokens=args.llm_max_new_tokens, dtype=args.llm_dtype, device=args.llm_device)
+    elif args.llm_model is not None:
+        raise OptionError("--llm-model is used only with --extractor llm")
     try:
         report = import_bfcl(out=args.out, bfcl_dir=args.bfcl_dir, categories=[c.strip() for c in args.categories.split(",") if c.strip()],
-                             skill_fraction=args.skill_fraction, seed=args.seed, max_probe_entries=args.max_probe_entries)
+                             skill_fraction=args.skill_fraction, seed=args.seed, max_probe_entries=args.max_probe_entries,
+                             extractor=args.extractor, llm_model=llm_model, llm_retries=args.llm_retries)
     except BFCLDataError:
         raise  # missing or malformed BFCL data: reported as a data error
     except ValueError as error:
