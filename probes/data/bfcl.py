@@ -504,7 +504,7 @@ class ImportReport:
         for category in self.categories:
             lines.append(f"  {category}: " + ", ".join(f"{b} {self.items[(category, b)]}" for b in BUCKETS))
         lines.append(f"skills: {sum(len(v) for v in self.kept.values())} kept of {sum(self.candidates.values())} candidates "
-                     f"({len(self.rejected)} rejected by ψ); {len(self.unanchored)} tools with evidence but no successful use")
+                     f"({len(self.rejected)} {'rejected by ψ' if self.extraction is None else 'discarded'}); {len(self.unanchored)} tools with evidence but no successful use")
         if self.extraction is not None:
             lines.append(self.extraction.summary())
         for reason, count in sorted(self.skipped_counts().items()):
@@ -652,6 +652,9 @@ def import_bfcl(
         raise ValueError(f"extractor must be one of {EXTRACTORS}, got {extractor!r}")
     if (extractor == "llm") != (llm_model is not None):
         raise ValueError("extractor='llm' needs llm_model (a text generator), and llm_model is used only with it")
+    if llm_model is not None and not callable(llm_model):
+        raise ValueError(f"llm_model must be a text generator such as probes.engine.generate.ChatGenerator.load(<model folder>), "
+                         f"got {type(llm_model).__name__} {llm_model!r:.80}")
     llm = LLMExtractor(llm_model, retries=llm_retries) if llm_model is not None else None
     categories = tuple(categories)
     unknown = [c for c in categories if c not in CATEGORIES]
