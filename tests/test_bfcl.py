@@ -301,3 +301,86 @@ def test_context_field_is_validated(tmp_path):
                        {"role": "tool", "name": "t", "content": "ok"}]
     (tmp_path / "items.jsonl").write_text(json.dumps(item) + "\n")
     assert load_dataset(tmp_path).items[0].context[0]["content"] == "earlier"
+
+
+# ---------------------------------------------------------------------------- the LLM extractor
+class CommittedSkills:
+    """A text generator that answers each prompt with the committed (deterministic) skill of the id
+    the prompt asks for, every other one in a fenced ```json block."""
+
+    label = "committed-skills"
+    max_new_tokens = 1000
+
+    def __init__(self) -> None:
+        self.skills = {s["id"]: s for p in (COMMITTED / "domains").glob("*.json") for s in json.loads(p.read_text())["skills"]}
+        self.asked: list[str] = []
+
+    def __call__(self, messages):
+        from probes.data.extract_llm import Reply
+
+        skill_id = re.search(r'"id": the string "([^"]+)"', messages[1]["content"]).group(1)
+        self.asked.append(skill_id)
+        text = json.dumps(self.skills[skill_id])
+        return Reply(f"```json\n{text}\n```" if len(self.asked) % 2 else text, False)
+
+
+def test_llm_extractor_given_the_deterministic_answers_writes_the_committed_items(tmp_path, imported):
+    """With replies equal to the deterministic skills, the LLM path keeps exactly them (ψ rejects the
+    same candidates, those without boundary evidence, here unprompted), so items and skills are the committed ones."""
+    _, deterministic, _ = imported
+    generator = CommittedSkills()
+    report = bfcl.import_bfcl(out=tmp_path, categories=COMMITTED_CATEGORIES, extractor="llm", llm_model=generator, llm_retries=1)
+    assert sorted(generator.asked) == sorted(generator.skills)  # one reply each, every kept skill asked for once
+    for name in ["items.jsonl", "skill_sources.json", *(f"domains/{p.name}" for p in (COMMITTED / "domains").glob("*.json"))]:
+        assert (tmp_path / name).read_bytes() == (COMMITTED / name).read_bytes(), name
+    rejections = json.loads((tmp_path / "skill_rejections.json").read_text())
+    assert sorted(r["id"] for r in rejections) == sorted(deterministic.rejected) and {r["reason"] for r in rejections} == {"no boundary evidence: not prompted"}
+    readme = (tmp_path / "README.md").read_text()
+    n_kept, n_rejected = len(generator.skills), len(deterministic.rejected)
+    assert "with the chat model `committed-skills`" in readme and "extractor='llm', llm_model=ChatGenerator.load('committed-skills'" in readme
+    assert f"Kept: {n_kept} ({n_kept} on the first reply, 0 after a retry); discarded: {n_rejected}." in readme
+    assert f"* {n_rejected} × no boundary evidence: not prompted" in readme
+    assert report.extraction is not None and len(report.extraction.kept) == n_kept
+    bfcl.import_bfcl(out=tmp_path, categories=COMMITTED_CATEGORIES)  # a deterministic import over it leaves no stale rejections
+    assert not (tmp_path / "skill_rejections.json").exists()
+
+
+def test_llm_extractor_with_random_weights_keeps_nothing_and_writes_nothing(tmp_path, tiny_qwen3_dir, imported, capsys):
+    from probes.cli.main import main
+    from probes.engine.generate import ChatGenerator
+
+    _, deterministic, _ = imported
+    n_candidates, n_no_evidence = sum(deterministic.candidates.values()), len(deterministic.rejected)
+    generator = ChatGenerator.load(tiny_qwen3_dir, max_new_tokens=4)
+    with pytest.raises(bfcl.NoSkillKept) as error:
+        bfcl.import_bfcl(out=tmp_path / "out", categories=("base",), extractor="llm", llm_model=generator, llm_retries=0)
+    message = str(error.value)
+    assert f"the llm extractor kept no skill of {n_candidates} candidates" in message
+    assert f"{n_no_evidence} × no boundary evidence: not prompted" in message
+    parsed = re.findall(r"(\d+) × (not strict JSON[^;]*)", message)
+    assert parsed and sum(int(n) for n, _ in parsed) == n_candidates - n_no_evidence
+    assert not (tmp_path / "out").exists()
+    assert main(["bfcl-import", "--out", str(tmp_path / "out"), "--extractor", "llm", "--llm-model", str(tiny_qwen3_dir),
+                 "--llm-max-new-tokens", "4", "--llm-retries", "0"]) == 1
+    assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_extractor_arguments_are_checked(tmp_path, capsys):
+    from probes.cli.main import main
+    from probes.data.extract_llm import MAX_NEW_TOKENS
+
+    with pytest.raises(ValueError, match="extractor must be one of"):
+        bfcl.import_bfcl(out=tmp_path, extractor="gpt")
+    with pytest.raises(ValueError, match="extractor='llm' needs llm_model"):
+        bfcl.import_bfcl(out=tmp_path, extractor="llm")
+    with pytest.raises(ValueError, match=r"llm_model must be a text generator such as .*ChatGenerator.load\(<model folder>\), got str 'models/x'"):
+        bfcl.import_bfcl(out=tmp_path, extractor="llm", llm_model="models/x")
+    with pytest.raises(ValueError, match="llm_model is used only with it"):
+        bfcl.import_bfcl(out=tmp_path, llm_model=CommittedSkills())
+    assert main(["bfcl-import", "--out", str(tmp_path), "--extractor", "llm"]) == 2
+    assert "--extractor llm needs --llm-model" in capsys.readouterr().err
+    assert main(["bfcl-import", "--out", str(tmp_path), "--llm-model", "x", "--llm-retries", "1"]) == 2
+    assert "--llm-model, --llm-retries: used only with --extractor llm" in capsys.readouterr().err
+    assert main(["bfcl-import", "--out", str(tmp_path), "--extractor", "llm", "--llm-model", "x", "--llm-retries", "-1"]) == 2
+    assert f"--llm-retries ≥ 0, got {MAX_NEW_TOKENS} and -1" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

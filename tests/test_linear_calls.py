@@ -22,15 +22,14 @@ from probes.analyses.calls import (
     call_rates,
     classify,
     generation_prompt,
-    greedy_generate,
     is_solved,
     pair_rows,
     paired_status,
     parse_native,
     parse_prompted,
-    stop_token_ids,
 )
 from probes.analyses.calls import Calls
+from probes.engine.generate import greedy_generate, stop_token_ids
 from probes.analyses.linear import Linear
 from probes.analyses.paired import Paired
 from probes.cli.main import main

@@ -35,11 +35,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
-import torch
 
 from probes.analyses.base import Analysis, RunContext, option
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS
 from probes.data.dataset import ABSTAIN
+from probes.engine.generate import greedy_generate, stop_token_ids
 from probes.prompts.record import record_id
 from probes.prompts.builder import ABSTAIN_TEXT
 from probes.scoring.stats import bootstrap_mean, paired_permutation_test
@@ -236,40 +236,6 @@ def generation_prompt(record: Mapping[str, Any]) -> list[int]:
             raise ValueError(f"{record.get('record_id')}: native record without open_index")
         return ids[: int(record["open_index"]) + 1]
     return ids
-
-
-def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """End-of-turn ids: the model's generation config eos, the tokenizer's eos and ``<|im_end|>``."""
-    ids: set[int] = set()
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update([eos] if isinstance(eos, int) else list(eos or []))
-    if tokenizer is not None:
-        if tokenizer.eos_token_id is not None:
-            ids.add(int(tokenizer.eos_token_id))
-        vocab = tokenizer.get_vocab()
-        ids.update(vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab)
-    return sorted(int(i) for i in ids)
-
-
-@torch.inference_mode()
-def greedy_generate(model: Any, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[list[int], bool]:
-    """Greedy continuation of ``prompt_ids`` with HF ``generate``. Returns (new ids without the
-    stop token, stopped by an end-of-turn token)."""
-    from transformers import GenerationConfig
-
-    device = model.get_input_embeddings().weight.device
-    input_ids = torch.tensor([list(prompt_ids)], device=device)
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-        eos_token_id=list(stop_ids) or None, pad_token_id=(list(stop_ids) or [0])[0],
-    )
-    out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
-    new = out[0, input_ids.shape[1]:].tolist()
-    stops = set(stop_ids)
-    for i, token in enumerate(new):
-        if token in stops:
-            return new[:i], True
-    return new, False
 
 
 def call_row(record: Mapping[str, Any], new_ids: Sequence[int], stopped: bool, text: str) -> dict[str, Any]:

@@ -47,7 +47,9 @@ Skills (paper §4.2, Eqs. 6–7)
     only from evidence: failures (the same skip-the-previous-call perturbation, executed), held-out
     functions (miss_func) and missing parameters (miss_param) of the skill-source entries. ψ
     (:func:`probes.data.schema.build_library`) then rejects every candidate without risk cues or
-    avoidance rules.
+    avoidance rules. ``extractor="llm"`` has a chat model write the candidates from the same
+    evidence instead (:func:`llm_candidate`, :mod:`probes.data.extract_llm`); the README says which
+    extractor ran and counts what it kept and discarded.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from probes.data.bfcl_exec import (
     parse_call,
 )
 from probes.data.dataset import BUCKETS, DatasetError
+from probes.data.extract_llm import RETRIES, Candidate, Extraction, LLMExtractor, TextGenerator
 from probes.data.schema import ToolCatalog, build_library, tools_from_json
 
 CATEGORIES: tuple[str, ...] = ("base", "long_context", "miss_func", "miss_param")
@@ -94,10 +97,17 @@ SCHEMA_TYPES: dict[str, str] = {"dict": "object", "float": "number", "tuple": "a
 EVIDENCE_PER_SLOT = 3  # boundary items kept per slot (one per evidence kind first, then the rest)
 SNIPPET_CHARS = 140  # request and error quotes in skill text are cut at a word boundary
 ERROR_CHARS = 120
+LLM_SUCCESSES = 3  # successful uses shown to the LLM extractor (distinct calls, most frequent first)
+LLM_EVIDENCE_LINES = 6  # boundary evidence lines shown to it (one per evidence kind first)
+EXTRACTORS: tuple[str, ...] = ("deterministic", "llm")
 
 
 class BFCLDataError(DatasetError):
     """The BFCL data are missing or malformed; the message names the file and what to do."""
+
+
+class NoSkillKept(BFCLDataError):
+    """The extractor kept no skill, so no decision point has a skill: nothing is written."""
 
 
 # ---------------------------------------------------------------------------- locating and loading
@@ -441,6 +451,24 @@ def extract_skill(tool: Mapping[str, Any], evidence: ToolEvidence, domain: str) 
     }
 
 
+def llm_candidate(tool: Mapping[str, Any], evidence: ToolEvidence, domain: str, catalog: ToolCatalog) -> Candidate:
+    """The LLM extractor's evidence for one tool-level anchor: the same τ⁺ and τ⁻ as
+    :func:`extract_skill`'s, stated as lines (requests and errors quoted in snippets)."""
+    name = tool["name"]
+    calls = Counter(text for _, text, _ in evidence.successes)
+    shown: dict[str, str] = {}
+    for request, text, previous in sorted(evidence.successes, key=lambda s: (-calls[s[1]], s[1], len(s[0]), s[0])):
+        if text not in shown and len(shown) < LLM_SUCCESSES:
+            shown[text] = f"request \"{_snippet(request)}\" -> {text}" + (f" (after {previous})" if previous else "")
+    failures = [f"{name} failed with \"{error}\" when the turn's previous call {prereq} was skipped." for error, prereq in evidence.failures]
+    missing = [f"{name} was not among the available functions for the request \"{_snippet(request)}\"; the correct action was no call."
+               for request in evidence.missing]
+    params = [f"The request \"{_snippet(request)}\" did not give {', '.join(p)} for {name}; the correct action was to ask, not to call."
+              for p, (request, _) in evidence.missing_params.items()]
+    return Candidate(f"{domain}.{name}", catalog[name], catalog, tuple(shown.values()),
+                     tuple(_round_robin([failures, missing, params], LLM_EVIDENCE_LINES)), domain)
+
+
 # ---------------------------------------------------------------------------- report
 @dataclass
 class SkippedPoint:
@@ -464,6 +492,9 @@ class ImportReport:
     unanchored: list[str]  # tools with boundary evidence but no successful use (no candidate)
     invalid_arguments: list[str]  # item ids whose correct arguments violate the tool schema
     sizes: dict[str, int] = field(default_factory=dict)  # file → bytes
+    extractor: str = "deterministic"
+    extraction: Extraction | None = None  # the LLM extractor's kept skills, rejections and replies
+    llm_settings: dict[str, Any] = field(default_factory=dict)  # model, max_new_tokens, retries
 
     def skipped_counts(self) -> Counter:
         return Counter(point.reason for point in self.skipped)
@@ -473,7 +504,9 @@ class ImportReport:
         for category in self.categories:
             lines.append(f"  {category}: " + ", ".join(f"{b} {self.items[(category, b)]}" for b in BUCKETS))
         lines.append(f"skills: {sum(len(v) for v in self.kept.values())} kept of {sum(self.candidates.values())} candidates "
-                     f"({len(self.rejected)} rejected by ψ); {len(self.unanchored)} tools with evidence but no successful use")
+                     f"({len(self.rejected)} {'rejected by ψ' if self.extraction is None else 'discarded'}); {len(self.unanchored)} tools with evidence but no successful use")
+        if self.extraction is not None:
+            lines.append(self.extraction.summary())
         for reason, count in sorted(self.skipped_counts().items()):
             lines.append(f"  skipped {count}: {reason}")
         return "\n".join(lines)
@@ -597,6 +630,9 @@ def import_bfcl(
     skill_fraction: float = 0.5,
     seed: int = 0,
     max_probe_entries: int | None = None,
+    extractor: str = "deterministic",
+    llm_model: TextGenerator | None = None,
+    llm_retries: int = RETRIES,
 ) -> ImportReport:
     """Write a probe dataset from BFCL's multi-turn entries to ``out`` and return what it holds.
 
@@ -605,7 +641,21 @@ def import_bfcl(
     indices whose trajectories feed skill extraction (none of them yields an item). ``seed``: the
     split's permutation. ``max_probe_entries``: keep only the first N probe indices (a small
     sample; the README says so).
+
+    ``extractor``: ``"deterministic"`` (:func:`extract_skill`) or ``"llm"``
+    (:class:`probes.data.extract_llm.LLMExtractor` on the same evidence, :func:`llm_candidate`),
+    which needs ``llm_model``, a text generator such as
+    ``probes.engine.generate.ChatGenerator.load(folder)``, and retries a rejected reply
+    ``llm_retries`` times. Raises :class:`NoSkillKept`, writing nothing, when no skill passes ψ.
     """
+    if extractor not in EXTRACTORS:
+        raise ValueError(f"extractor must be one of {EXTRACTORS}, got {extractor!r}")
+    if (extractor == "llm") != (llm_model is not None):
+        raise ValueError("extractor='llm' needs llm_model (a text generator), and llm_model is used only with it")
+    if llm_model is not None and not callable(llm_model):
+        raise ValueError(f"llm_model must be a text generator such as probes.engine.generate.ChatGenerator.load(<model folder>), "
+                         f"got {type(llm_model).__name__} {llm_model!r:.80}")
+    llm = LLMExtractor(llm_model, retries=llm_retries) if llm_model is not None else None
     categories = tuple(categories)
     unknown = [c for c in categories if c not in CATEGORIES]
     if unknown or not categories:
@@ -636,17 +686,24 @@ def import_bfcl(
         if entry_index(entry["id"]) in skill_set
     )
     tool_by_name = {tool["name"]: (domain, tool) for domain, entries_ in tools.items() for tool in entries_}
+    catalogs = {domain: ToolCatalog(tools_from_json(tools[domain], domain=domain)) for domain in tools}
+    anchors = {domain: [name for name in catalog_names[domain] if name in evidence and evidence[name].successes] for domain in FUNC_DOC_FILES}
     domain_files: dict[str, dict[str, Any]] = {}
     kept: dict[str, list[str]] = {}
     rejected: dict[str, list[str]] = {}
-    candidates_per_domain: dict[str, int] = {}
     unanchored = sorted(name for name, ev in evidence.items() if not ev.successes)
+    extraction: Extraction | None = None
+    if llm is None:
+        candidates = {domain: [extract_skill(tool_by_name[name][1], evidence[name], domain) for name in names]
+                      for domain, names in anchors.items()}
+    else:
+        extraction = llm.run(llm_candidate(tool_by_name[name][1], evidence[name], domain, catalogs[domain])
+                             for domain, names in anchors.items() for name in names)
+        candidates = {domain: [skill.to_json() for skill in extraction.kept if skill.domain == domain] for domain in anchors}
+        rejected.update((rejection.skill_id, [rejection.reason]) for rejection in extraction.rejected)
+    candidates_per_domain = {domain: len(names) for domain, names in anchors.items()}
     for domain in FUNC_DOC_FILES:
-        candidates = [extract_skill(tool_by_name[name][1], evidence[name], domain)
-                      for name in catalog_names[domain] if name in evidence and evidence[name].successes]
-        catalog = ToolCatalog(tools_from_json(tools[domain], domain=domain))
-        library = build_library(candidates, catalog, domain=domain)
-        candidates_per_domain[domain] = len(candidates)
+        library = build_library(candidates[domain], catalogs[domain], domain=domain)
         kept[domain] = [skill.id for skill in library.skills]
         for error in library.rejected:
             rejected[error.skill_id] = [f"{slot}: {' | '.join(reasons)}" for slot, reasons in error.problems.items()]
@@ -657,6 +714,11 @@ def import_bfcl(
             "skills": [skill.to_json() for skill in library.skills],
         }
     skill_of = {skill_id.split(".", 1)[1]: skill_id for ids in kept.values() for skill_id in ids}
+    if not skill_of:
+        reasons = Counter(reason for problems in rejected.values() for reason in problems)
+        raise NoSkillKept(f"the {extractor} extractor kept no skill of {sum(candidates_per_domain.values())} candidates, so no decision "
+                          f"point has one; nothing written to {out}. Discarded: "
+                          + "; ".join(f"{count} × {reason}" for reason, count in reasons.most_common()))
 
     nearest = _NearestTool({tool["name"]: tool["description"] for entries_ in tools.values() for tool in entries_})
     items: list[dict[str, Any]] = []
@@ -670,7 +732,6 @@ def import_bfcl(
             skipped.extend(new_skipped)
 
     invalid = []
-    catalogs = {domain: ToolCatalog(tools_from_json(tools[domain], domain=domain)) for domain in tools}
     for row in items:
         action = row["correct_action"]
         if action["kind"] == "call":
@@ -690,11 +751,18 @@ def import_bfcl(
     items_path = out / "items.jsonl"
     items_path.write_text("".join(json.dumps(row) + "\n" for row in items))
     sizes["items.jsonl"] = items_path.stat().st_size
+    rejections_path = out / "skill_rejections.json"
+    if extraction is not None:
+        rejections_path.write_text(json.dumps([rejection.to_json() for rejection in extraction.rejected], indent=1) + "\n")
+    else:
+        rejections_path.unlink(missing_ok=True)  # from an earlier LLM import
     report = ImportReport(
         out=out, categories=categories, skill_indices=skill_indices, probe_indices=probe_indices,
         items=counts_by_category(items),
         skipped=skipped, candidates=candidates_per_domain, kept=kept, rejected=rejected, unanchored=unanchored,
-        invalid_arguments=invalid, sizes=sizes,
+        invalid_arguments=invalid, sizes=sizes, extractor=extractor, extraction=extraction,
+        llm_settings={} if llm is None else {"model": llm.generator.label, "max_new_tokens": llm.generator.max_new_tokens,
+                                             "retries": llm.retries},
     )
     provenance = {
         skill_id: sorted(evidence[skill_id.split(".", 1)[1]].sources) for ids in kept.values() for skill_id in ids
@@ -721,6 +789,7 @@ def _data_version(data_dir: Path) -> str:
 def render_readme(report: ImportReport, *, data_dir: Path, skill_fraction: float, seed: int, max_probe_entries: int | None) -> str:
     """The dataset card: source, rules, counts per category and bucket, skills kept and rejected."""
     files = ", ".join(category_file(data_dir, c).name for c in report.categories)
+    llm = report.llm_settings
     lines = [
         "# bfcl: BFCL multi-turn decision points (generated)",
         "",
@@ -728,8 +797,11 @@ def render_readme(report: ImportReport, *, data_dir: Path, skill_fraction: float
         "",
         "```python",
         "from probes.data.bfcl import import_bfcl",
+        *(["from probes.engine.generate import ChatGenerator"] if llm else []),
         f"import_bfcl(out={str(report.out)!r}, categories={list(report.categories)!r}, skill_fraction={skill_fraction}, seed={seed}"
-        + (f", max_probe_entries={max_probe_entries}" if max_probe_entries is not None else "") + ")",
+        + (f", max_probe_entries={max_probe_entries}" if max_probe_entries is not None else "")
+        + (f",\n            extractor='llm', llm_model=ChatGenerator.load({llm['model']!r}, max_new_tokens={llm['max_new_tokens']}),"
+           f" llm_retries={llm['retries']}" if llm else "") + ")",
         "```",
         "",
         f"Source: the `bfcl-eval` package's data ({files}, their `possible_answer/` files and",
@@ -794,6 +866,41 @@ def render_readme(report: ImportReport, *, data_dir: Path, skill_fraction: float
         "",
         "## Skills (§4.2, Eqs. 6–7)",
         "",
+    ]
+    lines += _llm_skills_text(report) if llm else _deterministic_skills_text()
+    lines += [
+        "",
+        "| domain (BFCL class) | tools | candidates | kept | rejected |",
+        "|---|---|---|---|---|",
+    ]
+    for domain in FUNC_DOC_FILES:
+        n_kept = len(report.kept[domain])
+        lines.append(f"| {domain} | {len(json.loads((report.out / 'domains' / f'{domain}.json').read_text())['tools'])} | "
+                     f"{report.candidates[domain]} | {n_kept} | {report.candidates[domain] - n_kept} |")
+    reasons = Counter("; ".join(problems) for problems in report.rejected.values())
+    lines += ["", "Rejections (extractor, anchor checks and ψ):" if llm else "Rejections by ψ:", ""]
+    lines += [f"* {count} × {reason}" for reason, count in reasons.most_common()] or ["* none"]
+    lines += ["", f"Tools with boundary evidence but no successful use (no anchor, no candidate): {report.unanchored or 'none'}.", ""]
+    lines += [
+        "## Known limitations",
+        "",
+        "* Earlier turns end with their last observation: BFCL has no assistant text, so two user messages can",
+        "  follow each other (after a `[]` turn).",
+        "* Held-out functions are not shown, so a miss_func T_wrong item's `wrong_tools` is a stand-in (the nearest",
+        "  visible tool); its abstention is scored by the call log-odds, not Eq. 1 on the held-out name.",
+        "* Skills are the LLM's wording of the evidence: ψ checks their form and tool names, not their truth; read"
+        if llm else "* Skills are lexical templates over trajectories; an LLM extractor (paper's f_ext) would paraphrase.",
+        *(["  them (`domains/*.json`) before relying on them."] if llm else []),
+        "* long_context observations are long; run the analyses with `--too-long skip` (`too_long=\"skip\"`) to skip the",
+        "  items that exceed a model's context: they are listed and recorded (`probes.prompts.context`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _deterministic_skills_text() -> list[str]:
+    """The Skills paragraph of an import whose f_ext was :func:`extract_skill`."""
+    return [
         "Tool-level anchors: one candidate per tool called in the skill-source base trajectories (f_ext,",
         "`probes.data.bfcl.extract_skill`, deterministic). Goal = the tool's own description sentence; procedure = its",
         "most frequent different predecessor in a turn (if any), its most frequent ground-truth call as an example,",
@@ -804,31 +911,29 @@ def render_readme(report: ImportReport, *, data_dir: Path, skill_fraction: float
         "(one per evidence kind first). ψ (`probes.data.schema.build_library`) rejects candidates without risk cues or",
         "avoidance rules: only tools with failure or missing evidence keep a skill (precision first, as in §4.2).",
         "`skill_sources.json` lists the entries each kept skill drew on.",
-        "",
-        "| domain (BFCL class) | tools | candidates | kept | rejected |",
-        "|---|---|---|---|---|",
     ]
-    for domain in FUNC_DOC_FILES:
-        n_kept = len(report.kept[domain])
-        lines.append(f"| {domain} | {len(json.loads((report.out / 'domains' / f'{domain}.json').read_text())['tools'])} | "
-                     f"{report.candidates[domain]} | {n_kept} | {report.candidates[domain] - n_kept} |")
-    reasons = Counter("; ".join(problems) for problems in report.rejected.values())
-    lines += ["", "Rejections by ψ:", ""]
-    lines += [f"* {count} × {reason}" for reason, count in reasons.most_common()] or ["* none"]
-    lines += ["", f"Tools with boundary evidence but no successful use (no anchor, no candidate): {report.unanchored or 'none'}.", ""]
-    lines += [
-        "## Known limitations",
-        "",
-        "* Earlier turns end with their last observation: BFCL has no assistant text, so two user messages can",
-        "  follow each other (after a `[]` turn).",
-        "* Held-out functions are not shown, so a miss_func T_wrong item's `wrong_tools` is a stand-in (the nearest",
-        "  visible tool); its abstention is scored by the call log-odds, not Eq. 1 on the held-out name.",
-        "* Skills are lexical templates over trajectories; an LLM extractor (paper's f_ext) would paraphrase.",
-        "* long_context observations are long; run the analyses with `--too-long skip` (`too_long=\"skip\"`) to skip the",
-        "  items that exceed a model's context: they are listed and recorded (`probes.prompts.context`).",
-        "",
+
+
+def _llm_skills_text(report: ImportReport) -> list[str]:
+    """The Skills paragraph of an import whose f_ext was the LLM extractor."""
+    llm, extraction = report.llm_settings, report.extraction
+    assert extraction is not None
+    first = sum(1 for n in extraction.attempts.values() if n == 1)
+    return [
+        "Tool-level anchors: one candidate per tool called in the skill-source base trajectories. f_ext is an LLM:",
+        f"`probes.data.extract_llm.LLMExtractor` with the chat model `{llm['model']}` (greedy, thinking off where the",
+        f"template has the switch, at most {llm['max_new_tokens']} new tokens). The prompt (`probes.data.bfcl.llm_candidate`) gives the",
+        f"seven slots, the tool's schema and its domain's tool names, up to {LLM_SUCCESSES} successful uses (τ⁺: request and",
+        f"call) and up to {LLM_EVIDENCE_LINES} lines of boundary evidence (τ⁻, as for the deterministic extractor: the executed",
+        "skip-the-previous-call failure, a held-out function in a miss_func `[]` turn, a missing parameter in a miss_param",
+        "`[]` turn). A candidate without boundary evidence is not prompted (precision first, §4.2). A reply is read as",
+        "JSON, or as one fenced ```json block that is the whole reply; ψ (`probes.data.schema.validate_skill`) and two",
+        "anchor checks (the id asked for, the anchor tool among `tools`) accept it or give the reasons, which are",
+        f"appended to the conversation for a retry (at most {llm['retries']}); a candidate still rejected is discarded.",
+        f"Kept: {len(extraction.kept)} ({first} on the first reply, {len(extraction.kept) - first} after a retry); discarded: {len(extraction.rejected)}.",
+        "`skill_sources.json` lists the entries each kept skill drew on; `skill_rejections.json` every discarded",
+        "candidate with its problems and the model's replies.",
     ]
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- context length

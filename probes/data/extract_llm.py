@@ -1,0 +1,202 @@
+"""An LLM as the skill extractor f_ext of Eq. 6, its output kept only when ψ accepts it (Eq. 7).
+
+For one anchor (a tool), :class:`LLMExtractor` prompts a chat model with the tool's schema, the
+successful uses (τ⁺) and the boundary evidence (τ⁻) of a :class:`Candidate`, and asks for the
+seven-slot skill as one JSON object. The reply is read as JSON as it stands, or as the content
+of one fenced ```json block filling the whole reply (nothing more lenient), then checked by ψ
+(:func:`probes.data.schema.validate_skill`: strict JSON, every slot, non-empty risk cues and
+avoidance rules, tools of the catalog) and by two anchor checks (the id asked for, the anchor tool
+among the skill's tools). A rejected reply is retried up to ``retries`` times with the reasons
+appended to the conversation; a candidate still rejected is discarded with those reasons.
+
+Precision first (§4.2): a candidate without boundary evidence is discarded without prompting,
+since any risk cue the model wrote for it would be invented.
+
+The generator is any callable ``messages -> Reply`` with ``label`` and ``max_new_tokens``
+attributes; :class:`probes.engine.generate.ChatGenerator` is the one for local HF models.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from probes.data.schema import SLOTS, Skill, SkillValidationError, Tool, ToolCatalog, validate_skill
+
+# What each slot holds, as the prompt states it (keyed by the schema's slots, in their order).
+SLOT_SPEC: dict[str, str] = {
+    "goal": "a string: what calling the tool achieves (from the successful uses)",
+    "procedure": "a non-empty list of strings: the steps, in order (from the successful uses)",
+    "tools": "a non-empty list of tool names from the catalog below, including the anchor tool",
+    "applicability": "a list of strings: when the procedure is safe to invoke",
+    "risk_cues": "a non-empty list of strings: observations that make the call unsafe (from the boundary evidence only)",
+    "avoidance_rules": "a non-empty list of strings: actions or parameters to avoid in those states (from the boundary evidence only)",
+    "recovery_notes": "a list of strings, possibly empty: one-step corrections after a failure (from the boundary evidence only)",
+}
+SYSTEM_PROMPT = ("You extract boundary-aware skills from tool-use trajectories. "
+                 "Reply with one JSON object and nothing else.")
+NO_EVIDENCE = "no boundary evidence: not prompted"
+RETRIES = 2  # corrected replies asked for after a rejected one
+MAX_NEW_TOKENS = 512  # reply budget: a seven-slot skill with a few items per slot fits
+_FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?```", re.S)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A generated reply: its text and whether it ran into ``max_new_tokens`` (no end-of-turn)."""
+
+    text: str
+    truncated: bool = False
+
+
+class TextGenerator(Protocol):
+    label: str  # the model, as named in what is written from its replies
+    max_new_tokens: int
+
+    def __call__(self, messages: Sequence[Mapping[str, str]]) -> Reply: ...
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The evidence for one anchor: the tool, the catalog the skill may name, τ⁺ and τ⁻ as lines."""
+
+    skill_id: str
+    tool: Tool
+    catalog: ToolCatalog
+    successes: tuple[str, ...]
+    boundary: tuple[str, ...]
+    domain: str = ""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A discarded candidate: ``reason`` (the short form counted in reports), the ``problems`` of
+    its last reply, and every reply in order (none when it was not prompted)."""
+
+    skill_id: str
+    reason: str
+    problems: tuple[str, ...]
+    replies: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.skill_id, "reason": self.reason, "problems": list(self.problems), "replies": list(self.replies)}
+
+
+@dataclass
+class Extraction:
+    """Kept skills, discarded candidates, and how many replies each kept skill took."""
+
+    kept: list[Skill] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    attempts: dict[str, int] = field(default_factory=dict)  # kept skill id → replies it took
+
+    def discarded(self) -> Counter:
+        """Discarded candidates per reason."""
+        return Counter(rejection.reason for rejection in self.rejected)
+
+    def summary(self) -> str:
+        lines = [f"LLM extractor: kept {len(self.kept)}, discarded {len(self.rejected)}"]
+        lines += [f"  discarded {count}: {reason}" for reason, count in sorted(self.discarded().items())]
+        return "\n".join(lines)
+
+
+def reply_json(text: str) -> str:
+    """The JSON text of a reply: the whole reply, or the content of one fenced block that is the whole reply."""
+    stripped = text.strip()
+    match = _FENCE.fullmatch(stripped)
+    return match.group(1) if match else stripped
+
+
+def prompt_messages(candidate: Candidate) -> list[dict[str, str]]:
+    """The system and user messages asking for ``candidate``'s skill."""
+    tool = candidate.tool
+    keys = [f'- "id": the string "{candidate.skill_id}"'] + [f'- "{slot}": {SLOT_SPEC[slot]}' for slot in SLOTS]
+    schema = json.dumps({"name": tool.name, "description": tool.description, "parameters": dict(tool.parameters)})
+    user = "\n".join([
+        f"Write the skill for the tool {tool.name} as one JSON object with exactly these keys:",
+        *keys,
+        "",
+        "The successful uses give goal, procedure and tools; the boundary evidence alone gives risk_cues,",
+        "avoidance_rules and recovery_notes. Tool names must come from this catalog: " + ", ".join(candidate.catalog.names) + ".",
+        "",
+        f"Tool: {schema}",
+        "",
+        "Successful uses:",
+        *(f"- {line}" for line in candidate.successes),
+        "",
+        "Boundary evidence:",
+        *(f"- {line}" for line in candidate.boundary),
+    ])
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def check_reply(text: str, candidate: Candidate) -> tuple[Skill | None, list[str]]:
+    """(the skill, []) when ψ and the anchor checks accept the reply, else (None, the problems)."""
+    try:
+        skill = validate_skill(reply_json(text), candidate.catalog, domain=candidate.domain)
+    except SkillValidationError as error:
+        return None, [f"{name}: {reason}" for name, reasons in error.problems.items() for reason in reasons]
+    problems = []
+    if skill.id != candidate.skill_id:
+        problems.append(f"id: must be {candidate.skill_id!r}, got {skill.id!r}")
+    if candidate.tool.name not in skill.tool_names:
+        problems.append(f"tools: must include the anchor tool {candidate.tool.name!r}, got {list(skill.tool_names)}")
+    return (None, problems) if problems else (skill, [])
+
+
+def rejection_reason(problems: Sequence[str], truncated: bool) -> str:
+    """The short reason of a rejected reply: unparsable (cut at the token budget or not), or the failing fields."""
+    if problems[0].startswith("<json>: not strict JSON"):
+        return "not strict JSON" + (" (cut at max_new_tokens)" if truncated else "")
+    if problems[0].startswith("<json>: must be a JSON object"):
+        return "not a JSON object"
+    return "invalid fields: " + ", ".join(dict.fromkeys(problem.split(":", 1)[0] for problem in problems))
+
+
+@dataclass
+class LLMExtractor:
+    """f_ext with a chat model: one prompt per candidate, up to ``retries`` corrected replies."""
+
+    generator: TextGenerator
+    retries: int = RETRIES
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ValueError(f"retries must be ≥ 0, got {self.retries}")
+
+    def extract(self, candidate: Candidate) -> Skill | Rejection:
+        return self._extract(candidate)[0]
+
+    def run(self, candidates: Iterable[Candidate]) -> Extraction:
+        extraction = Extraction()
+        for candidate in candidates:
+            result, n_replies = self._extract(candidate)
+            if isinstance(result, Rejection):
+                extraction.rejected.append(result)
+            else:
+                extraction.kept.append(result)
+                extraction.attempts[result.id] = n_replies
+        return extraction
+
+    def _extract(self, candidate: Candidate) -> tuple[Skill | Rejection, int]:
+        """The skill or the rejection, and the number of replies generated."""
+        if not candidate.boundary:
+            return Rejection(candidate.skill_id, NO_EVIDENCE, (), ()), 0
+        messages = prompt_messages(candidate)
+        replies: list[str] = []
+        for _ in range(self.retries + 1):
+            reply = self.generator(messages)
+            replies.append(reply.text)
+            skill, problems = check_reply(reply.text, candidate)
+            if skill is not None:
+                return skill, len(replies)
+            messages = messages + [
+                {"role": "assistant", "content": reply.text},
+                {"role": "user", "content": "That reply was rejected:\n" + "\n".join(f"- {p}" for p in problems)
+                 + "\nReply with the corrected JSON object only."},
+            ]
+        return Rejection(candidate.skill_id, rejection_reason(problems, reply.truncated), tuple(problems), tuple(replies)), len(replies)
