@@ -233,11 +233,10 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
 
 
 def test_missing_default_model_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import probes.organism
-
+    import probes.analyses.base as base
     from probes.analyses.base import AnalysisError, default_model
 
-    monkeypatch.setattr(probes.organism, "ORGANISM_DIR", tmp_path / "absent")
+    monkeypatch.setattr(base, "ORGANISM_DIR", tmp_path / "absent")
     with pytest.raises(AnalysisError, match="--model"):
         default_model()
 

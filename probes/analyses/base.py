@@ -37,6 +37,7 @@ from probes.analyses.parallel import ShardedStore, open_store, rank_device, worl
 from probes.data.dataset import BUCKETS, Item, ProbeDataset, default_study, load_dataset, resolve_dataset
 from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint
+from probes.organism import ORGANISM_DIR, ORGANISM_NAME, is_organism
 from probes.engine.session import Knockout, ProbeSession
 from probes.prompts.builder import FORMATS, BuildSettings, PromptBuilder
 from probes.prompts.record import record_id
@@ -143,8 +144,6 @@ def parse_items(spec: str) -> dict[str, Any]:
 
 def default_model() -> Path:
     """The bundled model organism; a clear error until it has been trained and committed."""
-    from probes.organism import ORGANISM_DIR
-
     if not (ORGANISM_DIR / "config.json").is_file():
         raise AnalysisError(
             f"the bundled model organism is not in {ORGANISM_DIR} yet; pass model=PATH (--model PATH): "
@@ -156,8 +155,6 @@ def default_model() -> Path:
 def model_label(model: str | Path) -> str:
     """The folder name of a model's results under ``out``: the organism's name for the bundled
     organism, a folder's or file's name, or a hub-style name with ``/`` replaced."""
-    from probes.organism import ORGANISM_NAME, is_organism
-
     path = Path(str(model))
     if is_organism(path):
         return ORGANISM_NAME
@@ -499,8 +496,6 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
         model = session.model.name_or_path or default_model()
     else:
         model = default_model()
-    from probes.organism import is_organism
-
     study_dataset, study_relevance = default_study(organism=is_organism(model))
     options = dataclasses.replace(options, dataset=resolve_dataset(options.dataset or study_dataset),
                                   relevance=options.relevance or study_relevance)
@@ -516,7 +511,7 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
                               f"a domain ({', '.join(dataset.domains)}) or a count; the form is BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10")
     items = select_items(dataset, options)
     check_depths(dataset, items, k_max=options.k_max, k=getattr(options, "k", None))
-    if options.format == "prompted" and Path(str(model)).resolve() == default_model().resolve():
+    if options.format == "prompted" and is_organism(model):
         print("warning: the bundled organism was trained on the native format only; format prompted measures "
               "a format it never saw", file=sys.stderr)
     ranks = world()  # under torchrun: joins the other ranks before the model is loaded
