@@ -24,7 +24,7 @@ from probes.prompts.builder import PromptBuilder, SpanReport, check_spans, load_
 from probes.data.retrieval import Retriever, make_embedder
 
 COMMITTED = Path(__file__).resolve().parent.parent / "datasets" / "bfcl"
-COMMITTED_CATEGORIES = ("base", "miss_func", "miss_param")
+COMMITTED_CATEGORIES = bfcl.CATEGORIES  # all four multi-turn categories
 
 pytest.importorskip("bfcl_eval", reason="needs the BFCL data: pip install --no-deps bfcl-eval")
 

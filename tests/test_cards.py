@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.reporting.cards import CARD_NAME, collision_table, dataset_card
+from probes.reporting.cards import CARD_NAME, GATE_DEPTH, collision_table, dataset_card, gate_table
 from probes.data.dataset import load_dataset
 from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
 from probes.data.retrieval import Retriever, make_embedder
@@ -20,7 +20,7 @@ def qwen3():
     return load_tokenizer("qwen3")
 
 
-@pytest.mark.parametrize("name", ["basm_probe", "basm_probe_v2"])
+@pytest.mark.parametrize("name", ["basm_probe", "basm_probe_v2", "bfcl"])
 def test_committed_card_is_regenerated_exactly(name):
     committed = (DATASETS / name / CARD_NAME).read_text(encoding="utf-8")
     assert dataset_card(DATASETS / name) == committed, f"datasets/{name}/{CARD_NAME} is stale: run probes.reporting.cards.write_card"
@@ -42,3 +42,22 @@ def test_collisions_match_native_prompt_records(qwen3):
         assert group["decision_set_collision"] == pytest.approx(sum(decision) / len(decision), abs=1e-12)
     for column in ("decision_set_collision", "record_collision"):
         assert 0 < table[column].max() and table[column].min() < 1  # both outcomes occur in the sample
+
+
+@pytest.mark.parametrize("relevance", ["lexical", "semantic"])
+def test_gate_share_is_what_the_builder_shows(qwen3, relevance):
+    """The card's gate share == the share of retrieved skills whose boundary fields real BASM records
+    expose (budget β large enough to keep every exposed item), on v2 items where the lexical gate both
+    opens and closes."""
+    dataset = load_dataset(DATASETS / "basm_probe_v2")
+    chosen = [item for item in dataset.items if item.task_group.startswith("retail.")][:24]
+    subset = type(dataset)(dataset.root, dataset.domains, tuple(chosen))
+    embedder = make_embedder("minilm")
+    table = gate_table(subset, embedder).query("measure == @relevance").set_index("bucket")
+    builder = PromptBuilder(qwen3, subset, Retriever(embedder), BuildSettings(k_max=GATE_DEPTH, relevance=relevance, beta=10**6))
+    for bucket, row in table.iterrows():
+        records = [builder.build(item, "basm", GATE_DEPTH, "native") for item in chosen if item.bucket == bucket]
+        exposed = [skill["boundary_exposed"] for record in records for skill in record["skills"]]
+        assert row["n_pairs"] == len(exposed) and row["open_share"] == pytest.approx(sum(exposed) / len(exposed), abs=1e-12)
+    if relevance == "lexical":
+        assert 0 < table["open_share"].min() < 1

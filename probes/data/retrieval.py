@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 from sklearn.feature_extraction.text import CountVectorizer, HashingVectorizer
 
+from probes.data.dataset import Item, ProbeDataset
 from probes.data.schema import BOUNDARY_SLOTS, Skill
 
 _ANALYZER = CountVectorizer(stop_words="english", token_pattern=r"(?u)\b[a-zA-Z][a-zA-Z0-9]+\b").build_analyzer()
@@ -194,6 +195,12 @@ class Retriever:
             return 0.0
         vectors = self._embed([state, *items])
         return float((vectors[1:] @ vectors[0]).max())
+
+    def retrieve(self, item: Item, dataset: ProbeDataset) -> list[ScoredSkill]:
+        """The skills of ``item``'s library ranked for its state (Eq. 8–9), with T_x the catalog
+        tools named in the state."""
+        state_tools = tools_in_text(item.state_text, dataset.catalog_for(item).names)
+        return self.rank(item.state_text, state_tools, dataset.library_for(item))
 
     def rank(self, state: str, state_tools: Iterable[str], skills: Sequence[Skill]) -> list[ScoredSkill]:
         """All ``skills`` sorted by descending Eq. 8 score (ties broken by skill id)."""

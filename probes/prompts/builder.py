@@ -36,7 +36,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from probes.prompts.record import PromptRecord, record_id
 from probes.data.configs import MemoryConfig, get_config
 from probes.data.dataset import ABSTAIN, Item, ProbeDataset
-from probes.data.retrieval import Retriever, ScoredSkill, check_relevance, tools_in_text
+from probes.data.retrieval import Retriever, ScoredSkill, check_relevance
 from probes.data.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
 from probes.prompts.priming import ToolMentionRewriter
 
@@ -208,9 +208,7 @@ class PromptBuilder:
     def retrieve(self, item: Item) -> list[ScoredSkill]:
         """All retrievable skills for ``item`` ranked by Eq. 8 (cached per item)."""
         if item.id not in self._retrieval_cache:
-            catalog = self.dataset.catalog_for(item)
-            state_tools = tools_in_text(item.state_text, catalog.names)
-            self._retrieval_cache[item.id] = self.retriever.rank(item.state_text, state_tools, self.dataset.library_for(item))
+            self._retrieval_cache[item.id] = self.retriever.retrieve(item, self.dataset)
         return self._retrieval_cache[item.id]
 
     def warm(self, items: Sequence[Item]) -> None:

@@ -7,6 +7,9 @@ Works for any folder that :func:`probes.data.dataset.load_dataset` reads (v1 ``b
   bucket, and per correct-action kind;
 * every shortcut baseline of :func:`probes.scoring.shortcuts.shortcut_table` (eval and all items;
   with a tokenizer also request length in its tokens) and :func:`~probes.scoring.shortcuts.best_shortcut`;
+* how often the boundary relevance gate of Eq. 10 opens (r_B > γ = 0) for the skills retrieved at
+  depth ≤ 2, per bucket, under the lexical and the semantic r_B (MiniLM cosines), so a reader sees
+  whether a set's boundary text can reach the prompt at all under each measure;
 * first-token collision rates in the native tool-call format, computed from the candidate tool
   names directly (:func:`first_name_token`), not from built prompt records: the prompt builder
   restarts tokenization at the last special token before the decision, which in the native format
@@ -30,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from probes.data.dataset import ABSTAIN, BUCKETS, SPLITS, ProbeDataset, load_dataset
+from probes.data.retrieval import RELEVANCE_MEASURES, Embedder, Retriever, make_embedder
 from probes.prompts.builder import NATIVE_FORCED_PREFIX, load_tokenizer
 from probes.scoring.shortcuts import best_shortcut, shortcut_table
 
@@ -37,6 +41,22 @@ CARD_NAME = "CARD.md"
 DEFAULT_TOKENIZER = "qwen3"
 DEFAULT_RESAMPLES = 1000
 NAME_CONTINUATION = '", "arguments": {'  # what follows a tool name in the native format
+GATE_DEPTH = 2  # the analyses' default k_max
+
+
+def gate_table(dataset: ProbeDataset, embedder: Embedder, *, depth: int = GATE_DEPTH, gamma: float = 0.0) -> pd.DataFrame:
+    """Per bucket and r_B measure: the share of (item, skill retrieved at rank ≤ ``depth``) pairs whose
+    boundary fields Eq. 10's gate shows (r_B > ``gamma``), over every item of the dataset."""
+    retriever = Retriever(embedder)
+    rows = []
+    for item in dataset.items:
+        for entry in retriever.retrieve(item, dataset)[:depth]:
+            for measure in RELEVANCE_MEASURES:
+                rows.append({"bucket": item.bucket, "measure": measure,
+                             "open": retriever.boundary_relevance(item.state_text, entry.skill, measure) > gamma})
+    frame = pd.DataFrame(rows)
+    table = frame.groupby(["bucket", "measure"], sort=True)["open"].agg(["mean", "size"]).reset_index()
+    return table.rename(columns={"mean": "open_share", "size": "n_pairs"})
 
 
 def first_name_token(tokenizer: Any, name: str) -> int:
@@ -135,6 +155,13 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
         best = best_shortcut(table, split=split)
         described = "; ".join(f"{stat} {entry['value']:.3f} [{_fmt(entry['low'])}, {_fmt(entry['high'])}] ({entry['shortcut']})" for stat, entry in best.items())
         lines += [f"Best request-level shortcut on `{split}` (AUC orientation-free): {described}.", ""]
+    gate = gate_table(dataset, make_embedder("minilm"))
+    lines += ["## Boundary relevance gate (Eq. 10)", "",
+              f"Share of (item, skill retrieved at rank ≤ {GATE_DEPTH}) pairs whose boundary fields the gate shows at γ = 0, over all items "
+              "(MiniLM retrieval). `lexical`: the best content-word coverage of a boundary item by the state (the paper's overlap); "
+              "`semantic`: the best MiniLM cosine between the state and a boundary item. "
+              "A set whose boundary text shares no content word with the requests closes the lexical gate by design.", "",
+              _markdown(gate.assign(open_share=gate.open_share.map(_fmt))), ""]
     lines += ["## First-token collisions (native tool-call format)", ""]
     if loaded is None:
         lines += ["Not computed: no tokenizer was given.", ""]
