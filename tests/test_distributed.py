@@ -23,8 +23,10 @@ from probes.reporting.results import ResultsConfigMismatch, ResultsCorrupt, Resu
 torch.set_num_threads(1)
 
 ROOT = Path(probes.__file__).resolve().parent.parent
-OPTIONS = {"limit": 1, "buckets": ["T_wrong", "T_ok"], "k_max": 2, "embedder": "lexical", "figure": False}
-FLAGS = ["--limit", "1", "--bucket", "T_wrong", "--bucket", "T_ok", "--k-max", "2", "--embedder", "lexical", "--no-figure"]
+OPTIONS = {"limit": 1, "buckets": ["T_wrong", "T_ok"], "k_max": 2, "dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical",
+           "figure": False}
+FLAGS = ["--limit", "1", "--bucket", "T_wrong", "--bucket", "T_ok", "--k-max", "2", "--dataset", "basm_probe", "--embedder", "lexical",
+         "--relevance", "lexical", "--no-figure"]
 TIMES: dict[str, float] = {}
 
 
