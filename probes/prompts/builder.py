@@ -583,7 +583,8 @@ class PromptBuilder:
             "collision": any(c["collides_with"] and c["role"] != "other" for c in candidates),
             "correct_action": item.correct_action, "wrong_tools": list(item.wrong_tools),
             "tempting_skill": item.tempting_skill, "tempting_rank": tempting_rank,
-            "retrieval": {"embedder": self.retriever.embedder.name, "weights": asdict(self.retriever.weights)},
+            "retrieval": {"embedder": self.retriever.embedder.name, "weights": asdict(self.retriever.weights),
+                          "gate": {"relevance": self.settings.relevance, "gamma": self.settings.gamma, "beta": self.settings.beta}},
         }
 
     def build(
