@@ -20,6 +20,7 @@ def test_build_writes_documented_records(tmp_path, capsys):
         "skills", "candidates", "collision", "correct_action", "wrong_tools", "tempting_skill", "tempting_rank", "retrieval",
     }
     assert all(set(record) == documented for record in records)
+    assert all(record["retrieval"]["gate"] == {"relevance": "lexical", "gamma": 0.0, "beta": 384} for record in records)
     assert len({record["record_id"] for record in records}) == len(records)
     printed = capsys.readouterr().out
     assert "0 mismatches" in printed and "tempting skill ranked first" in printed
