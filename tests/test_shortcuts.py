@@ -175,3 +175,20 @@ def test_v1_pin():
     assert _value(table, "request_length_words", "auc") == pytest.approx(0.77, abs=0.03)
     assert _value(table, "repair_code_copy", "rate", "T_repair") == 1.0
     assert _value(table, "tempting_skill_length", "ratio", "tempting vs other skills") == pytest.approx(1.893, abs=1e-3)
+
+
+def test_balanced_accuracy_is_sklearns_and_its_twin_row():
+    """balanced_accuracy == scikit-learn's balanced_accuracy_score on an imbalanced sample, and every
+    accuracy row of a table has a balanced_accuracy twin on the same items."""
+    from sklearn.metrics import balanced_accuracy_score
+
+    rng = np.random.default_rng(1)
+    y = (rng.random(200) < 0.1).astype(int)
+    predicted = np.where(rng.random(200) < 0.8, y, 1 - y)
+    assert shortcuts.balanced_accuracy((predicted == y).astype(float), y) == pytest.approx(balanced_accuracy_score(y, predicted), abs=1e-12)
+    table = shortcut_table(load_dataset(V1_DATASET_DIR), splits=("eval",), resamples=50)
+    accuracy = table[table.statistic == "accuracy"].set_index("shortcut")
+    balanced = table[table.statistic == "balanced_accuracy"].set_index("shortcut")
+    assert sorted(accuracy.index) == sorted(balanced.index) and (accuracy.n_items == balanced.n_items).all()
+    # v1 eval holds 84 T_ok and 84 T_wrong: the two coincide there
+    assert np.allclose(accuracy.value, balanced.loc[accuracy.index, "value"], atol=1e-12)

@@ -33,7 +33,7 @@ from sklearn.linear_model import LogisticRegression
 from probes.data.dataset import Item, ProbeDataset
 from probes.data.retrieval import content_words as retrieval_words
 from probes.data.schema import Skill
-from probes.scoring.stats import auc, bootstrap_mean, group_bootstrap_auc, grouped_folds
+from probes.scoring.stats import auc, bootstrap_mean, cluster_bootstrap, group_bootstrap_auc, grouped_folds
 
 PAIR = ("T_ok", "T_wrong")
 COMPARED = "T_ok vs T_wrong"
@@ -166,6 +166,24 @@ def _rate_row(shortcut: str, split: str, compared: str, statistic: str, values: 
     return _row(shortcut, split, compared, statistic, estimate.value, estimate.low, estimate.high, len(values), estimate.n_units, note)
 
 
+def balanced_accuracy(correct: np.ndarray, y: np.ndarray) -> float:
+    """Mean of the per-class accuracies (NaN where a class is absent): chance is 0.5 whatever the
+    class balance, unlike plain accuracy on an imbalanced set such as BFCL's (2,034 T_ok, 182 T_wrong)."""
+    return float(np.mean([correct[y == c].mean() for c in (0, 1)])) if len(set(y.tolist())) == 2 else float("nan")
+
+
+def _accuracy_rows(shortcut: str, split: str, correct: Sequence[float], items: Sequence[Item], note: str, *, resamples: int, seed: int) -> list[dict[str, Any]]:
+    """``accuracy`` (a mean, CI over task groups) and ``balanced_accuracy`` (:func:`balanced_accuracy`;
+    CI from resampling task groups) of a T_ok/T_wrong rule's per-item hits."""
+    correct = np.asarray(correct, dtype=float)
+    y = np.array([item.bucket == "T_wrong" for item in items], dtype=int)
+    groups = [item.task_group for item in items]
+    low, high = cluster_bootstrap(lambda idx: balanced_accuracy(correct[idx], y[idx]), groups, resamples=resamples, seed=seed)
+    return [_rate_row(shortcut, split, COMPARED, "accuracy", correct, groups, note, resamples=resamples, seed=seed),
+            _row(shortcut, split, COMPARED, "balanced_accuracy", balanced_accuracy(correct, y), low, high, len(items), len(set(groups)),
+                 f"{note}; mean of the T_ok and T_wrong accuracies (chance 0.5)")]
+
+
 def length_rows(items: Sequence[Item], split: str, lengths: Sequence[int], unit: str, *, resamples: int, seed: int) -> list[dict[str, Any]]:
     """Length-alone AUC (T_wrong positive, score = request length in ``unit``) with its percentile
     CI over task groups (:func:`group_bootstrap_auc`), and the share of task groups
@@ -235,6 +253,8 @@ def shortcut_table(
     * ``shares_risk_word`` ``rate`` per bucket (T_ok, T_wrong): :func:`shares_risk_word`.
     * ``negation`` / ``contrast`` ``rate`` per bucket (all buckets): :func:`has_negation` /
       :func:`has_contrast` on ``item.user``.
+    * every ``accuracy`` row has a ``balanced_accuracy`` twin (:func:`balanced_accuracy`), the one
+      to read on an imbalanced set.
     * ``bag_of_words`` ``accuracy`` (out-of-fold P(T_ok) > 0.5; CI over groups) and ``auc``
       (T_ok positive; CI :func:`group_bootstrap_auc`): :func:`bag_of_words`.
     * ``repair_code_copy`` ``rate``: share of T_repair items whose :func:`error_code` occurs
@@ -263,17 +283,18 @@ def shortcut_table(
                 lengths = [len(tokenizer(item.user, add_special_tokens=False)["input_ids"]) for item in pair]
                 rows += length_rows(pair, name, lengths, "tokens", **common)
             correct = [float(overlap_rule(item, dataset.skills[item.tempting_skill]) == item.bucket) for item in pair]
-            rows.append(_rate_row("overlap_rule", name, COMPARED, "accuracy", correct, groups,
-                                  "T_wrong iff the request shares more content words with risk cues + avoidance rules than with applicability", **common))
+            rows += _accuracy_rows("overlap_rule", name, correct, pair,
+                                   "T_wrong iff the request shares more content words with risk cues + avoidance rules than with applicability", **common)
             correct = [float(overlap_rule(item, dataset.skills[item.tempting_skill], words=retrieval_words) == item.bucket) for item in pair]
-            rows.append(_rate_row("overlap_rule_retrieval_words", name, COMPARED, "accuracy", correct, groups,
-                                  "overlap_rule with the retriever's words (probes.data.retrieval.content_words)", **common))
+            rows += _accuracy_rows("overlap_rule_retrieval_words", name, correct, pair,
+                                   "overlap_rule with the retriever's words (probes.data.retrieval.content_words)", **common)
             y, scores = bag_of_words(pair, folds=folds, seed=seed)
             scored = np.isfinite(scores)
             if scored.any():
                 kept = [g for g, ok in zip(groups, scored) if ok]
                 hits = ((scores[scored] > 0.5).astype(int) == y[scored]).astype(float)
-                rows.append(_rate_row("bag_of_words", name, COMPARED, "accuracy", hits, kept, f"out-of-fold, ≤ {folds} task-disjoint folds", **common))
+                rows += _accuracy_rows("bag_of_words", name, hits, [item for item, ok in zip(pair, scored) if ok],
+                                       f"out-of-fold, ≤ {folds} task-disjoint folds", **common)
                 low, high = group_bootstrap_auc(y[scored], scores[scored], kept, resamples=resamples, seed=seed)
                 rows.append(_row("bag_of_words", name, COMPARED, "auc", auc(y[scored], scores[scored]), low, high, int(scored.sum()), len(set(kept)),
                                  "AUC of out-of-fold P(T_ok), T_ok positive"))
@@ -310,7 +331,7 @@ REQUEST_RULES = ("request_length_words", "request_length_tokens", "overlap_rule"
 def best_shortcut(table: pd.DataFrame, *, split: str = "eval") -> dict[str, dict[str, Any]]:
     """The strongest T_ok-vs-T_wrong shortcut of ``table`` (from :func:`shortcut_table`) in
     ``split``, for reference lines on the linear-probe figure:
-    ``{"accuracy": {"shortcut", "value", "low", "high"}, "auc": {...}}``.
+    ``{"accuracy": {"shortcut", "value", "low", "high"}, "balanced_accuracy": {...}, "auc": {...}}``.
 
     Only request-level rules count (:data:`REQUEST_RULES`). AUCs are orientation-free
     separabilities, max(AUC, 1 - AUC) (CI mirrored the same way), because a rule can be read in
@@ -318,7 +339,7 @@ def best_shortcut(table: pd.DataFrame, *, split: str = "eval") -> dict[str, dict
     """
     chosen = table[(table["split"] == split) & table["shortcut"].isin(REQUEST_RULES) & (table["compared"] == COMPARED)]
     best: dict[str, dict[str, Any]] = {}
-    for statistic in ("accuracy", "auc"):
+    for statistic in ("accuracy", "balanced_accuracy", "auc"):
         rows = chosen[chosen["statistic"] == statistic]
         if rows.empty:
             continue
