@@ -164,6 +164,9 @@ def test_best_shortcut_mirrors_auc_and_ignores_non_request_rows():
     best = best_shortcut(table)
     assert best["auc"] == {"shortcut": "request_length_words", "value": pytest.approx(0.8), "low": pytest.approx(0.7), "high": pytest.approx(0.9)}
     assert best["accuracy"]["shortcut"] == "overlap_rule" and best["accuracy"]["value"] == 0.6
+    fitted = pd.concat([table, pd.DataFrame([{"shortcut": "bag_of_words_by_skill", "split": "eval", "compared": shortcuts.COMPARED,
+                                              "statistic": "auc_fit_on_train", "value": 0.85, "low": 0.8, "high": 0.9}])])
+    assert best_shortcut(fitted)["auc"]["shortcut"] == "bag_of_words_by_skill (fit on train)"
 
 
 def test_v1_pin():
@@ -192,3 +195,89 @@ def test_balanced_accuracy_is_sklearns_and_its_twin_row():
     assert sorted(accuracy.index) == sorted(balanced.index) and (accuracy.n_items == balanced.n_items).all()
     # v1 eval holds 84 T_ok and 84 T_wrong: the two coincide there
     assert np.allclose(accuracy.value, balanced.loc[accuracy.index, "value"], atol=1e-12)
+
+
+def test_rows_say_when_a_ci_has_no_width_by_construction(toy_dataset, toy_table):
+    """A rule with one answer for every item, or a rate whose every unit is the same, gets a note
+    saying its CI has no width by construction; a rule that separates items gets none."""
+    note = toy_table.set_index(["shortcut", "statistic", "compared"])["note"]
+    assert "every item gives 0" in note["shares_risk_word", "rate", "T_ok"]            # no T_ok request shares a risk word
+    assert "by construction" not in note["shares_risk_word", "rate", "T_wrong"]        # 2 of 4 do
+    assert "chance by construction" not in note["overlap_rule", "accuracy", shortcuts.COMPARED]
+    silent = type(toy_dataset)(toy_dataset.root, toy_dataset.domains,
+                               tuple(Item(**{**item.__dict__, "user": "Hello there."}) for item in toy_dataset.items))
+    table = shortcut_table(silent, splits=("eval",), folds=2, resamples=50).set_index(["shortcut", "statistic", "compared"])
+    for statistic in ("accuracy", "balanced_accuracy"):
+        row = table.loc["overlap_rule", statistic, shortcuts.COMPARED]
+        assert row["value"] == 0.5 and "answers T_ok for all 8 items" in row["note"], statistic
+    assert "every task group gives 0.5" in table.loc["request_length_words", "share_groups_wrong_longer", shortcuts.COMPARED]["note"]
+    # a rule that is right on exactly half of every task group (not constant): the generic note
+    hidden = tuple(Item(**{**item.__dict__, "unavailable_tools": ("track_parcel",) if item.task_group in ("g0", "g1") else ()})
+                   for item in toy_dataset.items)
+    table = shortcut_table(type(toy_dataset)(toy_dataset.root, toy_dataset.domains, hidden), splits=("eval",), folds=2, resamples=50)
+    row = table.set_index(["shortcut", "statistic", "compared"]).loc["catalog_hides_tool", "balanced_accuracy", shortcuts.COMPARED]
+    assert row["low"] == row["high"] == 0.5 and "every resample of the task groups gives 0.500" in row["note"]
+
+
+def test_catalog_rules_by_hand(toy_dataset):
+    """The two catalog rules on hand-made catalogs: g0's and g2's T_wrong items hide the correct
+    tool (an abstain item), g1's T_wrong hides the tempting tool, g3's T_ok hides track_parcel."""
+    hidden = {("g0", "T_wrong"): ("hold_parcel",), ("g2", "T_wrong"): ("hold_parcel",), ("g1", "T_wrong"): ("ship_parcel",), ("g3", "T_ok"): ("track_parcel",)}
+    items = tuple(Item(**{**item.__dict__, "unavailable_tools": hidden.get((item.task_group, item.bucket), ())}) for item in toy_dataset.items)
+    table = shortcut_table(type(toy_dataset)(toy_dataset.root, toy_dataset.domains, items), splits=("eval",), folds=2, resamples=50)
+    # catalog_hides_tool fires on 3 of 4 T_wrong and 1 of 4 T_ok: (3 + 3) / 8 right
+    assert _value(table, "catalog_hides_tool", "accuracy") == pytest.approx(6 / 8, abs=1e-12)
+    assert _value(table, "catalog_hides_tool", "auc") == pytest.approx((3 / 4 + 3 / 4) / 2, abs=1e-12)
+    # tempting_tool_hidden (ship_parcel not shown) fires on g1's T_wrong only: (1 + 4) / 8
+    assert _value(table, "tempting_tool_hidden", "accuracy") == pytest.approx(5 / 8, abs=1e-12)
+    assert _value(table, "tempting_tool_hidden", "balanced_accuracy") == pytest.approx((1 / 4 + 1) / 2, abs=1e-12)
+    pair = [item for item in items if item.bucket in ("T_ok", "T_wrong")]
+    y = [item.bucket == "T_wrong" for item in pair]
+    assert _value(table, "tempting_tool_hidden", "auc") == pytest.approx(roc_auc_score(y, [item.task_group == "g1" and item.bucket == "T_wrong" for item in pair]), abs=1e-12)
+
+
+def test_bag_of_words_by_skill_sees_a_word_skill_interaction(toy_dataset):
+    """A label that is word XOR tempting skill: single words carry nothing (each occurs equally in
+    both buckets), the skill-crossed features separate it out of fold."""
+    base = next(item for item in toy_dataset.items if item.bucket == "T_ok")
+    items = []
+    for g in range(16):
+        skill = ("toy.ship", "toy.hold")[g % 2]
+        for bucket in ("T_ok", "T_wrong"):
+            word = "zebra" if (bucket == "T_wrong") == (skill == "toy.ship") else "lion"
+            items.append(Item(**{**base.__dict__, "id": f"x{g}{bucket}", "bucket": bucket, "task_group": f"g{g}", "tempting_skill": skill,
+                                 "user": f"{word} parcel {g}"}))
+    y, plain = shortcuts.bag_of_words(items, folds=4)
+    assert roc_auc_score(y, plain) <= 0.6
+    y, crossed = shortcuts.bag_of_words(items, folds=4, by_skill=True)
+    assert np.isfinite(crossed).all() and roc_auc_score(y, crossed) == 1.0
+    assert shortcuts.skill_word_features("toy.ship", "Zebra parcels") == ["parcel", "zebra", "toy.ship|parcel", "toy.ship|zebra", "toy.ship|"]
+
+
+def test_held_out_bag_of_words_fits_on_train_only(toy_dataset):
+    """Fit on one set of task groups, scored on others: a marker word learnt in train separates the
+    test items; a test-only marker (unseen in train) carries nothing."""
+    items = [item for item in toy_dataset.items if item.bucket in ("T_ok", "T_wrong")]
+    def marked(item: Item, yes: str, no: str) -> Item:
+        return Item(**{**item.__dict__, "user": (yes if item.bucket == "T_wrong" else no) + " ship it"})
+    train = [marked(item, "zebra", "lion") for item in items if item.task_group in ("g0", "g1")]
+    test = [marked(item, "zebra", "lion") for item in items if item.task_group in ("g2", "g3")]
+    y, scores = shortcuts.held_out_bag_of_words(train, test)
+    assert roc_auc_score(y, scores) == 1.0
+    y, scores = shortcuts.held_out_bag_of_words(train, [marked(item, "tiger", "puma") for item in items if item.task_group in ("g2", "g3")])
+    assert roc_auc_score(y, scores) == 0.5
+
+
+def test_linear_probe_bar_reads_the_runs_split_kind():
+    """The bar drawn on the linear-probe figure is the best no-model AUC on the run's split and
+    split kind (v2's scenario split: words × tempting skill out of fold, 0.76)."""
+    from types import SimpleNamespace
+
+    from probes.analyses.linear import best_shortcut_auc
+
+    v2 = load_dataset("basm_probe_v2")
+    for kind, name in (("template", "eval"), ("scenario", "scenario:eval")):
+        bar = best_shortcut_auc(SimpleNamespace(dataset=v2, options=SimpleNamespace(split="eval", split_kind=kind, resamples=20, seed=0)))
+        assert bar == best_shortcut(shortcut_table(v2, splits=("eval",), split_kind=kind, resamples=20), split=name)["auc"]
+        if kind == "scenario":
+            assert bar["shortcut"] == "bag_of_words_by_skill" and bar["value"] == pytest.approx(0.76, abs=0.01)

@@ -372,7 +372,7 @@ SUMMARY_COLUMNS = ["config", "k", "layer", "auc", "low", "high", "null_mean", "n
 class LinearSummary:
     table: Any  # SUMMARY_COLUMNS per (config, k, layer)
     note: str  # the figure's footnote
-    shortcut: dict[str, Any] | None = None  # the best request-level shortcut AUC on the same split (probes.scoring.shortcuts)
+    shortcut: dict[str, Any] | None = None  # the best no-model shortcut AUC on the same split (probes.scoring.shortcuts)
 
 
 def compute(analysis: Any, index: Any) -> LinearSummary:
@@ -385,13 +385,15 @@ def compute(analysis: Any, index: Any) -> LinearSummary:
 
 
 def best_shortcut_auc(analysis: Any) -> dict[str, Any] | None:
-    """The best surface shortcut's T_ok/T_wrong AUC (request length, lexical overlap, bag of words)
+    """The best no-model shortcut's T_ok/T_wrong AUC (request length, lexical overlap, catalog rules, bag of words)
     on the dataset's split of this run: the bar a probe result has to clear."""
     from probes.scoring.shortcuts import best_shortcut, shortcut_table
 
-    split = None if analysis.options.split == "all" else analysis.options.split
-    table = shortcut_table(analysis.dataset, splits=(split,), resamples=analysis.options.resamples, seed=analysis.options.seed)
-    return best_shortcut(table, split=split if split is not None else "all").get("auc")
+    a = analysis.options
+    split = None if a.split == "all" else a.split
+    table = shortcut_table(analysis.dataset, splits=(split,), split_kind=a.split_kind, resamples=a.resamples, seed=a.seed)
+    name = "all" if split is None else (split if a.split_kind == "template" else f"{a.split_kind}:{split}")
+    return best_shortcut(table, split=name).get("auc")
 
 
 def figure_note(analysis: Any, table: Any) -> str:

@@ -296,7 +296,7 @@ def _shortcuts(args: argparse.Namespace) -> int:
                            resamples=args.resamples, seed=args.seed)
     print(table.round(3).to_string(index=False))
     best = best_shortcut(table)
-    print("best request-level shortcut on eval: " + "; ".join(f"{k} {v['value']:.3f} ({v['shortcut']})" for k, v in best.items()))
+    print("best no-model shortcut on eval: " + "; ".join(f"{k} {v['value']:.3f} ({v['shortcut']})" for k, v in best.items()))
     if args.out is not None:
         from probes.reporting.results import write_csv
 

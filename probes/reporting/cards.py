@@ -148,13 +148,17 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
     lines += _counts(dataset)
     shown = table.assign(ci=[f"[{_fmt(lo)}, {_fmt(hi)}]" for lo, hi in zip(table.low, table.high)], value=[_fmt(v) for v in table.value])
     lines += ["## Shortcut baselines", "",
-              "No-model rules and a bag-of-words classifier (`probes.scoring.shortcuts`, whose docstrings define each row). "
+              "No-model rules (on the request, or on the shown catalog) and bag-of-words classifiers (`probes.scoring.shortcuts`, whose docstrings define each row). "
               "`all` = train + eval; `scenario:eval` = the scenario-held-out split.", "",
               _markdown(shown[["shortcut", "split", "compared", "statistic", "value", "ci", "n_items", "n_groups", "note"]]), ""]
     for split in ["eval"] + (["scenario:eval"] if "scenario" in kinds else []):
         best = best_shortcut(table, split=split)
         described = "; ".join(f"{stat} {entry['value']:.3f} [{_fmt(entry['low'])}, {_fmt(entry['high'])}] ({entry['shortcut']})" for stat, entry in best.items())
-        lines += [f"Best request-level shortcut on `{split}` (AUC orientation-free): {described}.", ""]
+        kind, _, name = split.rpartition(":")
+        buckets = Counter(item.bucket for item in dataset.select(split=name, split_kind=kind or "template") if item.bucket in ("T_ok", "T_wrong"))
+        majority = max(buckets.values()) / sum(buckets.values())
+        lines += [f"Best no-model shortcut on `{split}` (AUC orientation-free): {described}. "
+                  f"Answering the larger bucket for every item is {majority:.3f} accurate: read accuracy against that.", ""]
     gate = gate_table(dataset, make_embedder("minilm"))
     lines += ["## Boundary relevance gate (Eq. 10)", "",
               f"Share of (item, skill retrieved at rank ≤ {GATE_DEPTH}) pairs whose boundary fields the gate shows at γ = 0, over all items "

@@ -4,7 +4,8 @@ Pure functions, no model. Each statistic is computed on the same items as the pr
 (:meth:`probes.data.dataset.ProbeDataset.select` by split) with the probes' unit of resampling: task
 groups (items of one group share a template). :func:`shortcut_table` returns one tidy row per
 shortcut × split × compared buckets; :func:`best_shortcut` gives the strongest accuracy and AUC
-among the request-level rules, to be drawn as reference lines on the linear-probe figure.
+among the no-model rules (request- and catalog-level), to be drawn as reference lines on the
+linear-probe figure.
 
 Words. A *content word* is a lower-cased token of ``[a-z0-9]+(?:_[a-z0-9]+)*`` (a snake_case tool
 name stays one token, so ``create_return_request`` never matches the prose word "return"; an id
@@ -157,12 +158,18 @@ def skill_length(skill: Skill) -> int:
 
 
 def _row(shortcut: str, split: str, compared: str, statistic: str, value: float, low: float, high: float, n_items: int, n_groups: int, note: str) -> dict[str, Any]:
+    if n_groups > 1 and np.isfinite(low) and low == high and "by construction" not in note:
+        # a zero-width CI over several task groups is a property of the items, never precision: say so
+        note = f"{note}; every resample of the task groups gives {value:.3f}, so the CI has no width by construction"
     return {"shortcut": shortcut, "split": split, "compared": compared, "statistic": statistic, "value": value,
             "low": low, "high": high, "n_items": n_items, "n_groups": n_groups, "note": note}
 
 
 def _rate_row(shortcut: str, split: str, compared: str, statistic: str, values: Sequence[float], groups: Sequence[str] | None, note: str, *, resamples: int, seed: int) -> dict[str, Any]:
     estimate = bootstrap_mean(values, groups, resamples=resamples, seed=seed)
+    if len(values) > 1 and len(set(values)) == 1:
+        unit = "item" if groups is not None else "task group"
+        note = f"{note}; every {unit} gives {values[0]:g}, so the CI has no width by construction"
     return _row(shortcut, split, compared, statistic, estimate.value, estimate.low, estimate.high, len(values), estimate.n_units, note)
 
 
@@ -172,11 +179,14 @@ def balanced_accuracy(correct: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean([correct[y == c].mean() for c in (0, 1)])) if len(set(y.tolist())) == 2 else float("nan")
 
 
-def _accuracy_rows(shortcut: str, split: str, correct: Sequence[float], items: Sequence[Item], note: str, *, resamples: int, seed: int) -> list[dict[str, Any]]:
+def _accuracy_rows(shortcut: str, split: str, predicted: Sequence[str], items: Sequence[Item], note: str, *, resamples: int, seed: int) -> list[dict[str, Any]]:
     """``accuracy`` (a mean, CI over task groups) and ``balanced_accuracy`` (:func:`balanced_accuracy`;
-    CI from resampling task groups) of a T_ok/T_wrong rule's per-item hits."""
-    correct = np.asarray(correct, dtype=float)
+    CI from resampling task groups) of a T_ok/T_wrong rule's per-item predictions. A rule that gives
+    one answer for every item is at chance by construction, and its note says so."""
+    correct = np.array([guess == item.bucket for guess, item in zip(predicted, items)], dtype=float)
     y = np.array([item.bucket == "T_wrong" for item in items], dtype=int)
+    if len(set(predicted)) == 1:
+        note = f"{note}; the rule answers {predicted[0]} for all {len(items)} items (never separates them): chance by construction"
     groups = [item.task_group for item in items]
     low, high = cluster_bootstrap(lambda idx: balanced_accuracy(correct[idx], y[idx]), groups, resamples=resamples, seed=seed)
     return [_rate_row(shortcut, split, COMPARED, "accuracy", correct, groups, note, resamples=resamples, seed=seed),
@@ -207,22 +217,78 @@ def length_rows(items: Sequence[Item], split: str, lengths: Sequence[int], unit:
     return rows
 
 
-def bag_of_words(items: Sequence[Item], *, folds: int = DEFAULT_FOLDS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def skill_word_features(skill_id: str, text: str) -> list[str]:
+    """The features of :func:`bag_of_words` with ``by_skill=True``: the request's content words,
+    each word again crossed with the tempting skill (``"<skill>|<word>"``), and the skill alone."""
+    words = sorted(content_words(text))
+    return [*words, *(f"{skill_id}|{word}" for word in words), f"{skill_id}|"]
+
+
+def bag_of_words(items: Sequence[Item], *, folds: int = DEFAULT_FOLDS, seed: int = 0, by_skill: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Out-of-fold P(T_ok) of a bag-of-words classifier of the request text alone: binary
     CountVectorizer over the content-word analyser of this module (fit on the training fold only)
     and scikit-learn's L2 LogisticRegression (C = 1, lbfgs), with the linear probes' task-disjoint
     folds (:func:`probes.analyses.linear.grouped_folds`: StratifiedGroupKFold over task groups, ≤ ``folds``).
-    Returns (labels with T_ok = 1, out-of-fold scores); items in no test fold get NaN."""
+    Returns (labels with T_ok = 1, out-of-fold scores); items in no test fold get NaN.
+
+    ``by_skill``: the words are also crossed with the tempting skill (:func:`skill_word_features`).
+    A label that is "which state sentence follows" XOR "which skill tempts" (counterbalanced pairs)
+    is invisible to single words but linear in these features, and a residual probe can read both
+    from the prompt without any boundary text."""
     y = np.array([item.bucket == "T_ok" for item in items], dtype=int)
     groups = [item.task_group for item in items]
-    texts = [item.user for item in items]
     scores = np.full(len(items), np.nan)
     for train, test in grouped_folds(y, groups, folds, seed):
-        vectorizer = CountVectorizer(analyzer=lambda text: sorted(content_words(text)), binary=True)
-        X_train = vectorizer.fit_transform([texts[i] for i in train])
-        model = LogisticRegression(C=1.0, max_iter=1000).fit(X_train, y[train])
-        scores[test] = model.predict_proba(vectorizer.transform([texts[i] for i in test]))[:, 1]
+        scores[test] = _fit_bag_of_words([items[i] for i in train], [items[i] for i in test], by_skill=by_skill)
     return y, scores
+
+
+def held_out_bag_of_words(train: Sequence[Item], test: Sequence[Item], *, by_skill: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`bag_of_words` fit once on ``train`` (a training split) and scored on ``test``: the
+    held-out protocol of a split, where the out-of-fold one stays inside it. Returns (labels of
+    ``test`` with T_ok = 1, P(T_ok))."""
+    return np.array([item.bucket == "T_ok" for item in test], dtype=int), _fit_bag_of_words(train, test, by_skill=by_skill)
+
+
+def _fit_bag_of_words(train: Sequence[Item], test: Sequence[Item], *, by_skill: bool) -> np.ndarray:
+    def features(item: Item) -> list[str]:
+        return skill_word_features(item.tempting_skill, item.user) if by_skill else sorted(content_words(item.user))
+
+    vectorizer = CountVectorizer(analyzer=features, binary=True)
+    X_train = vectorizer.fit_transform(list(train))
+    model = LogisticRegression(C=1.0, max_iter=1000).fit(X_train, np.array([item.bucket == "T_ok" for item in train], dtype=int))
+    return model.predict_proba(vectorizer.transform(list(test)))[:, 1]
+
+
+def hides_a_tool(item: Item, dataset: ProbeDataset) -> bool:
+    """The catalog shown for ``item`` leaves out a tool of its catalog domains (``unavailable_tools``)."""
+    return bool(item.unavailable_tools)
+
+
+def tempting_tool_hidden(item: Item, dataset: ProbeDataset) -> bool:
+    """A tool of the tempting skill is not in the catalog shown for ``item``."""
+    shown = set(dataset.catalog_for(item).names)
+    return any(use.name not in shown for use in dataset.skills[item.tempting_skill].tools)
+
+
+# Prompt-level rules: they read the shown catalog, never the request or any boundary text.
+CATALOG_RULES: dict[str, tuple[Callable[[Item, ProbeDataset], bool], str]] = {
+    "catalog_hides_tool": (hides_a_tool, "T_wrong iff the shown catalog leaves out a tool of the item's domains (prompt-level, no request text)"),
+    "tempting_tool_hidden": (tempting_tool_hidden, "T_wrong iff a tool of the tempting skill is not in the shown catalog (prompt-level, no request text)"),
+}
+
+
+def _rule_rows(shortcut: str, split: str, predicted: Sequence[str], items: Sequence[Item], note: str, *, resamples: int, seed: int) -> list[dict[str, Any]]:
+    """:func:`_accuracy_rows` of a yes/no rule, and its ``auc`` (T_wrong positive, the rule's answer
+    as a 0/1 score: equal to its balanced accuracy), so that the AUC bar of the linear probes
+    (:func:`best_shortcut`) covers every rule."""
+    y = np.array([item.bucket == "T_wrong" for item in items], dtype=int)
+    score = np.array([guess == "T_wrong" for guess in predicted], dtype=float)
+    groups = [item.task_group for item in items]
+    low, high = group_bootstrap_auc(y, score, groups, resamples=resamples, seed=seed)
+    return [*_accuracy_rows(shortcut, split, predicted, items, note, resamples=resamples, seed=seed),
+            _row(shortcut, split, COMPARED, "auc", auc(y, score), low, high, len(items), len(set(groups)),
+                 f"AUC of the rule's answer (T_wrong = 1) for T_wrong (positive) vs T_ok; = its balanced accuracy")]
 
 
 def shortcut_table(
@@ -255,8 +321,16 @@ def shortcut_table(
       :func:`has_contrast` on ``item.user``.
     * every ``accuracy`` row has a ``balanced_accuracy`` twin (:func:`balanced_accuracy`), the one
       to read on an imbalanced set.
+    * ``catalog_hides_tool`` and ``tempting_tool_hidden`` (:data:`CATALOG_RULES`): yes/no rules on the
+      shown catalog alone (an abstain item that removes its correct tool, a held-out function).
+    * every yes/no rule (the overlap and catalog rules) also has an ``auc`` row of its 0/1 answer.
     * ``bag_of_words`` ``accuracy`` (out-of-fold P(T_ok) > 0.5; CI over groups) and ``auc``
-      (T_ok positive; CI :func:`group_bootstrap_auc`): :func:`bag_of_words`.
+      (T_ok positive; CI :func:`group_bootstrap_auc`): :func:`bag_of_words`;
+      ``bag_of_words_by_skill``: the same with the words crossed with the tempting skill. On ``eval``,
+      each also has ``auc_fit_on_train``: fit on the same split kind's train items
+      (:func:`held_out_bag_of_words`), so the scenario split shows what survives unseen scenarios.
+    * a rule that answers the same for every item, and a rate whose every unit has the same
+      value, say in ``note`` that the CI has no width by construction.
     * ``repair_code_copy`` ``rate``: share of T_repair items whose :func:`error_code` occurs
       verbatim (case-sensitive substring) in the tempting skill's recovery notes.
     * ``tempting_skill_length`` ``ratio``: mean :func:`skill_length` of the distinct tempting
@@ -282,22 +356,31 @@ def shortcut_table(
             if tokenizer is not None:
                 lengths = [len(tokenizer(item.user, add_special_tokens=False)["input_ids"]) for item in pair]
                 rows += length_rows(pair, name, lengths, "tokens", **common)
-            correct = [float(overlap_rule(item, dataset.skills[item.tempting_skill]) == item.bucket) for item in pair]
-            rows += _accuracy_rows("overlap_rule", name, correct, pair,
-                                   "T_wrong iff the request shares more content words with risk cues + avoidance rules than with applicability", **common)
-            correct = [float(overlap_rule(item, dataset.skills[item.tempting_skill], words=retrieval_words) == item.bucket) for item in pair]
-            rows += _accuracy_rows("overlap_rule_retrieval_words", name, correct, pair,
-                                   "overlap_rule with the retriever's words (probes.data.retrieval.content_words)", **common)
-            y, scores = bag_of_words(pair, folds=folds, seed=seed)
-            scored = np.isfinite(scores)
-            if scored.any():
-                kept = [g for g, ok in zip(groups, scored) if ok]
-                hits = ((scores[scored] > 0.5).astype(int) == y[scored]).astype(float)
-                rows += _accuracy_rows("bag_of_words", name, hits, [item for item, ok in zip(pair, scored) if ok],
-                                       f"out-of-fold, ≤ {folds} task-disjoint folds", **common)
-                low, high = group_bootstrap_auc(y[scored], scores[scored], kept, resamples=resamples, seed=seed)
-                rows.append(_row("bag_of_words", name, COMPARED, "auc", auc(y[scored], scores[scored]), low, high, int(scored.sum()), len(set(kept)),
-                                 "AUC of out-of-fold P(T_ok), T_ok positive"))
+            predicted = [overlap_rule(item, dataset.skills[item.tempting_skill]) for item in pair]
+            rows += _rule_rows("overlap_rule", name, predicted, pair,
+                               "T_wrong iff the request shares more content words with risk cues + avoidance rules than with applicability", **common)
+            predicted = [overlap_rule(item, dataset.skills[item.tempting_skill], words=retrieval_words) for item in pair]
+            rows += _rule_rows("overlap_rule_retrieval_words", name, predicted, pair,
+                               "overlap_rule with the retriever's words (probes.data.retrieval.content_words)", **common)
+            for rule, (fires, note) in CATALOG_RULES.items():
+                rows += _rule_rows(rule, name, ["T_wrong" if fires(item, dataset) else "T_ok" for item in pair], pair, note, **common)
+            for shortcut, by_skill, what in (("bag_of_words", False, "request words"), ("bag_of_words_by_skill", True, "request words, each also crossed with the tempting skill")):
+                y, scores = bag_of_words(pair, folds=folds, seed=seed, by_skill=by_skill)
+                scored = np.isfinite(scores)
+                if scored.any():
+                    kept = [g for g, ok in zip(groups, scored) if ok]
+                    predicted = ["T_ok" if score > 0.5 else "T_wrong" for score in scores[scored]]
+                    rows += _accuracy_rows(shortcut, name, predicted, [item for item, ok in zip(pair, scored) if ok],
+                                           f"{what}; out-of-fold, ≤ {folds} task-disjoint folds", **common)
+                    low, high = group_bootstrap_auc(y[scored], scores[scored], kept, resamples=resamples, seed=seed)
+                    rows.append(_row(shortcut, name, COMPARED, "auc", auc(y[scored], scores[scored]), low, high, int(scored.sum()), len(set(kept)),
+                                     "AUC of out-of-fold P(T_ok), T_ok positive"))
+                train = [item for item in dataset.select(split="train", split_kind=split_kind) if item.bucket in PAIR] if split == "eval" else []
+                if len({item.bucket for item in train}) == 2:
+                    y, scores = held_out_bag_of_words(train, pair, by_skill=by_skill)
+                    low, high = group_bootstrap_auc(y, scores, groups, resamples=resamples, seed=seed)
+                    rows.append(_row(shortcut, name, COMPARED, "auc_fit_on_train", auc(y, scores), low, high, len(pair), len(set(groups)),
+                                     f"AUC of P(T_ok) fit on the {split_kind} split's train items, T_ok positive"))
         for bucket in PAIR:
             members = [item for item in pair if item.bucket == bucket]
             if members:
@@ -325,7 +408,9 @@ def shortcut_table(
     return pd.DataFrame(rows, columns=["shortcut", "split", "compared", "statistic", "value", "low", "high", "n_items", "n_groups", "note"])
 
 
-REQUEST_RULES = ("request_length_words", "request_length_tokens", "overlap_rule", "overlap_rule_retrieval_words", "bag_of_words")
+# The rules a probe result must beat: they read the request or the shown catalog, never a model.
+SHORTCUT_RULES = ("request_length_words", "request_length_tokens", "overlap_rule", "overlap_rule_retrieval_words", *CATALOG_RULES,
+                  "bag_of_words", "bag_of_words_by_skill")
 
 
 def best_shortcut(table: pd.DataFrame, *, split: str = "eval") -> dict[str, dict[str, Any]]:
@@ -333,14 +418,19 @@ def best_shortcut(table: pd.DataFrame, *, split: str = "eval") -> dict[str, dict
     ``split``, for reference lines on the linear-probe figure:
     ``{"accuracy": {"shortcut", "value", "low", "high"}, "balanced_accuracy": {...}, "auc": {...}}``.
 
-    Only request-level rules count (:data:`REQUEST_RULES`). AUCs are orientation-free
+    Only the no-model rules of :data:`SHORTCUT_RULES` count (request- and catalog-level). The best
+    of several rules read on the same items is an optimistic bar, which is the safe side for a bar
+    that a probe result must clear. AUCs are orientation-free
     separabilities, max(AUC, 1 - AUC) (CI mirrored the same way), because a rule can be read in
-    either direction; accuracies are taken as they are. A statistic with no row is absent.
+    either direction; accuracies are taken as they are. The AUC entry also weighs the
+    ``auc_fit_on_train`` rows (named ``"<shortcut> (fit on train)"``): a model trained or tuned on
+    the train split may carry what a classifier fit there learns. A statistic with no row is absent.
     """
-    chosen = table[(table["split"] == split) & table["shortcut"].isin(REQUEST_RULES) & (table["compared"] == COMPARED)]
+    chosen = table[(table["split"] == split) & table["shortcut"].isin(SHORTCUT_RULES) & (table["compared"] == COMPARED)]
     best: dict[str, dict[str, Any]] = {}
     for statistic in ("accuracy", "balanced_accuracy", "auc"):
-        rows = chosen[chosen["statistic"] == statistic]
+        # an AUC is out of fold or fit on the train split (auc_fit_on_train): the bar is the higher
+        rows = chosen[chosen["statistic"].isin(["auc", "auc_fit_on_train"] if statistic == "auc" else [statistic])]
         if rows.empty:
             continue
         entries = []
@@ -348,6 +438,7 @@ def best_shortcut(table: pd.DataFrame, *, split: str = "eval") -> dict[str, dict
             value, low, high = row.value, row.low, row.high
             if statistic == "auc" and value < 0.5:
                 value, low, high = 1 - value, 1 - high, 1 - low
-            entries.append({"shortcut": row.shortcut, "value": float(value), "low": float(low), "high": float(high)})
+            name = f"{row.shortcut} (fit on train)" if row.statistic == "auc_fit_on_train" else row.shortcut
+            entries.append({"shortcut": name, "value": float(value), "low": float(low), "high": float(high)})
         best[statistic] = max(entries, key=lambda entry: entry["value"])
     return best
