@@ -129,6 +129,7 @@ CASES: list[Case] = [
     Case("semantic gate, lexical embedder", _sweep("--relevance", "semantic"), 2, "relevance 'semantic' (the default for a model other than the bundled organism) needs a semantic embedder"),
     Case("--limit 0", _sweep("--limit", "0"), 2, "option 'limit' (--limit) must be ≥ 1, got 0"),
     Case("no item matches", _sweep("--domain", "retail", "--split", "train", "--item", "retail-ok-0001"), 2, "filtered-out item id"),
+    Case("scenario split on a dataset without one", _sweep("--split", "eval", "--split-kind", "scenario"), 2, "split_kind='scenario' needs the item field 'split_scenario'"),
     Case("negative --beta", _sweep("--beta", "-5"), 2, "option 'beta' (--beta) must be ≥ 0, got -5"),
     Case("TOML: wrong type", _sweep("--options-file", "<tmp>/run.toml"), 2, "run.toml: sweep: option 'k_max' (--k-max) must be an integer, got 'two'", _toml('k_max = "two"\n')),
     Case("TOML: unknown key", _sweep("--options-file", "<tmp>/run.toml"), 2, "run.toml: unknown option 'kmax' for sweep; known: ", _toml("kmax = 2\n")),

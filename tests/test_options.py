@@ -500,6 +500,19 @@ def test_every_analysis_selects_items_through_the_spread_limit(dataset) -> None:
             assert len({i.task_group for i in items if i.bucket == bucket}) == 2, (name, bucket)
 
 
+def test_split_kind_selects_whole_held_out_scenarios(dataset) -> None:
+    """``split_kind="scenario"`` reads ``split_scenario``: v2's eval scenarios, none of their pairs in
+    train; a dataset without that field is a precise option error."""
+    v2 = load_dataset("basm_probe_v2")
+    items = select_items(v2, CLASSES["sweep"](dataset="basm_probe_v2", split_kind="scenario", buckets=["T_wrong"]).resolved())
+    assert len(items) == sum(i.bucket == "T_wrong" and i.split_scenario == "eval" for i in v2.items) == 126
+    eval_pairs = {i.task_group.rsplit(".", 1)[0] for i in items}
+    assert not eval_pairs & {i.task_group.rsplit(".", 1)[0] for i in v2.items if i.split_scenario == "train"}
+    assert {i.split for i in items} == {"train", "eval"}  # the template split cuts across it
+    with pytest.raises(OptionError, match="split_scenario"):
+        select_items(dataset, CLASSES["sweep"](split_kind="scenario").resolved())
+
+
 def test_quick_keeps_four_task_groups_per_bucket(dataset) -> None:
     assert QUICK["limit"] >= 4
     for name in ("sweep", "report"):

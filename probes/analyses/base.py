@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from probes.analyses.parallel import ShardedStore, open_store, rank_device, world
-from probes.data.dataset import BUCKETS, Item, ProbeDataset, default_study, load_dataset, resolve_dataset
+from probes.data.dataset import BUCKETS, SPLIT_KINDS, Item, ProbeDataset, default_study, load_dataset, resolve_dataset
 from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint
 from probes.organism import ORGANISM_DIR, ORGANISM_NAME, is_organism
@@ -265,6 +265,8 @@ class Analysis:
                                              choices=BUCKETS, group="items")
     domains: tuple[str, ...] | None = option(None, "keep only these domains", flag="--domain", repeat=True, group="items")
     split: str = option("eval", "dataset split", choices=SPLIT_CHOICES, group="items")
+    split_kind: str = option("template", "which split --split reads: template (task groups held out, the item field split) or "
+                             "scenario (whole scenarios held out, split_scenario; basm_probe_v2)", choices=SPLIT_KINDS, group="items")
     limit: int | None = option(None, "keep N items of each bucket, round-robin over task groups (one item per group first)",
                                type=int, minimum=1, group="items")
     item_ids: tuple[str, ...] | None = option(None, "keep only these item ids", flag="--item", repeat=True, group="items")
@@ -395,7 +397,7 @@ class RunContext:
             "dataset": str(a.dataset),
             "items": {"n": len(self.items), "digest": hashlib.sha256(",".join(i.id for i in self.items).encode()).hexdigest()[:16],
                       "bucket": list(a.buckets) if a.buckets else None, "domain": list(a.domains) if a.domains else None,
-                      "split": a.split, "limit": a.limit},
+                      "split": a.split, "split_kind": a.split_kind, "limit": a.limit},
             **({"skipped_too_long": [[s.item_id, s.reason] for s in self.skipped]} if self.skipped else {}),
             **extra,
         }
@@ -447,7 +449,7 @@ def select_items(dataset: ProbeDataset, options: Any) -> tuple[Item, ...]:
     try:
         items = dataset.select(
             buckets=options.buckets, domains=options.domains, split=None if options.split == "all" else options.split,
-            ids=options.item_ids, limit_per_bucket=options.limit, spread=True,
+            split_kind=options.split_kind, ids=options.item_ids, limit_per_bucket=options.limit, spread=True,
         )
     except ValueError as error:  # unknown bucket / domain / item id, or an id the other filters drop
         raise OptionError(f"item filters: {error}") from error
@@ -548,7 +550,7 @@ def provenance(ctx: RunContext, n_items: int | None = None) -> str:
     a = ctx.options
     n = len(ctx.items) if n_items is None else n_items
     groups = len({item.task_group for item in ctx.items}) if n_items is None else None
-    return (f"model: {Path(ctx.model_path).name} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({a.split}) · "
+    return (f"model: {Path(ctx.model_path).name} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({a.split}{'' if a.split_kind == 'template' else f', {a.split_kind} split'}) · "
             f"format: {a.format} · margin: {a.margin_variant} · items: {n}{f' ({groups} task groups)' if groups is not None else ''} · "
             f"k ≤ {a.k_max} · embedder: {ctx.builder.retriever.embedder.name} · seed {a.seed}")
 
