@@ -44,7 +44,8 @@ V1_GENERATE = _load_v1("generate")
 SEED = 20260202
 N_GROUPS = 3          # templates per direction (task groups g00..g02)
 ITEMS_PER_GROUP = 3   # items per bucket per task group (different slot fillers, shared across buckets)
-ABSTAIN_EVERY = 4     # every 4th T_wrong item (global counter) removes its correct tool: abstain
+ABSTAIN_EVERY = 4     # every 4th T_wrong item (global counter) removes its correct tool: abstain,
+                      # and its matched T_ok item removes a tool of neither pair (decoy_tool)
 SCENARIO_EVAL_EVERY = 3  # pairs 0, 3, 6, ... are held out whole in split_scenario
 
 
@@ -85,6 +86,13 @@ def skill_of(domains, tool: str) -> str:
     return next(s["id"] for d in domains.values() for s in d["skills"] if s["tools"] == [tool])
 
 
+def decoy_tool(domains, catalog, pair, key: str) -> str:
+    """The tool a T_ok item hides when its matched T_wrong item abstains: a catalog tool of neither
+    pair tool, drawn with its own seed (``key``; the filler stream stays as it was), so that neither
+    a hidden tool nor its place in the catalog says anything about the bucket."""
+    return random.Random(f"{SEED}:{key}").choice([t["name"] for d in catalog for t in domains[d]["tools"] if t["name"] not in pair])
+
+
 def fillers(rng: random.Random, scenario_name: str, g: int) -> dict:
     f = V1_GENERATE.sample_fillers(rng)
     for key, values in V1_ITEMS.TVARS.get(scenario_name, {}).items():
@@ -115,9 +123,11 @@ def build_items(domains):
                 fills = [fillers(rng, p["name"], g) for _ in range(ITEMS_PER_GROUP)]
                 buckets = ["T_ok", "T_wrong"] + (["T_repair"] if forward else [])
                 for bucket in buckets:
-                    for f in fills:
+                    for j, f in enumerate(fills):
                         unavailable, history = [], []
                         if bucket == "T_ok":
+                            if (wrong_counter + j + 1) % ABSTAIN_EVERY == 0:  # the T_wrong item drawn with these fillers abstains
+                                unavailable = [decoy_tool(domains, s["catalog"], (tempting, other), f"{task_group}:{direction}:{j}")]
                             user = f"{openings[g]} {ok_states[g]}".format(**f)
                             cues = [ok_states[g].format(**f)]
                             action = {"kind": "call", "tool": tempting, "arguments": tempting_args(f)}
