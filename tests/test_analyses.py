@@ -225,6 +225,10 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
     report = (out / "report.md").read_text()
     for needle in ("7.31", "10.71", "2.26", "0.15", "1.23", "1.81", "3.45", "69.4", "tool_choice", "Eq. 1", str(tiny_qwen3_dir)):
         assert needle in report, needle
+    # the header names what the analyses resolved, not the unset option
+    dataset_line = next(line for line in report.splitlines() if line.startswith("- **dataset**"))
+    assert dataset_line.startswith("- **dataset**: `") and "basm_probe`" in dataset_line and "None" not in dataset_line
+    assert "**r_B**: lexical" in report
     for name in ("fig02_retrieval_trap", "fig03_mechanism", "fig04_boundary_attention", "fig05_suppression",
                  "fig06_knockout_controls", "fig07_knockout_selectivity", "fig08_head_heatmap", "fig09_candidate_heads"):
         check_figure(out, name)

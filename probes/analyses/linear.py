@@ -387,13 +387,12 @@ def compute(analysis: Any, index: Any) -> LinearSummary:
 def best_shortcut_auc(analysis: Any) -> dict[str, Any] | None:
     """The best no-model shortcut's T_ok/T_wrong AUC (request length, lexical overlap, catalog rules, bag of words)
     on the dataset's split of this run: the bar a probe result has to clear."""
-    from probes.scoring.shortcuts import best_shortcut, shortcut_table
+    from probes.scoring.shortcuts import best_shortcut, shortcut_table, split_name
 
     a = analysis.options
     split = None if a.split == "all" else a.split
     table = shortcut_table(analysis.dataset, splits=(split,), split_kind=a.split_kind, resamples=a.resamples, seed=a.seed)
-    name = "all" if split is None else (split if a.split_kind == "template" else f"{a.split_kind}:{split}")
-    return best_shortcut(table, split=name).get("auc")
+    return best_shortcut(table, split=split_name(split, a.split_kind)).get("auc")
 
 
 def figure_note(analysis: Any, table: Any) -> str:

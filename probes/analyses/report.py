@@ -147,6 +147,7 @@ class Report(Analysis):
         failed: list[str] = []
         note = ""
         embedders: set[str] = set()
+        studies: set[tuple[str, str]] = set()  # (dataset, r_B) as each analysis resolved them: the defaults depend on the model
         with tempfile.TemporaryDirectory(prefix="basm-report-figures-") as scratch:
             # figure=False: the sections still draw, into a folder that is discarded
             figures_dir = (Path(self.figures_dir) if self.figures_dir is not None else out_dir / "figures") if self.figure else Path(scratch)
@@ -163,6 +164,7 @@ class Report(Analysis):
                     continue
                 note = note or provenance(ctx)
                 embedders.add(ctx.builder.retriever.embedder.name)
+                studies.add((str(ctx.options.dataset), str(ctx.options.relevance)))
                 if writer:
                     print(f"[report] {name}: {time.perf_counter() - t0:.0f} s, figures: "
                           f"{', '.join(p.name for p in sections[name].figures if p.suffix == '.png') if self.figure else '(no figures)'}")
@@ -171,7 +173,7 @@ class Report(Analysis):
         if not writer:
             path = out_dir / "report.md"
         else:
-            path = write_report(out_dir, self.header(resolved, model, embedders, time.perf_counter() - start), list(sections.values()),
+            path = write_report(out_dir, self.header(resolved, model, embedders, studies, time.perf_counter() - start), list(sections.values()),
                                 failed, fig03, figures=self.figure, figures_dir=figures_dir)
             n_figures = len(list(figures_dir.glob("*.png"))) if self.figure else 0
             print(f"[report] wrote {path} and {n_figures} figures in {time.perf_counter() - start:.0f} s")
@@ -181,19 +183,20 @@ class Report(Analysis):
                              columns=["quantity", "ours", "paper", "unit", "note"])
         return AnalysisResult(self, resolved, table, sections, {"report_comparisons": table}, [path], out_dir, 1 if failed else 0)
 
-    def header(self, a: Analysis, model: Any, embedders: set[str], wall: float) -> list[str]:
+    def header(self, a: Analysis, model: Any, embedders: set[str], studies: set[tuple[str, str]], wall: float) -> list[str]:
         env = environment()
         session_opts = [f"device map {a.device_map}"] * (a.device_map is not None)
         session_opts += ["pickle weights allowed"] * a.allow_pickle + ["remote code trusted"] * a.trust_remote_code
         return [
             f"- **model**: `{model}` ({', '.join([a.dtype, a.device, *session_opts])})",
-            f"- **dataset**: `{a.dataset}` (split {a.split}; filters: bucket {list(a.buckets) if a.buckets else 'per analysis'}, "
+            f"- **dataset**: {', '.join(f'`{dataset}`' for dataset in sorted({d for d, _ in studies})) or f'`{a.dataset}`'} "
+            f"(split {a.split}{'' if a.split_kind == 'template' else f', {a.split_kind} split'}; filters: bucket {list(a.buckets) if a.buckets else 'per analysis'}, "
             f"domain {list(a.domains) if a.domains else 'all'}, "
             f"limit {f'{a.limit} per bucket, spread over task groups' if a.limit is not None else 'none'}"
             f"{f'; items {list(a.item_ids)}' if a.item_ids else ''})",
             f"- **format**: {a.format} · **margin variant**: {a.margin_variant}"
             + (" (Eq. 1 on the tool choice)" if a.margin_variant == "tool_choice" else ""),
-            f"- **embedder**: {', '.join(sorted(embedders)) or '—'} (embedder {a.embedder}) · **γ**: {a.gamma} · **β**: {a.beta}",
+            f"- **embedder**: {', '.join(sorted(embedders)) or '—'} (embedder {a.embedder}) · **r_B**: {', '.join(sorted({r for _, r in studies})) or a.relevance} · **γ**: {a.gamma} · **β**: {a.beta}",
             f"- **k**: {'per analysis (sweep 0..K; others at k = K)' if self.k_max is None else f'K = {a.k_max}'} · **seed**: {a.seed}"
             f" · **quick**: {a.quick}"
             + (" (4 task groups per bucket: a percentile bootstrap over so few groups under-covers, so the CIs are indicative only)"

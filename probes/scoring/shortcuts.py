@@ -291,6 +291,14 @@ def _rule_rows(shortcut: str, split: str, predicted: Sequence[str], items: Seque
                  f"AUC of the rule's answer (T_wrong = 1) for T_wrong (positive) vs T_ok; = its balanced accuracy")]
 
 
+def split_name(split: str | None, split_kind: str = "template") -> str:
+    """How :func:`shortcut_table` names a split in its ``split`` column: ``eval``, ``all`` (``None``)
+    or, for another split kind, ``scenario:eval``."""
+    if split is None:
+        return "all"
+    return split if split_kind == "template" else f"{split_kind}:{split}"
+
+
 def shortcut_table(
     dataset: ProbeDataset,
     *,
@@ -342,9 +350,7 @@ def shortcut_table(
     """
     rows: list[dict[str, Any]] = []
     for split in splits:
-        name = split or "all"
-        if split is not None and split_kind != "template":
-            name = f"{split_kind}:{split}"
+        name = split_name(split, split_kind)
         chosen = dataset.select(split=split, split_kind=split_kind)
         if not chosen:
             raise ValueError(f"{dataset.root}: no items in split {name!r}")
