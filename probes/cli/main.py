@@ -20,7 +20,7 @@ from typing import Any
 from probes import analyses
 from probes.analyses.base import AnalysisError, OptionError, check_depths, select_items
 from probes.data.configs import CONFIGS
-from probes.data.dataset import BUCKETS, V2_DATASET_DIR, DatasetError, Item, ProbeDataset, default_study, load_dataset
+from probes.data.dataset import BUCKETS, SPLIT_KINDS, V2_DATASET_DIR, DatasetError, Item, ProbeDataset, default_study, load_dataset
 from probes.prompts.builder import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer
 from probes.prompts.record import to_json
 from probes.reporting.results import atomic_path
@@ -49,6 +49,8 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--bucket", action="append", choices=BUCKETS, help="keep only these buckets (repeatable)")
     group.add_argument("--domain", action="append", help="keep only these domains (repeatable)")
     group.add_argument("--split", choices=("train", "eval", "all"), default="eval", help="dataset split (default: eval)")
+    group.add_argument("--split-kind", choices=SPLIT_KINDS, default="template",
+                       help="which split --split reads: template (the item field split) or scenario (split_scenario; basm_probe_v2)")
     group.add_argument("--limit", type=int, help="keep N items of each bucket, taken round-robin over task groups (one item per group first)")
     group.add_argument("--item", action="append", dest="item_ids", help="keep only these item ids (repeatable)")
 
@@ -67,7 +69,7 @@ def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
 def select_build_items(dataset: ProbeDataset, args: argparse.Namespace) -> tuple[Item, ...]:
     """The items of ``build`` / ``show``: the library's selection (:func:`probes.analyses.base.select_items`)."""
     return select_items(dataset, SimpleNamespace(buckets=args.bucket, domains=args.domain, split=args.split,
-                                                 item_ids=args.item_ids, limit=args.limit))
+                                                 split_kind=args.split_kind, item_ids=args.item_ids, limit=args.limit))
 
 
 def check_build_options(args: argparse.Namespace, dataset: ProbeDataset, items: Sequence[Item]) -> None:
