@@ -545,12 +545,17 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
     return RunContext(analysis.name, options, session, dataset, tuple(items), builder, model_path, out_dir, fingerprint, skipped)
 
 
+def split_label(options: Any) -> str:
+    """The split of a run as reports write it: ``eval``, or ``eval, scenario split`` for another split kind."""
+    return options.split if options.split_kind == "template" else f"{options.split}, {options.split_kind} split"
+
+
 def provenance(ctx: RunContext, n_items: int | None = None) -> str:
     """One line naming model, dataset, format, margin variant, items and k (figure footnotes, report)."""
     a = ctx.options
     n = len(ctx.items) if n_items is None else n_items
     groups = len({item.task_group for item in ctx.items}) if n_items is None else None
-    return (f"model: {Path(ctx.model_path).name} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({a.split}{'' if a.split_kind == 'template' else f', {a.split_kind} split'}) · "
+    return (f"model: {Path(ctx.model_path).name} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({split_label(a)}) · "
             f"format: {a.format} · margin: {a.margin_variant} · items: {n}{f' ({groups} task groups)' if groups is not None else ''} · "
             f"k ≤ {a.k_max} · embedder: {ctx.builder.retriever.embedder.name} · seed {a.seed}")
 

@@ -40,6 +40,7 @@ from probes.analyses.base import (
     option,
     option_fields,
     provenance,
+    split_label,
 )
 from probes.analyses.knockout import basm_deltas
 from probes.analyses.parallel import rank_device, world
@@ -190,7 +191,7 @@ class Report(Analysis):
         return [
             f"- **model**: `{model}` ({', '.join([a.dtype, a.device, *session_opts])})",
             f"- **dataset**: {', '.join(f'`{dataset}`' for dataset in sorted({d for d, _ in studies})) or f'`{a.dataset}`'} "
-            f"(split {a.split}{'' if a.split_kind == 'template' else f', {a.split_kind} split'}; filters: bucket {list(a.buckets) if a.buckets else 'per analysis'}, "
+            f"(split {split_label(a)}; filters: bucket {list(a.buckets) if a.buckets else 'per analysis'}, "
             f"domain {list(a.domains) if a.domains else 'all'}, "
             f"limit {f'{a.limit} per bucket, spread over task groups' if a.limit is not None else 'none'}"
             f"{f'; items {list(a.item_ids)}' if a.item_ids else ''})",
