@@ -43,6 +43,7 @@ from probes.prompts.builder import FORMATS, BuildSettings, PromptBuilder
 from probes.prompts.record import record_id
 from probes.prompts.context import SkippedItem, partition_by_context
 from probes.reporting.results import ResultsStore, write_csv
+from probes.scoring.claims import Claim, claims_table
 from probes.scoring.score import DEFAULT_VARIANT, EPSILON, MARGIN_VARIANTS, MARGINS, ROW_FIELDS, score_record
 
 # --quick: a small item subset so that `report --quick` finishes in minutes on 2 CPU cores. The
@@ -186,6 +187,7 @@ class ReportSection:
     markdown: str
     comparisons: list[Comparison] = field(default_factory=list)
     summary: Any = None
+    claims: list[Claim] = field(default_factory=list)
 
 
 @dataclass
@@ -302,6 +304,9 @@ class Analysis:
         rows = self.collect(ctx)
         summary = self.summarise(ctx, rows)
         tables = self.tables(summary)
+        claims = self.claims(summary)
+        if claims:  # Holm within each family of this analysis (report.md corrects over all of its claims the same way)
+            tables[f"{self.name}_claims"] = claims_table(claims)
         for table_name, table in tables.items() if world().rank == 0 else ():
             write_csv(table, ctx.out_dir / f"{table_name}.csv")
         return rows, summary, tables
@@ -343,6 +348,11 @@ class Analysis:
     def section(self, ctx: RunContext, summary: Any, figures: list[Path]) -> ReportSection:
         """This analysis's part of ``report.md``."""
         raise NotImplementedError
+
+    def claims(self, summary: Any) -> list[Claim]:
+        """Every claim this analysis's outputs make (:mod:`probes.scoring.claims`): estimate, CI, p and
+        family; written as ``<name>_claims.csv`` and gathered by ``report`` into ``claims.csv``."""
+        return []
 
     def print_summary(self, summary: Any) -> None:
         """A console summary (the CLI prints it)."""

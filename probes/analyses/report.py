@@ -46,7 +46,9 @@ from probes.analyses.knockout import basm_deltas
 from probes.analyses.parallel import rank_device, world
 from probes.engine.session import ProbeSession
 from probes.reporting import plots
-from probes.reporting.results import atomic_path, environment
+from probes.reporting.markdown import markdown_table
+from probes.reporting.results import atomic_path, environment, write_csv
+from probes.scoring.claims import claims_table
 
 # Shared options set on an analysis only when given to the report (else it keeps its own default).
 IF_GIVEN: tuple[str, ...] = ("k_max", "buckets")
@@ -87,11 +89,32 @@ def mechanism_figure(sections: dict[str, ReportSection], figures_dir: Path, note
     return plots.save_figure(fig, figures_dir, "fig03_mechanism")
 
 
+CLAIMS_INTRO = (
+    "Every claim this report makes, with its estimate, 95% CI over task groups, one-sided sign-flip permutation p "
+    "(`p_floor`: the smallest p its task groups allow) and the p adjusted by Holm within its family (`p_holm`, "
+    "`family_size` tests). An effect *holds* only when `p_holm` < 0.05 and its CI excludes 0 on the claimed side; an "
+    "absence claim (kind `absence`) holds only when two one-sided tests place it within ±`sesoi` (TOST). Anything else "
+    "is worded as not detected / not shown, with the power against `sesoi` where one is stated. The same table is "
+    "`claims.csv`; `docs/statistics.md` gives each analysis's estimand, resampling unit and controls.")
+
+CLAIM_COLUMNS = ["family", "name", "kind", "statement", "estimate", "low", "high", "n", "p", "p_floor", "p_holm", "family_size", "verdict"]
+
+
+def claims_markdown(table: pd.DataFrame) -> str:
+    if not len(table):
+        return "No analysis of this report made a testable claim."
+    return markdown_table(table[CLAIM_COLUMNS])
+
+
 def write_report(out_dir: Path, header: list[str], sections: list[ReportSection], failed: list[str], fig03: list[Path],
                  *, figures: bool = True, figures_dir: Path | None = None) -> Path:
     comparisons = [c for s in sections for c in s.comparisons]
+    claims = claims_table([c for s in sections for c in s.claims])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(claims, out_dir / "claims.csv")
     rel = os.path.relpath(figures_dir, out_dir) if figures_dir is not None else "figures"
-    parts = ["# basm-probes report", "", *header, "", "## Ours vs the paper", "",
+    parts = ["# basm-probes report", "", *header, "", "## Claims", "", CLAIMS_INTRO, "", claims_markdown(claims), "",
+             "## Ours vs the paper", "",
              "Paper numbers: Qwen3-8B unless noted (Fig. 7: Qwen3-14B). Margins in logits. The wrong-tool margin is the "
              "headline `margin` (the margin variant above; by default `tool_choice`, the paper's Eq. 1: first-token logits of "
              "the wrong tools against the correct tool, each pair read where the names diverge). Items whose correct action "
@@ -159,6 +182,7 @@ class Report(Analysis):
                     ctx = open_context(analysis, session)
                     _rows, summary, _tables = analysis.compute(ctx)
                     sections[name] = analysis.section(ctx, summary, analysis.figures(summary, figures_dir) if writer else [])
+                    sections[name].claims = analysis.claims(summary)
                 except AnalysisError as failure:
                     failed.append(f"`{name}`: {failure}")
                     error(f"{name} failed: {failure}")

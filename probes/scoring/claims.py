@@ -1,0 +1,177 @@
+"""Every claim an output makes, with its test, and the correction for making many of them.
+
+A :class:`Claim` is one sentence of a report ("the boundary knockout raises the T_wrong margin
+more than a mass-matched control") with the estimate behind it, its 95% CI over task groups, a
+p-value and the family of comparisons it belongs to. :func:`claims_table` adjusts the p-values
+within each family (Holm, through ``statsmodels``) and words a verdict that cannot overstate:
+
+- an **effect** claim ("X > 0", one-sided) *holds* only when its Holm-adjusted p is below α and
+  its CI excludes 0 on the claimed side; otherwise it is "not detected", with the power the test
+  had against the family's smallest effect of interest when one is stated;
+- an **absence** claim ("X is negligible", e.g. a control that should not move the margin) is a
+  two one-sided tests (TOST) equivalence claim against a stated smallest effect of interest δ:
+  it *holds* only when both one-sided tests reject |X| ≥ δ after adjustment; otherwise it is
+  "not shown", never "no effect".
+
+p-values of mean differences come from sign-flip permutation tests over task groups
+(:func:`probes.scoring.stats.paired_permutation_test`): exact when 2^G ≤ the resamples, so with
+G task groups the smallest reachable one-sided p is 1/2^G (``p_floor``), stated in every row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean, group_means, paired_permutation_test
+
+ALPHA = 0.05
+KINDS = ("effect", "absence")
+ALTERNATIVES = ("greater", "less")
+COLUMNS = ["family", "name", "kind", "statement", "estimate", "low", "high", "n", "unit", "p", "p_floor", "p_holm",
+           "family_size", "sesoi", "power", "verdict", "note"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim: ``estimate`` [``low``, ``high``] over ``n`` units (task groups) and its p.
+
+    ``kind`` "effect": ``p`` is one-sided in ``alternative`` ("greater": the estimate is claimed
+    above 0). ``kind`` "absence": ``p`` is the TOST p against ±``sesoi`` and ``alternative`` is
+    unused. ``power``: the effect test's power against ``sesoi`` (NaN when not computed).
+    """
+
+    family: str
+    name: str
+    statement: str
+    estimate: float
+    low: float
+    high: float
+    n: int
+    p: float
+    kind: str = "effect"
+    alternative: str = "greater"
+    p_floor: float = math.nan
+    sesoi: float = math.nan
+    power: float = math.nan
+    unit: str = "logits"
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"claim {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.alternative not in ALTERNATIVES:
+            raise ValueError(f"claim {self.name!r}: alternative must be one of {ALTERNATIVES}, got {self.alternative!r}")
+        if self.kind == "absence" and not (math.isfinite(self.sesoi) and self.sesoi > 0):
+            raise ValueError(f"claim {self.name!r}: an absence claim needs a smallest effect of interest sesoi > 0")
+
+
+def _units(values: Sequence[float], groups: Sequence[str] | None) -> np.ndarray:
+    units = group_means(np.asarray(values, dtype=float), groups)
+    return units[np.isfinite(units)]
+
+
+def sign_flip_floor(n_units: int) -> float:
+    """Smallest one-sided p an exact sign-flip test over ``n_units`` can give: 1 / 2^n."""
+    return 2.0 ** -n_units if n_units > 0 else math.nan
+
+
+def t_power(effect: float, sd: float, n_units: int, *, alpha: float = ALPHA) -> float:
+    """Power of a one-sided one-sample t test over ``n_units`` to detect a mean of ``effect`` when
+    the units' SD is ``sd`` (statsmodels); the sign-flip test over the same units has about this power."""
+    from statsmodels.stats.power import TTestPower
+
+    if n_units < 2 or not (math.isfinite(sd) and sd > 0) or not math.isfinite(effect):
+        return math.nan
+    return float(TTestPower().power(effect_size=abs(effect) / sd, nobs=n_units, alpha=alpha, alternative="larger"))
+
+
+def effect_claim(family: str, name: str, statement: str, values: Sequence[float], groups: Sequence[str] | None, *,
+                 alternative: str = "greater", sesoi: float = math.nan, unit: str = "logits", note: str = "",
+                 seed: int = DEFAULT_SEED) -> Claim:
+    """The claim "mean of ``values`` is above 0" (``alternative="less"``: below 0), values per
+    record with their task ``groups``: the mean of group means with a 95% bootstrap CI over task
+    groups and a one-sided sign-flip permutation p over them. Fewer than two task groups: p is
+    NaN (the claim cannot be tested)."""
+    est = bootstrap_mean(values, groups, seed=seed)
+    units = _units(values, groups)
+    p = math.nan
+    if len(units) >= 2:
+        _, p = paired_permutation_test(units, np.zeros(len(units)), alternative=alternative, seed=seed)
+    power = t_power(sesoi, float(np.std(units, ddof=1)), len(units)) if len(units) >= 2 and math.isfinite(sesoi) else math.nan
+    return Claim(family, name, statement, est.value, est.low, est.high, est.n_units, p, "effect", alternative,
+                 sign_flip_floor(len(units)), sesoi, power, unit, note)
+
+
+def absence_claim(family: str, name: str, statement: str, values: Sequence[float], groups: Sequence[str] | None, *,
+                  sesoi: float, unit: str = "logits", note: str = "", seed: int = DEFAULT_SEED) -> Claim:
+    """The claim "|mean of ``values``| < ``sesoi``" by two one-sided sign-flip tests over task
+    groups (TOST): H0− mean ≤ −δ and H0+ mean ≥ δ, each tested on the group means shifted by δ;
+    p = the larger of the two. The CI is the 95% bootstrap CI of the mean (equivalence at α = 0.05
+    corresponds to the 90% CI inside ±δ; the 95% one is reported for uniformity)."""
+    est = bootstrap_mean(values, groups, seed=seed)
+    units = _units(values, groups)
+    p = math.nan
+    if len(units) >= 2:
+        _, p_low = paired_permutation_test(units + sesoi, np.zeros(len(units)), alternative="greater", seed=seed)
+        _, p_high = paired_permutation_test(units - sesoi, np.zeros(len(units)), alternative="less", seed=seed)
+        p = max(p_low, p_high)
+    power = t_power(sesoi, float(np.std(units, ddof=1)), len(units)) if len(units) >= 2 else math.nan
+    return Claim(family, name, statement, est.value, est.low, est.high, est.n_units, p, "absence", "greater",
+                 sign_flip_floor(len(units)), sesoi, power, unit, note)
+
+
+def holm(p_values: Sequence[float]) -> np.ndarray:
+    """Holm-adjusted p-values (statsmodels ``multipletests``); NaN stays NaN and is not counted."""
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.asarray(p_values, dtype=float)
+    out = np.full(len(p), np.nan)
+    finite = np.isfinite(p)
+    if finite.any():
+        out[finite] = multipletests(p[finite], method="holm")[1]
+    return out
+
+
+def verdict(row: pd.Series, alpha: float = ALPHA) -> str:
+    """The wording a claim earns: "holds", or what was (not) shown, with the power where known."""
+    if not np.isfinite(row["p_holm"]):
+        return "not tested (fewer than 2 task groups)"
+    power = f", power {row['power']:.2f} against ±{row['sesoi']:g}" if np.isfinite(row["power"]) else ""
+    if row["kind"] == "absence":
+        if row["p_holm"] < alpha:
+            return f"holds: equivalent to 0 within ±{row['sesoi']:g}"
+        return f"not shown: equivalence within ±{row['sesoi']:g} not established{power}"
+    side_ok = row["low"] > 0 if row["alternative"] == "greater" else row["high"] < 0
+    if row["p_holm"] < alpha and side_ok:
+        return "holds"
+    if row["p"] < alpha and side_ok:
+        return f"not after correction (unadjusted p {row['p']:.3g}){power}"
+    return f"not detected{power}"
+
+
+def claims_table(claims: Sequence[Claim], *, alpha: float = ALPHA) -> pd.DataFrame:
+    """One row per claim (:data:`COLUMNS`), p-values Holm-adjusted within each family, and a verdict."""
+    if not claims:
+        return pd.DataFrame(columns=COLUMNS)
+    names = [(c.family, c.name) for c in claims]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"claims named twice in one family: {duplicates}")
+    frame = pd.DataFrame([asdict(c) for c in claims])
+    frame["p_holm"] = np.nan
+    frame["family_size"] = 0
+    for family, sub in frame.groupby("family", sort=False):
+        frame.loc[sub.index, "p_holm"] = holm(sub["p"].to_numpy())
+        frame.loc[sub.index, "family_size"] = int(np.isfinite(sub["p"].to_numpy(float)).sum())
+    frame["verdict"] = [verdict(row, alpha) for _, row in frame.iterrows()]
+    return frame[COLUMNS + ["alternative"]]
+
+
+def renamed(claims: Sequence[Claim], family: str) -> list[Claim]:
+    """``claims`` moved into ``family`` (e.g. a validation that corrects over all its claims)."""
+    return [replace(c, family=family) for c in claims]
