@@ -62,10 +62,11 @@ def records(model_dir: Path, n: int) -> list[dict[str, Any]]:
 def probe_set(record: dict[str, Any], n_layers: int) -> list[Any]:
     from probes.scoring.score import record_rng
     from probes.engine.session import Knockout
-    from probes.analyses.knockout import memory_control
+    from probes.analyses.knockout import block_lengths, control_pool, draw_span, record_tool_names
 
     blocks = record["spans"]["boundary"]
-    random, _ = memory_control(record, blocks, record_rng(0, record["record_id"], "random_0"))
+    pool = control_pool(record, "memory+procedure", record_tool_names(record))  # |B| positions: the cost of a full-size control
+    random, _ = draw_span(pool, block_lengths(blocks), record_rng(0, record["record_id"], "random_0"))
     return [
         Knockout.from_spans("boundary", blocks),
         Knockout.from_spans("procedure", record["spans"]["procedure"]),

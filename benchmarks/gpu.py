@@ -128,11 +128,12 @@ def knockouts(record: dict[str, Any], n_layers: int, n_heads: int, seed: int = 0
     """Ten knockouts of the kinds the analyses run (their spans from the record)."""
     from probes.scoring.score import record_rng
     from probes.engine.session import Knockout
-    from probes.analyses.knockout import memory_control
+    from probes.analyses.knockout import block_lengths, control_pool, draw_span, record_tool_names
 
     spans = record["spans"]
     blocks = spans["boundary"]
-    rnd = [memory_control(record, blocks, record_rng(seed, record["record_id"], f"random_{i}"))[0] for i in range(4)]
+    pool = control_pool(record, "memory+procedure", record_tool_names(record))  # |B| positions: the cost of a full-size control
+    rnd = [draw_span(pool, block_lengths(blocks), record_rng(seed, record["record_id"], f"random_{i}"))[0] for i in range(4)]
     half = n_layers // 2
     g = np.random.default_rng(seed)
     heads = [tuple((int(g.integers(n_layers)), int(g.integers(n_heads))) for _ in range(3)) for _ in range(2)]

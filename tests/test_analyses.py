@@ -121,11 +121,15 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     check_figure(out, "fig06_knockout_controls")
     check_figure(out, "fig07_knockout_selectivity")
     basm = rows[(rows["config"] == "basm") & (rows["item_id"] == T_WRONG_ITEM)].set_index("condition")
-    assert set(basm.index) == {"baseline", "boundary", "random_0", "random_1", "anywhere_0", "anywhere_1", "procedure",
-                               "boundary@L0-0", "boundary@L1-1"}
+    draws = {f"{prefix}{i}" for prefix in ("random_", "bsub_", "psub_", "mass_", "anywhere_") for i in range(2)}
+    assert set(basm.index) == {"baseline", "boundary", "procedure", "boundary@L0-0", "boundary@L1-1", *draws}
     b_size = basm.loc["boundary", "knockout_size"]
     for control in ("random_0", "anywhere_0"):
         assert basm.loc[control, "knockout_size"] == round(basm.loc[control, "control_coverage"] * b_size) > 0
+    # count-matched: the same n on both sides; the mass of a layer window is the share of the full knockout's in its layers
+    assert basm.loc["bsub_0", "knockout_size"] == basm.loc["psub_0", "knockout_size"] == basm.loc["psub_0", "control_n"] > 0
+    windows = basm.loc["boundary@L0-0", "knockout_mass"] + basm.loc["boundary@L1-1", "knockout_mass"]
+    assert abs(windows - basm.loc["boundary", "knockout_mass"]) <= 1e-6 and basm.loc["baseline", "knockout_mass"] == 0
     assert basm.loc["boundary", "knockout_rows"] == "every query row" and basm.loc["boundary", "knockout_continuation"]
     assert set(rows[rows["config"] == "proc"]["condition"]) == {"baseline"}
     assert rows.attrs["meta"]["config"]["knockout_rows"] == "path"
@@ -167,7 +171,8 @@ def test_knockout_priming_controls_run_the_same_conditions(tiny_qwen3_dir: Path,
     rows = primed.rows
     assert set(rows["config"]) == {"basm", "basm-anon", "basm-names", "proc"}
     conditions = {config: set(rows[rows["config"] == config]["condition"]) for config in ("basm", "basm-anon", "basm-names")}
-    assert conditions["basm"] == conditions["basm-anon"] == conditions["basm-names"] == {"baseline", "boundary", "random_0", "anywhere_0", "procedure"}
+    assert conditions["basm"] == conditions["basm-anon"] == conditions["basm-names"] == {
+        "baseline", "boundary", "random_0", "bsub_0", "psub_0", "mass_0", "anywhere_0", "procedure"}
     columns = ["key", "margin", "broad_margin", "correct_margin", "call_logodds"]
     pd.testing.assert_frame_equal(plain.rows[plain.rows["config"].isin(["basm", "proc"])][columns].reset_index(drop=True),
                                   rows[rows["config"].isin(["basm", "proc"])][columns].reset_index(drop=True))
@@ -199,7 +204,7 @@ def test_knockout_compares_every_control_on_the_same_records() -> None:
                          "condition": cond, "boundary_size": 5, "correct_is_abstain": abstain, "margin": margin,
                          "broad_margin": margin, "correct_margin": margin, "call_logodds": value})
     rows[-1]["call_logodds"] = np.nan  # record c: call log-odds undefined under one knockout
-    per, dropped, excluded = deltas_per_record(pd.DataFrame(rows))
+    per, _points, dropped, excluded = deltas_per_record(pd.DataFrame(rows))
     assert excluded == 0
     for knockout in ("boundary", "random", "random_anywhere", "procedure"):
         assert set(per[(per["measure"] == "margin") & (per["knockout"] == knockout)]["record_id"]) == {"a", "c"}

@@ -6,7 +6,7 @@ an explicit float 4D mask (tests/reference.py), never the probe engine.
   row after the shared prefix, with the boundary knockout blocking every row from the open row to
   that row (the forced prefix and the shared name prefix included).
 - Eq. 2's α at that deciding row, from the eager attention probabilities.
-- The neutral random control lies inside the memory block and outside B and P.
+- The earlier pools' random control lies inside the memory block and outside B (and P).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from probes.scoring.score import record_rng, score_record
 from probes.data.dataset import load_dataset
 from probes.engine.session import BASELINE, Knockout, ProbeSession, span_positions
-from probes.analyses.knockout import anywhere_control, draw_span, memory_control
+from probes.analyses.knockout import anywhere_control, block_lengths, control_pool, draw_span, record_tool_names
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
 from reference import knockout_masks, masked_eager_forward
@@ -88,9 +88,10 @@ def test_eq1_at_the_divergence_row_with_every_deciding_row_knocked_out(setup):
 
 
 def test_memory_random_spans_stay_in_the_memory_block_outside_b(setup):
-    """Property test over many real records: the neutral control is inside the memory block and
-    disjoint from B, of |B| positions where the block has room; with ``pool="memory"`` it is also
-    disjoint from P. The anywhere control stays before the call and off B and token 0."""
+    """Property test over many real records: the earlier pools' random control (``memory``: outside
+    B and P; ``memory+procedure``: outside B) is inside the memory block, of |B| positions where the
+    block has room; the anywhere control stays before the call and off B and token 0. (The default
+    neutral pool is checked in tests/test_knockout_controls.py.)"""
     _, dataset, builder, _ = setup
     items = dataset.select(split="eval", buckets=["T_wrong", "T_ok", "T_repair"])[::7]
     checked = short = short_with_p = 0
@@ -103,21 +104,24 @@ def test_memory_random_spans_stay_in_the_memory_block_outside_b(setup):
             memory = set(span_positions(record["spans"]["memory"]))
             b, p = set(span_positions(blocks)), set(span_positions(record["spans"]["procedure"]))
             for draw in range(3):
-                positions, pieces = memory_control(record, blocks, record_rng(0, record["record_id"], f"random_{draw}"), pool="memory")
+                names = record_tool_names(record)
+                rng = record_rng(0, record["record_id"], f"random_{draw}")
+                positions, pieces = draw_span(control_pool(record, "memory", names), block_lengths(blocks), rng)
                 chosen = set(positions)
                 assert len(chosen) == len(positions) == sum(pieces)
                 assert chosen <= memory and not chosen & b and not chosen & p
                 room = len(memory - b - p)
                 assert len(chosen) == min(len(b), room)  # |B| positions, or all the room there is
                 short += len(chosen) < len(b)
-                with_p, _ = memory_control(record, blocks, record_rng(0, record["record_id"], f"random_{draw}"))  # the default pool
+                with_p, _ = draw_span(control_pool(record, "memory+procedure", names), block_lengths(blocks),
+                                      record_rng(0, record["record_id"], f"random_{draw}"))
                 assert set(with_p) <= memory and not set(with_p) & b and len(with_p) == min(len(b), len(memory - b))
                 short_with_p += len(with_p) < len(b)
                 anywhere, _ = anywhere_control(record, blocks, record_rng(0, record["record_id"], f"anywhere_{draw}"))
                 assert not set(anywhere) & b and 0 not in anywhere and max(anywhere) < min(record["query_rows"])
                 checked += 1
     assert checked >= 30
-    print(f"\n{checked} draws checked; shorter than |B|: {short} outside B and P, {short_with_p} outside B (the default)")
+    print(f"\n{checked} draws checked; shorter than |B|: {short} outside B and P, {short_with_p} outside B")
 
 
 def test_draw_span_keeps_block_lengths_where_there_is_room_and_splits_otherwise():

@@ -15,69 +15,201 @@ Which rows are blocked (``--knockout-rows``, recorded in the rows and the result
 
 Conditions, all evaluated in one cached-branching engine call per record:
 
-- ``boundary``: the boundary span B;
-- ``random_i`` (i < ``--random-draws``), the neutral control: as many positions as B, drawn from
-  the memory block outside B (skill headers, goals, tool lines and procedure text), never from
-  the system prompt, the tool schemas or the request, which carry the task. The share of its
-  positions that fall on P is recorded (``control_procedure_share``); ``--random-pool memory``
-  keeps it off P too, at the price of a shorter span (with the real Qwen3 tokenizer the memory
-  block outside B and P is smaller than B in most records). Blocks keep B's block lengths where
-  there is room; a block that does not fit is split into shorter runs (recorded as
-  ``control_pieces``). Where the pool holds fewer positions than B, all of them are blocked and
-  ``control_coverage`` < 1 says so. Their per-record mean is the ``random`` control;
-- ``anywhere_i``: the earlier control, same-length runs anywhere before the first query row except
-  B and token 0 (the attention sink), which can hit the request or the tool names. Its mean is the
-  ``random_anywhere`` control, reported beside the neutral one;
-- ``procedure``: the procedure span P;
+- ``boundary``: the boundary span B; ``procedure``: the procedure span P;
+- the controls, each drawn ``--random-draws`` times (seeded by (seed, record, draw), so draws do not
+  depend on run order) from the **control pool** (``--random-pool``, default ``neutral``: the tokens
+  of the memory block on lines that hold no B or P token, are no label of a B or P section and name
+  no tool of the dataset, :func:`neutral_pool`; the pool is where a boundary-like effect *could*
+  arise, skill headers and tool-free goal text, but not where the margin trivially moves: the
+  procedure the model imitates and the lines that name the tempting tool). Which controls run is
+  ``--controls``:
+
+  - ``neutral`` → ``random_i``, pooled as ``random``: |B| positions of the pool in B's block
+    lengths (split where no run fits); where the pool holds fewer than |B| positions, all of them
+    (``control_coverage`` < 1 says so);
+  - ``count`` → ``bsub_i`` / ``psub_i``, pooled as ``count_boundary`` / ``count_pool``: the
+    **count-matched** pair, n = min(|B|, |pool|) random positions of B against n random positions
+    of the pool (scattered on both sides, the same n per record);
+  - ``mass`` → ``mass_i``, pooled as ``mass_matched``: pool positions visited in a random order and
+    kept while each brings the attention mass they take from the deciding row closer to B's
+    (:func:`draw_mass_matched`); a draw within ``--mass-tolerance`` of B's mass is ``control_matched``.
+    Where the whole pool holds less mass than B, no draw can match and the record leaves the
+    mass-matched comparison, counted;
+  - ``anywhere`` → ``anywhere_i``, pooled as ``random_anywhere``: the earlier control, B's block
+    lengths anywhere before the first query row except B and token 0 (it can hit the request and
+    the tool schemas);
 - ``boundary@La-b`` (with ``--layer-window W``): B knocked out only in layers a..b.
+
+**Dose.** Every row records ``knockout_mass``: the attention mass its positions hold at the
+deciding row of the unmodified prompt (Σ over the positions of the softmax probability, mean over
+layers and heads; 0 in heads and layers a knockout does not touch), from one extra small engine
+call per record (:func:`deciding_attention`). B's own mass is ``boundary_mass``. Δm against the
+mass removed is the dose–response: per task group, the least-squares slope through the origin of
+Δm on mass for B's family (``boundary``, ``count_boundary``) and for the pool's (``random``,
+``count_pool``, ``mass_matched``); the claim "B removes more margin per unit of attention than the
+pool" is their per-group difference.
 
 With ``--priming`` the same conditions also run on the lexical-priming controls (``basm-anon``:
 tool names in the boundary items replaced by placeholders; ``basm-names``: each boundary item
 reduced to a neutral sentence naming its tools), so a boundary effect carried by the tool names
 is told apart from one carried by the boundary semantics. Every summary row names its ``config``;
-the figures and the gap recovery are BASM's.
+the figures, claims and the gap recovery are BASM's.
 
-Draws are seeded by (seed, record, draw), so they do not depend on run order.
-
-Reported: the signed shift Δm = m_knockout − m_baseline for the tool-choice (Eq. 1), broad
-(tool-vs-control), correct-tool margins and the call log-odds, split as T_wrong–wrong,
-T_wrong–correct, T_ok–correct (Fig. 7); and the share of the Proc. Skill gap that the boundary
-knockout recovers on T_wrong, mean Δm_boundary / (mean m_Proc − mean m_BASM), with a 95% CI from
-resampling task groups jointly for numerator and denominator. Per measure, every knockout and
-control is compared on the same records (those where the measure is defined under every
+Reported: the signed shift Δm = m_knockout − m_baseline for the tool-choice margin (Eq. 1 on the
+tools), broad (tool-vs-control) and correct-tool margins and the call log-odds, split as
+T_wrong–wrong, T_wrong–correct, T_ok–correct (Fig. 7); every control's own shift against 0 (a
+control is called neutral only where its CI contains 0, and claimed neutral only by a TOST
+equivalence test against ±``--sesoi``); the paired comparisons of B against each control with
+their claims (:meth:`KnockoutAnalysis.claims`); and the share of the Proc. Skill gap that the
+boundary knockout recovers on T_wrong, mean Δm_boundary / (mean m_Proc − mean m_BASM), with a 95%
+CI from resampling task groups jointly for numerator and denominator. Per measure, every knockout
+and control is compared on the same records (those where the measure is defined under every
 condition); records left out are counted with their reason. Records whose boundary span is empty
 (the relevance gate γ exposed no boundary field) are excluded and counted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from probes.reporting import plots
 from probes.analyses import paper
-from probes.data.configs import PRIMING_CONFIGS
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.data.configs import PRIMING_CONFIGS
+from probes.engine.session import Knockout, ProbeSession, span_positions
+from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
-from probes.scoring.score import record_rng
-from probes.scoring.stats import bootstrap_ratio, summarise
-from probes.engine.session import Knockout, span_positions
 from probes.reporting.results import load_results
+from probes.scoring.claims import Claim, absence_claim, effect_claim
+from probes.scoring.margins import candidates_from_record
+from probes.scoring.score import deciding_depth, record_rng
+from probes.scoring.stats import bootstrap_ratio, cluster_bootstrap, no_ci_note, summarise
 
 NAME = "knockout"
 FIGURES = ("fig06_knockout_controls", "fig07_knockout_selectivity")
 MEASURES = ("margin", "broad_margin", "correct_margin", "call_logodds")
 DEFAULT_DRAWS = 5
+DEFAULT_SESOI = 0.25  # logits: an odds change of 1.28×, fixed before any run; the equivalence bound of "neutral"
+DEFAULT_MASS_TOLERANCE = 0.1
 KNOCKOUT_ROWS = ("path", "endpoints")
-RANDOM_POOLS = ("memory+procedure", "memory")
-CONTROL_PREFIXES = {"random_": "random", "anywhere_": "random_anywhere"}  # draw condition -> control
+RANDOM_POOLS = ("neutral", "memory", "memory+procedure")
+CONTROLS = ("neutral", "count", "mass", "anywhere")
+# draw condition prefix -> (the --controls family that draws it, the knockout its draws pool into)
+DRAWS = {"random_": ("neutral", "random"), "bsub_": ("count", "count_boundary"), "psub_": ("count", "count_pool"),
+         "mass_": ("mass", "mass_matched"), "anywhere_": ("anywhere", "random_anywhere")}
+B_FAMILY = ("boundary", "count_boundary")  # knockouts of B's positions (dose–response)
+POOL_FAMILY = ("random", "count_pool", "mass_matched")  # knockouts of the control pool's positions
+RANDOM_CONTROLS = ("random", "count_pool", "mass_matched", "random_anywhere")  # expected not to move the margin
+CLAIM_BUCKET, CLAIM_MEASURE = "T_wrong", "margin"
 
 
+# ----------------------------------------------------------------------------- control pools
+def tool_names_of(dataset: Any) -> frozenset[str]:
+    """Every tool name of a dataset: its domains' catalogs and its skills' tool lists."""
+    names = {tool.name for domain in dataset.domains.values() for tool in domain.catalog}
+    return frozenset(names | {name for skill in dataset.skills.values() for name in skill.tool_names})
+
+
+def record_tool_names(record: dict[str, Any]) -> frozenset[str]:
+    """The tool names a prompt record shows as tools: its catalog's candidates and its skills' tool lists."""
+    names = {str(c["action"]) for c in record["candidates"] if c["role"] != "abstain"}
+    for skill in record["skills"]:
+        tools = skill["slots"].get("tools")
+        names |= {name.strip() for name in tools["text"].split(",") if name.strip()} if tools else set()
+    return frozenset(names)
+
+
+def _name_pattern(names: Iterable[str]) -> re.Pattern[str] | None:
+    names = sorted(set(names), key=len, reverse=True)
+    return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, names)) + r")(?![A-Za-z0-9_])") if names else None
+
+
+def memory_lines(record: dict[str, Any]) -> list[tuple[int, int]]:
+    """Character ranges [start, end) of the memory block's lines, each with its newline."""
+    memory = record["spans"].get("memory")
+    if not memory:
+        raise ValueError(f"{record['record_id']}: the record has no memory span (rebuild it with this version)")
+    offsets = np.asarray(record["offsets"]).reshape(-1, 2)
+    (lo, hi), = memory
+    start, end = int(offsets[lo][0]), int(offsets[hi - 1][1])
+    lines, cursor = [], start
+    while cursor < end:
+        newline = record["text"].find("\n", cursor, end)
+        stop = end if newline < 0 else newline + 1
+        lines.append((cursor, stop))
+        cursor = stop
+    return lines
+
+
+def neutral_pool(record: dict[str, Any], tool_names: Iterable[str]) -> np.ndarray:
+    """bool [n_tokens]: the memory block's tokens that lie wholly on lines that hold no token of B
+    or P, are not the label line of a B or P section (``Risk cues:``, ``Procedure:``) and name no
+    tool of ``tool_names`` (a whole-identifier match). What remains is the block's framing, the
+    skill headers and tool-free goal text."""
+    offsets = np.asarray(record["offsets"]).reshape(-1, 2)
+    (lo, hi), = record["spans"]["memory"]
+    lines = memory_lines(record)
+    starts = np.array([a for a, _ in lines])
+    first, last = starts[0], lines[-1][1]
+
+    def touched(token: int) -> range:  # the lines a token's characters lie on
+        a, b = int(offsets[token][0]), int(offsets[token][1])
+        return range(int(np.searchsorted(starts, a, side="right")) - 1, int(np.searchsorted(starts, max(a, b - 1), side="right")))
+
+    bp = set(span_positions(record["spans"].get("boundary", []))) | set(span_positions(record["spans"].get("procedure", [])))
+    on_bp = np.zeros(len(lines), dtype=bool)
+    for token in bp:
+        if lo <= token < hi:
+            on_bp[list(touched(token))] = True
+    pattern = _name_pattern(tool_names)
+    text = record["text"]
+    excluded = on_bp.copy()
+    for i, (a, b) in enumerate(lines):
+        line = text[a:b]
+        if pattern is not None and pattern.search(line):
+            excluded[i] = True
+        # the label line of a B or P section: "…:" followed by a line of that section
+        if line.strip().endswith(":") and i + 1 < len(lines) and on_bp[i + 1]:
+            excluded[i] = True
+    free = np.zeros(record["n_tokens"], dtype=bool)
+    for token in range(lo, hi):
+        a, b = int(offsets[token][0]), int(offsets[token][1])
+        if token in bp or b <= a or a < first or b > last:  # empty or reaching outside the block: never
+            continue
+        free[token] = not excluded[list(touched(token))].any()
+    return free
+
+
+def control_pool(record: dict[str, Any], pool: str, tool_names: Iterable[str]) -> np.ndarray:
+    """bool [n_tokens]: where the random controls draw under ``--random-pool`` (see the module docstring);
+    ``memory``: the memory block outside B and P; ``memory+procedure``: outside B only (P allowed)."""
+    if pool not in RANDOM_POOLS:
+        raise ValueError(f"random pool must be one of {RANDOM_POOLS}, got {pool!r}")
+    if pool == "neutral":
+        return neutral_pool(record, tool_names)
+    if not record["spans"].get("memory"):
+        raise ValueError(f"{record['record_id']}: the record has no memory span (rebuild it with this version)")
+    free = np.zeros(record["n_tokens"], dtype=bool)
+    free[span_positions(record["spans"]["memory"])] = True
+    free[span_positions(record["spans"].get("boundary", []))] = False
+    if pool == "memory":
+        free[span_positions(record["spans"].get("procedure", []))] = False
+    return free
+
+
+def pool_text(pool: str) -> str:
+    """Where a ``--random-pool`` draws, in words (figure notes and the report)."""
+    return {"neutral": "memory block outside B, P, their section labels and every line naming a tool",
+            "memory": "memory block outside B and P", "memory+procedure": "memory block outside B (P allowed)"}[pool]
+
+
+# ----------------------------------------------------------------------------- draws
 def draw_span(free: np.ndarray, lengths: Sequence[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
     """Positions of runs with the given ``lengths`` among the ``free`` positions (bool mask),
     non-overlapping. A run with no contiguous room is split in halves until its pieces fit; the
@@ -101,30 +233,32 @@ def draw_span(free: np.ndarray, lengths: Sequence[int], rng: np.random.Generator
     return sorted(out), pieces
 
 
+def draw_positions(free: np.ndarray, n: int, rng: np.random.Generator) -> list[int]:
+    """``n`` positions drawn uniformly without replacement among the ``free`` ones (n ≤ their count)."""
+    candidates = np.flatnonzero(np.asarray(free, dtype=bool))
+    if n > len(candidates):
+        raise ValueError(f"cannot draw {n} positions from {len(candidates)}")
+    return sorted(int(x) for x in rng.choice(candidates, size=n, replace=False))
+
+
+def draw_mass_matched(free: np.ndarray, weights: np.ndarray, target: float, rng: np.random.Generator,
+                      tolerance: float) -> tuple[list[int], float, bool]:
+    """Free positions visited in a random order, each kept when it brings the total weight closer to
+    ``target`` (so the total ends within half a position's weight of it, above or below with equal
+    chance: stopping at the first total inside the band would undershoot on average). Returns
+    (positions, their total weight, matched): matched is whether the total lies within ±tolerance·target
+    (False where the free positions hold too little weight, or one position too much)."""
+    chosen: list[int] = []
+    total = 0.0
+    for position in rng.permutation(np.flatnonzero(np.asarray(free, dtype=bool))):
+        if abs(total + weights[position] - target) < abs(total - target):
+            chosen.append(int(position))
+            total += float(weights[position])
+    return sorted(chosen), total, bool(target > 0 and abs(total - target) <= tolerance * target)
+
+
 def block_lengths(blocks: Sequence[Sequence[int]]) -> list[int]:
     return [int(e) - int(s) for s, e in blocks]
-
-
-def memory_control(record: dict[str, Any], blocks: Sequence[Sequence[int]], rng: np.random.Generator,
-                   pool: str = "memory+procedure") -> tuple[list[int], list[int]]:
-    """The neutral random span: |B| positions of the memory block outside B (and outside P when
-    ``pool`` is ``memory``); see the module docstring."""
-    if pool not in RANDOM_POOLS:
-        raise ValueError(f"random pool must be one of {RANDOM_POOLS}, got {pool!r}")
-    memory = record["spans"].get("memory")
-    if not memory:
-        raise ValueError(f"{record['record_id']}: the record has no memory span (rebuild it with this version)")
-    free = np.zeros(record["n_tokens"], dtype=bool)
-    free[span_positions(memory)] = True
-    free[span_positions(blocks)] = False
-    if pool == "memory":
-        free[span_positions(record["spans"].get("procedure", []))] = False
-    return draw_span(free, block_lengths(blocks), rng)
-
-
-def pool_text(pool: str) -> str:
-    """Where a ``--random-pool`` draws, in words (figure notes and the report)."""
-    return "outside B and P" if pool == "memory" else "outside B (P allowed)"
 
 
 def anywhere_control(record: dict[str, Any], blocks: Sequence[Sequence[int]], rng: np.random.Generator) -> tuple[list[int], list[int]]:
@@ -135,12 +269,43 @@ def anywhere_control(record: dict[str, Any], blocks: Sequence[Sequence[int]], rn
     return draw_span(free, block_lengths(blocks), rng)
 
 
+# ----------------------------------------------------------------------------- dose
+def deciding_attention(session: ProbeSession, record: dict[str, Any]) -> np.ndarray:
+    """[layer, head, n_tokens] the unmodified softmax row of the deciding row (the row predicting the
+    first token where the correct name parts from a wrong one; the decision row for abstention items),
+    from one engine call with that row as the only query row (the correct name's shared prefix appended
+    where the deciding row lies inside it)."""
+    candidates = [c for c in candidates_from_record(record) if c.role != "other"]
+    key, depth = deciding_depth(candidates)
+    ids = list(record["input_ids"])
+    if depth:
+        ids += list(next(c for c in candidates if c.key == key).token_ids[:depth])
+    result = session.run(ids, [int(record["decision_index"]) + depth], record_rows=True)
+    return result.conditions[0].rows[:, :, 0, : record["n_tokens"]].float().numpy()
+
+
+def removed_mass(attention: np.ndarray, knockout: Knockout) -> float:
+    """Attention mass the knockout's key positions hold at the deciding row, mean over every layer and
+    head (0 in the layers and heads it leaves alone)."""
+    if not knockout.key_positions:
+        return 0.0
+    layers, heads = attention.shape[:2]
+    active = knockout.active(layers, heads).numpy()
+    return float((attention[:, :, list(knockout.key_positions)].sum(-1) * active).mean())
+
+
 def layer_windows(n_layers: int, width: int) -> list[tuple[int, ...]]:
     return [tuple(range(a, min(a + width, n_layers))) for a in range(0, n_layers, width)]
 
 
-def condition_names(draws: int, windows: Sequence[Sequence[int]]) -> tuple[str, ...]:
-    return ("baseline", "boundary", *(f"{prefix}{i}" for i in range(draws) for prefix in CONTROL_PREFIXES), "procedure",
+def draw_prefixes(controls: Sequence[str]) -> list[str]:
+    """The draw condition prefixes of the chosen ``--controls``, in a fixed order."""
+    return [prefix for prefix, (family, _) in DRAWS.items() if family in controls]
+
+
+def condition_names(draws: int, windows: Sequence[Sequence[int]], controls: Sequence[str] = CONTROLS) -> tuple[str, ...]:
+    prefixes = draw_prefixes(controls)
+    return ("baseline", "boundary", *(f"{prefix}{i}" for i in range(draws) for prefix in prefixes), "procedure",
             *(f"boundary@L{w[0]}-{w[-1]}" for w in windows))
 
 
@@ -159,90 +324,153 @@ def knocked_configs(priming: bool) -> tuple[str, ...]:
     return ("basm", *PRIMING_CONFIGS) if priming else ("basm",)
 
 
-def knockout_scorer(analysis: RunContext, windows: Sequence[Sequence[int]]):
-    """The scorer of a BASM record under every knockout; each control row also says how it was
-    drawn: ``control_pieces`` (run lengths) and ``control_coverage`` (positions blocked / |B|)."""
-    a = analysis.options
-    drawn: dict[str, tuple[list[int], list[int]]] = {}  # condition -> (positions, run lengths) of the record being scored
+@dataclass
+class RecordDraws:
+    """The controls drawn for one record: per condition its positions and how it was drawn."""
+
+    attention: np.ndarray  # [layer, head, n_tokens] at the deciding row, unmodified prompt
+    boundary_mass: float
+    pool_size: int
+    info: dict[str, dict[str, Any]] = field(default_factory=dict)  # condition -> control_* row fields
+
+
+def draw_controls(record: dict[str, Any], attention: np.ndarray, options: Any, tool_names: Iterable[str]) -> tuple[list[tuple[str, list[int]]], RecordDraws]:
+    """Every control draw of one record as (condition name, positions), and how each was drawn."""
+    blocks = record["spans"].get("boundary", [])
+    b_positions = span_positions(blocks)
+    weights = attention.mean(axis=(0, 1))
+    free = control_pool(record, options.random_pool, tool_names)
+    procedure = set(span_positions(record["spans"].get("procedure", [])))
+    target = float(weights[b_positions].sum()) if b_positions else 0.0
+    n_count = min(len(b_positions), int(free.sum()))
+    state = RecordDraws(attention, target, int(free.sum()))
+    out: list[tuple[str, list[int]]] = []
+    for i in range(options.random_draws):
+        for prefix in draw_prefixes(options.controls):
+            name = f"{prefix}{i}"
+            rng = record_rng(options.seed, record["record_id"], name)  # the same salt as earlier versions: same draws
+            info: dict[str, Any] = {}
+            if prefix in ("random_", "anywhere_"):
+                positions, pieces = (draw_span(free, block_lengths(blocks), rng) if prefix == "random_"
+                                     else anywhere_control(record, blocks, rng))
+                info.update(control_pieces=pieces, control_split=len(pieces) > len(blocks),
+                            control_coverage=len(positions) / len(b_positions) if b_positions else float("nan"))
+            elif prefix == "bsub_":
+                positions = draw_positions(np.isin(np.arange(record["n_tokens"]), b_positions), n_count, rng)
+            elif prefix == "psub_":
+                positions = draw_positions(free, n_count, rng)
+            else:
+                positions, _, matched = draw_mass_matched(free, weights, target, rng, options.mass_tolerance)
+                info["control_matched"] = matched
+            if prefix in ("bsub_", "psub_"):
+                info["control_n"] = n_count
+            info["control_procedure_share"] = len(procedure.intersection(positions)) / len(positions) if positions else float("nan")
+            state.info[name] = info
+            out.append((name, positions))
+    return out, state
+
+
+def knockout_scorer(ctx: RunContext, windows: Sequence[Sequence[int]]):
+    """The scorer of a BASM record under every knockout. Each row also says how much attention its
+    knockout removes at the deciding row (``knockout_mass``, B's own: ``boundary_mass``) and, for a
+    control draw, how it was drawn (``control_*``)."""
+    a = ctx.options
+    tool_names = tool_names_of(ctx.dataset)
+    current: dict[str, Any] = {}  # the record being scored: its draws and its knockouts by name
 
     def conditions(record: dict[str, Any], job: Job) -> list[Knockout]:
-        drawn.clear()
+        current.clear()
         if job.config not in knocked_configs(a.priming):
             return []
         blocks = record["spans"].get("boundary", [])
         rows = blocked_rows(record, a.knockout_rows)
+        draws, state = draw_controls(record, deciding_attention(ctx.session, record), a, tool_names)
         out = [Knockout.from_spans("boundary", blocks, **rows)]
-        for i in range(a.random_draws):
-            for prefix, draw in (("random_", lambda *x: memory_control(*x, pool=a.random_pool)), ("anywhere_", anywhere_control)):
-                drawn[f"{prefix}{i}"] = draw(record, blocks, record_rng(a.seed, record["record_id"], f"{prefix}{i}"))
-                out.append(Knockout(f"{prefix}{i}", tuple(drawn[f"{prefix}{i}"][0]), **rows))
+        out += [Knockout(name, tuple(positions), **rows) for name, positions in draws]
         out.append(Knockout.from_spans("procedure", record["spans"].get("procedure", []), **rows))
         out += [Knockout.from_spans(f"boundary@L{w[0]}-{w[-1]}", blocks, layers=w, **rows) for w in windows]
+        current.update(state=state, knockouts={k.name: k for k in out})
         return out
 
-    score = cached_scorer(analysis, conditions, margins=MEASURES)
+    score = cached_scorer(ctx, conditions, margins=MEASURES)
 
     def scorer(record: dict[str, Any], job: Job) -> list[dict[str, Any]]:
         rows = score(record, job)
-        blocks = record["spans"].get("boundary", [])
-        size = len(span_positions(blocks))
-        procedure = set(span_positions(record["spans"].get("procedure", [])))
+        if not current:
+            return rows
+        state: RecordDraws = current["state"]
         for row in rows:
-            if row["condition"] in drawn:
-                positions, pieces = drawn[row["condition"]]
-                row.update(control_pieces=pieces, control_coverage=len(positions) / size if size else float("nan"),
-                           control_split=len(pieces) > len(blocks),
-                           control_procedure_share=len(procedure.intersection(positions)) / len(positions) if positions else float("nan"))
+            knockout = current["knockouts"].get(row["condition"])
+            row.update(knockout_mass=removed_mass(state.attention, knockout) if knockout else 0.0,
+                       boundary_mass=state.boundary_mass, control_pool_size=state.pool_size,
+                       **state.info.get(row["condition"], {}))
         return rows
 
     return scorer
 
 
-def collect(analysis: RunContext) -> pd.DataFrame:
-    a = analysis.options
+def collect(ctx: RunContext) -> pd.DataFrame:
+    a = ctx.options
     k = a.k if a.k is not None else a.k_max
-    windows = layer_windows(analysis.session.n_layers, a.layer_window) if a.layer_window else []
-    names = condition_names(a.random_draws, windows)
+    windows = layer_windows(ctx.session.n_layers, a.layer_window) if a.layer_window else []
+    names = condition_names(a.random_draws, windows, a.controls)
     jobs = []
-    for item in analysis.items:
-        jobs += [Job(item, config, k, analysis.fmt, names) for config in knocked_configs(a.priming)]
+    for item in ctx.items:
+        jobs += [Job(item, config, k, ctx.fmt, names) for config in knocked_configs(a.priming)]
         if item.bucket == "T_wrong":  # the Proc. Skill reference of the gap
-            jobs.append(Job(item, "proc", k, analysis.fmt, ("baseline",)))
-    store = analysis.store(k=k, knocked_configs=list(knocked_configs(a.priming)), random_draws=a.random_draws, layer_windows=[list(w) for w in windows], knockout_rows=a.knockout_rows,
-                           random_pool=a.random_pool, random_span="|B| positions of the pool, B's block lengths (split where no room)",
-                           random_anywhere_span="B's block lengths before the first query row, excluding B and token 0")
-    run_jobs(analysis, store, jobs, knockout_scorer(analysis, windows))
+            jobs.append(Job(item, "proc", k, ctx.fmt, ("baseline",)))
+    store = ctx.store(k=k, knocked_configs=list(knocked_configs(a.priming)), random_draws=a.random_draws,
+                      layer_windows=[list(w) for w in windows], knockout_rows=a.knockout_rows, random_pool=a.random_pool,
+                      controls=list(a.controls), mass_tolerance=a.mass_tolerance,
+                      random_span="|B| positions of the pool, B's block lengths (split where no room)",
+                      count_matched="n = min(|B|, |pool|) scattered positions of B and of the pool",
+                      mass_matched="pool positions in random order, each kept when it brings the deciding-row mass closer to B's",
+                      random_anywhere_span="B's block lengths before the first query row, excluding B and token 0")
+    run_jobs(ctx, store, jobs, knockout_scorer(ctx, windows))
     return load_results(store.path)
 
 
+# ----------------------------------------------------------------------------- summary
 @dataclass
 class KnockoutSummary:
-    deltas: pd.DataFrame  # config, bucket, knockout, measure, value, low, high, n, n_items, n_nan
+    deltas: pd.DataFrame  # config, bucket, knockout, measure, value, low, high, n, n_items, n_nan, note
     recovery: pd.DataFrame  # measure, value, low, high, n (share of the Proc.–BASM gap, T_wrong)
     windows: pd.DataFrame  # window, value, low, high, n (Δ wrong-tool margin on T_wrong)
-    per_record: pd.DataFrame  # config, item_id, bucket, task_group, knockout, measure, delta
+    per_record: pd.DataFrame  # config, item_id, bucket, task_group, knockout, measure, delta, mass (draws averaged)
+    points: pd.DataFrame  # one row per (record, condition, measure): knockout, family, delta, mass (dose–response)
     dropped: pd.DataFrame  # measure, bucket, reason, n_records: records left out of a measure's comparison
-    controls: pd.DataFrame  # control, n_records, n_draws, mean_coverage, n_short, n_split, mean_procedure_share
+    controls: pd.DataFrame  # per control: how it was drawn, its mass against B's, and whether its CI contains 0
+    dose: pd.DataFrame  # config, bucket, measure, family, slope, low, high, n (slopes of Δm on mass removed)
+    claims: list[Claim]
     n_excluded: int  # knocked records without a boundary span
     note: str
+    pool: str = "neutral"
+    sesoi: float = DEFAULT_SESOI
 
 
 def control_of(condition: str) -> str:
     """The reported knockout of a condition: random draws pool into their control."""
-    for prefix, control in CONTROL_PREFIXES.items():
+    for prefix, (_, control) in DRAWS.items():
         if condition.startswith(prefix):
             return control
     return condition
 
 
-def deltas_per_record(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
-    """Δm per (knocked record, knockout, measure), random draws averaged into their control, on
-    paired records: per measure only the records where it is finite under the baseline and every
-    knockout. Returns (per-record deltas, records left out per measure with the reason, records
-    without B). Every configuration but the Proc. Skill reference is a knocked one."""
+def family_of(knockout: str) -> str:
+    return "B" if knockout in B_FAMILY else "pool" if knockout in POOL_FAMILY else ""
+
+
+def deltas_per_record(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, int]:
+    """Δm per (knocked record, condition, measure) and per (record, knockout, measure) with random
+    draws averaged into their control, on paired records: per measure only the records where it is
+    finite under the baseline and every knockout. Returns (per-record deltas, per-condition points,
+    records left out per measure with the reason, records without B). Every configuration but the
+    Proc. Skill reference is a knocked one."""
     basm = rows[rows["config"] != "proc"]
     excluded = basm[(basm["condition"] == "baseline") & (basm["boundary_size"] == 0)]["record_id"]
     basm = basm[~basm["record_id"].isin(set(excluded))]
+    if "knockout_mass" not in basm:
+        basm = basm.assign(knockout_mass=np.nan)
     out, dropped = [], []
     for measure in MEASURES:
         wide = basm.pivot_table(index="record_id", columns="condition", values=measure, aggfunc="first", dropna=False)
@@ -256,28 +484,134 @@ def deltas_per_record(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, i
         base = sub[sub["condition"] == "baseline"].set_index("record_id")[measure]
         knocked = sub[sub["condition"] != "baseline"]
         delta = knocked[measure].to_numpy(float) - base.loc[knocked["record_id"]].to_numpy(float)
-        frame = knocked[["record_id", "config", "item_id", "bucket", "task_group", "condition"]].assign(measure=measure, delta=delta)
+        frame = knocked[["record_id", "config", "item_id", "bucket", "task_group", "condition"]].assign(
+            measure=measure, delta=delta, mass=knocked["knockout_mass"].to_numpy(float))
         out.append(frame.assign(knockout=frame["condition"].map(control_of)))
-    per = pd.concat(out, ignore_index=True)
+    points = pd.concat(out, ignore_index=True)
+    points["family"] = points["knockout"].map(family_of)
     # one value per record for each random control: the mean over its draws
-    per = per.groupby(["record_id", "config", "item_id", "bucket", "task_group", "knockout", "measure"], as_index=False,
-                      sort=False)["delta"].mean()
-    return per, pd.DataFrame(dropped, columns=["config", "measure", "bucket", "reason", "n_records"]), int(len(excluded))
+    per = points.groupby(["record_id", "config", "item_id", "bucket", "task_group", "knockout", "measure"], as_index=False,
+                         sort=False)[["delta", "mass"]].mean()
+    return per, points, pd.DataFrame(dropped, columns=["config", "measure", "bucket", "reason", "n_records"]), int(len(excluded))
 
 
-def control_draws(rows: pd.DataFrame) -> pd.DataFrame:
-    """How the random controls were drawn: coverage of |B| and how often a run had to be split."""
+CONTROL_COLUMNS = ["control", "n_records", "n_draws", "mean_coverage", "n_short", "n_split", "mean_procedure_share",
+                   "mass_ratio", "n_mass_matched", "value", "low", "high", "ci_contains_0"]
+
+
+def control_draws(rows: pd.DataFrame, deltas: pd.DataFrame) -> pd.DataFrame:
+    """How the random controls were drawn (coverage of |B|, runs split, share on P), the attention
+    mass they removed against B's (median over records of mass_control / mass_B), how many records
+    have every mass-matched draw inside the band, and each control's own Δm (BASM, T_wrong, margin)
+    with whether its CI contains 0."""
     rows = rows.assign(control=rows["condition"].map(control_of))
-    draws = rows[rows["control"].isin(set(CONTROL_PREFIXES.values())) & (rows["config"] == "basm")]
-    if not len(draws):
-        return pd.DataFrame(columns=["control", "n_records", "n_draws", "mean_coverage", "n_short", "n_split", "mean_procedure_share"])
+    draws = rows[rows["control"].isin([c for _, c in DRAWS.values()]) & (rows["config"] == "basm")]
     out = []
     for control, sub in draws.groupby("control", sort=False):
+        def column(name: str, default: Any = np.nan) -> pd.Series:  # fields a control's draws do not write are absent
+            return sub[name] if name in sub else pd.Series(default, index=sub.index)
+
+        per_record = sub.assign(mass=column("knockout_mass"), b_mass=column("boundary_mass"), matched=column("control_matched", False)
+                                ).groupby("record_id")
+        ratio = per_record["mass"].mean() / per_record["b_mass"].first()
+        shift = deltas[(deltas["config"] == "basm") & (deltas["bucket"] == CLAIM_BUCKET) & (deltas["measure"] == CLAIM_MEASURE)
+                       & (deltas["knockout"] == control)]
+        value, low, high = (float(shift[c].iloc[0]) for c in ("value", "low", "high")) if len(shift) else (np.nan,) * 3
+        coverage = column("control_coverage").astype(float)
         out.append({"control": control, "n_records": sub["record_id"].nunique(), "n_draws": len(sub),
-                    "mean_coverage": float(sub["control_coverage"].mean()), "n_short": int((sub["control_coverage"] < 1).sum()),
-                    "n_split": int(sub["control_split"].astype(bool).sum()),
-                    "mean_procedure_share": float(sub["control_procedure_share"].mean())})
-    return pd.DataFrame(out)
+                    "mean_coverage": float(coverage.mean()), "n_short": int((coverage < 1).sum()),
+                    "n_split": int(column("control_split", False).fillna(False).astype(bool).sum()),
+                    "mean_procedure_share": float(column("control_procedure_share").astype(float).mean()),
+                    "mass_ratio": float(ratio.median()),
+                    "n_mass_matched": int(per_record["matched"].all().sum()) if control == "mass_matched" else np.nan,
+                    "value": value, "low": low, "high": high,
+                    "ci_contains_0": bool(low <= 0 <= high) if np.isfinite(low) and np.isfinite(high) else np.nan})
+    return pd.DataFrame(out, columns=CONTROL_COLUMNS)
+
+
+def through_origin(mass: np.ndarray, delta: np.ndarray) -> float:
+    """Least-squares slope of Δm on mass through the origin (no knockout, no shift)."""
+    ok = np.isfinite(mass) & np.isfinite(delta)
+    denominator = float(np.sum(mass[ok] ** 2))
+    return float(np.sum(mass[ok] * delta[ok]) / denominator) if denominator > 0 else np.nan
+
+
+def dose_table(points: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per (config, bucket, measure, family): the slope of Δm on the mass removed (logits per unit of
+    deciding-row attention), every draw a point, with a 95% CI resampling task groups."""
+    out = []
+    for (config, bucket, measure, family), sub in points[points["family"] != ""].groupby(["config", "bucket", "measure", "family"], sort=False):
+        mass, delta, groups = sub["mass"].to_numpy(float), sub["delta"].to_numpy(float), sub["task_group"].to_numpy()
+        low, high = cluster_bootstrap(lambda idx: through_origin(mass[idx], delta[idx]), groups, seed=seed)
+        n = len(set(groups.tolist()))
+        out.append({"config": config, "bucket": bucket, "measure": measure, "family": family, "slope": through_origin(mass, delta),
+                    "low": low, "high": high, "n": n, "n_points": len(sub), "mean_mass": float(np.nanmean(mass)), "note": no_ci_note(n)})
+    return pd.DataFrame(out, columns=["config", "bucket", "measure", "family", "slope", "low", "high", "n", "n_points", "mean_mass", "note"])
+
+
+def slope_differences(points: pd.DataFrame) -> pd.Series:
+    """Per task group: slope(B's family) − slope(the pool's family) (``points`` of one config, bucket, measure)."""
+    out = {}
+    for group, sub in points.groupby("task_group", sort=False):
+        b, pool = sub[sub["family"] == "B"], sub[sub["family"] == "pool"]
+        out[group] = through_origin(b["mass"].to_numpy(float), b["delta"].to_numpy(float)) - through_origin(
+            pool["mass"].to_numpy(float), pool["delta"].to_numpy(float))
+    return pd.Series(out, dtype=float)
+
+
+def knockout_claims(per: pd.DataFrame, points: pd.DataFrame, rows: pd.DataFrame, *, sesoi: float, seed: int = 0) -> list[Claim]:
+    """The claims of the knockout outputs (BASM, T_wrong, wrong-tool margin unless stated; family
+    "knockout"): B moves the margin; B more than each control on the same records (count-matched on
+    the same n, mass-matched on the records whose draws match B's mass, and per unit of mass removed);
+    B more than P; each random control within ±sesoi of 0 (TOST); the boundary knockout leaves the
+    correct-tool margins within ±sesoi (Fig. 7's selectivity, family "knockout-selectivity")."""
+    def wide(bucket: str, measure: str) -> pd.DataFrame:
+        sub = per[(per["config"] == "basm") & (per["bucket"] == bucket) & (per["measure"] == measure)]
+        return sub.pivot_table(index=["record_id", "task_group"], columns="knockout", values="delta", aggfunc="first").reset_index()
+
+    w = wide(CLAIM_BUCKET, CLAIM_MEASURE)
+    claims: list[Claim] = []
+    if not len(w) or "boundary" not in w:
+        return claims
+    groups = w["task_group"]
+    family = "knockout"
+    claims.append(effect_claim(family, "boundary", "the boundary knockout raises the BASM T_wrong wrong-tool margin",
+                               w["boundary"], groups, sesoi=sesoi, seed=seed))
+    if "random" in w:
+        claims.append(effect_claim(family, "boundary>neutral", "it raises it more than |B| positions of the control pool",
+                                   w["boundary"] - w["random"], groups, sesoi=sesoi, seed=seed))
+    if {"count_boundary", "count_pool"} <= set(w):
+        n = rows[(rows["config"] == "basm") & rows["condition"].str.startswith("psub_")].groupby("record_id")["control_n"].first()
+        ok = w["record_id"].map(n).fillna(0).to_numpy() > 0
+        claims.append(effect_claim(family, "count-matched", "n random positions of B raise it more than n random pool positions "
+                                   "(n = min(|B|, |pool|))", (w["count_boundary"] - w["count_pool"])[ok], groups[ok], sesoi=sesoi, seed=seed,
+                                   note=f"{int((~ok).sum())} records with an empty pool left out" if (~ok).any() else ""))
+    if "mass_matched" in w:
+        matched = rows[(rows["config"] == "basm") & rows["condition"].str.startswith("mass_")].groupby("record_id")["control_matched"].all()
+        ok = w["record_id"].map(matched).fillna(False).astype(bool).to_numpy()
+        claims.append(effect_claim(family, "mass-matched", "B raises it more than pool positions holding B's attention mass",
+                                   (w["boundary"] - w["mass_matched"])[ok], groups[ok], sesoi=sesoi, seed=seed,
+                                   note=f"{int(ok.sum())} of {len(ok)} records matched within the tolerance; the rest have less "
+                                        "mass in the whole pool than in B"))
+    dose = points[(points["config"] == "basm") & (points["bucket"] == CLAIM_BUCKET) & (points["measure"] == CLAIM_MEASURE)]
+    if {"B", "pool"} <= set(dose["family"]):
+        diff = slope_differences(dose)
+        claims.append(effect_claim(family, "dose", "per unit of deciding-row attention removed, B's positions raise it more than "
+                                   "the pool's (slope difference, logits per unit mass)", diff.to_numpy(), None, seed=seed,
+                                   unit="logits / mass", note="slopes through the origin, per task group"))
+    if "procedure" in w:
+        claims.append(effect_claim(family, "boundary>procedure", "B raises it more than the procedure-span knockout",
+                                   w["boundary"] - w["procedure"], groups, sesoi=sesoi, seed=seed))
+    for control in RANDOM_CONTROLS:
+        if control in w:
+            claims.append(absence_claim(family, f"{control} neutral", f"the {control} control leaves the margin within ±{sesoi:g}",
+                                        w[control], groups, sesoi=sesoi, seed=seed))
+    for bucket in ("T_wrong", "T_ok"):
+        c = wide(bucket, "correct_margin")
+        if len(c) and "boundary" in c:
+            claims.append(absence_claim("knockout-selectivity", f"{bucket} correct", f"the boundary knockout leaves the {bucket} "
+                                        f"correct-tool margin within ±{sesoi:g}", c["boundary"], c["task_group"], sesoi=sesoi, seed=seed))
+    return claims
 
 
 def gap_recovery(rows: pd.DataFrame, per: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
@@ -302,12 +636,13 @@ def gap_recovery(rows: pd.DataFrame, per: pd.DataFrame, seed: int = 0) -> pd.Dat
     return pd.DataFrame(out, columns=["measure", "value", "low", "high", "n", "gap", "proc", "basm", "delta"])
 
 
-def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> KnockoutSummary:
-    per, dropped, excluded = deltas_per_record(rows)
+def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0, *, pool: str = "neutral", sesoi: float = DEFAULT_SESOI) -> KnockoutSummary:
+    per, points, dropped, excluded = deltas_per_record(rows)
     deltas = summarise(per, ["config", "bucket", "knockout", "measure"], "delta", seed=seed)
     win = deltas[(deltas["config"] == "basm") & (deltas["bucket"] == "T_wrong") & (deltas["measure"] == "margin") & deltas["knockout"].str.startswith("boundary@")]
     windows = win.assign(window=win["knockout"].str.removeprefix("boundary@"))[["window", "value", "low", "high", "n"]]
-    return KnockoutSummary(deltas, gap_recovery(rows, per, seed), windows, per, dropped, control_draws(rows), excluded, note)
+    return KnockoutSummary(deltas, gap_recovery(rows, per, seed), windows, per, points, dropped, control_draws(rows, deltas),
+                           dose_table(points, seed), knockout_claims(per, points, rows, sesoi=sesoi, seed=seed), excluded, note, pool, sesoi)
 
 
 def basm_deltas(summary: KnockoutSummary) -> pd.DataFrame:
@@ -323,36 +658,79 @@ def priming_table(summary: KnockoutSummary) -> pd.DataFrame:
     return keep[["bucket", "config", "knockout", "value", "low", "high", "n"]].sort_values(["bucket", "knockout", "config"]).reset_index(drop=True)
 
 
+# ----------------------------------------------------------------------------- figures and text
+def knockout_labels(summary: KnockoutSummary) -> dict[str, str]:
+    """Legend labels of the knockouts. A random control is called neutral only where its own Δm
+    (BASM, T_wrong, wrong-tool margin) has a CI containing 0; else the label says it moves the margin.
+    A mass-matched control no record could match is labelled as what it is: the whole pool."""
+    labels = dict(plots.KNOCKOUT_LABELS)
+    for r in summary.controls.itertuples():
+        if r.control not in labels or r.control not in RANDOM_CONTROLS:
+            continue
+        if r.control == "mass_matched" and r.n_mass_matched == 0:
+            labels[r.control] = "whole pool: no record can match B's mass"
+        verdict = ("no CI" if not isinstance(r.ci_contains_0, bool) else "neutral: CI ∋ 0" if r.ci_contains_0 else "NOT neutral: CI ∌ 0")
+        labels[r.control] = f"{labels[r.control]} ({verdict})"
+    return labels
+
+
+def caption(summary: KnockoutSummary) -> str:
+    """What the knockout figures plot, computed from the plotted data."""
+    d = basm_deltas(summary)
+    main = d[(d["bucket"] == CLAIM_BUCKET) & (d["measure"] == CLAIM_MEASURE)]
+    counts = ", ".join(f"{k} {int(r.n_items)} records / {int(r.n)} groups" for k, r in zip(main["knockout"], main.itertuples())
+                       if k in plots.KNOCKOUT_LABELS)
+    lines = [f"T_wrong wrong-tool margin, paired records per measure: {counts or 'none'}",
+             f"control pool ({summary.pool}): {pool_text(summary.pool)}; BASM records without a boundary span excluded: {summary.n_excluded}"]
+    for r in summary.controls.itertuples():
+        bits = [f"{r.n_records} records × {r.n_draws // max(r.n_records, 1)} draws"]
+        if np.isfinite(r.mean_coverage):
+            bits.append(f"coverage of |B| {r.mean_coverage:.2f} ({r.n_short} draws short)")
+        if np.isfinite(r.mass_ratio):
+            bits.append(f"median mass removed / B's {r.mass_ratio:.2f}")
+        if r.control == "mass_matched" and np.isfinite(r.n_mass_matched):
+            bits.append(f"{int(r.n_mass_matched)} records matched within the tolerance")
+        lines.append(f"{r.control}: " + ", ".join(bits))
+    return "\n".join(lines)
+
+
 def draw_figures(summary: KnockoutSummary, out_dir: Path) -> list[Path]:
     plots.style()
-    note = f"{summary.note}\nBASM records without a boundary span excluded: {summary.n_excluded}"
-    deltas = basm_deltas(summary)
-    paths = plots.save_figure(plots.fig06_knockout_controls(deltas, summary.recovery, summary.windows, note), out_dir, FIGURES[0])
-    paths += plots.save_figure(plots.fig07_knockout_selectivity(deltas, note), out_dir, FIGURES[1])
+    note = f"{summary.note}\n{caption(summary)}"
+    deltas, labels = basm_deltas(summary), knockout_labels(summary)
+    dose = summary.points[(summary.points["config"] == "basm") & (summary.points["bucket"] == CLAIM_BUCKET)
+                          & (summary.points["measure"] == CLAIM_MEASURE) & (summary.points["family"] != "")]
+    slopes = summary.dose[(summary.dose["config"] == "basm") & (summary.dose["bucket"] == CLAIM_BUCKET) & (summary.dose["measure"] == CLAIM_MEASURE)]
+    paths = plots.save_figure(plots.fig06_knockout_controls(deltas, summary.recovery, summary.windows, note, labels=labels,
+                                                            dose=dose, slopes=slopes), out_dir, FIGURES[0])
+    paths += plots.save_figure(plots.fig07_knockout_selectivity(deltas, note, labels=labels), out_dir, FIGURES[1])
     return paths
 
 
-def knockout_note(analysis: RunContext) -> str:
-    a = analysis.options
-    return (f"{provenance(analysis)}\nΔm = m_knockout − m_BASM (signed) at k = {a.k if a.k is not None else a.k_max} · "
-            f"rows blocked: {a.knockout_rows} · random: mean of {a.random_draws} spans of |B| positions in the memory block "
-            f"{pool_text(a.random_pool)}; "
-            f"random anywhere: same-length runs anywhere before the call · paired records per measure · mean ± 95% bootstrap CI over task groups")
+def knockout_note(ctx: RunContext) -> str:
+    a = ctx.options
+    return (f"{provenance(ctx)}\nΔm = m_knockout − m_BASM (signed) at k = {a.k if a.k is not None else a.k_max} · "
+            f"rows blocked: {a.knockout_rows} · controls ({', '.join(a.controls)}): means of {a.random_draws} draws per record · "
+            f"mass = deciding-row attention removed (mean over layers and heads) · paired records per measure · "
+            f"mean ± 95% bootstrap CI over task groups")
 
 
-def section(analysis: RunContext, summary: KnockoutSummary, paths: list[Path]) -> ReportSection:
+def section(ctx: RunContext, summary: KnockoutSummary, paths: list[Path]) -> ReportSection:
     d, r = basm_deltas(summary), summary.recovery
-    main = d[d["knockout"].isin(plots.KNOCKOUT_LABELS)][["bucket", "knockout", "measure", "value", "low", "high", "n"]]
-    body = (f"Signed shift Δm = m_knockout − m_BASM (logits; `margin` is {analysis.variant}, Eq. 1 on the tool choice by default); "
-            f"CIs over task groups. Rows blocked: `{analysis.options.knockout_rows}`. Every knockout and control of a measure is compared "
-            f"on the same records. BASM records without a boundary span excluded: {summary.n_excluded}.\n\n{markdown_table(main)}\n\n"
+    main = d[d["knockout"].isin(plots.KNOCKOUT_LABELS)][["bucket", "knockout", "measure", "value", "low", "high", "n", "n_items"]]
+    dose = summary.dose[summary.dose["config"] == "basm"]
+    body = (f"Signed shift Δm = m_knockout − m_BASM (logits; `margin` is {ctx.variant}, Eq. 1 restricted to the tools by default); "
+            f"CIs over task groups. Rows blocked: `{ctx.options.knockout_rows}`. Every knockout and control of a measure is compared "
+            f"on the same records. {caption(summary)}\n\n{markdown_table(main)}\n\n"
             f"Records left out of a measure's comparison:\n\n{markdown_table(summary.dropped) if len(summary.dropped) else 'none'}\n\n"
-            f"How the random controls were drawn (`random`: the memory block {pool_text(analysis.options.random_pool)}, "
-            f"the default neutral control; "
-            f"`random_anywhere`: anywhere before the call):\n\n{markdown_table(summary.controls)}\n\n"
+            f"How the controls were drawn, and each control's own shift of the T_wrong wrong-tool margin (`value`, CI; a control "
+            f"is called neutral only where its CI contains 0, and claimed neutral only by the TOST claim against ±{summary.sesoi:g}):"
+            f"\n\n{markdown_table(summary.controls)}\n\n"
+            f"Dose–response: slope of Δm on the deciding-row attention mass removed (logits per unit mass, through the origin; "
+            f"family B: `boundary`, `count_boundary`; pool: `random`, `count_pool`, `mass_matched`):\n\n{markdown_table(dose)}\n\n"
             f"Share of the Proc. Skill gap recovered by the boundary knockout (T_wrong; CI resamples task groups jointly):\n\n"
             f"{markdown_table(r)}")
-    if analysis.options.priming:
+    if ctx.options.priming:
         body += ("\n\nLexical-priming controls (Δ wrong-tool margin; `basm-anon`: tool names in B replaced by placeholders, "
                  f"`basm-names`: B reduced to the tool names it mentions):\n\n{markdown_table(priming_table(summary))}")
     if len(summary.windows):
@@ -380,7 +758,8 @@ def print_summary(summary: KnockoutSummary) -> None:
               f"(Proc {r.proc:.2f}, BASM {r.basm:.2f}, Δm boundary {r.delta:+.2f}; n = {r.n} task groups)")
     print(f"BASM records without a boundary span (excluded): {summary.n_excluded}")
     print("records left out of a measure's paired comparison:\n" + (summary.dropped.to_string(index=False) if len(summary.dropped) else "none"))
-    print("random controls:\n" + summary.controls.round(3).to_string(index=False))
+    print("controls:\n" + summary.controls.round(3).to_string(index=False))
+    print("dose–response slopes:\n" + summary.dose.round(3).to_string(index=False))
 
 
 @dataclass(kw_only=True)
@@ -393,10 +772,18 @@ class KnockoutAnalysis(Analysis):
     buckets: tuple[str, ...] | None = option(("T_wrong", "T_ok"), "keep only these buckets", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
     k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
-    random_draws: int = option(DEFAULT_DRAWS, "random spans per record and control", type=int, minimum=1)
+    random_draws: int = option(DEFAULT_DRAWS, "draws per record of every random control", type=int, minimum=1)
     layer_window: int | None = option(None, "also knock out B in windows of this many consecutive layers", type=int, minimum=1)
-    random_pool: str = option("memory+procedure", "where the neutral random spans are drawn: the memory block outside B (the share "
-                              "on P is recorded) or outside B and P (often shorter than B)", choices=RANDOM_POOLS)
+    random_pool: str = option("neutral", "where the random controls draw: neutral (the memory block outside B, P, their section "
+                              "labels and every line naming a tool), memory (outside B and P) or memory+procedure (outside B)",
+                              choices=RANDOM_POOLS)
+    controls: tuple[str, ...] = option(CONTROLS, "comma-separated random controls: neutral (|B| pool positions), count (n random "
+                                       "positions of B vs of the pool), mass (pool positions holding B's attention mass), anywhere "
+                                       "(|B| positions anywhere before the call)", names=CONTROLS)
+    mass_tolerance: float = option(DEFAULT_MASS_TOLERANCE, "relative band within which a mass-matched draw must match B's "
+                                   "deciding-row attention mass", type=float, minimum=0.0)
+    sesoi: float = option(DEFAULT_SESOI, "smallest effect of interest (logits): a control is claimed neutral only when TOST "
+                          "places its shift within ±sesoi", type=float, minimum=0.0)
     priming: bool = option(False, f"also knock out on the lexical-priming controls ({', '.join(PRIMING_CONFIGS)}): tool names in "
                            "the boundary items anonymised, or only the names kept", type=bool)
     knockout_rows: str = option("path", "rows blocked: path (every row from the open row to the decision row and the candidate "
@@ -407,13 +794,18 @@ class KnockoutAnalysis(Analysis):
         return collect(ctx)
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> KnockoutSummary:
-        return summarise_rows(rows, knockout_note(ctx), ctx.options.seed)
+        a = ctx.options
+        return summarise_rows(rows, knockout_note(ctx), a.seed, pool=a.random_pool, sesoi=a.sesoi)
 
     def tables(self, summary: KnockoutSummary) -> dict[str, pd.DataFrame]:
-        tables = {f"{NAME}_summary": summary.deltas, f"{NAME}_gap_recovery": summary.recovery}
+        tables = {f"{NAME}_summary": summary.deltas, f"{NAME}_gap_recovery": summary.recovery, f"{NAME}_controls": summary.controls,
+                  f"{NAME}_dose": summary.dose}
         if set(summary.deltas["config"]) != {"basm"}:
             tables[f"{NAME}_priming"] = priming_table(summary)
         return tables
+
+    def claims(self, summary: KnockoutSummary) -> list[Claim]:
+        return summary.claims
 
     def figures(self, summary: KnockoutSummary, out_dir: Path) -> list[Path]:
         return draw_figures(summary, out_dir)

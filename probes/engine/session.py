@@ -806,10 +806,12 @@ class ProbeSession:
         """One row per condition (the baseline first) with every margin and Eq. 2's α, as a pandas
         DataFrame (:func:`probes.scoring.score.score_record`). ``knockouts``: ``Knockout`` objects or
         the names ``boundary`` and ``procedure`` (the record's spans) and ``random`` (the neutral
-        control: |B| random positions of the memory block outside B, seeded by ``seed`` and the record)."""
+        control of the ``knockout`` analysis: |B| random positions of the memory block outside B, P,
+        their section labels and every line naming a tool the prompt shows as a tool, seeded by
+        ``seed`` and the record)."""
         import pandas as pd
 
-        from probes.analyses.knockout import memory_control
+        from probes.analyses.knockout import block_lengths, draw_span, neutral_pool, record_tool_names
         from probes.scoring.score import record_rng, score_record
 
         conditions = []
@@ -819,7 +821,9 @@ class ProbeSession:
             elif knockout in ("boundary", "procedure"):
                 conditions.append(Knockout.from_spans(knockout, record["spans"].get(knockout, [])))
             elif knockout == "random":
-                positions, _ = memory_control(record, record["spans"].get("boundary", []), record_rng(seed, record["record_id"], "random_0"))
+                blocks = record["spans"].get("boundary", [])
+                positions, _ = draw_span(neutral_pool(dict(record), record_tool_names(dict(record))), block_lengths(blocks),
+                                         record_rng(seed, record["record_id"], "random_0"))
                 conditions.append(Knockout("random", tuple(positions)))
             else:
                 raise ValueError(f"knockout {knockout!r}: give a Knockout or one of 'boundary', 'procedure', 'random'")

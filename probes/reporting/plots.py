@@ -40,8 +40,11 @@ CONFIG_COLORS: dict[str, tuple[float, float, float]] = {
 }
 CONDITION_COLORS: dict[str, tuple[float, float, float]] = {
     "boundary": _PALETTE[0],
-    "random": (0.6, 0.6, 0.6),
-    "random_anywhere": (0.8, 0.8, 0.8),
+    "count_boundary": _PALETTE[9],
+    "random": (0.55, 0.55, 0.55),
+    "count_pool": (0.7, 0.7, 0.7),
+    "mass_matched": _PALETTE[8],
+    "random_anywhere": (0.85, 0.85, 0.85),
     "procedure": _PALETTE[3],
 }
 
@@ -305,23 +308,28 @@ def fig05_suppression(table: pd.DataFrame, note: str) -> plt.Figure:
     return fig
 
 
-KNOCKOUT_LABELS = {"boundary": "boundary span", "random": "random span in memory (neutral)",
-                   "random_anywhere": "random span anywhere", "procedure": "procedure span"}
-MEASURE_LABELS = {"margin": "wrong-tool margin (Eq. 1)", "broad_margin": "tool-vs-control margin",
+KNOCKOUT_LABELS = {"boundary": "boundary span B", "random": "|B| pool positions", "count_boundary": "n positions of B (count-matched)",
+                   "count_pool": "n pool positions (count-matched)", "mass_matched": "pool positions, B's attention mass (mass-matched)",
+                   "random_anywhere": "|B| positions anywhere", "procedure": "procedure span P"}
+SHORT_MEASURE_LABELS = {"margin": "wrong-tool\n(Eq. 1, tools)", "broad_margin": "tool-vs-\ncontrol", "correct_margin": "correct-\ntool",
+                        "call_logodds": "call\nlog-odds"}
+MEASURE_LABELS = {"margin": "wrong-tool margin (Eq. 1 on the tools)", "broad_margin": "tool-vs-control margin",
                   "correct_margin": "correct-tool margin", "call_logodds": "call log-odds (abstention)"}
 
 
-def _knockout_panel(ax: plt.Axes, deltas: pd.DataFrame, recovery: pd.DataFrame | None) -> None:
-    """Δm per knockout (boundary / random / procedure) for the wrong-tool and broad margins on T_wrong.
+def _knockout_panel(ax: plt.Axes, deltas: pd.DataFrame, recovery: pd.DataFrame | None, labels: dict[str, str] | None = None) -> None:
+    """Δm per knockout (boundary, the controls, procedure) for the wrong-tool and broad margins on T_wrong.
 
-    deltas: bucket, knockout, measure, value, low, high, n.
+    deltas: bucket, knockout, measure, value, low, high, n; ``labels``: knockout -> legend label
+    (default :data:`KNOCKOUT_LABELS`; the knockout analysis marks which controls are neutral).
     """
+    labels = labels or KNOCKOUT_LABELS
     sub = deltas[(deltas["bucket"] == "T_wrong") & deltas["knockout"].isin(KNOCKOUT_LABELS) & deltas["measure"].isin(("margin", "broad_margin"))]
     measures = _ordered(sub["measure"], ("margin", "broad_margin"))
     knockouts = _ordered(sub["knockout"], tuple(KNOCKOUT_LABELS))
     grouped_bars(ax, sub, measures, knockouts, group_col="measure", series_col="knockout",
-                 series_label=lambda k: KNOCKOUT_LABELS[k], series_color=lambda k: CONDITION_COLORS[k],
-                 group_label=lambda m: MEASURE_LABELS[m].replace(" margin", "\nmargin", 1))
+                 series_label=lambda k: labels[k], series_color=lambda k: CONDITION_COLORS[k],
+                 group_label=lambda m: SHORT_MEASURE_LABELS[m], annotate=len(knockouts) <= 4)
     ax.set_ylabel("Δm = m_knockout − m_BASM (logits)")
     if recovery is not None and len(recovery):
         text = "\n".join(f"{MEASURE_LABELS[r.measure]}: {100 * r.value:.1f}% [{100 * r.low:.0f}, {100 * r.high:.0f}] of the Proc.–BASM gap recovered"
@@ -342,15 +350,56 @@ def _window_panel(ax: plt.Axes, windows: pd.DataFrame) -> None:
     ax.set_title("layer windows")
 
 
-def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, windows: pd.DataFrame | None, note: str) -> plt.Figure:
-    has_windows = windows is not None and len(windows) > 0
-    fig, axes = plt.subplots(1, 2 if has_windows else 1, figsize=(11 if has_windows else 6.5, 4.0), squeeze=False)
-    _knockout_panel(axes[0][0], deltas, recovery)
-    axes[0][0].set_title(f"{bucket_label('T_wrong')}: same-prompt knockout")
-    legend_outside(axes[0][0])
-    if has_windows:
-        _window_panel(axes[0][1], windows)
-    fig.suptitle("Removing deciding-row → boundary attention reopens the imitation trap", y=1.02)
+def _dose_panel(ax: plt.Axes, points: pd.DataFrame, slopes: pd.DataFrame) -> None:
+    """Δm against the deciding-row attention mass removed: one point per record and draw, coloured by
+    family (B's positions, the control pool's), with each family's slope through the origin and its CI.
+
+    points: family ("B" | "pool"), knockout, mass, delta; slopes: family, slope, low, high, n.
+    """
+    family_color = {"B": CONDITION_COLORS["boundary"], "pool": CONDITION_COLORS["random"]}
+    top = float(np.nanmax(points["mass"])) if len(points) and np.isfinite(points["mass"]).any() else 1.0
+    for family, sub in points.groupby("family", sort=True):
+        ax.scatter(sub["mass"], sub["delta"], s=9, alpha=0.45, color=family_color[family], edgecolors="none")
+        fit = slopes[slopes["family"] == family]
+        if len(fit):
+            r = fit.iloc[0]
+            ci = f" [{r.low:+.2f}, {r.high:+.2f}]" if np.isfinite(r.low) else f" ({no_ci_label(r.n)})"
+            name = "B's positions" if family == "B" else "control pool"
+            ax.plot([0, top], [0, r.slope * top], color=family_color[family], lw=1.6,
+                    label=f"{name}: {r.slope:+.2f}{ci} logits per unit mass ({int(r.n_points)} points)")
+    ax.axhline(0.0, color="0.3", lw=0.8)
+    ax.set_xlabel("deciding-row attention mass removed")
+    ax.set_ylabel("Δ wrong-tool margin (logits)")
+    ax.set_title("dose–response")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7)
+
+
+def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, windows: pd.DataFrame | None, note: str, *,
+                            labels: dict[str, str] | None = None, dose: pd.DataFrame | None = None,
+                            slopes: pd.DataFrame | None = None) -> plt.Figure:
+    """Δm bars per knockout (legend and the gap recovered in a column of their own), the dose–response
+    panel (with ``dose`` points) and the layer windows (with ``windows`` rows)."""
+    panels = ["bars", "legend"] + (["dose"] if dose is not None and len(dose) else []) + (["windows"] if windows is not None and len(windows) else [])
+    widths = {"bars": 5.0, "legend": 3.6, "dose": 5.0, "windows": 4.0}
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths[p] for p in panels) + 1, 4.4),
+                             gridspec_kw={"width_ratios": [widths[p] for p in panels]}, squeeze=False)
+    axes = dict(zip(panels, axes[0]))
+    _knockout_panel(axes["bars"], deltas, None, labels)
+    axes["bars"].set_title(f"{bucket_label('T_wrong')}: same-prompt knockout")
+    handles, names = axes["bars"].get_legend_handles_labels()
+    axes["legend"].axis("off")
+    axes["legend"].legend(handles, names, loc="upper left", fontsize=7.5, frameon=False)
+    if recovery is not None and len(recovery):
+        text = "\n".join(f"{MEASURE_LABELS[r.measure]}:\n  {100 * r.value:.1f}% [{100 * r.low:.0f}, {100 * r.high:.0f}] of the Proc.–BASM gap recovered"
+                         if ok else f"{MEASURE_LABELS[r.measure]}:\n  {100 * r.value:.1f}% of the Proc.–BASM gap recovered ({no_ci_label(n)})"
+                         for r, ok, n in zip(recovery.itertuples(), has_ci(recovery), ci_groups(recovery)))
+        axes["legend"].text(0.0, 0.0, text, transform=axes["legend"].transAxes, ha="left", va="bottom", fontsize=7.5)
+    if "dose" in axes:
+        _dose_panel(axes["dose"], dose, slopes if slopes is not None else pd.DataFrame(columns=["family"]))
+    if "windows" in axes:
+        _window_panel(axes["windows"], windows)
+    fig.suptitle("Removing deciding-row → boundary attention, against controls of the same count and the same attention mass", y=1.02)
+    fig.tight_layout()
     footnote(fig, note)
     return fig
 
@@ -368,18 +417,19 @@ def selectivity_table(deltas: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts) if parts else pd.DataFrame()
 
 
-def _selectivity_panel(ax: plt.Axes, deltas: pd.DataFrame) -> None:
+def _selectivity_panel(ax: plt.Axes, deltas: pd.DataFrame, labels: dict[str, str] | None = None) -> None:
+    labels = labels or KNOCKOUT_LABELS
     table = selectivity_table(deltas)
     cells = [c for _, _, c in SELECTIVITY if c in set(table["cell"])]
     knockouts = _ordered(table["knockout"], tuple(KNOCKOUT_LABELS))
-    grouped_bars(ax, table, cells, knockouts, group_col="cell", series_col="knockout",
-                 series_label=lambda k: KNOCKOUT_LABELS[k], series_color=lambda k: CONDITION_COLORS[k], group_label=lambda c: c)
+    grouped_bars(ax, table, cells, knockouts, group_col="cell", series_col="knockout", annotate=len(knockouts) <= 4,
+                 series_label=lambda k: labels[k], series_color=lambda k: CONDITION_COLORS[k], group_label=lambda c: c)
     ax.set_ylabel("Δ margin after knockout (logits)")
 
 
-def fig07_knockout_selectivity(deltas: pd.DataFrame, note: str) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(7.5, 4.0))
-    _selectivity_panel(ax, deltas)
+def fig07_knockout_selectivity(deltas: pd.DataFrame, note: str, *, labels: dict[str, str] | None = None) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(8.5, 4.0))
+    _selectivity_panel(ax, deltas, labels)
     ax.set_title("Selectivity of the boundary knockout")
     legend_outside(ax)
     footnote(fig, note)

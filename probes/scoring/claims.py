@@ -42,7 +42,8 @@ class Claim:
 
     ``kind`` "effect": ``p`` is one-sided in ``alternative`` ("greater": the estimate is claimed
     above 0). ``kind`` "absence": ``p`` is the TOST p against ±``sesoi`` and ``alternative`` is
-    unused. ``power``: the effect test's power against ``sesoi`` (NaN when not computed).
+    unused. ``power``: the effect test's power against ``sesoi`` (effect claims with a stated
+    ``sesoi`` only; NaN otherwise).
     """
 
     family: str
@@ -120,9 +121,8 @@ def absence_claim(family: str, name: str, statement: str, values: Sequence[float
         _, p_low = paired_permutation_test(units + sesoi, np.zeros(len(units)), alternative="greater", seed=seed)
         _, p_high = paired_permutation_test(units - sesoi, np.zeros(len(units)), alternative="less", seed=seed)
         p = max(p_low, p_high)
-    power = t_power(sesoi, float(np.std(units, ddof=1)), len(units)) if len(units) >= 2 else math.nan
     return Claim(family, name, statement, est.value, est.low, est.high, est.n_units, p, "absence", "greater",
-                 sign_flip_floor(len(units)), sesoi, power, unit, note)
+                 sign_flip_floor(len(units)), sesoi, math.nan, unit, note)
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:
@@ -141,6 +141,8 @@ def verdict(row: pd.Series, alpha: float = ALPHA) -> str:
     """The wording a claim earns: "holds", or what was (not) shown, with the power where known."""
     if not np.isfinite(row["p_holm"]):
         return "not tested (fewer than 2 task groups)"
+    if np.isfinite(row["p_floor"]) and row["p_floor"] >= alpha:  # no outcome could be significant: say why, not "not detected"
+        return f"untestable at α = {alpha:g}: {int(row['n'])} task groups allow p ≥ {row['p_floor']:.3g}"
     power = f", power {row['power']:.2f} against ±{row['sesoi']:g}" if np.isfinite(row["power"]) else ""
     if row["kind"] == "absence":
         if row["p_holm"] < alpha:
