@@ -52,9 +52,10 @@ def test_sweep_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     rows = check_rows(result.out_dir / "sweep.jsonl", "sweep")
     assert set(rows["config"]) == {"base", "proc", "app", "basm"} and set(rows["k"]) == {0, 1, 2}
     assert rows.attrs["meta"]["config"]["margin_variant"] == "tool_choice"
-    # every variant is written, not only the chosen one; the headline is Eq. 1 on the tool choice
-    assert {"margin_tool_choice", "margin_first_token", "margin_path", "call_logodds"} <= set(rows.columns)
+    # every variant is written, not only the chosen one; the headline is Eq. 1 restricted to the tools
+    assert {"margin_tool_choice", "margin_eq1", "margin_first_token", "margin_path", "call_logodds"} <= set(rows.columns)
     assert rows["margin"].equals(rows["margin_tool_choice"])
+    assert rows["margin_eq1"].isna().all()  # native format: Eq. 1 verbatim needs the prompted format
     k0 = rows[rows["k"] == 0].groupby("item_id")["margin"]
     assert (k0.max() - k0.min()).max() == 0.0  # all configurations coincide at k = 0
     assert (rows[rows["k"] > 0].groupby(["item_id", "k"])["prompt_digest"].nunique() > 1).all()
@@ -270,7 +271,7 @@ def test_all_analyses_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
                            ("heads", "heads"), ("heads_causal", "heads_causal")):
         rows = check_rows(out / f"{name}.jsonl", analysis)
         if "margin" in rows:
-            # Eq. 1 on the tool choice is defined under SmolLM2's first-token collisions, and NaN
+            # Eq. 1 restricted to the tools is defined under SmolLM2's first-token collisions, and NaN
             # exactly where the correct action is abstention (no correct tool)
             assert (rows["margin"].isna() == rows["correct_is_abstain"].astype(bool)).all(), name
     for name in ("fig02_retrieval_trap", "fig04_boundary_attention", "fig05_suppression", "fig06_knockout_controls",

@@ -293,7 +293,7 @@ def test_score_record_resolves_a_shared_first_token_at_the_divergence_row(sessio
 
 
 def test_score_record_eq1_with_abstention_present_matches_raw_logits(sessions):
-    """Abstention stays among the candidates; Eq. 1 on the tool choice does not use it, and the
+    """Abstention stays among the candidates; Eq. 1 restricted to the tools does not use it, and the
     abstention decision is its own quantity (call log-odds at the open row)."""
     sess = sessions["qwen3"]
     tok = sess.tokenizer

@@ -1,4 +1,4 @@
-"""Margins on hand-built logits (no model): Eq. 1 on the tool choice, collisions, abstention,
+"""Margins on hand-built logits (no model): Eq. 1 restricted to the tools and verbatim, collisions, abstention,
 the correct-tool and broad margins, the call log-odds and the path margin."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from probes.scoring.margins import (
     broad_margin,
     call_logodds,
     correct_margin,
+    eq1_margin,
     first_token_margin,
     path_margin,
     tool_choice_margin,
@@ -49,6 +50,28 @@ def test_tool_choice_is_eq1_on_raw_logits_with_abstention_present():
     for m in (tool_choice_margin(cands, lp, "native"), first_token_margin(rows, cands, "native", D)):
         assert m.value == pytest.approx(want, abs=1e-5) and not m.collision
     assert tool_choice_margin(cands, lp, "native").pairs == (("tool_w1", "tool_c", 0), ("tool_w2", "tool_c", 0))
+
+
+def test_eq1_verbatim_puts_abstention_in_y_ctrl_in_the_prompted_format_only():
+    """Eq. 1 as the paper writes it: max over the wrong tools' first-token logits minus the max over
+    the correct tool's and the abstention answer's, at the decision row (hand-computed from the raw
+    logits); items whose correct action is abstention keep a value; native: NaN with the reason."""
+    rows = _rows(1)
+    dec = rows[D]
+    cands = [_cand("w1", "wrong", (1,)), _cand("w2", "wrong", (2, 4)), _cand("c", "correct", (3,)), _cand("a", "abstain", (9,))]
+    want = float(torch.max(dec[1], dec[2]) - torch.max(dec[3], dec[9]))
+    m = eq1_margin(rows, cands, "prompted", D)
+    assert m.value == pytest.approx(want, abs=1e-6) and not m.collision
+    # the abstention logit decides it when it is the larger control
+    rows[D][9] = rows[D][3] + 5.0
+    assert eq1_margin(rows, cands, "prompted", D).value == pytest.approx(float(torch.max(dec[1], dec[2]) - dec[9]), abs=1e-6)
+    # abstention as the correct action: Y_ctrl is the abstention answer alone (tool_choice is NaN there)
+    abstain_item = [c for c in cands if c.role != "correct"]
+    assert eq1_margin(rows, abstain_item, "prompted", D).value == pytest.approx(float(torch.max(dec[1], dec[2]) - dec[9]), abs=1e-6)
+    # a wrong first token shared with a Y_ctrl token: flagged, never a silent number
+    assert eq1_margin(rows, [_cand("w", "wrong", (9, 1)), *cands[2:]], "prompted", D).collision
+    native = eq1_margin(rows, cands, "native", D)
+    assert math.isnan(native.value) and "prompted" in native.note
 
 
 def test_shared_first_token_is_compared_where_the_names_diverge():

@@ -136,3 +136,38 @@ def test_draw_span_keeps_block_lengths_where_there_is_room_and_splits_otherwise(
     # more than the room: capped at the room, never a position outside it
     positions, pieces = draw_span(free, [30], rng)
     assert len(positions) == 20 and free[positions].all()
+
+
+def test_eq1_verbatim_on_prompted_records_against_eager_logits(setup):
+    """``margin_eq1`` (Eq. 1 as the paper writes it, abstention in Y_ctrl) on prompted records of a
+    tool-correct and an abstention-correct T_wrong item, against the eager forward's logits at the
+    decision row; and the tool-only headline is NaN for the abstention item while Eq. 1 is not."""
+    from probes.data.dataset import ABSTAIN
+
+    session, dataset, builder, eager = setup
+    cfg = eager.config
+    checked = {"tool": 0, "abstain": 0, "collision": 0}
+    for item in dataset.select(split="eval", buckets=["T_wrong"])[::3]:
+        kind = "abstain" if item.correct_action == ABSTAIN else "tool"
+        if checked[kind] and checked["collision"]:
+            continue
+        record = builder.build(item, "basm", 2, "prompted")
+        (row,) = score_record(session, record, [])
+        first = {c["role"]: [] for c in record["candidates"]}
+        for c in record["candidates"]:
+            first[c["role"]].append(c["token_ids"][0])
+        # Y_ctrl: the correct tool's first token and the abstention answer's (an abstention item's correct candidate is that answer)
+        control = set(first.get("correct", [])) | set(first.get("abstain", []))
+        if set(first["wrong"]) & control:
+            assert np.isnan(row["margin_eq1"])  # a shared first token is flagged, never a number
+            checked["collision"] += 1
+            continue
+        d = record["decision_index"]
+        logits, _ = masked_eager_forward(eager, record["input_ids"], knockout_masks(
+            len(record["input_ids"]), BASELINE.active(cfg.num_hidden_layers, cfg.num_attention_heads), (), []))
+        want = float(max(logits[d, t] for t in first["wrong"]) - max(logits[d, t] for t in control))
+        assert abs(row["margin_eq1"] - want) <= TOL, item.id
+        if kind == "abstain":
+            assert np.isnan(row["margin_tool_choice"])  # the tool-only headline has nothing to compare here
+        checked[kind] += 1
+    assert checked["tool"] and checked["abstain"] and checked["collision"], checked

@@ -248,7 +248,7 @@ class Analysis:
     # probe
     format: str = option("native", "decision format", choices=FORMATS, group="probe")
     margin_variant: str = option(
-        DEFAULT_VARIANT, "the headline margin: tool_choice (Eq. 1 on the tool choice, each wrong/correct pair compared "
+        DEFAULT_VARIANT, "the headline margin: tool_choice (Eq. 1 restricted to the tools, each wrong/correct pair compared "
         "where their names diverge), first_token (Eq. 1 at the decision row, NaN where names share a first token) or "
         "path (whole-path log-probabilities, abstention included); all are written to the rows",
         choices=MARGIN_VARIANTS, group="probe")

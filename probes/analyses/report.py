@@ -72,9 +72,21 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:.1f}%" if unit == "%" else f"{value:+.2f}" if unit == "logits" else f"{value:.2f}"
 
 
-def comparison_table(comparisons: list[Comparison]) -> str:
-    lines = ["| quantity | ours | paper | unit | note |", "|---|---|---|---|---|"]
-    lines += [f"| {c.quantity} | {_fmt(c.ours, c.unit)} | {_fmt(c.paper, c.unit)} | {c.unit} | {c.note} |" for c in comparisons]
+def differences_from_paper(c: Comparison, model: str, variant: str) -> str:
+    """Why a comparison with the paper is not like-for-like ("" if it is): another model, another
+    margin than the paper's Eq. 1, and always other items (the paper's probe items are not public)."""
+    paper_model = "Qwen3-14B" if "Qwen3-14B" in c.note else "Qwen3-8B"
+    reasons = [] if paper_model.lower() in Path(str(model)).name.lower() else [f"model is not {paper_model}"]
+    if c.unit in ("logits", "%") and c.quantity.startswith(("Fig. 2", "Fig. 5", "Fig. 6", "Fig. 7")) and variant != "eq1":
+        reasons.append(f"margin `{variant}`, not Eq. 1 verbatim (abstention items left out)")
+    reasons.append("items: this suite's, not the paper's")
+    return "; ".join(reasons)
+
+
+def comparison_table(comparisons: list[Comparison], model: str = "", variant: str = "tool_choice") -> str:
+    lines = ["| quantity | ours | paper | unit | not like-for-like because | note |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c.quantity} | {_fmt(c.ours, c.unit)} | {_fmt(c.paper, c.unit)} | {c.unit} | "
+              f"{differences_from_paper(c, model, variant) if c.paper is not None else '—'} | {c.note} |" for c in comparisons]
     return "\n".join(lines)
 
 
@@ -107,7 +119,7 @@ def claims_markdown(table: pd.DataFrame) -> str:
 
 
 def write_report(out_dir: Path, header: list[str], sections: list[ReportSection], failed: list[str], fig03: list[Path],
-                 *, figures: bool = True, figures_dir: Path | None = None) -> Path:
+                 *, figures: bool = True, figures_dir: Path | None = None, model: str = "", variant: str = "tool_choice") -> Path:
     comparisons = [c for s in sections for c in s.comparisons]
     claims = claims_table([c for s in sections for c in s.claims])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -116,10 +128,13 @@ def write_report(out_dir: Path, header: list[str], sections: list[ReportSection]
     parts = ["# basm-probes report", "", *header, "", "## Claims", "", CLAIMS_INTRO, "", claims_markdown(claims), "",
              "## Ours vs the paper", "",
              "Paper numbers: Qwen3-8B unless noted (Fig. 7: Qwen3-14B). Margins in logits. The wrong-tool margin is the "
-             "headline `margin` (the margin variant above; by default `tool_choice`, the paper's Eq. 1: first-token logits of "
-             "the wrong tools against the correct tool, each pair read where the names diverge). Items whose correct action "
-             "is abstention have no correct tool and are left out of it.", "",
-             comparison_table(comparisons), ""]
+             "headline `margin` (the margin variant above). By default that is `tool_choice`, **Eq. 1 restricted to the "
+             "tools**: first-token logits of the wrong tools against the correct tool, each pair read where the names "
+             "diverge; the paper's Y_ctrl also holds the abstention tokens, so items whose correct action is abstention are "
+             "left out of it. Eq. 1 verbatim is `--margin-variant eq1`, defined in the prompted format (`--format prompted`), "
+             "where abstention and the tool names are predicted at one row. No row below is like-for-like: the last columns "
+             "say why.", "",
+             comparison_table(comparisons, model, variant), ""]
     if fig03 and figures:
         parts += ["## Fig. 3 — mechanism overview", "", f"![Fig. 3]({rel}/{fig03[0].name})", ""]
     for s in sections:
@@ -199,7 +214,7 @@ class Report(Analysis):
             path = out_dir / "report.md"
         else:
             path = write_report(out_dir, self.header(resolved, model, embedders, studies, time.perf_counter() - start), list(sections.values()),
-                                failed, fig03, figures=self.figure, figures_dir=figures_dir)
+                                failed, fig03, figures=self.figure, figures_dir=figures_dir, model=str(model), variant=self.margin_variant)
             n_figures = len(list(figures_dir.glob("*.png"))) if self.figure else 0
             print(f"[report] wrote {path} and {n_figures} figures in {time.perf_counter() - start:.0f} s")
         if failed and writer:
@@ -220,7 +235,7 @@ class Report(Analysis):
             f"limit {f'{a.limit} per bucket, spread over task groups' if a.limit is not None else 'none'}"
             f"{f'; items {list(a.item_ids)}' if a.item_ids else ''})",
             f"- **format**: {a.format} · **margin variant**: {a.margin_variant}"
-            + (" (Eq. 1 on the tool choice)" if a.margin_variant == "tool_choice" else ""),
+            + {"tool_choice": " (Eq. 1 restricted to the tools)", "eq1": " (Eq. 1 verbatim)"}.get(a.margin_variant, ""),
             f"- **embedder**: {', '.join(sorted(embedders)) or '—'} (embedder {a.embedder}) · **r_B**: {', '.join(sorted({r for _, r in studies})) or a.relevance} · **γ**: {a.gamma} · **β**: {a.beta}",
             f"- **k**: {'per analysis (sweep 0..K; others at k = K)' if self.k_max is None else f'K = {a.k_max}'} · **seed**: {a.seed}"
             f" · **quick**: {a.quick}"

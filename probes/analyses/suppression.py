@@ -2,11 +2,16 @@
 controls and BASM at one retrieval depth.
 
 Two measures per configuration, mean with a 95% bootstrap CI over task groups: the wrong-tool
-margin (Eq. 1 on the tool choice by default) and the broader tool-vs-control margin (every
+margin (Eq. 1 restricted to the tools by default) and the broader tool-vs-control margin (every
 catalog tool other than the correct one against the correct tool). Both panels and every
 configuration use the same items: those where both measures are defined under every
 configuration (items whose correct action is abstention have no correct tool); the items left
 out are counted (``n_dropped``).
+
+The claim is a difference on the same items: BASM's margin below Proc. Skill's and below each
+padding control's, per item, mean over task groups with a 95% CI (``suppression_differences.csv``,
+the right-hand panel of Fig. 5) and a one-sided sign-flip test over task groups
+(:meth:`Suppression.claims`; Holm over the family).
 """
 
 from __future__ import annotations
@@ -23,19 +28,24 @@ from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.data.configs import CONFIGS, PRIMING_CONFIGS
 from probes.reporting.markdown import cell, markdown_table
-from probes.scoring.stats import summarise
 from probes.reporting.results import load_results
+from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.stats import paired_differences, summarise
 
 NAME = "suppression"
 FIGURE = "fig05_suppression"
 DEFAULT_CONFIGS = ("proc", "pad-filler", "pad-procedure", "basm")
 MEASURES = ("margin", "broad_margin")
+CONTRASTS = {"BASM − Proc. Skill": ("basm", "proc"), "BASM − pad-filler": ("basm", "pad-filler"),
+             "BASM − pad-procedure": ("basm", "pad-procedure")}
 
 
 @dataclass
 class SuppressionSummary:
     table: pd.DataFrame  # measure, config, value, low, high, n, n_items, n_nan
     note: str
+    differences: pd.DataFrame | None = None  # measure, contrast, value, low, high, n, n_items, n_nan, note
+    per_item: pd.DataFrame | None = None  # measure, item_id, task_group, contrast, delta
 
 
 def collect(analysis: RunContext) -> pd.DataFrame:
@@ -60,19 +70,35 @@ def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> Suppres
     dropped = int((~keep).sum())
     rows = rows[rows["item_id"].map(keep)]
     table = pd.concat([summarise(rows, ["config"], measure, seed=seed).assign(measure=measure, n_dropped=dropped) for measure in MEASURES])
-    return SuppressionSummary(table[["measure", *[c for c in table.columns if c != "measure"]]], note)
+    per_item = pd.concat([paired_differences(rows, CONTRASTS, pair=["item_id", "task_group"], value=measure).assign(measure=measure)
+                          for measure in MEASURES], ignore_index=True)
+    differences = summarise(per_item, ["measure", "contrast"], "delta", seed=seed)
+    return SuppressionSummary(table[["measure", *[c for c in table.columns if c != "measure"]]], note, differences, per_item)
+
+
+def suppression_claims(summary: SuppressionSummary, seed: int = 0) -> list[Claim]:
+    """BASM's T_wrong margins below Proc. Skill's and each padding control's, per item; family "suppression"."""
+    per = summary.per_item
+    out = []
+    for (measure, contrast), sub in ([] if per is None else per.groupby(["measure", "contrast"], sort=False)):
+        a, b = CONTRASTS[contrast]
+        out.append(effect_claim(NAME, f"{contrast} ({measure})", f"on T_wrong the BASM {plots.MEASURE_LABELS[measure]} is below "
+                                f"{plots.label(b)}'s (paired by item)", sub["delta"], sub["task_group"], alternative="less", seed=seed))
+    return out
 
 
 def figure(summary: SuppressionSummary, out_dir: Path) -> list[Path]:
     plots.style()
-    return plots.save_figure(plots.fig05_suppression(summary.table, summary.note), out_dir, FIGURE)
+    return plots.save_figure(plots.fig05_suppression(summary.table, summary.note, differences=summary.differences), out_dir, FIGURE)
 
 
 def section(analysis: RunContext, summary: SuppressionSummary, paths: list[Path]) -> ReportSection:
     t = summary.table
-    body = (f"T_wrong margins (logits; `margin` is {analysis.variant}, Eq. 1 on the tool choice by default); CIs over task groups; "
+    body = (f"T_wrong margins (logits; `margin` is {analysis.variant}, Eq. 1 restricted to the tools by default); CIs over task groups; "
             f"every cell on the same items ({int(t['n_dropped'].iloc[0]) if len(t) else 0} items without a defined margin left out, "
-            f"e.g. abstention as the correct action).\n\n{markdown_table(t)}")
+            f"e.g. abstention as the correct action).\n\n{markdown_table(t)}\n\n"
+            f"The claim is a difference on the same items (`{NAME}_differences.csv`):\n\n"
+            f"{markdown_table(summary.differences[['measure', 'contrast', 'value', 'low', 'high', 'n', 'n_items', 'note']])}")
     comparisons = [Comparison(f"Fig. 5: wrong-tool margin, {plots.label(c)}", cell(t, measure="margin", config=c), p)
                    for c, p in paper.FIG5_MARGIN.items()]
     comparisons += [Comparison(f"Fig. 5: tool-vs-control margin, {plots.label(c)}", cell(t, measure="broad_margin", config=c), p)
@@ -101,7 +127,10 @@ class Suppression(Analysis):
         return summarise_rows(rows, note, ctx.options.seed)
 
     def tables(self, summary: SuppressionSummary) -> dict[str, pd.DataFrame]:
-        return {f"{NAME}_summary": summary.table}
+        return {f"{NAME}_summary": summary.table, f"{NAME}_differences": summary.differences}
+
+    def claims(self, summary: SuppressionSummary) -> list[Claim]:
+        return suppression_claims(summary, self.seed)
 
     def figures(self, summary: SuppressionSummary, out_dir: Path) -> list[Path]:
         return figure(summary, out_dir)

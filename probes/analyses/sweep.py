@@ -2,12 +2,18 @@
 
 Wrong-tool margin against retrieval depth k = 0..K for Base, Proc. Skill, App. Skill and BASM
 (plus the equal-length controls with ``--controls``), per bucket; mean with a 95% bootstrap CI
-over task groups. The headline is Eq. 1 on the tool choice (``--margin-variant tool_choice``):
+over task groups. The headline is Eq. 1 restricted to the tools (``--margin-variant tool_choice``):
 wrong tools vs the correct tool where their names diverge. Items whose correct action is
 abstention have no correct tool; they are counted (``n_nan``) and left out of the mean, and their
 abstention decision is in the rows (``call_logodds``). At k = 0 every configuration renders the same prompt, so
 their margins must coincide; the run checks the prompts (token ids) and the margins and reports
 the largest spread.
+
+The paper's claims are differences, so they are estimated as differences on the same items:
+the **trap** m_Proc(k) − m_Base(k) and the **suppression** m_BASM(k) − m_Proc(k), per item, then
+the mean over task groups with a 95% bootstrap CI (``sweep_differences.csv``, the right-hand
+panel of Fig. 2) and, on T_wrong at every k ≥ 1, a one-sided sign-flip test over task groups
+(:meth:`Sweep.claims`; Holm over the family).
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ from probes.data.configs import CONFIGS, CONTROL_CONFIGS, PAPER_CONFIGS, PRIMING
 from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
 from probes.reporting.results import load_results
-from probes.scoring.stats import summarise
+from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.stats import paired_differences, summarise
 
 NAME = "sweep"
 FIGURE = "fig02_retrieval_trap"
+# name -> (a, b, the claimed sign of a − b on T_wrong)
+CONTRASTS = {"trap": ("proc", "base", "greater"), "suppression": ("basm", "proc", "less")}
 
 
 @dataclass
@@ -39,6 +48,8 @@ class SweepSummary:
     note: str
     variant: str = "tool_choice"
     n_abstain_items: int = 0  # items without a correct tool (no tool-choice margin)
+    differences: pd.DataFrame | None = None  # bucket, contrast, k, value, low, high, n, n_items, n_nan, note
+    per_item: pd.DataFrame | None = None  # bucket, item_id, task_group, k, contrast, delta
 
 
 def configs_of(options: Any) -> list[str]:
@@ -55,13 +66,33 @@ def collect(analysis: RunContext) -> pd.DataFrame:
     return load_results(store.path)
 
 
-def summarise_rows(rows: pd.DataFrame, note: str = "", variant: str = "tool_choice") -> SweepSummary:
-    table = summarise(rows, ["bucket", "config", "k"])
+def summarise_rows(rows: pd.DataFrame, note: str = "", variant: str = "tool_choice", seed: int = 0) -> SweepSummary:
+    table = summarise(rows, ["bucket", "config", "k"], seed=seed)
+    per_item = paired_differences(rows, {name: (a, b) for name, (a, b, _) in CONTRASTS.items()},
+                                  pair=["bucket", "item_id", "task_group", "k"])
+    differences = summarise(per_item, ["bucket", "contrast", "k"], "delta", seed=seed)
     n_abstain = int(rows.loc[rows["correct_is_abstain"].astype(bool), "item_id"].nunique())
     k0 = rows[rows["k"] == 0]
     identical = bool((k0.groupby("item_id")["prompt_digest"].nunique() <= 1).all())
     spread = k0.groupby("item_id")["margin"].agg(lambda s: float(np.nanmax(s) - np.nanmin(s)) if s.notna().any() else 0.0)
-    return SweepSummary(table, identical, float(spread.max()) if len(spread) else float("nan"), note, variant, n_abstain)
+    return SweepSummary(table, identical, float(spread.max()) if len(spread) else float("nan"), note, variant, n_abstain,
+                        differences, per_item)
+
+
+def sweep_claims(summary: SweepSummary, seed: int = 0) -> list[Claim]:
+    """On T_wrong at every k ≥ 1: the trap (Proc. Skill above Base) and the suppression (BASM below
+    Proc. Skill), per item, over task groups; family "sweep"."""
+    per = summary.per_item
+    if per is None or not len(per):
+        return []
+    out = []
+    for (contrast, k), sub in per[(per["bucket"] == "T_wrong") & (per["k"] >= 1)].groupby(["contrast", "k"], sort=True):
+        a, b, alternative = CONTRASTS[contrast]
+        sub = sub[np.isfinite(sub["delta"].to_numpy(float))]
+        words = "above" if alternative == "greater" else "below"
+        out.append(effect_claim(NAME, f"{contrast} k={k}", f"on T_wrong at k = {k} the {plots.label(a)} margin is {words} {plots.label(b)} "
+                                f"(paired by item)", sub["delta"], sub["task_group"], alternative=alternative, seed=seed))
+    return out
 
 
 def figure(summary: SweepSummary, out_dir: Path) -> list[Path]:
@@ -70,7 +101,8 @@ def figure(summary: SweepSummary, out_dir: Path) -> list[Path]:
     note = (f"{summary.note}\nmean ± 95% bootstrap CI over task groups · "
             f"k = 0: {k0} across configurations, max margin spread {summary.k0_max_spread:.2g} logits · "
             f"{summary.n_abstain_items} items whose correct action is abstention left out (no correct tool)")
-    return plots.save_figure(plots.fig02_retrieval_trap(summary.table, note, summary.variant), out_dir, FIGURE)
+    return plots.save_figure(plots.fig02_retrieval_trap(summary.table, note, summary.variant, differences=summary.differences),
+                             out_dir, FIGURE)
 
 
 def print_summary(summary: SweepSummary) -> None:
@@ -80,6 +112,9 @@ def print_summary(summary: SweepSummary) -> None:
           f"max margin spread {summary.k0_max_spread:.3g} logits")
     print(f"margin: {plots.MARGIN_LABELS[summary.variant]}; {summary.n_abstain_items} items whose correct action is abstention "
           "are left out of it (their call log-odds are in the rows)")
+    if summary.differences is not None and len(summary.differences):
+        print("paired differences (mean over task groups [95% CI]):\n"
+              + summary.differences.drop(columns=["n_nan"]).round(3).to_string(index=False))
 
 
 def section(analysis: RunContext, summary: SweepSummary, paths: list[Path]) -> ReportSection:
@@ -90,7 +125,10 @@ def section(analysis: RunContext, summary: SweepSummary, paths: list[Path]) -> R
             f"95% CIs over task groups in `{NAME}_summary.csv`. {summary.n_abstain_items} items whose correct action is "
             f"abstention are left out (no correct tool).\n\n{markdown_table(pivot)}\n\n"
             f"k = 0 check: prompts identical across configurations: **{summary.k0_prompts_identical}**; "
-            f"largest margin spread between configurations at k = 0: {summary.k0_max_spread:.3g} logits.")
+            f"largest margin spread between configurations at k = 0: {summary.k0_max_spread:.3g} logits.\n\n"
+            f"The claims are differences on the same items (trap = Proc. Skill − Base, suppression = BASM − Proc. Skill), "
+            f"mean over task groups with 95% CIs (`{NAME}_differences.csv`):\n\n"
+            f"{markdown_table(summary.differences[['bucket', 'contrast', 'k', 'value', 'low', 'high', 'n', 'n_items', 'note']])}")
     comparisons = [
         Comparison("Fig. 2: margin at k = 0, T_wrong (configs coincide)", cell(t, bucket="T_wrong", config="base", k=0), paper.FIG2["k0"]),
         Comparison("Fig. 2: Proc. Skill at k = 2, T_wrong", cell(t, bucket="T_wrong", config="proc", k=2), paper.FIG2["proc_k2"]),
@@ -119,10 +157,13 @@ class Sweep(Analysis):
         return collect(ctx)
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> SweepSummary:
-        return summarise_rows(rows, provenance(ctx), ctx.variant)
+        return summarise_rows(rows, provenance(ctx), ctx.variant, ctx.options.seed)
 
     def tables(self, summary: SweepSummary) -> dict[str, pd.DataFrame]:
-        return {f"{NAME}_summary": summary.table}
+        return {f"{NAME}_summary": summary.table, f"{NAME}_differences": summary.differences}
+
+    def claims(self, summary: SweepSummary) -> list[Claim]:
+        return sweep_claims(summary, self.seed)
 
     def figures(self, summary: SweepSummary, out_dir: Path) -> list[Path]:
         return figure(summary, out_dir)

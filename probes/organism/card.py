@@ -258,7 +258,7 @@ eval T_wrong, n = {heldout.get('n_knockout', '')}; baseline margin {_fmt(ko['bas
 `basm-probes organism validate` runs the probe analyses (sweep, knockout, ratios, heads) on every eval
 item of T_wrong and T_ok at k = 2 and tests each targeted effect with a 95% cluster-bootstrap CI over
 task groups and a one-sided sign-flip permutation test (a claim holds iff the CI lies above 0 and
-p < 0.05). Margins: Eq. 1 on the tool choice (`--margin-variant tool_choice`: wrong vs correct tool,
+p < 0.05). Margins: Eq. 1 restricted to the tools (`--margin-variant tool_choice`: wrong vs correct tool,
 in logits; items whose correct action is abstention have none and are left out). Knockouts block B from
 every row from the one that opens the call to the decision row; the random control draws |B| positions
 of the memory block outside B. Heads are ranked on half of the task groups and tested on the other half

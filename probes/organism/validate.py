@@ -23,7 +23,7 @@ heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k
 Each statistic is a mean over task groups (items of a group share a template, so they are not
 independent) with a 95% cluster-bootstrap CI (:func:`probes.scoring.stats.bootstrap_mean`) and a one-sided
 sign-flip permutation test over task groups (:func:`probes.scoring.stats.paired_permutation_test`). A claim
-holds iff the CI lies above 0 and p < :data:`ALPHA`. Margins are Eq. 1 on the tool choice, in logits
+holds iff the CI lies above 0 and p < :data:`ALPHA`. Margins are Eq. 1 restricted to the tools, in logits
 (``--margin-variant tool_choice``): items whose correct action is abstention have none and are left
 out. The random control is the neutral one (random spans of the memory block outside B).
 """

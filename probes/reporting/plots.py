@@ -49,7 +49,8 @@ CONDITION_COLORS: dict[str, tuple[float, float, float]] = {
 }
 
 MARGIN_LABELS: dict[str, str] = {  # the headline `margin` of each --margin-variant
-    "tool_choice": "wrong-tool margin, Eq. 1 on the tool choice (logits)",
+    "tool_choice": "wrong-tool margin, Eq. 1 restricted to the tools (logits)",
+    "eq1": "wrong-tool margin, Eq. 1 verbatim (abstention in Y_ctrl; logits)",
     "first_token": "wrong-tool margin, Eq. 1 at the first name token (logits)",
     "path": "wrong-tool path log-prob margin (abstention included)",
 }
@@ -233,13 +234,22 @@ BUCKET_ORDER = ("T_ok", "T_wrong", "T_repair")
 CONFIG_ORDER = tuple(CONFIGS)
 
 
-def fig02_retrieval_trap(table: pd.DataFrame, note: str, variant: str = "tool_choice") -> plt.Figure:
-    """Wrong-tool margin vs k per configuration, one panel per bucket (T_wrong first).
+CONTRAST_LABELS = {"trap": "trap: Proc. Skill − Base", "suppression": "suppression: BASM − Proc. Skill"}
+CONTRAST_COLORS = {"trap": CONFIG_COLORS["proc"], "suppression": CONFIG_COLORS["basm"]}
 
-    table: bucket, config, k, value, low, high, n.
+
+def fig02_retrieval_trap(table: pd.DataFrame, note: str, variant: str = "tool_choice", *,
+                         differences: pd.DataFrame | None = None) -> plt.Figure:
+    """Wrong-tool margin vs k per configuration, one panel per bucket (T_wrong first), and with
+    ``differences`` a last panel of the paired differences on T_wrong (the claims: trap and
+    suppression per item, mean over task groups with CIs).
+
+    table: bucket, config, k, value, low, high, n; differences: bucket, contrast, k, value, low, high, n, n_items.
     """
     buckets = _ordered(table["bucket"], ("T_wrong", "T_ok", "T_repair"))
-    fig, axes = plt.subplots(1, len(buckets), figsize=(4.2 * len(buckets), 3.8), sharey=True, squeeze=False)
+    diff = differences[differences["bucket"] == "T_wrong"] if differences is not None else pd.DataFrame()
+    n_panels = len(buckets) + (1 if len(diff) else 0)
+    fig, axes = plt.subplots(1, n_panels, figsize=(4.2 * n_panels + 0.6, 3.8), squeeze=False)
     for ax, bucket in zip(axes[0], buckets):
         sub = table[table["bucket"] == bucket]
         for config in _ordered(sub["config"], CONFIG_ORDER):
@@ -248,14 +258,30 @@ def fig02_retrieval_trap(table: pd.DataFrame, note: str, variant: str = "tool_ch
             ax.fill_between(line["k"], *ci_band(line), color=color(config), alpha=0.15, lw=0)
             mark_no_ci(ax, line["k"], line, color(config))
         note_no_ci(ax, sub)
-        ax.set_title(f"{bucket_label(bucket)}  (n = {int(sub['n'].max()) if len(sub) else 0} task groups)")
+        n_items = int(sub["n_items"].max()) if "n_items" in sub and len(sub) else 0
+        ax.set_title(f"{bucket_label(bucket)}  (n = {int(sub['n'].max()) if len(sub) else 0} task groups, {n_items} items)")
         ax.set_xlabel("retrieval depth k")
         ax.set_xticks(sorted(set(sub["k"])))
         ax.axhline(0.0, color="0.3", lw=0.8)
     axes[0][0].set_ylabel(MARGIN_LABELS[variant].replace(", ", "\n", 1))
-    legend_outside(axes[0][-1])
+    legend_outside(axes[0][len(buckets) - 1])
+    if len(diff):
+        ax = axes[0][-1]
+        for contrast in _ordered(diff["contrast"], tuple(CONTRAST_LABELS)):
+            line = diff[diff["contrast"] == contrast].sort_values("k")
+            ax.plot(line["k"], line["value"], marker="o", color=CONTRAST_COLORS[contrast], label=CONTRAST_LABELS[contrast])
+            ax.fill_between(line["k"], *ci_band(line), color=CONTRAST_COLORS[contrast], alpha=0.15, lw=0)
+            mark_no_ci(ax, line["k"], line, CONTRAST_COLORS[contrast])
+        note_no_ci(ax, diff)
+        ax.axhline(0.0, color="0.3", lw=0.8)
+        ax.set_xticks(sorted(set(diff["k"])))
+        ax.set_xlabel("retrieval depth k")
+        ax.set_ylabel("paired difference (logits)")
+        ax.set_title(f"{bucket_label('T_wrong')}: the claims, paired by item\n(n = {int(diff['n'].max())} task groups, "
+                     f"{int(diff['n_items'].max())} items)")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), fontsize=8)
     fig.suptitle("Retrieval trap: wrong-tool margin vs retrieval depth", y=1.02)
-    footnote(fig, note)
+    footnote(fig, note, y=-0.16 if len(diff) else -0.01)
     return fig
 
 
@@ -296,15 +322,33 @@ def _margin_bars(ax: plt.Axes, table: pd.DataFrame, column: str, ylabel: str) ->
     ax.set_ylabel(ylabel)
 
 
-def fig05_suppression(table: pd.DataFrame, note: str) -> plt.Figure:
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.9))
+def fig05_suppression(table: pd.DataFrame, note: str, *, differences: pd.DataFrame | None = None) -> plt.Figure:
+    """T_wrong margins per configuration (two panels) and, with ``differences``, the paired
+    differences BASM − each other configuration (the claims) per measure.
+
+    table: config, measure, value, low, high, n; differences: measure, contrast, value, low, high, n, n_items.
+    """
+    with_diff = differences is not None and len(differences)
+    fig, axes = plt.subplots(1, 3 if with_diff else 2, figsize=(14.5 if with_diff else 9.5, 3.9), squeeze=False)
+    axes = axes[0]
     _margin_bars(axes[0], table, "margin", "wrong-tool margin (logits)")
     _margin_bars(axes[1], table, "broad_margin", "tool-vs-control margin (logits)")
+    n = int(table["n"].max()) if len(table) else 0
+    items = int(table["n_items"].max()) if "n_items" in table and len(table) else 0
     axes[0].set_title(f"{bucket_label('T_wrong')}: wrong-tool margin")
     axes[1].set_title(f"{bucket_label('T_wrong')}: tool-vs-control margin")
     legend_outside(axes[1])
-    fig.suptitle("Boundary fields suppress the wrong tool beyond equal-length controls", y=1.02)
-    footnote(fig, note)
+    if with_diff:
+        contrasts = list(dict.fromkeys(differences["contrast"]))
+        palette = dict(zip(contrasts, (CONFIG_COLORS["proc"], CONFIG_COLORS["pad-filler"], CONFIG_COLORS["pad-procedure"])))
+        grouped_bars(axes[2], differences, _ordered(differences["measure"], ("margin", "broad_margin")), contrasts,
+                     group_col="measure", series_col="contrast", series_label=lambda c: c, series_color=lambda c: palette.get(c, "0.5"),
+                     group_label=lambda m: SHORT_MEASURE_LABELS[m])
+        axes[2].set_ylabel("paired difference (logits)")
+        axes[2].set_title("the claims, paired by item")
+        axes[2].legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8)
+    fig.suptitle(f"Boundary fields suppress the wrong tool beyond equal-length controls (n = {n} task groups, {items} items)", y=1.02)
+    footnote(fig, note, y=-0.12 if with_diff else -0.01)
     return fig
 
 

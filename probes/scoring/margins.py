@@ -8,19 +8,28 @@ undefined quantity is ``nan`` with the reason in ``note``.
 
 The quantities
 --------------
-Eq. 1 compares next-token logits: ``m = max_{y∈Y_wrong} ℓ(y) − max_{y∈Y_ctrl} ℓ(y)``.
+Eq. 1 compares next-token logits: ``m = max_{y∈Y_wrong} ℓ(y) − max_{y∈Y_ctrl} ℓ(y)``, where
+Y_ctrl holds the first tokens of the correct function *and the abstention tokens*.
 
-``tool_choice`` (the headline, :func:`tool_choice_margin`)
-    Eq. 1 on the *tool choice*: wrong tools against the correct tool. Each (wrong, correct) pair
-    is compared at the row that predicts their first differing token: the decision row when their
-    first tokens differ, else the row after their shared name prefix (Qwen3 names often share
-    ``get``). Both tokens are predicted from the same context there, so the difference of their
-    log-probabilities is their logit difference. ``m = max_w min_c (ℓ_w − ℓ_c)``, which is Eq. 1
-    verbatim when no first tokens are shared. Items whose correct action is abstention have no
-    correct tool: ``nan`` with that reason; they are reported through ``call_logodds``.
+``eq1`` (:func:`eq1_margin`)
+    Eq. 1 verbatim: at the decision row, the first tokens of the wrong tools against the first
+    tokens of the correct tool and of the abstention answer. Defined only where abstention and the
+    tool names are predicted at one row, the ``prompted`` format; in the native format abstention
+    is not opening ``<tool_call>`` at an earlier row, so ``nan`` with that reason. Items whose
+    correct action is abstention keep a value (Y_ctrl is then the abstention token alone); where a
+    wrong tool shares its first token with a Y_ctrl token, ``nan`` with ``collision=True``.
+``tool_choice`` (the default headline, :func:`tool_choice_margin`)
+    **Eq. 1 restricted to the tools**: wrong tools against the correct tool, abstention left out
+    of Y_ctrl. Each (wrong, correct) pair is compared at the row that predicts their first
+    differing token: the decision row when their first tokens differ, else the row after their
+    shared name prefix (Qwen3 names often share ``get``). Both tokens are predicted from the same
+    context there, so the difference of their log-probabilities is their logit difference.
+    ``m = max_w min_c (ℓ_w − ℓ_c)``. Items whose correct action is abstention have no correct tool:
+    ``nan`` with that reason (they are reported through ``call_logodds``), so on item sets with
+    abstention items this is *not* the paper's quantity: compare with the paper through ``eq1``.
 ``first_token`` (:func:`first_token_margin`)
-    Eq. 1 strictly at the decision row (first name tokens); ``nan`` with ``collision=True``
-    where a wrong and the correct tool share their first token.
+    Eq. 1 restricted to the tools, strictly at the decision row (first name tokens); ``nan`` with
+    ``collision=True`` where a wrong and the correct tool share their first token.
 ``broad`` (:func:`broad_margin`)
     ``tool_choice`` with every catalog tool other than the correct one in the wrong set (the
     paper's tool-vs-control margin).
@@ -174,7 +183,7 @@ def pairwise_margin(
 
 
 def tool_choice_margin(candidates: Sequence[CandidateInfo], token_logprobs: Mapping[str, torch.Tensor], fmt: str) -> MarginResult:
-    """Eq. 1 on the tool choice (module docstring): wrong tools vs the correct tool."""
+    """Eq. 1 restricted to the tools (module docstring): wrong tools vs the correct tool, pairwise where names diverge."""
     wrong, correct = _tools(candidates, "wrong"), _correct_tool(candidates)
     if not wrong:
         raise ValueError("no wrong-tool candidates to score")
@@ -206,11 +215,37 @@ def correct_margin(candidates: Sequence[CandidateInfo], token_logprobs: Mapping[
 
 
 # -------------------------------------------------------------------------------- single row
+def eq1_margin(row_logits: Mapping[int, torch.Tensor], candidates: Sequence[CandidateInfo], fmt: str, decision_index: int) -> MarginResult:
+    """Eq. 1 verbatim (module docstring): max first-token logit of the wrong tools − max over the
+    first tokens of the correct tool and the abstention answer, at the decision row (prompted only)."""
+    if fmt != "prompted":
+        return _nan("eq1", fmt, "native format: abstention (not opening a call) is decided at the open row, not where the tool "
+                    "name is predicted; verbatim Eq. 1 needs --format prompted")
+    wrong, correct = _tools(candidates, "wrong"), _correct_tool(candidates)
+    abstain = [c for c in candidates if c.is_abstention]
+    if not wrong:
+        raise ValueError("no wrong-tool candidates to score")
+    controls = [c for c in (correct, *abstain) if c is not None]
+    if not controls:
+        raise ValueError("no correct tool and no abstention answer to score")
+    for c in [*wrong, *controls]:
+        if c.anchor_index != decision_index:
+            raise ValueError(f"candidate {c.action!r} anchors at {c.anchor_index}, not the decision row {decision_index}")
+    control_tokens = {c.token_ids[0] for c in controls}
+    shared = [w.action for w in wrong if w.token_ids[0] in control_tokens]
+    if shared:
+        return _nan("eq1", fmt, f"first-token collision: {shared} share a first token with the correct tool or the abstention answer", True)
+    dec = _logits(row_logits, decision_index)
+    value = max(float(dec[w.token_ids[0]]) for w in wrong) - max(float(dec[t]) for t in control_tokens)
+    return MarginResult("eq1", fmt, value, False, "first-token logits at the decision row; Y_ctrl: "
+                        + ", ".join(repr(c.action) for c in controls), tuple((w.action, c.action, 0) for w in wrong for c in controls))
+
+
 def first_token_margin(
     row_logits: Mapping[int, torch.Tensor], candidates: Sequence[CandidateInfo], fmt: str, decision_index: int
 ) -> MarginResult:
-    """Eq. 1 strictly at the decision row: max first-token logit of the wrong tools − that of the
-    correct tool; ``nan`` with ``collision=True`` when they share a first token."""
+    """Eq. 1 restricted to the tools, strictly at the decision row: max first-token logit of the
+    wrong tools − that of the correct tool; ``nan`` with ``collision=True`` when they share a first token."""
     wrong, correct = _tools(candidates, "wrong"), _correct_tool(candidates)
     if not wrong:
         raise ValueError("no wrong-tool candidates to score")

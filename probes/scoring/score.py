@@ -4,9 +4,10 @@
 evaluates the baseline and every knockout at once, and returns per condition every quantity of
 :mod:`probes.scoring.margins`:
 
-- ``margin``: the headline, by default Eq. 1 on the tool choice (``margin_tool_choice``: wrong
+- ``margin``: the headline, by default Eq. 1 restricted to the tools (``margin_tool_choice``: wrong
   tools vs the correct tool, each pair at the row where their names diverge); also written:
-  ``margin_first_token`` (Eq. 1 strictly at the decision row, NaN under first-token collisions),
+  ``margin_eq1`` (Eq. 1 verbatim, abstention in Y_ctrl; prompted format only, NaN in native),
+  ``margin_first_token`` (the tool-only Eq. 1 strictly at the decision row, NaN under first-token collisions),
   ``margin_path`` (whole-path log-probabilities, abstention included) and ``call_logodds`` (the
   abstention decision, a separate quantity). Items whose correct action is abstention
   (``correct_is_abstain``) have no tool-choice margin: NaN, reported through ``call_logodds``;
@@ -31,7 +32,7 @@ import torch
 from probes.engine.session import Knockout, ProbeSession, span_positions
 from probes.scoring import margins as margins_mod
 
-MARGIN_VARIANTS: tuple[str, ...] = ("tool_choice", "first_token", "path")
+MARGIN_VARIANTS: tuple[str, ...] = ("tool_choice", "eq1", "first_token", "path")
 DEFAULT_VARIANT = "tool_choice"
 EPSILON = 1e-6  # ε of Eq. 2's ratio (stated in every output that uses it)
 MARGINS: tuple[str, ...] = ("margin", "broad_margin", "correct_margin")
@@ -93,6 +94,7 @@ def score_record(
         lp = c.candidate_token_logprobs
         quantities = {
             "tool_choice": margins_mod.tool_choice_margin(cands, lp, fmt),
+            "eq1": margins_mod.eq1_margin(c.row_logits, cands, fmt, dec),
             "first_token": margins_mod.first_token_margin(c.row_logits, cands, fmt, dec),
             "path": margins_mod.path_margin(c.row_logits, res.input_ids, cands, fmt, dec, lp, opn),
         }

@@ -178,16 +178,34 @@ def summarise(rows: pd.DataFrame, by: Sequence[str], value: str = "margin", *, s
 
     Columns: *by, value, low, high, n (task groups), n_items (finite rows), n_nan (undefined
     rows, e.g. margins under first-token collisions; excluded), note. A cell with fewer than two
-    task groups has no CI: low = high = NaN and note "no CI (1 group)" (never a zero-width CI).
+    task groups has no CI: low = high = NaN and note "no CI (1 group)" (never a zero-width CI by
+    accident); a CI of zero width (every group has the same value, e.g. identical k = 0 prompts)
+    says so in its note.
     """
     out = []
     for key, sub in rows.groupby(list(by), sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         finite = sub[np.isfinite(sub[value].astype(float))]
         est = bootstrap_mean(finite[value].astype(float).to_numpy(), finite["task_group"].to_numpy(), seed=seed)
+        note = no_ci_note(est.n_units) or ("zero width: every task group has this value" if est.low == est.high else "")
         out.append({**dict(zip(by, key)), "value": est.value, "low": est.low, "high": est.high, "n": est.n_units,
-                    "n_items": len(finite), "n_nan": len(sub) - len(finite), "note": no_ci_note(est.n_units)})
+                    "n_items": len(finite), "n_nan": len(sub) - len(finite), "note": note})
     return pd.DataFrame(out, columns=[*by, "value", "low", "high", "n", "n_items", "n_nan", "note"])
+
+
+def paired_differences(rows: pd.DataFrame, contrasts: dict[str, tuple[str, str]], *, pair: Sequence[str], side: str = "config",
+                       value: str = "margin") -> pd.DataFrame:
+    """Per-record differences ``value[a] − value[b]`` for each named contrast ``(a, b)`` of the
+    ``side`` column (e.g. configurations), the two rows paired on the ``pair`` columns (which must
+    include ``item_id`` and ``task_group``). Returns the ``pair`` columns, ``contrast`` and ``delta``
+    (NaN where either side is undefined, e.g. an abstention item's tool margin); feed it to
+    :func:`summarise` with ``value="delta"`` for task-group CIs of the differences."""
+    wide = rows.pivot_table(index=list(pair), columns=side, values=value, aggfunc="first", dropna=False)
+    out = []
+    for name, (a, b) in contrasts.items():
+        if a in wide and b in wide:
+            out.append(wide.index.to_frame(index=False).assign(contrast=name, delta=(wide[a] - wide[b]).to_numpy(float)))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=[*pair, "contrast", "delta"])
 
 
 def auc(y: np.ndarray, scores: np.ndarray) -> float:
