@@ -560,13 +560,15 @@ def split_label(options: Any) -> str:
     return options.split if options.split_kind == "template" else f"{options.split}, {options.split_kind} split"
 
 
-def provenance(ctx: RunContext, n_items: int | None = None) -> str:
-    """One line naming model, dataset, format, margin variant, items and k (figure footnotes, report)."""
+def provenance(ctx: RunContext, n_items: int | None = None, *, items: bool = True) -> str:
+    """One line naming model, dataset, format, margin variant, items and k (figure footnotes, report);
+    ``items=False`` leaves the item count out (a composite figure states each panel's own)."""
     a = ctx.options
     n = len(ctx.items) if n_items is None else n_items
     groups = len({item.task_group for item in ctx.items}) if n_items is None else None
+    count = f"items: {n}{f' ({groups} task groups)' if groups is not None else ''} · " if items else ""
     return (f"model: {Path(ctx.model_path).name} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({split_label(a)}) · "
-            f"format: {a.format} · margin: {a.margin_variant} · items: {n}{f' ({groups} task groups)' if groups is not None else ''} · "
+            f"format: {a.format} · margin: {a.margin_variant} · {count}"
             f"k ≤ {a.k_max} · embedder: {ctx.builder.retriever.embedder.name} · seed {a.seed}")
 
 

@@ -176,7 +176,8 @@ def probe_layers(features: np.ndarray, y: np.ndarray, groups: Sequence[str], set
     n_layers = features.shape[1]
     folds = grouped_folds(y, groups, settings.folds, settings.seed)
     base = {"n": len(y), "n_pos": int(y.sum()), "n_neg": int(len(y) - y.sum()), "n_groups": len(set(groups)), "n_folds": len(folds)}
-    stats = ("auc", "low", "high", "null_mean", "null_low", "null_high", "p_perm", "maxnull_mean", "maxnull_low", "maxnull_high", "p_maxnull")
+    stats = ("auc", "low", "high", "null_mean", "null_low", "null_high", "p_perm", "maxnull_mean", "maxnull_low", "maxnull_high", "p_maxnull",
+             "p_floor")
     if not folds:
         return [{**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0, "note": "no task-disjoint CV: fewer than 2 task groups per class, or no split leaves both classes in every training fold"}
                 for _ in range(n_layers)]
@@ -215,7 +216,8 @@ def probe_layers(features: np.ndarray, y: np.ndarray, groups: Sequence[str], set
         rows.append({**base, "auc": value, "low": low, "high": high, "null_mean": null_mean, "null_low": null_low, "null_high": null_high,
                      "p_perm": float((1 + np.sum(null >= value)) / (1 + len(null))),
                      "maxnull_mean": maxnull_mean, "maxnull_low": maxnull_low, "maxnull_high": maxnull_high,
-                     "p_maxnull": float((1 + np.sum(max_null >= value)) / (1 + len(max_null))), "n_permutations": len(null), "note": few})
+                     "p_maxnull": float((1 + np.sum(max_null >= value)) / (1 + len(max_null))), "n_permutations": len(null),
+                     "p_floor": max(1 / (1 + len(null)), 1 / labelings), "note": few})
     return rows
 
 
@@ -364,7 +366,7 @@ def asdict_settings(settings: ProbeSettings) -> dict[str, Any]:
 
 
 SUMMARY_COLUMNS = ["config", "k", "layer", "auc", "low", "high", "null_mean", "null_low", "null_high", "p_perm",
-                   "maxnull_mean", "maxnull_low", "maxnull_high", "p_maxnull", "n_permutations",
+                   "maxnull_mean", "maxnull_low", "maxnull_high", "p_maxnull", "n_permutations", "p_floor",
                    "n", "n_pos", "n_neg", "n_groups", "n_folds", "note"]
 
 
@@ -386,12 +388,14 @@ def compute(analysis: Any, index: Any) -> LinearSummary:
 
 def best_shortcut_auc(analysis: Any) -> dict[str, Any] | None:
     """The best no-model shortcut's T_ok/T_wrong AUC (request length, lexical overlap, catalog rules, bag of words)
-    on the dataset's split of this run: the bar a probe result has to clear."""
+    on exactly this run's items (classifiers fit on the train split still fit on all of it): the bar a
+    probe result has to clear, read on the items the probe was read on."""
     from probes.scoring.shortcuts import best_shortcut, shortcut_table, split_name
 
     a = analysis.options
     split = None if a.split == "all" else a.split
-    table = shortcut_table(analysis.dataset, splits=(split,), split_kind=a.split_kind, resamples=a.resamples, seed=a.seed)
+    table = shortcut_table(analysis.dataset, splits=(split,), split_kind=a.split_kind, resamples=a.resamples, seed=a.seed,
+                           item_ids=[item.id for item in analysis.items])
     return best_shortcut(table, split=split_name(split, a.split_kind)).get("auc")
 
 
@@ -403,7 +407,13 @@ def figure_note(analysis: Any, table: Any) -> str:
             f"AUC of out-of-fold scores, StratifiedGroupKFold by task group (≤ {a.folds} folds), "
             f"StandardScaler + L2 logistic regression (C = {a.C}); band: 95% bootstrap CI over task groups; "
             f"grey: labels shuffled within task groups ({a.permutations} permutations, the same at every layer; mean and 95% range)\n"
-            f"{best_layer_note(best_layers(table))}")
+            f"{best_layer_note(best_layers(table))}" + "".join(f"\np floor: {note}" for note in p_floors(table)))
+
+
+def p_floors(table: Any) -> list[str]:
+    """The permutation p floors the run's task groups impose (e.g. "only 16 distinct within-group
+    labelings: p ≥ 0.0625"), once each: with few groups no layer can reach a small p."""
+    return sorted({str(n) for n in table["note"].dropna() if str(n).startswith("only ")})
 
 
 def figure(summary: LinearSummary, figures_dir: Path) -> list[Path]:
@@ -437,7 +447,7 @@ def best_layers(table: Any) -> Any:
         out.append({"config": config, "k": int(k), "best_layer": int(best["layer"]), "auc": best["auc"], "low": best["low"],
                     "high": best["high"], "shuffled": best["null_mean"], "null_low": best["null_low"], "null_high": best["null_high"],
                     "p_perm": best["p_perm"], "maxnull_low": best["maxnull_low"], "maxnull_high": best["maxnull_high"],
-                    "p_best_layer_maxnull": best["p_maxnull"], "n_permutations": int(best["n_permutations"]),
+                    "p_best_layer_maxnull": best["p_maxnull"], "n_permutations": int(best["n_permutations"]), "p_floor": best["p_floor"],
                     "mean_auc_over_layers": finite["auc"].mean(), "n": int(best["n"]), "n_groups": int(best["n_groups"])})
     return pd.DataFrame(out)
 
@@ -459,16 +469,36 @@ def section(analysis: Any, summary: LinearSummary, paths: list[Path]) -> Any:
     if summary.shortcut is not None and len(best):
         cut = summary.shortcut
         below = best[best["low"].isna() | (best["low"] <= cut["value"])]
-        body += (f"\n\n**Shortcut bar.** The best surface shortcut on the same split ({cut['shortcut']}, no model) separates T_ok "
+        body += (f"\n\n**Shortcut bar.** The best surface shortcut on the same {cut.get('n_items', '?')} items ({cut['shortcut']}, no model) separates T_ok "
                  f"from T_wrong with AUC {cut['value']:.3f} [{cut['low']:.3f}, {cut['high']:.3f}]. "
                  + (f"**{len(below)} of {len(best)} best-layer probe results do not beat it** (CI lower bound ≤ the shortcut's AUC): "
                     + ", ".join(f"{r.config} k={r.k}" for r in below.itertuples()) + ". Such a probe result can be read off the "
                     "request's surface and is no evidence that the residual stream encodes applicability."
                     if len(below) else "Every best-layer probe result's CI lies above it."))
+    floors = p_floors(table)
+    if floors:
+        body += "\n\n**p floor.** " + "; ".join(floors) + " (too few task groups for a smaller permutation p at any layer)."
     comparisons = [Comparison(f"Fig. 10: best-layer probe AUC, {config} (k = {k_max}; paper: no stable high-AUC vector)",
                               float(best[(best["config"] == config) & (best["k"] == k_max)]["auc"].iloc[0]), None, "AUC")
                    for config in ("proc", "basm") if len(best) and ((best["config"] == config) & (best["k"] == k_max)).any()]
     return ReportSection(NAME, "Fig. 10 — residual-stream linear probe control (`linear`)", paths, body, comparisons, summary)
+
+
+def linear_claims(table: Any) -> list[Any]:
+    """Per configuration at the largest k: applicability is linearly readable at the best layer (AUC
+    above the within-group label-permutation null, p family-wise over layers: the max-over-layers
+    null); family "linear". The CI is the AUC's bootstrap CI, held against 0.5."""
+    from probes.scoring.claims import Claim
+
+    best = best_layers(table)
+    if not len(best):
+        return []
+    top = best[best["k"] == best["k"].max()]
+    return [Claim(NAME, f"{r.config} k={r.k}", f"under {r.config} at k = {r.k} applicability is linearly readable at the best layer "
+                  f"(L{r.best_layer}; max-over-layers permutation null)", float(r.auc), float(r.low), float(r.high), int(r.n_groups),
+                  float(r.p_best_layer_maxnull), p_floor=float(r.p_floor), unit="AUC", null=0.5,
+                  note=f"null AUC at that layer {r.shuffled:.3f} [{r.null_low:.3f}, {r.null_high:.3f}]")
+            for r in top.itertuples()]
 
 
 def print_summary(table: Any) -> None:
@@ -517,6 +547,9 @@ class Linear(Analysis):
 
     def section(self, ctx: RunContext, summary: LinearSummary, figures: list[Path]) -> Any:
         return section(ctx, summary, figures)
+
+    def claims(self, summary: LinearSummary) -> list[Any]:
+        return linear_claims(summary.table)
 
     def print_summary(self, summary: LinearSummary) -> None:
         print_summary(summary.table)

@@ -42,7 +42,7 @@ from probes.analyses.base import (
     provenance,
     split_label,
 )
-from probes.analyses.knockout import basm_deltas
+from probes.analyses.knockout import basm_deltas, caption, knockout_labels
 from probes.analyses.parallel import rank_device, world
 from probes.engine.session import ProbeSession
 from probes.reporting import plots
@@ -91,13 +91,23 @@ def comparison_table(comparisons: list[Comparison], model: str = "", variant: st
 
 
 def mechanism_figure(sections: dict[str, ReportSection], figures_dir: Path, note: str) -> list[Path]:
-    """Fig. 3 (four panels) from the ratios, suppression and knockout summaries."""
+    """Fig. 3 (four panels) from the ratios, suppression and knockout summaries; its footer says what
+    each panel plots (items and task groups), read from the plotted tables."""
     if not {"ratios", "suppression", "knockout"} <= set(sections):
         return []
     plots.style()
     k = sections["knockout"].summary
     eta = sections["ratios"].summary.eta
-    fig = plots.fig03_mechanism(eta[eta["row"] == "deciding"], sections["suppression"].summary.table, basm_deltas(k), k.recovery, note)
+    eta = eta[eta["row"] == "deciding"]
+    suppression = sections["suppression"].summary.table
+    basm_eta = eta[eta["config"] == "basm"]
+    panels = [
+        "(a) η, BASM: " + ", ".join(f"{r.bucket} {int(r.n_items)} records / {int(r.n)} groups" for r in basm_eta.itertuples()),
+        "(b) T_wrong margins: " + (f"{int(suppression['n_items'].max())} items / {int(suppression['n'].max())} groups per configuration"
+                                   if len(suppression) else "none"),
+        f"(c, d) knockout: {caption(k)}",
+    ]
+    fig = plots.fig03_mechanism(eta, suppression, basm_deltas(k), k.recovery, note + "\n" + "\n".join(panels), labels=knockout_labels(k))
     return plots.save_figure(fig, figures_dir, "fig03_mechanism")
 
 
@@ -202,7 +212,7 @@ class Report(Analysis):
                     failed.append(f"`{name}`: {failure}")
                     error(f"{name} failed: {failure}")
                     continue
-                note = note or provenance(ctx)
+                note = note or provenance(ctx, items=False)
                 embedders.add(ctx.builder.retriever.embedder.name)
                 studies.add((str(ctx.options.dataset), str(ctx.options.relevance)))
                 if writer:

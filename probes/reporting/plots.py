@@ -484,7 +484,8 @@ def legend_below(ax: plt.Axes) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7.5)
 
 
-def fig03_mechanism(eta: pd.DataFrame, suppression: pd.DataFrame, deltas: pd.DataFrame, recovery: pd.DataFrame, note: str) -> plt.Figure:
+def fig03_mechanism(eta: pd.DataFrame, suppression: pd.DataFrame, deltas: pd.DataFrame, recovery: pd.DataFrame, note: str, *,
+                    labels: dict[str, str] | None = None) -> plt.Figure:
     """The four panels of Fig. 3: η per bucket, T_wrong margins, knockout controls, selectivity."""
     fig, axes = plt.subplots(1, 4, figsize=(21, 4.6))
     _eta_panels([axes[0]], eta)
@@ -493,12 +494,12 @@ def fig03_mechanism(eta: pd.DataFrame, suppression: pd.DataFrame, deltas: pd.Dat
     _margin_bars(axes[1], suppression, "margin", "wrong-tool margin (logits)")
     axes[1].set_title(f"(b) {bucket_label('T_wrong')} wrong-tool margin")
     legend_below(axes[1])
-    _knockout_panel(axes[2], deltas, None)
+    _knockout_panel(axes[2], deltas, None, labels)
     wrong = recovery[recovery["measure"] == "margin"] if len(recovery) else recovery
     share = f": {100 * float(wrong['value'].iloc[0]):.1f}% of gap recovered" if len(wrong) else ""
     axes[2].set_title(f"(c) boundary knockout vs controls{share}")
     legend_below(axes[2])
-    _selectivity_panel(axes[3], deltas)
+    _selectivity_panel(axes[3], deltas, labels)
     axes[3].set_title("(d) knockout selectivity")
     legend_below(axes[3])
     fig.suptitle("Boundary fields suppress wrong-tool preference through state-conditioned attention", y=1.03)
@@ -573,7 +574,8 @@ def fig10_linear_probe(table: pd.DataFrame, note: str, shortcut: dict | None = N
             ax.fill_between(line["layer"], line["low"], line["high"], color=color(config), alpha=0.15, lw=0)
         ax.axhline(0.5, color="0.3", lw=0.8)
         if shortcut is not None:
-            ax.axhline(shortcut["value"], color="firebrick", lw=1, ls=":", label=f"best shortcut ({shortcut['shortcut']})")
+            ax.axhline(shortcut["value"], color="firebrick", lw=1, ls=":",
+                       label=f"best shortcut ({shortcut['shortcut']}; {shortcut.get('n_items', '?')} items, the probe's)")
         n_items = int(sub["n"].max()) if len(sub) else 0
         n_groups = int(sub["n_groups"].max()) if len(sub) else 0
         ax.set_title(f"k = {k}  ({n_items} items, {n_groups} task group{'s' if n_groups != 1 else ''})")

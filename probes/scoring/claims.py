@@ -5,8 +5,8 @@ more than a mass-matched control") with the estimate behind it, its 95% CI over 
 p-value and the family of comparisons it belongs to. :func:`claims_table` adjusts the p-values
 within each family (Holm, through ``statsmodels``) and words a verdict that cannot overstate:
 
-- an **effect** claim ("X > 0", one-sided) *holds* only when its Holm-adjusted p is below α and
-  its CI excludes 0 on the claimed side; otherwise it is "not detected", with the power the test
+- an **effect** claim ("X > 0", one-sided; > 0.5 for an AUC, the claim's ``null``) *holds* only
+  when its Holm-adjusted p is below α and its CI excludes the null value on the claimed side; otherwise it is "not detected", with the power the test
   had against the family's smallest effect of interest when one is stated;
 - an **absence** claim ("X is negligible", e.g. a control that should not move the margin) is a
   two one-sided tests (TOST) equivalence claim against a stated smallest effect of interest δ:
@@ -32,7 +32,7 @@ from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean, group_means, pair
 ALPHA = 0.05
 KINDS = ("effect", "absence")
 ALTERNATIVES = ("greater", "less")
-COLUMNS = ["family", "name", "kind", "statement", "estimate", "low", "high", "n", "unit", "p", "p_floor", "p_holm",
+COLUMNS = ["family", "name", "kind", "statement", "estimate", "low", "high", "null", "n", "unit", "p", "p_floor", "p_holm",
            "family_size", "sesoi", "power", "verdict", "note"]
 
 
@@ -61,6 +61,7 @@ class Claim:
     power: float = math.nan
     unit: str = "logits"
     note: str = ""
+    null: float = 0.0  # the estimate's value under the null hypothesis (0.5 for an AUC)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -148,7 +149,7 @@ def verdict(row: pd.Series, alpha: float = ALPHA) -> str:
         if row["p_holm"] < alpha:
             return f"holds: equivalent to 0 within ±{row['sesoi']:g}"
         return f"not shown: equivalence within ±{row['sesoi']:g} not established{power}"
-    side_ok = row["low"] > 0 if row["alternative"] == "greater" else row["high"] < 0
+    side_ok = row["low"] > row["null"] if row["alternative"] == "greater" else row["high"] < row["null"]
     if row["p_holm"] < alpha and side_ok:
         return "holds"
     if row["p"] < alpha and side_ok:

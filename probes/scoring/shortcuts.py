@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -308,11 +308,14 @@ def shortcut_table(
     folds: int = DEFAULT_FOLDS,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    item_ids: Collection[str] | None = None,
 ) -> pd.DataFrame:
     """Every shortcut statistic of ``dataset`` per split (``None`` = all items, written ``all``);
     ``split_kind`` picks the split field (:meth:`probes.data.dataset.ProbeDataset.select`: ``"template"``
     = ``split``, ``"scenario"`` = ``split_scenario``), written in the ``split`` column as e.g.
-    ``eval`` or ``scenario:eval``.
+    ``eval`` or ``scenario:eval``. ``item_ids``: only these items of each split (an analysis's own
+    items, so a bar is read on exactly the items its probe used); classifiers fit on the train split
+    still fit on all of it.
 
     Columns: ``shortcut, split, compared, statistic, value, low, high, n_items, n_groups, note``;
     ``low``/``high`` are a 95% percentile bootstrap CI over task groups (NaN where the statistic
@@ -352,8 +355,10 @@ def shortcut_table(
     for split in splits:
         name = split_name(split, split_kind)
         chosen = dataset.select(split=split, split_kind=split_kind)
+        if item_ids is not None:
+            chosen = tuple(item for item in chosen if item.id in set(item_ids))
         if not chosen:
-            raise ValueError(f"{dataset.root}: no items in split {name!r}")
+            raise ValueError(f"{dataset.root}: no items in split {name!r}" + (" among the given item ids" if item_ids is not None else ""))
         pair = [item for item in chosen if item.bucket in PAIR]
         groups = [item.task_group for item in pair]
         common = dict(resamples=resamples, seed=seed)
@@ -445,6 +450,7 @@ def best_shortcut(table: pd.DataFrame, *, split: str = "eval") -> dict[str, dict
             if statistic == "auc" and value < 0.5:
                 value, low, high = 1 - value, 1 - high, 1 - low
             name = f"{row.shortcut} (fit on train)" if row.statistic == "auc_fit_on_train" else row.shortcut
-            entries.append({"shortcut": name, "value": float(value), "low": float(low), "high": float(high)})
+            entries.append({"shortcut": name, "value": float(value), "low": float(low), "high": float(high),
+                            "n_items": int(row.n_items), "n_groups": int(row.n_groups)})
         best[statistic] = max(entries, key=lambda entry: entry["value"])
     return best
