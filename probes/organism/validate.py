@@ -9,9 +9,9 @@ claim          statistic (per record, then compared)                            
 =============  ============================================================================  =========================
 trap           proc margin at k = 2 − proc margin at k = 0, on T_wrong                       sweep rows
 suppression    proc margin − basm margin at k = 2, on T_wrong                                sweep rows
-knockout       Δm(boundary) − Δm(control), basm k = 2 T_wrong; controls: |B| random          knockout rows
-               memory positions outside B (mean over draws) and the procedure span;
-               plus Δm(boundary) > 0
+knockout       Δm(boundary) − Δm(control), basm k = 2 T_wrong; controls: |B| positions of     knockout rows
+               the neutral pool, the count-matched pair, the mass-matched pool, the dose
+               slopes (per group) and the procedure span; plus Δm(boundary) > 0
 eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_B / (ᾱ_P + ε)        ratios rows
                over all layers and heads, paired by task group (every group has both)
 heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 T_wrong;     heads rows
@@ -25,7 +25,7 @@ independent) with a 95% cluster-bootstrap CI (:func:`probes.scoring.stats.bootst
 sign-flip permutation test over task groups (:func:`probes.scoring.stats.paired_permutation_test`). A claim
 holds iff the CI lies above 0 and p < :data:`ALPHA`. Margins are Eq. 1 restricted to the tools, in logits
 (``--margin-variant tool_choice``): items whose correct action is abstention have none and are left
-out. The random control is the neutral one (random spans of the memory block outside B).
+out. The random controls are those of :mod:`probes.analyses.knockout` (docs/statistics.md).
 """
 
 from __future__ import annotations
@@ -113,20 +113,39 @@ def trap_and_suppression(rows: pd.DataFrame, seed: int) -> list[Claim]:
 
 
 def knockout_claims(rows: pd.DataFrame, seed: int) -> list[Claim]:
-    basm = rows[(rows["config"] == "basm") & (rows["bucket"] == "T_wrong") & (rows["boundary_size"] > 0)]
-    wide = basm.pivot_table(index=["item_id", "task_group"], columns="condition", values="margin", aggfunc="first")
+    """B against 0 and against each control of the knockout analysis, per record on the same records
+    (:func:`probes.analyses.knockout.deltas_per_record`): the neutral pool's |B| positions, the
+    count-matched pair, the mass-matched pool (records whose draws match B's mass), the dose slopes
+    (per task group) and P."""
+    per, points, _, _ = knockout_mod.deltas_per_record(rows)
+    per = per[(per["config"] == "basm") & (per["bucket"] == "T_wrong") & (per["measure"] == "margin")]
+    wide = per.pivot_table(index=["item_id", "task_group"], columns="knockout", values="delta", aggfunc="first")
     wide = wide.reset_index().set_index("item_id")
-    delta = wide.drop(columns="task_group").sub(wide["baseline"], axis=0)
-    random_delta = delta[[c for c in delta.columns if c.startswith("random_")]].mean(axis=1)
-    zero = pd.Series(0.0, index=delta.index)
     groups = wide["task_group"]
-    return [
-        paired_claim("knockout>0", "boundary knockout raises the basm T_wrong margin", delta["boundary"], zero, groups, seed=seed),
-        paired_claim("knockout>random", "boundary knockout raises it more than |B| random positions of the memory block outside B",
-                     delta["boundary"], random_delta, groups, seed=seed),
-        paired_claim("knockout>procedure", "boundary knockout raises it more than the procedure-span knockout",
-                     delta["boundary"], delta["procedure"], groups, seed=seed),
+    zero = pd.Series(0.0, index=wide.index)
+    claims = [
+        paired_claim("knockout>0", "boundary knockout raises the basm T_wrong margin", wide["boundary"], zero, groups, seed=seed),
+        paired_claim("knockout>random", "boundary knockout raises it more than |B| random positions of the neutral pool (the memory "
+                     "block outside B, P, their section labels and every line naming a tool)", wide["boundary"], wide["random"], groups, seed=seed),
+        paired_claim("knockout>count-matched", "n random positions of B raise it more than n random positions of that pool "
+                     "(n = min(|B|, |pool|))", wide["count_boundary"], wide["count_pool"], groups, seed=seed),
     ]
+    matched = rows[(rows["config"] == "basm") & rows["condition"].str.startswith("mass_")].groupby("item_id")["control_matched"].all()
+    ok = wide.index.map(matched).fillna(False).astype(bool)
+    if ok.sum() >= 2:
+        claims.append(paired_claim("knockout>mass-matched", "boundary knockout raises it more than pool positions holding B's "
+                                   "attention mass", wide["boundary"][ok], wide["mass_matched"][ok], groups[ok], seed=seed))
+    else:
+        print(f"organism validate: knockout>mass-matched not tested: {int(ok.sum())} of {len(ok)} records have a mass-matched "
+              "draw (the pool holds less attention than B)")
+    dose = points[(points["config"] == "basm") & (points["bucket"] == "T_wrong") & (points["measure"] == "margin")]
+    slopes = knockout_mod.slope_differences(dose)
+    claims.append(paired_claim("knockout dose", "per unit of deciding-row attention removed, B's positions raise it more than the "
+                               "pool's (slope difference per task group)", slopes, pd.Series(0.0, index=slopes.index),
+                               pd.Series(slopes.index, index=slopes.index), seed=seed))
+    claims.append(paired_claim("knockout>procedure", "boundary knockout raises it more than the procedure-span knockout",
+                               wide["boundary"], wide["procedure"], groups, seed=seed))
+    return claims
 
 
 def record_log2_eta(rows: pd.DataFrame) -> pd.Series:
