@@ -428,7 +428,7 @@ class FloorChoice:
 
     @property
     def label(self) -> str:
-        """Short, for captions: "0.05, chosen on train" / "0.05, given a priori" / "not chosen"."""
+        """Short, for captions: "0.05, chosen on the train split" / "0.05, given a priori" / "not chosen"."""
         if self.floor is None:
             return "not chosen"
         return f"{self.floor:g}, {'chosen on the train split' if self.source == 'train' else 'given a priori'}"
@@ -567,6 +567,8 @@ def compute(analysis: RunContext, rows: pd.DataFrame | None = None) -> HeadsSumm
     a = analysis.options
     rows, rank_groups, test_groups = with_halves(collect_attention(analysis) if rows is None else rows)
     rank_rows = rows[rows["half"] == "rank"]
+    if reason := unrankable(rank_rows):  # before the train rows are collected for a floor this run could not use
+        raise AnalysisError(f"head ranking: {reason}")
     floors = sorted({*SENSITIVITY_FLOORS, a.min_span_mass})
     choice = select_floor(analysis, floors)
     floor = a.min_span_mass if choice.floor is None else choice.floor
