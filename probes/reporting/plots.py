@@ -521,21 +521,37 @@ def fig08_head_heatmap(log2_ratio: np.ndarray, note: str, title: str) -> plt.Fig
     return fig
 
 
-def fig09_candidate_heads(ranking: pd.DataFrame, causal: pd.DataFrame | None, top: int, note: str) -> plt.Figure:
+def fig09_candidate_heads(ranking: pd.DataFrame, causal: pd.DataFrame | None, top: int, note: str, *, floor: str,
+                          match_tolerance: float) -> plt.Figure:
     """ranking: layer, head, shift (log2 ratio T_wrong − T_ok), ranked (reads B ∪ P enough to be ranked),
-    ranked heads first by descending shift; only those are shown.
-    causal: selection (top-N / random-N), value, low, high, n (Δ wrong-tool margin)."""
+    floor, n_ok, n_wrong, n_abstain, n_groups (the items it is computed on); ranked heads first by
+    descending shift; only those are shown.
+    causal: selection (top-N / random-N), value, low, high, n, n_items, b_mass, n_abstain_excluded
+    (Δ wrong-tool margin).
+    floor: how the floor was set, as the caption says it ("0.05, chosen on the train split").
+    match_tolerance: the random sets are called "matched" only when their mean B mass lies within
+    this factor of the top set's, computed from ``causal``'s b_mass (the plotted rows)."""
     has_causal = causal is not None and len(causal) > 0
     fig, axes = plt.subplots(1, 2 if has_causal else 1, figsize=(11 if has_causal else 6.5, 4.0), squeeze=False,
                              gridspec_kw={"width_ratios": [2, 1]} if has_causal else None)
     ax = axes[0][0]
-    shown = ranking[ranking["ranked"].astype(bool)].head(max(top, 12))
-    colors = [CONDITION_COLORS["boundary"] if i < top else (0.7, 0.7, 0.7) for i in range(len(shown))]
+    ranked = ranking[ranking["ranked"].astype(bool)]
+    shown = ranked.head(max(top, 12))
+    highlighted = min(top, len(shown))
+    colors = [CONDITION_COLORS["boundary"] if i < highlighted else (0.7, 0.7, 0.7) for i in range(len(shown))]
     ax.bar(np.arange(len(shown)), shown["shift"], color=colors)
     ax.set_xticks(np.arange(len(shown)), [f"L{r.layer}H{r.head}" for r in shown.itertuples()], rotation=60, ha="right", fontsize=8)
     ax.axhline(0.0, color="0.3", lw=0.8)
     ax.set_ylabel(f"Δ log2(α_B / α_P): {bucket_label('T_wrong')} − {bucket_label('T_ok')}")
-    ax.set_title(f"heads ranked by the {bucket_label('T_ok')} → {bucket_label('T_wrong')} shift (top {top} highlighted)")
+    ax.set_title(f"heads ranked by the {bucket_label('T_ok')} → {bucket_label('T_wrong')} shift (top {highlighted} highlighted)")
+    first = ranking.iloc[0]
+
+    def groups(n: float) -> str:
+        return f"{int(n)} task group{'' if int(n) == 1 else 's'}"
+
+    lines = [f"left: ranking half, {groups(first['n_groups'])}: {int(first['n_ok'])} T_ok + {int(first['n_wrong'])} tool-correct "
+             f"T_wrong items ({int(first['n_abstain'])} abstention-correct T_wrong items not ranked on); {len(ranked)} of {len(ranking)} heads "
+             f"reach B ∪ P mass ≥ {float(first['floor']):g} in both buckets (floor {floor}); the first {len(shown)} shown"]
     if has_causal:
         ax2 = axes[0][1]
         x = np.arange(len(causal))
@@ -546,7 +562,16 @@ def fig09_candidate_heads(ranking: pd.DataFrame, causal: pd.DataFrame | None, to
         ax2.axhline(0.0, color="0.3", lw=0.8)
         ax2.set_ylabel("Δ wrong-tool margin (logits)")
         ax2.set_title("boundary knockout in these heads")
-    footnote(fig, note)
+        tops, randoms = causal[causal["selection"].str.startswith("top")], causal[causal["selection"].str.startswith("random")]
+        top_mass, random_mass = float(tops["b_mass"].iloc[0]), float(randoms["b_mass"].mean())
+        ratio = random_mass / top_mass if top_mass > 0 else float("nan")
+        matched = bool(np.isfinite(ratio) and 1 / match_tolerance <= ratio <= match_tolerance)
+        excluded = int(causal["n_abstain_excluded"].iloc[0])
+        lines.append(f"right: test half, {groups(causal['n'].max())}, {int(causal['n_items'].max())} tool-correct T_wrong items "
+                     f"({excluded} abstention-correct excluded); random: sets of floor-passing non-top heads, pooled per record, "
+                     + (f"matched on B mass (mean {random_mass:.3g} vs top {top_mass:.3g})" if matched else
+                        f"NOT matched on B mass (mean {random_mass:.3g} vs top {top_mass:.3g}, outside ×{match_tolerance:g})"))
+    footnote(fig, "\n".join([*lines, note]))
     return fig
 
 
