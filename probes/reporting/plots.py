@@ -308,8 +308,8 @@ def fig04_boundary_attention(eta: pd.DataFrame, shifts: pd.DataFrame, controls: 
     for ax, target in zip(axes[1], targets):
         sub = shifts[shifts["target"] == target]
         present = sub.groupby("stratum", sort=False)["n"].max()
-        # a stratum whose records are another's under every configuration is the same bar: named, not drawn again
-        same = sub.groupby("stratum", sort=False)["same_records_as"].agg(lambda v: v.iloc[0] if v.nunique() == 1 else "")
+        # a stratum whose records are another's under every configuration that has any is the same bar: named, not drawn again
+        same = sub[sub["n"] > 0].groupby("stratum", sort=False)["same_records_as"].agg(lambda v: v.iloc[0] if v.nunique() == 1 else "")
         strata = [s for s in present.index if present[s] > 0 and not same[s]]
         empty += [f"{s} ({bucket_label(target)})" for s in present.index if present[s] == 0]
         repeated += [f"{s} = {same[s]} ({bucket_label(target)})" for s in present.index if present[s] > 0 and same[s]]
