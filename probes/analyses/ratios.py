@@ -373,8 +373,9 @@ def shift_tables(rows: pd.DataFrame, headline_row: str, k: int, seed: int,
             pd.DataFrame(length, columns=LENGTH_COLUMNS), claims)
 
 
-def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0, *, row: str = "deciding", k: int = 0,
+def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0, *, k: int, row: str = "deciding",
                    resamples: int = DEFAULT_RESAMPLES) -> RatiosSummary:
+    """Every table and claim of the rows of one depth ``k``; ``row``: the attention row of the figure and the claims."""
     eta, heads, by_answer = eta_tables(with_spans(rows), seed)
     shifts, controls, length, claims = shift_tables(rows, row, k, seed, resamples)
     return RatiosSummary(eta, heads, note, shifts, controls, length, by_answer, row, claims)
@@ -383,7 +384,8 @@ def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0, *, row: st
 def headline_text(shifts: pd.DataFrame) -> str:
     """The headline estimate in words (:func:`probes.reporting.plots.shift_headline`), or why there is none."""
     return plots.shift_headline(shifts) or (f"headline ({plots.label(HEADLINE_CONFIG)}, {HEADLINE_TARGET} − {REFERENCE}, {HEADLINE.name}): "
-                                            f"not measured ({plots.label(HEADLINE_CONFIG)} or {HEADLINE_TARGET} not in this run)")
+                                            f"not measured (this run has no {plots.label(HEADLINE_CONFIG)} records of {HEADLINE_TARGET} and "
+                                            f"{REFERENCE} at that row)")
 
 
 def aggregate_note(options: Any) -> str:
