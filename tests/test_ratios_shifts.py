@@ -173,6 +173,23 @@ def test_length_regression_matches_hand_weighted_least_squares() -> None:
     assert fit["boundary_target"] == pytest.approx(rows.loc[rows["bucket"] == "T_wrong", "boundary_size"].mean(), abs=1e-9)
 
 
+def test_length_regression_says_when_it_cannot_give_an_interval() -> None:
+    # one item per bucket in 3 groups: 3 within-group differences, 3 parameters: an exact fit
+    exact = pd.DataFrame([record("basm", bucket, f"g{g}", f"{bucket}-{g}", float(g + (bucket == "T_wrong") * g / 3), b=100 + 17 * g + 5 * (bucket == "T_ok"),
+                                 p=40 + 3 * g * (bucket == "T_ok")) for g in range(3) for bucket in ("T_ok", "T_wrong")])
+    fit = ratios.length_adjusted(ratios.eta_records(exact), "T_wrong", resamples=50)
+    assert np.isfinite(fit["adjusted"]) and np.isnan(fit["low"]) and np.isnan(fit["high"]) and np.isnan(fit["p"])
+    assert fit["note"].startswith("no CI, no p: the model fits the records exactly")
+    summary = ratios.summarise_rows(exact, k=2, resamples=50)
+    assert not any(c.name.startswith("length-adjusted") for c in summary.claims)
+    # |B| and |P| constant within each group: their slopes are not identified next to the group effects
+    flat = pd.DataFrame([record("basm", bucket, f"g{g}", f"{bucket}-{g}-{i}", float(i + g), b=100 + 10 * g, p=50 + g * g)
+                         for g in range(4) for bucket in ("T_ok", "T_wrong") for i in range(2)])
+    fit = ratios.length_adjusted(ratios.eta_records(flat), "T_wrong", resamples=50)
+    assert np.isnan(fit["adjusted"]) and fit["note"].startswith("not identified")
+    assert fit["unadjusted"] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_planted_length_confound_is_removed_by_the_regression() -> None:
     # no bucket effect; η falls with |B| (slope −1, as a fixed attention mass spread over B would) and T_wrong's B is half as long
     rows = length_rows(4, bucket_effect=0.0, slope_b=-1.0, slope_p=0.0, noise=0.05, groups=10, wrong_b_factor=0.5)
@@ -220,7 +237,7 @@ def controls_rows() -> pd.DataFrame:
             for bucket, shift in (("T_ok", 0.0), ("T_wrong", effect), ("T_repair", effect / 2)):
                 for i in range(2):
                     rows.append(record(config, bucket, f"g{g}", f"{bucket}-{g}-{i}", base + shift + float(rng.normal(0, 0.2)),
-                                       b=int(rng.integers(80, 160))))
+                                       b=int(rng.integers(80, 160)), p=int(rng.integers(40, 80))))
     return pd.DataFrame(rows)
 
 

@@ -352,7 +352,8 @@ def shift_tables(rows: pd.DataFrame, headline_row: str, k: int, seed: int,
                     if stratum in LENGTH_STRATA:
                         fit = length_adjusted(selected, target, resamples=resamples, seed=seed)
                         length.append({"row": row, "target": target, "config": config, "stratum": stratum.name, **fit})
-                        if row == headline_row and config == HEADLINE_CONFIG and stratum == HEADLINE and fit["n"]:
+                        # a fit without a p (exactly determined, not identified, < 2 groups) claims nothing; the table says why
+                        if row == headline_row and config == HEADLINE_CONFIG and stratum == HEADLINE and np.isfinite(fit["p"]):
                             claims.append(Claim(STRATA_FAMILY, f"length-adjusted shift {target} · {plots.label(config)} · {stratum.name}",
                                                 f"{shift_statement(config, target, stratum, row, k)}, adjusted for log2|B| and log2|P| "
                                                 "within task groups", fit["adjusted"], fit["low"], fit["high"], fit["n"], fit["p"], unit=UNIT,
