@@ -416,7 +416,7 @@ def section(analysis: RunContext, summary: RatiosSummary, paths: list[Path]) -> 
         f"row in both buckets, within task groups (pooling adds abstention-correct items, which have no correct name and a "
         f"different |B|, and items read at a later name row). The pooled η below is descriptive.",
         f"Group-paired shifts of log2 η at the {row} row (target − {REFERENCE}; `n` task groups with both buckets; `n_target` / "
-        f"`n_reference` items; one-sided sign-flip p, `p_floor` its smallest reachable value):\n\n"
+        f"`n_reference` items; one-sided sign-flip p, `p_floor` = 2^−n, its smallest value when the test is exact, up to 13 groups):\n\n"
         + markdown_table(at(summary.shifts).drop(columns="headline")),
         f"{plots.label(HEADLINE_CONFIG)}'s shift minus each equal-length control's ({HEADLINE.name}):\n\n" + markdown_table(at(summary.controls)),
         "Length control: log2 η ~ [target] + log2|B| + log2|P| + task-group fixed effects, weighted 1/n(group, bucket); `adjusted` "

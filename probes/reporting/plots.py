@@ -282,8 +282,7 @@ def shift_headline(shifts: pd.DataFrame) -> str:
     what = f"{label(r['config'])}, {r['target']} − T_ok shift of log2 η, {r['stratum']}, {r['row']} row"
     if not r["n"]:
         return f"headline: {what}: no task group has records of both buckets"
-    lo, hi = (f"{r['low']:+.3f}", f"{r['high']:+.3f}") if has_ci(h.iloc[:1])[0] else ("", "")
-    ci = f" [{lo}, {hi}]" if lo else f" ({no_ci_label(r['n'])})"
+    ci = f" [{r['low']:+.3f}, {r['high']:+.3f}]" if has_ci(h.iloc[:1])[0] else f" ({no_ci_label(r['n'])})"
     p = f", one-sided sign-flip p = {r['p']:.3g}" if np.isfinite(r["p"]) else ""
     return f"headline: {what} = {r['value']:+.3f}{ci}{p}; {int(r['n'])} task groups, {int(r['n_target'])} {r['target']} / {int(r['n_reference'])} T_ok items"
 
