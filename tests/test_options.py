@@ -621,6 +621,7 @@ def test_report_section_error_is_printed_and_fails(monkeypatch, tmp_path, capsys
     monkeypatch.setattr(sweep, "collect", boom)
     monkeypatch.setattr(ratios, "collect", lambda self, ctx: pd.DataFrame())
     monkeypatch.setattr(ratios, "summarise", lambda self, ctx, rows: None)
+    monkeypatch.setattr(ratios, "claims", lambda self, summary: [])
     monkeypatch.setattr(ratios, "tables", lambda self, summary: {})
     monkeypatch.setattr(ratios, "figures", lambda self, summary, out_dir: [])
     monkeypatch.setattr(ratios, "section", lambda self, ctx, summary, figures: ReportSection("ratios", "Ratios", [], "body"))

@@ -348,7 +348,8 @@ def _analysis_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], No
 # the help line of each analysis command (kept here so that `basm-probes --help` imports no torch-heavy module)
 ANALYSIS_HELP = {
     "sweep": "Fig. 2: wrong-tool margin against retrieval depth k per memory configuration.",
-    "ratios": "Figs. 3a/4: length-normalised boundary/procedure attention ratio η per bucket and configuration.",
+    "ratios": "Figs. 3a/4: boundary/procedure attention ratio η per bucket and configuration; group-paired T_ok → T_wrong / T_repair "
+              "shifts by stratum, length-adjusted.",
     "suppression": "Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls, BASM.",
     "knockout": "Figs. 3c/d, 6, 7: same-prompt knockout of deciding-row → boundary attention, with controls.",
     "heads": "Figs. 8/9: per-head log2(boundary/procedure) attention, head ranking and its causal check.",

@@ -13,7 +13,8 @@ knockout       Δm(boundary) − Δm(control), basm k = 2 T_wrong; controls: |B|
                the neutral pool, the count-matched pair, the mass-matched pool, the dose
                slopes (per group) and the procedure span; plus Δm(boundary) > 0
 eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_B / (ᾱ_P + ε)        ratios rows
-               over all layers and heads, paired by task group (every group has both)
+               over all layers and heads, paired by task group, on tool-correct T_wrong
+               items read at the decision row (the ``ratios`` headline)
 heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 tool-correct heads rows
                T_wrong; the ``heads`` analysis's own test (:func:`probes.analyses.heads.compute`):
                span-mass floor chosen on the train split, heads ranked on half of the task groups,
@@ -37,7 +38,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from probes.analyses import heads as heads_mod
@@ -148,20 +148,18 @@ def knockout_claims(rows: pd.DataFrame, seed: int) -> list[Claim]:
     return claims
 
 
-def record_log2_eta(rows: pd.DataFrame) -> pd.Series:
-    """log2 η per record: mean α_B over mean α_P over all layers and heads (ratio of means, ε)."""
-    return np.log2((rows["alpha_boundary"].astype(float) + EPSILON) / (rows["alpha_procedure"].astype(float) + EPSILON))
-
-
 def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
-    """T_wrong vs T_ok are different items of the same task groups: pair the per-group means."""
-    rows = rows[(rows["config"] == "basm") & (rows["boundary_size"] > 0) & (rows["procedure_size"] > 0)]
-    per_group = rows.assign(log2_eta=record_log2_eta(rows)).groupby(["task_group", "bucket"])["log2_eta"].mean().unstack()
-    per_group = per_group.dropna(subset=["T_ok", "T_wrong"])
-    groups = pd.Series(per_group.index, index=per_group.index)
-    claim = paired_claim("eta", f"under basm at k = {DEPTH}, η is higher in T_wrong than in T_ok (log2, per task group)",
-                         per_group["T_wrong"], per_group["T_ok"], groups, seed=seed)
-    return replace(claim, n_records=int(rows["bucket"].isin(["T_ok", "T_wrong"]).sum()))
+    """The ``ratios`` headline (:data:`probes.analyses.ratios.HEADLINE`): under basm, the T_wrong − T_ok
+    shift of per-record log2 η at the deciding row, on tool-correct T_wrong items read at the decision
+    row (abstention-correct items have no correct name and a shorter B, so pooling mixes populations).
+    T_wrong and T_ok are different items of the same task groups: each group's difference of means is one unit."""
+    records = ratios_mod.eta_records(rows[rows["config"] == ratios_mod.HEADLINE_CONFIG])
+    shifts = ratios_mod.paired_differences(ratios_mod.HEADLINE.select(records, "T_wrong"), "T_wrong")
+    groups = pd.Series(shifts.index, index=shifts.index)
+    claim = paired_claim("eta", f"under basm at k = {DEPTH}, log2 η at the deciding row is higher in T_wrong than in T_ok "
+                                f"({ratios_mod.HEADLINE.name} items; group-paired)",
+                         shifts["difference"], pd.Series(0.0, index=shifts.index), groups, seed=seed)
+    return replace(claim, n_records=int(shifts["n_target"].sum() + shifts["n_reference"].sum()))
 
 
 def heads_claim(analysis: RunContext, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
