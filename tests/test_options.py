@@ -617,7 +617,7 @@ def test_report_section_error_is_printed_and_fails(monkeypatch, tmp_path, capsys
                           options=SimpleNamespace(dataset="d", relevance="lexical"), out_dir=tmp_path / "m")
     monkeypatch.setattr(report, "open_session", lambda options, model: object())
     monkeypatch.setattr(report, "open_context", lambda analysis, session: ctx)
-    monkeypatch.setattr(report, "provenance", lambda ctx: "")
+    monkeypatch.setattr(report, "provenance", lambda ctx, **_: "")
     monkeypatch.setattr(sweep, "collect", boom)
     monkeypatch.setattr(ratios, "collect", lambda self, ctx: pd.DataFrame())
     monkeypatch.setattr(ratios, "summarise", lambda self, ctx, rows: None)

@@ -24,8 +24,6 @@ CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>proc
 # Claims the probes do not recover, as measured (strict: a claim that starts to hold fails here until this is updated).
 NOT_RECOVERED = {"heads": "floor chosen on the train split (issue #32): the top-2 heads beat matched random heads by "
                           "+0.107 [-0.034, +0.247], p = 0.092"}
-STALE = ("validation.json predates the heads claim's train-chosen floor (issue #32): regenerate it with "
-         "`basm-probes organism card`, then drop this mark")
 @pytest.fixture(scope="module")
 def summary() -> dict:
     return json.loads((ORGANISM_DIR / "training_summary.json").read_text())
@@ -40,20 +38,24 @@ def validation(tmp_path_factory, summary):
 @pytest.mark.parametrize("name", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=NOT_RECOVERED[c])) if c in NOT_RECOVERED
                                   else c for c in CLAIMS])
 def test_planted_effect_is_recovered_on_heldout_items(validation, name):
-    claim = next(c for c in validation.claims if c.name == name)
-    print(f"\n{claim.line()}")
-    assert claim.estimate.n_units >= 10, "too few task groups for a CI"
-    assert claim.estimate.low > 0, f"95% CI {claim.estimate} does not exclude 0"
-    assert claim.p_value < ALPHA, f"permutation p = {claim.p_value}"
+    claim = validation.table.set_index("name").loc[name]
+    print(f"\n{name}: {claim['estimate']:+.3f} [{claim['low']:+.3f}, {claim['high']:+.3f}] (n = {claim['n']}), "
+          f"p = {claim['p']:.4g}, Holm p = {claim['p_holm']:.4g}: {claim['verdict']}")
+    assert claim["n"] >= 10, "too few task groups for a CI"
+    assert claim["low"] > 0, f"95% CI [{claim['low']}, {claim['high']}] does not exclude 0"
+    assert claim["p_holm"] < ALPHA, f"Holm-adjusted permutation p = {claim['p_holm']}"
+    assert claim["verdict"] == "holds"
 
 
-@pytest.mark.xfail(strict=True, reason=STALE)
 def test_committed_validation_matches_a_fresh_run(validation):
-    """validation.json next to the weights is what the probes measure now (same data, same seed)."""
+    """validation.json next to the weights is what the probes measure now (same data, same seed): every
+    claim's estimate and verdict, so the card and README cannot keep a claim that no longer holds."""
     committed = {c["name"]: c for c in json.loads((ORGANISM_DIR / "validation.json").read_text())["claims"]}
-    for claim in validation.claims:
-        assert claim.estimate.value == pytest.approx(committed[claim.name]["value"], abs=1e-4), claim.name
-        assert claim.holds == committed[claim.name]["holds"]
+    table = validation.table
+    assert set(table["name"]) == set(committed) == set(CLAIMS)
+    for claim in table.itertuples():
+        assert claim.estimate == pytest.approx(committed[claim.name]["estimate"], abs=1e-4), claim.name
+        assert claim.verdict == committed[claim.name]["verdict"], claim.name
 
 
 def test_retraining_reproduces_the_committed_run(summary):

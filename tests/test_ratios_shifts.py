@@ -266,8 +266,8 @@ def test_control_contrasts_claims_and_eta_claim() -> None:
     # the organism validation's η claim is the headline cell
     headline = cell(summary.shifts, headline=True)
     claim = eta_claim(rows[rows["bucket"].isin(["T_ok", "T_wrong"])], seed=0)
-    assert claim.estimate.value == pytest.approx(headline["value"], abs=1e-12)
-    assert (claim.estimate.low, claim.estimate.high) == pytest.approx((headline["low"], headline["high"]), abs=1e-12)
+    assert claim.estimate == pytest.approx(headline["value"], abs=1e-12)
+    assert (claim.low, claim.high) == pytest.approx((headline["low"], headline["high"]), abs=1e-12)
 
 
 def test_fig04_caption_states_counts_strata_and_headline_from_the_data() -> None:

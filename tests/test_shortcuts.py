@@ -159,13 +159,15 @@ def test_best_shortcut_mirrors_auc_and_ignores_non_request_rows():
     rows = [("request_length_words", "auc", 0.2, 0.1, 0.3), ("bag_of_words", "auc", 0.7, 0.6, 0.8),
             ("overlap_rule", "accuracy", 0.6, 0.5, 0.7), ("bag_of_words", "accuracy", 0.55, 0.5, 0.6),
             ("repair_code_copy", "accuracy", 1.0, 1.0, 1.0)]
-    table = pd.DataFrame([{"shortcut": s, "split": "eval", "compared": shortcuts.COMPARED, "statistic": st, "value": v, "low": lo, "high": hi}
-                          for s, st, v, lo, hi in rows])
+    table = pd.DataFrame([{"shortcut": s, "split": "eval", "compared": shortcuts.COMPARED, "statistic": st, "value": v, "low": lo, "high": hi,
+                           "n_items": 40, "n_groups": 8} for s, st, v, lo, hi in rows])
     best = best_shortcut(table)
-    assert best["auc"] == {"shortcut": "request_length_words", "value": pytest.approx(0.8), "low": pytest.approx(0.7), "high": pytest.approx(0.9)}
+    assert best["auc"] == {"shortcut": "request_length_words", "value": pytest.approx(0.8), "low": pytest.approx(0.7), "high": pytest.approx(0.9),
+                           "n_items": 40, "n_groups": 8}
     assert best["accuracy"]["shortcut"] == "overlap_rule" and best["accuracy"]["value"] == 0.6
     fitted = pd.concat([table, pd.DataFrame([{"shortcut": "bag_of_words_by_skill", "split": "eval", "compared": shortcuts.COMPARED,
-                                              "statistic": "auc_fit_on_train", "value": 0.85, "low": 0.8, "high": 0.9}])])
+                                              "statistic": "auc_fit_on_train", "value": 0.85, "low": 0.8, "high": 0.9,
+                                              "n_items": 40, "n_groups": 8}])])
     assert best_shortcut(fitted)["auc"]["shortcut"] == "bag_of_words_by_skill (fit on train)"
 
 
@@ -277,7 +279,13 @@ def test_linear_probe_bar_reads_the_runs_split_kind():
 
     v2 = load_dataset("basm_probe_v2")
     for kind, name in (("template", "eval"), ("scenario", "scenario:eval")):
-        bar = best_shortcut_auc(SimpleNamespace(dataset=v2, options=SimpleNamespace(split="eval", split_kind=kind, resamples=20, seed=0)))
+        items = v2.select(split="eval", split_kind=kind)
+        bar = best_shortcut_auc(SimpleNamespace(dataset=v2, items=items,
+                                                options=SimpleNamespace(split="eval", split_kind=kind, resamples=20, seed=0)))
         assert bar == best_shortcut(shortcut_table(v2, splits=("eval",), split_kind=kind, resamples=20), split=name)["auc"]
         if kind == "scenario":
             assert bar["shortcut"] == "bag_of_words_by_skill" and bar["value"] == pytest.approx(0.76, abs=0.01)
+    # a run on a few items is held to a bar read on exactly those items (not the whole split)
+    few = [item for bucket in ("T_ok", "T_wrong") for item in v2.select(split="eval", buckets=[bucket])[:: 6]]
+    bar = best_shortcut_auc(SimpleNamespace(dataset=v2, items=few, options=SimpleNamespace(split="eval", split_kind="template", resamples=20, seed=0)))
+    assert bar["n_items"] == len(few) < len(v2.select(split="eval"))

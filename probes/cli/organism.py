@@ -61,9 +61,9 @@ def validate(args: argparse.Namespace) -> int:
     validation = validate(args.model, args.out, limit=args.limit, embedder=args.embedder, seed=args.seed, top=args.top,
                           draws=args.draws, overwrite=args.overwrite)
     write(validation, args.out)
-    for claim in validation.claims:
-        print(claim.line())
-    print(f"{sum(c.holds for c in validation.claims)}/{len(validation.claims)} claims hold "
+    verdicts = validation.verdicts()
+    print(validation.table[["name", "estimate", "low", "high", "n", "p", "p_holm", "verdict"]].round(4).to_string(index=False))
+    print(f"{sum(v == 'holds' for v in verdicts.values())}/{len(verdicts)} claims hold after Holm over the validation "
           f"({validation.seconds:.0f} s); written to {args.out / 'validation.md'}")
     return 0 if validation.holds else 1
 

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from probes.analyses.heads import MIN_SPAN_MASS
 from probes.organism.heldout import heldout_report
 from probes.organism.train.supervision import head_key
 from probes.organism.validate import Validation, validate
@@ -48,18 +47,11 @@ def _not_recovered(claims: list[dict[str, Any]]) -> str:
     failed = [c for c in claims if not c["holds"]]
     if not failed:
         return "Every claim holds: the probes recover each planted effect on held-out items."
-    names = ", ".join(f"`{c['name']}`" for c in failed)
-    return (
-        f"**Not recovered: {names}.** Trained on CPU in the issue's time budget, this organism reads the tools "
-        "from the skills at the decision rows (isolation) and learned the imitation trap and a BASM suppression, "
-        "but it matches requests to the boundary only weakly: even on *train* items it mostly answers a "
-        "boundary-edited twin the way the request alone suggests, and held-out requests paraphrase the real "
-        "skills' risk cues. Its boundary read therefore "
-        "hardly depends on whether the state is T_wrong or T_ok, so η does not separate the buckets and the "
-        "effects that need that match are weak on held-out task groups. "
-        "Use it as ground truth only for the claims that hold; `tests/test_organism_validate.py` marks the "
-        "others as strict expected failures."
-    )
+    lines = "\n".join(f"* `{c['name']}`: {c['estimate']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] over {c['n']} task groups, "
+                      f"Holm-adjusted p {c['p_holm']:.3g}: {c['verdict']}" for c in failed)
+    return (f"**Not recovered ({len(failed)} of {len(claims)}), as measured; nothing was tuned to make them hold:**\n\n{lines}\n\n"
+            "Use the organism as ground truth only for the claims that hold; `tests/test_organism_validate.py` marks the "
+            "others as strict expected failures, so a change that makes one hold, or one that holds fail, stops the tests.")
 
 
 def _planted_heads_bullet(cfg: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -257,14 +249,19 @@ eval T_wrong, n = {heldout.get('n_knockout', '')}; baseline margin {_fmt(ko['bas
 
 `basm-probes organism validate` runs the probe analyses (sweep, knockout, ratios, heads) on every eval
 item of T_wrong and T_ok at k = 2 and tests each targeted effect with a 95% cluster-bootstrap CI over
-task groups and a one-sided sign-flip permutation test (a claim holds iff the CI lies above 0 and
-p < 0.05). Margins: Eq. 1 restricted to the tools (`--margin-variant tool_choice`: wrong vs correct tool,
-in logits; items whose correct action is abstention have none and are left out). Knockouts block B from
-every row from the one that opens the call to the decision row; the random control draws |B| positions
-of the memory block outside B. Heads are ranked on half of the task groups and tested on the other half
-against random heads matched by their attention mass on boundary ∪ procedure; only heads whose decision
-row puts at least {MIN_SPAN_MASS:g} of its attention on boundary ∪ procedure in both buckets are ranked
-(`basm-probes heads --min-span-mass`): the log ratio of a head that reads neither span is set by ε.
+task groups and a one-sided sign-flip permutation test; the p-values are Holm-adjusted over all the
+validation's claims, and a claim holds iff its CI lies above 0 and its adjusted p < 0.05
+(`docs/statistics.md`). Margins: Eq. 1 restricted to the tools (`--margin-variant tool_choice`: wrong vs
+correct tool, in logits; items whose correct action is abstention have none and are left out).
+Knockouts block B from every row from the one that opens the call to the decision row. The random
+controls draw from the neutral pool (the memory block outside B, P, their section labels and every line
+naming a tool): |B| positions of it, a count-matched pair (n random positions of B against n of the
+pool) and, where the pool holds that much attention, positions matching B's attention mass at the
+deciding row; the dose comparison is the slope of Δm on the attention mass removed. η is the
+group-paired T_ok → T_wrong shift on tool-correct items read at the decision row. Heads: the floor on
+boundary ∪ procedure attention is chosen on the train split (`basm-probes heads --floor-from train`),
+heads are ranked on tool-correct items of half of the eval task groups and tested on the other half
+against random heads that pass the same floor, matched on their attention to B.
 `tests/test_organism_validate.py` checks every claim against this table, and `basm-probes organism card`
 regenerates it (and this card).
 
@@ -307,7 +304,7 @@ def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None 
     (out_dir / "heldout_check.json").write_text(json.dumps(heldout, indent=1) + "\n")
     with tempfile.TemporaryDirectory() as results:
         validation = validate(out_dir, results, embedder=summary["train_config"]["embedder"])
-    (out_dir / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1) + "\n")
+    (out_dir / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1, allow_nan=False) + "\n")
     write_card(out_dir, summary, heldout, validation.markdown(), validation.as_dict()["claims"], validation.as_dict()["head_ranking"])
     print(validation.markdown())
     print(f"held-out check ({heldout['seconds']:.0f} s), validation ({validation.seconds:.0f} s) and model card written to {out_dir}")

@@ -23,8 +23,9 @@ heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k
 
 Each statistic is a mean over task groups (items of a group share a template, so they are not
 independent) with a 95% cluster-bootstrap CI (:func:`probes.scoring.stats.bootstrap_mean`) and a one-sided
-sign-flip permutation test over task groups (:func:`probes.scoring.stats.paired_permutation_test`). A claim
-holds iff the CI lies above 0 and p < :data:`ALPHA`. Margins are Eq. 1 restricted to the tools, in logits
+sign-flip permutation test over task groups (:func:`probes.scoring.claims.effect_claim`). The p-values are
+Holm-adjusted over every claim of the validation (one family); a claim holds iff its CI lies above 0
+and its adjusted p < :data:`ALPHA` (:func:`probes.scoring.claims.claims_table`). Margins are Eq. 1 restricted to the tools, in logits
 (``--margin-variant tool_choice``): items whose correct action is abstention have none and are left
 out. The random controls are those of :mod:`probes.analyses.knockout` (docs/statistics.md).
 """
@@ -34,10 +35,11 @@ from __future__ import annotations
 import json
 import time
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from probes.analyses import heads as heads_mod
@@ -48,47 +50,24 @@ from probes.analyses.base import Analysis, AnalysisError, RunContext, open_conte
 from probes.scoring.score import EPSILON
 from probes.engine.session import ProbeSession
 from probes.organism import ORGANISM_DIR
-from probes.scoring.stats import Estimate, bootstrap_mean, paired_permutation_test
+from probes.reporting.markdown import markdown_table
+from probes.scoring.claims import ALPHA, Claim, claims_table, effect_claim
 
-ALPHA = 0.05
+FAMILY = "organism validation"  # Holm over every claim of the validation
 DEPTH = 2  # the retrieval depth of every claim (the paper's focus)
 DEFAULT_TOP = 2  # heads knocked out in the ranked set and in each random set
 DEFAULT_DRAWS = 5  # random spans per record and random head sets
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One validation claim: a mean over task groups of a per-record statistic that should be > 0."""
-
-    name: str
-    statement: str
-    estimate: Estimate
-    p_value: float
-    n_records: int
-
-    @property
-    def holds(self) -> bool:
-        return bool(self.estimate.low > 0 and self.p_value < ALPHA)  # False when p is NaN
-
-    def line(self) -> str:
-        verdict = "holds" if self.holds else "FAILS"
-        return f"{self.name:<24} {self.estimate}  p = {self.p_value:.4f}  records = {self.n_records}  {verdict}: {self.statement}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "statement": self.statement, **asdict(self.estimate), "p_value": self.p_value,
-                "n_records": self.n_records, "holds": self.holds}
-
-
-def paired_claim(name: str, statement: str, a: pd.Series, b: pd.Series, groups: pd.Series, *, seed: int = 0) -> Claim:
-    """Claim ``mean(a − b) > 0`` over task groups; ``a``, ``b``, ``groups`` share one index (records)."""
+def paired_claim(name: str, statement: str, a: pd.Series, b: pd.Series, groups: pd.Series, *, seed: int = 0,
+                 n_records: int | None = None) -> Claim:
+    """Claim ``mean(a − b) > 0`` over task groups (:func:`probes.scoring.claims.effect_claim`); ``a``,
+    ``b``, ``groups`` share one index (records); the record count goes into the claim's note."""
     frame = pd.DataFrame({"a": a, "b": b, "group": groups}).dropna()
     if frame.empty:
         raise ValueError(f"{name}: no records with both values")
-    estimate = bootstrap_mean((frame["a"] - frame["b"]).to_numpy(), frame["group"].to_numpy(), seed=seed)
-    if estimate.n_units < 2:  # nothing to resample: the claim cannot be tested, so it does not hold
-        return Claim(name, statement, estimate, float("nan"), len(frame))
-    _, p = paired_permutation_test(frame["a"].to_numpy(), frame["b"].to_numpy(), frame["group"].to_numpy(), seed=seed)
-    return Claim(name, statement, estimate, p, len(frame))
+    records = len(frame) if n_records is None else n_records
+    return effect_claim(FAMILY, name, statement, frame["a"] - frame["b"], frame["group"], seed=seed, note=f"{records} records")
 
 
 # ----------------------------------------------------------------------------- the five claims
@@ -131,13 +110,12 @@ def knockout_claims(rows: pd.DataFrame, seed: int) -> list[Claim]:
                      "(n = min(|B|, |pool|))", wide["count_boundary"], wide["count_pool"], groups, seed=seed),
     ]
     matched = rows[(rows["config"] == "basm") & rows["condition"].str.startswith("mass_")].groupby("item_id")["control_matched"].all()
-    ok = wide.index.map(matched).fillna(False).astype(bool)
-    if ok.sum() >= 2:
-        claims.append(paired_claim("knockout>mass-matched", "boundary knockout raises it more than pool positions holding B's "
-                                   "attention mass", wide["boundary"][ok], wide["mass_matched"][ok], groups[ok], seed=seed))
-    else:
-        print(f"organism validate: knockout>mass-matched not tested: {int(ok.sum())} of {len(ok)} records have a mass-matched "
-              "draw (the pool holds less attention than B)")
+    ok = pd.Series(wide.index.map(matched), index=wide.index).fillna(False).astype(bool)
+    statement = "boundary knockout raises it more than pool positions holding B's attention mass"
+    matched_note = f"{int(ok.sum())} of {len(ok)} records have draws matching B's mass (elsewhere the whole pool holds less attention than B)"
+    # always listed: where no record can be matched the claim is "not tested", never silently dropped
+    claims.append(effect_claim(FAMILY, "knockout>mass-matched", statement, (wide["boundary"] - wide["mass_matched"])[ok], groups[ok],
+                               seed=seed, note=matched_note))
     dose = points[(points["config"] == "basm") & (points["bucket"] == "T_wrong") & (points["measure"] == "margin")]
     slopes = knockout_mod.slope_differences(dose)
     claims.append(paired_claim("knockout dose", "per unit of deciding-row attention removed, B's positions raise it more than the "
@@ -156,10 +134,10 @@ def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
     records = ratios_mod.eta_records(rows[rows["config"] == ratios_mod.HEADLINE_CONFIG])
     shifts = ratios_mod.paired_differences(ratios_mod.HEADLINE.select(records, "T_wrong"), "T_wrong")
     groups = pd.Series(shifts.index, index=shifts.index)
-    claim = paired_claim("eta", f"under basm at k = {DEPTH}, log2 η at the deciding row is higher in T_wrong than in T_ok "
-                                f"({ratios_mod.HEADLINE.name} items; group-paired)",
-                         shifts["difference"], pd.Series(0.0, index=shifts.index), groups, seed=seed)
-    return replace(claim, n_records=int(shifts["n_target"].sum() + shifts["n_reference"].sum()))
+    return paired_claim("eta", f"under basm at k = {DEPTH}, log2 η at the deciding row is higher in T_wrong than in T_ok "
+                               f"({ratios_mod.HEADLINE.name} items; group-paired)",
+                        shifts["difference"], pd.Series(0.0, index=shifts.index), groups, seed=seed,
+                        n_records=int(shifts["n_target"].sum() + shifts["n_reference"].sum()))
 
 
 def heads_claim(analysis: RunContext, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
@@ -186,21 +164,26 @@ class Validation:
     seconds: float
 
     @property
+    def table(self) -> pd.DataFrame:
+        """Every claim with its CI, p, Holm-adjusted p over the whole validation and verdict."""
+        return claims_table(self.claims, alpha=ALPHA)
+
+    def verdicts(self) -> dict[str, str]:
+        return dict(zip(self.table["name"], self.table["verdict"]))
+
+    @property
     def holds(self) -> bool:
-        return all(claim.holds for claim in self.claims)
+        return all(verdict == "holds" for verdict in self.verdicts().values())
 
     def as_dict(self) -> dict[str, Any]:
-        return {"claims": [c.as_dict() for c in self.claims], "holds": self.holds, "config": self.config,
+        claims = self.table.assign(holds=lambda t: t["verdict"] == "holds")
+        records = [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in row.items()}
+                   for row in claims.to_dict(orient="records")]
+        return {"claims": records, "holds": self.holds, "config": self.config,
                 "head_ranking": self.ranking.to_dict(orient="records"), "seconds": round(self.seconds, 1)}
 
     def markdown(self) -> str:
-        lines = ["| claim | statement | mean [95% CI] (task groups) | p (one-sided) | records | verdict |",
-                 "|---|---|---|---|---|---|"]
-        for c in self.claims:
-            e = c.estimate
-            lines.append(f"| {c.name} | {c.statement} | {e.value:+.3f} [{e.low:+.3f}, {e.high:+.3f}] (n = {e.n_units}) "
-                         f"| {c.p_value:.4f} | {c.n_records} | {'holds' if c.holds else 'fails'} |")
-        return "\n".join(lines)
+        return markdown_table(self.table[["name", "statement", "estimate", "low", "high", "n", "p", "p_floor", "p_holm", "verdict", "note"]])
 
 
 def context_for(analysis: Analysis, session: ProbeSession | None) -> RunContext:
@@ -242,7 +225,7 @@ def validate(
 
 def write(validation: Validation, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1) + "\n")
+    (out / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1, allow_nan=False) + "\n")
     (out / "validation.md").write_text("# Organism validation (held-out eval split)\n\n" + validation.markdown() + "\n")
 
 

@@ -15,7 +15,8 @@ within each family (Holm, through ``statsmodels``) and words a verdict that cann
 
 p-values of mean differences come from sign-flip permutation tests over task groups
 (:func:`probes.scoring.stats.paired_permutation_test`): exact when 2^G ≤ the resamples, so with
-G task groups the smallest reachable one-sided p is 1/2^G (``p_floor``), stated in every row.
+G task groups the smallest reachable one-sided p is 1/2^G (else 1/(resamples + 1)), the
+``p_floor`` stated in every row.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
-from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean, group_means, paired_permutation_test
+from probes.scoring.stats import DEFAULT_SEED, PERMUTATION_RESAMPLES, bootstrap_mean, group_means, paired_permutation_test
 
 ALPHA = 0.05
 KINDS = ("effect", "absence")
@@ -77,9 +78,12 @@ def _units(values: Sequence[float], groups: Sequence[str] | None) -> np.ndarray:
     return units[np.isfinite(units)]
 
 
-def sign_flip_floor(n_units: int) -> float:
-    """Smallest one-sided p an exact sign-flip test over ``n_units`` can give: 1 / 2^n."""
-    return 2.0 ** -n_units if n_units > 0 else math.nan
+def sign_flip_floor(n_units: int, resamples: int = PERMUTATION_RESAMPLES) -> float:
+    """Smallest one-sided p the sign-flip test over ``n_units`` can give: 1 / 2^n where it enumerates
+    every flip (2^n ≤ ``resamples``), else 1 / (resamples + 1) (scipy's Monte Carlo p)."""
+    if n_units <= 0:
+        return math.nan
+    return 2.0 ** -n_units if 2 ** n_units <= resamples else 1 / (resamples + 1)
 
 
 def t_power(effect: float, sd: float, n_units: int, *, alpha: float = ALPHA) -> float:

@@ -18,6 +18,7 @@ from scipy.stats import rankdata
 from sklearn.model_selection import StratifiedGroupKFold
 
 DEFAULT_RESAMPLES = 2000
+PERMUTATION_RESAMPLES = 10000  # sign flips of a permutation test: exact enumeration up to 13 task groups
 DEFAULT_SEED = 0
 MIN_CI_GROUPS = 2  # a bootstrap over fewer task groups has zero width: no CI is reported
 
@@ -134,7 +135,7 @@ def paired_permutation_test(
     groups: Sequence[str] | None = None,
     *,
     alternative: str = "greater",
-    resamples: int = 10000,
+    resamples: int = PERMUTATION_RESAMPLES,
     seed: int = DEFAULT_SEED,
 ) -> tuple[float, float]:
     """Sign-flip permutation test of mean(a - b) over task groups. Returns (mean difference, p)."""
