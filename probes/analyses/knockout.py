@@ -661,15 +661,23 @@ def priming_table(summary: KnockoutSummary) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- figures and text
 def knockout_labels(summary: KnockoutSummary) -> dict[str, str]:
     """Legend labels of the knockouts. A random control is called neutral only where its own Δm
-    (BASM, T_wrong, wrong-tool margin) has a CI containing 0; else the label says it moves the margin.
-    A mass-matched control no record could match is labelled as what it is: the whole pool."""
+    (BASM, T_wrong, wrong-tool margin) has a CI containing 0; else the label says it moves the margin,
+    and whether TOST places that shift within ±sesoi (negligible) or not. A mass-matched control no
+    record could match is labelled as what it is: the whole pool."""
     labels = dict(plots.KNOCKOUT_LABELS)
+    equivalent = {c.name.removesuffix(" neutral") for c in summary.claims if c.kind == "absence" and c.family == "knockout"
+                  and np.isfinite(c.p) and c.p < 0.05}
     for r in summary.controls.itertuples():
         if r.control not in labels or r.control not in RANDOM_CONTROLS:
             continue
         if r.control == "mass_matched" and r.n_mass_matched == 0:
             labels[r.control] = "whole pool: no record can match B's mass"
-        verdict = ("no CI" if not isinstance(r.ci_contains_0, bool) else "neutral: CI ∋ 0" if r.ci_contains_0 else "NOT neutral: CI ∌ 0")
+        if not isinstance(r.ci_contains_0, bool):
+            verdict = "no CI"
+        elif r.ci_contains_0:
+            verdict = "neutral: CI ∋ 0"
+        else:
+            verdict = f"moves m: CI ∌ 0{f', but within ±{summary.sesoi:g} (TOST)' if r.control in equivalent else ''}"
         labels[r.control] = f"{labels[r.control]} ({verdict})"
     return labels
 

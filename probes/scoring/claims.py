@@ -145,7 +145,7 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 def verdict(row: pd.Series, alpha: float = ALPHA) -> str:
     """The wording a claim earns: "holds", or what was (not) shown, with the power where known."""
     if not np.isfinite(row["p_holm"]):
-        return "not tested (fewer than 2 task groups)"
+        return "not tested: no records (see the note)" if int(row["n"]) == 0 else f"not tested: {int(row['n'])} task group"
     if np.isfinite(row["p_floor"]) and row["p_floor"] >= alpha:  # no outcome could be significant: say why, not "not detected"
         return f"untestable at α = {alpha:g}: {int(row['n'])} task groups allow p ≥ {row['p_floor']:.3g}"
     power = f", power {row['power']:.2f} against ±{row['sesoi']:g}" if np.isfinite(row["power"]) else ""
