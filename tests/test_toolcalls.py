@@ -308,3 +308,55 @@ def test_property_any_text_parses_and_outcomes_are_consistent(text, template):
         assert result in OUTCOMES
         assert (result == "abstain") == (not reply.calls)  # abstention means: no call attempt of any syntax
     assert all(c.executable <= c.template_format <= True for c in reply.calls)
+
+
+# ------------------------------------------------------------------------------------- a real model
+FEW_SHOT_SYSTEM = "You are a tool-use agent. Tools: share_file(path, user), create_public_link(path). Reply with the call only."
+
+
+def few_shot(example: str, ask: str = "Make a public link for /docs/b.pdf.") -> list[dict[str, str]]:
+    return [{"role": "system", "content": FEW_SHOT_SYSTEM}, {"role": "user", "content": "Share /docs/a.pdf with kim."},
+            {"role": "assistant", "content": example}, {"role": "user", "content": ask}]
+
+
+SHARE_A = {"name": "share_file", "arguments": {"path": "/docs/a.pdf", "user": "kim"}}
+# (messages, template, the reply's opening as SmolLM2-135M-Instruct (Q4_1 GGUF) writes it greedily, and what we read in
+# it by hand: syntax, tool, lenient and strict outcome for an item whose correct tool is share_file and whose wrong tool
+# is create_public_link)
+SMOLLM2_CASES = (
+    (few_shot(json.dumps(SHARE_A)), "native", '{"name": "make_public_link", "arguments": {"path": "/docs/b.pdf"',
+     "bare_json", "make_public_link", "unknown_tool", "off_template_call"),
+    (few_shot(tag(SHARE_A)), "native", '<tool_call>\n{"name": "make_public_link", "arguments": {"path": "/docs/b.pdf"',
+     "tool_call_tag", "make_public_link", "unknown_tool", "unknown_tool"),
+    (few_shot('share_file(path="/docs/a.pdf", user="kim")'), "native", 'create_public_link(path="https://www.example.com/docs/b.pdf")',
+     "python", "create_public_link", "wrong_tool", "off_template_call"),
+    (few_shot("```json\n" + json.dumps(SHARE_A) + "\n```"), "native", '```json\n{\n  "name": "share_file",\n  "arguments": {\n',
+     "fenced_json", "share_file", "correct_tool", "off_template_call"),  # cut off by the budget before the fence closes
+    (few_shot('share_file(path="/docs/a.pdf", user="kim")', "Share /docs/c.pdf with lee."), "prompted",
+     'share_file(path="/docs/c.pdf", user="lee")', "python", "share_file", "correct_tool", "correct_tool"),
+    ([{"role": "user", "content": "Delete all my files now."}], "native", "I'm sorry for any inconvenience.", None, None, "abstain", "abstain"),
+)
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_replies_read_as_labelled(smollm2_dir):
+    """SmolLM2-135M's greedy replies to a handful of few-shot prompts, generated and decoded as ``calls`` does,
+    read as labelled by hand. A changed reply opening means the greedy generation changed: relabel."""
+    import torch
+
+    from probes.engine.generate import greedy_generate, stop_token_ids
+    from probes.engine.loading import load_model
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_model(smollm2_dir, dtype="float32", device="cpu")
+    stops = stop_token_ids(model, tokenizer)
+    for messages, template, opening, syntax, name, lenient, strict in SMOLLM2_CASES:
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        new_ids, _ = greedy_generate(model, tokenizer(prompt, add_special_tokens=False)["input_ids"], stops, 40)
+        text = tokenizer.decode(new_ids, skip_special_tokens=False)
+        assert text.startswith(opening), f"greedy reply changed (relabel by hand): {text!r}"
+        reply = parse_reply(text, template=template, catalog=("share_file", "create_public_link"))
+        action = reply.action("lenient")
+        first = action or (reply.calls[0] if reply.calls else None)
+        assert (first.syntax if first else None, action.name if action else None) == (syntax, name), text
+        assert {mode: outcome(reply, mode, CORRECT, WRONG) for mode in MODES} == {"lenient": lenient, "strict": strict}, text
