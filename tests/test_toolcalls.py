@@ -65,6 +65,8 @@ CORPUS: tuple[Case, ...] = (
     Case("issue-fenced-json-with-prose", "To share the file I will create a public link for it:\n\n```json\n"
          '{\n  "name": "create_public_link",\n  "arguments": {\n    "path": "/shared/specs.pdf"\n  }\n}\n```\nThe link expires in 7 days.',
          "wrong_tool", "off_template_call", "fenced_json", "name_arguments", "create_public_link", True),
+    Case("issue-fenced-json-one-line", '```json {"name": "create_public_link", "arguments": {"path": "/shared/specs.pdf"}} ```',
+         "wrong_tool", "off_template_call", "fenced_json", "name_arguments", "create_public_link", True),
     Case("issue-bare-json", '{"name": "create_public_link", "arguments": {"path": "/shared/specs.pdf", "expires_in_days": 7}}',
          "wrong_tool", "off_template_call", "bare_json", "name_arguments", "create_public_link", True),
     Case("bare-json-in-prose", 'Sure. {"name": "share_file", "arguments": {"path": "/a", "user": "kim"}} Let me know if you need more.',
@@ -83,7 +85,9 @@ CORPUS: tuple[Case, ...] = (
     Case("mistral-json", "[TOOL_CALLS] " + json.dumps([LINK]), "wrong_tool", "off_template_call", "mistral", "name_arguments",
          "create_public_link", True),
     Case("mistral-args", '[TOOL_CALLS]create_public_link[ARGS]{"path": "/shared/specs.pdf"}', "wrong_tool", "off_template_call",
-         "mistral", "mistral_args", "create_public_link", True),
+         "mistral", "name_args", "create_public_link", True),
+    Case("llama31-function-tag", '<function=share_file>{"path": "/a", "user": "kim"}</function>', "correct_tool", "off_template_call",
+         "function_tag", "name_args", "share_file", True),
     Case("fenced-tool-call", "```tool_call\n" + json.dumps(SHARE) + "\n```", "correct_tool", "off_template_call", "fenced_tool_call",
          "name_arguments", "share_file", True),
     Case("fenced-unlabelled-json", "```\n" + json.dumps(LINK) + "\n```", "wrong_tool", "off_template_call", "fenced", "name_arguments",
@@ -99,6 +103,8 @@ CORPUS: tuple[Case, ...] = (
          "python_call", "share_file", True, template="prompted"),
     Case("python-labelled-fence-prompted", '```python\ncreate_public_link(path="/a")\n```', "wrong_tool", "off_template_call",
          "fenced_python", "python_call", "create_public_link", True, template="prompted"),
+    Case("python-backticks-prompted", '`share_file(path="/a", user="kim")`', "correct_tool", "correct_tool", "python", "python_call",
+         "share_file", True, template="prompted"),
     Case("python-prose-around-prompted", 'Here is the call:\nshare_file(path="/a", user="kim")', "correct_tool", "off_template_call",
          "python", "python_call", "share_file", True, template="prompted"),
     Case("python-multiline-prompted", 'share_file(\n    path="/a",\n    user="kim",\n)', "correct_tool", "correct_tool", "python",
@@ -142,6 +148,11 @@ CORPUS: tuple[Case, ...] = (
          "share_file", True),
     Case("bare-malformed-unquoted-key", '{"name": "create_public_link", "arguments": {path: "/a"}}', "wrong_tool", "off_template_call",
          "bare_json", "name_arguments", "create_public_link", True),
+    Case("python-truncated-at-keyword-prompted", "create_public_link(path=", "wrong_tool", "parse_failure", "python", "python_call",
+         "create_public_link", True, template="prompted"),
+    Case("prose-with-unclosed-parenthesis", "Sure(I will look at the\nfiles first and come back to you", "abstain", "abstain"),
+    Case("template-with-a-fence-inside", "<tool_call>\n```json\n" + json.dumps(SHARE) + "\n```\n</tool_call>", "correct_tool",
+         "parse_failure", "fenced_json", "name_arguments", "share_file", True),  # the tool is readable; a runtime fails on the tag
     Case("python-truncated-prompted", 'create_public_link(path="/sha', "wrong_tool", "parse_failure", "python", "python_call",
          "create_public_link", True, template="prompted"),
     Case("fenced-tool-call-garbage", "```tool_call\ncall the link tool please\n```", "parse_failure", "parse_failure", "fenced_tool_call",
@@ -229,6 +240,14 @@ def test_arguments_are_decoded():
     assert raw_newline.arguments == {"note": "line one\nline two"} and raw_newline.complete
 
 
+def test_parsed_replies_are_json_data():
+    reply = parse_reply("share_file(data=b'x', ids={2, 1}, z=1j, keys={(1, 2): 3}, rest=..., n=None)", template="prompted")
+    call = reply.as_dict()["calls"][0]
+    assert call["complete"] and call["arguments"] == {"data": "b'x'", "ids": [1, 2], "z": "1j", "keys": {"(1, 2)": 3}, "rest": "Ellipsis",
+                                                      "n": None}
+    assert json.loads(json.dumps(reply.as_dict(), allow_nan=False))["calls"][0]["name"] == "share_file"
+
+
 def test_model_text_is_never_evaluated(tmp_path):
     marker = tmp_path / "ran"
     reply = parse_reply(f"share_file(path=open({str(marker)!r}, 'w').write('x'))", template="prompted")
@@ -263,12 +282,15 @@ def render(syntax: str, name: str, arguments: dict) -> str:
         "list": json.dumps([obj, obj]),
         "mistral": f"[TOOL_CALLS] {json.dumps([obj])}",
         "mistral_args": f"[TOOL_CALLS]{name}[ARGS]{json.dumps(arguments)}",
+        "function_tag": f"<function={name}>{json.dumps(arguments)}</function>",
+        "backticks": f"`{python}`",
         "python": python,
         "fence_python": f"```python\n{python}\n```",
     }[syntax]
 
 
-RENDERINGS = ("tag", "fence_json", "fence_tool_call", "bare", "llama", "openai", "list", "mistral", "mistral_args", "python", "fence_python")
+RENDERINGS = ("tag", "fence_json", "fence_tool_call", "bare", "llama", "openai", "list", "mistral", "mistral_args", "function_tag",
+              "python", "fence_python", "backticks")
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -289,7 +311,7 @@ def test_property_a_catalog_call_in_any_syntax_is_read_as_that_call(before, afte
 def test_property_a_call_cut_after_its_name_keeps_its_tool(syntax, name, arguments, data):
     """A reply cut by the token budget anywhere after the tool's name still names that tool."""
     full = render(syntax, name, arguments)
-    marker = {"python": "(", "fence_python": "(", "mistral_args": "[ARGS]"}.get(syntax, '"')
+    marker = {"python": "(", "fence_python": "(", "backticks": "(", "mistral_args": "[ARGS]", "function_tag": ">"}.get(syntax, '"')
     after_name = full.index(name) + len(name) + len(marker)
     cut = data.draw(st.integers(after_name, len(full)))
     reply = parse_reply(full[:cut], template="native", catalog=CATALOG)

@@ -6,18 +6,21 @@ finds every call *attempt* in a reply, in order, whatever syntax it uses, and re
 
 ``tool_call_tag``      Qwen / Hermes ``<tool_call>{json}</tool_call>`` (Qwen3's template format)
 ``mistral``            Mistral ``[TOOL_CALLS] [{json}, ...]`` or ``[TOOL_CALLS]name[ARGS]{json}``
+``function_tag``       Llama 3.1's ``<function=name>{json}</function>``
 ``fenced_json``, ``fenced_tool_call``, ``fenced_python``, ``fenced``, ``fenced_other``
                        a Markdown fence (```json, ```tool_call, ```python / ```py, unlabelled, any
                        other label) around JSON or Python calls; an unclosed fence runs to the end
 ``bare_json``          a JSON call object (or list of them) anywhere in the text, prose around it
 ``python``             Python call syntax ``name(arg=value, ...)`` or ``[f(...), g(...)]`` on a line
-                       of its own (BFCL's prompting format); a name in running prose is a mention
+                       of its own, bare or in single backticks (BFCL's prompting format); a call
+                       inside running prose is a mention, not a call
 
 and shapes (``ToolCall.shape``, what the payload looks like): ``name_arguments``
 (``{"name", "arguments"}``), ``name_parameters`` (Llama 3's ``{"name", "parameters"}``),
 ``openai_function`` (``{"type": "function", "function": {"name", "arguments"}}``), ``name_only``
-(a name whose arguments never came: inside a call container, or cut off), ``mistral_args``
-(``name[ARGS]{...}``) and ``python_call``; ``in_list`` marks a call inside a list of calls.
+(a name whose arguments never came: inside a call container, or cut off), ``name_args`` (a name,
+then its arguments object: ``name[ARGS]{...}``, ``<function=name>{...}``) and ``python_call``;
+``in_list`` marks a call inside a list of calls.
 
 JSON is read with ``json.JSONDecoder.raw_decode`` from each ``{`` / ``[`` (prose after the value is
 left alone). A value that does not decode is *truncated* (it runs to the end of the text: the token
@@ -28,7 +31,9 @@ tool *schema* (a ``description`` key, or ``parameters`` that are a JSON Schema `
 "properties": ...}``), which small models echo from their prompt, is not a call.
 
 Python call syntax is decoded by :func:`probes.data.bfcl_exec.call_from_node`: ``ast.parse`` and
-``ast.literal_eval`` of every argument, so model text is never evaluated. BFCL's own decoder
+``ast.literal_eval`` of every argument, so model text is never evaluated. A call cut off mid-way is
+closed the same way as JSON (open string and brackets closed, a keyword being written dropped);
+prose with an unclosed parenthesis does not parse so and stays prose. BFCL's own decoder
 (``bfcl_eval.model_handler.utils.ast_parse`` / ``default_decode_ast_prompting``) is deliberately not
 imported: its module imports tree-sitter parsers at import time, so it fails without bfcl-eval's
 pinned dependencies (installed here with ``--no-deps``), and its ``resolve_ast_by_type`` calls
@@ -74,11 +79,10 @@ from typing import Any
 from probes.data.bfcl_exec import BFCLExecutionError, call_from_node, call_name
 from probes.data.dataset import ABSTAIN
 
-SYNTAXES: tuple[str, ...] = ("tool_call_tag", "mistral", "fenced_json", "fenced_tool_call", "fenced_python", "fenced",
-                             "fenced_other", "bare_json", "python")
-SHAPES: tuple[str, ...] = ("name_arguments", "name_parameters", "openai_function", "name_only", "mistral_args", "python_call")
+SYNTAXES: tuple[str, ...] = ("tool_call_tag", "mistral", "function_tag", "fenced_json", "fenced_tool_call", "fenced_python",
+                             "fenced", "fenced_other", "bare_json", "python")
+SHAPES: tuple[str, ...] = ("name_arguments", "name_parameters", "openai_function", "name_only", "name_args", "python_call")
 MODES: tuple[str, ...] = ("strict", "lenient")
-STATUSES: tuple[str, ...] = ("call", "off_template_call", "abstain", "parse_failure")
 TOOL_OUTCOMES: tuple[str, ...] = ("correct_tool", "wrong_tool", "other_tool", "unknown_tool")
 OUTCOMES: tuple[str, ...] = (*TOOL_OUTCOMES, "off_template_call", "abstain", "parse_failure")
 
@@ -96,8 +100,9 @@ _END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>", "<|eot_id|>", "<|
 # Where a call attempt can start: the explicit containers, a fence, a JSON value, a line that
 # starts with a (dotted) name and "(" or a "[" and such a name (the Python alternative comes before
 # the bare "[" so that a line "[f(x=1)]" is read as Python).
-_OPENER = re.compile(r"<tool_call>|\[TOOL_CALLS\]|```|^[ \t]*(?:\[[ \t]*)?[A-Za-z_][\w.]*\(|[{\[]", re.M)
-_FENCE_LABEL = re.compile(r"```([\w-]*)[^\n`]*\n?")
+_OPENER = re.compile(r"<tool_call>|\[TOOL_CALLS\]|<function=|```|^[ \t]*`?(?:\[[ \t]*)?[A-Za-z_][\w.]*\(|[{\[]", re.M)
+_FENCE_LABEL = re.compile(r"```([\w-]*)[ \t]*\n?")  # a one-line fence (```json {...} ```) has its body on the label's line
+_FUNCTION_TAG = re.compile(r"<function=([^>\s]+)>")
 _MISTRAL_ARGS = re.compile(r"\s*([A-Za-z_][\w.-]*)\[ARGS\]")
 _FENCE_SYNTAX = {"json": "fenced_json", "tool_call": "fenced_tool_call", "python": "fenced_python", "py": "fenced_python", "": "fenced"}
 
@@ -144,7 +149,21 @@ class ToolCall:
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As JSON data: Python literal arguments that JSON has no type for (bytes, sets, complex
+        numbers, tuples as keys) are written as lists or their ``repr``."""
+        return _plain(asdict(self))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else repr(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted((_plain(v) for v in value), key=repr)
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    return repr(value)
 
 
 @dataclass(frozen=True)
@@ -263,12 +282,14 @@ def _scan(text: str, fence: str | None = None) -> tuple[list[ToolCall], list[tup
             found, end = _tagged(text, m.end())
         elif token == "[TOOL_CALLS]":
             found, end = _mistral(text, m.end())
+        elif token == "<function=":
+            found, end = _function_tag(text, m.start())
         elif token == "```":
             found, end = _fenced(text, m.start())
         elif token in ("{", "["):
             found, end = _json_at(text, m.start(), fence or "bare_json", explicit=False)
         else:
-            found, end = _python_at(text, m.start() + len(token) - len(token.lstrip()), fence or "python")
+            found, end = _python_at(text, m.start() + len(token) - len(token.lstrip(" \t`")), fence or "python")
         if found:
             calls += found
             spans.append((m.start(), end))
@@ -281,6 +302,8 @@ def _tagged(text: str, start: int) -> tuple[list[ToolCall], int]:
     ends = [i for i in (text.find("</tool_call>", start), text.find("<tool_call>", start)) if i >= 0]
     stop = min(ends, default=len(text))
     found, used = _json_body(text[start:stop], "tool_call_tag")
+    if found[0].name is None:  # not a JSON call (a fence in the tag, say): a runtime fails, but the tool may be readable
+        found += _scan(text[start:stop])[0]
     if text.startswith("</tool_call>", stop):
         return found, stop + len("</tool_call>")
     return found, max(start + used, start + 1)
@@ -298,7 +321,20 @@ def _mistral(text: str, start: int) -> tuple[list[ToolCall], int]:
     args_at = start + named.end()
     value, end, error = _decode(text, args_at) if text.startswith("{", args_at) else (None, args_at, "no JSON arguments after [ARGS]")
     arguments, complete, error = _arguments(value, error)
-    return [ToolCall(named.group(1), arguments, "mistral", "mistral_args", complete, error=error)], end
+    return [ToolCall(named.group(1), arguments, "mistral", "name_args", complete, error=error)], end
+
+
+def _function_tag(text: str, start: int) -> tuple[list[ToolCall], int]:
+    """Llama 3.1's ``<function=name>{json}</function>``."""
+    tag = _FUNCTION_TAG.match(text, start)
+    if tag is None:
+        return [], start + 1
+    at = tag.end()
+    value, end, error = _decode(text, at) if text.startswith("{", at) else (None, at, "no JSON arguments in <function=...>")
+    arguments, complete, error = _arguments(value, error)
+    close = text.find("</function>", end)
+    end = close + len("</function>") if close >= 0 and not text[end:close].strip() else end
+    return [ToolCall(tag.group(1), arguments, "function_tag", "name_args", complete, error=error)], end
 
 
 def _fenced(text: str, start: int) -> tuple[list[ToolCall], int]:
@@ -485,28 +521,29 @@ def _close_prefix(text: str, start: int) -> tuple[list[str], int, bool]:
 
 # ------------------------------------------------------------------------------------- Python
 def _python_at(text: str, start: int, syntax: str) -> tuple[list[ToolCall], int]:
-    """Python call syntax at ``text[start]`` (``f(...)`` or ``[f(...), ...]``) filling the rest of its
-    line; a call cut off by the end of the text is an attempt that did not complete."""
+    """Python call syntax at ``text[start]`` (``f(...)`` or ``[f(...), ...]``, optionally in single
+    backticks) filling the rest of its line; a call cut off by the end of the text is an attempt
+    that did not complete."""
     close = _closing(text, start if text[start] == "[" else text.index("(", start))
-    if close is None:  # ran to the end: cut by the token budget (or never closed)
-        head = text[start:].lstrip("[ \t")
-        name = head[: head.index("(")] if "(" in head else None
-        return [ToolCall(name, None, syntax, "python_call", False, error="call cut off (unbalanced brackets)")], len(text)
+    if close is None:  # ran to the end: cut by the token budget, or prose with an unclosed "("
+        node = _cut_call(text[start:])
+        if node is None:
+            return [], start + 1
+        return [replace(c, complete=False, error="call cut off") for c in _python_calls(node, text[start:], syntax)], len(text)
     line_end = text.find("\n", close)
     rest = text[close: line_end if line_end >= 0 else len(text)]
-    if rest.strip(" \t;") or not _python_calls_ok(text[start:close]):
+    node = _parse_expression(text[start:close])
+    if rest.strip(" \t;`") or not _is_calls(node):
         return [], start + 1
-    return _python_calls(text[start:close], syntax), close
+    return _python_calls(node, text[start:close], syntax), close
 
 
-def _python_calls_ok(source: str) -> bool:
-    node = _parse_expression(source)
+def _is_calls(node: ast.expr | None) -> bool:
     return isinstance(node, ast.Call) or (isinstance(node, ast.List | ast.Tuple) and bool(node.elts)
                                           and all(isinstance(e, ast.Call) for e in node.elts))
 
 
-def _python_calls(source: str, syntax: str) -> list[ToolCall]:
-    node = _parse_expression(source)
+def _python_calls(node: ast.expr, source: str, syntax: str) -> list[ToolCall]:
     in_list = not isinstance(node, ast.Call)
     out = []
     for element in (node.elts if in_list else [node]):
@@ -525,6 +562,58 @@ def _parse_expression(source: str) -> ast.expr | None:
         return ast.parse(source, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+
+
+_PARTIAL_KEYWORD = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=?\s*)?")
+
+
+def _cut_call(source: str) -> ast.expr | None:
+    """A Python call cut off mid-way, closed: its open string and brackets closed (a string cut
+    inside an escape sequence ended before it), or else a keyword argument being written when it was
+    cut (``path=``) dropped first. None when neither is a call: prose with an unclosed parenthesis
+    stays prose."""
+    closers, last_separator, string_at = _unclosed(source)
+    if closers is None:
+        return None
+    # \U0001F600 is the longest escape: cut at most 9 characters more, never before the string opened
+    cuts = range(min(9, len(source) - string_at) + 1) if string_at is not None else range(1)
+    for cut in cuts:
+        node = _parse_expression(source[:len(source) - cut] + closers)
+        if _is_calls(node):
+            return node
+    if last_separator is not None and _PARTIAL_KEYWORD.fullmatch(source, last_separator):
+        shorter = source[:last_separator]
+        closers, _, _ = _unclosed(shorter)
+        node = _parse_expression(shorter + closers) if closers is not None else None
+        return node if _is_calls(node) else None
+    return None
+
+
+def _unclosed(source: str) -> tuple[str | None, int | None, int | None]:
+    """What closes ``source``: the open quote and brackets (None when a bracket closes one never
+    opened); the index after the last ``(``, ``[``, ``{`` or ``,`` outside strings; and where the
+    string still open at the end starts its body (None if none is)."""
+    stack, quote, escaped, last, string_at = [], None, False, None, None
+    for i, ch in enumerate(source):
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote, string_at = ch, i + 1
+        elif ch in "([{":
+            stack.append(ch)
+            last = i + 1
+        elif ch in ")]}":
+            if not stack or "([{"[")]}".index(ch)] != stack.pop():
+                return None, None, None
+        elif ch == ",":
+            last = i + 1
+    closers = "".join({"(": ")", "[": "]", "{": "}"}[bracket] for bracket in reversed(stack))
+    return (quote or "") + closers, last, string_at if quote else None
 
 
 def _closing(text: str, open_at: int) -> int | None:
@@ -555,4 +644,4 @@ def _bfcl_accepts(text: str) -> bool:
     backticks, newlines and spaces stripped, a list added around a single call, quotes stripped)."""
     s = text.strip("`\n ")
     s = ("" if s.startswith("[") else "[") + s + ("" if s.endswith("]") else "]")
-    return _python_calls_ok(s.strip().strip("'"))
+    return _is_calls(_parse_expression(s.strip().strip("'")))
