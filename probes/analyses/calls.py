@@ -44,7 +44,7 @@ from probes.engine.generate import greedy_generate, stop_token_ids
 from probes.prompts.record import record_id
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean, paired_permutation_test
-from probes.scoring.toolcalls import MODES, is_solved, mode_description, outcome, parse_reply
+from probes.scoring.toolcalls import MODES, OUTCOMES, is_solved, mode_description, outcome, parse_reply
 
 MAX_NEW_TOKENS = 48
 PAIRED_STATUSES: tuple[str, ...] = ("both_solved", "only_basm", "only_padding", "both_failed")
@@ -300,11 +300,21 @@ SHOWN_RATES: tuple[str, ...] = ("wrong_call", "correct_call", "abstained", "unkn
 
 
 def rate_table(rates: pd.DataFrame) -> pd.DataFrame:
-    """The shown rates as one row per bucket × config × rate × mode, one column per k."""
-    shown = rates[rates["rate"].isin(SHOWN_RATES)]
-    table = shown.pivot_table(index=["bucket", "config", "rate", "mode"], columns="k", values="value", sort=True).reset_index()
-    table.columns = [f"k={c}" if isinstance(c, int | np.integer) else str(c) for c in table.columns]
-    return table
+    """The shown rates as one row per bucket × config × rate, one column per mode and k; beyond the
+    wrong- and correct-call rates only the rates that are non-zero somewhere (all in the CSV)."""
+    nonzero = set(rates.loc[rates["value"].fillna(0) > 0, "rate"]) | {"wrong_call", "correct_call"}
+    shown = rates[rates["rate"].isin([r for r in SHOWN_RATES if r in nonzero])]
+    table = shown.pivot_table(index=["bucket", "config", "rate"], columns=["mode", "k"], values="value", sort=True)
+    table = table[[c for mode in MODES for c in table.columns if c[0] == mode]]
+    table.columns = [f"{mode} k={k}" for mode, k in table.columns]
+    return table.reset_index()
+
+
+def outcome_counts(rows: pd.DataFrame) -> pd.DataFrame:
+    """Replies per mode × configuration × outcome."""
+    long = pd.concat([pd.DataFrame({"mode": mode, "config": rows["config"], "outcome": rows[f"{mode}_outcome"]}) for mode in MODES])
+    table = pd.crosstab([long["mode"], long["config"]], long["outcome"])
+    return table[[o for o in OUTCOMES if o in table.columns]].reset_index()
 
 
 def print_rates(rates: pd.DataFrame) -> None:
@@ -393,13 +403,11 @@ def section(analysis: Any, summary: CallsSummary, paths: list[Path]) -> Any:
 
     rows, rates = summary.rows, summary.rates
     k_max = int(rates["k"].max())
-    outcomes = pd.concat([rows.groupby(["config", f"{mode}_outcome"]).size().unstack(fill_value=0).assign(mode=mode)
-                          for mode in MODES]).fillna(0).reset_index()
     syntax = summary.syntax.groupby(["syntax", "shape", "template_format"], sort=True)["replies"].sum().reset_index()
     body = (f"Greedy next action generated without the forced prefix (≤ {analysis.options.max_new_tokens} new tokens) and read "
             f"by the tool-call parser in every syntax; {mode_note(analysis.fmt)}. Rates per bucket, configuration, mode and k "
-            f"(CIs in `calls_summary.csv`).\n\n{markdown_table(rate_table(rates))}\n\nOutcome counts:\n\n"
-            f"{markdown_table(outcomes)}\n\nReplies by call syntax (the reply's first call; `none`: no call attempt; "
+            f"(rates that are zero everywhere left out; all of them, with CIs, in `calls_summary.csv`).\n\n{markdown_table(rate_table(rates))}\n\nOutcome counts:\n\n"
+            f"{markdown_table(outcome_counts(rows))}\n\nReplies by call syntax (the reply's first call; `none`: no call attempt; "
             f"per configuration and k in `calls_syntax.csv`):\n\n{markdown_table(syntax)}")
     comparisons = [Comparison(f"Fig. 11: T_wrong {mode} wrong-call rate, {label} (k = {k_max}; paper: qualitative)",
                               _cell(rates, bucket="T_wrong", config=config, k=k_max, rate="wrong_call", mode=mode), None, "rate")
@@ -561,4 +569,5 @@ class Calls(Analysis):
 
     def print_summary(self, summary: CallsSummary) -> None:
         print_rates(summary.rates)
+        print(outcome_counts(summary.rows).to_string(index=False))
         print(summary.syntax.groupby(["syntax", "shape", "template_format"])["replies"].sum().to_string())
