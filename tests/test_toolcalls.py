@@ -144,8 +144,10 @@ CORPUS: tuple[Case, ...] = (
          "create_public_link", True),
     Case("fence-truncated-json", '```json\n{"name": "create_public_link", "arguments": {"pa', "wrong_tool", "off_template_call",
          "fenced_json", "name_arguments", "create_public_link", True),
-    Case("bare-truncated-at-key", '{"name": "share_file", "argu', "correct_tool", "off_template_call", "bare_json", "name_only",
-         "share_file", True),
+    Case("fenced-tool-call-truncated-after-name", '```tool_call\n{"name": "share_file", "argu', "correct_tool", "off_template_call",
+         "fenced_tool_call", "name_only", "share_file", True),
+    # outside a call container, an object cut before its arguments cannot be told from an echoed schema: not a call
+    Case("bare-truncated-at-key", '{"name": "share_file", "argu', "abstain", "abstain"),
     Case("bare-malformed-unquoted-key", '{"name": "create_public_link", "arguments": {path: "/a"}}', "wrong_tool", "off_template_call",
          "bare_json", "name_arguments", "create_public_link", True),
     Case("python-truncated-at-keyword-prompted", "create_public_link(path=", "wrong_tool", "parse_failure", "python", "python_call",
@@ -169,13 +171,15 @@ CORPUS: tuple[Case, ...] = (
     Case("json-not-a-call", 'The file info is {"path": "/a", "size": 3, "name": "specs.pdf"}.', "abstain", "abstain"),
     Case("empty", "", "abstain", "abstain"),
     # SmolLM2-135M's replies (verbatim shapes): a tool schema echoed from the prompt is not a call
-    Case("smollm2-schema-echo", 'The original JSON file contains a JSON object with the following structure:\n\n```json\n{\n    "type": '
+    Case("small-model-schema-echo", 'The original JSON file contains a JSON object with the following structure:\n\n```json\n{\n    "type": '
          '"function",\n    "function": {\n        "name": "create_public_link",\n        "description": "Create a public link.",\n'
          '        "parameters": {\n            "type": "object",\n            "properties": {\n                "path": {\n'
          '                    "type": "string",\n                    "description": "Path', "abstain", "abstain"),
-    Case("smollm2-python-def", "You can use the `share_file` function. Here's how you can do it:\n\n```python\ndef share_file(path):\n"
+    Case("small-model-python-def", "You can use the `share_file` function. Here's how you can do it:\n\n```python\ndef share_file(path):\n"
          '    return {\n        "type": "function",\n        "function": {\n            "name": "share_file",\n'
          '            "description": "Share a file",\n            "parameters": {\n                "type": "', "abstain", "abstain"),
+    Case("small-model-schema-echo-cut-after-name", 'You can use the following code to get the current request:\n```\n'
+         '# Get current request\ncurrent_request = {\n  "type": "function",\n  "function": {\n    "name": "share_file",', "abstain", "abstain"),
     Case("llama-schema-echo", '{"name": "share_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}',
          "abstain", "abstain"),
     # a refusal that still calls: the refusal column never changes the outcome
@@ -309,10 +313,14 @@ def test_property_a_catalog_call_in_any_syntax_is_read_as_that_call(before, afte
 @settings(max_examples=200, deadline=None)
 @given(syntax=st.sampled_from([s for s in RENDERINGS if s != "list"]), name=TOOLS, arguments=ARGS, data=st.data())
 def test_property_a_call_cut_after_its_name_keeps_its_tool(syntax, name, arguments, data):
-    """A reply cut by the token budget anywhere after the tool's name still names that tool."""
+    """A reply cut by the token budget anywhere after the tool's name (outside a call container: after its
+    arguments began) still names that tool."""
     full = render(syntax, name, arguments)
-    marker = {"python": "(", "fence_python": "(", "backticks": "(", "mistral_args": "[ARGS]", "function_tag": ">"}.get(syntax, '"')
-    after_name = full.index(name) + len(name) + len(marker)
+    after_name = full.index(name) + len(name) + len({"python": "(", "fence_python": "(", "backticks": "(", "mistral_args": "[ARGS]",
+                                                     "function_tag": ">"}.get(syntax, '"'))
+    if syntax in ("fence_json", "bare", "llama", "openai"):  # outside a call container: once the arguments have begun
+        key = '"parameters": ' if syntax == "llama" else '"arguments": '
+        after_name = full.index(key) + len(key) + 1
     cut = data.draw(st.integers(after_name, len(full)))
     reply = parse_reply(full[:cut], template="native", catalog=CATALOG)
     action = reply.action("lenient")

@@ -28,7 +28,9 @@ budget cut it) or *malformed*; either way its longest well-formed prefix is clos
 ended, open brackets closed) and decoded, so a cut-off call still shows its name and is a call
 attempt that did not complete (``complete`` False), never an abstention. An object shaped like a
 tool *schema* (a ``description`` key, or ``parameters`` that are a JSON Schema ``{"type": "object",
-"properties": ...}``), which small models echo from their prompt, is not a call.
+"properties": ...}``), which small models echo from their prompt, is not a call; outside a call
+container (``<tool_call>``, ``[TOOL_CALLS]``, a ``tool_call`` fence) neither is an object cut off
+before its ``arguments`` (or ``parameters``) key, which cannot be told from such an echo.
 
 Python call syntax is decoded by :func:`probes.data.bfcl_exec.call_from_node`: ``ast.parse`` and
 ``ast.literal_eval`` of every argument, so model text is never evaluated. A call cut off mid-way is
@@ -287,7 +289,7 @@ def _scan(text: str, fence: str | None = None) -> tuple[list[ToolCall], list[tup
         elif token == "```":
             found, end = _fenced(text, m.start())
         elif token in ("{", "["):
-            found, end = _json_at(text, m.start(), fence or "bare_json", explicit=False)
+            found, end = _json_at(text, m.start(), fence or "bare_json", explicit=fence == "fenced_tool_call")
         else:
             found, end = _python_at(text, m.start() + len(token) - len(token.lstrip(" \t`")), fence or "python")
         if found:
@@ -371,9 +373,8 @@ def _json_at(text: str, start: int, syntax: str, *, explicit: bool) -> tuple[lis
     value, end, error = _decode(text, start)
     if value is None:
         return [], start + 1
-    cut = error is not None
     items, in_list = (value, True) if isinstance(value, list) else ([value], False)
-    calls = [_json_call(item, syntax, in_list, explicit or cut, error) for item in items]
+    calls = [_json_call(item, syntax, in_list, explicit, error) for item in items]
     if not calls or any(c is None for c in calls):
         if explicit and not in_list:
             return [ToolCall(None, None, syntax, None, False, error=error or "not a call object")], end
@@ -383,7 +384,8 @@ def _json_at(text: str, start: int, syntax: str, *, explicit: bool) -> tuple[lis
 
 def _json_call(obj: Any, syntax: str, in_list: bool, name_only: bool, error: str | None) -> ToolCall | None:
     """A call object (module docstring: shapes), or None for anything else, a tool schema included.
-    ``name_only``: a name without arguments still makes a call (in a container, or cut off)."""
+    ``name_only``: a name without arguments still makes a call (inside a call container; elsewhere
+    an object cut off after its name cannot be told from an echoed tool schema, so it is none)."""
     if not isinstance(obj, dict):
         return None
     if isinstance(obj.get("function"), dict) and obj.get("type", "function") == "function":
@@ -403,10 +405,14 @@ def _json_call(obj: Any, syntax: str, in_list: bool, name_only: bool, error: str
     return ToolCall(name, arguments, syntax, shape, complete and error is None, in_list, error=error or arg_error)
 
 
+_SCHEMA_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"})
+
+
 def _is_schema(body: dict[str, Any]) -> bool:
-    """A tool definition (as in the prompt's catalog), not a call."""
+    """A tool definition (as in the prompt's catalog), not a call: a description, or parameters that
+    are a JSON Schema object (only schema keywords, so one cut off early is one too)."""
     params = body.get("parameters")
-    return "description" in body or (isinstance(params, dict) and params.get("type") == "object" and "properties" in params)
+    return "description" in body or (isinstance(params, dict) and params.get("type") == "object" and set(params) <= _SCHEMA_KEYWORDS)
 
 
 def _arguments(value: Any, error: str | None) -> tuple[dict[str, Any] | None, bool, str | None]:
