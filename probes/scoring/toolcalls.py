@@ -91,8 +91,8 @@ OUTCOMES: tuple[str, ...] = (*TOOL_OUTCOMES, "off_template_call", "abstain", "pa
 REFUSAL_PATTERNS: tuple[str, ...] = (
     r"\bnone of the (?:available |provided |given )?(?:functions|tools)\b",
     r"\bno (?:suitable|appropriate|available|applicable|relevant) (?:function|tool)s?\b",
-    r"\bI (?:cannot|can ?not|can't|can’t|won't|won’t|will not|must decline|should not|shouldn't|am unable|'m unable|’m unable"
-    r"|am not able|'m not able|’m not able|do not have (?:a|any) (?:function|tool)|don't have (?:a|any) (?:function|tool))\b",
+    r"\bI(?: cannot| can ?not| can['’]t| won['’]t| will not| must decline| should not| shouldn['’]t| am unable| am not able"
+    r"|['’]m unable|['’]m not able| do not have (?:a|any) (?:function|tool)| don['’]t have (?:a|any) (?:function|tool))\b",
     r"\b(?:cannot|can't|should not|shouldn't) be (?:done|used|performed|completed) with\b",
 )
 _REFUSAL = re.compile("|".join(REFUSAL_PATTERNS), re.IGNORECASE)
