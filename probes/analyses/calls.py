@@ -406,7 +406,8 @@ def section(analysis: Any, summary: CallsSummary, paths: list[Path]) -> Any:
     syntax = summary.syntax.groupby(["syntax", "shape", "template_format"], sort=True)["replies"].sum().reset_index()
     body = (f"Greedy next action generated without the forced prefix (≤ {analysis.options.max_new_tokens} new tokens) and read "
             f"by the tool-call parser in every syntax; {mode_note(analysis.fmt)}. Rates per bucket, configuration, mode and k "
-            f"(rates that are zero everywhere left out; all of them, with CIs, in `calls_summary.csv`).\n\n{markdown_table(rate_table(rates))}\n\nOutcome counts:\n\n"
+            f"(rates that are zero everywhere left out; all of them, with CIs, in `calls_summary.csv`).\n\n"
+            f"{markdown_table(rate_table(rates))}\n\nOutcome counts:\n\n"
             f"{markdown_table(outcome_counts(rows))}\n\nReplies by call syntax (the reply's first call; `none`: no call attempt; "
             f"per configuration and k in `calls_syntax.csv`):\n\n{markdown_table(syntax)}")
     comparisons = [Comparison(f"Fig. 11: T_wrong {mode} wrong-call rate, {label} (k = {k_max}; paper: qualitative)",
