@@ -1,6 +1,7 @@
 """``linear`` (Fig. 10), ``calls`` (Fig. 11) and ``paired`` (Fig. 12).
 
-Independent checks: the call parsers on hand-written generations, the probe's AUC on synthetic
+Independent checks: call rates, paired statuses and claims in both modes on hand-made rows (the
+call parser has its own corpus, ``test_toolcalls.py``), the probe's AUC on synthetic
 separable vs random features, group-disjoint folds, the rank AUC against scikit-learn, greedy
 generation through the probe attention against a plain sdpa model. End to end: each analysis
 class run with keyword options (``calls`` also once through ``main([...])``) on a tiny random Qwen3 with the real Qwen3 tokenizer, and on SmolLM2-135M-
@@ -19,21 +20,25 @@ from sklearn.metrics import roc_auc_score
 from threadpoolctl import threadpool_limits
 
 from probes.analyses.calls import (
+    PAIRED_STATUSES,
+    Calls,
+    CallsSummary,
+    PairedSummary,
     call_rates,
-    classify,
+    calls_claims,
     generation_prompt,
-    is_solved,
     pair_rows,
+    paired_claims,
     paired_status,
-    parse_native,
-    parse_prompted,
+    paired_summary,
+    syntax_counts,
 )
-from probes.analyses.calls import Calls
 from probes.engine.generate import greedy_generate, stop_token_ids
 from probes.analyses.linear import Linear
 from probes.analyses.paired import Paired
 from probes.cli.main import main
-from probes.data.dataset import ABSTAIN, load_dataset, spread_limit
+from probes.data.dataset import load_dataset, spread_limit
+from probes.scoring.toolcalls import OUTCOMES
 from probes.analyses.linear import ProbeSettings, auc, grouped_folds, permute_within_groups, probe_layers
 from probes.reporting.results import load_results
 
@@ -47,79 +52,58 @@ def _one_blas_thread():
         yield
 
 
-# ------------------------------------------------------------------------------------- parsers
-def test_native_json_call():
-    p = parse_native('<tool_call>\n{"name": "get_order_details", "arguments": {"order_id": "A-1"}}\n</tool_call>')
-    assert (p.kind, p.name, p.arguments, p.complete, p.syntax, p.n_calls) == ("call", "get_order_details", {"order_id": "A-1"}, True, "native", 1)
-
-
-def test_native_think_block_end_marker_and_string_arguments():
-    p = parse_native('<think>\nmaybe get_stock_info\n</think>\n\n<tool_call>\n{"name": "cancel_order", "arguments": "{\\"id\\": 3}"}\n</tool_call><|im_end|>junk')
-    assert (p.kind, p.name, p.arguments) == ("call", "cancel_order", {"id": 3})
-
-
-def test_native_truncated_call_keeps_the_name():
-    p = parse_native('<tool_call>\n{"name": "get_stock_info", "arguments": {"product": "blue ket')
-    assert (p.kind, p.name, p.arguments, p.complete) == ("call", "get_stock_info", None, False)
-
-
-def test_native_malformed_and_empty_are_parse_failures():
-    assert parse_native("<tool_call>\n{{{ not json").kind == "parse_failure"
-    assert parse_native("   ").kind == "parse_failure"
-    bare = parse_native('{"name": "get_stock_info", "arguments": {}}')
-    assert (bare.kind, bare.name) == ("parse_failure", "get_stock_info")
-
-
-def test_native_plain_text_is_abstention():
-    assert parse_native("None of the available functions can be used for this request.").kind == "abstain"
-    assert parse_native("Could you tell me your order number?").kind == "abstain"
-
-
-def test_prompted_bfcl_calls():
-    p = parse_prompted('get_order_details(order_id="A-1", verbose=True)')
-    assert (p.kind, p.name, p.arguments, p.complete) == ("call", "get_order_details", {"order_id": "A-1", "verbose": True}, True)
-    listed = parse_prompted("[cancel_order(order_id='B-2', items=[1, 2]), refund(amount=3.5)]")
-    assert (listed.name, listed.arguments, listed.n_calls) == ("cancel_order", {"order_id": "B-2", "items": [1, 2]}, 2)
-    nested = parse_prompted('```\nbook(trip={"from": "a (x)", "to": "b"})\n```')
-    assert nested.arguments == {"trip": {"from": "a (x)", "to": "b"}}
-
-
-def test_prompted_truncated_positional_refusal_and_empty():
-    cut = parse_prompted('get_stock_info(product="blue')
-    assert (cut.kind, cut.name, cut.complete) == ("call", "get_stock_info", False)
-    positional = parse_prompted('get_stock_info("blue kettle")')
-    assert positional.arguments == {"_positional": ["blue kettle"]} and positional.error == "positional arguments"
-    assert parse_prompted("None of the available functions can be used for this request.").kind == "abstain"
-    assert parse_prompted("Sorry (I cannot) help").kind == "abstain"
-    assert parse_prompted("").kind == "parse_failure"
-    native = parse_prompted('<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>')
-    assert (native.kind, native.name, native.syntax) == ("call", "x", "native")
-
-
-def test_classification_and_solved():
-    call = parse_native('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>')
-    assert classify(call, "a", ["b"]) == "correct_tool"
-    assert classify(call, "c", ["a"]) == "wrong_tool"
-    assert classify(call, "c", ["b"]) == "other_tool"
-    abstain = parse_native("I cannot help with that.")
-    assert classify(abstain, ABSTAIN, ["a"]) == "abstain" and is_solved("abstain", ABSTAIN)
-    assert not is_solved("abstain", "a") and is_solved("correct_tool", "a") and not is_solved("wrong_tool", "a")
-    assert classify(parse_native(""), "a", []) == "parse_failure"
+# ------------------------------------------------------------------------------------- calls rows
+def _rows(solved_basm, solved_padding, syntax="tool_call_tag"):
+    """Calls rows of 4 items (2 task groups) under BASM and padding at k = 1; lenient = solved, strict = only
+    the template-format replies (here: all of BASM's, none of padding's)."""
+    rows = []
+    for i in range(4):
+        for config, solved, fmt_ok in (("basm", solved_basm[i], True), ("pad-procedure", solved_padding[i], False)):
+            lenient = "correct_tool" if solved else "wrong_tool"
+            strict = lenient if fmt_ok else "off_template_call"
+            rows.append({"record_id": f"i{i}|{config}|k1|native", "item_id": f"i{i}", "k": 1, "format": "native", "config": config,
+                         "bucket": "T_wrong", "domain": "d", "task_group": f"g{i % 2}", "correct_action": "a",
+                         "syntax": syntax if fmt_ok else "fenced_json", "shape": "name_arguments", "template_format": fmt_ok, "known_tool": True,
+                         "lenient_outcome": lenient, "lenient_solved": solved, "strict_outcome": strict,
+                         "strict_solved": solved and fmt_ok})
+    return pd.DataFrame(rows)
 
 
 def test_paired_status_and_rates():
     assert [paired_status(a, b) for a, b in ((1, 1), (1, 0), (0, 1), (0, 0))] == ["both_solved", "only_basm", "only_padding", "both_failed"]
-    rows = pd.DataFrame([
-        {"record_id": f"i{i}|{c}|k1|native", "item_id": f"i{i}", "k": 1, "format": "native", "config": c, "bucket": "T_wrong",
-         "domain": "d", "task_group": f"g{i % 2}", "correct_action": "a", "solved": s, "outcome": "correct_tool" if s else "wrong_tool",
-         "wrong_call": not s, "correct_call": s, "parse_failure": False, "abstained": False}
-        for i in range(4) for c, s in (("basm", i < 3), ("pad-procedure", i < 1))
-    ])
+    rows = _rows([True, True, True, False], [True, False, False, False])
     paired = pd.DataFrame(pair_rows(rows))
-    assert paired["status"].tolist() == ["both_solved", "only_basm", "only_basm", "both_failed"]
+    assert paired["lenient_status"].tolist() == ["both_solved", "only_basm", "only_basm", "both_failed"]
+    assert paired["strict_status"].tolist() == ["only_basm", "only_basm", "only_basm", "both_failed"]
+    assert paired[["basm_syntax", "padding_syntax", "basm_template_format", "padding_known_tool"]].iloc[0].tolist() == [
+        "tool_call_tag", "fenced_json", True, True]
     rates = call_rates(rows, resamples=200)
-    basm = rates[(rates["config"] == "basm") & (rates["rate"] == "correct_call")].iloc[0]
+    cell = rates.set_index(["mode", "config", "rate"])
+    basm = cell.loc[("lenient", "basm", "correct_call")]
     assert basm["value"] == pytest.approx(0.75) and basm["n"] == 4 and basm["n_groups"] == 2 and basm["low"] <= 0.75 <= basm["high"]
+    assert cell.loc[("lenient", "pad-procedure", "wrong_call"), "value"] == pytest.approx(0.75)
+    assert cell.loc[("strict", "pad-procedure", "wrong_call"), "value"] == 0.0  # its calls are off the template's format
+    assert cell.loc[("strict", "pad-procedure", "off_template_call"), "count"] == 4
+    assert ("lenient", "pad-procedure", "off_template_call") not in cell.index  # lenient has no such outcome
+    summary = paired_summary(paired, resamples=200).set_index(["mode", "bucket"])
+    assert summary.loc[("lenient", "T_wrong"), "only_basm"] == 2 and summary.loc[("strict", "T_wrong"), "only_basm"] == 3
+    assert summary.loc[("strict", "all"), "solve_difference"] == pytest.approx(0.75)
+
+
+def test_claims_pair_items_at_the_deepest_k():
+    rows = _rows([True] * 4, [False] * 4)
+    rows["config"] = rows["config"].replace({"pad-procedure": "proc"})
+    summary = CallsSummary(rows, call_rates(rows, resamples=100), syntax_counts(rows), "note")
+    claims = {c.name: c for c in calls_claims(summary)}
+    assert set(claims) == {"lenient_wrong_call_basm_below_proc_k1", "strict_wrong_call_basm_below_proc_k1"}
+    lenient, strict = claims["lenient_wrong_call_basm_below_proc_k1"], claims["strict_wrong_call_basm_below_proc_k1"]
+    assert lenient.estimate == pytest.approx(-1.0) and lenient.alternative == "less" and lenient.n == 2 and lenient.family == "calls"
+    assert strict.estimate == 0.0  # proc's wrong calls are off-template: a runtime would execute none of them
+    paired = PairedSummary(pd.DataFrame(pair_rows(_rows([True] * 4, [False] * 4))), pd.DataFrame(), "", "note")
+    paired_ = {c.name: c.estimate for c in paired_claims(paired)}
+    assert paired_ == {"lenient_paired_basm_above_padding_k1": 1.0, "strict_paired_basm_above_padding_k1": 1.0}
+    syntax = syntax_counts(rows)
+    assert syntax.groupby("syntax")["replies"].sum().to_dict() == {"fenced_json": 4, "tool_call_tag": 4}
 
 
 # ------------------------------------------------------------------------------------- linear probe
@@ -222,7 +206,8 @@ def test_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
     assert out == tmp_path / tiny_qwen3_dir.name
     rows = load_results(out / "calls.jsonl")
     assert len(rows) == 6 * 2 * 2 and rows["key"].is_unique  # 6 items × k ∈ {0, 1} × 2 configs
-    assert set(rows["outcome"]) <= {"correct_tool", "wrong_tool", "other_tool", "abstain", "parse_failure"}
+    assert set(rows["lenient_outcome"]) | set(rows["strict_outcome"]) <= set(OUTCOMES)
+    assert {"syntax", "template_format", "known_tool", "refusal", "generation"} <= set(rows.columns)
     assert (rows["n_new_tokens"] <= 6).all()
     meta = rows.attrs["meta"]
     assert meta["config"]["max_new_tokens"] == 6 and meta["versions"]["torch"]
@@ -238,8 +223,9 @@ def test_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
     extra = load_results(out / "paired_calls.jsonl")
     assert set(extra["config"]) == {"pad-procedure"} and len(extra) == 12
     paired = load_results(out / "paired.jsonl")
-    assert len(paired) == 12 and set(paired["status"]) <= {"both_solved", "only_basm", "only_padding", "both_failed"}
-    assert (paired[paired["k"] == 0]["status"].isin(["both_solved", "both_failed"])).all()
+    assert len(paired) == 12 and set(paired["lenient_status"]) | set(paired["strict_status"]) <= set(PAIRED_STATUSES)
+    assert {"basm_syntax", "padding_template_format", "basm_known_tool"} <= set(paired.columns)
+    assert (paired[paired["k"] == 0]["lenient_status"].isin(["both_solved", "both_failed"])).all()
     _check_figure(out, "fig12_paired_status")
 
     result = Linear(model=tiny_qwen3_dir, **COMMON, out=tmp_path, configs=["basm"], permutations=2, resamples=100).run()

@@ -2,34 +2,35 @@
 
 ``calls``: at every retrieval depth k the model greedily generates its next action from the
 prompt *without* the forced tool-call prefix (native: the text up to the generation prompt,
-``input_ids[:open_index + 1]``; prompted: the whole prompt). The generation is parsed with the
-model's real call syntax:
+``input_ids[:open_index + 1]``; prompted: the whole prompt). The reply is read by the one tool-call
+parser, :func:`probes.scoring.toolcalls.parse_reply`, which recognises every syntax chat models
+write (the template's ``<tool_call>`` JSON, bare or fenced JSON, OpenAI- and Llama-style objects,
+Mistral's ``[TOOL_CALLS]``, Python call syntax) and each row records the matched ``syntax`` and
+``shape``, whether the call was in the template's format (``template_format``) and whether the
+tool was in the prompt's catalog (``known_tool``). Every reply gets two outcomes
+(:data:`probes.scoring.toolcalls.OUTCOMES`):
 
-``native``   Qwen3 ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` JSON;
-``prompted`` BFCL prompting style ``func_name(param=value, ...)`` (optionally in ``[...]``);
+``strict``   only a call in the template's format counts, as a tool runtime would execute it; a
+             reply calling a tool in another syntax is ``off_template_call``;
+``lenient``  any recognised call counts;
 
-a plain-text answer (a refusal, a question) is an abstention. Output that *tries* to call but
-cannot be read (a ``<tool_call>`` without a name, tag-less JSON in native, an empty generation)
-is a parse failure and is reported as such, never silently folded into another outcome.
-
-Each parsed action is classified against the item: ``correct_tool`` (the item's correct tool),
-``wrong_tool`` (one of its semantically similar but inapplicable tools), ``other_tool`` (any other
-name, including hallucinated ones), ``abstain`` or ``parse_failure``. ``solved`` means the greedy
+and in both an ``abstain`` is a reply without a call of any syntax, a ``parse_failure`` one that
+starts a call that cannot be completed or decoded, ``unknown_tool`` a call to a tool the prompt
+did not show. ``refusal`` (whether the prose declines) is a column of its own. ``solved`` means the
 action is the item's correct action (the correct tool, or abstention when abstaining is correct):
-the correct-call rate of Fig. 11 and the "solved" of Fig. 12.
+the correct-call rate of Fig. 11 and the "solved" of Fig. 12. The raw generation is in every row.
 
 ``paired``: BASM against procedure padding (``pad-procedure``, the equal-token control) on the
-same items and depths: both solved / only BASM / only padding / both failed. It reuses a calls
-results file holding both configurations when one exists and generates only what is missing.
+same items and depths, in both modes: both solved / only BASM / only padding / both failed. It
+reuses a calls results file holding both configurations when one exists and generates only what
+is missing.
 """
 
 from __future__ import annotations
 
-import ast
 import json
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -37,194 +38,19 @@ import numpy as np
 import pandas as pd
 
 from probes.analyses.base import Analysis, RunContext, option
-from probes.data.configs import CONFIGS, CONTROL_CONFIGS
+from probes.data.configs import CONFIGS, CONTROL_CONFIGS, config_label
 from probes.data.dataset import ABSTAIN
 from probes.engine.generate import greedy_generate, stop_token_ids
 from probes.prompts.record import record_id
-from probes.prompts.builder import ABSTAIN_TEXT
-from probes.scoring.stats import bootstrap_mean, paired_permutation_test
+from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean, paired_permutation_test
+from probes.scoring.toolcalls import MODES, OUTCOMES, is_solved, mode_description, outcome, parse_reply
 
 MAX_NEW_TOKENS = 48
-OUTCOMES: tuple[str, ...] = ("correct_tool", "wrong_tool", "other_tool", "abstain", "parse_failure")
 PAIRED_STATUSES: tuple[str, ...] = ("both_solved", "only_basm", "only_padding", "both_failed")
 PAIRED_CONFIGS: tuple[str, str] = ("basm", "pad-procedure")
 CALLS_CONFIGS: tuple[str, ...] = ("base", "proc", "app", "basm", "pad-procedure")
-
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
-_END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>", "<|eot_id|>", "</s>")
-_NAME_FIELD = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_PROMPTED_CALL = re.compile(r"^\[?\s*([A-Za-z_][\w.]*)\(")
-
-
-# ------------------------------------------------------------------------------------- parsing
-@dataclass(frozen=True)
-class ParsedCall:
-    """What a generation says the next action is.
-
-    ``kind``: ``call`` | ``abstain`` | ``parse_failure``. ``name``: the called function (for a
-    parse failure, a name that could still be read, else None). ``arguments``: the parsed
-    arguments, None when they could not be read (``complete`` is then False). ``syntax``: the
-    call syntax actually used (``native`` / ``prompted``). ``n_calls``: calls in the output
-    (only the first one is the action).
-    """
-
-    kind: str
-    name: str | None = None
-    arguments: dict[str, Any] | None = None
-    complete: bool = True
-    syntax: str | None = None
-    n_calls: int = 0
-    error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def clean_generation(text: str) -> str:
-    """Cut at the first end-of-turn marker and drop (possibly unterminated) think blocks."""
-    cut = min((i for i in (text.find(m) for m in _END_MARKERS) if i >= 0), default=len(text))
-    return _THINK.sub("", text[:cut]).strip()
-
-
-def _json_object(body: str) -> dict[str, Any] | None:
-    """The first JSON object in ``body`` (trailing text ignored), or None."""
-    start = body.find("{")
-    if start < 0:
-        return None
-    try:
-        value, _ = json.JSONDecoder().raw_decode(body[start:])
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _native_call(body: str, closed: bool) -> ParsedCall:
-    value = _json_object(body)
-    if value is not None and isinstance(value.get("name"), str) and value["name"]:
-        arguments = value.get("arguments", value.get("parameters", {}))
-        if isinstance(arguments, str):  # some models emit the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass
-        ok = isinstance(arguments, dict)
-        return ParsedCall(
-            "call", value["name"], arguments if ok else None, complete=closed and ok, syntax="native",
-            error=None if ok else "arguments are not a JSON object",
-        )
-    named = _NAME_FIELD.search(body)
-    if named:  # cut off by max_new_tokens, or invalid JSON after a readable name
-        return ParsedCall("call", json.loads(f'"{named.group(1)}"'), None, complete=False, syntax="native",
-                          error="arguments truncated or not valid JSON")
-    return ParsedCall("parse_failure", syntax="native", error="<tool_call> without a readable function name")
-
-
-def parse_native(text: str) -> ParsedCall:
-    """Parse a Qwen3-style generation: ``<tool_call>`` JSON, or plain text (abstain)."""
-    s = clean_generation(text)
-    if not s:
-        return ParsedCall("parse_failure", error="empty generation")
-    n_calls = s.count("<tool_call>")
-    if n_calls:
-        body = s[s.find("<tool_call>") + len("<tool_call>"):]
-        end = body.find("</tool_call>")
-        parsed = _native_call(body[:end] if end >= 0 else body, closed=end >= 0)
-        return ParsedCall(**{**parsed.as_dict(), "n_calls": n_calls})
-    if s.startswith("{") and _NAME_FIELD.search(s):
-        named = _NAME_FIELD.search(s)
-        return ParsedCall("parse_failure", json.loads(f'"{named.group(1)}"'), syntax="native",
-                          error="JSON call without <tool_call> tags")
-    return ParsedCall("abstain", syntax="native")
-
-
-def _balanced_call(s: str, open_paren: int) -> str | None:
-    """``s[:end]`` up to the parenthesis closing the one at ``open_paren`` (quotes respected)."""
-    depth, quote, escape = 0, None, False
-    for i in range(open_paren, len(s)):
-        ch = s[i]
-        if quote:
-            if escape:
-                escape = False
-            elif ch == "\\":
-                escape = True
-            elif ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return s[: i + 1]
-    return None
-
-
-def _call_arguments(call_text: str) -> tuple[dict[str, Any] | None, str | None]:
-    try:
-        node = ast.parse(call_text, mode="eval").body
-    except SyntaxError as error:
-        return None, f"unparsable call: {error.msg}"
-    if not isinstance(node, ast.Call):
-        return None, "not a call expression"
-    try:
-        arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
-        positional = [ast.literal_eval(arg) for arg in node.args]
-    except (ValueError, SyntaxError, TypeError):
-        return None, "argument values are not literals"
-    if positional:
-        arguments["_positional"] = positional
-        return arguments, "positional arguments"
-    return arguments, None
-
-
-def parse_prompted(text: str) -> ParsedCall:
-    """Parse a BFCL prompting-style generation: ``func(a=1)`` / ``[func(a=1), ...]`` or plain text."""
-    s = clean_generation(text)
-    s = re.sub(r"^```\w*\s*|\s*```$", "", s).strip()
-    if not s:
-        return ParsedCall("parse_failure", error="empty generation")
-    if "<tool_call>" in s:  # the model answered in its native syntax instead
-        return parse_native(s)
-    match = _PROMPTED_CALL.match(s)
-    if not match:
-        return ParsedCall("abstain", syntax="prompted")
-    name = match.group(1)
-    body = s[1:].lstrip() if s.startswith("[") else s
-    call_text = _balanced_call(body, body.find("("))
-    n_calls = 1 + len(re.findall(r"\)\s*,\s*[A-Za-z_][\w.]*\(", s))
-    if call_text is None:
-        return ParsedCall("call", name, None, complete=False, syntax="prompted", n_calls=n_calls,
-                          error="call truncated (unbalanced parentheses)")
-    arguments, error = _call_arguments(call_text)
-    return ParsedCall("call", name, arguments, complete=arguments is not None, syntax="prompted",
-                      n_calls=n_calls, error=error)
-
-
-def parse_generation(text: str, fmt: str) -> ParsedCall:
-    if fmt == "native":
-        return parse_native(text)
-    if fmt == "prompted":
-        return parse_prompted(text)
-    raise ValueError(f"unknown decision format {fmt!r}")
-
-
-def classify(parsed: ParsedCall, correct_action: str, wrong_tools: Sequence[str]) -> str:
-    """The outcome of a parsed action for an item (one of :data:`OUTCOMES`)."""
-    if parsed.kind == "parse_failure":
-        return "parse_failure"
-    if parsed.kind == "abstain":
-        return "abstain"
-    if parsed.name == correct_action:
-        return "correct_tool"
-    if parsed.name in set(wrong_tools):
-        return "wrong_tool"
-    return "other_tool"
-
-
-def is_solved(outcome: str, correct_action: str) -> bool:
-    """The greedy action is the correct action (abstention when abstaining is correct)."""
-    return outcome == "correct_tool" or (correct_action == ABSTAIN and outcome == "abstain")
+CLAIM_FAMILY = "calls"
 
 
 # ------------------------------------------------------------------------------------- generation
@@ -238,20 +64,32 @@ def generation_prompt(record: Mapping[str, Any]) -> list[int]:
     return ids
 
 
+def shown_tools(record: Mapping[str, Any]) -> list[str]:
+    """The tool names the prompt's catalog showed (every candidate action but abstention)."""
+    return [c["action"] for c in record["candidates"] if c["action"] != ABSTAIN]
+
+
 def call_row(record: Mapping[str, Any], new_ids: Sequence[int], stopped: bool, text: str) -> dict[str, Any]:
-    """The tidy row of one generation (without ``key``)."""
-    parsed = parse_generation(text, record["format"])
-    outcome = classify(parsed, record["correct_action"], record.get("wrong_tools", ()))
-    solved = is_solved(outcome, record["correct_action"])
+    """The tidy row of one generation (without ``key``): the raw reply, every call attempt found in
+    it, the reply's call (the lenient action, else the first attempt: its ``syntax``, ``shape``,
+    ``template_format``, ``known_tool``) and, per mode, the action, outcome and whether it solves
+    the item."""
+    reply = parse_reply(text, template=record["format"], catalog=shown_tools(record))
+    first = reply.action("lenient") or (reply.calls[0] if reply.calls else None)
     row = {k: record.get(k) for k in ("record_id", "item_id", "bucket", "domain", "task_group", "config", "k", "format")}
     row.update(
         correct_action=record["correct_action"], wrong_tools=list(record.get("wrong_tools", ())),
         n_prompt_tokens=len(generation_prompt(record)), n_new_tokens=len(new_ids), stopped=stopped,
-        generation=text, parsed=parsed.as_dict(), action=parsed.name if parsed.kind == "call" else parsed.kind,
-        outcome=outcome, solved=solved, wrong_call=outcome == "wrong_tool", correct_call=solved,
-        parse_failure=outcome == "parse_failure", abstained=outcome == "abstain",
-        explicit_refusal=outcome == "abstain" and clean_generation(text).startswith(ABSTAIN_TEXT[:30]),
+        generation=text, parsed=reply.as_dict(), n_calls=len(reply.calls),
+        syntax=first.syntax if first else None, shape=first.shape if first else None,
+        template_format=first.template_format if first else None, known_tool=first.known_tool if first else None,
+        refusal=reply.refusal, empty=reply.empty,
     )
+    for mode in MODES:
+        action = reply.action(mode)
+        result = outcome(reply, mode, record["correct_action"], row["wrong_tools"])
+        row.update({f"{mode}_action": action.name if action else result, f"{mode}_outcome": result,
+                    f"{mode}_solved": is_solved(result, record["correct_action"])})
     return row
 
 
@@ -264,23 +102,50 @@ def generate_call(session: Any, record: Mapping[str, Any], *, max_new_tokens: in
 
 
 # ------------------------------------------------------------------------------------- aggregates
-RATES: dict[str, str] = {"wrong_call": "wrong-call rate", "correct_call": "correct-call rate", "parse_failure": "parse-failure rate", "abstained": "abstention rate"}
+# rate name -> (label, outcome it counts; None: solved). Strict replies that call off the template's
+# format have their own rate; lenient has none by definition.
+RATES: dict[str, tuple[str, str | None]] = {
+    "wrong_call": ("wrong-call rate", "wrong_tool"),
+    "correct_call": ("correct-call rate", None),
+    "abstained": ("abstention rate", "abstain"),
+    "other_tool": ("other-tool rate", "other_tool"),
+    "unknown_tool": ("unknown-tool rate", "unknown_tool"),
+    "parse_failure": ("parse-failure rate", "parse_failure"),
+    "off_template_call": ("off-template call rate", "off_template_call"),
+}
 
 
-def call_rates(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Per format × config × k × bucket × rate: mean with a 95% bootstrap CI over task groups.
+def rate_values(rows: pd.DataFrame, mode: str, rate: str) -> pd.Series:
+    """0/1 per row: whether the row counts towards ``rate`` in ``mode``."""
+    counted = RATES[rate][1]
+    return rows[f"{mode}_solved"].astype(bool) if counted is None else rows[f"{mode}_outcome"] == counted
 
-    Columns: format, config, k, bucket, rate, value, low, high, n (items), n_groups, count.
+
+def call_rates(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DEFAULT_SEED) -> pd.DataFrame:
+    """Per mode × format × config × k × bucket × rate: mean with a 95% bootstrap CI over task groups.
+
+    Columns: mode, format, config, k, bucket, rate, value, low, high, n (items), n_groups, count.
     """
     out = []
     keys = ["format", "config", "k", "bucket"]
     for key, frame in rows.groupby(keys, sort=True):
-        for rate in RATES:
-            values = frame[rate].astype(float).to_numpy()
-            est = bootstrap_mean(values, frame["task_group"].tolist(), resamples=resamples, seed=seed)
-            out.append({**dict(zip(keys, key)), "rate": rate, "value": est.value, "low": est.low, "high": est.high,
-                        "n": len(frame), "n_groups": est.n_units, "count": int(values.sum())})
-    return pd.DataFrame(out, columns=[*keys, "rate", "value", "low", "high", "n", "n_groups", "count"])
+        for mode in MODES:
+            for rate in RATES:
+                if mode == "lenient" and rate == "off_template_call":
+                    continue
+                values = rate_values(frame, mode, rate).astype(float).to_numpy()
+                est = bootstrap_mean(values, frame["task_group"].tolist(), resamples=resamples, seed=seed)
+                out.append({"mode": mode, **dict(zip(keys, key)), "rate": rate, "value": est.value, "low": est.low,
+                            "high": est.high, "n": len(frame), "n_groups": est.n_units, "count": int(values.sum())})
+    return pd.DataFrame(out, columns=["mode", *keys, "rate", "value", "low", "high", "n", "n_groups", "count"])
+
+
+def syntax_counts(rows: pd.DataFrame) -> pd.DataFrame:
+    """Replies per format × config × k × syntax × shape × template format (``none``: no call attempt)."""
+    keys = ["format", "config", "k", "syntax", "shape", "template_format"]
+    frame = rows.assign(syntax=rows["syntax"].fillna("none"), shape=rows["shape"].fillna("none"),
+                        template_format=rows["template_format"].astype(object).where(rows["syntax"].notna(), "none"))
+    return frame.groupby(keys, sort=True).size().rename("replies").reset_index()
 
 
 def paired_status(basm_solved: bool, padding_solved: bool) -> str:
@@ -294,24 +159,27 @@ def paired_status(basm_solved: bool, padding_solved: bool) -> str:
 
 
 def pair_rows(rows: pd.DataFrame, configs: tuple[str, str] = PAIRED_CONFIGS) -> list[dict[str, Any]]:
-    """One paired row per (item, k, format) present under both configurations."""
-    first, second = configs
+    """One paired row per (item, k, format) present under both configurations: per configuration its
+    reply's call (``syntax``, ``template_format``, ``known_tool``) and per mode its outcome and
+    whether it solved the item; per mode the paired status."""
     keys = ["item_id", "k", "format"]
-    a = rows[rows["config"] == first].set_index(keys)
-    b = rows[rows["config"] == second].set_index(keys)
+    sides = {_short(config): rows[rows["config"] == config].set_index(keys) for config in configs}
+    (first, a), (second, b) = sides.items()
     out = []
     for key in sorted(set(a.index) & set(b.index)):
         ra, rb = a.loc[key], b.loc[key]
         item_id, k, fmt = key
-        out.append({
-            "key": f"{item_id}|k{k}|{fmt}", "item_id": item_id, "k": int(k), "format": fmt,
-            "bucket": ra["bucket"], "domain": ra["domain"], "task_group": ra["task_group"],
-            "correct_action": ra["correct_action"],
-            f"{_short(first)}_solved": bool(ra["solved"]), f"{_short(second)}_solved": bool(rb["solved"]),
-            f"{_short(first)}_outcome": ra["outcome"], f"{_short(second)}_outcome": rb["outcome"],
-            "status": paired_status(bool(ra["solved"]), bool(rb["solved"])),
-            "identical_prompt": int(k) == 0,
-        })
+        row = {"key": f"{item_id}|k{k}|{fmt}", "item_id": item_id, "k": int(k), "format": fmt,
+               "bucket": ra["bucket"], "domain": ra["domain"], "task_group": ra["task_group"],
+               "correct_action": ra["correct_action"], "identical_prompt": int(k) == 0}
+        for short, r in ((first, ra), (second, rb)):
+            row.update({f"{short}_{field}": r[field] for field in ("syntax", "template_format", "known_tool")})
+            for mode in MODES:
+                row[f"{short}_{mode}_outcome"] = r[f"{mode}_outcome"]
+                row[f"{short}_{mode}_solved"] = bool(r[f"{mode}_solved"])
+        for mode in MODES:
+            row[f"{mode}_status"] = paired_status(row[f"{first}_{mode}_solved"], row[f"{second}_{mode}_solved"])
+        out.append(row)
     return out
 
 
@@ -319,25 +187,28 @@ def _short(config: str) -> str:
     return {"basm": "basm", "pad-procedure": "padding"}.get(config, config.replace("-", "_"))
 
 
-def paired_summary(paired: pd.DataFrame, *, resamples: int = 10000, seed: int = 0) -> pd.DataFrame:
-    """Per format × k × bucket (and bucket "all"): status counts and shares, plus the paired
-    difference in solve rate (BASM − padding) with a sign-flip permutation p over task groups."""
+def paired_summary(paired: pd.DataFrame, *, resamples: int = 10000, seed: int = DEFAULT_SEED) -> pd.DataFrame:
+    """Per mode × format × k × bucket (and bucket "all"): status counts and shares, plus the paired
+    difference in solve rate (BASM − padding, mean of task-group means) with a two-sided sign-flip
+    permutation p over task groups."""
     out = []
-    frames = [paired, paired.assign(bucket="all")]
-    for (fmt, k, bucket), frame in pd.concat(frames).groupby(["format", "k", "bucket"], sort=True):
-        counts = frame["status"].value_counts()
-        row = {"format": fmt, "k": int(k), "bucket": bucket, "n": len(frame), "n_groups": frame["task_group"].nunique()}
-        for status in PAIRED_STATUSES:
-            row[status] = int(counts.get(status, 0))
-            row[f"{status}_share"] = row[status] / len(frame)
-        a = frame["basm_solved"].astype(float).to_numpy()
-        b = frame["padding_solved"].astype(float).to_numpy()
-        if row["only_basm"] + row["only_padding"] and frame["task_group"].nunique() > 1:
-            diff, p = paired_permutation_test(a, b, frame["task_group"].tolist(), alternative="two-sided", resamples=resamples, seed=seed)
-        else:
-            diff, p = float(np.mean(a - b)), float("nan")
-        row.update(solve_difference=diff, p_value=p)
-        out.append(row)
+    frames = pd.concat([paired, paired.assign(bucket="all")])
+    for (fmt, k, bucket), frame in frames.groupby(["format", "k", "bucket"], sort=True):
+        for mode in MODES:
+            counts = frame[f"{mode}_status"].value_counts()
+            row = {"mode": mode, "format": fmt, "k": int(k), "bucket": bucket, "n": len(frame),
+                   "n_groups": frame["task_group"].nunique()}
+            for status in PAIRED_STATUSES:
+                row[status] = int(counts.get(status, 0))
+                row[f"{status}_share"] = row[status] / len(frame)
+            a = frame[f"basm_{mode}_solved"].astype(float).to_numpy()
+            b = frame[f"padding_{mode}_solved"].astype(float).to_numpy()
+            if row["only_basm"] + row["only_padding"] and row["n_groups"] > 1:
+                diff, p = paired_permutation_test(a, b, frame["task_group"].tolist(), alternative="two-sided", resamples=resamples, seed=seed)
+            else:  # no discordant pair (the difference is 0) or one task group: nothing to test
+                diff, p = float(np.mean(a - b)), float("nan")
+            row.update(solve_difference=diff, p_value=p)
+            out.append(row)
     return pd.DataFrame(out)
 
 
@@ -402,12 +273,20 @@ def _configs_of(options: Any) -> list[str]:
     return list(dict.fromkeys([*options.configs, *(CONTROL_CONFIGS if options.controls else ())]))
 
 
+def mode_note(fmt: str) -> str:
+    """What strict and lenient mean for a decision format (report, claims)."""
+    return " · ".join([*(f"{mode}: {mode_description(mode, [fmt])}" for mode in MODES), "abstain (both): no call of any syntax"])
+
+
 def _calls_note(analysis: Any, rows: pd.DataFrame) -> str:
-    failures = int(rows["parse_failure"].sum())
     cut = int((~rows["stopped"].astype(bool)).sum())
+    failures = " / ".join(f"{int((rows[f'{mode}_outcome'] == 'parse_failure').sum())} {mode}" for mode in MODES)
+    used = rows["syntax"].fillna("no call").value_counts()
+    syntaxes = ", ".join(f"{name} {count}" for name, count in used.items())
     return (f"{_provenance(analysis)} · greedy, ≤ {analysis.options.max_new_tokens} new tokens, prompt without the forced prefix\n"
-            f"mean ± 95% bootstrap CI over task groups · correct call = the item's correct action (abstaining when that is correct) · "
-            f"parse failures: {failures} of {len(rows)} generations · {cut} hit the token budget")
+            f"mean ± 95% bootstrap CI over task groups · correct call = the item's correct action "
+            f"(abstaining when that is correct)\nreplies by syntax: {syntaxes} · parse failures: {failures} of {len(rows)} · "
+            f"{cut} hit the token budget")
 
 
 def _provenance(analysis: Any) -> str:
@@ -417,17 +296,38 @@ def _provenance(analysis: Any) -> str:
     return provenance(analysis).replace(f" · margin: {analysis.options.margin_variant}", "")
 
 
+SHOWN_RATES: tuple[str, ...] = ("wrong_call", "correct_call", "abstained", "unknown_tool", "parse_failure", "off_template_call")
+
+
+def rate_table(rates: pd.DataFrame) -> pd.DataFrame:
+    """The shown rates as one row per bucket × config × rate, one column per mode and k; beyond the
+    wrong- and correct-call rates only the rates that are non-zero somewhere (all in the CSV)."""
+    nonzero = set(rates.loc[rates["value"].fillna(0) > 0, "rate"]) | {"wrong_call", "correct_call"}
+    shown = rates[rates["rate"].isin([r for r in SHOWN_RATES if r in nonzero])]
+    table = shown.pivot_table(index=["bucket", "config", "rate"], columns=["mode", "k"], values="value", sort=True)
+    table = table[[c for mode in MODES for c in table.columns if c[0] == mode]]
+    table.columns = [f"{mode} k={k}" for mode, k in table.columns]
+    return table.reset_index()
+
+
+def outcome_counts(rows: pd.DataFrame) -> pd.DataFrame:
+    """Replies per mode × configuration × outcome."""
+    long = pd.concat([pd.DataFrame({"mode": mode, "config": rows["config"], "outcome": rows[f"{mode}_outcome"]}) for mode in MODES])
+    table = pd.crosstab([long["mode"], long["config"]], long["outcome"])
+    return table[[o for o in OUTCOMES if o in table.columns]].reset_index()
+
+
 def print_rates(rates: pd.DataFrame) -> None:
-    shown = rates[rates["rate"].isin(["wrong_call", "correct_call", "parse_failure"])]
-    pivot = shown.pivot_table(index=["format", "rate", "bucket", "config"], columns="k", values="value", sort=True)
-    print(pivot.round(2).to_string())
+    print(rate_table(rates).round(2).to_string(index=False))
 
 
 @dataclass
 class CallsSummary:
     rows: pd.DataFrame  # one generation per record
-    rates: pd.DataFrame  # rate per format, rate, bucket, config, k with CIs
+    rates: pd.DataFrame  # rate per mode, format, config, k, bucket with CIs
+    syntax: pd.DataFrame  # replies per syntax
     note: str
+    seed: int = DEFAULT_SEED
 
 
 def collect(analysis: Any) -> pd.DataFrame:
@@ -439,6 +339,11 @@ def collect(analysis: Any) -> pd.DataFrame:
     store = open_store(analysis.out_dir / f"{NAME}.jsonl", NAME, calls_config(analysis, configs), overwrite=analysis.options.overwrite)
     generate_rows(analysis, store, configs)
     return load_results(store.path)
+
+
+def summarise(analysis: Any, rows: pd.DataFrame) -> CallsSummary:
+    seed = analysis.options.seed
+    return CallsSummary(rows, call_rates(rows, seed=seed), syntax_counts(rows), _calls_note(analysis, rows), seed)
 
 
 def figure(summary: CallsSummary, figures_dir: Path) -> list[Path]:
@@ -455,22 +360,59 @@ def _cell(rates: pd.DataFrame, **where: Any) -> float:
     return float(sub["value"].iloc[0]) if len(sub) else float("nan")
 
 
+def _deepest(rows: pd.DataFrame, bucket: str | None = None) -> int | None:
+    sub = rows if bucket is None else rows[rows["bucket"] == bucket]
+    return int(sub["k"].max()) if len(sub) else None
+
+
+def paired_differences(rows: pd.DataFrame, column: str, first: str, second: str) -> pd.DataFrame:
+    """``column`` under ``first`` minus under ``second`` per item present under both (0/1 columns as
+    numbers), with the item's task group."""
+    keys = ["item_id", "task_group"]
+    a = rows[rows["config"] == first].set_index(keys)[column].astype(float)
+    b = rows[rows["config"] == second].set_index(keys)[column].astype(float)
+    both = a.index.intersection(b.index)
+    return (a.loc[both] - b.loc[both]).rename("difference").reset_index()
+
+
+def calls_claims(summary: CallsSummary) -> list[Claim]:
+    """Fig. 11's claim in each mode: on T_wrong at the deepest k, the wrong-call rate under BASM is
+    below Proc. Skill, paired by item (per-item differences, task groups as units)."""
+    rows = summary.rows
+    k = _deepest(rows, "T_wrong")
+    configs = set(rows["config"])
+    if k is None or not {"basm", "proc"} <= configs:
+        return []
+    deepest = rows[(rows["bucket"] == "T_wrong") & (rows["k"] == k)]
+    claims = []
+    for mode in MODES:
+        diff = paired_differences(deepest.assign(hit=rate_values(deepest, mode, "wrong_call")), "hit", "basm", "proc")
+        if not len(diff):
+            continue
+        claims.append(effect_claim(
+            CLAIM_FAMILY, f"{mode}_wrong_call_basm_below_proc_k{k}",
+            f"on T_wrong at k = {k}, the {mode} wrong-call rate under {config_label('basm')} is below {config_label('proc')} (paired by item)",
+            diff["difference"], diff["task_group"], alternative="less", unit="rate", seed=summary.seed,
+            note=f"{len(diff)} items; {mode}: {mode_description(mode, sorted(set(deepest['format'])))}"))
+    return claims
+
+
 def section(analysis: Any, summary: CallsSummary, paths: list[Path]) -> Any:
     from probes.analyses.base import Comparison, ReportSection
     from probes.reporting.markdown import markdown_table
 
     rows, rates = summary.rows, summary.rates
     k_max = int(rates["k"].max())
-    shown = rates[rates["rate"].isin(["wrong_call", "correct_call", "parse_failure"])]
-    table = shown.pivot_table(index=["bucket", "config", "rate"], columns="k", values="value", sort=True).reset_index()
-    table.columns = [f"k={c}" if isinstance(c, int | np.integer) else str(c) for c in table.columns]
-    outcomes = rows.groupby(["config", "outcome"]).size().unstack(fill_value=0).reset_index()
-    body = (f"Greedy next action generated without the forced prefix (≤ {analysis.options.max_new_tokens} new tokens), "
-            f"parsed in the model's {analysis.fmt} call syntax; rates per bucket, configuration and k "
-            f"(CIs in `calls_summary.csv`).\n\n{markdown_table(table)}\n\nOutcome counts:\n\n{markdown_table(outcomes)}")
-    comparisons = [Comparison(f"Fig. 11: T_wrong wrong-call rate, {label} (k = {k_max}; paper: qualitative)",
-                              _cell(rates, bucket="T_wrong", config=config, k=k_max, rate="wrong_call"), None, "rate")
-                   for config, label in (("proc", "Proc. Skill"), ("basm", "BASM"))]
+    syntax = summary.syntax.groupby(["syntax", "shape", "template_format"], sort=True)["replies"].sum().reset_index()
+    body = (f"Greedy next action generated without the forced prefix (≤ {analysis.options.max_new_tokens} new tokens) and read "
+            f"by the tool-call parser in every syntax; {mode_note(analysis.fmt)}. Rates per bucket, configuration, mode and k "
+            f"(rates that are zero everywhere left out; all of them, with CIs, in `calls_summary.csv`).\n\n"
+            f"{markdown_table(rate_table(rates))}\n\nOutcome counts:\n\n"
+            f"{markdown_table(outcome_counts(rows))}\n\nReplies by call syntax (the reply's first call; `none`: no call attempt; "
+            f"per configuration and k in `calls_syntax.csv`):\n\n{markdown_table(syntax)}")
+    comparisons = [Comparison(f"Fig. 11: T_wrong {mode} wrong-call rate, {label} (k = {k_max}; paper: qualitative)",
+                              _cell(rates, bucket="T_wrong", config=config, k=k_max, rate="wrong_call", mode=mode), None, "rate")
+                   for mode in MODES for config, label in (("proc", "Proc. Skill"), ("basm", "BASM"))]
     return ReportSection(NAME, "Fig. 11 — recall-depth call rates (`calls`)", paths, body, comparisons, summary)
 
 
@@ -522,10 +464,11 @@ def collect_paired_calls(analysis: Any) -> tuple[pd.DataFrame, str]:
 
 @dataclass
 class PairedSummary:
-    paired: pd.DataFrame  # one row per (item, k): the status of BASM vs procedure padding
-    table: pd.DataFrame  # counts, solve difference and p per format, k and bucket
+    paired: pd.DataFrame  # one row per (item, k): the status of BASM vs procedure padding in each mode
+    table: pd.DataFrame  # counts, solve difference and p per mode, format, k and bucket
     how: str  # where the generations came from
     note: str
+    seed: int = DEFAULT_SEED
 
 
 def collect_paired(analysis: Any) -> pd.DataFrame:
@@ -548,10 +491,27 @@ def collect_paired(analysis: Any) -> pd.DataFrame:
 
 def summarise_paired(analysis: Any, paired: pd.DataFrame) -> PairedSummary:
     how = paired.attrs.get("how", "")
-    note = (f"{_provenance(analysis)} · greedy calls ({how})\nsolved = the greedy call is the correct action · "
-            f"Δ = solve rate BASM − procedure padding, p: two-sided sign-flip permutation test over task groups · "
-            f"k = 0 omitted (both configurations render the identical memory-free prompt)")
-    return PairedSummary(paired, paired_summary(paired, seed=analysis.options.seed), how, note)
+    note = (f"{_provenance(analysis)} · greedy calls ({how})\nsolved = the action is the item's "
+            f"correct action · Δ = solve rate BASM − procedure padding (mean of task-group means), p: two-sided sign-flip "
+            f"permutation test over task groups · k = 0 omitted (both configurations render the identical memory-free prompt)")
+    seed = analysis.options.seed
+    return PairedSummary(paired, paired_summary(paired, seed=seed), how, note, seed)
+
+
+def paired_claims(summary: PairedSummary) -> list[Claim]:
+    """Fig. 12's claim in each mode: at the deepest k, over all buckets, BASM solves more items than
+    procedure padding (per-item differences of solved, task groups as units)."""
+    paired = summary.paired
+    k = _deepest(paired)
+    if not k:  # k = 0 renders identical prompts: nothing to compare
+        return []
+    deepest = paired[paired["k"] == k]
+    return [effect_claim(
+        CLAIM_FAMILY, f"{mode}_paired_basm_above_padding_k{k}",
+        f"at k = {k}, over all buckets, BASM solves more items than procedure padding ({mode}; paired by item)",
+        deepest[f"basm_{mode}_solved"].astype(float) - deepest[f"padding_{mode}_solved"].astype(float), deepest["task_group"],
+        alternative="greater", unit="rate", seed=summary.seed,
+        note=f"{len(deepest)} items; {mode}: {mode_description(mode, sorted(set(deepest['format'])))}") for mode in MODES]
 
 
 def paired_figure(summary: PairedSummary, figures_dir: Path) -> list[Path]:
@@ -566,22 +526,23 @@ def paired_section(analysis: Any, paired_summary_: PairedSummary, paths: list[Pa
     from probes.reporting.markdown import markdown_table
 
     summary, how = paired_summary_.table, paired_summary_.how
-    shown = summary[summary["k"] > 0][["k", "bucket", "n", *PAIRED_STATUSES, "solve_difference", "p_value"]]
-    body = (f"BASM vs procedure padding (equal token count) on the same items and k; solved = greedy call is the correct "
-            f"action ({how}).\n\n{markdown_table(shown)}")
+    shown = summary[summary["k"] > 0][["mode", "k", "bucket", "n", *PAIRED_STATUSES, "solve_difference", "p_value"]]
+    body = (f"BASM vs procedure padding (equal token count) on the same items and k; solved = the action is the item's correct "
+            f"action; {mode_note(analysis.fmt)} ({how}).\n\n{markdown_table(shown)}")
     k_max = int(summary["k"].max())
-    all_k = summary[(summary["bucket"] == "all") & (summary["k"] == k_max)]
-    comparisons = [Comparison(f"Fig. 12: solve rate BASM − padding, all buckets (k = {k_max}; paper: BASM ≈ padding on BFCL, slightly ahead on AppWorld)",
-                              float(all_k["solve_difference"].iloc[0]) if len(all_k) else float("nan"), None, "rate")]
+    comparisons = [Comparison(f"Fig. 12: {mode} solve rate BASM − padding, all buckets (k = {k_max}; paper: BASM ≈ padding on BFCL, "
+                              f"slightly ahead on AppWorld)",
+                              _cell(summary.rename(columns={"solve_difference": "value"}), bucket="all", k=k_max, mode=mode), None, "rate")
+                   for mode in MODES]
     return ReportSection(PAIRED_NAME, "Fig. 12 — equal-token paired status (`paired`)", paths, body, comparisons, paired_summary_)
 
 
 @dataclass(kw_only=True)
 class Calls(Analysis):
-    """Fig. 11: greedy next-action calls per k; wrong-/correct-call and parse-failure rates."""
+    """Fig. 11: greedy next-action calls per k, read in every call syntax; strict and lenient rates."""
 
     name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Fig. 11: greedy next-action calls per k; wrong-/correct-call and parse-failure rates."
+    help: ClassVar[str] = "Fig. 11: greedy next-action calls per k, read in every call syntax; strict and lenient call rates."
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     configs: tuple[str, ...] = option(CALLS_CONFIGS, f"comma-separated memory configurations (default: {','.join(CALLS_CONFIGS)}; "
@@ -593,10 +554,10 @@ class Calls(Analysis):
         return collect(ctx)
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> CallsSummary:
-        return CallsSummary(rows, call_rates(rows, seed=ctx.options.seed), _calls_note(ctx, rows))
+        return summarise(ctx, rows)
 
     def tables(self, summary: CallsSummary) -> dict[str, pd.DataFrame]:
-        return {f"{NAME}_summary": summary.rates}
+        return {f"{NAME}_summary": summary.rates, f"{NAME}_syntax": summary.syntax}
 
     def figures(self, summary: CallsSummary, out_dir: Path) -> list[Path]:
         return figure(summary, out_dir)
@@ -604,6 +565,10 @@ class Calls(Analysis):
     def section(self, ctx: RunContext, summary: CallsSummary, figures: list[Path]) -> Any:
         return section(ctx, summary, figures)
 
+    def claims(self, summary: CallsSummary) -> list[Claim]:
+        return calls_claims(summary)
+
     def print_summary(self, summary: CallsSummary) -> None:
         print_rates(summary.rates)
-        print(summary.rows.groupby(["config", "outcome"]).size().unstack(fill_value=0).to_string())
+        print(outcome_counts(summary.rows).to_string(index=False))
+        print(summary.syntax.groupby(["syntax", "shape", "template_format"])["replies"].sum().to_string())

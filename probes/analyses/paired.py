@@ -1,4 +1,4 @@
-"""``paired`` (Fig. 12): the equal-token paired status of BASM vs procedure padding.
+"""``paired`` (Fig. 12): the equal-token paired status of BASM vs procedure padding, strict and lenient.
 
 It reuses the greedy generations of :mod:`probes.analyses.calls` (a matching ``calls.jsonl`` in the
 same results folder) and generates only what is missing.
@@ -19,18 +19,20 @@ from probes.analyses.calls import (
     PAIRED_STATUSES,
     PairedSummary,
     collect_paired,
+    paired_claims,
     paired_figure,
     paired_section,
     summarise_paired,
 )
+from probes.scoring.claims import Claim
 
 
 @dataclass(kw_only=True)
 class Paired(Analysis):
-    """Fig. 12: paired outcome status of BASM vs procedure padding (reuses the calls results)."""
+    """Fig. 12: paired outcome status of BASM vs procedure padding, strict and lenient (reuses the calls results)."""
 
     name: ClassVar[str] = PAIRED_NAME
-    help: ClassVar[str] = "Fig. 12: paired outcome status of BASM vs procedure padding (reuses calls results)."
+    help: ClassVar[str] = "Fig. 12: paired outcome status of BASM vs procedure padding, strict and lenient (reuses calls results)."
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
@@ -52,6 +54,9 @@ class Paired(Analysis):
     def section(self, ctx: RunContext, summary: PairedSummary, figures: list[Path]) -> Any:
         return paired_section(ctx, summary, figures)
 
+    def claims(self, summary: PairedSummary) -> list[Claim]:
+        return paired_claims(summary)
+
     def print_summary(self, summary: PairedSummary) -> None:
         print(summary.how)
-        print(summary.table[["format", "k", "bucket", "n", *PAIRED_STATUSES, "solve_difference", "p_value"]].to_string(index=False))
+        print(summary.table[["mode", "format", "k", "bucket", "n", *PAIRED_STATUSES, "solve_difference", "p_value"]].to_string(index=False))

@@ -354,8 +354,8 @@ ANALYSIS_HELP = {
     "knockout": "Figs. 3c/d, 6, 7: same-prompt knockout of deciding-row → boundary attention, with controls.",
     "heads": "Figs. 8/9: per-head log2(boundary/procedure) attention, head ranking and its causal check.",
     "linear": "Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer.",
-    "calls": "Fig. 11: greedy next-action calls per k; wrong-/correct-call and parse-failure rates.",
-    "paired": "Fig. 12: paired outcome status of BASM vs procedure padding (reuses calls results).",
+    "calls": "Fig. 11: greedy next-action calls per k, read in every call syntax; strict and lenient call rates.",
+    "paired": "Fig. 12: paired outcome status of BASM vs procedure padding, strict and lenient (reuses calls results).",
     "report": "Run the chosen analyses; write figures (PNG+PDF) and report.md next to the paper's numbers.",
 }
 

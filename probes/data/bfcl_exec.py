@@ -68,6 +68,34 @@ class Call:
     kwargs: Mapping[str, Any]
 
 
+def call_name(node: ast.Call) -> str | None:
+    """The called name: ``f``, or ``a.b.f`` for an attribute chain (BFCL's decoder joins such chains
+    too); None for anything else (``f()()``, ``x[0]()``)."""
+    parts, func = [], node.func
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if not isinstance(func, ast.Name):
+        return None
+    return ".".join([func.id, *reversed(parts)])
+
+
+def call_from_node(node: ast.Call, text: str) -> Call:
+    """The :class:`Call` of a parsed call expression whose arguments are Python literals
+    (``ast.literal_eval``: nothing is evaluated); ``text`` is its source, named in errors."""
+    name = call_name(node)
+    if name is None:
+        raise BFCLExecutionError(f"call {text!r} does not call a name")
+    try:
+        args = tuple(ast.literal_eval(arg) for arg in node.args)
+        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+    except (ValueError, TypeError, SyntaxError, RecursionError) as error:
+        raise BFCLExecutionError(f"call {text!r} has a non-literal argument ({error})") from error
+    if None in kwargs:
+        raise BFCLExecutionError(f"call {text!r} uses **kwargs unpacking")
+    return Call(text, name, args, kwargs)
+
+
 def parse_call(text: str) -> Call:
     """Parse one BFCL call string such as ``mv(source='a.txt', destination='b')``."""
     try:
@@ -76,14 +104,7 @@ def parse_call(text: str) -> Call:
         raise BFCLExecutionError(f"call {text!r} is not a Python call expression: {error.msg}") from error
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         raise BFCLExecutionError(f"call {text!r} must be a plain function call name(...)")
-    try:
-        args = tuple(ast.literal_eval(arg) for arg in node.args)
-        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-    except ValueError as error:
-        raise BFCLExecutionError(f"call {text!r} has a non-literal argument ({error})") from error
-    if None in kwargs:
-        raise BFCLExecutionError(f"call {text!r} uses **kwargs unpacking")
-    return Call(text, node.func.id, args, kwargs)
+    return call_from_node(node, text)
 
 
 def _load_module(name: str, path: Path) -> ModuleType:

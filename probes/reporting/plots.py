@@ -698,33 +698,66 @@ def fig10_linear_probe(table: pd.DataFrame, note: str, shortcut: dict | None = N
 CALL_RATE_LABELS: dict[str, str] = {
     "wrong_call": "wrong-call rate",
     "correct_call": "correct-call rate",
+    "abstained": "abstention rate",
+    "unknown_tool": "unknown-tool rate",
     "parse_failure": "parse-failure rate",
+    "off_template_call": "off-template call rate",
 }
+CALL_RATES_ALWAYS = ("wrong_call", "correct_call", "abstained")  # the rest are drawn where some cell is non-zero
+CALL_MODE_STYLE: dict[str, tuple[str, str]] = {"lenient": ("-", "o"), "strict": ("--", "s")}  # line style, marker
+
+
+def call_mode_text(formats: Sequence[str], *, lines: bool) -> str:
+    """What strict and lenient mean for the decision formats shown (``lines``: with Fig. 11's line styles)."""
+    from probes.scoring.toolcalls import mode_description
+
+    styles = {"lenient": " (solid, circles)", "strict": " (dashed, squares)"} if lines else {"lenient": "", "strict": ""}
+    return " · ".join([*(f"{mode}{styles[mode]}: {mode_description(mode, formats)}" for mode in ("lenient", "strict")),
+                       "abstention: no call of any syntax (same in both)"])
+
+
+def _n_text(frame: pd.DataFrame, what: str) -> str:
+    """n per bucket of the plotted cells: '6 items (6 task groups)', a range where cells differ."""
+    def span(column: pd.Series) -> str:
+        values = sorted(set(column.astype(int)))
+        return str(values[0]) if len(values) == 1 else f"{values[0]}–{values[-1]}"
+
+    return "; ".join(f"{bucket if bucket != 'all' else 'all buckets'} {span(sub['n'])} {what} ({span(sub['n_groups'])} task groups)"
+                     for bucket in _ordered(frame["bucket"], ("T_wrong", "T_ok", "T_repair", "all"))
+                     for sub in [frame[frame["bucket"] == bucket]])
 
 
 def fig11_call_rates(rates: pd.DataFrame, note: str) -> plt.Figure:
-    """Greedy call rates vs retrieval depth: rows = wrong / correct / parse-failure rate,
-    columns = buckets (T_wrong first), one line per configuration with 95% CI error bars.
+    """Greedy call rates vs retrieval depth: rows = rates (wrong call, correct call, abstention, and
+    unknown tool / parse failure / off-template call where any is non-zero), columns = buckets
+    (T_wrong first); one colour per configuration, solid = lenient, dashed = strict, 95% CI bars.
 
-    rates: format, config, k, bucket, rate, value, low, high, n, n_groups, count.
+    rates: mode, format, config, k, bucket, rate, value, low, high, n, n_groups, count.
     """
     buckets = _ordered(rates["bucket"], ("T_wrong", "T_ok", "T_repair"))
-    kinds = [r for r in CALL_RATE_LABELS if r in set(rates["rate"])]
+    present = set(rates["rate"])
+    nonzero = set(rates.loc[rates["value"].fillna(0) > 0, "rate"])
+    kinds = [r for r in CALL_RATE_LABELS if r in present and (r in CALL_RATES_ALWAYS or r in nonzero)]
     configs = _ordered(rates["config"], CONFIG_ORDER)
+    modes = [m for m in CALL_MODE_STYLE if m in set(rates["mode"])]
+    plotted = rates[rates["rate"].isin(kinds)]
     fig, axes = plt.subplots(len(kinds), len(buckets), figsize=(4.0 * len(buckets), 2.6 * len(kinds) + 0.6),
                              sharex=True, sharey="row", squeeze=False)
-    offsets = {c: (i - (len(configs) - 1) / 2) * 0.05 for i, c in enumerate(configs)}  # dodge overlapping bars
+    series = [(c, m) for c in configs for m in modes]
+    offsets = {s: (i - (len(series) - 1) / 2) * 0.035 for i, s in enumerate(series)}  # dodge overlapping bars
     for row, kind in enumerate(kinds):
         for col, bucket in enumerate(buckets):
             ax = axes[row][col]
-            sub = rates[(rates["rate"] == kind) & (rates["bucket"] == bucket)]
-            for config in configs:
-                line = sub[sub["config"] == config].sort_values("k")
+            sub = plotted[(plotted["rate"] == kind) & (plotted["bucket"] == bucket)]
+            for config, mode in series:
+                line = sub[(sub["config"] == config) & (sub["mode"] == mode)].sort_values("k")
                 if not len(line):
                     continue
-                ax.errorbar(line["k"] + offsets[config], line["value"], yerr=ci_errors(line), marker="o", ms=4, capsize=2.5,
-                            color=color(config), label=label(config), lw=1.4, elinewidth=0.9)
-                mark_no_ci(ax, line["k"] + offsets[config], line, color(config))
+                ls, marker = CALL_MODE_STYLE[mode]
+                x = line["k"] + offsets[(config, mode)]
+                ax.errorbar(x, line["value"], yerr=ci_errors(line), marker=marker, ms=3.5, capsize=2.0, ls=ls,
+                            color=color(config), lw=1.3, elinewidth=0.8)
+                mark_no_ci(ax, x, line, color(config))
             note_no_ci(ax, sub)
             ax.set_ylim(-0.04, 1.04)
             ax.set_xticks(sorted(int(k) for k in rates["k"].unique()))
@@ -736,9 +769,15 @@ def fig11_call_rates(rates: pd.DataFrame, note: str) -> plt.Figure:
                 ax.set_xlabel("retrieval depth k")
             if col == 0:
                 ax.set_ylabel(CALL_RATE_LABELS[kind])
-    axes[0][-1].legend(loc="best", fontsize=7.5)
-    fig.suptitle("Recall-depth call rates: realized greedy calls", y=1.01)
-    footnote(fig, note)
+    handles = [plt.Line2D([], [], color=color(c), lw=2, label=label(c)) for c in configs]
+    handles += [plt.Line2D([], [], color="0.3", ls=CALL_MODE_STYLE[m][0], marker=CALL_MODE_STYLE[m][1], ms=4, label=m) for m in modes]
+    axes[0][-1].legend(handles=handles, loc="best", fontsize=7.5)
+    fig.suptitle("Recall-depth call rates: realized greedy calls, strict and lenient", y=1.01)
+    ks = sorted(int(k) for k in plotted["k"].unique())
+    caption = (f"plotted: {', '.join(CALL_RATE_LABELS[k] for k in kinds)} · modes: {', '.join(modes)} · configurations: "
+               f"{', '.join(label(c) for c in configs)} · k = {', '.join(map(str, ks))} · n per point: {_n_text(plotted, 'items')}\n"
+               f"{call_mode_text(sorted(set(plotted['format'])), lines=True)}")
+    footnote(fig, f"{note}\n{caption}")
     return fig
 
 
@@ -752,20 +791,23 @@ PAIRED_STATUS_STYLE: dict[str, tuple[str, tuple[float, float, float]]] = {
 
 def fig12_paired_status(summary: pd.DataFrame, note: str) -> plt.Figure:
     """Paired outcome shares of BASM vs procedure padding: one panel per bucket (and all items),
-    one horizontal stacked bar per k ≥ 1, counts in the segments, Δ solve rate and p at the right.
+    one horizontal stacked bar per k ≥ 1 and mode (lenient, strict), counts in the segments, Δ solve
+    rate and p at the right.
 
-    summary: format, k, bucket, n, both_solved, only_basm, only_padding, both_failed (+ _share),
-    solve_difference, p_value.
+    summary: mode, format, k, bucket, n, n_groups, both_solved, only_basm, only_padding, both_failed
+    (+ _share), solve_difference, p_value.
     """
     data = summary[summary["k"] > 0] if (summary["k"] > 0).any() else summary
     panels = _ordered(data["bucket"], ("T_wrong", "T_ok", "T_repair", "all"))
     ks = sorted(int(k) for k in data["k"].unique())
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8.6, 0.55 * len(ks) * len(panels) + 1.0 * len(panels) + 0.4),
+    modes = [m for m in CALL_MODE_STYLE if m in set(data["mode"])]
+    bars = [(k, m) for k in ks for m in modes]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.6, 0.42 * len(bars) * len(panels) + 1.0 * len(panels) + 0.4),
                              sharex=True, squeeze=False)
     for ax, bucket in zip(axes[:, 0], panels):
-        sub = data[data["bucket"] == bucket].set_index("k").reindex(ks)
-        y = np.arange(len(ks))
-        left = np.zeros(len(ks))
+        sub = data[data["bucket"] == bucket].set_index(["k", "mode"]).reindex(bars)
+        y = np.arange(len(bars))
+        left = np.zeros(len(bars))
         for status, (name, col) in PAIRED_STATUS_STYLE.items():
             share = sub[f"{status}_share"].fillna(0.0).to_numpy()
             ax.barh(y, share, left=left, color=col, label=name, height=0.7, edgecolor="white", lw=0.6)
@@ -778,13 +820,15 @@ def fig12_paired_status(summary: pd.DataFrame, note: str) -> plt.Figure:
                 p = "n/a" if not np.isfinite(row.p_value) else f"{row.p_value:.2g}"
                 ax.text(1.01, yi, f"Δ = {row.solve_difference:+.2f}, p = {p}  (n = {int(row.n)})", va="center", fontsize=7.5,
                         transform=ax.get_yaxis_transform())
-        ax.set_yticks(y, [f"k = {k}" for k in ks])
+        ax.set_yticks(y, [f"k = {k} · {m}" for k, m in bars])
         ax.invert_yaxis()
         ax.set_xlim(0, 1)
         ax.set_title(bucket_label(bucket) if bucket != "all" else "all buckets", loc="left", fontsize=10)
     axes[-1][0].set_xlabel("share of paired items (counts in segments)")
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.suptitle("Equal-token control: BASM vs procedure padding, paired outcome status", y=1.04)
+    fig.suptitle("Equal-token control: BASM vs procedure padding, paired outcome status (strict and lenient)", y=1.04)
     fig.legend(handles, names, ncol=4, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 0.985))
-    footnote(fig, note)
+    caption = (f"plotted: paired status per k = {', '.join(map(str, ks))} in modes {', '.join(modes)} · n per bar: "
+               f"{_n_text(data, 'paired items')}\n{call_mode_text(sorted(set(data['format'])), lines=False)}")
+    footnote(fig, f"{note}\n{caption}")
     return fig
