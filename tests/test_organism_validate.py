@@ -2,8 +2,9 @@
 ``--model`` is the organism, and retraining from the script reproduces the committed run.
 
 Each claim is a mean over eval task groups with a 95% cluster-bootstrap CI and a one-sided
-sign-flip permutation test (``probes.organism.validate``); a claim holds iff the CI lies above 0
-and p < 0.05. The statistic is printed (``pytest -s`` shows it).
+sign-flip permutation test (``probes.organism.validate``), Holm-adjusted over the validation's
+claims; a claim holds iff the CI lies above 0 and the adjusted p < 0.05. The statistic is printed
+(``pytest -s`` shows it). Claims that do not hold are strict expected failures, as measured.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from probes.organism.validate import ALPHA, validate
 
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
 
-CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>procedure", "eta", "heads")
+CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>count-matched", "knockout>mass-matched",
+          "knockout dose", "knockout>procedure", "eta", "heads")
 # Claims the probes do not recover, as measured (strict: a claim that starts to hold fails here until this is updated).
 NOT_RECOVERED = {"heads": "floor chosen on the train split (issue #32): the top-2 heads beat matched random heads by "
-                          "+0.107 [-0.034, +0.247], p = 0.092"}
+                          "+0.107 [-0.034, +0.247], p = 0.092",
+                 "knockout>mass-matched": "not testable on the organism: its neutral pool holds 8% of B's deciding-row attention "
+                                          "at the median, so no control draw matches B's mass (0 of 63 records)"}
 @pytest.fixture(scope="module")
 def summary() -> dict:
     return json.loads((ORGANISM_DIR / "training_summary.json").read_text())
