@@ -263,7 +263,7 @@ def test_all_analyses_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
     assert Ratios(item_ids=[T_WRONG_ITEM], configs=["basm"], **common).run(session).status == 0
     assert Suppression(item_ids=[T_WRONG_ITEM], configs=["proc", "basm"], **common).run(session).status == 0
     assert KnockoutAnalysis(item_ids=[T_WRONG_ITEM], random_draws=2, **common).run(session).status == 0
-    heads_items = [T_WRONG_ITEM, "retail-ok-0001", "retail-wrong-0004", "retail-ok-0004"]
+    heads_items = [T_WRONG_ITEM, "retail-ok-0001", "retail-wrong-0005", "retail-ok-0004"]  # tool-correct T_wrong in both halves
     # two task groups: rank on one, test on the other; a floor given a priori keeps the train split's prompts out of this slow test
     result = Heads(item_ids=heads_items, top_n=3, random_draws=1, floor_from="given", **common).run(session)
     assert result.status == 0

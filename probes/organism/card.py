@@ -9,9 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from probes.organism.heldout import heldout_report
 from probes.organism.train.supervision import head_key
 from probes.organism.validate import Validation, validate
+from probes.reporting.markdown import markdown_table
 
 DISCLAIMER = (
     "**This is a synthetic organism for validating the instrument, not evidence about Qwen3.** It has "
@@ -43,12 +46,17 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _number(value: Any, fmt: str = "+.3f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
 def _not_recovered(claims: list[dict[str, Any]]) -> str:
     failed = [c for c in claims if not c["holds"]]
     if not failed:
         return "Every claim holds: the probes recover each planted effect on held-out items."
-    lines = "\n".join(f"* `{c['name']}`: {c['estimate']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] over {c['n']} task groups, "
-                      f"Holm-adjusted p {c['p_holm']:.3g}: {c['verdict']}" for c in failed)
+    lines = "\n".join(f"* `{c['name']}`: {_number(c['estimate'])} [{_number(c['low'])}, {_number(c['high'])}] over {c['n']} task groups, "
+                      f"Holm-adjusted p {_number(c['p_holm'], '.3g')}: {c['verdict']}" + (f" ({c['note']})" if c.get("note") else "")
+                      for c in failed)
     return (f"**Not recovered ({len(failed)} of {len(claims)}), as measured; nothing was tuned to make them hold:**\n\n{lines}\n\n"
             "Use the organism as ground truth only for the claims that hold; `tests/test_organism_validate.py` marks the "
             "others as strict expected failures, so a change that makes one hold, or one that holds fail, stops the tests.")
@@ -104,8 +112,15 @@ def _planted_heads_rank(cfg: dict[str, Any], ranking: list[dict[str, Any]]) -> s
             f"on the ranking half of the task groups, among the heads that read B ∪ P): the planted {places}.")
 
 
-def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], validation: str, validation_claims: list[dict[str, Any]],
-               ranking: list[dict[str, Any]] = ()) -> None:
+VALIDATION_COLUMNS = ["name", "statement", "estimate", "low", "high", "n", "p", "p_floor", "p_holm", "verdict", "note"]
+
+
+def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], validation: dict[str, Any]) -> None:
+    """The model card from the training summary, the held-out check and ``validation.json``'s content
+    (so a card can be rewritten from the committed files, without rerunning anything)."""
+    validation_claims, ranking = validation["claims"], validation.get("head_ranking", [])
+    table = markdown_table(pd.DataFrame(validation_claims, columns=VALIDATION_COLUMNS).astype({c: float for c in
+                                                                                                ("estimate", "low", "high", "p", "p_floor", "p_holm")}))
     cfg = summary["train_config"]
     ko = heldout["knockout"]
     eta = heldout["eta_median_over_heads"]
@@ -265,7 +280,7 @@ against random heads that pass the same floor, matched on their attention to B.
 `tests/test_organism_validate.py` checks every claim against this table, and `basm-probes organism card`
 regenerates it (and this card).
 
-{validation}
+{table}
 
 {_not_recovered(validation_claims)}
 {_planted_heads_rank(cfg, ranking)}
@@ -305,7 +320,7 @@ def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None 
     with tempfile.TemporaryDirectory() as results:
         validation = validate(out_dir, results, embedder=summary["train_config"]["embedder"])
     (out_dir / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1, allow_nan=False) + "\n")
-    write_card(out_dir, summary, heldout, validation.markdown(), validation.as_dict()["claims"], validation.as_dict()["head_ranking"])
+    write_card(out_dir, summary, heldout, validation.as_dict())
     print(validation.markdown())
     print(f"held-out check ({heldout['seconds']:.0f} s), validation ({validation.seconds:.0f} s) and model card written to {out_dir}")
     return validation

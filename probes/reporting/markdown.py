@@ -15,7 +15,7 @@ def markdown_table(frame: pd.DataFrame, digits: int = 3) -> str:
     def fmt(v: Any) -> str:
         if isinstance(v, float | np.floating):
             return "nan" if not np.isfinite(v) else f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
-        return str(v)
+        return str(v).replace("|", "\\|")  # a literal pipe (|B|) would split the cell
 
     head = "| " + " | ".join(map(str, frame.columns)) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
