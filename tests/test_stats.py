@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
+import pytest
 
 from probes.scoring.stats import bootstrap_mean
 
@@ -25,3 +27,23 @@ def test_groups_not_items_are_resampled():
 def test_agreeing_groups_give_their_common_value():
     est = bootstrap_mean([0.5, 0.5, 0.5], ["a", "b", "c"])
     assert (est.value, est.low, est.high, est.n_units) == (0.5, 0.5, 0.5, 3)
+
+
+def test_paired_differences_pair_records_and_never_cross_items_with_other_groups():
+    """Per-record differences of two configurations, paired by item (by hand); items of other task
+    groups are never crossed in (the claim over them then has one unit per task group)."""
+    from probes.scoring.claims import effect_claim
+    from probes.scoring.stats import paired_differences
+
+    rows = pd.DataFrame([{"item_id": f"i{g}{j}", "task_group": f"g{g}", "config": config, "margin": value}
+                         for g in range(3) for j in range(2)
+                         for config, value in (("proc", 2.0 + g + j), ("basm", 0.5 * g - j))])
+    rows.loc[(rows["item_id"] == "i21") & (rows["config"] == "basm"), "margin"] = np.nan  # an undefined margin
+    out = paired_differences(rows, {"supp": ("basm", "proc")}, pair=["item_id", "task_group"])
+    assert len(out) == 6 and out["delta"].isna().sum() == 1
+    want = {f"i{g}{j}": (0.5 * g - j) - (2.0 + g + j) for g in range(3) for j in range(2)}
+    for r in out.dropna().itertuples():
+        assert r.delta == pytest.approx(want[r.item_id], abs=1e-12)
+    claim = effect_claim("f", "c", "s", out["delta"].dropna(), out.dropna()["task_group"], alternative="less")
+    assert claim.n == 3 and claim.estimate == pytest.approx(np.mean([np.mean([want["i00"], want["i01"]]),
+                                                                     np.mean([want["i10"], want["i11"]]), want["i20"]]), abs=1e-12)

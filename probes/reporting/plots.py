@@ -574,10 +574,10 @@ def fig03_mechanism(eta: pd.DataFrame, suppression: pd.DataFrame, deltas: pd.Dat
     wrong = recovery[recovery["measure"] == "margin"] if len(recovery) else recovery
     share = f": {100 * float(wrong['value'].iloc[0]):.1f}% of gap recovered" if len(wrong) else ""
     axes[2].set_title(f"(c) boundary knockout vs controls{share}")
-    legend_below(axes[2])
+    # (c) and (d) draw the same knockouts: one legend under both
+    axes[2].legend(loc="upper left", bbox_to_anchor=(0.0, -0.13), ncol=2, fontsize=7.5)
     _selectivity_panel(axes[3], deltas, labels)
-    axes[3].set_title("(d) knockout selectivity")
-    legend_below(axes[3])
+    axes[3].set_title("(d) knockout selectivity (legend under (c))")
     fig.suptitle("Boundary fields suppress wrong-tool preference through state-conditioned attention", y=1.03)
     footnote(fig, note, y=-0.1)
     return fig
@@ -772,7 +772,7 @@ def fig11_call_rates(rates: pd.DataFrame, note: str) -> plt.Figure:
     handles = [plt.Line2D([], [], color=color(c), lw=2, label=label(c)) for c in configs]
     handles += [plt.Line2D([], [], color="0.3", ls=CALL_MODE_STYLE[m][0], marker=CALL_MODE_STYLE[m][1], ms=4, label=m) for m in modes]
     axes[0][-1].legend(handles=handles, loc="best", fontsize=7.5)
-    fig.suptitle("Recall-depth call rates: realized greedy calls, strict and lenient", y=1.01)
+    fig.suptitle("Realized greedy calls against retrieval depth, strict and lenient", y=1.01)
     ks = sorted(int(k) for k in plotted["k"].unique())
     caption = (f"plotted: {', '.join(CALL_RATE_LABELS[k] for k in kinds)} · modes: {', '.join(modes)} · configurations: "
                f"{', '.join(label(c) for c in configs)} · k = {', '.join(map(str, ks))} · n per point: {_n_text(plotted, 'items')}\n"

@@ -201,7 +201,8 @@ def paired_differences(rows: pd.DataFrame, contrasts: dict[str, tuple[str, str]]
     include ``item_id`` and ``task_group``). Returns the ``pair`` columns, ``contrast`` and ``delta``
     (NaN where either side is undefined, e.g. an abstention item's tool margin); feed it to
     :func:`summarise` with ``value="delta"`` for task-group CIs of the differences."""
-    wide = rows.pivot_table(index=list(pair), columns=side, values=value, aggfunc="first", dropna=False)
+    # groupby + unstack, not pivot_table(dropna=False), which would cross every level of ``pair``
+    wide = rows.groupby([*pair, side], sort=False)[value].first().unstack(side)
     out = []
     for name, (a, b) in contrasts.items():
         if a in wide and b in wide:
