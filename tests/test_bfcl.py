@@ -20,7 +20,7 @@ from probes.data import bfcl
 from probes.data.bfcl_exec import BFCLEnvironment, load_api_classes, parse_call
 from probes.prompts.context import partition_by_context
 from probes.data.dataset import ABSTAIN, DatasetError, load_dataset
-from probes.prompts.builder import PromptBuilder, SpanReport, check_spans, load_tokenizer
+from probes.prompts.builder import PromptBuilder, SpanReport, check_spans
 from probes.data.retrieval import Retriever, make_embedder
 
 COMMITTED = Path(__file__).resolve().parent.parent / "datasets" / "bfcl"
@@ -213,10 +213,10 @@ def test_skills_pass_psi_and_rejections_are_reported(imported):
         assert f"| {domain} |" in readme and f"| {report.candidates[domain]} | {len(ids)} |" in readme
 
 
-def test_items_render_through_the_qwen3_template(imported):
+def test_items_render_through_the_qwen3_template(imported, qwen3_tokenizer):
     out, _, rows = imported
     dataset = load_dataset(out)
-    tokenizer = load_tokenizer("qwen3")
+    tokenizer = qwen3_tokenizer
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), tokenizer_name="qwen3")
     chosen = []
     for bucket in ("T_ok", "T_wrong", "T_repair"):
@@ -242,10 +242,10 @@ def test_items_render_through_the_qwen3_template(imported):
     assert report.total > 0 and report.mismatches == []
 
 
-def test_partition_by_context_counts_and_lists_skips(imported):
+def test_partition_by_context_counts_and_lists_skips(imported, qwen3_tokenizer):
     out, _, _ = imported
     dataset = load_dataset(out)
-    tokenizer = load_tokenizer("qwen3")
+    tokenizer = qwen3_tokenizer
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), tokenizer_name="qwen3")
     items = dataset.select(limit_per_bucket=2, spread=True)
     lengths = {}
