@@ -171,6 +171,21 @@ def bfcl_dataset():
 
 
 @pytest.fixture(scope="session")
+def bfcl_import(tmp_path_factory: pytest.TempPathFactory):
+    """One deterministic import of the BFCL multi-turn data with the committed settings (every
+    category, skill fraction 0.5, seed 0): (folder, import report, item rows). Skips without bfcl-eval."""
+    import json
+
+    pytest.importorskip("bfcl_eval", reason="needs the BFCL data: pip install --no-deps bfcl-eval")
+    from probes.data import bfcl
+
+    out = tmp_path_factory.mktemp("bfcl")
+    report = bfcl.import_bfcl(out=out, categories=bfcl.CATEGORIES, skill_fraction=0.5, seed=0)
+    rows = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
+    return out, report, rows
+
+
+@pytest.fixture(scope="session")
 def qwen3_tokenizer():
     """The bundled real Qwen3 tokenizer and chat template, ``load_tokenizer("qwen3")``."""
     from probes.prompts.builder import load_tokenizer

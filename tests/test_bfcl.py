@@ -48,11 +48,9 @@ def data_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory, data_dir):
-    out = tmp_path_factory.mktemp("bfcl")
-    report = bfcl.import_bfcl(out=out, categories=COMMITTED_CATEGORIES, skill_fraction=0.5, seed=0)
-    rows = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
-    return out, report, rows
+def imported(bfcl_import, data_dir):
+    """The session's one import with the committed settings (every category): (folder, report, rows)."""
+    return bfcl_import
 
 
 def test_locate_names_the_package_when_missing(tmp_path, data_dir):
