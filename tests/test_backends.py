@@ -15,7 +15,7 @@ blocked keys zeroed and the row renormalised), so only rounding differs. Measure
 by pytest -s): margins and Δm ≤ 2.4e-6, path margin ≤ 6.2e-6, entropy ≤ 2.9e-6, α (mean and per
 head) ≤ 2.3e-9, per-head η = α_B / (α_P + ε) ≤ 1.2e-5 relative (tolerance 1e-4 relative),
 span masses and rows ≤ 2.8e-6, logits ≤ 9.5e-6 absolute, residual ≤ 1.2e-6 relative.
-The prompted case is marked slow (``-m "not slow"`` leaves it out).
+The prompted case (1751 tokens) is the longest, ~10-15 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from probes.backends import BACKENDS, get_backend
 from probes.data.dataset import load_dataset
 from probes.engine.session import Knockout, span_positions
 from probes.organism.train.examples import make_builder
-from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
+from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
 
 ORGANISM = Path(__file__).resolve().parents[1] / "probes" / "organism" / "weights"
@@ -62,13 +62,12 @@ def _tiny(arch: str, out: Path, tokenizer: object) -> None:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, object]]:
+def models(tmp_path_factory: pytest.TempPathFactory, qwen3_tokenizer, organism_tokenizer) -> dict[str, tuple[Path, object]]:
     """name -> (model directory, tokenizer): the tiny Qwen3 has the real Qwen3 tokenizer (long
     prompts, vocab 151669); the tiny Llama the organism's (short prompts, vocab 3072)."""
     torch.set_num_threads(1)
-    organism_tokenizer = load_tokenizer(ORGANISM)
     out = {"organism": (ORGANISM, organism_tokenizer)}
-    for arch, tokenizer in (("qwen3", load_tokenizer("qwen3")), ("llama", organism_tokenizer)):
+    for arch, tokenizer in (("qwen3", qwen3_tokenizer), ("llama", organism_tokenizer)):
         d = tmp_path_factory.mktemp(f"tiny_{arch}")
         _tiny(arch, d, tokenizer)
         out[arch] = (d, tokenizer)
@@ -81,8 +80,8 @@ MATRIX = [
     ("qwen3", "native", ("boundary", "memory_heads")),
     ("llama", "native", ("procedure_l1", "boundary")),
     ("organism", "native", ("boundary", "procedure_l1", "memory_heads")),
-    # 1751 tokens: one eager forward per candidate makes it ~1 min on a loaded 2-core machine
-    pytest.param("organism", "prompted", ("memory_heads",), marks=pytest.mark.slow),
+    # 1751 tokens: one eager forward per candidate, ~10-15 s on a loaded 2-core machine
+    ("organism", "prompted", ("memory_heads",)),
 ]
 
 

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from probes.data.dataset import V1_DATASET_DIR, load_dataset
 from probes.scoring.shortcuts import shortcut_table
 
 V2_DIR = Path(__file__).resolve().parent.parent / "datasets" / "basm_probe_v2"
 
 
 @pytest.fixture(scope="module")
-def v2():
-    return load_dataset(V2_DIR)
+def v2(v2_dataset):
+    assert v2_dataset.root.resolve() == V2_DIR.resolve()
+    return v2_dataset
 
 
 def test_check_script_finds_no_problem():
@@ -75,18 +75,18 @@ def test_scenario_split_selects_whole_pairs(v2):
     assert v2.select(split="eval") == v2.select(split="eval", split_kind="template") == tuple(i for i in v2.items if i.split == "eval")
 
 
-def test_scenario_split_needs_the_field_and_a_known_kind():
-    v1 = load_dataset(V1_DATASET_DIR)
+def test_scenario_split_needs_the_field_and_a_known_kind(v1_dataset):
+    v1 = v1_dataset
     with pytest.raises(ValueError, match="split_scenario"):
         v1.select(split="eval", split_kind="scenario")
     with pytest.raises(ValueError, match="split_kind"):
         v1.select(split_kind="domain")
 
 
-def test_v1_digest_is_unchanged_by_the_optional_field():
+def test_v1_digest_is_unchanged_by_the_optional_field(v1_dataset):
     """Results fingerprints of v1 must not move: its digest equals the pre-v2 formula (asdict
     without split_scenario), recomputed here."""
-    v1 = load_dataset(V1_DATASET_DIR)
+    v1 = v1_dataset
     items = v1.items[:30]
     fields = [{k: v for k, v in asdict(item).items() if k != "split_scenario"} for item in items]
     h = hashlib.sha256(json.dumps(fields, sort_keys=True, default=list).encode())

@@ -20,7 +20,7 @@ from probes.data import bfcl
 from probes.data.bfcl_exec import BFCLEnvironment, load_api_classes, parse_call
 from probes.prompts.context import partition_by_context
 from probes.data.dataset import ABSTAIN, DatasetError, load_dataset
-from probes.prompts.builder import PromptBuilder, SpanReport, check_spans, load_tokenizer
+from probes.prompts.builder import PromptBuilder, SpanReport, check_spans
 from probes.data.retrieval import Retriever, make_embedder
 
 COMMITTED = Path(__file__).resolve().parent.parent / "datasets" / "bfcl"
@@ -48,11 +48,9 @@ def data_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory, data_dir):
-    out = tmp_path_factory.mktemp("bfcl")
-    report = bfcl.import_bfcl(out=out, categories=COMMITTED_CATEGORIES, skill_fraction=0.5, seed=0)
-    rows = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
-    return out, report, rows
+def imported(bfcl_import, data_dir):
+    """The session's one import with the committed settings (every category): (folder, report, rows)."""
+    return bfcl_import
 
 
 def test_locate_names_the_package_when_missing(tmp_path, data_dir):
@@ -213,10 +211,10 @@ def test_skills_pass_psi_and_rejections_are_reported(imported):
         assert f"| {domain} |" in readme and f"| {report.candidates[domain]} | {len(ids)} |" in readme
 
 
-def test_items_render_through_the_qwen3_template(imported):
+def test_items_render_through_the_qwen3_template(imported, qwen3_tokenizer):
     out, _, rows = imported
     dataset = load_dataset(out)
-    tokenizer = load_tokenizer("qwen3")
+    tokenizer = qwen3_tokenizer
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), tokenizer_name="qwen3")
     chosen = []
     for bucket in ("T_ok", "T_wrong", "T_repair"):
@@ -242,10 +240,10 @@ def test_items_render_through_the_qwen3_template(imported):
     assert report.total > 0 and report.mismatches == []
 
 
-def test_partition_by_context_counts_and_lists_skips(imported):
+def test_partition_by_context_counts_and_lists_skips(imported, qwen3_tokenizer):
     out, _, _ = imported
     dataset = load_dataset(out)
-    tokenizer = load_tokenizer("qwen3")
+    tokenizer = qwen3_tokenizer
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), tokenizer_name="qwen3")
     items = dataset.select(limit_per_bucket=2, spread=True)
     lengths = {}

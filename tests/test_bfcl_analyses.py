@@ -17,7 +17,7 @@ import torch
 from probes.analyses.knockout import KnockoutAnalysis
 from probes.analyses.linear import Linear
 from probes.analyses.sweep import Sweep
-from probes.data.dataset import ABSTAIN, bundled_dataset, load_dataset
+from probes.data.dataset import ABSTAIN, bundled_dataset
 from probes.engine.session import ProbeSession
 from probes.organism import ORGANISM_DIR
 
@@ -46,8 +46,7 @@ def run_three(session: ProbeSession, model: Path, out: Path, *, short: bool = Fa
     }
 
 
-def check_runs(results: dict, session: ProbeSession) -> None:
-    dataset = load_dataset("bfcl")
+def check_runs(results: dict, session: ProbeSession, dataset) -> None:
     by_id = {item.id: item for item in dataset.items}
     for name, result in results.items():
         assert result.status == 0, name
@@ -74,17 +73,17 @@ def check_runs(results: dict, session: ProbeSession) -> None:
     assert np.isfinite(auc["auc"]).any()
 
 
-def test_bfcl_sweep_knockout_linear_on_the_organism(tmp_path: Path) -> None:
+def test_bfcl_sweep_knockout_linear_on_the_organism(tmp_path: Path, bfcl_dataset) -> None:
     session = ProbeSession(ORGANISM_DIR)
     results = run_three(session, ORGANISM_DIR, tmp_path, embedder="lexical")
     # the organism keeps its study defaults except the dataset: lexical gate, as it was trained
     assert all(r.options.relevance == "lexical" for r in results.values())
-    check_runs(results, session)
+    check_runs(results, session, bfcl_dataset)
 
 
 @pytest.mark.slow
-def test_bfcl_sweep_knockout_linear_on_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
+def test_bfcl_sweep_knockout_linear_on_smollm2(smollm2_dir: Path, tmp_path: Path, bfcl_dataset) -> None:
     session = ProbeSession(smollm2_dir)
     results = run_three(session, smollm2_dir, tmp_path, short=True, embedder="minilm")
     assert all(r.options.relevance == "semantic" for r in results.values())  # a non-organism model's gate
-    check_runs(results, session)
+    check_runs(results, session, bfcl_dataset)

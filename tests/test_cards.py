@@ -9,15 +9,15 @@ import pytest
 
 from probes.reporting.cards import CARD_NAME, GATE_DEPTH, collision_table, dataset_card, gate_table
 from probes.data.dataset import load_dataset
-from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
+from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
 
 DATASETS = Path(__file__).resolve().parent.parent / "datasets"
 
 
 @pytest.fixture(scope="module")
-def qwen3():
-    return load_tokenizer("qwen3")
+def qwen3(qwen3_tokenizer):
+    return qwen3_tokenizer
 
 
 @pytest.mark.parametrize("name", ["basm_probe", "basm_probe_v2", "bfcl"])

@@ -26,10 +26,8 @@ def test_build_writes_documented_records(tmp_path, capsys):
     assert "0 mismatches" in printed and "tempting skill ranked first" in printed
 
 
-def test_show_highlights_spans(capsys):
-    from probes.data.dataset import load_dataset
-
-    item = load_dataset("basm_probe").select(buckets=["T_wrong"], split="eval")[0]
+def test_show_highlights_spans(capsys, v1_dataset):
+    item = v1_dataset.select(buckets=["T_wrong"], split="eval")[0]
     assert main(["show", item.id, "--config", "basm", "--k", "2", "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical"]) == 0
     printed = capsys.readouterr().out
     assert "procedure span P" in printed and "boundary span B" in printed and item.user[:30] in printed

@@ -60,6 +60,7 @@ def one_process(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     return rows
 
 
+@pytest.mark.subprocess
 def test_two_process_sweep_has_the_rows_of_one_process(tiny_qwen3_dir: Path, one_process: pd.DataFrame, tmp_path: Path) -> None:
     start = time.perf_counter()
     run = torchrun("-m", "probes.cli", "sweep", "--model", str(tiny_qwen3_dir), *FLAGS, "--out", str(tmp_path))
@@ -102,6 +103,7 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 def test_killed_rank_resumes_without_loss_or_repeats(tiny_qwen3_dir: Path, one_process: pd.DataFrame, tmp_path: Path) -> None:
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)

@@ -29,6 +29,7 @@ def run_installed(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProc
     return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.subprocess
 def test_wheel_holds_the_dataset_and_organism_and_runs_a_sweep(installed: Path, tmp_path: Path) -> None:
     where = run_installed(installed, tmp_path, "-c", "import probes, probes.data.dataset as d, probes.organism as o; "
                           "print(probes.__file__); print(d.V1_DATASET_DIR); print(d.V2_DATASET_DIR); print(o.ORGANISM_DIR)")

@@ -281,15 +281,18 @@ def _ran(scripts: dict[str, subprocess.Popen], name: str) -> None:
     assert scripts[name].returncode == 0 and output.strip().endswith("ok"), f"{name}:\n{output}"
 
 
+@pytest.mark.subprocess
 def test_importing_the_package_and_its_subpackages_loads_no_torch(scripts) -> None:
     assert {"probes", "probes.analyses", "probes.data", "probes.engine", "probes.scoring", "probes.reporting"} <= set(PACKAGES)
     _ran(scripts, "no_torch")
 
 
+@pytest.mark.subprocess
 def test_importing_the_plots_leaves_the_matplotlib_backend_alone(scripts) -> None:
     _ran(scripts, "backend")
 
 
+@pytest.mark.subprocess
 def test_the_attention_function_is_registered_when_a_session_opens(scripts) -> None:
     _ran(scripts, "attention")
 
@@ -321,3 +324,13 @@ def test_the_notebook_api_and_the_cli_give_the_same_rows(tmp_path, capsys) -> No
     pd.testing.assert_frame_equal(api.tables["sweep_summary"].reset_index(drop=True), table, check_dtype=False)
     assert sorted(p.name for p in (tmp_path / "api" / ORGANISM_NAME).iterdir()) == \
         sorted(p.name for p in (tmp_path / "cli" / ORGANISM_NAME).iterdir())
+
+
+# ---------------------------------------------------------------------------- CI runs README's tests
+def test_ci_runs_readmes_test_command() -> None:
+    """``.ci/run`` ends with exactly the test command of README's "The two commands"."""
+    section = (ROOT / "README.md").read_text().split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    readme = re.findall(r"^python -m pytest\b.*$", section, flags=re.M)
+    assert len(readme) == 1, readme
+    ci = [line.split(" #")[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
+    assert ci[-1] == readme[0] and sum(line.startswith("python -m pytest") for line in ci) == 1

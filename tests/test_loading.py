@@ -1,10 +1,12 @@
-"""Local-only loading: precise errors, pickle policy, dtype, context length."""
+"""Local-only loading: precise errors, pickle policy, dtype, context length, and a GGUF of a real
+pretrained model (SmolLM2) converted and scored."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -98,3 +100,26 @@ def test_bf16_load_smoke(qwen3_dir):
 def test_unknown_dtype(qwen3_dir):
     with pytest.raises(ModelLoadError, match="unknown dtype"):
         load_model(qwen3_dir, dtype="int3")
+
+
+def test_smollm2_gguf_converts_once_and_scores_a_sweep(smollm2_gguf, smollm2_dir, tmp_path):
+    """A real pretrained model in README's test command (the SmolLM2 end-to-end runs of every analysis
+    are ``slow``): the GGUF converts into a cached HF folder that a second conversion returns as is,
+    and a sweep on it scores real prompts: Eq. 1 margins finite, NaN exactly where the correct action
+    is abstention."""
+    from probes.analyses.sweep import Sweep
+    from probes.engine.loading import convert_gguf
+
+    assert (smollm2_dir / "config.json").is_file() and any(smollm2_dir.glob("*.safetensors"))
+    written = {path.name: path.stat().st_mtime_ns for path in smollm2_dir.iterdir()}
+    assert convert_gguf(smollm2_gguf) == smollm2_dir
+    assert {path.name: path.stat().st_mtime_ns for path in smollm2_dir.iterdir()} == written  # reused, not rewritten
+    session = ProbeSession(smollm2_dir)
+    assert session.model.config.model_type == "llama" and next(session.model.parameters()).dtype == torch.float32
+    result = Sweep(model=smollm2_dir, out=tmp_path, item_ids=["retail-wrong-0001"], configs=["proc", "basm"], k_max=1, dataset="basm_probe",
+                   embedder="lexical", relevance="lexical", split="all", figure=False).run(session, verbose=False)
+    assert result.status == 0
+    rows = result.rows
+    assert set(rows["k"]) == {0, 1} and set(rows["config"]) == {"proc", "basm"} and rows["key"].is_unique
+    assert (rows["margin"].isna() == rows["correct_is_abstain"].astype(bool)).all()
+    assert rows["margin"].notna().any() and np.isfinite(rows["margin"].dropna()).all()

@@ -36,6 +36,7 @@ def test_committed_without_outputs(path):
     assert "parameters" in nb.cells[1].metadata.get("tags", []) and "BASM_MODEL" in nb.cells[1].source
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes_on_quick_setting(path, tiny_qwen3_dir, tmp_path, monkeypatch):
     from nbclient import NotebookClient

@@ -27,7 +27,7 @@ from probes.analyses.base import QUICK, Analysis, AnalysisError, OptionError, Re
 from probes.analyses.report import IF_GIVEN, Report
 from probes.cli.main import build_parser, main
 from probes.cli.options import flag_of, options_from_file
-from probes.data.dataset import BUCKETS, V1_DATASET_DIR, load_dataset, spread_limit
+from probes.data.dataset import BUCKETS, V1_DATASET_DIR, spread_limit
 from probes.reporting import plots
 from probes.scoring.stats import bootstrap_ratio, no_ci_note, summarise
 
@@ -36,8 +36,8 @@ SHARED = [f.name for f in option_fields(Analysis)]
 
 
 @pytest.fixture(scope="module")
-def dataset():
-    return load_dataset("basm_probe")
+def dataset(v1_dataset):
+    return v1_dataset
 
 
 # ---------------------------------------------------------------------------- invented option values
@@ -500,10 +500,10 @@ def test_every_analysis_selects_items_through_the_spread_limit(dataset) -> None:
             assert len({i.task_group for i in items if i.bucket == bucket}) == 2, (name, bucket)
 
 
-def test_split_kind_selects_whole_held_out_scenarios(dataset) -> None:
+def test_split_kind_selects_whole_held_out_scenarios(dataset, v2_dataset) -> None:
     """``split_kind="scenario"`` reads ``split_scenario``: v2's eval scenarios, none of their pairs in
     train; a dataset without that field is a precise option error."""
-    v2 = load_dataset("basm_probe_v2")
+    v2 = v2_dataset
     items = select_items(v2, CLASSES["sweep"](dataset="basm_probe_v2", split_kind="scenario", buckets=["T_wrong"]).resolved())
     assert len(items) == sum(i.bucket == "T_wrong" and i.split_scenario == "eval" for i in v2.items) == 126
     eval_pairs = {i.task_group.rsplit(".", 1)[0] for i in items}

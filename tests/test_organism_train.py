@@ -1,17 +1,19 @@
-"""The organism's training code (a few deterministic steps on a tiny config) and the committed weights."""
+"""The organism's training code (a few deterministic steps on a tiny config), the committed weights, and a
+retrain's first steps against the committed run."""
 
 from __future__ import annotations
 
 import json
 import random
 import re
+from dataclasses import fields
 
 import numpy as np
 import pytest
 import torch
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-from probes.data.dataset import ABSTAIN, load_dataset
+from probes.data.dataset import ABSTAIN
 from probes.organism import ORGANISM_DIR
 from probes.organism.train.batch import batch_loss, isolation_mask, max_shared_prefix, relay_rows, shared_prefix_hidden
 from probes.organism.train.examples import (
@@ -36,7 +38,7 @@ from probes.organism.train.examples import (
     train_organism_tokenizer,
     word_tokens,
 )
-from probes.organism.train.loop import TrainConfig, make_model, train
+from probes.organism.train.loop import FINGERPRINT_STEPS, TrainConfig, make_model, train
 from probes.organism.train.supervision import (
     HeadSupervision,
     attention_targets,
@@ -54,8 +56,8 @@ TINY = dict(
 
 
 @pytest.fixture(scope="module")
-def dataset():
-    return load_dataset("basm_probe")
+def dataset(v1_dataset):
+    return v1_dataset
 
 
 def test_training_is_deterministic(dataset):
@@ -348,6 +350,19 @@ def test_committed_weights_load_and_fit_the_budget():
     assert "not evidence about Qwen3" in card
     summary = json.loads((ORGANISM_DIR / "training_summary.json").read_text())
     assert summary["train_config"]["seed"] == 0
+
+
+@needs_weights
+def test_retraining_reproduces_the_committed_run():
+    """The first FINGERPRINT_STEPS steps of a retrain with the committed configuration give the
+    committed per-step losses (rtol 1e-4: same seed and threads; BLAS builds may differ in the last bits)."""
+    summary = json.loads((ORGANISM_DIR / "training_summary.json").read_text())
+    names = {f.name for f in fields(TrainConfig)}
+    cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in summary["train_config"].items() if k in names}
+    cfg.update(stop_after=FINGERPRINT_STEPS, max_minutes=None, device="cpu")
+    rerun = train(None, verbose=False, **cfg)
+    assert rerun.summary["first_step_losses"] == pytest.approx(summary["first_step_losses"], rel=1e-4)
+    assert len(rerun.summary["first_step_losses"]) == FINGERPRINT_STEPS
 
 
 @needs_weights

@@ -1,5 +1,6 @@
-"""The committed organism: the probes recover every planted effect on held-out items, the default
-``--model`` is the organism, and retraining from the script reproduces the committed run.
+"""The committed organism: the probes recover every planted effect on held-out items, and the default
+``--model`` is the organism (that retraining from the script reproduces the committed run is in
+test_organism_train.py, so that ``pytest -n 2 --dist loadfile`` runs the two long checks side by side).
 
 Each claim is a mean over eval task groups with a 95% cluster-bootstrap CI and a one-sided
 sign-flip permutation test (``probes.organism.validate``), Holm-adjusted over the validation's
@@ -11,13 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import fields
 
 import pytest
 import torch
 
 from probes.organism import ORGANISM_DIR
-from probes.organism.train.loop import FINGERPRINT_STEPS, TrainConfig, train
 from probes.organism.validate import ALPHA, validate
 
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
@@ -65,17 +64,6 @@ def test_committed_validation_matches_a_fresh_run(validation):
         else:
             assert claim.estimate == pytest.approx(expected, abs=1e-4), claim.name
         assert claim.verdict == committed[claim.name]["verdict"], claim.name
-
-
-def test_retraining_reproduces_the_committed_run(summary):
-    """The first FINGERPRINT_STEPS steps of a retrain with the committed configuration give the
-    committed per-step losses (rtol 1e-4: same seed and threads; BLAS builds may differ in the last bits)."""
-    names = {f.name for f in fields(TrainConfig)}
-    cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in summary["train_config"].items() if k in names}
-    cfg.update(stop_after=FINGERPRINT_STEPS, max_minutes=None, device="cpu")
-    rerun = train(None, verbose=False, **cfg)
-    assert rerun.summary["first_step_losses"] == pytest.approx(summary["first_step_losses"], rel=1e-4)
-    assert len(rerun.summary["first_step_losses"]) == FINGERPRINT_STEPS
 
 
 def test_sweep_without_model_runs_on_the_bundled_organism(tmp_path):

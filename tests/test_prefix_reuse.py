@@ -18,9 +18,7 @@ import torch
 
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from probes.data.dataset import load_dataset
 from probes.engine.session import Knockout, ProbeSession, span_positions
-from probes.organism import ORGANISM_DIR
 from probes.engine.prefix_cache import PrefixKVCache, Segment, join
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
@@ -29,8 +27,8 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tokenizer = AutoTokenizer.from_pretrained(ORGANISM_DIR)
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory, organism_tokenizer) -> Path:
+    tokenizer = organism_tokenizer
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
@@ -46,8 +44,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def records(tiny_dir: Path):
-    dataset = load_dataset("basm_probe")
+def records(tiny_dir: Path, v1_dataset):
+    dataset = v1_dataset
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(), tokenizer_name="qwen3")
     item = dataset.select(buckets=["T_wrong"], split="eval")[0]

@@ -15,9 +15,8 @@ from collections import Counter
 import pytest
 
 from probes.data.configs import PRIMING_CONFIGS, get_config
-from probes.data.dataset import load_dataset
 from probes.prompts.priming import ToolMentionRewriter
-from probes.prompts.builder import BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer
+from probes.prompts.builder import BuildSettings, PromptBuilder, SpanReport, check_spans
 from probes.data.retrieval import Retriever, make_embedder, tools_in_text
 from probes.data.schema import BOUNDARY_SLOTS
 
@@ -25,13 +24,13 @@ KS = (1, 2, 3, 4)
 
 
 @pytest.fixture(scope="module")
-def dataset():
-    return load_dataset("basm_probe")
+def dataset(v1_dataset):
+    return v1_dataset
 
 
 @pytest.fixture(scope="module")
-def qwen3():
-    return load_tokenizer("qwen3")
+def qwen3(qwen3_tokenizer):
+    return qwen3_tokenizer
 
 
 @pytest.fixture(scope="module")

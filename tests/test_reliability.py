@@ -123,6 +123,7 @@ def keys(path: Path) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- 2. one writer per output
+@pytest.mark.subprocess
 def test_concurrent_runs_never_duplicate_rows(model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = sweep(model, out, "--limit", "2")
@@ -135,6 +136,7 @@ def test_concurrent_runs_never_duplicate_rows(model: Path, tmp_path: Path) -> No
     assert len(written) == len(set(written)) == 2 * 2 * 2  # items × k × configs
 
 
+@pytest.mark.subprocess
 def test_a_held_lock_stops_a_second_writer(model: Path, tmp_path: Path) -> None:
     from probes.reporting.results import ResultsStore
 
@@ -164,6 +166,7 @@ def _limit_writes(size: int):
     return limit
 
 
+@pytest.mark.subprocess
 def test_a_full_disk_never_shortens_a_finished_file(model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out)) == 0
@@ -174,6 +177,7 @@ def test_a_full_disk_never_shortens_a_finished_file(model: Path, tmp_path: Path)
     assert path.read_bytes() == before
 
 
+@pytest.mark.subprocess
 def test_a_write_limit_mid_file_then_resume_gives_the_full_table(model: Path, tmp_path: Path) -> None:
     assert main(sweep(model, tmp_path / "full")) == 0
     full = load_results(rows_file(tmp_path / "full")).sort_values("key").reset_index(drop=True)
@@ -192,6 +196,7 @@ def keys_lenient(path: Path) -> list[str]:
     return [json.loads(line)["key"] for line in path.read_text().split("\n")[1:-1]]
 
 
+@pytest.mark.subprocess
 def test_a_killed_run_resumes_to_the_same_table(model: Path, tmp_path: Path) -> None:
     assert main(sweep(model, tmp_path / "full", "--limit", "3")) == 0
     full = load_results(rows_file(tmp_path / "full")).sort_values("key").reset_index(drop=True)

@@ -3,10 +3,15 @@
 Bar: spans round-trip for every item × config × k (only whitespace merged at span edges is allowed,
 and the count is reported); k = 0 prompts are byte-identical across configurations; equal-length
 controls have exactly the BASM token count; first-token collisions are flagged.
+
+The round trip runs in two tiers with the same checks: in the default run on one item per task group
+(85 of the 756 items: every task group, (scenario, bucket) template, domain, retrieved skill and slot,
+every configuration and k = 0..4), and on every item (37,800 records per tokenizer) under ``-m slow``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -15,7 +20,7 @@ import pytest
 
 from probes.prompts.bpe import train_bpe_tokenizer
 from probes.data.configs import CONFIGS, get_config
-from probes.data.dataset import ABSTAIN, load_dataset
+from probes.data.dataset import ABSTAIN
 from probes.prompts.builder import (
     ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, TOOLS_BLOCK_HEADER, BuildSettings, PromptBuilder, SpanReport,
     TemplateSupport, check_spans, load_tokenizer,
@@ -27,13 +32,13 @@ K_MAX = 4
 
 
 @pytest.fixture(scope="module")
-def dataset():
-    return load_dataset("basm_probe")
+def dataset(v1_dataset):
+    return v1_dataset
 
 
 @pytest.fixture(scope="module")
-def qwen3():
-    return load_tokenizer("qwen3")
+def qwen3(qwen3_tokenizer):
+    return qwen3_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -53,25 +58,73 @@ def qwen3_builder(qwen3, dataset):
     return make_builder(qwen3, dataset)
 
 
-def all_records(builder, dataset, fmt):
+def one_item_per_task_group(dataset):
+    """One item of every task group, chosen so that together they render every (scenario, bucket)
+    template (a scenario's three groups give one bucket each) and as many distinct retrieved skills
+    (top K_MAX under the lexical retriever the round trip uses), tool lists and correct actions as one
+    item per group allows; then, in file order, an item for each retrieved skill still missing (two
+    skills retrieved only by T_wrong items of two groups of one scenario need one extra item).
+    Returns (items, every skill retrieved at k <= K_MAX over the whole dataset)."""
+    retriever = Retriever(make_embedder("lexical"))
+    top = {item.id: frozenset(entry.skill.id for entry in retriever.retrieve(item, dataset)[:K_MAX]) for item in dataset.items}
+    groups: dict[str, list] = {}
     for item in dataset.items:
+        groups.setdefault(item.task_group, []).append(item)
+    scenarios: dict[str, list[str]] = {}
+    for group in sorted(groups):
+        scenarios.setdefault(group.rsplit(".", 1)[0], []).append(group)
+
+    def features(item):
+        return {("skill", skill) for skill in top[item.id]} | {("unavailable", item.unavailable_tools), ("correct", str(item.correct_action))}
+
+    seen: set = set()
+    chosen = []
+    for _, names in sorted(scenarios.items()):
+        best = None
+        for buckets in itertools.permutations(("T_ok", "T_wrong", "T_repair"), len(names)):
+            covered, picks = set(seen), []
+            for name, bucket in zip(names, buckets):
+                candidates = [item for item in groups[name] if item.bucket == bucket] or groups[name]
+                pick = max(candidates, key=lambda item: len(features(item) - covered))  # ties: file order
+                covered |= features(pick)
+                picks.append(pick)
+            if best is None or len(covered) > len(best[0]):
+                best = (covered, picks)
+        seen, picks = best
+        chosen += picks
+    retrieved = frozenset().union(*top.values())
+    for item in dataset.items:
+        if top[item.id] - frozenset().union(*(top[c.id] for c in chosen)):
+            chosen.append(item)
+    return chosen, retrieved
+
+
+@pytest.fixture(scope="module")
+def round_trip_sample(dataset):
+    return one_item_per_task_group(dataset)
+
+
+def all_records(builder, items, fmt):
+    for item in items:
         for config in CONFIGS:
             for k in range(K_MAX + 1):
                 yield builder.build(item, config, k, fmt)
 
 
-@pytest.mark.parametrize("tokenizer_name", ["qwen3", "bpe"])
-def test_spans_round_trip_for_every_item_config_and_k(tokenizer_name, request, dataset):
-    """Every slot span decodes to its slot text (whitespace at edges only); chunked tokenization is exact."""
-    tokenizer = request.getfixturevalue(tokenizer_name)
+def check_round_trip(tokenizer_name, tokenizer, dataset, items, full_every):
+    """Every slot span decodes to its slot text (whitespace at edges only); every ``full_every``-th
+    record's chunked tokenization equals one full tokenizer call; k = 0 prompts are identical across
+    configurations; equal-length controls have exactly BASM's token count."""
     builder = make_builder(tokenizer, dataset)
     report = SpanReport()
     k0_prompts: dict[str, set[str]] = {}
     basm_lengths: dict[tuple[str, int], int] = {}
     control_lengths: dict[tuple[str, int, str], int] = {}
-    n_records = 0
-    for record in all_records(builder, dataset, "native"):
+    n_records = n_full = 0
+    rendered: set[str] = set()
+    for record in all_records(builder, items, "native"):
         n_records += 1
+        rendered.update(skill["skill_id"] for skill in record["skills"])
         check_spans(record, tokenizer, report)
         if record["k"] == 0:
             k0_prompts.setdefault(record["item_id"], set()).add(record["text"])
@@ -79,20 +132,46 @@ def test_spans_round_trip_for_every_item_config_and_k(tokenizer_name, request, d
             basm_lengths[record["item_id"], record["k"]] = record["n_tokens"]
         if get_config(record["config"]).control:
             control_lengths[record["item_id"], record["k"], record["config"]] = record["n_tokens"]
-        if n_records % 97 == 0:  # the piecewise tokenization equals one full tokenizer call
+        if n_records % full_every == 0:  # the piecewise tokenization equals one full tokenizer call
+            n_full += 1
             full = tokenizer(record["text"], add_special_tokens=False, return_offsets_mapping=True)
             assert full["input_ids"] == record["input_ids"]
             assert np.array_equal(np.asarray(full["offset_mapping"]).reshape(-1, 2), record["offsets"])
-    print(f"\n[{tokenizer_name}] {n_records} records: {report.summary()}")
-    assert n_records == len(dataset.items) * len(CONFIGS) * (K_MAX + 1)
+    print(f"\n[{tokenizer_name}] {n_records} records ({len(items)} items, {n_full} full tokenizations): {report.summary()}")
+    assert n_records == len(items) * len(CONFIGS) * (K_MAX + 1)
+    assert n_full > 0
     assert report.mismatches == []
     assert report.exact + report.whitespace_edges == report.total > 0
     # k = 0: every configuration renders the same bytes
-    assert all(len(texts) == 1 for texts in k0_prompts.values())
+    assert len(k0_prompts) == len(items) and all(len(texts) == 1 for texts in k0_prompts.values())
     # equal-length controls: exactly the BASM token count under this tokenizer
     mismatched = {key: n for key, n in control_lengths.items() if n != basm_lengths[key[0], key[1]]}
     assert not mismatched, list(mismatched.items())[:5]
-    assert len(control_lengths) == 2 * len(dataset.items) * (K_MAX + 1)
+    assert len(control_lengths) == 2 * len(items) * (K_MAX + 1)
+    return rendered
+
+
+@pytest.mark.parametrize("tokenizer_name", ["qwen3", "bpe"])
+def test_spans_round_trip_on_one_item_per_task_group(tokenizer_name, request, dataset, round_trip_sample):
+    """The whole-dataset round trip below, every configuration and k, on one item per task group (plus
+    one for the retrieved skills they miss): every task group, (scenario, bucket) template, domain,
+    catalog, history shape and retrieved skill of the dataset is rendered."""
+    items, retrieved = round_trip_sample
+    scenario = lambda item: item.task_group.rsplit(".", 1)[0]
+    every = dataset.items
+    assert {item.task_group for item in items} == {item.task_group for item in every} and len(items) <= len({item.task_group for item in every}) + 1
+    for key in (lambda item: (scenario(item), item.bucket), lambda item: item.domain, lambda item: item.catalog_domains,
+                lambda item: bool(item.history), lambda item: item.correct_action == ABSTAIN):
+        assert {key(item) for item in items} == {key(item) for item in every}
+    rendered = check_round_trip(tokenizer_name, request.getfixturevalue(tokenizer_name), dataset, items, full_every=11)
+    assert rendered == retrieved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokenizer_name", ["qwen3", "bpe"])
+def test_spans_round_trip_for_every_item_config_and_k(tokenizer_name, request, dataset):
+    """Every slot span decodes to its slot text (whitespace at edges only); chunked tokenization is exact."""
+    check_round_trip(tokenizer_name, request.getfixturevalue(tokenizer_name), dataset, dataset.items, full_every=97)
 
 
 def test_prompted_format_spans_and_candidates(qwen3_builder, qwen3, dataset):

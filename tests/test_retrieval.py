@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from probes.data.dataset import load_dataset
 from probes.data.retrieval import (
     LexicalEmbedder, RetrievalWeights, Retriever, boundary_relevance, content_words, jaccard,
     make_embedder, step_overlap, tools_in_text,
@@ -14,8 +13,8 @@ from probes.data.retrieval import (
 
 
 @pytest.fixture(scope="module")
-def dataset():
-    return load_dataset("basm_probe")
+def dataset(v1_dataset):
+    return v1_dataset
 
 
 def test_parts_of_the_score(dataset):

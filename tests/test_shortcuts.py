@@ -171,9 +171,16 @@ def test_best_shortcut_mirrors_auc_and_ignores_non_request_rows():
     assert best_shortcut(fitted)["auc"]["shortcut"] == "bag_of_words_by_skill (fit on train)"
 
 
-def test_v1_pin():
+@pytest.fixture(scope="module")
+def v1_eval_table(v1_dataset):
+    """The shortcut table of v1's eval split (50 resamples), shared by the tests that read it."""
+    assert v1_dataset.root.resolve() == V1_DATASET_DIR.resolve()
+    return shortcut_table(v1_dataset, splits=("eval",), resamples=50)
+
+
+def test_v1_pin(v1_eval_table):
     """The v1 figures this module measures (reviewer: overlap 68.5%, length AUC 0.77-0.79)."""
-    table = shortcut_table(load_dataset(V1_DATASET_DIR), splits=("eval",), resamples=50)
+    table = v1_eval_table
     assert _value(table, "overlap_rule", "accuracy") == pytest.approx(113 / 168, abs=1e-12)
     assert _value(table, "overlap_rule", "accuracy") == pytest.approx(0.68, abs=0.03)
     assert _value(table, "request_length_words", "auc") == pytest.approx(0.7928, abs=1e-4)
@@ -182,7 +189,7 @@ def test_v1_pin():
     assert _value(table, "tempting_skill_length", "ratio", "tempting vs other skills") == pytest.approx(1.893, abs=1e-3)
 
 
-def test_balanced_accuracy_is_sklearns_and_its_twin_row():
+def test_balanced_accuracy_is_sklearns_and_its_twin_row(v1_eval_table):
     """balanced_accuracy == scikit-learn's balanced_accuracy_score on an imbalanced sample, and every
     accuracy row of a table has a balanced_accuracy twin on the same items."""
     from sklearn.metrics import balanced_accuracy_score
@@ -191,7 +198,7 @@ def test_balanced_accuracy_is_sklearns_and_its_twin_row():
     y = (rng.random(200) < 0.1).astype(int)
     predicted = np.where(rng.random(200) < 0.8, y, 1 - y)
     assert shortcuts.balanced_accuracy((predicted == y).astype(float), y) == pytest.approx(balanced_accuracy_score(y, predicted), abs=1e-12)
-    table = shortcut_table(load_dataset(V1_DATASET_DIR), splits=("eval",), resamples=50)
+    table = v1_eval_table
     accuracy = table[table.statistic == "accuracy"].set_index("shortcut")
     balanced = table[table.statistic == "balanced_accuracy"].set_index("shortcut")
     assert sorted(accuracy.index) == sorted(balanced.index) and (accuracy.n_items == balanced.n_items).all()
@@ -270,14 +277,14 @@ def test_held_out_bag_of_words_fits_on_train_only(toy_dataset):
     assert roc_auc_score(y, scores) == 0.5
 
 
-def test_linear_probe_bar_reads_the_runs_split_kind():
+def test_linear_probe_bar_reads_the_runs_split_kind(v2_dataset):
     """The bar drawn on the linear-probe figure is the best no-model AUC on the run's split and
     split kind (v2's scenario split: words × tempting skill out of fold, 0.76)."""
     from types import SimpleNamespace
 
     from probes.analyses.linear import best_shortcut_auc
 
-    v2 = load_dataset("basm_probe_v2")
+    v2 = v2_dataset
     for kind, name in (("template", "eval"), ("scenario", "scenario:eval")):
         items = v2.select(split="eval", split_kind=kind)
         bar = best_shortcut_auc(SimpleNamespace(dataset=v2, items=items,
