@@ -67,6 +67,11 @@ def boundary_relevance(state: str, skill: Skill) -> float:
     return best
 
 
+def skill_text(skill: Skill) -> str:
+    """What Eq. 8's semantic term embeds for a skill: its goal and procedure."""
+    return " ".join((skill.goal, *skill.procedure))
+
+
 class Embedder(Protocol):
     name: str
     semantic: bool  # whether cosines measure meaning (not shared words): the semantic r_B needs it
@@ -178,9 +183,14 @@ class Retriever:
                 self._cache[text] = vector
         return np.stack([self._cache[text] for text in texts])
 
-    def warm(self, texts: Sequence[str]) -> None:
-        """Embed many texts in one batch (much faster than one call per item)."""
-        self._embed(list(texts))
+    def warm(self, states: Sequence[str], skills: Iterable[Skill], *, boundary: bool = False) -> None:
+        """Embed states, skill texts and (``boundary``) the skills' boundary items in one batch:
+        much faster than one encoder call per item."""
+        skills = list(skills)
+        texts = [*states, *(skill_text(skill) for skill in skills)]
+        if boundary:
+            texts += [text for skill in skills for slot in BOUNDARY_SLOTS for text in skill.slot_items(slot)]
+        self._embed(texts)
 
     def boundary_relevance(self, state: str, skill: Skill, measure: str) -> float:
         """r_B(x, s) of Eq. 10 by ``measure``: ``lexical`` (:func:`boundary_relevance`) or
@@ -206,8 +216,7 @@ class Retriever:
         """All ``skills`` sorted by descending Eq. 8 score (ties broken by skill id)."""
         if not skills:
             return []
-        skill_texts = [" ".join((skill.goal, *skill.procedure)) for skill in skills]
-        vectors = self._embed([state, *skill_texts])
+        vectors = self._embed([state, *(skill_text(skill) for skill in skills)])
         cosines = vectors[1:] @ vectors[0]
         state_tools = frozenset(state_tools)
         scored = []

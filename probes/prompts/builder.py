@@ -213,11 +213,8 @@ class PromptBuilder:
 
     def warm(self, items: Sequence[Item]) -> None:
         """Embed all states and skills in one batch before building."""
-        texts = [item.state_text for item in items]
-        texts += [" ".join((skill.goal, *skill.procedure)) for skill in self.dataset.skills.values()]
-        if self.settings.relevance == "semantic":
-            texts += [text for skill in self.dataset.skills.values() for slot in BOUNDARY_SLOTS for text in skill.slot_items(slot)]
-        self.retriever.warm(texts)
+        self.retriever.warm([item.state_text for item in items], self.dataset.skills.values(),
+                            boundary=self.settings.relevance == "semantic")
 
     # ------------------------------------------------------------------ memory block
     def _count_tokens(self, text: str) -> int:

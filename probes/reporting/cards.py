@@ -48,6 +48,7 @@ def gate_table(dataset: ProbeDataset, embedder: Embedder, *, depth: int = GATE_D
     """Per bucket and r_B measure: the share of (item, skill retrieved at rank ≤ ``depth``) pairs whose
     boundary fields Eq. 10's gate shows (r_B > ``gamma``), over every item of the dataset."""
     retriever = Retriever(embedder)
+    retriever.warm([item.state_text for item in dataset.items], dataset.skills.values(), boundary=embedder.semantic)
     rows = []
     for item in dataset.items:
         for entry in retriever.retrieve(item, dataset)[:depth]:
