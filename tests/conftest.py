@@ -5,9 +5,10 @@ session (once per worker under ``pytest -n``).
 Tiny models: hidden 64, 2 layers, 4 query heads over 2 KV heads (GQA), vocab 300, a byte-level BPE tokenizer.
 
 Test tiers (markers, registered in pyproject.toml with ``--strict-markers``): ``slow`` (exhaustive
-sweeps and the end-to-end runs on real pretrained weights; not in README's test command),
+sweeps, the end-to-end runs on real pretrained weights, the organism validation over its eval split),
 ``subprocess`` (launches processes: torchrun, CLI subprocesses, notebook kernels, pip), ``gpu``
-(needs an accelerator; none yet). README's command runs ``-m "not slow"``.
+(needs an accelerator; none yet). README's command runs ``-m "not gpu"``; the quick loop
+``-m "not slow and not subprocess"``.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ def validation(tmp_path_factory, summary):
     return validate(ORGANISM_DIR, tmp_path_factory.mktemp("validate"), embedder=summary["train_config"]["embedder"])
 
 
+@pytest.mark.slow  # the whole eval split through five analyses (~90 s on one core)
 @pytest.mark.parametrize("name", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=NOT_RECOVERED[c])) if c in NOT_RECOVERED
                                   else c for c in CLAIMS])
 def test_planted_effect_is_recovered_on_heldout_items(validation, name):
@@ -51,6 +52,7 @@ def test_planted_effect_is_recovered_on_heldout_items(validation, name):
     assert claim["verdict"] == "holds"
 
 
+@pytest.mark.slow
 def test_committed_validation_matches_a_fresh_run(validation):
     """validation.json next to the weights is what the probes measure now (same data, same seed): every
     claim's estimate and verdict, so the card and README cannot keep a claim that no longer holds."""
