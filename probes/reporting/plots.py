@@ -563,23 +563,25 @@ def legend_below(ax: plt.Axes) -> None:
 def fig03_mechanism(eta: pd.DataFrame, suppression: pd.DataFrame, deltas: pd.DataFrame, recovery: pd.DataFrame, note: str, *,
                     labels: dict[str, str] | None = None) -> plt.Figure:
     """The four panels of Fig. 3: η per bucket, T_wrong margins, knockout controls, selectivity."""
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.6))
-    _eta_panels([axes[0]], eta)
-    axes[0].set_title("(a) boundary attention η")
-    legend_below(axes[0])
-    _margin_bars(axes[1], suppression, "margin", "wrong-tool margin (logits)")
-    axes[1].set_title(f"(b) {bucket_label('T_wrong')} wrong-tool margin")
-    legend_below(axes[1])
-    _knockout_panel(axes[2], deltas, None, labels)
+    fig, axes = plt.subplots(2, 2, figsize=(14, 10.5), gridspec_kw={"hspace": 0.6, "wspace": 0.3})
+    (eta_ax, margin_ax), (knockout_ax, selectivity_ax) = axes
+    _eta_panels([eta_ax], eta)
+    eta_ax.set_title("(a) boundary attention η")
+    legend_below(eta_ax)
+    _margin_bars(margin_ax, suppression, "margin", "wrong-tool margin (logits)")
+    margin_ax.set_title(f"(b) {bucket_label('T_wrong')} wrong-tool margin")
+    legend_below(margin_ax)
+    _knockout_panel(knockout_ax, deltas, None, labels)
     wrong = recovery[recovery["measure"] == "margin"] if len(recovery) else recovery
     share = f": {100 * float(wrong['value'].iloc[0]):.1f}% of gap recovered" if len(wrong) else ""
-    axes[2].set_title(f"(c) boundary knockout vs controls{share}")
+    knockout_ax.set_title(f"(c) boundary knockout vs controls{share}")
+    _selectivity_panel(selectivity_ax, deltas, labels)
+    selectivity_ax.set_title("(d) knockout selectivity")
     # (c) and (d) draw the same knockouts: one legend under both
-    axes[2].legend(loc="upper left", bbox_to_anchor=(0.0, -0.13), ncol=2, fontsize=7.5)
-    _selectivity_panel(axes[3], deltas, labels)
-    axes[3].set_title("(d) knockout selectivity (legend under (c))")
-    fig.suptitle("Boundary fields suppress wrong-tool preference through state-conditioned attention", y=1.03)
-    footnote(fig, note, y=-0.1)
+    handles, names = knockout_ax.get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.05), ncol=2, fontsize=8, frameon=False)
+    fig.suptitle("Boundary fields suppress wrong-tool preference through state-conditioned attention", y=0.95)
+    footnote(fig, note, y=-0.06)
     return fig
 
 
