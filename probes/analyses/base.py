@@ -20,6 +20,7 @@ written and never writes one twice.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import hashlib
 import json
@@ -62,6 +63,10 @@ class OptionError(ValueError):
     """An option has the wrong type, is out of range or selects nothing; the message names it."""
 
 
+class UnknownOption(OptionError, TypeError):
+    """A keyword that is no option of the analysis (a TypeError too, as for any unknown keyword)."""
+
+
 # ---------------------------------------------------------------------------- options
 def option(
     default: Any,
@@ -78,13 +83,14 @@ def option(
     """A keyword option of an analysis (a dataclass field with what the CLI and the validator need).
 
     ``repeat``: a list given by repeating the flag (``--bucket T_ok --bucket T_wrong``);
-    ``names``: a list given as comma-separated names from ``names`` (``--configs base,proc``);
+    ``names``: a list given as comma-separated names from ``names`` (``--configs base,proc``; a
+    live sequence such as :data:`probes.analyses.ANALYSES` is read when checked);
     ``flag``: the CLI flag when it is not ``--field-name`` (``--no-figure`` for a True default).
     """
     if isinstance(default, list):
         default = tuple(default)
     meta = {"help": help, "type": type, "choices": tuple(choices) if choices is not None else None, "flag": flag,
-            "repeat": repeat, "names": tuple(names) if names is not None else None, "group": group, "minimum": minimum}
+            "repeat": repeat, "names": tuple(names) if isinstance(names, list) else names, "group": group, "minimum": minimum}
     return field(default=default, metadata=meta)
 
 
@@ -104,7 +110,7 @@ def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "
         raise OptionError(f"{label} must not be None (default: {f.default!r})")
     if meta["repeat"] or meta["names"] is not None:
         values = [value] if isinstance(value, str) else value
-        if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values):
+        if isinstance(values, str) or not isinstance(values, Sequence) or not all(isinstance(v, str) for v in values):
             raise OptionError(f"{label} must be a list of strings, got {value!r}")
         known = meta["names"] or meta["choices"]
         if known is not None and (unknown := [v for v in values if v not in known]):
@@ -220,17 +226,11 @@ class AnalysisResult:
 
 
 @dataclass(kw_only=True)
-class Analysis:
-    """Base of every analysis: the options shared by all, and the pipeline (:meth:`run`).
-
-    Subclasses set :attr:`name` and :attr:`help`, add their own options (:func:`option` fields;
-    redeclaring a shared field changes its default) and implement :meth:`collect`,
-    :meth:`summarise`, :meth:`tables`, :meth:`figures`, :meth:`section` (and optionally
-    :meth:`print_summary`, :meth:`status`).
-    """
+class RunOptions:
+    """The options every analysis and ``report`` share (model, probe, items, run), validated and
+    normalised once, as given; :meth:`resolved` applies ``items`` and ``quick``."""
 
     name: ClassVar[str] = ""
-    help: ClassVar[str] = ""
 
     # model
     model: str | Path | None = option(None, "local HF folder, local-cache name or .gguf (default: the bundled organism)",
@@ -285,6 +285,49 @@ class Analysis:
         for f in option_fields(type(self)):  # validated and normalised once, as given
             object.__setattr__(self, f.name, check_option(self.name, f, getattr(self, f.name)))
 
+    def resolved(self) -> RunOptions:
+        """These options with ``items``, ``quick`` and the analysis's default buckets applied."""
+        changes: dict[str, Any] = {}
+        buckets, domains, limit, k_max = self.buckets, self.domains, self.limit, self.k_max
+        if self.items:
+            spec = parse_items(self.items)
+            buckets = tuple(spec["buckets"]) or buckets
+            domains = tuple(spec["domains"]) or domains
+            limit = spec["limit"] if spec["limit"] is not None else limit
+        if self.quick:
+            limit = QUICK["limit"] if limit is None else limit
+            k_max = QUICK["k_max"] if k_max is None else min(k_max, QUICK["k_max"])
+            if hasattr(self, "random_draws"):
+                changes["random_draws"] = min(self.random_draws, QUICK["random_draws"])
+        changes.update(buckets=buckets, domains=domains, limit=limit, k_max=k_max)
+        return dataclasses.replace(self, **changes)
+
+
+def make(cls: type[RunOptions], options: dict[str, Any]) -> Any:
+    """``cls(**options)``, with an unknown keyword answered by the valid ones and the close matches."""
+    known = [f.name for f in option_fields(cls)]
+    for key in options:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise UnknownOption(f"{cls.name}: unknown option {key!r}{hint} Valid options: {', '.join(known)}")
+    return cls(**options)
+
+
+@dataclass(kw_only=True)
+class Analysis(RunOptions):
+    """Base of every analysis: the shared options, and the pipeline (:meth:`run`).
+
+    A subclass is registered with ``@register("name", order=N)`` (:mod:`probes.analyses`), its
+    docstring's first line is its help, it adds its own options (:func:`option` fields;
+    redeclaring a shared field changes its default) and implements :meth:`collect`,
+    :meth:`summarise`, :meth:`tables`, :meth:`figures`, :meth:`section` (and optionally
+    :meth:`claims`, :meth:`print_summary`, :meth:`status`). Every method gets the run context as
+    ``ctx`` (:class:`RunContext`).
+    """
+
+    order: ClassVar[int] = 0  # set by @register: the place in report and the listings
+
     # -- the pipeline
     def run(self, session: ProbeSession | None = None, *, verbose: bool = True) -> AnalysisResult:
         """Collect rows (resuming from ``out``), summarise, write the tables and figures."""
@@ -310,23 +353,6 @@ class Analysis:
         for table_name, table in tables.items() if world().rank == 0 else ():
             write_csv(table, ctx.out_dir / f"{table_name}.csv")
         return rows, summary, tables
-
-    def resolved(self) -> Analysis:
-        """These options with ``items``, ``quick`` and the analysis's default buckets applied."""
-        changes: dict[str, Any] = {}
-        buckets, domains, limit, k_max = self.buckets, self.domains, self.limit, self.k_max
-        if self.items:
-            spec = parse_items(self.items)
-            buckets = tuple(spec["buckets"]) or buckets
-            domains = tuple(spec["domains"]) or domains
-            limit = spec["limit"] if spec["limit"] is not None else limit
-        if self.quick:
-            limit = QUICK["limit"] if limit is None else limit
-            k_max = QUICK["k_max"] if k_max is None else min(k_max, QUICK["k_max"])
-            if hasattr(self, "random_draws"):
-                changes["random_draws"] = min(self.random_draws, QUICK["random_draws"])
-        changes.update(buckets=buckets, domains=domains, limit=limit, k_max=k_max)
-        return dataclasses.replace(self, **changes)
 
     # -- the contract (implemented by each analysis)
     def collect(self, ctx: RunContext) -> pd.DataFrame:
@@ -493,6 +519,34 @@ def open_session(options: Any, model: str | Path) -> ProbeSession:
     return get_backend(options.backend, model, **common, **({"remote": True} if options.remote else {}))
 
 
+def session_runs(session: ProbeSession) -> dict[str, str]:
+    """What a loaded session runs: its dtype, device and backend, as the options name them."""
+    return {"dtype": str(session.model.dtype).removeprefix("torch."), "device": str(session.model.device),
+            "backend": getattr(session, "name", "native")}
+
+
+def check_session(options: RunOptions, session: ProbeSession) -> None:
+    """A session option given (not its default) that contradicts the given ``session`` is an error:
+    the run would record one thing and measure another."""
+    runs = session_runs(session)
+    conflicts = []
+    for name, actual in runs.items():
+        given = getattr(options, name)
+        if given == _field_default(type(options), name) or (name == "dtype" and given == "auto"):
+            continue  # not given: the session's value is recorded
+        same = (torch.device(given).type == torch.device(actual).type and torch.device(given).index in (None, torch.device(actual).index)
+                if name == "device" else given == actual)
+        if not same:
+            conflicts.append(f"{name}={given!r} but the session runs {name}={actual!r}")
+    if conflicts:
+        raise OptionError(f"{options.name}: options contradict the given session: {'; '.join(conflicts)}. Leave them out "
+                          "(the session's are recorded), or load a session with them (or pass no session)")
+
+
+def _field_default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
 def open_context(analysis: Analysis, session: ProbeSession | None = None) -> RunContext:
     """Resolve options, load the model (unless ``session`` is given), the dataset and the builder.
 
@@ -530,6 +584,7 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
     if session is None:  # each rank of a parallel run on its node's GPU; the option as given is recorded
         session = open_session(dataclasses.replace(options, device=rank_device(options.device, ranks)), model)
     else:  # record what the given session actually runs, not the option defaults (the ranks' GPUs as one device type)
+        check_session(options, session)
         device = session.model.device.type if ranks.size > 1 else str(session.model.device)
         options = dataclasses.replace(options, dtype=str(session.model.dtype).removeprefix("torch."), device=device)
     if session.tokenizer is None:

@@ -32,11 +32,12 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from probes.analyses import register
 from probes.analyses.base import Analysis, RunContext, option
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, config_label
 from probes.data.dataset import ABSTAIN
@@ -537,12 +538,10 @@ def paired_section(analysis: Any, paired_summary_: PairedSummary, paths: list[Pa
     return ReportSection(PAIRED_NAME, "Fig. 12 — equal-token paired status (`paired`)", paths, body, comparisons, paired_summary_)
 
 
+@register("calls", order=70)
 @dataclass(kw_only=True)
 class Calls(Analysis):
     """Fig. 11: greedy next-action calls per k, read in every call syntax; strict and lenient rates."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Fig. 11: greedy next-action calls per k, read in every call syntax; strict and lenient call rates."
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     configs: tuple[str, ...] = option(CALLS_CONFIGS, f"comma-separated memory configurations (default: {','.join(CALLS_CONFIGS)}; "

@@ -40,11 +40,12 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from probes.analyses import register
 from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.analyses.ratios import head_alphas
 from probes.data.dataset import ABSTAIN, Item, spread_limit
@@ -661,12 +662,10 @@ def section(analysis: RunContext, summary: HeadsSummary, paths: list[Path]) -> R
     return ReportSection(NAME, "Figs. 8/9 — boundary heads (`heads`)", paths, body, comparisons, summary)
 
 
+@register("heads", order=50)
 @dataclass(kw_only=True)
 class Heads(Analysis):
     """Figs. 8/9: per-head log2(boundary/procedure) attention, a split-half head ranking and its causal check."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Figs. 8/9: per-head log2(boundary/procedure) attention, head ranking and its causal check."
 
     buckets: tuple[str, ...] | None = option(("T_ok", "T_wrong"), "keep only these buckets", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")

@@ -74,11 +74,12 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from probes.analyses import register
 from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.data.configs import PRIMING_CONFIGS
@@ -770,12 +771,10 @@ def print_summary(summary: KnockoutSummary) -> None:
     print("dose–response slopes:\n" + summary.dose.round(3).to_string(index=False))
 
 
+@register("knockout", order=40)
 @dataclass(kw_only=True)
 class KnockoutAnalysis(Analysis):
     """Figs. 3c/d, 6, 7: same-prompt knockout of the deciding rows' attention to the boundary span, with controls."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Figs. 3c/d, 6, 7: same-prompt knockout of deciding-row → boundary attention, with controls."
 
     buckets: tuple[str, ...] | None = option(("T_wrong", "T_ok"), "keep only these buckets", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")

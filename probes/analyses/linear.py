@@ -40,12 +40,13 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from scipy.special import expit
 from sklearn.preprocessing import StandardScaler
 
+from probes.analyses import register
 from probes.analyses.base import Analysis, RunContext, option
 from probes.data.configs import CONFIGS, PAPER_CONFIGS
 from probes.scoring.stats import auc, group_bootstrap_auc, grouped_folds  # noqa: F401  (auc: part of this module's probe API)
@@ -514,12 +515,10 @@ def print_summary(table: Any) -> None:
             print(f"{config:>16} k={k}: no AUC ({frame['note'].iloc[0]})")
 
 
+@register("linear", order=60)
 @dataclass(kw_only=True)
 class Linear(Analysis):
     """Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer."
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     buckets: tuple[str, ...] | None = option(PROBE_BUCKETS, "keep only these buckets (the probe contrasts T_ok and T_wrong)",

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pandas as pd
 
+from probes.analyses import register
 from probes.analyses.base import Analysis, RunContext, option
 from probes.analyses.calls import (
     MAX_NEW_TOKENS,
@@ -27,12 +28,10 @@ from probes.analyses.calls import (
 from probes.scoring.claims import Claim
 
 
+@register("paired", order=80)
 @dataclass(kw_only=True)
 class Paired(Analysis):
     """Fig. 12: paired outcome status of BASM vs procedure padding, strict and lenient (reuses the calls results)."""
-
-    name: ClassVar[str] = PAIRED_NAME
-    help: ClassVar[str] = "Fig. 12: paired outcome status of BASM vs procedure padding, strict and lenient (reuses calls results)."
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")

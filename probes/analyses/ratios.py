@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,6 +55,7 @@ import statsmodels.api as sm
 from scipy import stats as scipy_stats
 
 from probes.reporting import plots
+from probes.analyses import register
 from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.reporting.markdown import cell, markdown_table
@@ -432,14 +433,11 @@ def section(analysis: RunContext, summary: RatiosSummary, paths: list[Path]) -> 
     return ReportSection(NAME, "Figs. 3a/4 — boundary vs procedure attention (`ratios`)", paths, body, comparisons, summary)
 
 
+@register("ratios", order=20)
 @dataclass(kw_only=True)
 class Ratios(Analysis):
     """Figs. 3a/4: length-normalised boundary/procedure attention ratio η per bucket and configuration,
     and its group-paired shifts between buckets by stratum, with a length control."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = ("Figs. 3a/4: boundary/procedure attention ratio η per bucket and configuration; group-paired "
-                           "T_ok → T_wrong / T_repair shifts by stratum, length-adjusted.")
 
     configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations with a boundary (or control) span (default: {','.join(DEFAULT_CONFIGS)})",
                                       names=tuple(CONFIGS))

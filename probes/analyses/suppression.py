@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 
 from probes.reporting import plots
+from probes.analyses import register
 from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.data.configs import CONFIGS, PRIMING_CONFIGS
@@ -106,12 +106,10 @@ def section(analysis: RunContext, summary: SuppressionSummary, paths: list[Path]
     return ReportSection(NAME, "Figs. 3b/5 — wrong-tool suppression (`suppression`)", paths, body, comparisons, summary)
 
 
+@register("suppression", order=30)
 @dataclass(kw_only=True)
 class Suppression(Analysis):
     """Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls and BASM."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls, BASM."
 
     buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (Fig. 5 is T_wrong)", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from probes.analyses import register
 from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, PAPER_CONFIGS, PRIMING_CONFIGS
@@ -137,12 +138,10 @@ def section(analysis: RunContext, summary: SweepSummary, paths: list[Path]) -> R
     return ReportSection(NAME, "Fig. 2 — retrieval trap (`sweep`)", paths, body, comparisons, summary)
 
 
+@register("sweep", order=10)
 @dataclass(kw_only=True)
 class Sweep(Analysis):
     """Fig. 2: wrong-tool margin against retrieval depth k = 0..K per memory configuration."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Fig. 2: wrong-tool margin against retrieval depth k per memory configuration."
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (Fig. 2 is T_wrong)", flag="--bucket",
