@@ -447,7 +447,7 @@ class RunContext:
 
 
 # The modules that draw, plot or report results only; every other module shapes the rows.
-_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "analyses/report.py", "organism")
+_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "analyses/report.py", "organism")
 
 
 @functools.cache
