@@ -16,7 +16,7 @@ eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_
                over all layers and heads, paired by task group, on tool-correct T_wrong
                items read at the decision row (the ``ratios`` headline)
 heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 tool-correct heads rows
-               T_wrong; the ``heads`` analysis's own test (:func:`probes.analyses.heads.compute`):
+               T_wrong; the ``heads`` analysis's own test (:meth:`probes.analyses.heads.Heads.summarise`):
                span-mass floor chosen on the train split, heads ranked on half of the task groups,
                tested on the other half; random heads among the floor-passing ones, matched on B mass
 =============  ============================================================================  =========================
@@ -141,16 +141,17 @@ def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
 
 
 def heads_claim(ctx: RunContext, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
-    """The ``heads`` analysis's own selection and test (:func:`probes.analyses.heads.compute`): the
+    """The ``heads`` analysis's own selection and test (:meth:`probes.analyses.heads.Heads.summarise`): the
     span-mass floor chosen on the train split, heads ranked on one half of the task groups at that
     floor, top-N vs N random floor-passing heads matched on B mass knocked out on the other half's
     tool-correct T_wrong items."""
     ctx = replace(ctx, options=replace(ctx.options, top_n=top, random_draws=draws, seed=seed))
-    summary = heads_mod.compute(ctx)
+    heads = ctx.options  # the Heads analysis, resolved
+    summary = heads.summarise(ctx, heads.collect(ctx))
     if summary.differences is None or len(summary.selection.top) != top:  # no result, or one about another N
         raise AnalysisError(f"heads claim: no top-{top} result ({'; '.join(summary.messages)})")
     values = summary.differences
-    claim = paired_claim("heads", heads_mod.claims(summary)[0].statement, values["value"], pd.Series(0.0, index=values.index),
+    claim = paired_claim("heads", heads.claims(summary)[0].statement, values["value"], pd.Series(0.0, index=values.index),
                          values["task_group"], seed=seed)
     return claim, summary.ranking
 
