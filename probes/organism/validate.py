@@ -211,7 +211,7 @@ def validate(
     session = sweep.session
     claims = trap_and_suppression(sweep.options.collect(sweep), seed)  # ctx.options: the analysis, resolved
     knock = context_for(knockout_mod.KnockoutAnalysis(**common, buckets=["T_wrong"], random_draws=draws), session)
-    claims += knockout_claims(knockout_mod.collect(knock), seed)
+    claims += knockout_claims(knock.options.collect(knock), seed)
     both = ["T_ok", "T_wrong"]
     ratios = context_for(ratios_mod.Ratios(**common, buckets=both, configs=["basm"]), session)
     claims.append(eta_claim(ratios.options.collect(ratios), seed))
