@@ -134,7 +134,7 @@ def test_an_unknown_option_names_the_close_ones_and_every_valid_one() -> None:
     with pytest.raises(UnknownOption) as error:
         probes.run("sweep", kmax=2)
     message = str(error.value)
-    assert message.startswith("sweep: unknown option 'kmax'; did you mean 'k_max'? Valid options: model, dtype, ")
+    assert message.startswith("sweep: unknown option 'kmax'; did you mean 'k_max'? Known: model, dtype, ")
     assert "configs, controls, priming" in message
     with pytest.raises(UnknownOption, match="report: unknown option 'analysis'; did you mean 'analyses'"):
         probes.run("report", analysis=["sweep"])

@@ -131,9 +131,9 @@ def catalogue() -> dict[str, Entry]:
     return dict(sorted(found.items(), key=lambda item: (item[1].order, item[0])))
 
 
-def unknown(name: str, known: list[str] | tuple[str, ...], what: str = "analysis") -> str:
-    """The message for an unknown ``name``: the close matches first, then every known one."""
-    close = difflib.get_close_matches(name, known, n=3)
+def unknown_message(name: str, known: Sequence[str], what: str = "analysis") -> str:
+    """The message for an unknown ``name`` (an analysis, an option): the close matches, then every known one."""
+    close = difflib.get_close_matches(name, list(known), n=3)
     hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
     return f"unknown {what} {name!r}{hint} Known: {', '.join(known)}"
 
@@ -142,7 +142,7 @@ def get(name: str) -> type[Analysis]:
     """The analysis class registered under ``name`` (its module is imported on first use)."""
     entries = catalogue()
     if name not in entries:
-        raise UnknownAnalysis(unknown(name, list(entries)))
+        raise UnknownAnalysis(unknown_message(name, list(entries)))
     entry = entries[name]
     importlib.import_module(entry.module)
     cls = _registered.get(name)

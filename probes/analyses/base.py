@@ -20,7 +20,6 @@ written and never writes one twice.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import hashlib
 import json
@@ -304,13 +303,13 @@ class RunOptions:
 
 
 def make(cls: type[RunOptions], options: dict[str, Any]) -> Any:
-    """``cls(**options)``, with an unknown keyword answered by the valid ones and the close matches."""
+    """``cls(**options)``, with an unknown keyword answered by the close matches and every valid option."""
+    from probes.analyses import unknown_message
+
     known = [f.name for f in option_fields(cls)]
     for key in options:
         if key not in known:
-            close = difflib.get_close_matches(key, known, n=3)
-            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-            raise UnknownOption(f"{cls.name}: unknown option {key!r}{hint} Valid options: {', '.join(known)}")
+            raise UnknownOption(f"{cls.name}: {unknown_message(key, known, 'option')}")
     return cls(**options)
 
 
@@ -319,14 +318,14 @@ class Analysis(RunOptions):
     """Base of every analysis: the shared options, and the pipeline (:meth:`run`).
 
     A subclass is registered with ``@register("name", order=N)`` (:mod:`probes.analyses`), its
-    docstring's first line is its help, it adds its own options (:func:`option` fields;
+    docstring's first paragraph is its help, it adds its own options (:func:`option` fields;
     redeclaring a shared field changes its default) and implements :meth:`collect`,
     :meth:`summarise`, :meth:`tables`, :meth:`figures`, :meth:`section` (and optionally
     :meth:`claims`, :meth:`print_summary`, :meth:`status`). Every method gets the run context as
     ``ctx`` (:class:`RunContext`).
     """
 
-    order: ClassVar[int] = 0  # set by @register: the place in report and the listings
+    order: ClassVar[int] = 0  # set by @register: its place in report and in the listings
 
     # -- the pipeline
     def run(self, session: ProbeSession | None = None, *, verbose: bool = True) -> AnalysisResult:
@@ -532,7 +531,7 @@ def check_session(options: RunOptions, session: ProbeSession) -> None:
     conflicts = []
     for name, actual in runs.items():
         given = getattr(options, name)
-        if given == _field_default(type(options), name) or (name == "dtype" and given == "auto"):
+        if given == type(options).__dataclass_fields__[name].default or (name == "dtype" and given == "auto"):
             continue  # not given: the session's value is recorded
         same = (torch.device(given).type == torch.device(actual).type and torch.device(given).index in (None, torch.device(actual).index)
                 if name == "device" else given == actual)
@@ -541,10 +540,6 @@ def check_session(options: RunOptions, session: ProbeSession) -> None:
     if conflicts:
         raise OptionError(f"{options.name}: options contradict the given session: {'; '.join(conflicts)}. Leave them out "
                           "(the session's are recorded), or load a session with them (or pass no session)")
-
-
-def _field_default(cls: type, name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 def open_context(analysis: Analysis, session: ProbeSession | None = None) -> RunContext:
@@ -585,8 +580,8 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
         session = open_session(dataclasses.replace(options, device=rank_device(options.device, ranks)), model)
     else:  # record what the given session actually runs, not the option defaults (the ranks' GPUs as one device type)
         check_session(options, session)
-        device = session.model.device.type if ranks.size > 1 else str(session.model.device)
-        options = dataclasses.replace(options, dtype=str(session.model.dtype).removeprefix("torch."), device=device)
+        runs = session_runs(session)
+        options = dataclasses.replace(options, dtype=runs["dtype"], device=session.model.device.type if ranks.size > 1 else runs["device"])
     if session.tokenizer is None:
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
     retriever = _retriever(options.embedder)

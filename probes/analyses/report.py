@@ -27,14 +27,13 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from probes import analyses as registry
-from probes.analyses import REPORT
 from probes.analyses.base import (
     Analysis,
     AnalysisError,
     AnalysisResult,
     Comparison,
-    RunOptions,
     ReportSection,
+    RunOptions,
     default_model,
     make,
     model_label,
@@ -172,7 +171,7 @@ def error(message: str) -> None:
 class ReportOptions(RunOptions):
     """The options of :func:`report`: the shared ones (forwarded to each analysis) and its own."""
 
-    name: ClassVar[str] = REPORT
+    name: ClassVar[str] = registry.REPORT
 
     k_max: int | None = option(None, "largest retrieval depth K (default: each analysis's own)", type=int, minimum=0, group="probe")
     analyses: tuple[str, ...] | None = option(None, "comma-separated analyses (default: every registered one, in report order)",

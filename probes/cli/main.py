@@ -419,11 +419,11 @@ def commands() -> dict[str, Command]:
     """Every subcommand in help order: the dataset tools, the registered analyses (report order),
     ``report``, ``organism``."""
     tools = {name: spec for name, spec in COMMANDS.items() if name != "organism"}
-    probes_ = {entry.name: Command(entry.help, *_analysis_command(entry.name)) for entry in analyses.catalogue().values()}
-    clashes = set(tools) & set(probes_)
+    analysis_commands = {entry.name: Command(entry.help, *_analysis_command(entry.name)) for entry in analyses.catalogue().values()}
+    clashes = set(tools) & set(analysis_commands)
     if clashes:
         raise RuntimeError(f"analyses {sorted(clashes)} are named like a built-in command; rename them")
-    return {**tools, **probes_, analyses.REPORT: Command(REPORT_HELP, *_analysis_command(analyses.REPORT)),
+    return {**tools, **analysis_commands, analyses.REPORT: Command(REPORT_HELP, *_analysis_command(analyses.REPORT)),
             "organism": COMMANDS["organism"]}
 
 
