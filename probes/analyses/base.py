@@ -644,7 +644,7 @@ class Job:
 Scorer = Callable[[dict[str, Any], Job], list[dict[str, Any]]]
 
 
-def run_jobs(analysis: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], scorer: Scorer) -> int:
+def run_jobs(ctx: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], scorer: Scorer) -> int:
     """Score every job whose rows are not all in ``store`` yet; returns the number scored.
 
     A job whose rows are partly present (a run killed mid-write) is rescored and only the
@@ -657,22 +657,22 @@ def run_jobs(analysis: RunContext, store: ResultsStore | ShardedStore, jobs: Seq
     done = store.done
     pending = [job for job in jobs if not all(key in done for key in job.keys())]
     if not isinstance(store, ShardedStore):
-        return _score_jobs(analysis, store, jobs, pending, scorer)
+        return _score_jobs(ctx, store, jobs, pending, scorer)
     ranks = store.world
     # by item, not by job: an item's jobs share their prompt prefix (reused by the engine) on one rank
     order = {item_id: i for i, item_id in enumerate(dict.fromkeys(job.item.id for job in pending))}
     mine = [job for job in pending if order[job.item.id] % ranks.size == ranks.rank]
-    scored = _score_jobs(analysis, store, mine, mine, scorer, label=f" [rank {ranks.rank}/{ranks.size}]")
+    scored = _score_jobs(ctx, store, mine, mine, scorer, label=f" [rank {ranks.rank}/{ranks.size}]")
     store.merge(key for job in jobs for key in job.keys())
     return ranks.total(scored)
 
 
-def _score_jobs(analysis: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], pending: Sequence[Job], scorer: Scorer,
+def _score_jobs(ctx: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], pending: Sequence[Job], scorer: Scorer,
                 label: str = "") -> int:
-    with tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=analysis.name + label, unit="prompt",
+    with tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=ctx.name + label, unit="prompt",
               dynamic_ncols=True, smoothing=0.1) as bar:
         for job in pending:
-            record = analysis.builder.build(job.item, job.config, job.k, job.fmt)
+            record = ctx.builder.build(job.item, job.config, job.k, job.fmt)
             rows = scorer(record, job)
             for row in rows:
                 row["key"] = f"{record['record_id']}|{row['condition']}"
@@ -686,7 +686,7 @@ def _score_jobs(analysis: RunContext, store: ResultsStore | ShardedStore, jobs: 
 
 
 def cached_scorer(
-    analysis: RunContext,
+    ctx: RunContext,
     conditions_for: Callable[[dict[str, Any], Job], Sequence[Knockout]],
     *,
     per_head: bool = False,
@@ -699,12 +699,12 @@ def cached_scorer(
         conditions = list(conditions_for(record, job))
         digest = hashlib.sha256(json.dumps([record["input_ids"], record["candidates"], record["spans"],
                                             [repr(c) for c in conditions], per_head, list(margins)]).encode()).hexdigest()
-        if digest not in analysis._score_cache:
-            analysis._score_cache.clear()  # identical prompts are consecutive (same item): keep memory flat
-            analysis._score_cache[digest] = score_record(analysis.session, record, conditions, variant=analysis.variant,
-                                                         per_head=per_head, margins=margins)
+        if digest not in ctx._score_cache:
+            ctx._score_cache.clear()  # identical prompts are consecutive (same item): keep memory flat
+            ctx._score_cache[digest] = score_record(ctx.session, record, conditions, variant=ctx.variant,
+                                                    per_head=per_head, margins=margins)
         rows = []
-        for cached in analysis._score_cache[digest]:
+        for cached in ctx._score_cache[digest]:
             row = dict(cached)
             row.update({f: record.get(f) for f in ROW_FIELDS})
             row["prompt_digest"] = digest[:16]
