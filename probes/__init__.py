@@ -8,6 +8,9 @@ The public API (imported lazily: ``import probes`` loads no torch)::
     rows = session.score(record, knockouts=["boundary", "procedure", "random"])
     sweep = probes.run("sweep", session, buckets=["T_wrong"], k_max=4, out="results/")
     sweep.summary_table, sweep.figures
+    probes.options("sweep")                                  # each analysis's options, with their help
+    done = probes.load("results/Qwen3-8B/sweep.jsonl")       # a finished run: rows, tables, config
+    probes.report(session, out="results/")                   # every registered analysis, report.md
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ _EXPORTS = {
     "load_dataset": "probes.data.dataset",
     "score_record": "probes.scoring.score",
     "run": "probes.analyses",
+    "options": "probes.analyses",
     "ANALYSES": "probes.analyses",
+    "report": "probes.analyses.report",
+    "load": "probes.reporting.finished",
     "Analysis": "probes.analyses.base",
     "AnalysisResult": "probes.analyses.base",
 }

@@ -16,7 +16,7 @@ import torch
 from probes.analyses.heads import Heads
 from probes.analyses.knockout import KnockoutAnalysis
 from probes.analyses.ratios import Ratios
-from probes.analyses.report import Report
+from probes.analyses.report import ReportOptions, run_report
 from probes.analyses.suppression import Suppression
 from probes.analyses.sweep import Sweep
 from probes.reporting.results import load_results
@@ -224,7 +224,7 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
     # --limit on the command line overrides the file's limit
     args = build_parser().parse_args(["report", "--options-file", str(toml), "--quick", "--limit", "1", "--out", str(tmp_path / "out"),
                                       "--analyses", "sweep,ratios,suppression,knockout,heads"])
-    result = Report(**options_from_args(args, Report)).run()
+    result = run_report(ReportOptions(**options_from_args(args, ReportOptions)))
     assert result.status == 0
     out = result.out_dir
     assert out == tmp_path / "out" / tiny_qwen3_dir.name

@@ -20,7 +20,6 @@ from probes.analyses.heads import (
     MATCH_TOLERANCE,
     SENSITIVITY_FLOORS,
     Heads,
-    compute,
     matched_random_sets,
     ranking,
     select_heads,
@@ -205,7 +204,8 @@ def test_heads_tiny_ranks_and_tests_on_disjoint_halves(tiny_qwen3_dir: Path, tmp
     attention = load_results(out / "heads.jsonl")
     assert np.array(attention["alpha_boundary_heads"].iloc[0]).shape == (2, 4) and set(attention["item_id"]) == set(ITEMS)
     # Resumes from the rows written above (nothing is rescored): the summary holds the halves.
-    summary = compute(open_context(analysis))
+    ctx = open_context(analysis)
+    summary = analysis.summarise(ctx, analysis.collect(ctx))
     rows = summary.rows
     rank_items = set(rows.loc[rows["half"] == "rank", "item_id"])
     rank_groups = set(rows.loc[rows["half"] == "rank", "task_group"])

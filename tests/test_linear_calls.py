@@ -19,20 +19,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 from threadpoolctl import threadpool_limits
 
-from probes.analyses.calls import (
-    PAIRED_STATUSES,
-    Calls,
-    CallsSummary,
-    PairedSummary,
-    call_rates,
-    calls_claims,
-    generation_prompt,
-    pair_rows,
-    paired_claims,
-    paired_status,
-    paired_summary,
-    syntax_counts,
-)
+from probes.analyses.calls import Calls, CallsSummary, call_rates, generation_prompt, syntax_counts
+from probes.analyses.paired import PAIRED_STATUSES, PairedSummary, pair_rows, paired_status, paired_summary
 from probes.engine.generate import greedy_generate, stop_token_ids
 from probes.analyses.linear import Linear
 from probes.analyses.paired import Paired
@@ -94,13 +82,13 @@ def test_claims_pair_items_at_the_deepest_k():
     rows = _rows([True] * 4, [False] * 4)
     rows["config"] = rows["config"].replace({"pad-procedure": "proc"})
     summary = CallsSummary(rows, call_rates(rows, resamples=100), syntax_counts(rows), "note")
-    claims = {c.name: c for c in calls_claims(summary)}
+    claims = {c.name: c for c in Calls().claims(summary)}
     assert set(claims) == {"lenient_wrong_call_basm_below_proc_k1", "strict_wrong_call_basm_below_proc_k1"}
     lenient, strict = claims["lenient_wrong_call_basm_below_proc_k1"], claims["strict_wrong_call_basm_below_proc_k1"]
     assert lenient.estimate == pytest.approx(-1.0) and lenient.alternative == "less" and lenient.n == 2 and lenient.family == "calls"
     assert strict.estimate == 0.0  # proc's wrong calls are off-template: a runtime would execute none of them
     paired = PairedSummary(pd.DataFrame(pair_rows(_rows([True] * 4, [False] * 4))), pd.DataFrame(), "", "note")
-    paired_ = {c.name: c.estimate for c in paired_claims(paired)}
+    paired_ = {c.name: c.estimate for c in Paired().claims(paired)}
     assert paired_ == {"lenient_paired_basm_above_padding_k1": 1.0, "strict_paired_basm_above_padding_k1": 1.0}
     syntax = syntax_counts(rows)
     assert syntax.groupby("syntax")["replies"].sum().to_dict() == {"fenced_json": 4, "tool_call_tag": 4}

@@ -1,49 +1,207 @@
-"""The probe analyses (one registry) and :func:`run`, the one way to run any of them.
+"""The probe analyses: registered where they are defined, and :func:`run`, the one way to run any of them.
 
 >>> import probes
 >>> session = probes.ProbeSession("/models/Qwen3-8B", dtype="bfloat16", device="cuda")
 >>> sweep = probes.run("sweep", session, buckets=["T_wrong"], k_max=4, out="results/")
 >>> sweep.summary_table, sweep.figures
 
-Analysis modules are imported when first used (they load torch, pandas and matplotlib).
+An analysis is one module of this package whose class carries ``@register("name", order=N)``; its
+docstring's first paragraph is its help. The catalogue (name, module, help, order) is read from the
+modules' source with :mod:`ast`, so listing the analyses (``basm-probes --help``, :data:`ANALYSES`)
+imports none of them (they load torch, pandas and matplotlib); :func:`get` imports a module when
+its analysis is first used and checks that it registered the class the catalogue promised.
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import functools
 import importlib
-from typing import TYPE_CHECKING, Any
+import pkgutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from probes.analyses.base import Analysis, AnalysisResult
     from probes.engine.session import ProbeSession
 
-# name -> "module:class", in paper order (report runs them in this order)
-REGISTRY: dict[str, str] = {
-    "sweep": "probes.analyses.sweep:Sweep",
-    "ratios": "probes.analyses.ratios:Ratios",
-    "suppression": "probes.analyses.suppression:Suppression",
-    "knockout": "probes.analyses.knockout:KnockoutAnalysis",
-    "heads": "probes.analyses.heads:Heads",
-    "linear": "probes.analyses.linear:Linear",
-    "calls": "probes.analyses.calls:Calls",
-    "paired": "probes.analyses.paired:Paired",
-    "report": "probes.analyses.report:Report",
-}
-ANALYSES: tuple[str, ...] = tuple(name for name in REGISTRY if name != "report")
+REPORT = "report"  # not an analysis: the function over all of them (probes.analyses.report)
+UNORDERED = 1000  # the order of an analysis registered without one: after the paper's, by name
+
+T = TypeVar("T", bound=type)
+_registered: dict[str, type] = {}  # name -> class, filled as the analysis modules are imported
+
+
+class UnknownAnalysis(KeyError):
+    """A name that no analysis is registered under; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered analysis as its module's source declares it (nothing imported)."""
+
+    name: str
+    module: str
+    cls: str
+    help: str
+    order: int
+
+
+def register(name: str, *, order: int = UNORDERED):
+    """Class decorator: register an :class:`~probes.analyses.base.Analysis` subclass under ``name``
+    (the CLI subcommand, ``probes.run``'s first argument, its results file stem). ``order`` places
+    it in ``report`` (and in the listings); the paper's analyses use 10, 20, ... 80.
+
+    The arguments must be literals: the catalogue reads them from the source without importing it.
+    """
+
+    def decorate(cls: T) -> T:
+        from probes.analyses.base import Analysis
+
+        if not (isinstance(cls, type) and issubclass(cls, Analysis)):
+            raise TypeError(f"@register({name!r}): {cls!r} is not a subclass of probes.analyses.base.Analysis")
+        if name == REPORT:
+            raise ValueError(f"@register({name!r}): the name is taken by the report command")
+        known = _registered.get(name)
+        # re-importing the same module (importlib.reload) re-registers its class; another class is a clash
+        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"@register({name!r}): {cls.__module__}.{cls.__qualname__} clashes with "
+                             f"{known.__module__}.{known.__qualname__}, registered under that name already")
+        cls.name, cls.order = name, order
+        _registered[name] = cls
+        return cls
+
+    return decorate
+
+
+def _literal(node: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except ValueError as error:
+        raise ValueError(f"@register arguments must be literals, got {ast.unparse(node)!r}") from error
+
+
+def _entries_of(module: str, source: str, path: str) -> list[Entry]:
+    """The ``@register`` classes of one module's source."""
+    entries = []
+    for node in ast.parse(source, path).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for deco in node.decorator_list:
+            func = deco.func if isinstance(deco, ast.Call) else None
+            if not (isinstance(func, ast.Name) and func.id == "register" or isinstance(func, ast.Attribute) and func.attr == "register"):
+                continue
+            if not deco.args:
+                raise ValueError(f"{path}: @register on {node.name} needs the analysis's name")
+            keywords = {k.arg: _literal(k.value) for k in deco.keywords}
+            doc = (ast.get_docstring(node) or "").strip()
+            if not doc:
+                raise ValueError(f"{path}: {node.name} has no docstring (its first paragraph is the analysis's help)")
+            summary = " ".join(doc.split("\n\n")[0].split())  # the first paragraph, on one line
+            entries.append(Entry(_literal(deco.args[0]), module, node.name, summary, keywords.get("order", UNORDERED)))
+    return entries
+
+
+@functools.lru_cache(maxsize=256)
+def _entries_in(module: str, path: str, mtime_ns: int) -> tuple[Entry, ...]:
+    """The ``@register`` classes of one module file (parsed again when it changes)."""
+    source = Path(path).read_text(encoding="utf-8")
+    return tuple(_entries_of(module, source, path)) if "register(" in source else ()
+
+
+def catalogue() -> dict[str, Entry]:
+    """Every analysis of this package's modules (``__path__``: a folder added to it is searched too),
+    by name, in report order; read from the source, nothing imported."""
+    found: dict[str, Entry] = {}
+    for info in pkgutil.iter_modules(__path__):
+        spec = info.module_finder.find_spec(info.name, None)  # type: ignore[call-arg]
+        if info.ispkg or spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            continue
+        path = Path(spec.origin)
+        for entry in _entries_in(f"{__name__}.{info.name}", str(path), path.stat().st_mtime_ns):
+            if entry.name in found:
+                raise ValueError(f"analysis {entry.name!r} is registered twice: in {found[entry.name].module} and {entry.module}")
+            found[entry.name] = entry
+    return dict(sorted(found.items(), key=lambda item: (item[1].order, item[0])))
+
+
+def unknown_message(name: str, known: Sequence[str], what: str = "analysis") -> str:
+    """The message for an unknown ``name`` (an analysis, an option): the close matches, then every known one."""
+    close = difflib.get_close_matches(name, list(known), n=3)
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return f"unknown {what} {name!r}{hint} Known: {', '.join(known)}"
 
 
 def get(name: str) -> type[Analysis]:
-    """The analysis class registered under ``name``."""
-    if name not in REGISTRY:
-        raise KeyError(f"unknown analysis {name!r}; known: {', '.join(REGISTRY)}")
-    module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    """The analysis class registered under ``name`` (its module is imported on first use)."""
+    entries = catalogue()
+    if name not in entries:
+        raise UnknownAnalysis(unknown_message(name, list(entries)))
+    entry = entries[name]
+    importlib.import_module(entry.module)
+    cls = _registered.get(name)
+    if cls is None or (cls.__module__, cls.__name__) != (entry.module, entry.cls):
+        raise RuntimeError(f"{entry.module} declares @register({name!r}) on {entry.cls} but registered "
+                           f"{'nothing' if cls is None else f'{cls.__module__}.{cls.__qualname__}'} under that name")
+    return cls
+
+
+def options_of(name: str) -> type:
+    """The options class of the command ``name``: the analysis class, or the report's options."""
+    if name == REPORT:
+        from probes.analyses.report import ReportOptions
+
+        return ReportOptions
+    return get(name)
+
+
+def options(name: str) -> dict[str, str]:
+    """The keyword options of analysis ``name`` (or ``"report"``) and their help, e.g.
+    ``probes.options("sweep")``."""
+    from probes.analyses.base import option_fields
+
+    return {f.name: f.metadata["help"] for f in option_fields(options_of(name))}
 
 
 def run(name: str, session: ProbeSession | None = None, **options: Any) -> AnalysisResult:
-    """Run the analysis ``name`` with keyword ``options`` on ``session`` (loaded from ``model``
-    when None); the CLI's ``basm-probes NAME`` does exactly this."""
-    return get(name)(**options).run(session)
+    """Run the analysis ``name`` (or ``"report"``) with keyword ``options`` on ``session`` (loaded
+    from ``model`` when None); the CLI's ``basm-probes NAME`` does exactly this.
+
+    Each analysis has its own options: ``probes.options("sweep")`` lists them with their help,
+    ``help(probes.analyses.get("sweep"))`` shows the class, ``basm-probes sweep --help`` the flags.
+    An unknown option is an :class:`~probes.analyses.base.OptionError` naming the valid ones; an
+    option that contradicts the given ``session`` (``dtype``, ``device``, ``backend``...) is one too.
+    """
+    if name == REPORT:
+        from probes.analyses.report import report
+
+        return report(session, **options)
+    from probes.analyses.base import make
+
+    return make(get(name), options).run(session)
 
 
-__all__ = ["ANALYSES", "REGISTRY", "get", "run"]
+class RegisteredNames(Sequence):
+    """The registered analyses' names in report order, read afresh on each use (a module added to
+    ``__path__`` appears): :data:`ANALYSES`."""
+
+    def __getitem__(self, index: Any) -> Any:
+        return tuple(catalogue())[index]
+
+    def __len__(self) -> int:
+        return len(catalogue())
+
+    def __repr__(self) -> str:
+        return repr(tuple(catalogue()))
+
+
+ANALYSES = RegisteredNames()
+
+
+__all__ = ["ANALYSES", "Entry", "RegisteredNames", "UnknownAnalysis", "catalogue", "get", "options", "options_of", "register", "run"]

@@ -62,6 +62,10 @@ class OptionError(ValueError):
     """An option has the wrong type, is out of range or selects nothing; the message names it."""
 
 
+class UnknownOption(OptionError, TypeError):
+    """A keyword that is no option of the analysis (a TypeError too, as for any unknown keyword)."""
+
+
 # ---------------------------------------------------------------------------- options
 def option(
     default: Any,
@@ -78,13 +82,14 @@ def option(
     """A keyword option of an analysis (a dataclass field with what the CLI and the validator need).
 
     ``repeat``: a list given by repeating the flag (``--bucket T_ok --bucket T_wrong``);
-    ``names``: a list given as comma-separated names from ``names`` (``--configs base,proc``);
+    ``names``: a list given as comma-separated names from ``names`` (``--configs base,proc``; a
+    live sequence such as :data:`probes.analyses.ANALYSES` is read when checked);
     ``flag``: the CLI flag when it is not ``--field-name`` (``--no-figure`` for a True default).
     """
     if isinstance(default, list):
         default = tuple(default)
     meta = {"help": help, "type": type, "choices": tuple(choices) if choices is not None else None, "flag": flag,
-            "repeat": repeat, "names": tuple(names) if names is not None else None, "group": group, "minimum": minimum}
+            "repeat": repeat, "names": tuple(names) if isinstance(names, list) else names, "group": group, "minimum": minimum}
     return field(default=default, metadata=meta)
 
 
@@ -104,7 +109,7 @@ def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "
         raise OptionError(f"{label} must not be None (default: {f.default!r})")
     if meta["repeat"] or meta["names"] is not None:
         values = [value] if isinstance(value, str) else value
-        if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values):
+        if isinstance(values, str) or not isinstance(values, Sequence) or not all(isinstance(v, str) for v in values):
             raise OptionError(f"{label} must be a list of strings, got {value!r}")
         known = meta["names"] or meta["choices"]
         if known is not None and (unknown := [v for v in values if v not in known]):
@@ -220,17 +225,11 @@ class AnalysisResult:
 
 
 @dataclass(kw_only=True)
-class Analysis:
-    """Base of every analysis: the options shared by all, and the pipeline (:meth:`run`).
-
-    Subclasses set :attr:`name` and :attr:`help`, add their own options (:func:`option` fields;
-    redeclaring a shared field changes its default) and implement :meth:`collect`,
-    :meth:`summarise`, :meth:`tables`, :meth:`figures`, :meth:`section` (and optionally
-    :meth:`print_summary`, :meth:`status`).
-    """
+class RunOptions:
+    """The options every analysis and ``report`` share (model, probe, items, run), validated and
+    normalised once, as given; :meth:`resolved` applies ``items`` and ``quick``."""
 
     name: ClassVar[str] = ""
-    help: ClassVar[str] = ""
 
     # model
     model: str | Path | None = option(None, "local HF folder, local-cache name or .gguf (default: the bundled organism)",
@@ -285,6 +284,49 @@ class Analysis:
         for f in option_fields(type(self)):  # validated and normalised once, as given
             object.__setattr__(self, f.name, check_option(self.name, f, getattr(self, f.name)))
 
+    def resolved(self) -> RunOptions:
+        """These options with ``items``, ``quick`` and the analysis's default buckets applied."""
+        changes: dict[str, Any] = {}
+        buckets, domains, limit, k_max = self.buckets, self.domains, self.limit, self.k_max
+        if self.items:
+            spec = parse_items(self.items)
+            buckets = tuple(spec["buckets"]) or buckets
+            domains = tuple(spec["domains"]) or domains
+            limit = spec["limit"] if spec["limit"] is not None else limit
+        if self.quick:
+            limit = QUICK["limit"] if limit is None else limit
+            k_max = QUICK["k_max"] if k_max is None else min(k_max, QUICK["k_max"])
+            if hasattr(self, "random_draws"):
+                changes["random_draws"] = min(self.random_draws, QUICK["random_draws"])
+        changes.update(buckets=buckets, domains=domains, limit=limit, k_max=k_max)
+        return dataclasses.replace(self, **changes)
+
+
+def make(cls: type[RunOptions], options: dict[str, Any]) -> Any:
+    """``cls(**options)``, with an unknown keyword answered by the close matches and every valid option."""
+    from probes.analyses import unknown_message
+
+    known = [f.name for f in option_fields(cls)]
+    for key in options:
+        if key not in known:
+            raise UnknownOption(f"{cls.name}: {unknown_message(key, known, 'option')}")
+    return cls(**options)
+
+
+@dataclass(kw_only=True)
+class Analysis(RunOptions):
+    """Base of every analysis: the shared options, and the pipeline (:meth:`run`).
+
+    A subclass is registered with ``@register("name", order=N)`` (:mod:`probes.analyses`), its
+    docstring's first paragraph is its help, it adds its own options (:func:`option` fields;
+    redeclaring a shared field changes its default) and implements :meth:`collect`,
+    :meth:`summarise`, :meth:`tables`, :meth:`figures`, :meth:`section` (and optionally
+    :meth:`claims`, :meth:`print_summary`, :meth:`status`). Every method gets the run context as
+    ``ctx`` (:class:`RunContext`).
+    """
+
+    order: ClassVar[int] = 0  # set by @register: its place in report and in the listings
+
     # -- the pipeline
     def run(self, session: ProbeSession | None = None, *, verbose: bool = True) -> AnalysisResult:
         """Collect rows (resuming from ``out``), summarise, write the tables and figures."""
@@ -310,23 +352,6 @@ class Analysis:
         for table_name, table in tables.items() if world().rank == 0 else ():
             write_csv(table, ctx.out_dir / f"{table_name}.csv")
         return rows, summary, tables
-
-    def resolved(self) -> Analysis:
-        """These options with ``items``, ``quick`` and the analysis's default buckets applied."""
-        changes: dict[str, Any] = {}
-        buckets, domains, limit, k_max = self.buckets, self.domains, self.limit, self.k_max
-        if self.items:
-            spec = parse_items(self.items)
-            buckets = tuple(spec["buckets"]) or buckets
-            domains = tuple(spec["domains"]) or domains
-            limit = spec["limit"] if spec["limit"] is not None else limit
-        if self.quick:
-            limit = QUICK["limit"] if limit is None else limit
-            k_max = QUICK["k_max"] if k_max is None else min(k_max, QUICK["k_max"])
-            if hasattr(self, "random_draws"):
-                changes["random_draws"] = min(self.random_draws, QUICK["random_draws"])
-        changes.update(buckets=buckets, domains=domains, limit=limit, k_max=k_max)
-        return dataclasses.replace(self, **changes)
 
     # -- the contract (implemented by each analysis)
     def collect(self, ctx: RunContext) -> pd.DataFrame:
@@ -421,7 +446,7 @@ class RunContext:
 
 
 # The modules that draw, plot or report results only; every other module shapes the rows.
-_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "analyses/report.py", "organism")
+_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "analyses/report.py", "organism")
 
 
 @functools.cache
@@ -493,6 +518,30 @@ def open_session(options: Any, model: str | Path) -> ProbeSession:
     return get_backend(options.backend, model, **common, **({"remote": True} if options.remote else {}))
 
 
+def session_runs(session: ProbeSession) -> dict[str, str]:
+    """What a loaded session runs: its dtype, device and backend, as the options name them."""
+    return {"dtype": str(session.model.dtype).removeprefix("torch."), "device": str(session.model.device),
+            "backend": getattr(session, "name", "native")}
+
+
+def check_session(options: RunOptions, session: ProbeSession) -> None:
+    """A session option given (not its default) that contradicts the given ``session`` is an error:
+    the run would record one thing and measure another."""
+    runs = session_runs(session)
+    conflicts = []
+    for name, actual in runs.items():
+        given = getattr(options, name)
+        if given == type(options).__dataclass_fields__[name].default or (name == "dtype" and given == "auto"):
+            continue  # not given: the session's value is recorded
+        same = (torch.device(given).type == torch.device(actual).type and torch.device(given).index in (None, torch.device(actual).index)
+                if name == "device" else given == actual)
+        if not same:
+            conflicts.append(f"{name}={given!r} but the session runs {name}={actual!r}")
+    if conflicts:
+        raise OptionError(f"{options.name}: options contradict the given session: {'; '.join(conflicts)}. Leave them out "
+                          "(the session's are recorded), or load a session with them (or pass no session)")
+
+
 def open_context(analysis: Analysis, session: ProbeSession | None = None) -> RunContext:
     """Resolve options, load the model (unless ``session`` is given), the dataset and the builder.
 
@@ -530,8 +579,9 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
     if session is None:  # each rank of a parallel run on its node's GPU; the option as given is recorded
         session = open_session(dataclasses.replace(options, device=rank_device(options.device, ranks)), model)
     else:  # record what the given session actually runs, not the option defaults (the ranks' GPUs as one device type)
-        device = session.model.device.type if ranks.size > 1 else str(session.model.device)
-        options = dataclasses.replace(options, dtype=str(session.model.dtype).removeprefix("torch."), device=device)
+        check_session(options, session)
+        runs = session_runs(session)
+        options = dataclasses.replace(options, dtype=runs["dtype"], device=session.model.device.type if ranks.size > 1 else runs["device"])
     if session.tokenizer is None:
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
     retriever = _retriever(options.embedder)
@@ -594,7 +644,7 @@ class Job:
 Scorer = Callable[[dict[str, Any], Job], list[dict[str, Any]]]
 
 
-def run_jobs(analysis: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], scorer: Scorer) -> int:
+def run_jobs(ctx: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], scorer: Scorer) -> int:
     """Score every job whose rows are not all in ``store`` yet; returns the number scored.
 
     A job whose rows are partly present (a run killed mid-write) is rescored and only the
@@ -607,22 +657,22 @@ def run_jobs(analysis: RunContext, store: ResultsStore | ShardedStore, jobs: Seq
     done = store.done
     pending = [job for job in jobs if not all(key in done for key in job.keys())]
     if not isinstance(store, ShardedStore):
-        return _score_jobs(analysis, store, jobs, pending, scorer)
+        return _score_jobs(ctx, store, jobs, pending, scorer)
     ranks = store.world
     # by item, not by job: an item's jobs share their prompt prefix (reused by the engine) on one rank
     order = {item_id: i for i, item_id in enumerate(dict.fromkeys(job.item.id for job in pending))}
     mine = [job for job in pending if order[job.item.id] % ranks.size == ranks.rank]
-    scored = _score_jobs(analysis, store, mine, mine, scorer, label=f" [rank {ranks.rank}/{ranks.size}]")
+    scored = _score_jobs(ctx, store, mine, mine, scorer, label=f" [rank {ranks.rank}/{ranks.size}]")
     store.merge(key for job in jobs for key in job.keys())
     return ranks.total(scored)
 
 
-def _score_jobs(analysis: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], pending: Sequence[Job], scorer: Scorer,
+def _score_jobs(ctx: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], pending: Sequence[Job], scorer: Scorer,
                 label: str = "") -> int:
-    with tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=analysis.name + label, unit="prompt",
+    with tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=ctx.name + label, unit="prompt",
               dynamic_ncols=True, smoothing=0.1) as bar:
         for job in pending:
-            record = analysis.builder.build(job.item, job.config, job.k, job.fmt)
+            record = ctx.builder.build(job.item, job.config, job.k, job.fmt)
             rows = scorer(record, job)
             for row in rows:
                 row["key"] = f"{record['record_id']}|{row['condition']}"
@@ -636,7 +686,7 @@ def _score_jobs(analysis: RunContext, store: ResultsStore | ShardedStore, jobs: 
 
 
 def cached_scorer(
-    analysis: RunContext,
+    ctx: RunContext,
     conditions_for: Callable[[dict[str, Any], Job], Sequence[Knockout]],
     *,
     per_head: bool = False,
@@ -649,12 +699,12 @@ def cached_scorer(
         conditions = list(conditions_for(record, job))
         digest = hashlib.sha256(json.dumps([record["input_ids"], record["candidates"], record["spans"],
                                             [repr(c) for c in conditions], per_head, list(margins)]).encode()).hexdigest()
-        if digest not in analysis._score_cache:
-            analysis._score_cache.clear()  # identical prompts are consecutive (same item): keep memory flat
-            analysis._score_cache[digest] = score_record(analysis.session, record, conditions, variant=analysis.variant,
-                                                         per_head=per_head, margins=margins)
+        if digest not in ctx._score_cache:
+            ctx._score_cache.clear()  # identical prompts are consecutive (same item): keep memory flat
+            ctx._score_cache[digest] = score_record(ctx.session, record, conditions, variant=ctx.variant,
+                                                    per_head=per_head, margins=margins)
         rows = []
-        for cached in analysis._score_cache[digest]:
+        for cached in ctx._score_cache[digest]:
             row = dict(cached)
             row.update({f: record.get(f) for f in ROW_FIELDS})
             row["prompt_digest"] = digest[:16]

@@ -1,4 +1,4 @@
-"""Realized calls (Fig. 11) and the equal-token paired status (Fig. 12).
+"""``calls`` (Fig. 11): realized calls, read in every call syntax, strict and lenient.
 
 ``calls``: at every retrieval depth k the model greedily generates its next action from the
 prompt *without* the forced tool-call prefix (native: the text up to the generation prompt,
@@ -20,35 +20,32 @@ did not show. ``refusal`` (whether the prose declines) is a column of its own. `
 action is the item's correct action (the correct tool, or abstention when abstaining is correct):
 the correct-call rate of Fig. 11 and the "solved" of Fig. 12. The raw generation is in every row.
 
-``paired``: BASM against procedure padding (``pad-procedure``, the equal-token control) on the
-same items and depths, in both modes: both solved / only BASM / only padding / both failed. It
-reuses a calls results file holding both configurations when one exists and generates only what
-is missing.
+``paired`` (:mod:`probes.analyses.paired`) reuses these generations.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from probes.analyses.base import Analysis, RunContext, option
+from probes.analyses import register
+from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, option, provenance, run_jobs
+from probes.analyses.parallel import open_store
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, config_label
 from probes.data.dataset import ABSTAIN
 from probes.engine.generate import greedy_generate, stop_token_ids
-from probes.prompts.record import record_id
+from probes.reporting import plots
+from probes.reporting.markdown import markdown_table
+from probes.reporting.results import load_results
 from probes.scoring.claims import Claim, effect_claim
-from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean, paired_permutation_test
+from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean
 from probes.scoring.toolcalls import MODES, OUTCOMES, is_solved, mode_description, outcome, parse_reply
 
 MAX_NEW_TOKENS = 48
-PAIRED_STATUSES: tuple[str, ...] = ("both_solved", "only_basm", "only_padding", "both_failed")
-PAIRED_CONFIGS: tuple[str, str] = ("basm", "pad-procedure")
 CALLS_CONFIGS: tuple[str, ...] = ("base", "proc", "app", "basm", "pad-procedure")
 CLAIM_FAMILY = "calls"
 
@@ -148,85 +145,15 @@ def syntax_counts(rows: pd.DataFrame) -> pd.DataFrame:
     return frame.groupby(keys, sort=True).size().rename("replies").reset_index()
 
 
-def paired_status(basm_solved: bool, padding_solved: bool) -> str:
-    if basm_solved and padding_solved:
-        return "both_solved"
-    if basm_solved:
-        return "only_basm"
-    if padding_solved:
-        return "only_padding"
-    return "both_failed"
-
-
-def pair_rows(rows: pd.DataFrame, configs: tuple[str, str] = PAIRED_CONFIGS) -> list[dict[str, Any]]:
-    """One paired row per (item, k, format) present under both configurations: per configuration its
-    reply's call (``syntax``, ``template_format``, ``known_tool``) and per mode its outcome and
-    whether it solved the item; per mode the paired status."""
-    keys = ["item_id", "k", "format"]
-    sides = {_short(config): rows[rows["config"] == config].set_index(keys) for config in configs}
-    (first, a), (second, b) = sides.items()
-    out = []
-    for key in sorted(set(a.index) & set(b.index)):
-        ra, rb = a.loc[key], b.loc[key]
-        item_id, k, fmt = key
-        row = {"key": f"{item_id}|k{k}|{fmt}", "item_id": item_id, "k": int(k), "format": fmt,
-               "bucket": ra["bucket"], "domain": ra["domain"], "task_group": ra["task_group"],
-               "correct_action": ra["correct_action"], "identical_prompt": int(k) == 0}
-        for short, r in ((first, ra), (second, rb)):
-            row.update({f"{short}_{field}": r[field] for field in ("syntax", "template_format", "known_tool")})
-            for mode in MODES:
-                row[f"{short}_{mode}_outcome"] = r[f"{mode}_outcome"]
-                row[f"{short}_{mode}_solved"] = bool(r[f"{mode}_solved"])
-        for mode in MODES:
-            row[f"{mode}_status"] = paired_status(row[f"{first}_{mode}_solved"], row[f"{second}_{mode}_solved"])
-        out.append(row)
-    return out
-
-
-def _short(config: str) -> str:
-    return {"basm": "basm", "pad-procedure": "padding"}.get(config, config.replace("-", "_"))
-
-
-def paired_summary(paired: pd.DataFrame, *, resamples: int = 10000, seed: int = DEFAULT_SEED) -> pd.DataFrame:
-    """Per mode × format × k × bucket (and bucket "all"): status counts and shares, plus the paired
-    difference in solve rate (BASM − padding, mean of task-group means) with a two-sided sign-flip
-    permutation p over task groups."""
-    out = []
-    frames = pd.concat([paired, paired.assign(bucket="all")])
-    for (fmt, k, bucket), frame in frames.groupby(["format", "k", "bucket"], sort=True):
-        for mode in MODES:
-            counts = frame[f"{mode}_status"].value_counts()
-            row = {"mode": mode, "format": fmt, "k": int(k), "bucket": bucket, "n": len(frame),
-                   "n_groups": frame["task_group"].nunique()}
-            for status in PAIRED_STATUSES:
-                row[status] = int(counts.get(status, 0))
-                row[f"{status}_share"] = row[status] / len(frame)
-            a = frame[f"basm_{mode}_solved"].astype(float).to_numpy()
-            b = frame[f"padding_{mode}_solved"].astype(float).to_numpy()
-            if row["only_basm"] + row["only_padding"] and row["n_groups"] > 1:
-                diff, p = paired_permutation_test(a, b, frame["task_group"].tolist(), alternative="two-sided", resamples=resamples, seed=seed)
-            else:  # no discordant pair (the difference is 0) or one task group: nothing to test
-                diff, p = float(np.mean(a - b)), float("nan")
-            row.update(solve_difference=diff, p_value=p)
-            out.append(row)
-    return pd.DataFrame(out)
-
-
 # ------------------------------------------------------------------------------------- the analyses
 NAME = "calls"
 FIGURE = "fig11_call_rates"
-PAIRED_NAME = "paired"
-PAIRED_FIGURE = "fig12_paired_status"
 
 
-def calls_config(analysis: Any, configs: Sequence[str]) -> dict[str, Any]:
-    """The results-header configuration of a calls run (what the generations depend on)."""
-    return analysis.config(configs=list(configs), max_new_tokens=analysis.options.max_new_tokens, decoding="greedy",
-                           prompt="without forced prefix", margin_variant=None)
-
-
-def _canonical(value: Any) -> Any:
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+def calls_config(ctx: RunContext, configs: Sequence[str]) -> dict[str, Any]:
+    """The results-header configuration of a calls run (what the generations depend on; ``paired`` reads it too)."""
+    return ctx.config(configs=list(configs), max_new_tokens=ctx.options.max_new_tokens, decoding="greedy",
+                      prompt="without forced prefix", margin_variant=None)
 
 
 class _PromptMemo:
@@ -245,32 +172,26 @@ class _PromptMemo:
         return self.value
 
 
-def generate_rows(analysis: Any, store: Any, configs: Sequence[str], items: Sequence[Any] | None = None,
+def generate_rows(ctx: RunContext, store: Any, configs: Sequence[str], items: Sequence[Any] | None = None,
                   only_keys: set[str] | None = None) -> int:
     """Greedy calls of every (item, config, k) into ``store`` (resumable); returns jobs run.
     ``only_keys``: restrict to these row keys (``{record_id}|greedy``)."""
-    from probes.analyses.base import Job, run_jobs
-
-    items = analysis.items if items is None else items
-    session = analysis.session
+    items = ctx.items if items is None else items
+    session = ctx.session
     stop_ids = stop_token_ids(session.model, session.tokenizer)
     memo = _PromptMemo()
-    jobs = [Job(item, config, k, analysis.fmt, ("greedy",))
-            for item in items for k in range(analysis.options.k_max + 1) for config in configs]
+    jobs = [Job(item, config, k, ctx.fmt, ("greedy",))
+            for item in items for k in range(ctx.options.k_max + 1) for config in configs]
     if only_keys is not None:
         jobs = [job for job in jobs if set(job.keys()) <= only_keys]
 
     def scorer(record: dict[str, Any], job: Any) -> list[dict[str, Any]]:
-        new_ids, stopped, text = memo.generate(session, generation_prompt(record), stop_ids, analysis.options.max_new_tokens)
+        new_ids, stopped, text = memo.generate(session, generation_prompt(record), stop_ids, ctx.options.max_new_tokens)
         row = call_row(record, new_ids, stopped, text)
         row["condition"] = "greedy"
         return [row]
 
-    return run_jobs(analysis, store, jobs, scorer)
-
-
-def _configs_of(options: Any) -> list[str]:
-    return list(dict.fromkeys([*options.configs, *(CONTROL_CONFIGS if options.controls else ())]))
+    return run_jobs(ctx, store, jobs, scorer)
 
 
 def mode_note(fmt: str) -> str:
@@ -278,22 +199,9 @@ def mode_note(fmt: str) -> str:
     return " · ".join([*(f"{mode}: {mode_description(mode, [fmt])}" for mode in MODES), "abstain (both): no call of any syntax"])
 
 
-def _calls_note(analysis: Any, rows: pd.DataFrame) -> str:
-    cut = int((~rows["stopped"].astype(bool)).sum())
-    failures = " / ".join(f"{int((rows[f'{mode}_outcome'] == 'parse_failure').sum())} {mode}" for mode in MODES)
-    used = rows["syntax"].fillna("no call").value_counts()
-    syntaxes = ", ".join(f"{name} {count}" for name, count in used.items())
-    return (f"{_provenance(analysis)} · greedy, ≤ {analysis.options.max_new_tokens} new tokens, prompt without the forced prefix\n"
-            f"mean ± 95% bootstrap CI over task groups · correct call = the item's correct action "
-            f"(abstaining when that is correct)\nreplies by syntax: {syntaxes} · parse failures: {failures} of {len(rows)} · "
-            f"{cut} hit the token budget")
-
-
-def _provenance(analysis: Any) -> str:
-    """The shared provenance line without the margin variant (no margin is computed here)."""
-    from probes.analyses.base import provenance
-
-    return provenance(analysis).replace(f" · margin: {analysis.options.margin_variant}", "")
+def provenance_without_margin(ctx: RunContext) -> str:
+    """The shared provenance line without the margin variant (no margin is computed from calls)."""
+    return provenance(ctx).replace(f" · margin: {ctx.options.margin_variant}", "")
 
 
 SHOWN_RATES: tuple[str, ...] = ("wrong_call", "correct_call", "abstained", "unknown_tool", "parse_failure", "off_template_call")
@@ -317,10 +225,6 @@ def outcome_counts(rows: pd.DataFrame) -> pd.DataFrame:
     return table[[o for o in OUTCOMES if o in table.columns]].reset_index()
 
 
-def print_rates(rates: pd.DataFrame) -> None:
-    print(rate_table(rates).round(2).to_string(index=False))
-
-
 @dataclass
 class CallsSummary:
     rows: pd.DataFrame  # one generation per record
@@ -330,37 +234,16 @@ class CallsSummary:
     seed: int = DEFAULT_SEED
 
 
-def collect(analysis: Any) -> pd.DataFrame:
-    """Generate (resumably) every record's greedy call; returns the rows."""
-    from probes.analyses.parallel import open_store
-    from probes.reporting.results import load_results
-
-    configs = _configs_of(analysis.options)
-    store = open_store(analysis.out_dir / f"{NAME}.jsonl", NAME, calls_config(analysis, configs), overwrite=analysis.options.overwrite)
-    generate_rows(analysis, store, configs)
-    return load_results(store.path)
-
-
-def summarise(analysis: Any, rows: pd.DataFrame) -> CallsSummary:
-    seed = analysis.options.seed
-    return CallsSummary(rows, call_rates(rows, seed=seed), syntax_counts(rows), _calls_note(analysis, rows), seed)
-
-
-def figure(summary: CallsSummary, figures_dir: Path) -> list[Path]:
-    from probes.reporting import plots
-
-    plots.style()
-    return plots.save_figure(plots.fig11_call_rates(summary.rates, summary.note), figures_dir, FIGURE)
-
-
-def _cell(rates: pd.DataFrame, **where: Any) -> float:
+def value_at(rates: pd.DataFrame, **where: Any) -> float:
+    """The ``value`` of the first row matching ``where`` (NaN if none)."""
     sub = rates
     for column, value in where.items():
         sub = sub[sub[column] == value]
     return float(sub["value"].iloc[0]) if len(sub) else float("nan")
 
 
-def _deepest(rows: pd.DataFrame, bucket: str | None = None) -> int | None:
+def deepest_k(rows: pd.DataFrame, bucket: str | None = None) -> int | None:
+    """The largest k in ``rows`` (of ``bucket``), None when empty."""
     sub = rows if bucket is None else rows[rows["bucket"] == bucket]
     return int(sub["k"].max()) if len(sub) else None
 
@@ -375,174 +258,10 @@ def paired_differences(rows: pd.DataFrame, column: str, first: str, second: str)
     return (a.loc[both] - b.loc[both]).rename("difference").reset_index()
 
 
-def calls_claims(summary: CallsSummary) -> list[Claim]:
-    """Fig. 11's claim in each mode: on T_wrong at the deepest k, the wrong-call rate under BASM is
-    below Proc. Skill, paired by item (per-item differences, task groups as units)."""
-    rows = summary.rows
-    k = _deepest(rows, "T_wrong")
-    configs = set(rows["config"])
-    if k is None or not {"basm", "proc"} <= configs:
-        return []
-    deepest = rows[(rows["bucket"] == "T_wrong") & (rows["k"] == k)]
-    claims = []
-    for mode in MODES:
-        diff = paired_differences(deepest.assign(hit=rate_values(deepest, mode, "wrong_call")), "hit", "basm", "proc")
-        if not len(diff):
-            continue
-        claims.append(effect_claim(
-            CLAIM_FAMILY, f"{mode}_wrong_call_basm_below_proc_k{k}",
-            f"on T_wrong at k = {k}, the {mode} wrong-call rate under {config_label('basm')} is below {config_label('proc')} (paired by item)",
-            diff["difference"], diff["task_group"], alternative="less", unit="rate", seed=summary.seed,
-            note=f"{len(diff)} items; {mode}: {mode_description(mode, sorted(set(deepest['format'])))}"))
-    return claims
-
-
-def section(analysis: Any, summary: CallsSummary, paths: list[Path]) -> Any:
-    from probes.analyses.base import Comparison, ReportSection
-    from probes.reporting.markdown import markdown_table
-
-    rows, rates = summary.rows, summary.rates
-    k_max = int(rates["k"].max())
-    syntax = summary.syntax.groupby(["syntax", "shape", "template_format"], sort=True)["replies"].sum().reset_index()
-    body = (f"Greedy next action generated without the forced prefix (≤ {analysis.options.max_new_tokens} new tokens) and read "
-            f"by the tool-call parser in every syntax; {mode_note(analysis.fmt)}. Rates per bucket, configuration, mode and k "
-            f"(rates that are zero everywhere left out; all of them, with CIs, in `calls_summary.csv`).\n\n"
-            f"{markdown_table(rate_table(rates))}\n\nOutcome counts:\n\n"
-            f"{markdown_table(outcome_counts(rows))}\n\nReplies by call syntax (the reply's first call; `none`: no call attempt; "
-            f"per configuration and k in `calls_syntax.csv`):\n\n{markdown_table(syntax)}")
-    comparisons = [Comparison(f"Fig. 11: T_wrong {mode} wrong-call rate, {label} (k = {k_max}; paper: qualitative)",
-                              _cell(rates, bucket="T_wrong", config=config, k=k_max, rate="wrong_call", mode=mode), None, "rate")
-                   for mode in MODES for config, label in (("proc", "Proc. Skill"), ("basm", "BASM"))]
-    return ReportSection(NAME, "Fig. 11 — recall-depth call rates (`calls`)", paths, body, comparisons, summary)
-
-
-# ------------------------------------------------------------------------------------- paired
-def _reusable_calls(path: Path, expected: Mapping[str, Any]) -> pd.DataFrame | None:
-    """Rows (of the wanted configs) of an existing calls file written with the same settings."""
-    from probes.reporting.results import load_results, read_meta
-
-    if not path.is_file() or path.stat().st_size == 0:
-        return None
-    meta = read_meta(path)
-    theirs = dict(meta.get("config", {}))
-    mine = _canonical(dict(expected))
-    if meta.get("analysis") != NAME or not set(mine["configs"]) & set(theirs.get("configs", [])):
-        return None
-    theirs.pop("configs", None)
-    mine.pop("configs", None)
-    if theirs != mine:
-        return None
-    rows = load_results(path)
-    return rows[rows["config"].isin(expected["configs"])] if len(rows) else None
-
-
-def collect_paired_calls(analysis: Any) -> tuple[pd.DataFrame, str]:
-    """Calls of BASM and procedure padding on the run's items and k: reused from a matching calls
-    file where present, generated (resumably, into OUT/paired_calls.jsonl) only where missing."""
-    from probes.analyses.parallel import open_store
-    from probes.reporting.results import load_results
-
-    configs = list(PAIRED_CONFIGS)
-    expected = calls_config(analysis, configs)
-    source = analysis.options.calls or analysis.out_dir / f"{NAME}.jsonl"
-    reused = _reusable_calls(Path(source), expected)
-    wanted = {f"{record_id(item.id, config, k, analysis.fmt)}|greedy" for item in analysis.items
-              for k in range(analysis.options.k_max + 1) for config in configs}
-    have = set(reused["key"]) & wanted if reused is not None else set()
-    frames = [reused[reused["key"].isin(wanted)]] if have else []
-    missing = wanted - have
-    if missing:
-        store = open_store(analysis.out_dir / "paired_calls.jsonl", NAME, expected, overwrite=analysis.options.overwrite)
-        ran = generate_rows(analysis, store, configs, only_keys=missing)
-        generated = load_results(store.path)
-        if len(generated):
-            frames.append(generated[generated["key"].isin(missing)])
-    how = (f"reused {len(have)} generations from {Path(source).name}" if have else "no reusable calls file") + (
-        f"; {len(missing)} from paired_calls.jsonl ({ran} generated in this run)" if missing else "")
-    return pd.concat(frames, ignore_index=True), how
-
-
-@dataclass
-class PairedSummary:
-    paired: pd.DataFrame  # one row per (item, k): the status of BASM vs procedure padding in each mode
-    table: pd.DataFrame  # counts, solve difference and p per mode, format, k and bucket
-    how: str  # where the generations came from
-    note: str
-    seed: int = DEFAULT_SEED
-
-
-def collect_paired(analysis: Any) -> pd.DataFrame:
-    """Paired rows (``paired.jsonl``) from the calls of BASM and procedure padding, and where they came from."""
-    from probes.analyses.parallel import on_rank_zero
-    from probes.reporting.results import ResultsStore, load_results
-
-    calls, how = collect_paired_calls(analysis)
-    path = analysis.out_dir / f"{PAIRED_NAME}.jsonl"
-
-    def write() -> None:  # derived from the calls every rank holds: rank 0 alone writes it
-        store = ResultsStore(path, PAIRED_NAME, calls_config(analysis, PAIRED_CONFIGS), overwrite=analysis.options.overwrite)
-        store.append([row for row in pair_rows(calls) if row["key"] not in store])
-
-    on_rank_zero(write)
-    paired = load_results(path)
-    paired.attrs["how"] = how
-    return paired
-
-
-def summarise_paired(analysis: Any, paired: pd.DataFrame) -> PairedSummary:
-    how = paired.attrs.get("how", "")
-    note = (f"{_provenance(analysis)} · greedy calls ({how})\nsolved = the action is the item's "
-            f"correct action · Δ = solve rate BASM − procedure padding (mean of task-group means), p: two-sided sign-flip "
-            f"permutation test over task groups · k = 0 omitted (both configurations render the identical memory-free prompt)")
-    seed = analysis.options.seed
-    return PairedSummary(paired, paired_summary(paired, seed=seed), how, note, seed)
-
-
-def paired_claims(summary: PairedSummary) -> list[Claim]:
-    """Fig. 12's claim in each mode: at the deepest k, over all buckets, BASM solves more items than
-    procedure padding (per-item differences of solved, task groups as units)."""
-    paired = summary.paired
-    k = _deepest(paired)
-    if not k:  # k = 0 renders identical prompts: nothing to compare
-        return []
-    deepest = paired[paired["k"] == k]
-    return [effect_claim(
-        CLAIM_FAMILY, f"{mode}_paired_basm_above_padding_k{k}",
-        f"at k = {k}, over all buckets, BASM solves more items than procedure padding ({mode}; paired by item)",
-        deepest[f"basm_{mode}_solved"].astype(float) - deepest[f"padding_{mode}_solved"].astype(float), deepest["task_group"],
-        alternative="greater", unit="rate", seed=summary.seed,
-        note=f"{len(deepest)} items; {mode}: {mode_description(mode, sorted(set(deepest['format'])))}") for mode in MODES]
-
-
-def paired_figure(summary: PairedSummary, figures_dir: Path) -> list[Path]:
-    from probes.reporting import plots
-
-    plots.style()
-    return plots.save_figure(plots.fig12_paired_status(summary.table, summary.note), figures_dir, PAIRED_FIGURE)
-
-
-def paired_section(analysis: Any, paired_summary_: PairedSummary, paths: list[Path]) -> Any:
-    from probes.analyses.base import Comparison, ReportSection
-    from probes.reporting.markdown import markdown_table
-
-    summary, how = paired_summary_.table, paired_summary_.how
-    shown = summary[summary["k"] > 0][["mode", "k", "bucket", "n", *PAIRED_STATUSES, "solve_difference", "p_value"]]
-    body = (f"BASM vs procedure padding (equal token count) on the same items and k; solved = the action is the item's correct "
-            f"action; {mode_note(analysis.fmt)} ({how}).\n\n{markdown_table(shown)}")
-    k_max = int(summary["k"].max())
-    comparisons = [Comparison(f"Fig. 12: {mode} solve rate BASM − padding, all buckets (k = {k_max}; paper: BASM ≈ padding on BFCL, "
-                              f"slightly ahead on AppWorld)",
-                              _cell(summary.rename(columns={"solve_difference": "value"}), bucket="all", k=k_max, mode=mode), None, "rate")
-                   for mode in MODES]
-    return ReportSection(PAIRED_NAME, "Fig. 12 — equal-token paired status (`paired`)", paths, body, comparisons, paired_summary_)
-
-
+@register("calls", order=70)
 @dataclass(kw_only=True)
 class Calls(Analysis):
     """Fig. 11: greedy next-action calls per k, read in every call syntax; strict and lenient rates."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Fig. 11: greedy next-action calls per k, read in every call syntax; strict and lenient call rates."
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     configs: tuple[str, ...] = option(CALLS_CONFIGS, f"comma-separated memory configurations (default: {','.join(CALLS_CONFIGS)}; "
@@ -551,24 +270,68 @@ class Calls(Analysis):
     max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        return collect(ctx)
+        """Generate (resumably) every record's greedy call; returns the rows."""
+        configs = list(dict.fromkeys([*self.configs, *(CONTROL_CONFIGS if self.controls else ())]))
+        store = open_store(ctx.out_dir / f"{NAME}.jsonl", NAME, calls_config(ctx, configs), overwrite=ctx.options.overwrite)
+        generate_rows(ctx, store, configs)
+        return load_results(store.path)
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> CallsSummary:
-        return summarise(ctx, rows)
+        cut = int((~rows["stopped"].astype(bool)).sum())
+        failures = " / ".join(f"{int((rows[f'{mode}_outcome'] == 'parse_failure').sum())} {mode}" for mode in MODES)
+        used = rows["syntax"].fillna("no call").value_counts()
+        syntaxes = ", ".join(f"{name} {count}" for name, count in used.items())
+        note = (f"{provenance_without_margin(ctx)} · greedy, ≤ {ctx.options.max_new_tokens} new tokens, prompt without the forced prefix\n"
+                f"mean ± 95% bootstrap CI over task groups · correct call = the item's correct action "
+                f"(abstaining when that is correct)\nreplies by syntax: {syntaxes} · parse failures: {failures} of {len(rows)} · "
+                f"{cut} hit the token budget")
+        seed = ctx.options.seed
+        return CallsSummary(rows, call_rates(rows, seed=seed), syntax_counts(rows), note, seed)
 
     def tables(self, summary: CallsSummary) -> dict[str, pd.DataFrame]:
         return {f"{NAME}_summary": summary.rates, f"{NAME}_syntax": summary.syntax}
 
     def figures(self, summary: CallsSummary, out_dir: Path) -> list[Path]:
-        return figure(summary, out_dir)
+        plots.style()
+        return plots.save_figure(plots.fig11_call_rates(summary.rates, summary.note), out_dir, FIGURE)
 
-    def section(self, ctx: RunContext, summary: CallsSummary, figures: list[Path]) -> Any:
-        return section(ctx, summary, figures)
+    def section(self, ctx: RunContext, summary: CallsSummary, figures: list[Path]) -> ReportSection:
+        rows, rates = summary.rows, summary.rates
+        k_max = int(rates["k"].max())
+        syntax = summary.syntax.groupby(["syntax", "shape", "template_format"], sort=True)["replies"].sum().reset_index()
+        body = (f"Greedy next action generated without the forced prefix (≤ {ctx.options.max_new_tokens} new tokens) and read "
+                f"by the tool-call parser in every syntax; {mode_note(ctx.fmt)}. Rates per bucket, configuration, mode and k "
+                f"(rates that are zero everywhere left out; all of them, with CIs, in `calls_summary.csv`).\n\n"
+                f"{markdown_table(rate_table(rates))}\n\nOutcome counts:\n\n"
+                f"{markdown_table(outcome_counts(rows))}\n\nReplies by call syntax (the reply's first call; `none`: no call attempt; "
+                f"per configuration and k in `calls_syntax.csv`):\n\n{markdown_table(syntax)}")
+        comparisons = [Comparison(f"Fig. 11: T_wrong {mode} wrong-call rate, {label} (k = {k_max}; paper: qualitative)",
+                                  value_at(rates, bucket="T_wrong", config=config, k=k_max, rate="wrong_call", mode=mode), None, "rate")
+                       for mode in MODES for config, label in (("proc", "Proc. Skill"), ("basm", "BASM"))]
+        return ReportSection(NAME, "Fig. 11 — recall-depth call rates (`calls`)", figures, body, comparisons, summary)
 
     def claims(self, summary: CallsSummary) -> list[Claim]:
-        return calls_claims(summary)
+        """Fig. 11's claim in each mode: on T_wrong at the deepest k, the wrong-call rate under BASM is
+        below Proc. Skill, paired by item (per-item differences, task groups as units)."""
+        rows = summary.rows
+        k = deepest_k(rows, "T_wrong")
+        configs = set(rows["config"])
+        if k is None or not {"basm", "proc"} <= configs:
+            return []
+        deepest = rows[(rows["bucket"] == "T_wrong") & (rows["k"] == k)]
+        claims = []
+        for mode in MODES:
+            diff = paired_differences(deepest.assign(hit=rate_values(deepest, mode, "wrong_call")), "hit", "basm", "proc")
+            if not len(diff):
+                continue
+            claims.append(effect_claim(
+                CLAIM_FAMILY, f"{mode}_wrong_call_basm_below_proc_k{k}",
+                f"on T_wrong at k = {k}, the {mode} wrong-call rate under {config_label('basm')} is below {config_label('proc')} (paired by item)",
+                diff["difference"], diff["task_group"], alternative="less", unit="rate", seed=summary.seed,
+                note=f"{len(diff)} items; {mode}: {mode_description(mode, sorted(set(deepest['format'])))}"))
+        return claims
 
     def print_summary(self, summary: CallsSummary) -> None:
-        print_rates(summary.rates)
+        print(rate_table(summary.rates).round(2).to_string(index=False))
         print(outcome_counts(summary.rows).to_string(index=False))
         print(summary.syntax.groupby(["syntax", "shape", "template_format"])["replies"].sum().to_string())

@@ -40,11 +40,12 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from probes.analyses import register
 from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.analyses.ratios import head_alphas
 from probes.data.dataset import ABSTAIN, Item, spread_limit
@@ -79,15 +80,6 @@ def depth(options: Any) -> int:
     return options.k if options.k is not None else options.k_max
 
 
-def collect_attention(analysis: RunContext) -> pd.DataFrame:
-    k = depth(analysis.options)
-    jobs = [Job(item, "basm", k, analysis.fmt, ("baseline",)) for item in analysis.items]
-    store = analysis.store(k=k)
-    run_jobs(analysis, store, jobs, cached_scorer(analysis, lambda record, job: (), per_head=True, margins=()))
-    return load_results(store.path)
-
-
-# ----------------------------------------------------------------------------- split
 def split_groups(groups: Iterable[str]) -> tuple[set[str], set[str]]:
     """Task groups for ranking heads (even positions in sorted order) and for testing them (odd)."""
     ordered = sorted(set(groups))
@@ -294,7 +286,7 @@ def select_heads(rank_rows: pd.DataFrame, *, min_span_mass: float, top: int, dra
 
 
 # ----------------------------------------------------------------------------- causal check
-def collect_causal(analysis: RunContext, sets: Mapping[str, Sequence[Head]], *, items: Sequence[Item], name: str = f"{NAME}_causal",
+def collect_causal(ctx: RunContext, sets: Mapping[str, Sequence[Head]], *, items: Sequence[Item], name: str = f"{NAME}_causal",
                    **header: Any) -> pd.DataFrame:
     """Boundary knockout in each head set on ``items`` (:func:`tested_items`), rows in ``{name}.jsonl``
     (``header``: more of its recorded configuration). Sets with the same heads share one condition;
@@ -302,7 +294,7 @@ def collect_causal(analysis: RunContext, sets: Mapping[str, Sequence[Head]], *, 
     (``selection`` "baseline"). All rows carry ``half`` = "test"."""
     if not items:
         raise AnalysisError("heads causal check: no tool-correct T_wrong item in the test half")
-    k = depth(analysis.options)
+    k = depth(ctx.options)
     distinct = list(dict.fromkeys(tuple(sorted(heads)) for heads in sets.values()))
     conditions = {heads: f"heads_{i}" for i, heads in enumerate(distinct)}
 
@@ -311,8 +303,8 @@ def collect_causal(analysis: RunContext, sets: Mapping[str, Sequence[Head]], *, 
         return [Knockout.from_spans(condition, blocks, heads=heads) for heads, condition in conditions.items()]
 
     selections = {set_name: conditions[tuple(sorted(heads))] for set_name, heads in sets.items()}
-    causal = replace(analysis, name=name, items=tuple(items), _score_cache={})
-    jobs = [Job(item, "basm", k, analysis.fmt, ("baseline", *conditions.values())) for item in items]
+    causal = replace(ctx, name=name, items=tuple(items), _score_cache={})
+    jobs = [Job(item, "basm", k, ctx.fmt, ("baseline", *conditions.values())) for item in items]
     store = causal.store(k=k, test_groups=sorted({item.task_group for item in items}), selections=selections,
                          head_sets={condition: [list(h) for h in heads] for heads, condition in conditions.items()}, **header)
     run_jobs(causal, store, jobs, cached_scorer(causal, knockouts, margins=("margin",)))
@@ -485,7 +477,7 @@ def select_floor(ctx: RunContext, floors: Sequence[float]) -> FloorChoice:
                         skipped=skipped, _score_cache={})
     described = (f"the train split outside this run's task groups: ranked on {len(rank_groups)} task groups "
                  f"({len(floor_ctx.items)} items), tested on {len(test_groups)}")
-    rank_rows = collect_attention(floor_ctx)
+    rank_rows = options.collect(floor_ctx)  # the run's own attention rows, on the floor's train items
     if reason := unrankable(rank_rows):
         return FloorChoice(None, "train", pd.DataFrame(columns=FLOOR_COLUMNS), f"floor not chosen on {described}: {reason}")
     selections = [select_heads(rank_rows, min_span_mass=f, top=a.top_n, draws=a.random_draws, seed=a.seed) for f in floors]
@@ -550,123 +542,21 @@ class HeadsSummary:
     messages: list[str]  # what a reader must know about this run (floor, split, exclusions, skipped checks, planted heads)
 
 
-def draw_figures(summary: HeadsSummary, out_dir: Path, k: int) -> list[Path]:
-    plots.style()
-    title = f"BASM, {plots.bucket_label('T_wrong')}, k = {k}: log2(boundary / procedure attention)"
-    paths = plots.save_figure(plots.fig08_head_heatmap(summary.heatmap, summary.note, title), out_dir, FIGURES[0])
-    shown = summary.causal[~summary.causal["selection"].str.contains("#| − ", regex=True)] if len(summary.causal) else summary.causal
-    paths += plots.save_figure(plots.fig09_candidate_heads(summary.ranking, shown, summary.top, summary.note, floor=summary.floor.label,
-                                                           match_tolerance=MATCH_TOLERANCE), out_dir, FIGURES[1])
-    return paths
-
-
-def compute(analysis: RunContext, rows: pd.DataFrame | None = None) -> HeadsSummary:
-    """Map (all items); the floor (:func:`select_floor`); ranking (ranking half) at that floor;
-    then (unless ``--no-causal``) the knockout check on the test half, at that floor and, for the
-    descriptive sensitivity table, at every candidate floor."""
-    a = analysis.options
-    rows, rank_groups, test_groups = with_halves(collect_attention(analysis) if rows is None else rows)
-    rank_rows = rows[rows["half"] == "rank"]
-    if reason := unrankable(rank_rows):  # before the train rows are collected for a floor this run could not use
-        raise AnalysisError(f"head ranking: {reason}")
-    floors = sorted({*SENSITIVITY_FLOORS, a.min_span_mass})
-    choice = select_floor(analysis, floors)
-    floor = a.min_span_mass if choice.floor is None else choice.floor
-    selections = {f: select_heads(rank_rows, min_span_mass=f, top=a.top_n, draws=a.random_draws, seed=a.seed) for f in floors}
-    chosen = selections[floor]
-    rank = chosen.ranking.iloc[0]
-    unspanned = rank_rows.loc[(rank_rows["boundary_size"] == 0) | (rank_rows["procedure_size"] == 0), "item_id"].nunique()
-    tested, excluded = tested_items(analysis.items, test_groups)
-    messages = [choice.how + ("" if choice.floor is not None else f"; the ranking is shown at --min-span-mass {floor:g}, untested"),
-                f"ranking half: {len(rank_groups)} task groups ({rank_rows['item_id'].nunique()} items); ranked on {rank.n_ok} T_ok and "
-                f"{rank.n_wrong} tool-correct T_wrong items that show both spans; {rank.n_abstain} abstention-correct T_wrong items shown "
-                f"apart (log2_wrong_abstain), not ranked on; {unspanned} items show no boundary or no procedure span and are not used",
-                f"test half: {len(test_groups)} task groups; {len(tested)} tool-correct T_wrong items; {len(excluded)} abstention-correct "
-                f"T_wrong items excluded ({ABSTAIN_REASON})"]
-    if chosen.note:
-        messages.append(f"span mass ≥ {floor:g}: {chosen.note}")
-    skipped = ("--no-causal" if not a.causal else "" if tested
-               else "no tool-correct T_wrong item in the test half (the split needs items of ≥ 2 task groups)")
-    causal_rows, causal, diffs = None, pd.DataFrame(), None
-    if skipped:
-        messages.append(f"causal check not run: {skipped}")
-    else:
-        causal_rows = collect_causal(analysis, floor_sets(selections.values()), items=tested, excluded_abstain=list(excluded),
-                                     floor=choice.floor, floor_from=a.floor_from)
-        if choice.floor is None:
-            messages.append("no causal result at a chosen floor: the sensitivity table below is descriptive only")
-        elif chosen.sets:
-            causal = causal_table(floor_rows(causal_rows, floor), chosen, excluded=len(excluded), seed=a.seed)
-            diffs = differences(record_margins(floor_rows(causal_rows, floor), list(chosen.sets))[0], chosen)
-            if no_boundary := int(causal["n_no_boundary"].iloc[0]):
-                messages.append(f"{no_boundary} tested records show no boundary span (nothing to knock out) and are left out")
-            if undefined := int(causal["n_undefined"].iloc[0]):
-                messages.append(f"{undefined} tested records have an undefined margin under some head set and are left out")
-    sensitivity = floor_table(list(selections.values()), causal_rows, top=a.top_n, excluded=len(excluded), seed=a.seed, skipped=skipped)
-    sensitivity["chosen"] = sensitivity["floor"] == choice.floor
-    planted = planted_heads(analysis.model_path)
-    if planted is not None:
-        messages.append(planted_text(planted, chosen))
-    return HeadsSummary(log2_map(rows, "T_wrong"), chosen.ranking, causal, sensitivity, choice, chosen, diffs, rows, causal_rows,
-                        a.top_n, a.seed, heads_note(analysis, chosen, choice), messages)
-
-
-def heads_note(analysis: RunContext, chosen: Selection, choice: FloorChoice) -> str:
-    a = analysis.options
-    return (f"{provenance(analysis)}\nper head: log2((ᾱ_B + ε)/(ᾱ_P + ε)), ᾱ averaged over items (ratio of means), ε = {EPSILON:g} · "
+def heads_note(ctx: RunContext, chosen: Selection, choice: FloorChoice) -> str:
+    a = ctx.options
+    return (f"{provenance(ctx)}\nper head: log2((ᾱ_B + ε)/(ᾱ_P + ε)), ᾱ averaged over items (ratio of means), ε = {EPSILON:g} · "
             f"ranked on half of the task groups (T_ok and tool-correct T_wrong items): heads with attention mass ≥ the floor on B ∪ P "
             f"in both buckets (floor {choice.label}) · causal, other half: Δ wrong-tool margin, boundary knockout in the top-{len(chosen.top)} "
             f"heads vs {a.random_draws} sets of floor-passing non-top heads drawn by B mass (each among the {chosen.pool} nearest), pooled")
 
 
-def claims(summary: HeadsSummary) -> list[Claim]:
-    """Fig. 9's claim: the top-N heads' boundary knockout moves the T_wrong margin more than matched random heads'."""
-    if summary.differences is None or not len(summary.differences):
-        return []
-    sel, d = summary.selection, summary.differences
-    n = len(sel.top)
-    top_mass, random_mass = summary.causal["b_mass"].iloc[0], summary.causal["b_mass"].iloc[-2]
-    matched = "matched on B mass" if sel.match else f"drawn by B mass (weak match: mean B mass {random_mass:.3g} vs top {top_mass:.3g})"
-    statement = (f"knocking out boundary attention in the top-{n} heads (ranked by the T_ok → T_wrong shift on half of the task groups; "
-                 f"floor {summary.floor.label}) raises the T_wrong wrong-tool margin more than in {n} random floor-passing heads "
-                 f"{matched}, on the other half")
-    left_out = summary.causal.iloc[0]
-    note = (f"{len(sel.random_names)} random sets, mean per record; {left_out.n_abstain_excluded} abstention-correct T_wrong items "
-            f"excluded; {left_out.n_no_boundary} records without a boundary span and {left_out.n_undefined} with an undefined margin left out")
-    return [effect_claim("heads", f"top-{n}>random-{n}", statement, d["value"].to_numpy(float), d["task_group"].to_numpy(),
-                         seed=summary.seed, note=note)]
-
-
 SHOWN_RANKING = ["layer", "head", "log2_ok", "log2_wrong", "shift", "log2_wrong_abstain", "span_mass", "b_mass", "ranked"]
 
 
-def section(analysis: RunContext, summary: HeadsSummary, paths: list[Path]) -> ReportSection:
-    rank = summary.ranking.iloc[0]
-    body = (f"Floor: {summary.floor.how}.\n\nHeads ranked on the ranking half ({rank.n_groups} task groups: {rank.n_ok} T_ok and "
-            f"{rank.n_wrong} tool-correct T_wrong items; {rank.n_abstain} abstention-correct T_wrong items shown apart) by the "
-            f"T_ok → T_wrong increase of log2(boundary/procedure attention) (BASM, k = {depth(analysis.options)}; floor "
-            f"{summary.floor.label}):\n\n{markdown_table(summary.ranking[SHOWN_RANKING].head(10))}")
-    if len(summary.causal):
-        matched = "matched on B mass" if summary.selection.match else "drawn by B mass, **weak match** (see b_mass)"
-        body += ("\n\nCausal check on the test half's tool-correct T_wrong items (Δ wrong-tool margin, boundary knockout in these heads "
-                 f"only; random sets of floor-passing heads {matched}):\n\n{markdown_table(summary.causal)}")
-    if len(summary.floor.table):
-        body += ("\n\nChoice of the floor on the train split (Δm(top) − Δm(random) on the train test half; the chosen row was "
-                 f"picked by the rule: {FLOOR_RULE}):\n\n{markdown_table(summary.floor.table)}")
-    body += ("\n\nSensitivity to the floor on this run (descriptive: not used to choose the floor): value = Δm(top) − Δm(random), "
-             f"mean over test-half task groups with its 95% CI:\n\n{markdown_table(summary.sensitivity)}")
-    body += "".join(f"\n\n- {m}" for m in summary.messages)
-    comparisons = [Comparison(f"Fig. 9: Δm, boundary knockout in {r.selection} heads", float(r.value), None)
-                   for r in summary.causal.itertuples() if "#" not in r.selection]
-    return ReportSection(NAME, "Figs. 8/9 — boundary heads (`heads`)", paths, body, comparisons, summary)
-
-
+@register("heads", order=50)
 @dataclass(kw_only=True)
 class Heads(Analysis):
     """Figs. 8/9: per-head log2(boundary/procedure) attention, a split-half head ranking and its causal check."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Figs. 8/9: per-head log2(boundary/procedure) attention, head ranking and its causal check."
 
     buckets: tuple[str, ...] | None = option(("T_ok", "T_wrong"), "keep only these buckets", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
@@ -683,23 +573,115 @@ class Heads(Analysis):
                           type=bool, flag="--no-causal")
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        return collect_attention(ctx)
+        k = depth(ctx.options)
+        jobs = [Job(item, "basm", k, ctx.fmt, ("baseline",)) for item in ctx.items]
+        store = ctx.store(k=k)
+        run_jobs(ctx, store, jobs, cached_scorer(ctx, lambda record, job: (), per_head=True, margins=()))
+        return load_results(store.path)
+
+
+    # ----------------------------------------------------------------------------- split
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> HeadsSummary:
-        return compute(ctx, rows)
+        """Map (all items); the floor (:func:`select_floor`); ranking (ranking half) at that floor;
+        then (unless ``--no-causal``) the knockout check on the test half, at that floor and, for the
+        descriptive sensitivity table, at every candidate floor."""
+        a = ctx.options
+        rows, rank_groups, test_groups = with_halves(rows)
+        rank_rows = rows[rows["half"] == "rank"]
+        if reason := unrankable(rank_rows):  # before the train rows are collected for a floor this run could not use
+            raise AnalysisError(f"head ranking: {reason}")
+        floors = sorted({*SENSITIVITY_FLOORS, a.min_span_mass})
+        choice = select_floor(ctx, floors)
+        floor = a.min_span_mass if choice.floor is None else choice.floor
+        selections = {f: select_heads(rank_rows, min_span_mass=f, top=a.top_n, draws=a.random_draws, seed=a.seed) for f in floors}
+        chosen = selections[floor]
+        rank = chosen.ranking.iloc[0]
+        unspanned = rank_rows.loc[(rank_rows["boundary_size"] == 0) | (rank_rows["procedure_size"] == 0), "item_id"].nunique()
+        tested, excluded = tested_items(ctx.items, test_groups)
+        messages = [choice.how + ("" if choice.floor is not None else f"; the ranking is shown at --min-span-mass {floor:g}, untested"),
+                    f"ranking half: {len(rank_groups)} task groups ({rank_rows['item_id'].nunique()} items); ranked on {rank.n_ok} T_ok and "
+                    f"{rank.n_wrong} tool-correct T_wrong items that show both spans; {rank.n_abstain} abstention-correct T_wrong items shown "
+                    f"apart (log2_wrong_abstain), not ranked on; {unspanned} items show no boundary or no procedure span and are not used",
+                    f"test half: {len(test_groups)} task groups; {len(tested)} tool-correct T_wrong items; {len(excluded)} abstention-correct "
+                    f"T_wrong items excluded ({ABSTAIN_REASON})"]
+        if chosen.note:
+            messages.append(f"span mass ≥ {floor:g}: {chosen.note}")
+        skipped = ("--no-causal" if not a.causal else "" if tested
+                   else "no tool-correct T_wrong item in the test half (the split needs items of ≥ 2 task groups)")
+        causal_rows, causal, diffs = None, pd.DataFrame(), None
+        if skipped:
+            messages.append(f"causal check not run: {skipped}")
+        else:
+            causal_rows = collect_causal(ctx, floor_sets(selections.values()), items=tested, excluded_abstain=list(excluded),
+                                         floor=choice.floor, floor_from=a.floor_from)
+            if choice.floor is None:
+                messages.append("no causal result at a chosen floor: the sensitivity table below is descriptive only")
+            elif chosen.sets:
+                causal = causal_table(floor_rows(causal_rows, floor), chosen, excluded=len(excluded), seed=a.seed)
+                diffs = differences(record_margins(floor_rows(causal_rows, floor), list(chosen.sets))[0], chosen)
+                if no_boundary := int(causal["n_no_boundary"].iloc[0]):
+                    messages.append(f"{no_boundary} tested records show no boundary span (nothing to knock out) and are left out")
+                if undefined := int(causal["n_undefined"].iloc[0]):
+                    messages.append(f"{undefined} tested records have an undefined margin under some head set and are left out")
+        sensitivity = floor_table(list(selections.values()), causal_rows, top=a.top_n, excluded=len(excluded), seed=a.seed, skipped=skipped)
+        sensitivity["chosen"] = sensitivity["floor"] == choice.floor
+        planted = planted_heads(ctx.model_path)
+        if planted is not None:
+            messages.append(planted_text(planted, chosen))
+        return HeadsSummary(log2_map(rows, "T_wrong"), chosen.ranking, causal, sensitivity, choice, chosen, diffs, rows, causal_rows,
+                            a.top_n, a.seed, heads_note(ctx, chosen, choice), messages)
 
     def tables(self, summary: HeadsSummary) -> dict[str, pd.DataFrame]:
         return {f"{NAME}_ranking": summary.ranking, f"{NAME}_causal_summary": summary.causal,
                 f"{NAME}_floor_selection": summary.floor.table, f"{NAME}_sensitivity": summary.sensitivity}
 
     def figures(self, summary: HeadsSummary, out_dir: Path) -> list[Path]:
-        return draw_figures(summary, out_dir, depth(self.resolved()))
+        plots.style()
+        k = depth(self.resolved())
+        title = f"BASM, {plots.bucket_label('T_wrong')}, k = {k}: log2(boundary / procedure attention)"
+        paths = plots.save_figure(plots.fig08_head_heatmap(summary.heatmap, summary.note, title), out_dir, FIGURES[0])
+        shown = summary.causal[~summary.causal["selection"].str.contains("#| − ", regex=True)] if len(summary.causal) else summary.causal
+        paths += plots.save_figure(plots.fig09_candidate_heads(summary.ranking, shown, summary.top, summary.note, floor=summary.floor.label,
+                                                               match_tolerance=MATCH_TOLERANCE), out_dir, FIGURES[1])
+        return paths
 
     def section(self, ctx: RunContext, summary: HeadsSummary, figures: list[Path]) -> ReportSection:
-        return section(ctx, summary, figures)
+        rank = summary.ranking.iloc[0]
+        body = (f"Floor: {summary.floor.how}.\n\nHeads ranked on the ranking half ({rank.n_groups} task groups: {rank.n_ok} T_ok and "
+                f"{rank.n_wrong} tool-correct T_wrong items; {rank.n_abstain} abstention-correct T_wrong items shown apart) by the "
+                f"T_ok → T_wrong increase of log2(boundary/procedure attention) (BASM, k = {depth(ctx.options)}; floor "
+                f"{summary.floor.label}):\n\n{markdown_table(summary.ranking[SHOWN_RANKING].head(10))}")
+        if len(summary.causal):
+            matched = "matched on B mass" if summary.selection.match else "drawn by B mass, **weak match** (see b_mass)"
+            body += ("\n\nCausal check on the test half's tool-correct T_wrong items (Δ wrong-tool margin, boundary knockout in these heads "
+                     f"only; random sets of floor-passing heads {matched}):\n\n{markdown_table(summary.causal)}")
+        if len(summary.floor.table):
+            body += ("\n\nChoice of the floor on the train split (Δm(top) − Δm(random) on the train test half; the chosen row was "
+                     f"picked by the rule: {FLOOR_RULE}):\n\n{markdown_table(summary.floor.table)}")
+        body += ("\n\nSensitivity to the floor on this run (descriptive: not used to choose the floor): value = Δm(top) − Δm(random), "
+                 f"mean over test-half task groups with its 95% CI:\n\n{markdown_table(summary.sensitivity)}")
+        body += "".join(f"\n\n- {m}" for m in summary.messages)
+        comparisons = [Comparison(f"Fig. 9: Δm, boundary knockout in {r.selection} heads", float(r.value), None)
+                       for r in summary.causal.itertuples() if "#" not in r.selection]
+        return ReportSection(NAME, "Figs. 8/9 — boundary heads (`heads`)", figures, body, comparisons, summary)
 
     def claims(self, summary: HeadsSummary) -> list[Claim]:
-        return claims(summary)
+        """Fig. 9's claim: the top-N heads' boundary knockout moves the T_wrong margin more than matched random heads'."""
+        if summary.differences is None or not len(summary.differences):
+            return []
+        sel, d = summary.selection, summary.differences
+        n = len(sel.top)
+        top_mass, random_mass = summary.causal["b_mass"].iloc[0], summary.causal["b_mass"].iloc[-2]
+        matched = "matched on B mass" if sel.match else f"drawn by B mass (weak match: mean B mass {random_mass:.3g} vs top {top_mass:.3g})"
+        statement = (f"knocking out boundary attention in the top-{n} heads (ranked by the T_ok → T_wrong shift on half of the task groups; "
+                     f"floor {summary.floor.label}) raises the T_wrong wrong-tool margin more than in {n} random floor-passing heads "
+                     f"{matched}, on the other half")
+        left_out = summary.causal.iloc[0]
+        note = (f"{len(sel.random_names)} random sets, mean per record; {left_out.n_abstain_excluded} abstention-correct T_wrong items "
+                f"excluded; {left_out.n_no_boundary} records without a boundary span and {left_out.n_undefined} with an undefined margin left out")
+        return [effect_claim("heads", f"top-{n}>random-{n}", statement, d["value"].to_numpy(float), d["task_group"].to_numpy(),
+                             seed=summary.seed, note=note)]
 
     def print_summary(self, summary: HeadsSummary) -> None:
         print(summary.ranking[SHOWN_RANKING].head(10).round(3).to_string(index=False))

@@ -74,11 +74,12 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from probes.analyses import register
 from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.data.configs import PRIMING_CONFIGS
@@ -409,27 +410,6 @@ def knockout_scorer(ctx: RunContext, windows: Sequence[Sequence[int]]):
     return scorer
 
 
-def collect(ctx: RunContext) -> pd.DataFrame:
-    a = ctx.options
-    k = a.k if a.k is not None else a.k_max
-    windows = layer_windows(ctx.session.n_layers, a.layer_window) if a.layer_window else []
-    names = condition_names(a.random_draws, windows, a.controls)
-    jobs = []
-    for item in ctx.items:
-        jobs += [Job(item, config, k, ctx.fmt, names) for config in knocked_configs(a.priming)]
-        if item.bucket == "T_wrong":  # the Proc. Skill reference of the gap
-            jobs.append(Job(item, "proc", k, ctx.fmt, ("baseline",)))
-    store = ctx.store(k=k, knocked_configs=list(knocked_configs(a.priming)), random_draws=a.random_draws,
-                      layer_windows=[list(w) for w in windows], knockout_rows=a.knockout_rows, random_pool=a.random_pool,
-                      controls=list(a.controls), mass_tolerance=a.mass_tolerance,
-                      random_span="|B| positions of the pool, B's block lengths (split where no room)",
-                      count_matched="n = min(|B|, |pool|) scattered positions of B and of the pool",
-                      mass_matched="pool positions in random order, each kept when it brings the deciding-row mass closer to B's",
-                      random_anywhere_span="B's block lengths before the first query row, excluding B and token 0")
-    run_jobs(ctx, store, jobs, knockout_scorer(ctx, windows))
-    return load_results(store.path)
-
-
 # ----------------------------------------------------------------------------- summary
 @dataclass
 class KnockoutSummary:
@@ -702,80 +682,10 @@ def caption(summary: KnockoutSummary) -> str:
     return "\n".join(lines)
 
 
-def draw_figures(summary: KnockoutSummary, out_dir: Path) -> list[Path]:
-    plots.style()
-    note = f"{summary.note}\n{caption(summary)}"
-    deltas, labels = basm_deltas(summary), knockout_labels(summary)
-    dose = summary.points[(summary.points["config"] == "basm") & (summary.points["bucket"] == CLAIM_BUCKET)
-                          & (summary.points["measure"] == CLAIM_MEASURE) & (summary.points["family"] != "")]
-    slopes = summary.dose[(summary.dose["config"] == "basm") & (summary.dose["bucket"] == CLAIM_BUCKET) & (summary.dose["measure"] == CLAIM_MEASURE)]
-    paths = plots.save_figure(plots.fig06_knockout_controls(deltas, summary.recovery, summary.windows, note, labels=labels,
-                                                            dose=dose, slopes=slopes), out_dir, FIGURES[0])
-    paths += plots.save_figure(plots.fig07_knockout_selectivity(deltas, note, labels=labels), out_dir, FIGURES[1])
-    return paths
-
-
-def knockout_note(ctx: RunContext) -> str:
-    a = ctx.options
-    return (f"{provenance(ctx)}\nΔm = m_knockout − m_BASM (signed) at k = {a.k if a.k is not None else a.k_max} · "
-            f"rows blocked: {a.knockout_rows} · controls ({', '.join(a.controls)}): means of {a.random_draws} draws per record · "
-            f"mass = deciding-row attention removed (mean over layers and heads) · paired records per measure · "
-            f"mean ± 95% bootstrap CI over task groups")
-
-
-def section(ctx: RunContext, summary: KnockoutSummary, paths: list[Path]) -> ReportSection:
-    d, r = basm_deltas(summary), summary.recovery
-    main = d[d["knockout"].isin(plots.KNOCKOUT_LABELS)][["bucket", "knockout", "measure", "value", "low", "high", "n", "n_items"]]
-    dose = summary.dose[summary.dose["config"] == "basm"]
-    body = (f"Signed shift Δm = m_knockout − m_BASM (logits; `margin` is {ctx.variant}, Eq. 1 restricted to the tools by default); "
-            f"CIs over task groups. Rows blocked: `{ctx.options.knockout_rows}`. Every knockout and control of a measure is compared "
-            f"on the same records. {caption(summary)}\n\n{markdown_table(main)}\n\n"
-            f"Records left out of a measure's comparison:\n\n{markdown_table(summary.dropped) if len(summary.dropped) else 'none'}\n\n"
-            f"How the controls were drawn, and each control's own shift of the T_wrong wrong-tool margin (`value`, CI; a control "
-            f"is called neutral only where its CI contains 0, and claimed neutral only by the TOST claim against ±{summary.sesoi:g}):"
-            f"\n\n{markdown_table(summary.controls)}\n\n"
-            f"Dose–response: slope of Δm on the deciding-row attention mass removed (logits per unit mass, through the origin; "
-            f"family B: `boundary`, `count_boundary`; pool: `random`, `count_pool`, `mass_matched`):\n\n{markdown_table(dose)}\n\n"
-            f"Share of the Proc. Skill gap recovered by the boundary knockout (T_wrong; CI resamples task groups jointly):\n\n"
-            f"{markdown_table(r)}")
-    if ctx.options.priming:
-        body += ("\n\nLexical-priming controls (Δ wrong-tool margin; `basm-anon`: tool names in B replaced by placeholders, "
-                 f"`basm-names`: B reduced to the tool names it mentions):\n\n{markdown_table(priming_table(summary))}")
-    if len(summary.windows):
-        body += f"\n\nLayer windows (Δ wrong-tool margin, T_wrong):\n\n{markdown_table(summary.windows)}"
-    sel = plots.selectivity_table(d)
-    comparisons = [
-        Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), paper.FIG6_DELTA["margin"]),
-        Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), paper.FIG6_DELTA["broad_margin"]),
-        *(Comparison(f"Fig. 6: Proc.–BASM gap recovered, {plots.MEASURE_LABELS[m]}", 100 * cell(r, measure=m), p, "%",
-                     f"gap m_Proc − m_BASM = {cell(r, 'gap', measure=m):+.2f} logits" + ("" if cell(r, "gap", measure=m) > 0 else " (≤ 0: undefined)"))
-          for m, p in paper.FIG6_RECOVERED.items()),
-    ]
-    comparisons += [Comparison(f"Fig. 7: selectivity {b}–{'wrong' if m == 'margin' else 'correct'}", cell(sel, cell=c, knockout="boundary"), p,
-                               note="paper: Qwen3-14B")
-                    for (b, m, c), p in zip(plots.SELECTIVITY, paper.FIG7_SELECTIVITY)]
-    return ReportSection(NAME, "Figs. 3c/d, 6, 7 — same-prompt knockout (`knockout`)", paths, body, comparisons, summary)
-
-
-def print_summary(summary: KnockoutSummary) -> None:
-    print(basm_deltas(summary).round(3).to_string(index=False))
-    if set(summary.deltas["config"]) != {"basm"}:
-        print("lexical-priming controls (Δ wrong-tool margin):\n" + priming_table(summary).round(3).to_string(index=False))
-    for r in summary.recovery.itertuples():
-        print(f"gap recovered ({r.measure}): {100 * r.value:.1f}% [{100 * r.low:.1f}, {100 * r.high:.1f}] "
-              f"(Proc {r.proc:.2f}, BASM {r.basm:.2f}, Δm boundary {r.delta:+.2f}; n = {r.n} task groups)")
-    print(f"BASM records without a boundary span (excluded): {summary.n_excluded}")
-    print("records left out of a measure's paired comparison:\n" + (summary.dropped.to_string(index=False) if len(summary.dropped) else "none"))
-    print("controls:\n" + summary.controls.round(3).to_string(index=False))
-    print("dose–response slopes:\n" + summary.dose.round(3).to_string(index=False))
-
-
+@register("knockout", order=40)
 @dataclass(kw_only=True)
 class KnockoutAnalysis(Analysis):
     """Figs. 3c/d, 6, 7: same-prompt knockout of the deciding rows' attention to the boundary span, with controls."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Figs. 3c/d, 6, 7: same-prompt knockout of deciding-row → boundary attention, with controls."
 
     buckets: tuple[str, ...] | None = option(("T_wrong", "T_ok"), "keep only these buckets", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
@@ -799,11 +709,32 @@ class KnockoutAnalysis(Analysis):
                                 choices=KNOCKOUT_ROWS)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        return collect(ctx)
+        a = ctx.options
+        k = a.k if a.k is not None else a.k_max
+        windows = layer_windows(ctx.session.n_layers, a.layer_window) if a.layer_window else []
+        names = condition_names(a.random_draws, windows, a.controls)
+        jobs = []
+        for item in ctx.items:
+            jobs += [Job(item, config, k, ctx.fmt, names) for config in knocked_configs(a.priming)]
+            if item.bucket == "T_wrong":  # the Proc. Skill reference of the gap
+                jobs.append(Job(item, "proc", k, ctx.fmt, ("baseline",)))
+        store = ctx.store(k=k, knocked_configs=list(knocked_configs(a.priming)), random_draws=a.random_draws,
+                          layer_windows=[list(w) for w in windows], knockout_rows=a.knockout_rows, random_pool=a.random_pool,
+                          controls=list(a.controls), mass_tolerance=a.mass_tolerance,
+                          random_span="|B| positions of the pool, B's block lengths (split where no room)",
+                          count_matched="n = min(|B|, |pool|) scattered positions of B and of the pool",
+                          mass_matched="pool positions in random order, each kept when it brings the deciding-row mass closer to B's",
+                          random_anywhere_span="B's block lengths before the first query row, excluding B and token 0")
+        run_jobs(ctx, store, jobs, knockout_scorer(ctx, windows))
+        return load_results(store.path)
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> KnockoutSummary:
         a = ctx.options
-        return summarise_rows(rows, knockout_note(ctx), a.seed, pool=a.random_pool, sesoi=a.sesoi)
+        note = (f"{provenance(ctx)}\nΔm = m_knockout − m_BASM (signed) at k = {a.k if a.k is not None else a.k_max} · "
+                f"rows blocked: {a.knockout_rows} · controls ({', '.join(a.controls)}): means of {a.random_draws} draws per record · "
+                f"mass = deciding-row attention removed (mean over layers and heads) · paired records per measure · "
+                f"mean ± 95% bootstrap CI over task groups")
+        return summarise_rows(rows, note, a.seed, pool=a.random_pool, sesoi=a.sesoi)
 
     def tables(self, summary: KnockoutSummary) -> dict[str, pd.DataFrame]:
         tables = {f"{NAME}_summary": summary.deltas, f"{NAME}_gap_recovery": summary.recovery, f"{NAME}_controls": summary.controls,
@@ -816,10 +747,58 @@ class KnockoutAnalysis(Analysis):
         return summary.claims
 
     def figures(self, summary: KnockoutSummary, out_dir: Path) -> list[Path]:
-        return draw_figures(summary, out_dir)
+        plots.style()
+        note = f"{summary.note}\n{caption(summary)}"
+        deltas, labels = basm_deltas(summary), knockout_labels(summary)
+        dose = summary.points[(summary.points["config"] == "basm") & (summary.points["bucket"] == CLAIM_BUCKET)
+                              & (summary.points["measure"] == CLAIM_MEASURE) & (summary.points["family"] != "")]
+        slopes = summary.dose[(summary.dose["config"] == "basm") & (summary.dose["bucket"] == CLAIM_BUCKET) & (summary.dose["measure"] == CLAIM_MEASURE)]
+        paths = plots.save_figure(plots.fig06_knockout_controls(deltas, summary.recovery, summary.windows, note, labels=labels,
+                                                                dose=dose, slopes=slopes), out_dir, FIGURES[0])
+        paths += plots.save_figure(plots.fig07_knockout_selectivity(deltas, note, labels=labels), out_dir, FIGURES[1])
+        return paths
 
     def section(self, ctx: RunContext, summary: KnockoutSummary, figures: list[Path]) -> ReportSection:
-        return section(ctx, summary, figures)
+        d, r = basm_deltas(summary), summary.recovery
+        main = d[d["knockout"].isin(plots.KNOCKOUT_LABELS)][["bucket", "knockout", "measure", "value", "low", "high", "n", "n_items"]]
+        dose = summary.dose[summary.dose["config"] == "basm"]
+        body = (f"Signed shift Δm = m_knockout − m_BASM (logits; `margin` is {ctx.variant}, Eq. 1 restricted to the tools by default); "
+                f"CIs over task groups. Rows blocked: `{ctx.options.knockout_rows}`. Every knockout and control of a measure is compared "
+                f"on the same records. {caption(summary)}\n\n{markdown_table(main)}\n\n"
+                f"Records left out of a measure's comparison:\n\n{markdown_table(summary.dropped) if len(summary.dropped) else 'none'}\n\n"
+                f"How the controls were drawn, and each control's own shift of the T_wrong wrong-tool margin (`value`, CI; a control "
+                f"is called neutral only where its CI contains 0, and claimed neutral only by the TOST claim against ±{summary.sesoi:g}):"
+                f"\n\n{markdown_table(summary.controls)}\n\n"
+                f"Dose–response: slope of Δm on the deciding-row attention mass removed (logits per unit mass, through the origin; "
+                f"family B: `boundary`, `count_boundary`; pool: `random`, `count_pool`, `mass_matched`):\n\n{markdown_table(dose)}\n\n"
+                f"Share of the Proc. Skill gap recovered by the boundary knockout (T_wrong; CI resamples task groups jointly):\n\n"
+                f"{markdown_table(r)}")
+        if ctx.options.priming:
+            body += ("\n\nLexical-priming controls (Δ wrong-tool margin; `basm-anon`: tool names in B replaced by placeholders, "
+                     f"`basm-names`: B reduced to the tool names it mentions):\n\n{markdown_table(priming_table(summary))}")
+        if len(summary.windows):
+            body += f"\n\nLayer windows (Δ wrong-tool margin, T_wrong):\n\n{markdown_table(summary.windows)}"
+        sel = plots.selectivity_table(d)
+        comparisons = [
+            Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), paper.FIG6_DELTA["margin"]),
+            Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), paper.FIG6_DELTA["broad_margin"]),
+            *(Comparison(f"Fig. 6: Proc.–BASM gap recovered, {plots.MEASURE_LABELS[m]}", 100 * cell(r, measure=m), p, "%",
+                         f"gap m_Proc − m_BASM = {cell(r, 'gap', measure=m):+.2f} logits" + ("" if cell(r, "gap", measure=m) > 0 else " (≤ 0: undefined)"))
+              for m, p in paper.FIG6_RECOVERED.items()),
+        ]
+        comparisons += [Comparison(f"Fig. 7: selectivity {b}–{'wrong' if m == 'margin' else 'correct'}", cell(sel, cell=c, knockout="boundary"), p,
+                                   note="paper: Qwen3-14B")
+                        for (b, m, c), p in zip(plots.SELECTIVITY, paper.FIG7_SELECTIVITY)]
+        return ReportSection(NAME, "Figs. 3c/d, 6, 7 — same-prompt knockout (`knockout`)", figures, body, comparisons, summary)
 
     def print_summary(self, summary: KnockoutSummary) -> None:
-        print_summary(summary)
+        print(basm_deltas(summary).round(3).to_string(index=False))
+        if set(summary.deltas["config"]) != {"basm"}:
+            print("lexical-priming controls (Δ wrong-tool margin):\n" + priming_table(summary).round(3).to_string(index=False))
+        for r in summary.recovery.itertuples():
+            print(f"gap recovered ({r.measure}): {100 * r.value:.1f}% [{100 * r.low:.1f}, {100 * r.high:.1f}] "
+                  f"(Proc {r.proc:.2f}, BASM {r.basm:.2f}, Δm boundary {r.delta:+.2f}; n = {r.n} task groups)")
+        print(f"BASM records without a boundary span (excluded): {summary.n_excluded}")
+        print("records left out of a measure's paired comparison:\n" + (summary.dropped.to_string(index=False) if len(summary.dropped) else "none"))
+        print("controls:\n" + summary.controls.round(3).to_string(index=False))
+        print("dose–response slopes:\n" + summary.dose.round(3).to_string(index=False))

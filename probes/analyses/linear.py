@@ -40,13 +40,21 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
+import pandas as pd
 from scipy.special import expit
 from sklearn.preprocessing import StandardScaler
 
-from probes.analyses.base import Analysis, RunContext, option
+from probes.analyses import register
+from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, option, provenance, run_jobs
+from probes.analyses.parallel import on_rank_zero
+from probes.reporting import plots
+from probes.reporting.markdown import markdown_table
+from probes.reporting.results import load_results
+from probes.scoring.claims import Claim
+from probes.scoring.score import ROW_FIELDS
 from probes.data.configs import CONFIGS, PAPER_CONFIGS
 from probes.scoring.stats import auc, group_bootstrap_auc, grouped_folds  # noqa: F401  (auc: part of this module's probe API)
 
@@ -274,66 +282,22 @@ NAME = "linear"
 FIGURE = "fig10_linear_probe"
 
 
-def keep_probe_items(analysis: Any) -> None:
-    """Keep the T_ok / T_wrong items (``--limit`` already spread them over task groups, see
-    :func:`probes.data.dataset.spread_limit`: task-disjoint CV needs at least two task groups per class)."""
-    from probes.analyses.base import AnalysisError
-
-    items = [item for item in analysis.items if item.bucket in PROBE_BUCKETS]
-    if not items:
-        raise AnalysisError(f"linear: no {' / '.join(PROBE_BUCKETS)} items selected (the probe contrasts applicable vs inapplicable states)")
-    analysis.items = tuple(items)
-
-
-def collect_features(analysis: Any) -> tuple[Any, FeatureCache]:
-    """Residuals of every (item, config, k) prompt; returns (index rows, feature cache)."""
-    from probes.analyses.base import Job, run_jobs
-    from probes.analyses.parallel import on_rank_zero
-    from probes.scoring.score import ROW_FIELDS
-    from probes.reporting.results import load_results
-
-    configs = list(analysis.options.configs)
-    store = analysis.store(configs=configs, row="decision", features="residual stream [layer+1, d_model]",
-                           limit_mode="spread over task groups")  # first: it takes the lock on the output
-    root = analysis.out_dir / "linear_features"
-    if analysis.options.overwrite:  # --overwrite discards every result, cached residuals too (rank 0 alone, before any rank writes)
-        on_rank_zero(lambda: shutil.rmtree(root) if root.is_dir() else None)
-    cache = FeatureCache(root)
-    model = f"{analysis.model_fingerprint['weights']}|{analysis.options.dtype}"
-    jobs = [Job(item, config, k, analysis.fmt, ("residual",))
-            for item in analysis.items for k in range(analysis.options.k_max + 1) for config in configs]
-
-    def scorer(record: dict[str, Any], job: Any) -> list[dict[str, Any]]:
-        key = feature_key(record, model)
-        if key not in cache:
-            cache.save(key, residual_features(analysis.session, record))
-        row = {f: record.get(f) for f in ROW_FIELDS}
-        row.update(condition="residual", feature_key=key, label=int(record["bucket"] == POSITIVE),
-                   decision_index=record["decision_index"], n_tokens=len(record["input_ids"]))
-        return [row]
-
-    run_jobs(analysis, store, jobs, scorer)
-    return load_results(store.path), cache
-
-
-def probe_all(analysis: Any, index: Any, cache: FeatureCache, settings: ProbeSettings) -> Any:
+def probe_all(ctx: RunContext, index: Any, cache: FeatureCache, settings: ProbeSettings) -> Any:
     """Probe every (config, k, layer); rows appended to ``linear_probe.jsonl`` per (config, k), whose
     layers share one set of label permutations (resumable)."""
-    import pandas as pd
     from tqdm.auto import tqdm
 
-    from probes.analyses.parallel import on_rank_zero
-    from probes.reporting.results import ResultsStore, load_results
+    from probes.reporting.results import ResultsStore
 
-    path = analysis.out_dir / "linear_probe.jsonl"
+    path = ctx.out_dir / "linear_probe.jsonl"
 
     def write() -> None:  # rank 0 alone in a parallel run: the probes need every rank's features
         store = ResultsStore(path, "linear_probe",
-                             analysis.config(configs=list(analysis.options.configs), limit_mode="spread over task groups",
-                                             probe=asdict_settings(settings),
-                                             null="labels permuted within task groups, the same permutations at every layer; "
-                                                  "p_maxnull against the max over layers"),
-                             overwrite=analysis.options.overwrite)
+                             ctx.config(configs=list(ctx.options.configs), limit_mode="spread over task groups",
+                                        probe=asdict_settings(settings),
+                                        null="labels permuted within task groups, the same permutations at every layer; "
+                                             "p_maxnull against the max over layers"),
+                             overwrite=ctx.options.overwrite)
         cells = [(config, int(k), frame.sort_values("item_id")) for (config, k), frame in index.groupby(["config", "k"], sort=True)]
         n_layers = cache.load(index["feature_key"].iloc[0]).shape[0]
         memo: dict[tuple, list[dict[str, Any]]] = {}  # identical feature sets (k = 0) are probed once
@@ -351,7 +315,7 @@ def probe_all(analysis: Any, index: Any, cache: FeatureCache, settings: ProbeSet
                     bar.update(n_layers)
                 else:
                     memo[signature] = probe_layers(features, y, groups, settings, progress=lambda: bar.update(1))
-                store.append([{"key": key, "config": config, "k": k, "format": analysis.fmt, "layer": layer,
+                store.append([{"key": key, "config": config, "k": k, "format": ctx.fmt, "layer": layer,
                                "d_model": int(features.shape[2]), **memo[signature][layer]}
                               for layer, key in enumerate(keys) if key not in store])
 
@@ -377,33 +341,23 @@ class LinearSummary:
     shortcut: dict[str, Any] | None = None  # the best no-model shortcut AUC on the same split (probes.scoring.shortcuts)
 
 
-def compute(analysis: Any, index: Any) -> LinearSummary:
-    """Probes of every (config, k, layer) on the collected features, and the summary table."""
-    a = analysis.options
-    settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed)
-    table = probe_all(analysis, index, FeatureCache(analysis.out_dir / "linear_features"), settings)
-    table = table[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
-    return LinearSummary(table, figure_note(analysis, table), best_shortcut_auc(analysis))
-
-
-def best_shortcut_auc(analysis: Any) -> dict[str, Any] | None:
+def best_shortcut_auc(ctx: RunContext) -> dict[str, Any] | None:
     """The best no-model shortcut's T_ok/T_wrong AUC (request length, lexical overlap, catalog rules, bag of words)
     on exactly this run's items (classifiers fit on the train split still fit on all of it): the bar a
     probe result has to clear, read on the items the probe was read on."""
     from probes.scoring.shortcuts import best_shortcut, shortcut_table, split_name
 
-    a = analysis.options
+    a = ctx.options
     split = None if a.split == "all" else a.split
-    table = shortcut_table(analysis.dataset, splits=(split,), split_kind=a.split_kind, resamples=a.resamples, seed=a.seed,
-                           item_ids=[item.id for item in analysis.items])
+    table = shortcut_table(ctx.dataset, splits=(split,), split_kind=a.split_kind, resamples=a.resamples, seed=a.seed,
+                           item_ids=[item.id for item in ctx.items])
     return best_shortcut(table, split=split_name(split, a.split_kind)).get("auc")
 
 
-def figure_note(analysis: Any, table: Any) -> str:
-    from probes.analyses.base import provenance
+def figure_note(ctx: RunContext, table: Any) -> str:
 
-    a = analysis.options
-    return (f"{provenance(analysis).replace(f' · margin: {a.margin_variant}', '')}\n"
+    a = ctx.options
+    return (f"{provenance(ctx).replace(f' · margin: {a.margin_variant}', '')}\n"
             f"AUC of out-of-fold scores, StratifiedGroupKFold by task group (≤ {a.folds} folds), "
             f"StandardScaler + L2 logistic regression (C = {a.C}); band: 95% bootstrap CI over task groups; "
             f"grey: labels shuffled within task groups ({a.permutations} permutations, the same at every layer; mean and 95% range)\n"
@@ -414,13 +368,6 @@ def p_floors(table: Any) -> list[str]:
     """The permutation p floors the run's task groups impose (e.g. "only 16 distinct within-group
     labelings: p ≥ 0.0625"), once each: with few groups no layer can reach a small p."""
     return sorted({str(n) for n in table["note"].dropna() if str(n).startswith("only ")})
-
-
-def figure(summary: LinearSummary, figures_dir: Path) -> list[Path]:
-    from probes.reporting import plots
-
-    plots.style()
-    return plots.save_figure(plots.fig10_linear_probe(summary.table, summary.note, summary.shortcut), figures_dir, FIGURE)
 
 
 def best_layer_note(best: Any) -> str:
@@ -436,8 +383,6 @@ def best_layers(table: Any) -> Any:
     """Per configuration and k: the best layer (argmax AUC, chosen after looking), its AUC (CI),
     the shuffled null at that layer with its p, the max-over-layers null with the family-wise
     best-layer p, and the mean AUC over layers."""
-    import pandas as pd
-
     out = []
     for (config, k), frame in table.groupby(["config", "k"], sort=True):
         finite = frame[frame["auc"].notna()]
@@ -452,74 +397,10 @@ def best_layers(table: Any) -> Any:
     return pd.DataFrame(out)
 
 
-def section(analysis: Any, summary: LinearSummary, paths: list[Path]) -> Any:
-    from probes.analyses.base import Comparison, ReportSection
-    from probes.reporting.markdown import markdown_table
-
-    table = summary.table
-    best = best_layers(table)
-    k_max = int(table["k"].max())
-    body = ("Task-disjoint (StratifiedGroupKFold by task group) logistic-regression probes for applicability "
-            f"(T_ok vs T_wrong) on the decision-row residual stream; best layer per configuration and k "
-            f"(shuffled = labels permuted within task groups, null mean and 95% interval at that layer, p_perm = "
-            f"(1 + #null ≥ AUC) / (1 + n_permutations)). The best layer is selected after looking, so its test is "
-            f"p_best_layer_maxnull: each permutation is applied at every layer and its null statistic is the maximum "
-            f"AUC over layers (95% interval: maxnull_low–maxnull_high).\n\n"
-            f"{markdown_table(best) if len(best) else '(no AUC: too few task groups)'}")
-    if summary.shortcut is not None and len(best):
-        cut = summary.shortcut
-        below = best[best["low"].isna() | (best["low"] <= cut["value"])]
-        body += (f"\n\n**Shortcut bar.** The best surface shortcut on the same {cut.get('n_items', '?')} items ({cut['shortcut']}, no model) separates T_ok "
-                 f"from T_wrong with AUC {cut['value']:.3f} [{cut['low']:.3f}, {cut['high']:.3f}]. "
-                 + (f"**{len(below)} of {len(best)} best-layer probe results do not beat it** (CI lower bound ≤ the shortcut's AUC): "
-                    + ", ".join(f"{r.config} k={r.k}" for r in below.itertuples()) + ". Such a probe result can be read off the "
-                    "request's surface and is no evidence that the residual stream encodes applicability."
-                    if len(below) else "Every best-layer probe result's CI lies above it."))
-    floors = p_floors(table)
-    if floors:
-        body += "\n\n**p floor.** " + "; ".join(floors) + " (too few task groups for a smaller permutation p at any layer)."
-    comparisons = [Comparison(f"Fig. 10: best-layer probe AUC, {config} (k = {k_max}; paper: no stable high-AUC vector)",
-                              float(best[(best["config"] == config) & (best["k"] == k_max)]["auc"].iloc[0]), None, "AUC")
-                   for config in ("proc", "basm") if len(best) and ((best["config"] == config) & (best["k"] == k_max)).any()]
-    return ReportSection(NAME, "Fig. 10 — residual-stream linear probe control (`linear`)", paths, body, comparisons, summary)
-
-
-def linear_claims(table: Any) -> list[Any]:
-    """Per configuration at the largest k: applicability is linearly readable at the best layer (AUC
-    above the within-group label-permutation null, p family-wise over layers: the max-over-layers
-    null); family "linear". The CI is the AUC's bootstrap CI, held against 0.5."""
-    from probes.scoring.claims import Claim
-
-    best = best_layers(table)
-    if not len(best):
-        return []
-    top = best[best["k"] == best["k"].max()]
-    return [Claim(NAME, f"{r.config} k={r.k}", f"under {r.config} at k = {r.k} applicability is linearly readable at the best layer "
-                  f"(L{r.best_layer}; max-over-layers permutation null)", float(r.auc), float(r.low), float(r.high), int(r.n_groups),
-                  float(r.p_best_layer_maxnull), p_floor=float(r.p_floor), unit="AUC", null=0.5,
-                  note=f"null AUC at that layer {r.shuffled:.3f} [{r.null_low:.3f}, {r.null_high:.3f}]")
-            for r in top.itertuples()]
-
-
-def print_summary(table: Any) -> None:
-    for (config, k), frame in table.groupby(["config", "k"], sort=True):
-        if frame["auc"].notna().any():
-            best = frame.loc[frame["auc"].idxmax()]
-            print(f"{config:>16} k={k}: best layer {int(best['layer'])} AUC {best['auc']:.3f} [{best['low']:.3f}, {best['high']:.3f}] "
-                  f"(shuffled {best['null_mean']:.3f} [{best['null_low']:.3f}, {best['null_high']:.3f}], p = {best['p_perm']:.3g}; "
-                  f"max over layers [{best['maxnull_low']:.3f}, {best['maxnull_high']:.3f}], p = {best['p_maxnull']:.3g}; "
-                  f"{int(best['n_permutations'])} permutations); mean over layers {frame['auc'].mean():.3f}; "
-                  f"n = {int(best['n'])} items / {int(best['n_groups'])} task groups, {int(best['n_folds'])} folds")
-        else:
-            print(f"{config:>16} k={k}: no AUC ({frame['note'].iloc[0]})")
-
-
+@register("linear", order=60)
 @dataclass(kw_only=True)
 class Linear(Analysis):
     """Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer."
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     buckets: tuple[str, ...] | None = option(PROBE_BUCKETS, "keep only these buckets (the probe contrasts T_ok and T_wrong)",
@@ -532,24 +413,102 @@ class Linear(Analysis):
                                type=int, minimum=1, group="linear probe")
     resamples: int = option(DEFAULT_RESAMPLES, "task-group bootstrap resamples of the AUC CI", type=int, minimum=1, group="linear probe")
 
-    def collect(self, ctx: RunContext) -> Any:
-        keep_probe_items(ctx)
-        return collect_features(ctx)[0]
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        """Residuals of every (item, config, k) prompt of the T_ok / T_wrong items (``--limit`` already spread
+        them over task groups, see :func:`probes.data.dataset.spread_limit`: task-disjoint CV needs at least
+        two task groups per class); the rows index the cached features."""
+        items = [item for item in ctx.items if item.bucket in PROBE_BUCKETS]
+        if not items:
+            raise AnalysisError(f"linear: no {' / '.join(PROBE_BUCKETS)} items selected (the probe contrasts applicable vs inapplicable states)")
+        ctx.items = tuple(items)
+        configs = list(ctx.options.configs)
+        store = ctx.store(configs=configs, row="decision", features="residual stream [layer+1, d_model]",
+                          limit_mode="spread over task groups")  # first: it takes the lock on the output
+        root = ctx.out_dir / "linear_features"
+        if ctx.options.overwrite:  # --overwrite discards every result, cached residuals too (rank 0 alone, before any rank writes)
+            on_rank_zero(lambda: shutil.rmtree(root) if root.is_dir() else None)
+        cache = FeatureCache(root)
+        model = f"{ctx.model_fingerprint['weights']}|{ctx.options.dtype}"
+        jobs = [Job(item, config, k, ctx.fmt, ("residual",))
+                for item in ctx.items for k in range(ctx.options.k_max + 1) for config in configs]
 
-    def summarise(self, ctx: RunContext, rows: Any) -> LinearSummary:
-        return compute(ctx, rows)
+        def scorer(record: dict[str, Any], job: Any) -> list[dict[str, Any]]:
+            key = feature_key(record, model)
+            if key not in cache:
+                cache.save(key, residual_features(ctx.session, record))
+            row = {f: record.get(f) for f in ROW_FIELDS}
+            row.update(condition="residual", feature_key=key, label=int(record["bucket"] == POSITIVE),
+                       decision_index=record["decision_index"], n_tokens=len(record["input_ids"]))
+            return [row]
 
-    def tables(self, summary: LinearSummary) -> dict[str, Any]:
+        run_jobs(ctx, store, jobs, scorer)
+        return load_results(store.path)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> LinearSummary:
+        """Probes of every (config, k, layer) on the collected features, and the summary table."""
+        a = ctx.options
+        settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed)
+        table = probe_all(ctx, rows, FeatureCache(ctx.out_dir / "linear_features"), settings)
+        table = table[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
+        return LinearSummary(table, figure_note(ctx, table), best_shortcut_auc(ctx))
+
+    def tables(self, summary: LinearSummary) -> dict[str, pd.DataFrame]:
         return {f"{NAME}_summary": summary.table}
 
     def figures(self, summary: LinearSummary, out_dir: Path) -> list[Path]:
-        return figure(summary, out_dir)
+        plots.style()
+        return plots.save_figure(plots.fig10_linear_probe(summary.table, summary.note, summary.shortcut), out_dir, FIGURE)
 
-    def section(self, ctx: RunContext, summary: LinearSummary, figures: list[Path]) -> Any:
-        return section(ctx, summary, figures)
+    def section(self, ctx: RunContext, summary: LinearSummary, figures: list[Path]) -> ReportSection:
+        table = summary.table
+        best = best_layers(table)
+        k_max = int(table["k"].max())
+        body = ("Task-disjoint (StratifiedGroupKFold by task group) logistic-regression probes for applicability "
+                f"(T_ok vs T_wrong) on the decision-row residual stream; best layer per configuration and k "
+                f"(shuffled = labels permuted within task groups, null mean and 95% interval at that layer, p_perm = "
+                f"(1 + #null ≥ AUC) / (1 + n_permutations)). The best layer is selected after looking, so its test is "
+                f"p_best_layer_maxnull: each permutation is applied at every layer and its null statistic is the maximum "
+                f"AUC over layers (95% interval: maxnull_low–maxnull_high).\n\n"
+                f"{markdown_table(best) if len(best) else '(no AUC: too few task groups)'}")
+        if summary.shortcut is not None and len(best):
+            cut = summary.shortcut
+            below = best[best["low"].isna() | (best["low"] <= cut["value"])]
+            body += (f"\n\n**Shortcut bar.** The best surface shortcut on the same {cut.get('n_items', '?')} items ({cut['shortcut']}, no model) separates T_ok "
+                     f"from T_wrong with AUC {cut['value']:.3f} [{cut['low']:.3f}, {cut['high']:.3f}]. "
+                     + (f"**{len(below)} of {len(best)} best-layer probe results do not beat it** (CI lower bound ≤ the shortcut's AUC): "
+                        + ", ".join(f"{r.config} k={r.k}" for r in below.itertuples()) + ". Such a probe result can be read off the "
+                        "request's surface and is no evidence that the residual stream encodes applicability."
+                        if len(below) else "Every best-layer probe result's CI lies above it."))
+        floors = p_floors(table)
+        if floors:
+            body += "\n\n**p floor.** " + "; ".join(floors) + " (too few task groups for a smaller permutation p at any layer)."
+        comparisons = [Comparison(f"Fig. 10: best-layer probe AUC, {config} (k = {k_max}; paper: no stable high-AUC vector)",
+                                  float(best[(best["config"] == config) & (best["k"] == k_max)]["auc"].iloc[0]), None, "AUC")
+                       for config in ("proc", "basm") if len(best) and ((best["config"] == config) & (best["k"] == k_max)).any()]
+        return ReportSection(NAME, "Fig. 10 — residual-stream linear probe control (`linear`)", figures, body, comparisons, summary)
 
-    def claims(self, summary: LinearSummary) -> list[Any]:
-        return linear_claims(summary.table)
+    def claims(self, summary: LinearSummary) -> list[Claim]:
+        """Per configuration at the largest k: applicability is linearly readable at the best layer (AUC
+        above the within-group label-permutation null, p family-wise over layers: the max-over-layers
+        null); family "linear". The CI is the AUC's bootstrap CI, held against 0.5."""
+        best = best_layers(summary.table)
+        if not len(best):
+            return []
+        top = best[best["k"] == best["k"].max()]
+        return [Claim(NAME, f"{r.config} k={r.k}", f"under {r.config} at k = {r.k} applicability is linearly readable at the best layer "
+                      f"(L{r.best_layer}; max-over-layers permutation null)", float(r.auc), float(r.low), float(r.high), int(r.n_groups),
+                      float(r.p_best_layer_maxnull), p_floor=float(r.p_floor), unit="AUC", null=0.5,
+                      note=f"null AUC at that layer {r.shuffled:.3f} [{r.null_low:.3f}, {r.null_high:.3f}]")
+                for r in top.itertuples()]
 
     def print_summary(self, summary: LinearSummary) -> None:
-        print_summary(summary.table)
+        for (config, k), frame in summary.table.groupby(["config", "k"], sort=True):
+            if frame["auc"].notna().any():
+                best = frame.loc[frame["auc"].idxmax()]
+                print(f"{config:>16} k={k}: best layer {int(best['layer'])} AUC {best['auc']:.3f} [{best['low']:.3f}, {best['high']:.3f}] "
+                      f"(shuffled {best['null_mean']:.3f} [{best['null_low']:.3f}, {best['null_high']:.3f}], p = {best['p_perm']:.3g}; "
+                      f"max over layers [{best['maxnull_low']:.3f}, {best['maxnull_high']:.3f}], p = {best['p_maxnull']:.3g}; "
+                      f"{int(best['n_permutations'])} permutations); mean over layers {frame['auc'].mean():.3f}; "
+                      f"n = {int(best['n'])} items / {int(best['n_groups'])} task groups, {int(best['n_folds'])} folds")
+            else:
+                print(f"{config:>16} k={k}: no AUC ({frame['note'].iloc[0]})")

@@ -1,38 +1,172 @@
 """``paired`` (Fig. 12): the equal-token paired status of BASM vs procedure padding, strict and lenient.
 
-It reuses the greedy generations of :mod:`probes.analyses.calls` (a matching ``calls.jsonl`` in the
-same results folder) and generates only what is missing.
+BASM against procedure padding (``pad-procedure``, the equal-token control) on the same items and
+depths, in both modes of :mod:`probes.analyses.calls`: both solved / only BASM / only padding / both
+failed. It reuses the greedy generations of a calls results file holding both configurations (a
+matching ``calls.jsonl`` in the same results folder, or ``calls=PATH``) and generates only what is
+missing.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from probes.analyses.base import Analysis, RunContext, option
+from probes.analyses import register
+from probes.analyses.base import Analysis, Comparison, ReportSection, RunContext, option
 from probes.analyses.calls import (
+    CLAIM_FAMILY,
     MAX_NEW_TOKENS,
-    PAIRED_NAME,
-    PAIRED_STATUSES,
-    PairedSummary,
-    collect_paired,
-    paired_claims,
-    paired_figure,
-    paired_section,
-    summarise_paired,
+    calls_config,
+    deepest_k,
+    generate_rows,
+    mode_note,
+    provenance_without_margin,
+    value_at,
 )
-from probes.scoring.claims import Claim
+from probes.analyses.calls import NAME as CALLS
+from probes.analyses.parallel import on_rank_zero, open_store
+from probes.prompts.record import record_id
+from probes.reporting import plots
+from probes.reporting.markdown import markdown_table
+from probes.reporting.results import ResultsStore, load_results, read_meta
+from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.stats import DEFAULT_SEED, paired_permutation_test
+from probes.scoring.toolcalls import MODES, mode_description
+
+NAME = "paired"
+FIGURE = "fig12_paired_status"
+PAIRED_STATUSES: tuple[str, ...] = ("both_solved", "only_basm", "only_padding", "both_failed")
+PAIRED_CONFIGS: tuple[str, str] = ("basm", "pad-procedure")
 
 
+def paired_status(basm_solved: bool, padding_solved: bool) -> str:
+    if basm_solved and padding_solved:
+        return "both_solved"
+    if basm_solved:
+        return "only_basm"
+    if padding_solved:
+        return "only_padding"
+    return "both_failed"
+
+
+def pair_rows(rows: pd.DataFrame, configs: tuple[str, str] = PAIRED_CONFIGS) -> list[dict[str, Any]]:
+    """One paired row per (item, k, format) present under both configurations: per configuration its
+    reply's call (``syntax``, ``template_format``, ``known_tool``) and per mode its outcome and
+    whether it solved the item; per mode the paired status."""
+    keys = ["item_id", "k", "format"]
+    sides = {_short(config): rows[rows["config"] == config].set_index(keys) for config in configs}
+    (first, a), (second, b) = sides.items()
+    out = []
+    for key in sorted(set(a.index) & set(b.index)):
+        ra, rb = a.loc[key], b.loc[key]
+        item_id, k, fmt = key
+        row = {"key": f"{item_id}|k{k}|{fmt}", "item_id": item_id, "k": int(k), "format": fmt,
+               "bucket": ra["bucket"], "domain": ra["domain"], "task_group": ra["task_group"],
+               "correct_action": ra["correct_action"], "identical_prompt": int(k) == 0}
+        for short, r in ((first, ra), (second, rb)):
+            row.update({f"{short}_{field}": r[field] for field in ("syntax", "template_format", "known_tool")})
+            for mode in MODES:
+                row[f"{short}_{mode}_outcome"] = r[f"{mode}_outcome"]
+                row[f"{short}_{mode}_solved"] = bool(r[f"{mode}_solved"])
+        for mode in MODES:
+            row[f"{mode}_status"] = paired_status(row[f"{first}_{mode}_solved"], row[f"{second}_{mode}_solved"])
+        out.append(row)
+    return out
+
+
+def _short(config: str) -> str:
+    return {"basm": "basm", "pad-procedure": "padding"}.get(config, config.replace("-", "_"))
+
+
+def paired_summary(paired: pd.DataFrame, *, resamples: int = 10000, seed: int = DEFAULT_SEED) -> pd.DataFrame:
+    """Per mode × format × k × bucket (and bucket "all"): status counts and shares, plus the paired
+    difference in solve rate (BASM − padding, mean of task-group means) with a two-sided sign-flip
+    permutation p over task groups."""
+    out = []
+    frames = pd.concat([paired, paired.assign(bucket="all")])
+    for (fmt, k, bucket), frame in frames.groupby(["format", "k", "bucket"], sort=True):
+        for mode in MODES:
+            counts = frame[f"{mode}_status"].value_counts()
+            row = {"mode": mode, "format": fmt, "k": int(k), "bucket": bucket, "n": len(frame),
+                   "n_groups": frame["task_group"].nunique()}
+            for status in PAIRED_STATUSES:
+                row[status] = int(counts.get(status, 0))
+                row[f"{status}_share"] = row[status] / len(frame)
+            a = frame[f"basm_{mode}_solved"].astype(float).to_numpy()
+            b = frame[f"padding_{mode}_solved"].astype(float).to_numpy()
+            if row["only_basm"] + row["only_padding"] and row["n_groups"] > 1:
+                diff, p = paired_permutation_test(a, b, frame["task_group"].tolist(), alternative="two-sided", resamples=resamples, seed=seed)
+            else:  # no discordant pair (the difference is 0) or one task group: nothing to test
+                diff, p = float(np.mean(a - b)), float("nan")
+            row.update(solve_difference=diff, p_value=p)
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+def _canonical(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _reusable_calls(path: Path, expected: Mapping[str, Any]) -> pd.DataFrame | None:
+    """Rows (of the wanted configs) of an existing calls file written with the same settings."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    meta = read_meta(path)
+    theirs = dict(meta.get("config", {}))
+    mine = _canonical(dict(expected))
+    if meta.get("analysis") != CALLS or not set(mine["configs"]) & set(theirs.get("configs", [])):
+        return None
+    theirs.pop("configs", None)
+    mine.pop("configs", None)
+    if theirs != mine:
+        return None
+    rows = load_results(path)
+    return rows[rows["config"].isin(expected["configs"])] if len(rows) else None
+
+
+def paired_calls(ctx: RunContext) -> tuple[pd.DataFrame, str]:
+    """Calls of BASM and procedure padding on the run's items and k: reused from a matching calls
+    file where present, generated (resumably, into OUT/paired_calls.jsonl) only where missing."""
+    configs = list(PAIRED_CONFIGS)
+    expected = calls_config(ctx, configs)
+    source = ctx.options.calls or ctx.out_dir / f"{CALLS}.jsonl"
+    reused = _reusable_calls(Path(source), expected)
+    wanted = {f"{record_id(item.id, config, k, ctx.fmt)}|greedy" for item in ctx.items
+              for k in range(ctx.options.k_max + 1) for config in configs}
+    have = set(reused["key"]) & wanted if reused is not None else set()
+    frames = [reused[reused["key"].isin(wanted)]] if have else []
+    missing = wanted - have
+    if missing:
+        store = open_store(ctx.out_dir / "paired_calls.jsonl", CALLS, expected, overwrite=ctx.options.overwrite)
+        ran = generate_rows(ctx, store, configs, only_keys=missing)
+        generated = load_results(store.path)
+        if len(generated):
+            frames.append(generated[generated["key"].isin(missing)])
+    how = (f"reused {len(have)} generations from {Path(source).name}" if have else "no reusable calls file") + (
+        f"; {len(missing)} from paired_calls.jsonl ({ran} generated in this run)" if missing else "")
+    return pd.concat(frames, ignore_index=True), how
+
+
+@dataclass
+class PairedSummary:
+    paired: pd.DataFrame  # one row per (item, k): the status of BASM vs procedure padding in each mode
+    table: pd.DataFrame  # counts, solve difference and p per mode, format, k and bucket
+    how: str  # where the generations came from
+    note: str
+    seed: int = DEFAULT_SEED
+
+
+@register("paired", order=80)
 @dataclass(kw_only=True)
 class Paired(Analysis):
     """Fig. 12: paired outcome status of BASM vs procedure padding, strict and lenient (reuses the calls results)."""
-
-    name: ClassVar[str] = PAIRED_NAME
-    help: ClassVar[str] = "Fig. 12: paired outcome status of BASM vs procedure padding, strict and lenient (reuses calls results)."
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
@@ -40,22 +174,61 @@ class Paired(Analysis):
                                       type=Path)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        return collect_paired(ctx)
+        """Paired rows (``paired.jsonl``) from the calls of BASM and procedure padding; ``attrs["how"]``
+        says where the calls came from."""
+        calls, how = paired_calls(ctx)
+        path = ctx.out_dir / f"{NAME}.jsonl"
+
+        def write() -> None:  # derived from the calls every rank holds: rank 0 alone writes it
+            store = ResultsStore(path, NAME, calls_config(ctx, PAIRED_CONFIGS), overwrite=ctx.options.overwrite)
+            store.append([row for row in pair_rows(calls) if row["key"] not in store])
+
+        on_rank_zero(write)
+        paired = load_results(path)
+        paired.attrs["how"] = how
+        return paired
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> PairedSummary:
-        return summarise_paired(ctx, rows)
+        how = rows.attrs.get("how", "")
+        note = (f"{provenance_without_margin(ctx)} · greedy calls ({how})\nsolved = the action is the item's "
+                f"correct action · Δ = solve rate BASM − procedure padding (mean of task-group means), p: two-sided sign-flip "
+                f"permutation test over task groups · k = 0 omitted (both configurations render the identical memory-free prompt)")
+        seed = ctx.options.seed
+        return PairedSummary(rows, paired_summary(rows, seed=seed), how, note, seed)
 
     def tables(self, summary: PairedSummary) -> dict[str, pd.DataFrame]:
-        return {f"{PAIRED_NAME}_summary": summary.table}
+        return {f"{NAME}_summary": summary.table}
 
     def figures(self, summary: PairedSummary, out_dir: Path) -> list[Path]:
-        return paired_figure(summary, out_dir)
+        plots.style()
+        return plots.save_figure(plots.fig12_paired_status(summary.table, summary.note), out_dir, FIGURE)
 
-    def section(self, ctx: RunContext, summary: PairedSummary, figures: list[Path]) -> Any:
-        return paired_section(ctx, summary, figures)
+    def section(self, ctx: RunContext, summary: PairedSummary, figures: list[Path]) -> ReportSection:
+        table, how = summary.table, summary.how
+        shown = table[table["k"] > 0][["mode", "k", "bucket", "n", *PAIRED_STATUSES, "solve_difference", "p_value"]]
+        body = (f"BASM vs procedure padding (equal token count) on the same items and k; solved = the action is the item's correct "
+                f"action; {mode_note(ctx.fmt)} ({how}).\n\n{markdown_table(shown)}")
+        k_max = int(table["k"].max())
+        comparisons = [Comparison(f"Fig. 12: {mode} solve rate BASM − padding, all buckets (k = {k_max}; paper: BASM ≈ padding on BFCL, "
+                                  f"slightly ahead on AppWorld)",
+                                  value_at(table.rename(columns={"solve_difference": "value"}), bucket="all", k=k_max, mode=mode), None, "rate")
+                       for mode in MODES]
+        return ReportSection(NAME, "Fig. 12 — equal-token paired status (`paired`)", figures, body, comparisons, summary)
 
     def claims(self, summary: PairedSummary) -> list[Claim]:
-        return paired_claims(summary)
+        """Fig. 12's claim in each mode: at the deepest k, over all buckets, BASM solves more items than
+        procedure padding (per-item differences of solved, task groups as units)."""
+        paired = summary.paired
+        k = deepest_k(paired)
+        if not k:  # k = 0 renders identical prompts: nothing to compare
+            return []
+        deepest = paired[paired["k"] == k]
+        return [effect_claim(
+            CLAIM_FAMILY, f"{mode}_paired_basm_above_padding_k{k}",
+            f"at k = {k}, over all buckets, BASM solves more items than procedure padding ({mode}; paired by item)",
+            deepest[f"basm_{mode}_solved"].astype(float) - deepest[f"padding_{mode}_solved"].astype(float), deepest["task_group"],
+            alternative="greater", unit="rate", seed=summary.seed,
+            note=f"{len(deepest)} items; {mode}: {mode_description(mode, sorted(set(deepest['format'])))}") for mode in MODES]
 
     def print_summary(self, summary: PairedSummary) -> None:
         print(summary.how)

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,7 +55,7 @@ import statsmodels.api as sm
 from scipy import stats as scipy_stats
 
 from probes.reporting import plots
-from probes.analyses import paper
+from probes.analyses import paper, register
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.reporting.markdown import cell, markdown_table
 from probes.scoring.claims import Claim, effect_claim
@@ -120,16 +120,6 @@ class RatiosSummary:
 
 def depth(options: Any) -> int:
     return options.k if options.k is not None else options.k_max
-
-
-def collect(analysis: RunContext) -> pd.DataFrame:
-    a = analysis.options
-    k = depth(a)
-    jobs = [Job(item, config, k, analysis.fmt, ("baseline",)) for item in analysis.items for config in a.configs]
-    store = analysis.store(configs=a.configs, k=k)
-    scorer = cached_scorer(analysis, lambda record, job: (), per_head=True, margins=())
-    run_jobs(analysis, store, jobs, scorer)
-    return load_results(store.path)
 
 
 def head_alphas(rows: pd.DataFrame, span: str, row: str = "deciding") -> np.ndarray:
@@ -395,51 +385,11 @@ def aggregate_note(options: Any) -> str:
             f"target − {REFERENCE} within each task group, mean over groups · 95% CIs resample task groups")
 
 
-def figure(summary: RatiosSummary, out_dir: Path) -> list[Path]:
-    plots.style()
-    row = summary.row
-    fig = plots.fig04_boundary_attention(summary.eta[summary.eta["row"] == row], summary.shifts[summary.shifts["row"] == row],
-                                         summary.controls[summary.controls["row"] == row], summary.note)
-    return plots.save_figure(fig, out_dir, FIGURE)
-
-
-def section(analysis: RunContext, summary: RatiosSummary, paths: list[Path]) -> ReportSection:
-    note = aggregate_note(analysis.options)
-    e, row = summary.eta, summary.row
-
-    def at(table: pd.DataFrame) -> pd.DataFrame:  # the figure and headline row's part of a table
-        return table[table["row"] == row].drop(columns="row")
-
-    body = "\n\n".join([
-        f"{note}.",
-        f"**{headline_text(summary.shifts)}.** The headline compares like with like: tool-choice decisions read at the decision "
-        f"row in both buckets, within task groups (pooling adds abstention-correct items, which have no correct name and a "
-        f"different |B|, and items read at a later name row). The pooled η below is descriptive.",
-        f"Group-paired shifts of log2 η at the {row} row (target − {REFERENCE}; `n` task groups with both buckets; `n_target` / "
-        f"`n_reference` items; one-sided sign-flip p, `p_floor` = 2^−n, its smallest value when the test is exact, up to 13 groups):\n\n"
-        + markdown_table(at(summary.shifts).drop(columns="headline")),
-        f"{plots.label(HEADLINE_CONFIG)}'s shift minus each equal-length control's ({HEADLINE.name}):\n\n" + markdown_table(at(summary.controls)),
-        "Length control: log2 η ~ [target] + log2|B| + log2|P| + task-group fixed effects, weighted 1/n(group, bucket); `adjusted` "
-        "is the bucket coefficient (cluster-bootstrap CI, cluster-robust one-sided p), `unadjusted` the group-paired shift on the same "
-        "records; mean |B|, |P| in tokens per bucket and their group-paired log2 differences:\n\n" + markdown_table(at(summary.length)),
-        "Pooled η (ratio of means; descriptive) of every item and of each population where a bucket mixes them:\n\n"
-        + markdown_table(at(summary.eta_by_answer)),
-        "η and the median per-head log2 ratio per bucket (descriptive; every item with B and P):\n\n"
-        + markdown_table(e[["row", "bucket", "config", "eta", "eta_low", "eta_high", "log2_median", "n", "n_items"]]),
-    ])
-    comparisons = [Comparison(f"Fig. 3a: η at the deciding row, BASM, {b}", cell(e, "eta", row="deciding", bucket=b, config="basm"), p, "ratio")
-                   for b, p in paper.FIG3A_ETA.items()]
-    return ReportSection(NAME, "Figs. 3a/4 — boundary vs procedure attention (`ratios`)", paths, body, comparisons, summary)
-
-
+@register("ratios", order=20)
 @dataclass(kw_only=True)
 class Ratios(Analysis):
     """Figs. 3a/4: length-normalised boundary/procedure attention ratio η per bucket and configuration,
     and its group-paired shifts between buckets by stratum, with a length control."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = ("Figs. 3a/4: boundary/procedure attention ratio η per bucket and configuration; group-paired "
-                           "T_ok → T_wrong / T_repair shifts by stratum, length-adjusted.")
 
     configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations with a boundary (or control) span (default: {','.join(DEFAULT_CONFIGS)})",
                                       names=tuple(CONFIGS))
@@ -449,7 +399,11 @@ class Ratios(Analysis):
                                 choices=ATTENTION_ROWS)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        return collect(ctx)
+        k = depth(ctx.options)
+        jobs = [Job(item, config, k, ctx.fmt, ("baseline",)) for item in ctx.items for config in self.configs]
+        store = ctx.store(configs=self.configs, k=k)
+        run_jobs(ctx, store, jobs, cached_scorer(ctx, lambda record, job: (), per_head=True, margins=()))
+        return load_results(store.path)
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> RatiosSummary:
         return summarise_rows(rows, f"{provenance(ctx)}\n{aggregate_note(ctx.options)}", ctx.options.seed,
@@ -460,10 +414,39 @@ class Ratios(Analysis):
                 f"{NAME}_length": summary.length, f"{NAME}_eta_by_answer": summary.eta_by_answer, f"{NAME}_heads": summary.heads}
 
     def figures(self, summary: RatiosSummary, out_dir: Path) -> list[Path]:
-        return figure(summary, out_dir)
+        plots.style()
+        row = summary.row
+        fig = plots.fig04_boundary_attention(summary.eta[summary.eta["row"] == row], summary.shifts[summary.shifts["row"] == row],
+                                             summary.controls[summary.controls["row"] == row], summary.note)
+        return plots.save_figure(fig, out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: RatiosSummary, figures: list[Path]) -> ReportSection:
-        return section(ctx, summary, figures)
+        note = aggregate_note(ctx.options)
+        e, row = summary.eta, summary.row
+
+        def at(table: pd.DataFrame) -> pd.DataFrame:  # the figure and headline row's part of a table
+            return table[table["row"] == row].drop(columns="row")
+
+        body = "\n\n".join([
+            f"{note}.",
+            f"**{headline_text(summary.shifts)}.** The headline compares like with like: tool-choice decisions read at the decision "
+            f"row in both buckets, within task groups (pooling adds abstention-correct items, which have no correct name and a "
+            f"different |B|, and items read at a later name row). The pooled η below is descriptive.",
+            f"Group-paired shifts of log2 η at the {row} row (target − {REFERENCE}; `n` task groups with both buckets; `n_target` / "
+            f"`n_reference` items; one-sided sign-flip p, `p_floor` = 2^−n, its smallest value when the test is exact, up to 13 groups):\n\n"
+            + markdown_table(at(summary.shifts).drop(columns="headline")),
+            f"{plots.label(HEADLINE_CONFIG)}'s shift minus each equal-length control's ({HEADLINE.name}):\n\n" + markdown_table(at(summary.controls)),
+            "Length control: log2 η ~ [target] + log2|B| + log2|P| + task-group fixed effects, weighted 1/n(group, bucket); `adjusted` "
+            "is the bucket coefficient (cluster-bootstrap CI, cluster-robust one-sided p), `unadjusted` the group-paired shift on the same "
+            "records; mean |B|, |P| in tokens per bucket and their group-paired log2 differences:\n\n" + markdown_table(at(summary.length)),
+            "Pooled η (ratio of means; descriptive) of every item and of each population where a bucket mixes them:\n\n"
+            + markdown_table(at(summary.eta_by_answer)),
+            "η and the median per-head log2 ratio per bucket (descriptive; every item with B and P):\n\n"
+            + markdown_table(e[["row", "bucket", "config", "eta", "eta_low", "eta_high", "log2_median", "n", "n_items"]]),
+        ])
+        comparisons = [Comparison(f"Fig. 3a: η at the deciding row, BASM, {b}", cell(e, "eta", row="deciding", bucket=b, config="basm"), p, "ratio")
+                       for b, p in paper.FIG3A_ETA.items()]
+        return ReportSection(NAME, "Figs. 3a/4 — boundary vs procedure attention (`ratios`)", figures, body, comparisons, summary)
 
     def claims(self, summary: RatiosSummary) -> list[Claim]:
         return summary.claims

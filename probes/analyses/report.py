@@ -33,7 +33,9 @@ from probes.analyses.base import (
     AnalysisResult,
     Comparison,
     ReportSection,
+    RunOptions,
     default_model,
+    make,
     model_label,
     open_context,
     open_session,
@@ -54,11 +56,11 @@ from probes.scoring.claims import claims_table
 IF_GIVEN: tuple[str, ...] = ("k_max", "buckets")
 
 
-def forwarded(report: Analysis, cls: type[Analysis]) -> dict[str, Any]:
+def forwarded(report: ReportOptions, cls: type[Analysis]) -> dict[str, Any]:
     """The options of ``report`` that the analysis ``cls`` receives: every shared option (so none is
     accepted and then dropped; tests/test_options.py checks each arrives), ``k_max`` and
     ``buckets`` only when given."""
-    shared = {f.name for f in option_fields(Analysis)}
+    shared = {f.name for f in option_fields(RunOptions)}
     out = {name: getattr(report, name) for name in shared if name not in IF_GIVEN}
     out |= {name: getattr(report, name) for name in IF_GIVEN if getattr(report, name) is not None}
     return out
@@ -166,96 +168,104 @@ def error(message: str) -> None:
 
 
 @dataclass(kw_only=True)
-class Report(Analysis):
-    """Run the chosen analyses on one model; write the figures and ``report.md`` next to the paper's numbers."""
+class ReportOptions(RunOptions):
+    """The options of :func:`report`: the shared ones (forwarded to each analysis) and its own."""
 
-    name: ClassVar[str] = "report"
-    help: ClassVar[str] = "Run the chosen analyses; write figures (PNG+PDF) and report.md next to the paper's numbers."
+    name: ClassVar[str] = registry.REPORT
 
     k_max: int | None = option(None, "largest retrieval depth K (default: each analysis's own)", type=int, minimum=0, group="probe")
-    analyses: tuple[str, ...] = option(registry.ANALYSES, f"comma-separated analyses (default: all: {','.join(registry.ANALYSES)})",
-                                       names=registry.ANALYSES)
+    analyses: tuple[str, ...] | None = option(None, "comma-separated analyses (default: every registered one, in report order)",
+                                              names=registry.ANALYSES)
     figures_dir: str | Path | None = option(None, "where the figures go (default: OUT/<model>/figures); e.g. figures/ to "
                                             "regenerate the repository's figures", type=Path)
 
-    def run(self, session: ProbeSession | None = None, *, verbose: bool = True) -> AnalysisResult:
-        start = time.perf_counter()
-        classes: dict[str, type[Analysis]] = {}
-        for name in self.analyses:
+
+def report(session: ProbeSession | None = None, **options: Any) -> AnalysisResult:
+    """Run the chosen registered analyses on one model (``session``, or loaded from ``model``) and
+    write their figures, ``report.md`` and ``claims.csv`` next to the paper's numbers; keyword
+    ``options``: ``probes.options("report")``. Returns the comparisons with the paper as rows and
+    the sections (by analysis) as the summary; status 1 when an analysis failed."""
+    return run_report(make(ReportOptions, options), session)
+
+
+def run_report(options: ReportOptions, session: ProbeSession | None = None) -> AnalysisResult:
+    """:func:`report` on checked options."""
+    start = time.perf_counter()
+    names = list(options.analyses or registry.ANALYSES)
+    classes: dict[str, type[Analysis]] = {}
+    for name in names:
+        try:
+            classes[name] = registry.get(name)
+        except ImportError as failure:  # not installed, or broken: an error before anything runs
+            error(f"cannot import the {name} analysis: {failure}")
+            raise AnalysisError(f"cannot import the {name} analysis ({failure}); fix it or leave it out with analyses") from failure
+    model = options.model if options.model is not None else (session.model.name_or_path if session is not None else default_model())
+    writer = world().rank == 0  # in a parallel run every rank collects; rank 0 draws and writes the report
+    if session is None:  # each rank of a parallel run on its node's GPU
+        session = open_session(dataclasses.replace(options, device=rank_device(options.device, world())), model)
+    out_dir = Path(options.out) / model_label(model)
+    sections: dict[str, ReportSection] = {}
+    failed: list[str] = []
+    note = ""
+    embedders: set[str] = set()
+    studies: set[tuple[str, str]] = set()  # (dataset, r_B) as each analysis resolved them: the defaults depend on the model
+    with tempfile.TemporaryDirectory(prefix="basm-report-figures-") as scratch:
+        # figure=False: the sections still draw, into a folder that is discarded
+        figures_dir = (Path(options.figures_dir) if options.figures_dir is not None else out_dir / "figures") if options.figure else Path(scratch)
+        for name, cls in classes.items():
+            t0 = time.perf_counter()
             try:
-                classes[name] = registry.get(name)
-            except ImportError as failure:  # not installed, or broken: an error before anything runs
-                error(f"cannot import the {name} analysis: {failure}")
-                raise AnalysisError(f"cannot import the {name} analysis ({failure}); fix it or leave it out with analyses") from failure
-        model = self.model if self.model is not None else (session.model.name_or_path if session is not None else default_model())
-        writer = world().rank == 0  # in a parallel run every rank collects; rank 0 draws and writes the report
-        if session is None:  # each rank of a parallel run on its node's GPU
-            session = open_session(dataclasses.replace(self, device=rank_device(self.device, world())), model)
-        out_dir = Path(self.out) / model_label(model)
-        sections: dict[str, ReportSection] = {}
-        failed: list[str] = []
-        note = ""
-        embedders: set[str] = set()
-        studies: set[tuple[str, str]] = set()  # (dataset, r_B) as each analysis resolved them: the defaults depend on the model
-        with tempfile.TemporaryDirectory(prefix="basm-report-figures-") as scratch:
-            # figure=False: the sections still draw, into a folder that is discarded
-            figures_dir = (Path(self.figures_dir) if self.figures_dir is not None else out_dir / "figures") if self.figure else Path(scratch)
-            for name, cls in classes.items():
-                t0 = time.perf_counter()
-                try:
-                    analysis = cls(**{**forwarded(self, cls), "model": model})
-                    ctx = open_context(analysis, session)
-                    _rows, summary, _tables = analysis.compute(ctx)
-                    sections[name] = analysis.section(ctx, summary, analysis.figures(summary, figures_dir) if writer else [])
-                    sections[name].claims = analysis.claims(summary)
-                except AnalysisError as failure:
-                    failed.append(f"`{name}`: {failure}")
-                    error(f"{name} failed: {failure}")
-                    continue
-                note = note or provenance(ctx, items=False)
-                embedders.add(ctx.builder.retriever.embedder.name)
-                studies.add((str(ctx.options.dataset), str(ctx.options.relevance)))
-                if writer:
-                    print(f"[report] {name}: {time.perf_counter() - t0:.0f} s, figures: "
-                          f"{', '.join(p.name for p in sections[name].figures if p.suffix == '.png') if self.figure else '(no figures)'}")
-            fig03 = mechanism_figure(sections, figures_dir, note) if writer else []
-        resolved = self.resolved()
-        if not writer:
-            path = out_dir / "report.md"
-        else:
-            path = write_report(out_dir, self.header(resolved, model, embedders, studies, time.perf_counter() - start), list(sections.values()),
-                                failed, fig03, figures=self.figure, figures_dir=figures_dir, model=str(model), variant=self.margin_variant)
-            n_figures = len(list(figures_dir.glob("*.png"))) if self.figure else 0
-            print(f"[report] wrote {path} and {n_figures} figures in {time.perf_counter() - start:.0f} s")
-        if failed and writer:
-            error(f"{len(failed)} of {len(self.analyses)} analyses failed (listed under \"Failed\" in {path})")
-        table = pd.DataFrame([dataclasses.asdict(c) for s in sections.values() for c in s.comparisons],
-                             columns=["quantity", "ours", "paper", "unit", "note"])
-        return AnalysisResult(self, resolved, table, sections, {"report_comparisons": table}, [path], out_dir, 1 if failed else 0)
+                analysis = cls(**{**forwarded(options, cls), "model": model})
+                ctx = open_context(analysis, session)
+                _rows, summary, _tables = analysis.compute(ctx)
+                sections[name] = analysis.section(ctx, summary, analysis.figures(summary, figures_dir) if writer else [])
+                sections[name].claims = analysis.claims(summary)
+            except AnalysisError as failure:
+                failed.append(f"`{name}`: {failure}")
+                error(f"{name} failed: {failure}")
+                continue
+            note = note or provenance(ctx, items=False)
+            embedders.add(ctx.builder.retriever.embedder.name)
+            studies.add((str(ctx.options.dataset), str(ctx.options.relevance)))
+            if writer:
+                print(f"[report] {name}: {time.perf_counter() - t0:.0f} s, figures: "
+                      f"{', '.join(p.name for p in sections[name].figures if p.suffix == '.png') if options.figure else '(no figures)'}")
+        fig03 = mechanism_figure(sections, figures_dir, note) if writer else []
+    resolved = options.resolved()
+    if not writer:
+        path = out_dir / "report.md"
+    else:
+        path = write_report(out_dir, header(options, resolved, model, embedders, studies, time.perf_counter() - start), list(sections.values()),
+                            failed, fig03, figures=options.figure, figures_dir=figures_dir, model=str(model), variant=options.margin_variant)
+        n_figures = len(list(figures_dir.glob("*.png"))) if options.figure else 0
+        print(f"[report] wrote {path} and {n_figures} figures in {time.perf_counter() - start:.0f} s")
+    if failed and writer:
+        error(f"{len(failed)} of {len(names)} analyses failed (listed under \"Failed\" in {path})")
+    table = pd.DataFrame([dataclasses.asdict(c) for s in sections.values() for c in s.comparisons],
+                         columns=["quantity", "ours", "paper", "unit", "note"])
+    return AnalysisResult(options, resolved, table, sections, {"report_comparisons": table}, [path], out_dir, 1 if failed else 0)
 
-    def header(self, a: Analysis, model: Any, embedders: set[str], studies: set[tuple[str, str]], wall: float) -> list[str]:
-        env = environment()
-        session_opts = [f"device map {a.device_map}"] * (a.device_map is not None)
-        session_opts += ["pickle weights allowed"] * a.allow_pickle + ["remote code trusted"] * a.trust_remote_code
-        return [
-            f"- **model**: `{model}` ({', '.join([a.dtype, a.device, *session_opts])})",
-            f"- **dataset**: {', '.join(f'`{dataset}`' for dataset in sorted({d for d, _ in studies})) or f'`{a.dataset}`'} "
-            f"(split {split_label(a)}; filters: bucket {list(a.buckets) if a.buckets else 'per analysis'}, "
-            f"domain {list(a.domains) if a.domains else 'all'}, "
-            f"limit {f'{a.limit} per bucket, spread over task groups' if a.limit is not None else 'none'}"
-            f"{f'; items {list(a.item_ids)}' if a.item_ids else ''})",
-            f"- **format**: {a.format} · **margin variant**: {a.margin_variant}"
-            + {"tool_choice": " (Eq. 1 restricted to the tools)", "eq1": " (Eq. 1 verbatim)"}.get(a.margin_variant, ""),
-            f"- **embedder**: {', '.join(sorted(embedders)) or '—'} (embedder {a.embedder}) · **r_B**: {', '.join(sorted({r for _, r in studies})) or a.relevance} · **γ**: {a.gamma} · **β**: {a.beta}",
-            f"- **k**: {'per analysis (sweep 0..K; others at k = K)' if self.k_max is None else f'K = {a.k_max}'} · **seed**: {a.seed}"
-            f" · **quick**: {a.quick}"
-            + (" (4 task groups per bucket: a percentile bootstrap over so few groups under-covers, so the CIs are indicative only)"
-               if a.quick else ""),
-            "- **CIs**: 95% bootstrap over task groups; a cell with fewer than two task groups shows \"no CI (1 group)\"",
-            "- **attention aggregate**: η = ratio of mean span attentions and median per-head log2 ratio, ε = 1e-6 (never a mean of per-head ratios)",
-            f"- **versions**: python {env['python']}, " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
-            f"- **wall time**: {wall:.0f} s",
-        ]
 
-    def print_summary(self, summary: Any) -> None:  # the report prints as it goes
-        pass
+def header(given: ReportOptions, a: ReportOptions, model: Any, embedders: set[str], studies: set[tuple[str, str]], wall: float) -> list[str]:
+    env = environment()
+    session_opts = [f"device map {a.device_map}"] * (a.device_map is not None)
+    session_opts += ["pickle weights allowed"] * a.allow_pickle + ["remote code trusted"] * a.trust_remote_code
+    return [
+        f"- **model**: `{model}` ({', '.join([a.dtype, a.device, *session_opts])})",
+        f"- **dataset**: {', '.join(f'`{dataset}`' for dataset in sorted({d for d, _ in studies})) or f'`{a.dataset}`'} "
+        f"(split {split_label(a)}; filters: bucket {list(a.buckets) if a.buckets else 'per analysis'}, "
+        f"domain {list(a.domains) if a.domains else 'all'}, "
+        f"limit {f'{a.limit} per bucket, spread over task groups' if a.limit is not None else 'none'}"
+        f"{f'; items {list(a.item_ids)}' if a.item_ids else ''})",
+        f"- **format**: {a.format} · **margin variant**: {a.margin_variant}"
+        + {"tool_choice": " (Eq. 1 restricted to the tools)", "eq1": " (Eq. 1 verbatim)"}.get(a.margin_variant, ""),
+        f"- **embedder**: {', '.join(sorted(embedders)) or '—'} (embedder {a.embedder}) · **r_B**: {', '.join(sorted({r for _, r in studies})) or a.relevance} · **γ**: {a.gamma} · **β**: {a.beta}",
+        f"- **k**: {'per analysis (sweep 0..K; others at k = K)' if given.k_max is None else f'K = {a.k_max}'} · **seed**: {a.seed}"
+        f" · **quick**: {a.quick}"
+        + (" (4 task groups per bucket: a percentile bootstrap over so few groups under-covers, so the CIs are indicative only)"
+           if a.quick else ""),
+        "- **CIs**: 95% bootstrap over task groups; a cell with fewer than two task groups shows \"no CI (1 group)\"",
+        "- **attention aggregate**: η = ratio of mean span attentions and median per-head log2 ratio, ε = 1e-6 (never a mean of per-head ratios)",
+        f"- **versions**: python {env['python']}, " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
+        f"- **wall time**: {wall:.0f} s",
+    ]

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 
-from probes.reporting import plots
-from probes.analyses import paper
+from probes.analyses import paper, register
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.data.configs import CONFIGS, PRIMING_CONFIGS
+from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
 from probes.reporting.results import load_results
 from probes.scoring.claims import Claim, effect_claim
@@ -48,70 +47,16 @@ class SuppressionSummary:
     per_item: pd.DataFrame | None = None  # measure, item_id, task_group, contrast, delta
 
 
-def collect(analysis: RunContext) -> pd.DataFrame:
-    a = analysis.options
-    k = a.k if a.k is not None else a.k_max
-    configs = list(dict.fromkeys([*a.configs, *(PRIMING_CONFIGS if a.priming else ())]))
-    jobs = [Job(item, config, k, analysis.fmt, ("baseline",)) for item in analysis.items for config in configs]
-    store = analysis.store(configs=configs, k=k)
-    run_jobs(analysis, store, jobs, cached_scorer(analysis, lambda record, job: (), margins=MEASURES))
-    return load_results(store.path)
-
-
 def paired_items(rows: pd.DataFrame, measures=MEASURES) -> pd.Series:
     """Per item: whether every measure is finite under every configuration."""
     finite = np.isfinite(rows[list(measures)].to_numpy(float)).all(axis=1)
     return pd.Series(finite, index=rows.index).groupby(rows["item_id"]).all()
 
 
-def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0) -> SuppressionSummary:
-    rows = rows[rows["bucket"] == "T_wrong"]
-    keep = paired_items(rows)
-    dropped = int((~keep).sum())
-    rows = rows[rows["item_id"].map(keep)]
-    table = pd.concat([summarise(rows, ["config"], measure, seed=seed).assign(measure=measure, n_dropped=dropped) for measure in MEASURES])
-    per_item = pd.concat([paired_differences(rows, CONTRASTS, pair=["item_id", "task_group"], value=measure).assign(measure=measure)
-                          for measure in MEASURES], ignore_index=True)
-    differences = summarise(per_item, ["measure", "contrast"], "delta", seed=seed)
-    return SuppressionSummary(table[["measure", *[c for c in table.columns if c != "measure"]]], note, differences, per_item)
-
-
-def suppression_claims(summary: SuppressionSummary, seed: int = 0) -> list[Claim]:
-    """BASM's T_wrong margins below Proc. Skill's and each padding control's, per item; family "suppression"."""
-    per = summary.per_item
-    out = []
-    for (measure, contrast), sub in ([] if per is None else per.groupby(["measure", "contrast"], sort=False)):
-        a, b = CONTRASTS[contrast]
-        out.append(effect_claim(NAME, f"{contrast} ({measure})", f"on T_wrong the BASM {plots.MEASURE_LABELS[measure]} is below "
-                                f"{plots.label(b)}'s (paired by item)", sub["delta"], sub["task_group"], alternative="less", seed=seed))
-    return out
-
-
-def figure(summary: SuppressionSummary, out_dir: Path) -> list[Path]:
-    plots.style()
-    return plots.save_figure(plots.fig05_suppression(summary.table, summary.note, differences=summary.differences), out_dir, FIGURE)
-
-
-def section(analysis: RunContext, summary: SuppressionSummary, paths: list[Path]) -> ReportSection:
-    t = summary.table
-    body = (f"T_wrong margins (logits; `margin` is {analysis.variant}, Eq. 1 restricted to the tools by default); CIs over task groups; "
-            f"every cell on the same items ({int(t['n_dropped'].iloc[0]) if len(t) else 0} items without a defined margin left out, "
-            f"e.g. abstention as the correct action).\n\n{markdown_table(t)}\n\n"
-            f"The claim is a difference on the same items (`{NAME}_differences.csv`):\n\n"
-            f"{markdown_table(summary.differences[['measure', 'contrast', 'value', 'low', 'high', 'n', 'n_items', 'note']])}")
-    comparisons = [Comparison(f"Fig. 5: wrong-tool margin, {plots.label(c)}", cell(t, measure="margin", config=c), p)
-                   for c, p in paper.FIG5_MARGIN.items()]
-    comparisons += [Comparison(f"Fig. 5: tool-vs-control margin, {plots.label(c)}", cell(t, measure="broad_margin", config=c), p)
-                    for c, p in paper.FIG5_BROAD.items()]
-    return ReportSection(NAME, "Figs. 3b/5 — wrong-tool suppression (`suppression`)", paths, body, comparisons, summary)
-
-
+@register("suppression", order=30)
 @dataclass(kw_only=True)
 class Suppression(Analysis):
     """Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls and BASM."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls, BASM."
 
     buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (Fig. 5 is T_wrong)", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
@@ -120,20 +65,53 @@ class Suppression(Analysis):
     priming: bool = option(False, f"add the lexical-priming controls ({', '.join(PRIMING_CONFIGS)})", type=bool)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        return collect(ctx)
+        k = ctx.options.k if ctx.options.k is not None else ctx.options.k_max
+        configs = list(dict.fromkeys([*self.configs, *(PRIMING_CONFIGS if self.priming else ())]))
+        jobs = [Job(item, config, k, ctx.fmt, ("baseline",)) for item in ctx.items for config in configs]
+        store = ctx.store(configs=configs, k=k)
+        run_jobs(ctx, store, jobs, cached_scorer(ctx, lambda record, job: (), margins=MEASURES))
+        return load_results(store.path)
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> SuppressionSummary:
+        seed = ctx.options.seed
+        rows = rows[rows["bucket"] == "T_wrong"]
+        keep = paired_items(rows)
+        dropped = int((~keep).sum())
+        rows = rows[rows["item_id"].map(keep)]
+        table = pd.concat([summarise(rows, ["config"], measure, seed=seed).assign(measure=measure, n_dropped=dropped) for measure in MEASURES])
+        per_item = pd.concat([paired_differences(rows, CONTRASTS, pair=["item_id", "task_group"], value=measure).assign(measure=measure)
+                              for measure in MEASURES], ignore_index=True)
+        differences = summarise(per_item, ["measure", "contrast"], "delta", seed=seed)
         note = f"{provenance(ctx)}\nT_wrong items only · mean ± 95% bootstrap CI over task groups"
-        return summarise_rows(rows, note, ctx.options.seed)
+        return SuppressionSummary(table[["measure", *[c for c in table.columns if c != "measure"]]], note, differences, per_item)
 
     def tables(self, summary: SuppressionSummary) -> dict[str, pd.DataFrame]:
         return {f"{NAME}_summary": summary.table, f"{NAME}_differences": summary.differences}
 
     def claims(self, summary: SuppressionSummary) -> list[Claim]:
-        return suppression_claims(summary, self.seed)
+        """BASM's T_wrong margins below Proc. Skill's and each padding control's, per item; family "suppression"."""
+        per = summary.per_item
+        out = []
+        for (measure, contrast), sub in ([] if per is None else per.groupby(["measure", "contrast"], sort=False)):
+            a, b = CONTRASTS[contrast]
+            out.append(effect_claim(NAME, f"{contrast} ({measure})", f"on T_wrong the BASM {plots.MEASURE_LABELS[measure]} is below "
+                                    f"{plots.label(b)}'s (paired by item)", sub["delta"], sub["task_group"], alternative="less",
+                                    seed=self.seed))
+        return out
 
     def figures(self, summary: SuppressionSummary, out_dir: Path) -> list[Path]:
-        return figure(summary, out_dir)
+        plots.style()
+        return plots.save_figure(plots.fig05_suppression(summary.table, summary.note, differences=summary.differences), out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: SuppressionSummary, figures: list[Path]) -> ReportSection:
-        return section(ctx, summary, figures)
+        t = summary.table
+        body = (f"T_wrong margins (logits; `margin` is {ctx.variant}, Eq. 1 restricted to the tools by default); CIs over task groups; "
+                f"every cell on the same items ({int(t['n_dropped'].iloc[0]) if len(t) else 0} items without a defined margin left out, "
+                f"e.g. abstention as the correct action).\n\n{markdown_table(t)}\n\n"
+                f"The claim is a difference on the same items (`{NAME}_differences.csv`):\n\n"
+                f"{markdown_table(summary.differences[['measure', 'contrast', 'value', 'low', 'high', 'n', 'n_items', 'note']])}")
+        comparisons = [Comparison(f"Fig. 5: wrong-tool margin, {plots.label(c)}", cell(t, measure="margin", config=c), p)
+                       for c, p in paper.FIG5_MARGIN.items()]
+        comparisons += [Comparison(f"Fig. 5: tool-vs-control margin, {plots.label(c)}", cell(t, measure="broad_margin", config=c), p)
+                        for c, p in paper.FIG5_BROAD.items()]
+        return ReportSection(NAME, "Figs. 3b/5 — wrong-tool suppression (`suppression`)", figures, body, comparisons, summary)

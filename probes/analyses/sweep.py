@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+
 
 import numpy as np
 import pandas as pd
 
-from probes.analyses import paper
+from probes.analyses import paper, register
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, PAPER_CONFIGS, PRIMING_CONFIGS
 from probes.reporting import plots
@@ -52,97 +52,10 @@ class SweepSummary:
     per_item: pd.DataFrame | None = None  # bucket, item_id, task_group, k, contrast, delta
 
 
-def configs_of(options: Any) -> list[str]:
-    return list(dict.fromkeys([*options.configs, *(CONTROL_CONFIGS if options.controls else ()),
-                               *(PRIMING_CONFIGS if options.priming else ())]))
-
-
-def collect(analysis: RunContext) -> pd.DataFrame:
-    configs = configs_of(analysis.options)
-    jobs = [Job(item, config, k, analysis.fmt, ("baseline",))
-            for item in analysis.items for k in range(analysis.options.k_max + 1) for config in configs]
-    store = analysis.store(configs=configs)
-    run_jobs(analysis, store, jobs, cached_scorer(analysis, lambda record, job: (), margins=("margin",)))
-    return load_results(store.path)
-
-
-def summarise_rows(rows: pd.DataFrame, note: str = "", variant: str = "tool_choice", seed: int = 0) -> SweepSummary:
-    table = summarise(rows, ["bucket", "config", "k"], seed=seed)
-    per_item = paired_differences(rows, {name: (a, b) for name, (a, b, _) in CONTRASTS.items()},
-                                  pair=["bucket", "item_id", "task_group", "k"])
-    differences = summarise(per_item, ["bucket", "contrast", "k"], "delta", seed=seed)
-    n_abstain = int(rows.loc[rows["correct_is_abstain"].astype(bool), "item_id"].nunique())
-    k0 = rows[rows["k"] == 0]
-    identical = bool((k0.groupby("item_id")["prompt_digest"].nunique() <= 1).all())
-    spread = k0.groupby("item_id")["margin"].agg(lambda s: float(np.nanmax(s) - np.nanmin(s)) if s.notna().any() else 0.0)
-    return SweepSummary(table, identical, float(spread.max()) if len(spread) else float("nan"), note, variant, n_abstain,
-                        differences, per_item)
-
-
-def sweep_claims(summary: SweepSummary, seed: int = 0) -> list[Claim]:
-    """On T_wrong at every k ≥ 1: the trap (Proc. Skill above Base) and the suppression (BASM below
-    Proc. Skill), per item, over task groups; family "sweep"."""
-    per = summary.per_item
-    if per is None or not len(per):
-        return []
-    out = []
-    for (contrast, k), sub in per[(per["bucket"] == "T_wrong") & (per["k"] >= 1)].groupby(["contrast", "k"], sort=True):
-        a, b, alternative = CONTRASTS[contrast]
-        sub = sub[np.isfinite(sub["delta"].to_numpy(float))]
-        words = "above" if alternative == "greater" else "below"
-        out.append(effect_claim(NAME, f"{contrast} k={k}", f"on T_wrong at k = {k} the {plots.label(a)} margin is {words} {plots.label(b)} "
-                                f"(paired by item)", sub["delta"], sub["task_group"], alternative=alternative, seed=seed))
-    return out
-
-
-def figure(summary: SweepSummary, out_dir: Path) -> list[Path]:
-    plots.style()
-    k0 = "identical prompts" if summary.k0_prompts_identical else "PROMPTS DIFFER"
-    note = (f"{summary.note}\nmean ± 95% bootstrap CI over task groups · "
-            f"k = 0: {k0} across configurations, max margin spread {summary.k0_max_spread:.2g} logits · "
-            f"{summary.n_abstain_items} items whose correct action is abstention left out (no correct tool)")
-    return plots.save_figure(plots.fig02_retrieval_trap(summary.table, note, summary.variant, differences=summary.differences),
-                             out_dir, FIGURE)
-
-
-def print_summary(summary: SweepSummary) -> None:
-    pivot = summary.table.pivot_table(index=["bucket", "config"], columns="k", values="value", sort=False)
-    print(pivot.round(2).to_string())
-    print(f"k = 0 coincidence: prompts identical across configurations: {summary.k0_prompts_identical}; "
-          f"max margin spread {summary.k0_max_spread:.3g} logits")
-    print(f"margin: {plots.MARGIN_LABELS[summary.variant]}; {summary.n_abstain_items} items whose correct action is abstention "
-          "are left out of it (their call log-odds are in the rows)")
-    if summary.differences is not None and len(summary.differences):
-        print("paired differences (mean over task groups [95% CI]):\n"
-              + summary.differences.drop(columns=["n_nan"]).round(3).to_string(index=False))
-
-
-def section(analysis: RunContext, summary: SweepSummary, paths: list[Path]) -> ReportSection:
-    t = summary.table
-    pivot = t.pivot_table(index=["bucket", "config"], columns="k", values="value", sort=False).reset_index()
-    pivot.columns = [str(c) if not isinstance(c, int) else f"k={c}" for c in pivot.columns]
-    body = (f"{plots.MARGIN_LABELS[analysis.variant]} by bucket, configuration and k; mean of task-group means, "
-            f"95% CIs over task groups in `{NAME}_summary.csv`. {summary.n_abstain_items} items whose correct action is "
-            f"abstention are left out (no correct tool).\n\n{markdown_table(pivot)}\n\n"
-            f"k = 0 check: prompts identical across configurations: **{summary.k0_prompts_identical}**; "
-            f"largest margin spread between configurations at k = 0: {summary.k0_max_spread:.3g} logits.\n\n"
-            f"The claims are differences on the same items (trap = Proc. Skill − Base, suppression = BASM − Proc. Skill), "
-            f"mean over task groups with 95% CIs (`{NAME}_differences.csv`):\n\n"
-            f"{markdown_table(summary.differences[['bucket', 'contrast', 'k', 'value', 'low', 'high', 'n', 'n_items', 'note']])}")
-    comparisons = [
-        Comparison("Fig. 2: margin at k = 0, T_wrong (configs coincide)", cell(t, bucket="T_wrong", config="base", k=0), paper.FIG2["k0"]),
-        Comparison("Fig. 2: Proc. Skill at k = 2, T_wrong", cell(t, bucket="T_wrong", config="proc", k=2), paper.FIG2["proc_k2"]),
-        Comparison("Fig. 2: BASM at k = 2, T_wrong", cell(t, bucket="T_wrong", config="basm", k=2), paper.FIG2["basm_k2"]),
-    ]
-    return ReportSection(NAME, "Fig. 2 — retrieval trap (`sweep`)", paths, body, comparisons, summary)
-
-
+@register("sweep", order=10)
 @dataclass(kw_only=True)
 class Sweep(Analysis):
     """Fig. 2: wrong-tool margin against retrieval depth k = 0..K per memory configuration."""
-
-    name: ClassVar[str] = NAME
-    help: ClassVar[str] = "Fig. 2: wrong-tool margin against retrieval depth k per memory configuration."
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (Fig. 2 is T_wrong)", flag="--bucket",
@@ -154,25 +67,84 @@ class Sweep(Analysis):
                            "fields anonymised, or only the names kept", type=bool)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        return collect(ctx)
+        configs = list(dict.fromkeys([*self.configs, *(CONTROL_CONFIGS if self.controls else ()),
+                                      *(PRIMING_CONFIGS if self.priming else ())]))
+        jobs = [Job(item, config, k, ctx.fmt, ("baseline",))
+                for item in ctx.items for k in range(ctx.options.k_max + 1) for config in configs]
+        store = ctx.store(configs=configs)
+        run_jobs(ctx, store, jobs, cached_scorer(ctx, lambda record, job: (), margins=("margin",)))
+        return load_results(store.path)
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> SweepSummary:
-        return summarise_rows(rows, provenance(ctx), ctx.variant, ctx.options.seed)
+        seed = ctx.options.seed
+        table = summarise(rows, ["bucket", "config", "k"], seed=seed)
+        per_item = paired_differences(rows, {name: (a, b) for name, (a, b, _) in CONTRASTS.items()},
+                                      pair=["bucket", "item_id", "task_group", "k"])
+        differences = summarise(per_item, ["bucket", "contrast", "k"], "delta", seed=seed)
+        n_abstain = int(rows.loc[rows["correct_is_abstain"].astype(bool), "item_id"].nunique())
+        k0 = rows[rows["k"] == 0]
+        identical = bool((k0.groupby("item_id")["prompt_digest"].nunique() <= 1).all())
+        spread = k0.groupby("item_id")["margin"].agg(lambda s: float(np.nanmax(s) - np.nanmin(s)) if s.notna().any() else 0.0)
+        return SweepSummary(table, identical, float(spread.max()) if len(spread) else float("nan"), provenance(ctx), ctx.variant,
+                            n_abstain, differences, per_item)
 
     def tables(self, summary: SweepSummary) -> dict[str, pd.DataFrame]:
         return {f"{NAME}_summary": summary.table, f"{NAME}_differences": summary.differences}
 
     def claims(self, summary: SweepSummary) -> list[Claim]:
-        return sweep_claims(summary, self.seed)
+        """On T_wrong at every k ≥ 1: the trap (Proc. Skill above Base) and the suppression (BASM below
+        Proc. Skill), per item, over task groups; family "sweep"."""
+        per = summary.per_item
+        if per is None or not len(per):
+            return []
+        out = []
+        for (contrast, k), sub in per[(per["bucket"] == "T_wrong") & (per["k"] >= 1)].groupby(["contrast", "k"], sort=True):
+            a, b, alternative = CONTRASTS[contrast]
+            sub = sub[np.isfinite(sub["delta"].to_numpy(float))]
+            words = "above" if alternative == "greater" else "below"
+            out.append(effect_claim(NAME, f"{contrast} k={k}", f"on T_wrong at k = {k} the {plots.label(a)} margin is {words} "
+                                    f"{plots.label(b)} (paired by item)", sub["delta"], sub["task_group"], alternative=alternative,
+                                    seed=self.seed))
+        return out
 
     def figures(self, summary: SweepSummary, out_dir: Path) -> list[Path]:
-        return figure(summary, out_dir)
+        plots.style()
+        k0 = "identical prompts" if summary.k0_prompts_identical else "PROMPTS DIFFER"
+        note = (f"{summary.note}\nmean ± 95% bootstrap CI over task groups · "
+                f"k = 0: {k0} across configurations, max margin spread {summary.k0_max_spread:.2g} logits · "
+                f"{summary.n_abstain_items} items whose correct action is abstention left out (no correct tool)")
+        return plots.save_figure(plots.fig02_retrieval_trap(summary.table, note, summary.variant, differences=summary.differences),
+                                 out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: SweepSummary, figures: list[Path]) -> ReportSection:
-        return section(ctx, summary, figures)
+        t = summary.table
+        pivot = t.pivot_table(index=["bucket", "config"], columns="k", values="value", sort=False).reset_index()
+        pivot.columns = [str(c) if not isinstance(c, int) else f"k={c}" for c in pivot.columns]
+        body = (f"{plots.MARGIN_LABELS[ctx.variant]} by bucket, configuration and k; mean of task-group means, "
+                f"95% CIs over task groups in `{NAME}_summary.csv`. {summary.n_abstain_items} items whose correct action is "
+                f"abstention are left out (no correct tool).\n\n{markdown_table(pivot)}\n\n"
+                f"k = 0 check: prompts identical across configurations: **{summary.k0_prompts_identical}**; "
+                f"largest margin spread between configurations at k = 0: {summary.k0_max_spread:.3g} logits.\n\n"
+                f"The claims are differences on the same items (trap = Proc. Skill − Base, suppression = BASM − Proc. Skill), "
+                f"mean over task groups with 95% CIs (`{NAME}_differences.csv`):\n\n"
+                f"{markdown_table(summary.differences[['bucket', 'contrast', 'k', 'value', 'low', 'high', 'n', 'n_items', 'note']])}")
+        comparisons = [
+            Comparison("Fig. 2: margin at k = 0, T_wrong (configs coincide)", cell(t, bucket="T_wrong", config="base", k=0), paper.FIG2["k0"]),
+            Comparison("Fig. 2: Proc. Skill at k = 2, T_wrong", cell(t, bucket="T_wrong", config="proc", k=2), paper.FIG2["proc_k2"]),
+            Comparison("Fig. 2: BASM at k = 2, T_wrong", cell(t, bucket="T_wrong", config="basm", k=2), paper.FIG2["basm_k2"]),
+        ]
+        return ReportSection(NAME, "Fig. 2 — retrieval trap (`sweep`)", figures, body, comparisons, summary)
 
     def print_summary(self, summary: SweepSummary) -> None:
-        print_summary(summary)
+        pivot = summary.table.pivot_table(index=["bucket", "config"], columns="k", values="value", sort=False)
+        print(pivot.round(2).to_string())
+        print(f"k = 0 coincidence: prompts identical across configurations: {summary.k0_prompts_identical}; "
+              f"max margin spread {summary.k0_max_spread:.3g} logits")
+        print(f"margin: {plots.MARGIN_LABELS[summary.variant]}; {summary.n_abstain_items} items whose correct action is abstention "
+              "are left out of it (their call log-odds are in the rows)")
+        if summary.differences is not None and len(summary.differences):
+            print("paired differences (mean over task groups [95% CI]):\n"
+                  + summary.differences.drop(columns=["n_nan"]).round(3).to_string(index=False))
 
     def status(self, summary: SweepSummary) -> int:
         return 0 if summary.k0_prompts_identical else 1

@@ -1,6 +1,9 @@
 """The ``basm-probes`` command line.
 
-Subcommands are registered in :data:`COMMANDS` (name → adder of arguments, runner).
+Subcommands are registered in :data:`COMMANDS` (name → help, adder of arguments, runner); the
+analyses' come from the registry (:func:`probes.analyses.catalogue`). Heavy modules (torch, the
+prompt builder, the datasets) are imported by the command that uses them, so ``basm-probes --help``
+imports none of them.
 """
 
 from __future__ import annotations
@@ -10,22 +13,19 @@ import json
 import multiprocessing
 import sys
 import time
-from types import SimpleNamespace
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from probes import analyses
-from probes.analyses.base import AnalysisError, OptionError, check_depths, select_items
-from probes.data.configs import CONFIGS
-from probes.data.dataset import BUCKETS, SPLIT_KINDS, V2_DATASET_DIR, DatasetError, Item, ProbeDataset, default_study, load_dataset
-from probes.prompts.builder import FORMATS, QWEN3_TOKENIZER, BuildSettings, PromptBuilder, SpanReport, check_spans, load_tokenizer
-from probes.prompts.record import to_json
-from probes.reporting.results import atomic_path
-from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RetrievalWeights, Retriever, make_embedder
-from probes.organism import is_organism
+
+if TYPE_CHECKING:
+    from probes.data.dataset import Item, ProbeDataset
+    from probes.prompts.builder import PromptBuilder, SpanReport
+
 
 @dataclass(frozen=True)
 class Command:
@@ -43,6 +43,8 @@ def register(name: str, help_text: str, add_arguments: Callable[[argparse.Argume
 
 # ---------------------------------------------------------------------------- shared options
 def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
+    from probes.data.dataset import BUCKETS, SPLIT_KINDS
+
     group = parser.add_argument_group("items")
     group.add_argument("--dataset", type=Path, help="probe dataset folder (default: the bundled v1 set for the bundled organism's "
                        "tokenizer, basm_probe_v2 otherwise)")
@@ -56,6 +58,9 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
+    from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES
+    from probes.prompts.builder import QWEN3_TOKENIZER, BuildSettings
+
     group = parser.add_argument_group("prompt builder")
     group.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="'qwen3' (bundled real Qwen3 tokenizer) or a local folder")
     group.add_argument("--embedder", choices=EMBEDDERS, default="auto")
@@ -68,11 +73,15 @@ def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
 
 def select_build_items(dataset: ProbeDataset, args: argparse.Namespace) -> tuple[Item, ...]:
     """The items of ``build`` / ``show``: the library's selection (:func:`probes.analyses.base.select_items`)."""
+    from probes.analyses.base import select_items
+
     return select_items(dataset, SimpleNamespace(buckets=args.bucket, domains=args.domain, split=args.split,
                                                  split_kind=args.split_kind, item_ids=args.item_ids, limit=args.limit))
 
 
 def check_build_options(args: argparse.Namespace, dataset: ProbeDataset, items: Sequence[Item]) -> None:
+    from probes.analyses.base import OptionError, check_depths
+
     if args.limit is not None and args.limit < 1:
         raise OptionError(f"--limit {args.limit}: must be ≥ 1 (items per bucket)")
     for flag, k in (("--k-max", args.k_max), ("--k", getattr(args, "k", None))):
@@ -86,6 +95,9 @@ def check_build_options(args: argparse.Namespace, dataset: ProbeDataset, items: 
 def resolve_study(args: argparse.Namespace) -> argparse.Namespace:
     """``--dataset`` and ``--relevance`` default to the study defaults of the tokenizer's model
     (:func:`probes.data.dataset.default_study`)."""
+    from probes.data.dataset import default_study
+    from probes.organism import is_organism
+
     study_dataset, study_relevance = default_study(organism=is_organism(args.tokenizer))
     args.dataset = args.dataset or study_dataset
     args.relevance = getattr(args, "relevance", None) or study_relevance
@@ -93,6 +105,9 @@ def resolve_study(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def make_builder(args: argparse.Namespace, dataset: ProbeDataset, tokenizer: Any | None = None) -> PromptBuilder:
+    from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
+    from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
+
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args.tokenizer)
     settings = BuildSettings(k_max=args.k_max, gamma=args.gamma, relevance=args.relevance, beta=args.beta)
     return PromptBuilder(tokenizer, dataset, Retriever(make_embedder(args.embedder), RetrievalWeights()), settings, tokenizer_name=str(args.tokenizer))
@@ -104,6 +119,9 @@ _WORKER_JOB: tuple[Sequence[str], Sequence[int], Sequence[str]] = ((), (), ())
 
 
 def _build_item(item: Item) -> tuple[list[dict[str, Any]], SpanReport]:
+    from probes.prompts.builder import SpanReport, check_spans
+    from probes.prompts.record import to_json
+
     assert _WORKER_BUILDER is not None
     configs, ks, formats = _WORKER_JOB
     report = SpanReport()
@@ -127,6 +145,9 @@ def build_records(builder: PromptBuilder, items: Sequence[Item], configs: Sequen
 
 
 def _build_arguments(parser: argparse.ArgumentParser) -> None:
+    from probes.data.configs import CONFIGS
+    from probes.prompts.builder import FORMATS
+
     add_dataset_arguments(parser)
     add_builder_arguments(parser)
     parser.add_argument("--config", action="append", dest="configs", choices=sorted(CONFIGS), help="memory configurations (default: all)")
@@ -136,6 +157,11 @@ def _build_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
+    from probes.data.configs import CONFIGS
+    from probes.data.dataset import BUCKETS, load_dataset
+    from probes.prompts.builder import SpanReport
+    from probes.reporting.results import atomic_path
+
     start = time.perf_counter()
     dataset = load_dataset(resolve_study(args).dataset)
     items = select_build_items(dataset, args)
@@ -177,6 +203,9 @@ register("build", "Build prompt records (JSON Lines) for items × configs × k �
 
 # ---------------------------------------------------------------------------- show
 def _show_arguments(parser: argparse.ArgumentParser) -> None:
+    from probes.data.configs import CONFIGS
+    from probes.prompts.builder import FORMATS
+
     parser.add_argument("item", help="item id, e.g. retail-wrong-0003")
     parser.add_argument("--dataset", type=Path, help="probe dataset folder (default as for build)")
     parser.set_defaults(limit=None)
@@ -190,6 +219,9 @@ def _show(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
+
+    from probes.analyses.base import OptionError
+    from probes.data.dataset import load_dataset
 
     dataset = load_dataset(resolve_study(args).dataset)
     try:
@@ -246,6 +278,7 @@ def _bfcl_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _bfcl_import(args: argparse.Namespace) -> int:
+    from probes.analyses.base import OptionError
     from probes.data.bfcl import BFCLDataError, import_bfcl
     from probes.data.extract_llm import MAX_NEW_TOKENS, RETRIES
 
@@ -281,6 +314,9 @@ register("bfcl-import", "Turn the BFCL multi-turn data (bfcl-eval package) into 
 
 # ---------------------------------------------------------------------------- shortcuts, card
 def _shortcuts_arguments(parser: argparse.ArgumentParser) -> None:
+    from probes.data.dataset import V2_DATASET_DIR
+    from probes.prompts.builder import QWEN3_TOKENIZER
+
     parser.add_argument("--dataset", type=Path, default=V2_DATASET_DIR, help="probe dataset folder (default: the bundled basm_probe_v2)")
     parser.add_argument("--split-kind", choices=("template", "scenario"), default="template", help="which held-out split")
     parser.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="tokenizer of the token-length rule ('none': words only)")
@@ -291,6 +327,8 @@ def _shortcuts_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _shortcuts(args: argparse.Namespace) -> int:
+    from probes.data.dataset import load_dataset
+    from probes.prompts.builder import load_tokenizer
     from probes.scoring.shortcuts import best_shortcut, shortcut_table
 
     tokenizer = None if args.tokenizer == "none" else load_tokenizer(args.tokenizer)
@@ -308,6 +346,8 @@ def _shortcuts(args: argparse.Namespace) -> int:
 
 
 def _card_arguments(parser: argparse.ArgumentParser) -> None:
+    from probes.prompts.builder import QWEN3_TOKENIZER
+
     parser.add_argument("dataset", type=Path, help="dataset folder; CARD.md is (re)written there")
     parser.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="tokenizer of the length and collision statistics ('none': skip them)")
     parser.add_argument("--resamples", type=int, default=1000)
@@ -329,38 +369,23 @@ register("card", "Write a dataset's CARD.md: counts, shortcut baselines and firs
 
 # ---------------------------------------------------------------------------- probe analyses
 def _analysis_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
-    """The flags (derived from the analysis's keyword options) and the runner of ``basm-probes NAME``:
+    """The flags (derived from the keyword options) and the runner of ``basm-probes NAME``:
     ``probes.analyses.run(NAME, **options)``. The class is imported when its command is used."""
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         from probes.cli.options import add_options
 
-        add_options(parser, analyses.get(name))
+        add_options(parser, analyses.options_of(name))
 
     def run(args: argparse.Namespace) -> int:
         from probes.cli.options import options_from_args
 
-        return analyses.run(name, **options_from_args(args, analyses.get(name))).status
+        return analyses.run(name, **options_from_args(args, analyses.options_of(name))).status
 
     return add_arguments, run
 
 
-# the help line of each analysis command (kept here so that `basm-probes --help` imports no torch-heavy module)
-ANALYSIS_HELP = {
-    "sweep": "Fig. 2: wrong-tool margin against retrieval depth k per memory configuration.",
-    "ratios": "Figs. 3a/4: boundary/procedure attention ratio η per bucket and configuration; group-paired T_ok → T_wrong / T_repair "
-              "shifts by stratum, length-adjusted.",
-    "suppression": "Fig. 5: T_wrong wrong-tool and tool-vs-control margins for Proc. Skill, padding controls, BASM.",
-    "knockout": "Figs. 3c/d, 6, 7: same-prompt knockout of deciding-row → boundary attention, with controls.",
-    "heads": "Figs. 8/9: per-head log2(boundary/procedure) attention, head ranking and its causal check.",
-    "linear": "Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer.",
-    "calls": "Fig. 11: greedy next-action calls per k, read in every call syntax; strict and lenient call rates.",
-    "paired": "Fig. 12: paired outcome status of BASM vs procedure padding, strict and lenient (reuses calls results).",
-    "report": "Run the chosen analyses; write figures (PNG+PDF) and report.md next to the paper's numbers.",
-}
-
-for _name in analyses.REGISTRY:
-    register(_name, ANALYSIS_HELP[_name], *_analysis_command(_name))
+REPORT_HELP = "Run the chosen analyses; write figures (PNG+PDF) and report.md next to the paper's numbers."
 
 
 ORGANISM_COMMANDS = {
@@ -390,12 +415,24 @@ register("organism", "The bundled model organism: `organism train` retrains it, 
 
 
 # ---------------------------------------------------------------------------- entry point
+def commands() -> dict[str, Command]:
+    """Every subcommand in help order: the dataset tools, the registered analyses (report order),
+    ``report``, ``organism``."""
+    tools = {name: spec for name, spec in COMMANDS.items() if name != "organism"}
+    analysis_commands = {entry.name: Command(entry.help, *_analysis_command(entry.name)) for entry in analyses.catalogue().values()}
+    clashes = set(tools) & set(analysis_commands)
+    if clashes:
+        raise RuntimeError(f"analyses {sorted(clashes)} are named like a built-in command; rename them")
+    return {**tools, **analysis_commands, analyses.REPORT: Command(REPORT_HELP, *_analysis_command(analyses.REPORT)),
+            "organism": COMMANDS["organism"]}
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s flags are built (an analysis's come from its class, which
-    imports torch), or every command's with None."""
+    imports torch), every command's with None, none with "" (the top-level help lists the commands)."""
     parser = argparse.ArgumentParser(prog="basm-probes", description="Probe boundary-aware skill memory inside local HF models.")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name, spec in COMMANDS.items():
+    for name, spec in commands().items():
         sub = subparsers.add_parser(name, help=spec.help, description=spec.help)
         if command is None or name == command:
             spec.add_arguments(sub)
@@ -406,7 +443,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _known_errors() -> tuple[type[BaseException], ...]:
     """Errors whose message says what went wrong, where and what to do (no traceback needed).
     Imported when an error happens: these modules load torch."""
+    from probes.analyses.base import AnalysisError, OptionError
     from probes.analyses.parallel import ParallelError
+    from probes.data.dataset import DatasetError
     from probes.engine.loading import ModelLoadError, PromptTooLongError
     from probes.reporting.results import ResultsConfigMismatch, ResultsCorrupt, ResultsLocked
 
@@ -419,10 +458,10 @@ USAGE_ERRORS = 2  # exit code of a bad option (as argparse's own); other known e
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(next((token for token in argv if not token.startswith("-")), None))
+    parser = build_parser(next((token for token in argv if not token.startswith("-")), ""))
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command].run(args)
+        return commands()[args.command].run(args)
     except KeyboardInterrupt:
         if args.debug:
             raise
@@ -433,6 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         message = f"{error.strerror}: {error.filename}" if isinstance(error, OSError) and error.filename else str(error)
         print(f"basm-probes {args.command}: error: {message}\n(rerun with --debug for the traceback)", file=sys.stderr)
+        from probes.analyses.base import AnalysisError, OptionError
+
         return USAGE_ERRORS if isinstance(error, OptionError | AnalysisError) else 1
 
 

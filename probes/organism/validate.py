@@ -16,7 +16,7 @@ eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_
                over all layers and heads, paired by task group, on tool-correct T_wrong
                items read at the decision row (the ``ratios`` headline)
 heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 tool-correct heads rows
-               T_wrong; the ``heads`` analysis's own test (:func:`probes.analyses.heads.compute`):
+               T_wrong; the ``heads`` analysis's own test (:meth:`probes.analyses.heads.Heads.summarise`):
                span-mass floor chosen on the train split, heads ranked on half of the task groups,
                tested on the other half; random heads among the floor-passing ones, matched on B mass
 =============  ============================================================================  =========================
@@ -140,17 +140,18 @@ def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
                         n_records=int(shifts["n_target"].sum() + shifts["n_reference"].sum()))
 
 
-def heads_claim(analysis: RunContext, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
-    """The ``heads`` analysis's own selection and test (:func:`probes.analyses.heads.compute`): the
+def heads_claim(ctx: RunContext, top: int, draws: int, seed: int) -> tuple[Claim, pd.DataFrame]:
+    """The ``heads`` analysis's own selection and test (:meth:`probes.analyses.heads.Heads.summarise`): the
     span-mass floor chosen on the train split, heads ranked on one half of the task groups at that
     floor, top-N vs N random floor-passing heads matched on B mass knocked out on the other half's
     tool-correct T_wrong items."""
-    ctx = replace(analysis, options=replace(analysis.options, top_n=top, random_draws=draws, seed=seed))
-    summary = heads_mod.compute(ctx)
+    ctx = replace(ctx, options=replace(ctx.options, top_n=top, random_draws=draws, seed=seed))
+    heads = ctx.options  # the Heads analysis, resolved
+    summary = heads.summarise(ctx, heads.collect(ctx))
     if summary.differences is None or len(summary.selection.top) != top:  # no result, or one about another N
         raise AnalysisError(f"heads claim: no top-{top} result ({'; '.join(summary.messages)})")
     values = summary.differences
-    claim = paired_claim("heads", heads_mod.claims(summary)[0].statement, values["value"], pd.Series(0.0, index=values.index),
+    claim = paired_claim("heads", heads.claims(summary)[0].statement, values["value"], pd.Series(0.0, index=values.index),
                          values["task_group"], seed=seed)
     return claim, summary.ranking
 
@@ -208,12 +209,12 @@ def validate(
               "limit": limit or None, "overwrite": overwrite, "k_max": DEPTH}
     sweep = context_for(sweep_mod.Sweep(**common, buckets=["T_wrong"], configs=["proc", "basm"]), None)
     session = sweep.session
-    claims = trap_and_suppression(sweep_mod.collect(sweep), seed)
+    claims = trap_and_suppression(sweep.options.collect(sweep), seed)  # ctx.options: the analysis, resolved
     knock = context_for(knockout_mod.KnockoutAnalysis(**common, buckets=["T_wrong"], random_draws=draws), session)
-    claims += knockout_claims(knockout_mod.collect(knock), seed)
+    claims += knockout_claims(knock.options.collect(knock), seed)
     both = ["T_ok", "T_wrong"]
     ratios = context_for(ratios_mod.Ratios(**common, buckets=both, configs=["basm"]), session)
-    claims.append(eta_claim(ratios_mod.collect(ratios), seed))
+    claims.append(eta_claim(ratios.options.collect(ratios), seed))
     heads = context_for(heads_mod.Heads(**common, buckets=both), session)
     heads_claim_, rank = heads_claim(heads, top, draws, seed)
     claims.append(heads_claim_)
