@@ -617,7 +617,7 @@ def provenance(ctx: RunContext, n_items: int | None = None, *, items: bool = Tru
     n = len(ctx.items) if n_items is None else n_items
     groups = len({item.task_group for item in ctx.items}) if n_items is None else None
     count = f"items: {n}{f' ({groups} task groups)' if groups is not None else ''} · " if items else ""
-    return (f"model: {Path(ctx.model_path).name} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({split_label(a)}) · "
+    return (f"model: {model_label(ctx.model_path)} ({a.dtype}, {a.device}) · dataset: {Path(a.dataset).name} ({split_label(a)}) · "
             f"format: {a.format} · margin: {a.margin_variant} · {count}"
             f"k ≤ {a.k_max} · embedder: {ctx.builder.retriever.embedder.name} · seed {a.seed}")
 
