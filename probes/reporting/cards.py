@@ -34,7 +34,8 @@ import pandas as pd
 
 from probes.data.dataset import ABSTAIN, BUCKETS, SPLITS, ProbeDataset, load_dataset
 from probes.data.retrieval import RELEVANCE_MEASURES, Embedder, Retriever, make_embedder
-from probes.prompts.builder import NATIVE_FORCED_PREFIX, load_tokenizer
+from probes.prompts.builder import NATIVE_FORCED_PREFIX
+from probes.prompts.tokenizers import load_tokenizer
 from probes.scoring.shortcuts import best_shortcut, shortcut_table
 
 CARD_NAME = "CARD.md"
