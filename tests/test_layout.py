@@ -432,3 +432,17 @@ def test_the_facade_prompts_and_scores_as_the_scorer_and_the_controls_do(tmp_pat
     result = Sweep(limit=1, k_max=1, buckets=["T_wrong"], embedder="lexical", configs=["basm"], figure=False,
                    out=tmp_path).run(session, verbose=False)
     assert result.status == 0 and len(result.rows) == 2
+
+
+def test_one_min_ci_groups_constant() -> None:
+    """The smallest number of task groups with a CI is defined once (probes.scoring.stats); the
+    plots and the analyses import it."""
+    from probes.reporting import plots
+    from probes.scoring import stats
+
+    defined = [f"{name}:{node.lineno}" for name, path in module_names(PACKAGE_DIR).items()
+               for node in ast.walk(ast.parse(path.read_text(), str(path)))
+               if isinstance(node, ast.Assign | ast.AnnAssign)
+               and any(isinstance(t, ast.Name) and t.id == "MIN_CI_GROUPS" for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))]
+    assert len(defined) == 1 and defined[0].startswith("probes.scoring.stats:"), defined
+    assert plots.MIN_CI_GROUPS is stats.MIN_CI_GROUPS

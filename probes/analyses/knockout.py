@@ -90,6 +90,7 @@ from probes.scoring.controls import (RANDOM_POOLS, anywhere_control, block_lengt
                                      draw_span, pool_text, tool_names_of)
 from probes.scoring.margins import candidates_from_record
 from probes.scoring.score import deciding_depth, record_rng
+from probes.scoring.selectivity import SELECTIVITY, selectivity_table
 from probes.scoring.stats import bootstrap_ratio, cluster_bootstrap, no_ci_note, summarise
 
 NAME = "knockout"
@@ -583,7 +584,7 @@ def section(ctx: RunContext, summary: KnockoutSummary, paths: list[Path]) -> Rep
                  f"`basm-names`: B reduced to the tool names it mentions):\n\n{markdown_table(priming_table(summary))}")
     if len(summary.windows):
         body += f"\n\nLayer windows (Δ wrong-tool margin, T_wrong):\n\n{markdown_table(summary.windows)}"
-    sel = plots.selectivity_table(d)
+    sel = selectivity_table(d, plots.KNOCKOUT_LABELS)
     comparisons = [
         Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), paper.FIG6_DELTA["margin"]),
         Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), paper.FIG6_DELTA["broad_margin"]),
@@ -593,7 +594,7 @@ def section(ctx: RunContext, summary: KnockoutSummary, paths: list[Path]) -> Rep
     ]
     comparisons += [Comparison(f"Fig. 7: selectivity {b}–{'wrong' if m == 'margin' else 'correct'}", cell(sel, cell=c, knockout="boundary"), p,
                                note="paper: Qwen3-14B")
-                    for (b, m, c), p in zip(plots.SELECTIVITY, paper.FIG7_SELECTIVITY)]
+                    for (b, m, c), p in zip(SELECTIVITY, paper.FIG7_SELECTIVITY)]
     return ReportSection(NAME, "Figs. 3c/d, 6, 7 — same-prompt knockout (`knockout`)", paths, body, comparisons, summary)
 
 
