@@ -39,7 +39,8 @@ BACKEND_NAMES = ("native", "nnsight", "transformerlens")
 def records(model_dir: Path, n: int) -> list[dict[str, Any]]:
     from probes.data.dataset import load_dataset
     from probes.organism.train.examples import make_builder
-    from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
+    from probes.prompts.builder import BuildSettings, PromptBuilder
+    from probes.prompts.tokenizers import load_tokenizer
     from probes.data.retrieval import Retriever, make_embedder
 
     dataset = load_dataset("basm_probe")
@@ -62,7 +63,7 @@ def records(model_dir: Path, n: int) -> list[dict[str, Any]]:
 def probe_set(record: dict[str, Any], n_layers: int) -> list[Any]:
     from probes.scoring.score import record_rng
     from probes.engine.session import Knockout
-    from probes.analyses.knockout import block_lengths, control_pool, draw_span, record_tool_names
+    from probes.scoring.controls import block_lengths, control_pool, draw_span, record_tool_names
 
     blocks = record["spans"]["boundary"]
     pool = control_pool(record, "memory+procedure", record_tool_names(record))  # |B| positions: the cost of a full-size control

@@ -128,7 +128,7 @@ def knockouts(record: dict[str, Any], n_layers: int, n_heads: int, seed: int = 0
     """Ten knockouts of the kinds the analyses run (their spans from the record)."""
     from probes.scoring.score import record_rng
     from probes.engine.session import Knockout
-    from probes.analyses.knockout import block_lengths, control_pool, draw_span, record_tool_names
+    from probes.scoring.controls import block_lengths, control_pool, draw_span, record_tool_names
 
     spans = record["spans"]
     blocks = spans["boundary"]
@@ -235,7 +235,7 @@ def _summary(values: list[float | None]) -> dict[str, float | None]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from probes.scoring.score import MARGINS, score_record
     from probes.engine.session import ATTN_IMPLEMENTATION, ProbeSession
-    from probes.prompts.builder import load_tokenizer
+    from probes.prompts.tokenizers import load_tokenizer
 
     clock = Clock(args.budget_s)
     # every margin scores every catalog tool (one branch element per tool and condition); --tiny

@@ -38,7 +38,7 @@ import torch
 def tiny_qwen3(out: Path) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from probes.prompts.builder import load_tokenizer
+    from probes.prompts.tokenizers import load_tokenizer
 
     tokenizer = load_tokenizer("qwen3")
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ProbeSession": "probes.engine.session",
+    "ProbeSession": "probes.session",
     "Knockout": "probes.engine.session",
     "PromptBuilder": "probes.prompts.builder",
     "load_dataset": "probes.data.dataset",

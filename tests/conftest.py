@@ -189,7 +189,7 @@ def bfcl_import(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def qwen3_tokenizer():
     """The bundled real Qwen3 tokenizer and chat template, ``load_tokenizer("qwen3")``."""
-    from probes.prompts.builder import load_tokenizer
+    from probes.prompts.tokenizers import load_tokenizer
 
     return load_tokenizer("qwen3")
 
@@ -198,7 +198,7 @@ def qwen3_tokenizer():
 def organism_tokenizer():
     """The bundled organism's tokenizer and chat template."""
     from probes.organism import ORGANISM_DIR
-    from probes.prompts.builder import load_tokenizer
+    from probes.prompts.tokenizers import load_tokenizer
 
     return load_tokenizer(ORGANISM_DIR)
 

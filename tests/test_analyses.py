@@ -75,7 +75,8 @@ def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_
     from transformers import AutoModelForCausalLM
 
     from probes.data.dataset import load_dataset
-    from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
+    from probes.prompts.builder import BuildSettings, PromptBuilder
+    from probes.prompts.tokenizers import load_tokenizer
     from probes.data.retrieval import Retriever, make_embedder
 
     dataset = load_dataset("basm_probe")

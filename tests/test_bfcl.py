@@ -20,7 +20,8 @@ from probes.data import bfcl
 from probes.data.bfcl_exec import BFCLEnvironment, load_api_classes, parse_call
 from probes.prompts.context import partition_by_context
 from probes.data.dataset import ABSTAIN, DatasetError, load_dataset
-from probes.prompts.builder import PromptBuilder, SpanReport, check_spans
+from probes.prompts.builder import PromptBuilder
+from probes.prompts.spans import SpanReport, check_spans
 from probes.data.retrieval import Retriever, make_embedder
 
 COMMITTED = Path(__file__).resolve().parent.parent / "datasets" / "bfcl"

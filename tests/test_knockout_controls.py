@@ -31,6 +31,7 @@ from probes.data.dataset import load_dataset
 from probes.data.retrieval import Retriever, make_embedder
 from probes.engine.session import BASELINE, ProbeSession, span_positions
 from probes.prompts.builder import BuildSettings, PromptBuilder
+from probes.scoring import controls as C
 from probes.scoring.claims import Claim, absence_claim, claims_table, effect_claim
 from probes.scoring.score import record_rng
 from reference import knockout_masks, masked_eager_forward
@@ -64,14 +65,14 @@ def test_neutral_pool_over_real_records_holds_no_b_p_label_or_tool_line(setup):
     checked = short = 0
     for name, builder in builders.items():
         dataset = builder.dataset
-        names = K.tool_names_of(dataset)
+        names = C.tool_names_of(dataset)
         items = dataset.select(split="eval", buckets=["T_wrong", "T_ok", "T_repair"])[::9]
         for item in items:
             for k in (1, 2, 3):
                 record = builder.build(item, "basm", k, "native")
                 if not record["spans"].get("boundary"):
                     continue
-                pool = K.neutral_pool(record, names)
+                pool = C.neutral_pool(record, names)
                 offsets, text = np.asarray(record["offsets"]), record["text"]
                 (lo, hi), = record["spans"]["memory"]
                 b, p = set(span_positions(record["spans"]["boundary"])), set(span_positions(record["spans"]["procedure"]))
@@ -115,10 +116,10 @@ def test_mass_matched_draw_stays_in_the_band_and_says_when_it_cannot():
     weights = rng.uniform(0, 0.01, 300)
     free = np.zeros(300, dtype=bool)
     free[100:300] = True
-    positions, total, matched = K.draw_mass_matched(free, weights, 0.2, rng, 0.05)
+    positions, total, matched = C.draw_mass_matched(free, weights, 0.2, rng, 0.05)
     assert matched and 0.19 <= total <= 0.21 and free[positions].all()
     assert abs(weights[positions].sum() - total) <= 1e-12
-    positions, total, matched = K.draw_mass_matched(free, weights, 10.0, rng, 0.05)  # more than the pool holds
+    positions, total, matched = C.draw_mass_matched(free, weights, 10.0, rng, 0.05)  # more than the pool holds
     assert not matched and sorted(positions) == list(range(100, 300))
 
 
@@ -144,7 +145,7 @@ def test_knockout_mass_equals_the_eager_attention_at_the_deciding_row(setup, tin
     cfg = eager.config
     _, att = masked_eager_forward(eager, seq, knockout_masks(len(seq), BASELINE.active(cfg.num_hidden_layers, cfg.num_attention_heads), (), []))
     row = att[:, :, d + depth, : record["n_tokens"]]  # [layer, head, key]
-    draws = dict(K.draw_controls(record, K.deciding_attention(session, record), ctx.options, K.tool_names_of(builder.dataset))[0])
+    draws = dict(K.draw_controls(record, K.deciding_attention(session, record), ctx.options, C.tool_names_of(builder.dataset))[0])
     for name in ("boundary", "procedure", "random_0", "mass_0"):
         positions = span_positions(record["spans"][name]) if name in ("boundary", "procedure") else draws[name]
         want = float(row[:, :, positions].sum(-1).mean())
@@ -178,9 +179,9 @@ def _planted_rows(groups: int = 10, per_group: int = 3, draws: int = 3, slope: f
             conditions = {"baseline": ([], {}), "boundary": (b, {})}
             for i in range(draws):
                 seed = record_rng(0, rid, str(i))
-                conditions[f"bsub_{i}"] = (K.draw_positions(np.isin(np.arange(n), b), 20, seed), {"control_n": 20})
-                conditions[f"psub_{i}"] = (K.draw_positions(free, 20, seed), {"control_n": 20})
-                positions, _, matched = K.draw_mass_matched(free, weights, 0.2, seed, 0.1)
+                conditions[f"bsub_{i}"] = (C.draw_positions(np.isin(np.arange(n), b), 20, seed), {"control_n": 20})
+                conditions[f"psub_{i}"] = (C.draw_positions(free, 20, seed), {"control_n": 20})
+                positions, _, matched = C.draw_mass_matched(free, weights, 0.2, seed, 0.1)
                 conditions[f"mass_{i}"] = (positions, {"control_matched": matched})
             for name, (positions, info) in conditions.items():
                 mass = float(weights[positions].sum())

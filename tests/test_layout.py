@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -70,14 +70,24 @@ def imported_modules(node: ast.Import | ast.ImportFrom, module: str, is_package:
     return [source, *(f"{source}.{alias.name}" for alias in node.names)]
 
 
-def import_graph(package_dir: Path) -> dict[str, set[str]]:
-    """module -> the modules of the package it imports at module level (the named module: ``from X
-    import Y`` is an edge to ``X.Y`` when that is a module, else to ``X``)."""
+def every_import(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module: module level, inside functions (the lazy imports) and
+    in ``if TYPE_CHECKING:`` blocks."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+
+
+def import_graph(package_dir: Path, imports: Callable[[ast.Module], Iterable[ast.Import | ast.ImportFrom]] = module_level_imports,
+                 ) -> dict[str, set[str]]:
+    """module -> the modules of the package it imports at module level (``imports=every_import``:
+    anywhere in it) (the named module: ``from X import Y`` is an edge to ``X.Y`` when that is a
+    module, else to ``X``)."""
     modules = module_names(package_dir)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
-        for node in module_level_imports(tree):
+        for node in imports(tree):
             targets = imported_modules(node, name, path.name == "__init__.py")
             if isinstance(node, ast.ImportFrom):
                 source, *members = targets
@@ -169,6 +179,65 @@ def test_no_import_cycles() -> None:
     assert not found, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in found)
 
 
+def test_the_cycle_finder_sees_imports_inside_functions(tmp_path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def helper():\n    from pkg.high import g\n    return g\n")
+    (pkg / "high.py").write_text("from pkg.low import helper\ndef g():\n    return helper\n")
+    (pkg / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.low import helper\n")
+    assert not cycles(import_graph(pkg))  # at module level there is no cycle ...
+    graph = import_graph(pkg, every_import)  # ... but a lazy import closes one
+    assert graph == {"pkg": set(), "pkg.low": {"pkg.high"}, "pkg.high": {"pkg.low"}, "pkg.typed": {"pkg.low"}}
+    assert cycles(graph) == [["pkg.high", "pkg.low", "pkg.high"]]
+
+
+def test_no_import_cycles_through_lazy_imports() -> None:
+    """No cycle even counting the imports inside functions: a lazy import hides a cycle from the
+    interpreter, not from the design (the engine once reached up to the analyses this way)."""
+    graph = import_graph(PACKAGE_DIR, every_import)
+    assert graph["probes.session"] >= {"probes.engine.session", "probes.prompts.builder", "probes.scoring.score", "probes.scoring.controls"}
+    found = cycles(graph)
+    assert not found, "import cycles (module level and inside functions): " + "; ".join(" -> ".join(cycle) for cycle in found)
+
+
+# The engine is the bottom layer: what a probe needs from a model. The model-family backends
+# build on it. Nothing in either imports the layers above (data, prompts, scoring, analyses,
+# organism, reporting, cli) nor the notebook facade (probes.session) or the package's lazy names.
+LOWER_LAYERS = {"probes.engine": ("probes.engine",), "probes.backends": ("probes.engine", "probes.backends")}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for layer, allowed in LOWER_LAYERS.items():
+        for module in sorted(m for m in graph if m == layer or m.startswith(layer + ".")):
+            out += [f"{module} -> {target}" for target in sorted(graph[module])
+                    if not any(target == a or target.startswith(a + ".") for a in allowed)]
+    return out
+
+
+def test_the_engine_and_the_backends_import_no_upper_layer(tmp_path) -> None:
+    graph = import_graph(PACKAGE_DIR, every_import)
+    assert {"probes.engine.session", "probes.engine.generate", "probes.backends.base"} <= set(graph)
+    offenders = upward_imports(graph)
+    assert not offenders, f"the engine (or a backend) imports an upper layer: {offenders}"
+    # the check sees an upward import inside a function
+    assert upward_imports({**graph, "probes.engine.session": {"probes.engine.loading", "probes.analyses.knockout"}}) == [
+        "probes.engine.session -> probes.analyses.knockout"]
+    assert upward_imports({"probes.backends.x": {"probes.engine.session", "probes.backends.base", "probes.session"}}) == [
+        "probes.backends.x -> probes.session"]
+
+
+def test_the_notebook_session_is_the_engine_session_with_the_helpers() -> None:
+    """``probes.ProbeSession`` is the facade: an engine session (so every analysis takes it) that
+    carries ``prompt`` / ``score``; the engine's own session has neither."""
+    from probes.engine.session import ProbeSession as EngineSession
+    from probes.session import ProbeSession
+
+    assert probes.ProbeSession is ProbeSession and issubclass(ProbeSession, EngineSession)
+    assert not any(hasattr(EngineSession, name) for name in ("prompt", "score", "default_dataset"))
+
+
 # ---------------------------------------------------------------------------- nothing imports the CLI
 CLI_NAME = re.compile(r"probes\.cli(\.[A-Za-z_][\w.]*)?(:\w+)?")
 
@@ -222,6 +291,7 @@ SCRIPTS = {
         import sys
         import {", ".join(PACKAGES)}
         import probes.analyses
+        import probes.engine.chat, probes.data.extract_llm, probes.prompts.spans, probes.prompts.lengths  # torch-free leaves
         assert probes.analyses.catalogue()["sweep"].help and "sweep" in probes.ANALYSES  # the registry, without its modules
         heavy = sorted(m for m in ("torch", "transformers", "matplotlib") if m in sys.modules)
         assert not heavy, heavy
@@ -334,3 +404,45 @@ def test_ci_runs_readmes_test_command() -> None:
     assert len(readme) == 1, readme
     ci = [line.split(" #")[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
     assert ci[-1] == readme[0] and sum(line.startswith("python -m pytest") for line in ci) == 1
+
+
+def test_the_facade_prompts_and_scores_as_the_scorer_and_the_controls_do(tmp_path) -> None:
+    """``session.score(record, knockouts=[...])`` is the one record scorer under the named spans and
+    the knockout analysis's ``random_0`` neutral draw (the record's own tool names); an analysis
+    runs on the facade as on an engine session."""
+    from probes.analyses.sweep import Sweep
+    from probes.engine.session import Knockout
+    from probes.organism import ORGANISM_DIR
+    from probes.scoring.controls import block_lengths, draw_span, neutral_pool, record_tool_names
+    from probes.scoring.score import record_rng, score_record
+
+    session = probes.ProbeSession(ORGANISM_DIR, prefix_cache=0)
+    items = probes.load_dataset(session.default_dataset).select(split="eval", buckets=["T_wrong"])
+    record = next(r for r in (session.prompt(item.id, config="basm", k=2) for item in items) if r["spans"].get("boundary"))
+    rows = session.score(record, knockouts=["boundary", "procedure", "random"], seed=3)
+    blocks = record["spans"]["boundary"]
+    random, _ = draw_span(neutral_pool(record, record_tool_names(record)), block_lengths(blocks), record_rng(3, record["record_id"], "random_0"))
+    expected = score_record(session, record, [Knockout.from_spans("boundary", blocks),
+                                              Knockout.from_spans("procedure", record["spans"]["procedure"]),
+                                              Knockout("random", tuple(random))])
+    assert list(rows["condition"]) == ["baseline", "boundary", "procedure", "random"] and 0 < rows["knockout_size"].iloc[3] == len(random)
+    pd.testing.assert_frame_equal(rows, pd.DataFrame(expected))
+    with pytest.raises(ValueError, match="give a Knockout or one of"):
+        session.score(record, knockouts=["nowhere"])
+    result = Sweep(limit=1, k_max=1, buckets=["T_wrong"], embedder="lexical", configs=["basm"], figure=False,
+                   out=tmp_path).run(session, verbose=False)
+    assert result.status == 0 and len(result.rows) == 2
+
+
+def test_one_min_ci_groups_constant() -> None:
+    """The smallest number of task groups with a CI is defined once (probes.scoring.stats); the
+    plots and the analyses import it."""
+    from probes.reporting import plots
+    from probes.scoring import stats
+
+    defined = [f"{name}:{node.lineno}" for name, path in module_names(PACKAGE_DIR).items()
+               for node in ast.walk(ast.parse(path.read_text(), str(path)))
+               if isinstance(node, ast.Assign | ast.AnnAssign)
+               and any(isinstance(t, ast.Name) and t.id == "MIN_CI_GROUPS" for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))]
+    assert len(defined) == 1 and defined[0].startswith("probes.scoring.stats:"), defined
+    assert plots.MIN_CI_GROUPS is stats.MIN_CI_GROUPS

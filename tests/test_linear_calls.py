@@ -167,7 +167,8 @@ def test_generation_through_probe_attention_equals_sdpa(tiny_qwen3_dir):
 
 
 def test_generation_prompt_drops_the_forced_prefix(tiny_qwen3_dir):
-    from probes.prompts.builder import NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, load_tokenizer
+    from probes.prompts.builder import NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder
+    from probes.prompts.tokenizers import load_tokenizer
     from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
 
     dataset = load_dataset("basm_probe")

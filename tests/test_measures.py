@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from probes.scoring.score import record_rng, score_record
 from probes.data.dataset import load_dataset
 from probes.engine.session import BASELINE, Knockout, ProbeSession, span_positions
-from probes.analyses.knockout import anywhere_control, block_lengths, control_pool, draw_span, record_tool_names
+from probes.scoring.controls import anywhere_control, block_lengths, control_pool, draw_span, record_tool_names
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
 from reference import knockout_masks, masked_eager_forward

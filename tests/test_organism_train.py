@@ -46,7 +46,8 @@ from probes.organism.train.supervision import (
     install_train_attention,
     supervising,
 )
-from probes.prompts.builder import NATIVE_FORCED_PREFIX, SpanReport, check_spans
+from probes.prompts.builder import NATIVE_FORCED_PREFIX
+from probes.prompts.spans import SpanReport, check_spans
 
 TINY = dict(
     steps=3, batch_size=2, limit_items=2, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,

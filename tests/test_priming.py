@@ -16,7 +16,8 @@ import pytest
 
 from probes.data.configs import PRIMING_CONFIGS, get_config
 from probes.prompts.priming import ToolMentionRewriter
-from probes.prompts.builder import BuildSettings, PromptBuilder, SpanReport, check_spans
+from probes.prompts.builder import BuildSettings, PromptBuilder
+from probes.prompts.spans import SpanReport, check_spans
 from probes.data.retrieval import Retriever, make_embedder, tools_in_text
 from probes.data.schema import BOUNDARY_SLOTS
 

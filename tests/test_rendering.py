@@ -21,10 +21,10 @@ import pytest
 from probes.prompts.bpe import train_bpe_tokenizer
 from probes.data.configs import CONFIGS, get_config
 from probes.data.dataset import ABSTAIN
-from probes.prompts.builder import (
-    ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, TOOLS_BLOCK_HEADER, BuildSettings, PromptBuilder, SpanReport,
-    TemplateSupport, check_spans, load_tokenizer,
-)
+from probes.engine.chat import TemplateSupport
+from probes.prompts.builder import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, TOOLS_BLOCK_HEADER, BuildSettings, PromptBuilder
+from probes.prompts.spans import SpanReport, check_spans
+from probes.prompts.tokenizers import load_tokenizer
 from probes.data.retrieval import Retriever, make_embedder
 from probes.data.schema import BOUNDARY_SLOTS
 

@@ -6,7 +6,7 @@
 Uses the suite itself (``probes.data.dataset.load_dataset`` and the word measures of
 ``probes.scoring.shortcuts``), so the dataset is checked with exactly the definitions its card and
 the shortcut baselines report; request lengths are counted with the real Qwen3 tokenizer
-(``probes.prompts.builder.load_tokenizer("qwen3")``).
+(``probes.prompts.tokenizers.load_tokenizer("qwen3")``).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE))
 
 from probes.data.dataset import load_dataset  # noqa: E402
-from probes.prompts.builder import load_tokenizer  # noqa: E402
+from probes.prompts.tokenizers import load_tokenizer  # noqa: E402
 from probes.scoring.shortcuts import content_words, has_contrast, has_negation, skill_length, slot_words  # noqa: E402
 
 MAX_TOKEN_GAP = 2  # Qwen3 tokens between the T_ok and T_wrong request of one template and filler draw

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from probes.analyses.base import Analysis, AnalysisResult
     from probes.engine.session import ProbeSession
 
-REPORT = "report"  # not an analysis: the function over all of them (probes.analyses.report)
+REPORT = "report"  # not an analysis: the function over all of them
+# Loaded by name, as the analysis modules are: the report module imports this registry.
+REPORT_MODULE = "probes.analyses.report"
 UNORDERED = 1000  # the order of an analysis registered without one: after the paper's, by name
 
 T = TypeVar("T", bound=type)
@@ -138,6 +140,17 @@ def unknown_message(name: str, known: Sequence[str], what: str = "analysis") -> 
     return f"unknown {what} {name!r}{hint} Known: {', '.join(known)}"
 
 
+def make(cls: type, options: dict[str, Any]) -> Any:
+    """``cls(**options)``, with an unknown keyword answered by the close matches and every valid option."""
+    from probes.analyses.base import UnknownOption, option_fields
+
+    known = [f.name for f in option_fields(cls)]
+    for key in options:
+        if key not in known:
+            raise UnknownOption(f"{cls.name}: {unknown_message(key, known, 'option')}")
+    return cls(**options)
+
+
 def get(name: str) -> type[Analysis]:
     """The analysis class registered under ``name`` (its module is imported on first use)."""
     entries = catalogue()
@@ -155,9 +168,7 @@ def get(name: str) -> type[Analysis]:
 def options_of(name: str) -> type:
     """The options class of the command ``name``: the analysis class, or the report's options."""
     if name == REPORT:
-        from probes.analyses.report import ReportOptions
-
-        return ReportOptions
+        return importlib.import_module(REPORT_MODULE).ReportOptions
     return get(name)
 
 
@@ -179,11 +190,7 @@ def run(name: str, session: ProbeSession | None = None, **options: Any) -> Analy
     option that contradicts the given ``session`` (``dtype``, ``device``, ``backend``...) is one too.
     """
     if name == REPORT:
-        from probes.analyses.report import report
-
-        return report(session, **options)
-    from probes.analyses.base import make
-
+        return importlib.import_module(REPORT_MODULE).report(session, **options)
     return make(get(name), options).run(session)
 
 
@@ -204,4 +211,4 @@ class RegisteredNames(Sequence):
 ANALYSES = RegisteredNames()
 
 
-__all__ = ["ANALYSES", "Entry", "RegisteredNames", "UnknownAnalysis", "catalogue", "get", "options", "options_of", "register", "run"]
+__all__ = ["ANALYSES", "Entry", "RegisteredNames", "UnknownAnalysis", "catalogue", "get", "make", "options", "options_of", "register", "run"]

@@ -302,17 +302,6 @@ class RunOptions:
         return dataclasses.replace(self, **changes)
 
 
-def make(cls: type[RunOptions], options: dict[str, Any]) -> Any:
-    """``cls(**options)``, with an unknown keyword answered by the close matches and every valid option."""
-    from probes.analyses import unknown_message
-
-    known = [f.name for f in option_fields(cls)]
-    for key in options:
-        if key not in known:
-            raise UnknownOption(f"{cls.name}: {unknown_message(key, known, 'option')}")
-    return cls(**options)
-
-
 @dataclass(kw_only=True)
 class Analysis(RunOptions):
     """Base of every analysis: the shared options, and the pipeline (:meth:`run`).

@@ -70,7 +70,6 @@ condition); records left out are counted with their reason. Records whose bounda
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,8 +87,11 @@ from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
 from probes.reporting.results import load_results
 from probes.scoring.claims import Claim, absence_claim, effect_claim
+from probes.scoring.controls import (RANDOM_POOLS, anywhere_control, block_lengths, control_pool, draw_mass_matched, draw_positions,
+                                     draw_span, pool_text, tool_names_of)
 from probes.scoring.margins import candidates_from_record
 from probes.scoring.score import deciding_depth, record_rng
+from probes.scoring.selectivity import SELECTIVITY, selectivity_table
 from probes.scoring.stats import bootstrap_ratio, cluster_bootstrap, no_ci_note, summarise
 
 NAME = "knockout"
@@ -99,7 +101,6 @@ DEFAULT_DRAWS = 5
 DEFAULT_SESOI = 0.25  # logits: an odds change of 1.28×, fixed before any run; the equivalence bound of "neutral"
 DEFAULT_MASS_TOLERANCE = 0.1
 KNOCKOUT_ROWS = ("path", "endpoints")
-RANDOM_POOLS = ("neutral", "memory", "memory+procedure")
 CONTROLS = ("neutral", "count", "mass", "anywhere")
 # draw condition prefix -> (the --controls family that draws it, the knockout its draws pool into)
 DRAWS = {"random_": ("neutral", "random"), "bsub_": ("count", "count_boundary"), "psub_": ("count", "count_pool"),
@@ -108,166 +109,6 @@ B_FAMILY = ("boundary", "count_boundary")  # knockouts of B's positions (dose–
 POOL_FAMILY = ("random", "count_pool", "mass_matched")  # knockouts of the control pool's positions
 RANDOM_CONTROLS = ("random", "count_pool", "mass_matched", "random_anywhere")  # expected not to move the margin
 CLAIM_BUCKET, CLAIM_MEASURE = "T_wrong", "margin"
-
-
-# ----------------------------------------------------------------------------- control pools
-def tool_names_of(dataset: Any) -> frozenset[str]:
-    """Every tool name of a dataset: its domains' catalogs and its skills' tool lists."""
-    names = {tool.name for domain in dataset.domains.values() for tool in domain.catalog}
-    return frozenset(names | {name for skill in dataset.skills.values() for name in skill.tool_names})
-
-
-def record_tool_names(record: dict[str, Any]) -> frozenset[str]:
-    """The tool names a prompt record shows as tools: its catalog's candidates and its skills' tool lists."""
-    names = {str(c["action"]) for c in record["candidates"] if c["role"] != "abstain"}
-    for skill in record["skills"]:
-        tools = skill["slots"].get("tools")
-        names |= {name.strip() for name in tools["text"].split(",") if name.strip()} if tools else set()
-    return frozenset(names)
-
-
-def _name_pattern(names: Iterable[str]) -> re.Pattern[str] | None:
-    names = sorted(set(names), key=len, reverse=True)
-    return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, names)) + r")(?![A-Za-z0-9_])") if names else None
-
-
-def memory_lines(record: dict[str, Any]) -> list[tuple[int, int]]:
-    """Character ranges [start, end) of the memory block's lines, each with its newline."""
-    memory = record["spans"].get("memory")
-    if not memory:
-        raise ValueError(f"{record['record_id']}: the record has no memory span (rebuild it with this version)")
-    offsets = np.asarray(record["offsets"]).reshape(-1, 2)
-    (lo, hi), = memory
-    start, end = int(offsets[lo][0]), int(offsets[hi - 1][1])
-    lines, cursor = [], start
-    while cursor < end:
-        newline = record["text"].find("\n", cursor, end)
-        stop = end if newline < 0 else newline + 1
-        lines.append((cursor, stop))
-        cursor = stop
-    return lines
-
-
-def neutral_pool(record: dict[str, Any], tool_names: Iterable[str]) -> np.ndarray:
-    """bool [n_tokens]: the memory block's tokens that lie wholly on lines that hold no token of B
-    or P, are not the label line of a B or P section (``Risk cues:``, ``Procedure:``) and name no
-    tool of ``tool_names`` (a whole-identifier match). What remains is the block's framing, the
-    skill headers and tool-free goal text."""
-    offsets = np.asarray(record["offsets"]).reshape(-1, 2)
-    (lo, hi), = record["spans"]["memory"]
-    lines = memory_lines(record)
-    starts = np.array([a for a, _ in lines])
-    first, last = starts[0], lines[-1][1]
-
-    def touched(token: int) -> range:  # the lines a token's characters lie on
-        a, b = int(offsets[token][0]), int(offsets[token][1])
-        return range(int(np.searchsorted(starts, a, side="right")) - 1, int(np.searchsorted(starts, max(a, b - 1), side="right")))
-
-    bp = set(span_positions(record["spans"].get("boundary", []))) | set(span_positions(record["spans"].get("procedure", [])))
-    on_bp = np.zeros(len(lines), dtype=bool)
-    for token in bp:
-        if lo <= token < hi:
-            on_bp[list(touched(token))] = True
-    pattern = _name_pattern(tool_names)
-    text = record["text"]
-    excluded = on_bp.copy()
-    for i, (a, b) in enumerate(lines):
-        line = text[a:b]
-        if pattern is not None and pattern.search(line):
-            excluded[i] = True
-        # the label line of a B or P section: "…:" followed by a line of that section
-        if line.strip().endswith(":") and i + 1 < len(lines) and on_bp[i + 1]:
-            excluded[i] = True
-    free = np.zeros(record["n_tokens"], dtype=bool)
-    for token in range(lo, hi):
-        a, b = int(offsets[token][0]), int(offsets[token][1])
-        if token in bp or b <= a or a < first or b > last:  # empty or reaching outside the block: never
-            continue
-        free[token] = not excluded[list(touched(token))].any()
-    return free
-
-
-def control_pool(record: dict[str, Any], pool: str, tool_names: Iterable[str]) -> np.ndarray:
-    """bool [n_tokens]: where the random controls draw under ``--random-pool`` (see the module docstring);
-    ``memory``: the memory block outside B and P; ``memory+procedure``: outside B only (P allowed)."""
-    if pool not in RANDOM_POOLS:
-        raise ValueError(f"random pool must be one of {RANDOM_POOLS}, got {pool!r}")
-    if pool == "neutral":
-        return neutral_pool(record, tool_names)
-    if not record["spans"].get("memory"):
-        raise ValueError(f"{record['record_id']}: the record has no memory span (rebuild it with this version)")
-    free = np.zeros(record["n_tokens"], dtype=bool)
-    free[span_positions(record["spans"]["memory"])] = True
-    free[span_positions(record["spans"].get("boundary", []))] = False
-    if pool == "memory":
-        free[span_positions(record["spans"].get("procedure", []))] = False
-    return free
-
-
-def pool_text(pool: str) -> str:
-    """Where a ``--random-pool`` draws, in words (figure notes and the report)."""
-    return {"neutral": "memory block outside B, P, their section labels and every line naming a tool",
-            "memory": "memory block outside B and P", "memory+procedure": "memory block outside B (P allowed)"}[pool]
-
-
-# ----------------------------------------------------------------------------- draws
-def draw_span(free: np.ndarray, lengths: Sequence[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
-    """Positions of runs with the given ``lengths`` among the ``free`` positions (bool mask),
-    non-overlapping. A run with no contiguous room is split in halves until its pieces fit; the
-    total is capped at the free room. Returns (sorted positions, lengths of the runs placed)."""
-    free = np.asarray(free, dtype=bool).copy()
-    out: list[int] = []
-    pieces: list[int] = []
-    queue = [int(x) for x in rng.permutation(np.asarray(lengths, dtype=int))]
-    while queue and free.any():
-        length = min(queue.pop(0), int(free.sum()))
-        # starts whose whole run is free: a run-length test over the free mask
-        window = np.convolve(free.astype(int), np.ones(length, dtype=int), mode="valid") == length
-        starts = np.flatnonzero(window)
-        if not len(starts):
-            queue[:0] = [length - length // 2, length // 2]
-            continue
-        start = int(rng.choice(starts))
-        free[start : start + length] = False
-        out += range(start, start + length)
-        pieces.append(length)
-    return sorted(out), pieces
-
-
-def draw_positions(free: np.ndarray, n: int, rng: np.random.Generator) -> list[int]:
-    """``n`` positions drawn uniformly without replacement among the ``free`` ones (n ≤ their count)."""
-    candidates = np.flatnonzero(np.asarray(free, dtype=bool))
-    if n > len(candidates):
-        raise ValueError(f"cannot draw {n} positions from {len(candidates)}")
-    return sorted(int(x) for x in rng.choice(candidates, size=n, replace=False))
-
-
-def draw_mass_matched(free: np.ndarray, weights: np.ndarray, target: float, rng: np.random.Generator,
-                      tolerance: float) -> tuple[list[int], float, bool]:
-    """Free positions visited in a random order, each kept when it brings the total weight closer to
-    ``target`` (so the total ends within half a position's weight of it, above or below with equal
-    chance: stopping at the first total inside the band would undershoot on average). Returns
-    (positions, their total weight, matched): matched is whether the total lies within ±tolerance·target
-    (False where the free positions hold too little weight, or one position too much)."""
-    chosen: list[int] = []
-    total = 0.0
-    for position in rng.permutation(np.flatnonzero(np.asarray(free, dtype=bool))):
-        if abs(total + weights[position] - target) < abs(total - target):
-            chosen.append(int(position))
-            total += float(weights[position])
-    return sorted(chosen), total, bool(target > 0 and abs(total - target) <= tolerance * target)
-
-
-def block_lengths(blocks: Sequence[Sequence[int]]) -> list[int]:
-    return [int(e) - int(s) for s, e in blocks]
-
-
-def anywhere_control(record: dict[str, Any], blocks: Sequence[Sequence[int]], rng: np.random.Generator) -> tuple[list[int], list[int]]:
-    """Same-length runs anywhere before the first query row except B and token 0."""
-    free = np.ones(min(record["query_rows"]), dtype=bool)
-    free[0] = False
-    free[[p for p in span_positions(blocks) if p < len(free)]] = False
-    return draw_span(free, block_lengths(blocks), rng)
 
 
 # ----------------------------------------------------------------------------- dose
@@ -778,7 +619,7 @@ class KnockoutAnalysis(Analysis):
                      f"`basm-names`: B reduced to the tool names it mentions):\n\n{markdown_table(priming_table(summary))}")
         if len(summary.windows):
             body += f"\n\nLayer windows (Δ wrong-tool margin, T_wrong):\n\n{markdown_table(summary.windows)}"
-        sel = plots.selectivity_table(d)
+        sel = selectivity_table(d, plots.KNOCKOUT_LABELS)
         comparisons = [
             Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), paper.FIG6_DELTA["margin"]),
             Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), paper.FIG6_DELTA["broad_margin"]),
@@ -788,7 +629,7 @@ class KnockoutAnalysis(Analysis):
         ]
         comparisons += [Comparison(f"Fig. 7: selectivity {b}–{'wrong' if m == 'margin' else 'correct'}", cell(sel, cell=c, knockout="boundary"), p,
                                    note="paper: Qwen3-14B")
-                        for (b, m, c), p in zip(plots.SELECTIVITY, paper.FIG7_SELECTIVITY)]
+                        for (b, m, c), p in zip(SELECTIVITY, paper.FIG7_SELECTIVITY)]
         return ReportSection(NAME, "Figs. 3c/d, 6, 7 — same-prompt knockout (`knockout`)", figures, body, comparisons, summary)
 
     def print_summary(self, summary: KnockoutSummary) -> None:

@@ -13,5 +13,5 @@ FIG5_BROAD = {"proc": 14.24, "basm": 5.20}
 # Fig. 6: boundary knockout on T_wrong: Δm and the share of the Proc.–BASM gap it recovers (%).
 FIG6_DELTA = {"margin": 3.45, "broad_margin": 3.65}
 FIG6_RECOVERED = {"margin": 69.4, "broad_margin": 41.0}
-# Fig. 7 (Qwen3-14B): selectivity of the boundary knockout, in the order of plots.SELECTIVITY.
+# Fig. 7 (Qwen3-14B): selectivity of the boundary knockout, in the order of probes.scoring.selectivity.SELECTIVITY.
 FIG7_SELECTIVITY = (0.27, 0.04, -0.11)

@@ -35,7 +35,6 @@ from probes.analyses.base import (
     ReportSection,
     RunOptions,
     default_model,
-    make,
     model_label,
     open_context,
     open_session,
@@ -185,7 +184,7 @@ def report(session: ProbeSession | None = None, **options: Any) -> AnalysisResul
     write their figures, ``report.md`` and ``claims.csv`` next to the paper's numbers; keyword
     ``options``: ``probes.options("report")``. Returns the comparisons with the paper as rows and
     the sections (by analysis) as the summary; status 1 when an analysis failed."""
-    return run_report(make(ReportOptions, options), session)
+    return run_report(registry.make(ReportOptions, options), session)
 
 
 def run_report(options: ReportOptions, session: ProbeSession | None = None) -> AnalysisResult:

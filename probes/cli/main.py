@@ -24,7 +24,8 @@ from probes import analyses
 
 if TYPE_CHECKING:
     from probes.data.dataset import Item, ProbeDataset
-    from probes.prompts.builder import PromptBuilder, SpanReport
+    from probes.prompts.builder import PromptBuilder
+    from probes.prompts.spans import SpanReport
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
     from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES
-    from probes.prompts.builder import QWEN3_TOKENIZER, BuildSettings
+    from probes.prompts.builder import BuildSettings
+    from probes.prompts.tokenizers import QWEN3_TOKENIZER
 
     group = parser.add_argument_group("prompt builder")
     group.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="'qwen3' (bundled real Qwen3 tokenizer) or a local folder")
@@ -106,7 +108,8 @@ def resolve_study(args: argparse.Namespace) -> argparse.Namespace:
 
 def make_builder(args: argparse.Namespace, dataset: ProbeDataset, tokenizer: Any | None = None) -> PromptBuilder:
     from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
-    from probes.prompts.builder import BuildSettings, PromptBuilder, load_tokenizer
+    from probes.prompts.builder import BuildSettings, PromptBuilder
+    from probes.prompts.tokenizers import load_tokenizer
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args.tokenizer)
     settings = BuildSettings(k_max=args.k_max, gamma=args.gamma, relevance=args.relevance, beta=args.beta)
@@ -119,7 +122,7 @@ _WORKER_JOB: tuple[Sequence[str], Sequence[int], Sequence[str]] = ((), (), ())
 
 
 def _build_item(item: Item) -> tuple[list[dict[str, Any]], SpanReport]:
-    from probes.prompts.builder import SpanReport, check_spans
+    from probes.prompts.spans import SpanReport, check_spans
     from probes.prompts.record import to_json
 
     assert _WORKER_BUILDER is not None
@@ -159,7 +162,7 @@ def _build_arguments(parser: argparse.ArgumentParser) -> None:
 def _build(args: argparse.Namespace) -> int:
     from probes.data.configs import CONFIGS
     from probes.data.dataset import BUCKETS, load_dataset
-    from probes.prompts.builder import SpanReport
+    from probes.prompts.spans import SpanReport
     from probes.reporting.results import atomic_path
 
     start = time.perf_counter()
@@ -315,7 +318,7 @@ register("bfcl-import", "Turn the BFCL multi-turn data (bfcl-eval package) into 
 # ---------------------------------------------------------------------------- shortcuts, card
 def _shortcuts_arguments(parser: argparse.ArgumentParser) -> None:
     from probes.data.dataset import V2_DATASET_DIR
-    from probes.prompts.builder import QWEN3_TOKENIZER
+    from probes.prompts.tokenizers import QWEN3_TOKENIZER
 
     parser.add_argument("--dataset", type=Path, default=V2_DATASET_DIR, help="probe dataset folder (default: the bundled basm_probe_v2)")
     parser.add_argument("--split-kind", choices=("template", "scenario"), default="template", help="which held-out split")
@@ -328,7 +331,7 @@ def _shortcuts_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _shortcuts(args: argparse.Namespace) -> int:
     from probes.data.dataset import load_dataset
-    from probes.prompts.builder import load_tokenizer
+    from probes.prompts.tokenizers import load_tokenizer
     from probes.scoring.shortcuts import best_shortcut, shortcut_table
 
     tokenizer = None if args.tokenizer == "none" else load_tokenizer(args.tokenizer)
@@ -346,7 +349,7 @@ def _shortcuts(args: argparse.Namespace) -> int:
 
 
 def _card_arguments(parser: argparse.ArgumentParser) -> None:
-    from probes.prompts.builder import QWEN3_TOKENIZER
+    from probes.prompts.tokenizers import QWEN3_TOKENIZER
 
     parser.add_argument("dataset", type=Path, help="dataset folder; CARD.md is (re)written there")
     parser.add_argument("--tokenizer", default=QWEN3_TOKENIZER, help="tokenizer of the length and collision statistics ('none': skip them)")

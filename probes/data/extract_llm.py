@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from probes.data.schema import SLOTS, Skill, SkillValidationError, Tool, ToolCatalog, validate_skill
+from probes.engine.chat import MAX_NEW_TOKENS, Reply  # noqa: F401  (MAX_NEW_TOKENS: the default reply budget, named here for the CLI)
 
 # What each slot holds, as the prompt states it (keyed by the schema's slots, in their order).
 SLOT_SPEC: dict[str, str] = {
@@ -41,16 +42,7 @@ SYSTEM_PROMPT = ("You extract boundary-aware skills from tool-use trajectories. 
                  "Reply with one JSON object and nothing else.")
 NO_EVIDENCE = "no boundary evidence: not prompted"
 RETRIES = 2  # corrected replies asked for after a rejected one
-MAX_NEW_TOKENS = 512  # reply budget: a seven-slot skill with a few items per slot fits
 _FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?```", re.S)
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A generated reply: its text and whether it ran into ``max_new_tokens`` (no end-of-turn)."""
-
-    text: str
-    truncated: bool = False
 
 
 class TextGenerator(Protocol):

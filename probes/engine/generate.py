@@ -13,9 +13,8 @@ from typing import Any
 
 import torch
 
-from probes.data.extract_llm import MAX_NEW_TOKENS, Reply
+from probes.engine.chat import MAX_NEW_TOKENS, Reply, TemplateSupport
 from probes.engine.loading import ModelLoadError, load_model
-from probes.prompts.builder import TemplateSupport
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:

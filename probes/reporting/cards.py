@@ -34,7 +34,8 @@ import pandas as pd
 
 from probes.data.dataset import ABSTAIN, BUCKETS, SPLITS, ProbeDataset, load_dataset
 from probes.data.retrieval import RELEVANCE_MEASURES, Embedder, Retriever, make_embedder
-from probes.prompts.builder import NATIVE_FORCED_PREFIX, load_tokenizer
+from probes.prompts.builder import NATIVE_FORCED_PREFIX
+from probes.prompts.tokenizers import load_tokenizer
 from probes.scoring.shortcuts import best_shortcut, shortcut_table
 
 CARD_NAME = "CARD.md"
@@ -138,7 +139,7 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
     dataset_dir = Path(dataset_dir)
     dataset = load_dataset(dataset_dir)
     loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
-    tokenizer_label = "none" if tokenizer is None else ("Qwen3 (probes.prompts.builder.load_tokenizer('qwen3'))" if str(tokenizer) == "qwen3" else Path(tokenizer).name)
+    tokenizer_label = "none" if tokenizer is None else ("Qwen3 (probes.prompts.tokenizers.load_tokenizer('qwen3'))" if str(tokenizer) == "qwen3" else Path(tokenizer).name)
     kinds = ["template"] + (["scenario"] if all(item.split_scenario is not None for item in dataset.items) else [])
     table = pd.concat([shortcut_table(dataset, splits=("eval", None), split_kind="template", tokenizer=loaded, resamples=resamples, seed=seed)]
                       + [shortcut_table(dataset, splits=("eval",), split_kind=kind, tokenizer=loaded, resamples=resamples, seed=seed) for kind in kinds[1:]],

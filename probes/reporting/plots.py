@@ -19,6 +19,8 @@ import seaborn as sns
 
 from probes.data.configs import CONFIGS, config_label
 from probes.reporting.results import atomic_path
+from probes.scoring.selectivity import SELECTIVITY, selectivity_table
+from probes.scoring.stats import MIN_CI_GROUPS, no_ci_note
 
 BUCKET_LABELS: dict[str, str] = {
     "T_ok": r"$T_{\mathrm{ok}}$",
@@ -102,13 +104,10 @@ def footnote(fig: plt.Figure, text: str, y: float = -0.01) -> None:
     fig.text(0.01, y, text, ha="left", va="top", fontsize=7.5, color="0.35", wrap=True)
 
 
-MIN_CI_GROUPS = 2  # as probes.analyses.base.MIN_CI_GROUPS: fewer task groups give no CI
-
-
 def no_ci_label(n_groups: float) -> str:
-    """What a cell without a CI shows instead of an error bar (as ``probes.analyses.base.no_ci_note``)."""
-    n = int(n_groups) if np.isfinite(n_groups) else 0
-    return f"no CI ({n} group{'' if n == 1 else 's'})" if n < MIN_CI_GROUPS else "no CI"
+    """What a cell without a CI shows instead of an error bar: :func:`probes.scoring.stats.no_ci_note`
+    where too few task groups are the reason, else ``no CI``."""
+    return no_ci_note(int(n_groups) if np.isfinite(n_groups) else 0) or "no CI"
 
 
 def ci_groups(frame: pd.DataFrame) -> np.ndarray:
@@ -524,22 +523,9 @@ def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, window
     return fig
 
 
-SELECTIVITY = (("T_wrong", "margin", r"$T_{\mathrm{wrong}}$–wrong"), ("T_wrong", "correct_margin", r"$T_{\mathrm{wrong}}$–correct"),
-               ("T_ok", "correct_margin", r"$T_{\mathrm{ok}}$–correct"))
-
-
-def selectivity_table(deltas: pd.DataFrame) -> pd.DataFrame:
-    """The three cells of Fig. 7 per knockout: cell, knockout, value, low, high, n."""
-    parts = []
-    for bucket, measure, cell in SELECTIVITY:
-        sub = deltas[(deltas["bucket"] == bucket) & (deltas["measure"] == measure) & deltas["knockout"].isin(KNOCKOUT_LABELS)]
-        parts.append(sub.assign(cell=cell))
-    return pd.concat(parts) if parts else pd.DataFrame()
-
-
 def _selectivity_panel(ax: plt.Axes, deltas: pd.DataFrame, labels: dict[str, str] | None = None) -> None:
     labels = labels or KNOCKOUT_LABELS
-    table = selectivity_table(deltas)
+    table = selectivity_table(deltas, KNOCKOUT_LABELS)
     cells = [c for _, _, c in SELECTIVITY if c in set(table["cell"])]
     knockouts = _ordered(table["knockout"], tuple(KNOCKOUT_LABELS))
     grouped_bars(ax, table, cells, knockouts, group_col="cell", series_col="knockout", annotate=len(knockouts) <= 4,

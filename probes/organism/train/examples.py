@@ -30,7 +30,8 @@ from probes.data.schema import SLOTS, Skill
 from probes.organism import ORGANISM_NAME
 from probes.organism.train.supervision import attention_targets, content_word, request_words
 from probes.prompts.bpe import train_bpe_tokenizer
-from probes.prompts.builder import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder, tokens_overlapping
+from probes.prompts.builder import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder
+from probes.prompts.spans import tokens_overlapping
 
 # ----------------------------------------------------------------------------- mixture
 # Sampling weight of a training example per (configuration, bucket), for every k in 1..4.

