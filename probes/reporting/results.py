@@ -231,6 +231,18 @@ def check_target(path: Path) -> None:
         raise ResultsNotOurs(f"{path} exists and is not a regular file; remove it, or use another --out")
 
 
+def check_inside(folder: str | Path, root: str | Path) -> Path:
+    """``folder`` (under ``root``, the ``--out`` of a run), refused when a symbolic link inside
+    ``root`` leads it elsewhere: a run writes only inside its ``--out`` (``root`` itself may be a link)."""
+    folder, root = Path(folder), Path(root)
+    real_root = root.resolve()
+    if folder.resolve() != real_root and real_root not in folder.resolve().parents:
+        links = [p for p in [folder, *folder.parents] if p != root and root in p.parents and p.is_symlink()]
+        raise ResultsNotOurs(f"{links[0] if links else folder} is a symbolic link out of --out {root}; basm-probes writes only "
+                             "inside --out and never follows a link out of it: remove the link, or use another --out")
+    return folder
+
+
 def _lock(path: Path) -> None:
     check_target(path)
     try:  # O_NOFOLLOW: a link put there after the check is refused too, never followed (or created at its target)
