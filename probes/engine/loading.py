@@ -216,7 +216,7 @@ def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
         raise ModelLoadError(f"cannot convert GGUF {path}: {e}") from e
     except (struct.error, OSError, EOFError, IndexError, TypeError, UnicodeDecodeError) as e:  # a damaged or fake file
         raise ModelLoadError(f"cannot convert GGUF {path}: the file is damaged or not a GGUF model "
-                             f"({'struct.error' if isinstance(e, struct.error) else type(e).__name__}: {e}); copy it again or pass a model folder") from e
+                             f"({'struct.error' if isinstance(e, struct.error) else type(e).__name__}; {e}); copy it again or pass a model folder") from e
     # The weights are already dequantised to fp32; transformers still marks a GGUF-loaded model as
     # quantized and refuses to serialise it, so drop the marker before saving.
     model.hf_quantizer = None

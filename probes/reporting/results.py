@@ -482,7 +482,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         tmp.replace(path)
     except OSError as error:
         if error.filename is None:  # e.g. EFBIG / ENOSPC from a write: say which file
-            raise OSError(error.errno, f"{error.strerror or error} (writing {path})", str(path)) from error
+            raise OSError(error.errno, error.strerror or str(error), str(path)) from error
         raise
     finally:
         tmp.unlink(missing_ok=True)
