@@ -299,11 +299,19 @@ def read_keys(path: str | Path) -> frozenset[str]:
     return frozenset(row["key"] for row in _scan(Path(path))[1])
 
 
-def _write_handle(path: Path, *, append: bool) -> Any:
+@contextmanager
+def _write_handle(path: Path, *, append: bool) -> Iterator[Any]:
     """``path`` opened for writing text without following a link (a link swapped in after the
-    checks of :func:`_lock` is refused with ELOOP, never written through)."""
+    checks of :func:`_lock` is refused with ELOOP, never written through); a write error (a full
+    disk) names the file."""
     flags = os.O_WRONLY | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
-    return os.fdopen(os.open(path, flags), "a" if append else "w")
+    try:
+        with os.fdopen(os.open(path, flags), "a" if append else "w") as handle:
+            yield handle
+    except OSError as error:
+        if error.filename is None:
+            raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+        raise
 
 
 _HEADER_START = b'{"_meta": '
