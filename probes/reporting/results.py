@@ -9,6 +9,11 @@ torn last line, and refuses a file whose configuration, keys or lines do not che
 One writer per file: a store holds an exclusive ``fcntl.flock`` on its file for the life of the
 process (the kernel drops it when the process dies, so a lock is never stale).
 
+Only our own files: a results path that is a symbolic link is refused (never written through, not
+even with ``--overwrite``), and a file whose line 1 is not a results header is replaced only with
+``--overwrite`` (:class:`ResultsNotOurs`). Every row is checked against the row schema on resume
+and on reading (:func:`_parse_row`): a bad line is named with its number and never kept.
+
 Shard files: the ranks of a parallel run (``probes.analyses.parallel``) each write
 ``<stem>.rank<R>-of-<W>.jsonl`` next to the results file, with the same header; rank 0 merges them
 into the results file (:meth:`ResultsStore.merge`) and deletes them. Opening a results file merges
@@ -166,8 +171,9 @@ def _scan(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
     """(header, rows, byte length of the complete lines) of a results file.
 
     A last line without its newline is torn (a kill or a full disk mid-write) and left out. A
-    complete line that is not a row, or a key written twice, is damage that resuming or reading
-    must not paper over: :class:`ResultsCorrupt` names the line.
+    complete line that is not a row of the schema (:func:`_parse_row`), a row of another kind than
+    the file's others, or a key written twice, is damage that resuming or reading must not paper
+    over: :class:`ResultsCorrupt` names the line.
     """
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
