@@ -668,5 +668,5 @@ def test_items_that_cannot_be_scored_fail_validation(dataset: Path, wrong_tools:
     assert first["correct_action"]["tool"] == "get_order_details"
     first["wrong_tools"] = wrong_tools
     items.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
-    with pytest.raises(DatasetError, match=re.escape(f"items.jsonl:1 (item retail-ok-0001): ") + ".*" + re.escape(message)):
+    with pytest.raises(DatasetError, match=re.escape("items.jsonl:1 (item retail-ok-0001): ") + ".*" + re.escape(message)):
         load_dataset(dataset)
