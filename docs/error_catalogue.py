@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -35,13 +36,15 @@ NO_MODEL = "<tmp>/no-model"  # options and datasets are checked before the model
 
 @dataclass(frozen=True)
 class Case:
-    """One bad input: ``argv`` (``<tmp>`` replaced by the case's folder) after ``setup(tmp)``."""
+    """One bad input: ``argv`` (``<tmp>`` replaced by the case's folder) after ``setup(tmp)``, run
+    inside ``during(tmp)`` (a fault injected while the command runs, e.g. a full disk)."""
 
     name: str
     argv: list[str]
     code: int
     expect: str  # a fragment the message must hold
     setup: Callable[[Path], None] = lambda tmp: None
+    during: Callable[[Path], contextlib.AbstractContextManager] = lambda tmp: contextlib.nullcontext()
 
 
 def _sweep(*extra: str, model: str = NO_MODEL) -> list[str]:
@@ -117,6 +120,89 @@ def _conflicting_shard(tmp: Path) -> None:
     path.with_name("sweep.rank1-of-2.jsonl").write_text(f"{header}\n{json.dumps(row)}\n")
 
 
+def _symlinked_results(tmp: Path) -> None:
+    """The results path is a link to a file outside --out."""
+    _model(tmp)
+    (tmp / "victim.txt").write_text("precious\nlines\n")
+    (tmp / "out" / "model").mkdir(parents=True)
+    (tmp / "out" / "model" / "sweep.jsonl").symlink_to(tmp / "victim.txt")
+
+
+def _foreign_file(tmp: Path) -> None:
+    """A file of another program, without a newline, at the results path."""
+    _model(tmp)
+    (tmp / "out" / "model").mkdir(parents=True)
+    (tmp / "out" / "model" / "sweep.jsonl").write_text("my notes, no newline")
+
+
+def _linked_folder(tmp: Path) -> None:
+    """The results folder under --out is a link to a folder outside it."""
+    _model(tmp)
+    (tmp / "elsewhere").mkdir()
+    (tmp / "out").mkdir()
+    (tmp / "out" / "model").symlink_to(tmp / "elsewhere")
+
+
+def _weights_edited_in_place(tmp: Path) -> None:
+    """A finished results file, then one byte of a tensor changed in place and the mtime put back."""
+    _results(lambda lines: lines)(tmp)
+    weights = tmp / "model" / "model.safetensors"
+    before = weights.stat()
+    with weights.open("r+b") as handle:
+        start = 8 + int.from_bytes(handle.read(8), "little")  # the first byte of the first tensor
+        handle.seek(start)
+        byte = handle.read(1)
+        handle.seek(start)
+        handle.write(bytes([byte[0] ^ 1]))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def _latin1_items(tmp: Path) -> None:
+    _dataset(lambda lines: lines)(tmp)
+    items = tmp / "data" / "items.jsonl"
+    lines = items.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b'"user": "', b'"user": "caf\xe9 ', 1)
+    items.write_bytes(b"\n".join(lines))
+
+
+def _bytes(name: str, data: bytes) -> Callable[[Path], None]:
+    return lambda tmp: (tmp / name).write_bytes(data)
+
+
+def _bad_pickle(tmp: Path) -> None:
+    """The organism with its safetensors swapped for a malformed pickle."""
+    _model(tmp)
+    (tmp / "model" / "model.safetensors").unlink()
+    (tmp / "model" / "pytorch_model.bin").write_bytes(b"\x80\x04\x95garbage, not a pickle of tensors")
+
+
+@contextlib.contextmanager
+def _disk_full_at(limit: int, tmp: Path):
+    """Writes under ``tmp`` fail with ENOSPC once a file would pass ``limit`` characters (a full
+    disk), and the card's statistics are a stand-in text (the write is what is tested)."""
+    import errno
+    from unittest import mock
+
+    real = Path.write_text
+
+    def write_text(self: Path, data: str, *args: object, **kwargs: object) -> int:
+        if str(self).startswith(str(tmp)) and len(data) > limit:
+            real(self, data[:limit], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data, *args, **kwargs)
+
+    with mock.patch.object(Path, "write_text", write_text), \
+            mock.patch("probes.reporting.cards.dataset_card", lambda *a, **k: "# Dataset card\n" + "measured line\n" * 1500):
+        yield
+
+
+def _card_and_stale_temporary(tmp: Path) -> None:
+    """A dataset whose CARD.md is whole, next to the empty temporary file of a killed writer."""
+    _dataset(lambda lines: lines)(tmp)
+    (tmp / "data" / ".CARD.999999999.tmp.md").write_bytes(b"")
+
+
+GGUF_V3 = b"GGUF" + (3).to_bytes(4, "little")
 DATA = ["--dataset", "<tmp>/data"]
 CASES: list[Case] = [
     # options, checked before any model is loaded
@@ -172,6 +258,50 @@ CASES: list[Case] = [
          _conflicting_shard),
     Case("results: not a results file", _sweep(model="<tmp>/model"), 1, "line 1 is not a results header",
          _results(lambda lines: ["hello", *lines[1:]])),
+    Case("results: the results path is a link out of --out", _sweep(model="<tmp>/model"), 1, "sweep.jsonl is a symbolic link (to <tmp>/victim.txt)",
+         _symlinked_results),
+    Case("results: the results path is a link, with --overwrite", _sweep("--overwrite", model="<tmp>/model"), 1,
+         "never writes through a link, not even with --overwrite", _symlinked_results),
+    Case("results: a file of another program without a newline", _sweep(model="<tmp>/model"), 1,
+         "sweep.jsonl is not a basm-probes results file", _foreign_file),
+    Case("results: the results folder is a link out of --out", _sweep(model="<tmp>/model"), 1,
+         "<tmp>/out/model is a symbolic link out of --out", _linked_folder),
+    Case("results: a row that is only a key", _sweep(model="<tmp>/model"), 1, "sweep.jsonl:4: not a results row (damaged or edited: the row holds a key and nothing else)",
+         _results(lambda lines: [*lines, '{"key": "bogus|key"}'])),
+    Case("results: a bare NaN line", _sweep(model="<tmp>/model"), 1, "sweep.jsonl:4: not a results row (damaged or edited: NaN is not strict JSON",
+         _results(lambda lines: [*lines, "NaN"])),
+    Case("results: a NaN token in a row", _sweep(model="<tmp>/model"), 1, "sweep.jsonl:2: not a results row (damaged or edited: NaN is not strict JSON",
+         _results(lambda lines: [lines[0], lines[1][:-1] + ', "extra": NaN}', *lines[2:]])),
+    Case("results: a list as key", _sweep(model="<tmp>/model"), 1, "sweep.jsonl:4: not a results row (damaged or edited: 'key' must be a non-empty string",
+         _results(lambda lines: [*lines, '{"key": ["a", "b"], "margin": 1.0}'])),
+    Case("results: a key that does not match its row", _sweep(model="<tmp>/model"), 1, "sweep.jsonl:2: not a results row (damaged or edited: key 'bogus|key' does not match",
+         _results(lambda lines: [lines[0], lines[1].replace('"key": "', '"key": "bogus|key", "was": "', 1), *lines[2:]])),
+    Case("results: a _nonfinite path not in the row", _sweep(model="<tmp>/model"), 1, "_nonfinite path 'no/such/field' does not lead to a null value",
+         _results(lambda lines: [lines[0], lines[1][:-1] + ', "_nonfinite": {"no/such/field": "nan"}}', *lines[2:]])),
+    Case("results: a _nonfinite value other than nan/inf", _sweep(model="<tmp>/model"), 1, "must be one of nan, inf, -inf, got 'NaN-ish'",
+         _results(lambda lines: [lines[0], lines[1][:-1] + ', "_nonfinite": {"margin": "NaN-ish"}}', *lines[2:]])),
+    Case("results: weights changed in place, mtime restored", _sweep(model="<tmp>/model"), 1, "changed: config.fingerprint.weights",
+         _weights_edited_in_place),
+    # items that cannot be scored, and bytes that are not text
+    Case("dataset: empty wrong_tools", _sweep(*DATA), 1, "items.jsonl:1 (item retail-ok-0001): field 'wrong_tools' is empty",
+         _dataset(_first_item(wrong_tools=[]))),
+    Case("dataset: the correct tool among wrong_tools", _sweep(*DATA), 1, "field 'wrong_tools' holds the correct tool 'get_order_details'",
+         _dataset(_first_item(wrong_tools=["get_order_details"]))),
+    Case("dataset: a latin-1 byte in items.jsonl", _sweep(*DATA), 1, "items.jsonl:3: not UTF-8 text (byte 0xe9", _latin1_items),
+    # model files that are not what they say
+    Case("model: a .gguf that is not GGUF", _sweep(model="<tmp>/fake.gguf"), 1, "fake.gguf does not start with the GGUF magic bytes",
+         _bytes("fake.gguf", b"not a model at all")),
+    Case("model: a truncated .gguf header", _sweep(model="<tmp>/fake.gguf"), 1, "cannot convert GGUF <tmp>/fake.gguf: the file is damaged or not a GGUF model (struct.error",
+         _bytes("fake.gguf", GGUF_V3)),
+    Case("model: a .gguf with damaged metadata", _sweep(model="<tmp>/fake.gguf"), 1, "the file is damaged or not a GGUF model (OSError; It looks like the config file",
+         _bytes("fake.gguf", GGUF_V3 + (5).to_bytes(8, "little") * 2 + b"\xff" * 50)),
+    Case("model: a malformed pickle with --allow-pickle", _sweep("--allow-pickle", model="<tmp>/model"), 1,
+         "cannot read the pickle weights in <tmp>/model (pytorch_model.bin): UnpicklingError", _bad_pickle),
+    # dataset outputs
+    Case("bfcl-import into an existing dataset", ["bfcl-import", "--out", "<tmp>/data", "--max-probe-entries", "2"], 2,
+         "<tmp>/data is not empty and is not a previous BFCL import; nothing was written", _dataset(lambda lines: lines)),
+    Case("card: the disk fills while CARD.md is written", ["card", "<tmp>/data", "--tokenizer", "none"], 1,
+         "No space left on device: <tmp>/data/CARD.md", _card_and_stale_temporary, lambda tmp: _disk_full_at(4096, tmp)),
 ]
 
 
@@ -185,7 +315,7 @@ def run_case(case: Case) -> tuple[int, str]:
         tmp = Path(folder)
         case.setup(tmp)
         err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with case.during(tmp), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = main(_resolve(case.argv, tmp))
         lines = err.getvalue().splitlines()
         start = next((i for i, line in enumerate(lines) if "error: " in line), None)
@@ -205,12 +335,15 @@ def table(results: list[tuple[Case, int, str]]) -> str:
         return " ".join(argv[:start] + argv[start + len(FAST):])
 
     rows = [f"| {cell(c.name)} | `{cell(shown(c.argv))}` | {code} | {cell(message)} |" for c, code, message in results]
+    silent = sum(code == 0 for _, code, _ in results)
     return "\n".join([
         "# Error catalogue",
         "",
         "Every bad input that `tests/test_reliability.py` tries, run through the CLI: the exit code (2: a bad",
         "option, 1: any other known error, with no traceback; `--debug` shows it) and the message.",
         f"Generated by `python docs/error_catalogue.py`; every `sweep` command also carries `{' '.join(FAST)}`.",
+        "",
+        f"Silent cases (exit 0 with a wrong or destroyed result): {silent} of {len(results)}.",
         "",
         "| input | command | exit | message |",
         "|---|---|---|---|",

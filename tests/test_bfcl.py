@@ -288,11 +288,12 @@ def test_long_context_sample_and_schema_conversion(tmp_path, data_dir):
 
 def test_context_field_is_validated(tmp_path):
     (tmp_path / "domains").mkdir()
-    (tmp_path / "domains" / "d.json").write_text(json.dumps({"tools": [{"name": "t", "description": "x", "parameters": {"type": "object"}}], "skills": [
+    (tmp_path / "domains" / "d.json").write_text(json.dumps({"tools": [{"name": "t", "description": "x", "parameters": {"type": "object"}},
+                                                                              {"name": "t2", "description": "y", "parameters": {"type": "object"}}], "skills": [
         {"id": "s", "goal": "g", "procedure": ["p"], "tools": ["t"], "applicability": [], "risk_cues": ["r"], "avoidance_rules": ["a"], "recovery_notes": []}]}))
     item = {"id": "i", "bucket": "T_ok", "split": "eval", "domain": "d", "task_group": "g", "catalog_domains": ["d"], "unavailable_tools": [],
-            "user": "u", "history": [], "correct_action": {"kind": "call", "tool": "t"}, "wrong_tools": [], "tempting_skill": "s", "state_cues": [],
-            "context": [{"role": "user", "content": ""}]}
+            "user": "u", "history": [], "correct_action": {"kind": "call", "tool": "t"}, "wrong_tools": ["t2"], "tempting_skill": "s", "state_cues": [],
+            "context": [{"role": "user", "content": ""}]}  # a scorable item (a wrong tool other than the correct one)
     (tmp_path / "items.jsonl").write_text(json.dumps(item) + "\n")
     with pytest.raises(DatasetError, match=r"items.jsonl:1: context\[0\]: a user message needs a non-empty string 'content'"):
         load_dataset(tmp_path)

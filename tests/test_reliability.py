@@ -321,6 +321,11 @@ def test_the_catalogue_in_docs_lists_every_case_with_its_code() -> None:
     assert [(row[0].lstrip("| "), int(row[2])) for row in rows] == [(c.name, c.code) for c in CATALOGUE.CASES]
 
 
+def test_the_catalogue_has_no_silent_case() -> None:
+    assert all(case.code != 0 for case in CATALOGUE.CASES)
+    assert f"Silent cases (exit 0 with a wrong or destroyed result): 0 of {len(CATALOGUE.CASES)}." in CATALOGUE.TABLE.read_text()
+
+
 def test_bad_options_leave_previous_results_untouched(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert main(sweep(model, out)) == 0
@@ -378,3 +383,290 @@ def test_ctrl_c_says_how_to_resume_and_debug_shows_the_traceback(model: Path, tm
     with pytest.raises(ResultsCorrupt):
         rows_file(tmp_path / "out").write_text("not json\n")
         main([*sweep(model, tmp_path / "out"), "--debug"])
+
+
+# ---------------------------------------------------------------------------- 9. nothing outside --out, nothing not ours
+def test_a_symlinked_results_file_is_never_written_through(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\nlines\n")
+    out = tmp_path / "out"
+    rows_file(out).parent.mkdir(parents=True)
+    rows_file(out).symlink_to(victim)
+    assert "is a symbolic link" in fails(sweep(model, out), capsys)
+    assert "not even with --overwrite" in fails(sweep(model, out, "--overwrite"), capsys)
+    assert victim.read_text() == "precious\nlines\n" and rows_file(out).is_symlink()
+    rows_file(out).unlink()
+    rows_file(out).symlink_to(tmp_path / "absent.jsonl")  # a dangling link: its target is never created
+    fails(sweep(model, out), capsys)
+    assert not (tmp_path / "absent.jsonl").exists()
+
+
+def test_a_file_that_is_not_ours_is_replaced_only_with_overwrite(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    rows_file(out).parent.mkdir(parents=True)
+    rows_file(out).write_text("my notes, no newline")
+    assert "is not a basm-probes results file" in fails(sweep(model, out), capsys)
+    assert rows_file(out).read_text() == "my notes, no newline"
+    assert main(sweep(model, out, "--overwrite")) == 0
+    assert len(load_results(rows_file(out))) == 4
+
+
+def test_a_torn_header_of_our_own_restarts(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rows_file(out).parent.mkdir(parents=True)
+    rows_file(out).write_text('{"_meta": {"analysis": "sw')  # a run killed while writing line 1
+    assert main(sweep(model, out)) == 0
+    assert len(load_results(rows_file(out))) == 4
+
+
+def test_a_results_folder_linked_out_of_out_is_refused(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model").symlink_to(tmp_path / "elsewhere")
+    assert "is a symbolic link out of --out" in fails(sweep(model, out), capsys)
+    assert not any((tmp_path / "elsewhere").iterdir())
+    linked_out = tmp_path / "linked-out"  # --out itself may be a link
+    linked_out.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert main(sweep(model, linked_out)) == 0
+    assert rows_file(tmp_path / "elsewhere").is_file()
+
+
+BAD_ROWS = {
+    "only a key": '{"key": "bogus|key"}',
+    "bare NaN": "NaN",
+    "NaN token in a row": '{"key": "x|y", "margin": NaN}',
+    "list as key": '{"key": ["a"], "margin": 1.0}',
+    "nonfinite path": '{"key": "x|y", "margin": null, "_nonfinite": {"nope": "nan"}}',
+    "nonfinite value": '{"key": "x|y", "margin": null, "_nonfinite": {"margin": "big"}}',
+    "nonfinite not an object": '{"key": "x|y", "margin": null, "_nonfinite": ["margin"]}',
+    "key against its fields": '{"key": "r|base", "record_id": "r", "condition": "knocked"}',
+}
+
+
+@pytest.mark.parametrize("line", BAD_ROWS.values(), ids=BAD_ROWS.keys())
+def test_a_damaged_row_that_parses_is_named_never_kept(line: str, tmp_path: Path) -> None:
+    from probes.reporting.results import ResultsStore
+
+    path = tmp_path / "r.jsonl"
+    ResultsStore(path, "x", {}).append([{"key": "r|c", "record_id": "r", "condition": "c", "margin": 1.0}])
+    path.write_text(path.read_text() + line + "\n")
+    damaged = path.read_bytes()
+    with pytest.raises(ResultsCorrupt, match=r"r\.jsonl:3: not a results row"):
+        ResultsStore(path, "x", {})
+    with pytest.raises(ResultsCorrupt, match=r"r\.jsonl:3"):
+        load_results(path)
+    assert path.read_bytes() == damaged
+
+
+def test_a_foreign_row_among_keyed_rows_is_named(tmp_path: Path) -> None:
+    from probes.reporting.results import ResultsStore
+
+    path = tmp_path / "r.jsonl"
+    rows = [{"key": f"r{i}|c", "record_id": f"r{i}", "condition": "c", "margin": 1.0} for i in range(3)]
+    ResultsStore(path, "x", {}).append(rows[:1] + [{"key": "bogus|key", "margin": 2.0}] + rows[1:])
+    with pytest.raises(ResultsCorrupt, match=r"r\.jsonl:3: not a results row of this file \(the other rows carry record_id, condition\)"):
+        load_results(path)
+
+
+def test_resume_of_a_sweep_with_a_bogus_row_is_refused(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    with rows_file(out).open("a") as handle:
+        handle.write('{"key": "bogus|key"}\n')
+    assert "sweep.jsonl:6: not a results row" in fails(sweep(model, out), capsys)
+
+
+def test_an_empty_shard_of_a_killed_rank_does_not_block_resume(tmp_path: Path) -> None:
+    from probes.reporting.results import ResultsStore, shard_path
+
+    path = tmp_path / "r.jsonl"
+    ResultsStore(path, "x", {}).append([{"key": "a", "v": 1}])
+    shard_path(path, 1, 2).write_bytes(b"")  # a rank killed before its header
+    assert ResultsStore(path, "x", {}).done == {"a"}
+    assert not shard_path(path, 1, 2).exists()
+
+
+# ---------------------------------------------------------------------------- 10. content fingerprints
+def _edit_in_place_keep_mtime(path: Path) -> None:
+    before = path.stat()
+    with path.open("r+b") as handle:
+        start = 8 + int.from_bytes(handle.read(8), "little")  # the first byte of the first tensor
+        handle.seek(start)
+        byte = handle.read(1)
+        handle.seek(start)
+        handle.write(bytes([byte[0] ^ 1]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
+
+
+def test_a_tensor_changed_in_place_with_its_mtime_restored_stops_a_resume(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    before = rows_file(out).read_bytes()
+    _edit_in_place_keep_mtime(model / "model.safetensors")
+    assert re.search(r"fingerprint\.weights.*--overwrite", fails(sweep(model, out), capsys))
+    assert rows_file(out).read_bytes() == before
+
+
+def test_the_hash_memo_checks_sampled_content_as_well(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import probes.engine.loading as loading
+
+    first = loading.model_fingerprint(model)
+    weights = model / "model.safetensors"
+    memo = json.loads(loading.hash_cache_path().read_text())
+    _edit_in_place_keep_mtime(weights)
+    st = weights.stat()
+    # even were the ctime restored too (it cannot be, without root), the sampled blocks differ: the memo misses
+    monkeypatch.setattr(loading, "_memo_key", lambda path, stat_, sampled: (
+        f"{path.resolve()}|{st.st_dev}:{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|FIXED|{sampled[:32]}"))
+    assert loading.model_fingerprint(model)["weights"] != first["weights"]
+    assert len(json.loads(loading.hash_cache_path().read_text())) > len(memo)
+
+
+def test_a_memoised_fingerprint_reads_samples_only(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    import probes.engine.loading as loading
+
+    first = loading.model_fingerprint(model)
+    hashed = []
+    real = hashlib.sha256
+
+    class Counting:
+        def __init__(self, data: bytes = b"") -> None:
+            self.h = real(data)
+            hashed.append(len(data))
+
+        def update(self, data: bytes) -> None:
+            hashed.append(len(data))
+            self.h.update(data)
+
+        def hexdigest(self) -> str:
+            return self.h.hexdigest()
+
+    monkeypatch.setattr(loading.hashlib, "sha256", Counting)
+    assert loading.model_fingerprint(model) == first
+    size = (model / "model.safetensors").stat().st_size
+    assert size > 4 * loading.SAMPLE_BLOCKS * loading.SAMPLE_BLOCK_SIZE  # else sampling is the whole file
+    assert sum(hashed) < size / 4
+
+
+def test_the_hash_memo_lives_outside_the_model_folder(model: Path) -> None:
+    import probes.engine.loading as loading
+
+    before = sorted(p.name for p in model.iterdir())
+    loading.model_fingerprint(model)
+    assert sorted(p.name for p in model.iterdir()) == before
+    assert loading.hash_cache_path().is_file() and model not in loading.hash_cache_path().parents
+
+
+# ---------------------------------------------------------------------------- 11. outputs of dataset commands
+def test_bfcl_import_never_destroys_an_existing_dataset(dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("bfcl_eval", reason="needs the BFCL data: pip install --no-deps bfcl-eval")
+    import probes.data.bfcl as bfcl
+
+    before = {p.relative_to(dataset): p.read_bytes() for p in dataset.rglob("*") if p.is_file()}
+    argv = ["bfcl-import", "--out", str(dataset), "--max-probe-entries", "2"]
+    assert "is not a previous BFCL import" in fails(argv, capsys, code=2)
+    assert {p.relative_to(dataset): p.read_bytes() for p in dataset.rglob("*") if p.is_file()} == before
+
+    out = tmp_path / "bfcl"
+    assert main(["bfcl-import", "--out", str(out), "--max-probe-entries", "2"]) == 0
+    (out / "CARD.md").write_text("a card written later\n")
+    imported = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed mid-import")
+
+    monkeypatch.setattr(bfcl, "counts_by_category", killed)  # inside the write: nothing of the new import may land
+    with pytest.raises(RuntimeError, match="killed mid-import"):
+        main(["bfcl-import", "--out", str(out), "--max-probe-entries", "3"])
+    monkeypatch.undo()
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == imported
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bfcl.")]  # no staging folder left
+
+    assert main(["bfcl-import", "--out", str(out), "--max-probe-entries", "3"]) == 0  # over a previous import: allowed
+    assert (out / "CARD.md").read_text() == "a card written later\n"  # and what the import does not write is kept
+
+    assert main([*argv, "--overwrite"]) == 0
+    assert not (dataset / "generate.py").exists() and (dataset / "skill_sources.json").is_file()
+
+
+def _limit_writes_and_fake_card(size: int, dataset: Path) -> list[str]:
+    code = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size}, {size})); "
+            "import probes.reporting.cards as cards; cards.dataset_card = lambda *a, **k: '# card\\n' + 'measured line\\n' * 2000; "
+            f"from probes.cli.main import main; sys.exit(main(['card', {str(dataset)!r}, '--tokenizer', 'none']))")
+    return [sys.executable, "-c", code]
+
+
+@pytest.mark.subprocess
+def test_a_full_disk_never_truncates_a_card(dataset: Path) -> None:
+    card = dataset / "CARD.md"
+    before = card.read_bytes()
+    assert len(before) > 4096
+    stale = dataset / f".CARD.{2 ** 22 + 12345}.tmp.md"  # left by a killed writer (a pid above pid_max: dead)
+    stale.write_bytes(b"")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(_limit_writes_and_fake_card(4096, dataset), env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert f"error: File too large: {card}" in run.stderr
+    assert card.read_bytes() == before
+    assert sorted(p.name for p in dataset.iterdir() if p.name.startswith(".")) == []  # neither the stale nor its own temporary
+
+
+def test_a_killed_builds_empty_temporary_is_cleaned_up(tmp_path: Path) -> None:
+    out = tmp_path / "rec.jsonl"
+    stale = tmp_path / f".rec.{2 ** 22 + 12345}.tmp.jsonl"
+    stale.write_bytes(b"")
+    argv = ["build", "--limit", "1", "--k-max", "0", "--config", "basm", "--workers", "1", "--dataset", "basm_probe",
+            "--embedder", "lexical", "--relevance", "lexical", "--out", str(out)]
+    assert main(argv) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "cache") == ["rec.jsonl"]
+
+
+def test_model_files_that_are_not_what_they_say_raise_model_load_errors(tmp_path: Path, tiny_qwen3_dir: Path) -> None:
+    from probes.engine.loading import ModelLoadError, load_model
+
+    fake = tmp_path / "fake.gguf"
+    for data, match in ((b"GGUF" + (3).to_bytes(4, "little"), "struct.error"),
+                        (b"GGUF" + (3).to_bytes(4, "little") + (5).to_bytes(8, "little") * 2 + b"\xff" * 50, "damaged or not a GGUF"),
+                        (b"\x00" * 64, "GGUF magic")):
+        fake.write_bytes(data)
+        with pytest.raises(ModelLoadError, match=match) as raised:
+            load_model(fake)
+        assert str(fake) in str(raised.value)
+    pickled = Path(shutil.copytree(tiny_qwen3_dir, tmp_path / "pickled"))
+    (pickled / "model.safetensors").unlink()
+    (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04\x95 not a pickle of tensors")
+    with pytest.raises(ModelLoadError, match=r"pickle weights in .*pickled \(pytorch_model\.bin\): UnpicklingError"):
+        load_model(pickled, allow_pickle=True)
+
+
+def test_a_latin1_byte_in_the_items_names_file_and_line(dataset: Path) -> None:
+    from probes.data.dataset import DatasetError, load_dataset
+
+    items = dataset / "items.jsonl"
+    lines = items.read_bytes().split(b"\n")
+    lines[4] = lines[4].replace(b'"user": "', b'"user": "caf\xe9 ', 1)
+    items.write_bytes(b"\n".join(lines))
+    with pytest.raises(DatasetError, match=r"items\.jsonl:5: not UTF-8 text \(byte 0xe9"):
+        load_dataset(dataset)
+
+
+@pytest.mark.parametrize("wrong_tools, message", [([], "field 'wrong_tools' is empty"),
+                                                  (["get_order_details"], "holds the correct tool 'get_order_details'"),
+                                                  (["get_stock_info", "get_stock_info"], "lists ['get_stock_info'] more than once")])
+def test_items_that_cannot_be_scored_fail_validation(dataset: Path, wrong_tools: list[str], message: str) -> None:
+    from probes.data.dataset import DatasetError, load_dataset
+
+    items = dataset / "items.jsonl"
+    lines = items.read_text().splitlines()
+    first = json.loads(lines[0])
+    assert first["correct_action"]["tool"] == "get_order_details"
+    first["wrong_tools"] = wrong_tools
+    items.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    with pytest.raises(DatasetError, match=re.escape("items.jsonl:1 (item retail-ok-0001): ") + ".*" + re.escape(message)):
+        load_dataset(dataset)

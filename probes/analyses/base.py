@@ -42,7 +42,7 @@ from probes.engine.session import Knockout, ProbeSession
 from probes.prompts.builder import FORMATS, BuildSettings, PromptBuilder
 from probes.prompts.record import record_id
 from probes.prompts.context import SkippedItem, partition_by_context
-from probes.reporting.results import ResultsStore, write_csv
+from probes.reporting.results import ResultsStore, check_inside, write_csv
 from probes.scoring.claims import Claim, claims_table
 from probes.scoring.score import DEFAULT_VARIANT, EPSILON, MARGIN_VARIANTS, MARGINS, ROW_FIELDS, score_record
 
@@ -590,7 +590,7 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
                 raise OptionError(f"every selected item exceeds the model's context ({limit} tokens)")
     model_path = str(Path(str(model)).resolve()) if Path(str(model)).exists() else str(model)
     fingerprint = model_fingerprint(session.model.name_or_path or model, session.tokenizer)  # the folder actually loaded (GGUF: converted)
-    out_dir = Path(options.out) / model_label(model)
+    out_dir = check_inside(Path(options.out) / model_label(model), options.out)  # a link out of --out is never followed
     return RunContext(analysis.name, options, session, dataset, tuple(items), builder, model_path, out_dir, fingerprint, skipped)
 
 

@@ -264,6 +264,7 @@ def _bfcl_arguments(parser: argparse.ArgumentParser) -> None:
     from probes.data.extract_llm import MAX_NEW_TOKENS, RETRIES
 
     parser.add_argument("--out", type=Path, required=True, help="dataset folder to write (loads with --dataset OUT)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out that is not a previous BFCL import")
     parser.add_argument("--bfcl-dir", type=Path, help="BFCL data folder (default: the installed bfcl-eval package's)")
     parser.add_argument("--categories", default="base,miss_func,miss_param",
                         help=f"comma-separated multi-turn categories of the probe items (of {','.join(CATEGORIES)})")
@@ -303,7 +304,7 @@ def _bfcl_import(args: argparse.Namespace) -> int:
     try:
         report = import_bfcl(out=args.out, bfcl_dir=args.bfcl_dir, categories=[c.strip() for c in args.categories.split(",") if c.strip()],
                              skill_fraction=args.skill_fraction, seed=args.seed, max_probe_entries=args.max_probe_entries,
-                             extractor=args.extractor, llm_model=llm_model, llm_retries=retries)
+                             extractor=args.extractor, llm_model=llm_model, llm_retries=retries, overwrite=args.overwrite)
     except BFCLDataError:
         raise  # missing or malformed BFCL data: reported as a data error
     except ValueError as error:

@@ -75,6 +75,8 @@ from probes.data.bfcl_exec import (
     parse_call,
 )
 from probes.data.dataset import BUCKETS, DatasetError
+from probes.data.staging import check_output, staged_folder
+from probes.reporting.results import atomic_path
 from probes.data.extract_llm import RETRIES, Candidate, Extraction, LLMExtractor, TextGenerator
 from probes.data.schema import ToolCatalog, build_library, tools_from_json
 from probes.reporting.bfcl_readme import ImportFacts, render_readme
@@ -634,6 +636,7 @@ def import_bfcl(
     extractor: str = "deterministic",
     llm_model: TextGenerator | None = None,
     llm_retries: int = RETRIES,
+    overwrite: bool = False,
 ) -> ImportReport:
     """Write a probe dataset from BFCL's multi-turn entries to ``out`` and return what it holds.
 
@@ -648,7 +651,12 @@ def import_bfcl(
     which needs ``llm_model``, a text generator such as
     ``probes.engine.generate.ChatGenerator.load(folder)``, and retries a rejected reply
     ``llm_retries`` times. Raises :class:`NoSkillKept`, writing nothing, when no skill passes ψ.
+
+    ``out`` is written into a temporary folder that replaces it at the end
+    (:func:`probes.data.staging.staged_folder`): a non-empty ``out`` that is not a previous BFCL import
+    is refused (:class:`~probes.data.staging.OutputRefused`) unless ``overwrite``.
     """
+    check_output(Path(out), is_previous=is_bfcl_import, overwrite=overwrite, what="BFCL import")  # before any work
     if extractor not in EXTRACTORS:
         raise ValueError(f"extractor must be one of {EXTRACTORS}, got {extractor!r}")
     if (extractor == "llm") != (llm_model is not None):
@@ -741,37 +749,48 @@ def import_bfcl(
                 invalid.append(row["id"])
 
     out = Path(out)
-    (out / "domains").mkdir(parents=True, exist_ok=True)
-    for stale in (out / "domains").glob("*.json"):
-        stale.unlink()
-    sizes = {}
-    for domain, content in domain_files.items():
-        path = out / "domains" / f"{domain}.json"
-        path.write_text(json.dumps(content, indent=1) + "\n")
-        sizes[f"domains/{domain}.json"] = path.stat().st_size
-    items_path = out / "items.jsonl"
-    items_path.write_text("".join(json.dumps(row) + "\n" for row in items))
-    sizes["items.jsonl"] = items_path.stat().st_size
-    rejections_path = out / "skill_rejections.json"
-    if extraction is not None:
-        rejections_path.write_text(json.dumps([rejection.to_json() for rejection in extraction.rejected], indent=1) + "\n")
-    else:
-        rejections_path.unlink(missing_ok=True)  # from an earlier LLM import
-    report = ImportReport(
-        out=out, categories=categories, skill_indices=skill_indices, probe_indices=probe_indices,
-        items=counts_by_category(items),
-        skipped=skipped, candidates=candidates_per_domain, kept=kept, rejected=rejected, unanchored=unanchored,
-        invalid_arguments=invalid, sizes=sizes, extractor=extractor, extraction=extraction,
-        llm_settings={} if llm is None else {"model": llm.generator.label, "max_new_tokens": llm.generator.max_new_tokens,
-                                             "retries": llm.retries},
-    )
-    provenance = {
-        skill_id: sorted(evidence[skill_id.split(".", 1)[1]].sources) for ids in kept.values() for skill_id in ids
-    }
-    (out / "skill_sources.json").write_text(json.dumps(provenance, indent=1) + "\n")
-    (out / "README.md").write_text(render_readme(report, readme_facts(data_dir, categories), skill_fraction=skill_fraction,
-                                                 seed=seed, max_probe_entries=max_probe_entries))
+    with staged_folder(out, is_previous=is_bfcl_import, overwrite=overwrite, what="BFCL import", generated=BFCL_IMPORT_FILES) as stage:
+        (stage / "domains").mkdir()
+        sizes = {}
+        for domain, content in domain_files.items():
+            path = stage / "domains" / f"{domain}.json"
+            path.write_text(json.dumps(content, indent=1) + "\n")
+            sizes[f"domains/{domain}.json"] = path.stat().st_size
+        items_path = stage / "items.jsonl"
+        items_path.write_text("".join(json.dumps(row) + "\n" for row in items))
+        sizes["items.jsonl"] = items_path.stat().st_size
+        if extraction is not None:  # else none: a stale one of an earlier LLM import is not carried over
+            (stage / "skill_rejections.json").write_text(json.dumps([rejection.to_json() for rejection in extraction.rejected], indent=1) + "\n")
+        report = ImportReport(
+            out=out, categories=categories, skill_indices=skill_indices, probe_indices=probe_indices,
+            items=counts_by_category(items),
+            skipped=skipped, candidates=candidates_per_domain, kept=kept, rejected=rejected, unanchored=unanchored,
+            invalid_arguments=invalid, sizes=sizes, extractor=extractor, extraction=extraction,
+            llm_settings={} if llm is None else {"model": llm.generator.label, "max_new_tokens": llm.generator.max_new_tokens,
+                                                 "retries": llm.retries},
+        )
+        provenance = {
+            skill_id: sorted(evidence[skill_id.split(".", 1)[1]].sources) for ids in kept.values() for skill_id in ids
+        }
+        (stage / "skill_sources.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    with atomic_path(out / "README.md") as tmp:  # it reads the domain files at report.out: written once the new folder is in place
+        tmp.write_text(render_readme(report, readme_facts(data_dir, categories), skill_fraction=skill_fraction, seed=seed,
+                                     max_probe_entries=max_probe_entries))
     return report
+
+
+BFCL_IMPORT_FILES = ("domains", "items.jsonl", "skill_sources.json", "skill_rejections.json", "README.md")  # what an import writes
+
+
+def is_bfcl_import(folder: Path) -> bool:
+    """``folder`` was written by :func:`import_bfcl`: it has ``skill_sources.json``, and the first item
+    of its ``items.jsonl`` comes from a BFCL multi-turn entry."""
+    try:
+        with (folder / "items.jsonl").open("rb") as handle:
+            first = json.loads(handle.readline())
+        return (folder / "skill_sources.json").is_file() and str(first["source"]["entry"]).startswith("multi_turn_")
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def counts_by_category(items: Iterable[Mapping[str, Any]]) -> Counter:

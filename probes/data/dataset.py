@@ -295,8 +295,31 @@ def _check_item_references(item: Item, dataset: ProbeDataset, where: str) -> Non
     hidden = [name for name in item.wrong_tools if name not in shown]
     if hidden:
         raise DatasetError(f"{where}: wrong tool(s) {hidden} are not in the shown catalog")
+    _check_scorable(item, where)
     if item.tempting_skill not in dataset.skills:
         raise DatasetError(f"{where}: tempting skill {item.tempting_skill!r} is not in any (valid) skill library")
+
+
+def _check_scorable(item: Item, where: str) -> None:
+    """The wrong-tool margin of Eq. 1 needs at least one wrong tool, none of them the correct action
+    (else every margin of the item is undefined, or the scoring fails after the model is loaded)."""
+    if not item.wrong_tools:
+        raise DatasetError(f"{where}: field 'wrong_tools' is empty; the wrong-tool margin needs at least one wrong tool "
+                           "of the shown catalog")
+    if item.correct_action in item.wrong_tools:
+        raise DatasetError(f"{where}: field 'wrong_tools' holds the correct tool {item.correct_action!r}; "
+                           "a tool cannot be both the correct and a wrong action")
+    if len(set(item.wrong_tools)) < len(item.wrong_tools):
+        repeated = sorted({name for name in item.wrong_tools if item.wrong_tools.count(name) > 1})
+        raise DatasetError(f"{where}: field 'wrong_tools' lists {repeated} more than once")
+
+
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DatasetError(f"{where}: not UTF-8 text (byte 0x{raw[error.start]:02x} at column {error.start + 1}); "
+                           "save the file as UTF-8") from None
 
 
 BUNDLED_DATASETS: tuple[str, ...] = ("basm_probe", "basm_probe_v2", "bfcl")
@@ -322,8 +345,11 @@ def load_dataset(root: str | Path, *, strict: bool = True) -> ProbeDataset:
                            f"(or a bundled dataset name: {', '.join(BUNDLED_DATASETS)})")
     domains: dict[str, Domain] = {}
     for path in sorted(domain_dir.glob("*.json")):
+        text = path.read_bytes()
+        for line_number, raw_line in enumerate(text.split(b"\n"), start=1):
+            _decode(raw_line, f"{path}:{line_number}")
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(text.decode("utf-8"))
         except json.JSONDecodeError as error:
             raise DatasetError(f"{path}: invalid JSON: {error}") from error
         if not isinstance(raw, dict):
@@ -339,10 +365,11 @@ def load_dataset(root: str | Path, *, strict: bool = True) -> ProbeDataset:
         domains[name] = Domain(name, raw.get("description", ""), catalog, library, hashlib.sha256(path.read_bytes()).hexdigest())
     items = []
     lines: dict[str, str] = {}  # item id -> "file:line", for the reference checks
-    for line_number, line in enumerate(items_path.read_text().splitlines(), start=1):
+    for line_number, raw_line in enumerate(items_path.read_bytes().splitlines(), start=1):
+        where = f"{items_path}:{line_number}"
+        line = _decode(raw_line, where)
         if not line.strip():
             continue
-        where = f"{items_path}:{line_number}"
         try:
             raw_item = json.loads(line)
         except json.JSONDecodeError as error:

@@ -9,6 +9,11 @@ torn last line, and refuses a file whose configuration, keys or lines do not che
 One writer per file: a store holds an exclusive ``fcntl.flock`` on its file for the life of the
 process (the kernel drops it when the process dies, so a lock is never stale).
 
+Only our own files: a results path that is a symbolic link is refused (never written through, not
+even with ``--overwrite``), and a file whose line 1 is not a results header is replaced only with
+``--overwrite`` (:class:`ResultsNotOurs`). Every row is checked against the row schema on resume
+and on reading (:func:`_parse_row`): a bad line is named with its number and never kept.
+
 Shard files: the ranks of a parallel run (``probes.analyses.parallel``) each write
 ``<stem>.rank<R>-of-<W>.jsonl`` next to the results file, with the same header; rank 0 merges them
 into the results file (:meth:`ResultsStore.merge`) and deletes them. Opening a results file merges
@@ -22,14 +27,16 @@ it back, so analyses see the same NaN as before.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
 import os
 import platform
 import re
+import stat
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -52,6 +59,12 @@ class ResultsLocked(RuntimeError):
 
 class ResultsCorrupt(ValueError):
     """A results file has a damaged line or a repeated key; the message names the line."""
+
+
+class ResultsNotOurs(ResultsCorrupt):
+    """A results path holds something that is not a results file of ours (a symbolic link, a folder,
+    a file without our header): it is never written through, and replaced only with ``--overwrite``
+    (a link: never)."""
 
 
 def environment() -> dict[str, Any]:
@@ -93,45 +106,109 @@ def encode_row(row: Mapping[str, Any]) -> str:
     return json.dumps(data, allow_nan=False)
 
 
+_NONFINITE_VALUES = ("nan", "inf", "-inf")
+
+
 def decode_row(row: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of :func:`encode_row`: the recorded non-finite floats are restored."""
-    for path, value in row.pop(NONFINITE, {}).items():
+    """Inverse of :func:`encode_row`: the recorded non-finite floats are restored.
+
+    Raises ``ValueError`` for a ``_nonfinite`` field that :func:`encode_row` cannot have written (not
+    an object, a value other than nan / inf / -inf, a path that does not lead to a ``null``)."""
+    nonfinite = row.pop(NONFINITE, {})
+    if not isinstance(nonfinite, dict):
+        raise ValueError(f"{NONFINITE} must be an object {{path: nan|inf|-inf}}, got {type(nonfinite).__name__}")
+    for path, value in nonfinite.items():
+        if value not in _NONFINITE_VALUES:
+            raise ValueError(f"{NONFINITE}[{path!r}] must be one of {', '.join(_NONFINITE_VALUES)}, got {value!r:.40}")
         *parents, last = path.split("/")
         target: Any = row
-        for part in parents:
-            target = target[int(part) if isinstance(target, list) else part]
-        target[int(last) if isinstance(target, list) else last] = float(value)
+        try:
+            for part in parents:
+                target = target[int(part) if isinstance(target, list) else part]
+            index = int(last) if isinstance(target, list) else last
+            if not isinstance(target, dict | list) or target[index] is not None:
+                raise ValueError
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise ValueError(f"{NONFINITE} path {path!r:.60} does not lead to a null value of the row") from None
+        target[index] = float(value)
     return row
+
+
+def _strict_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not strict JSON (a non-finite value is written as null and named in {NONFINITE})")
+
+
+def _parse_row(line: bytes) -> dict[str, Any]:
+    """One results row, checked against the row schema (``ValueError`` says what is wrong): a strict-JSON
+    object with a non-empty string ``key``, at least one other field, and a valid ``_nonfinite``."""
+    row = json.loads(line, parse_constant=_strict_constant)
+    if not isinstance(row, dict):
+        raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
+    key = row.get("key")
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"'key' must be a non-empty string, got {key!r:.40}")
+    if not set(row) - {"key", NONFINITE}:
+        raise ValueError("the row holds a key and nothing else")
+    for fields, recipe in _KEY_RECIPES:  # a key made of the row's own fields must match them
+        if all(field in row for field in fields) and key != recipe(row):
+            raise ValueError(f"key {key!r:.60} does not match its fields {', '.join(fields)} (expected {recipe(row)!r:.60})")
+    return decode_row(row)
+
+
+# How the analyses form keys from a row's fields (probes.analyses.base.run_jobs; calls' paired rows).
+_KEY_RECIPES: tuple[tuple[tuple[str, ...], Callable[[dict[str, Any]], str]], ...] = (
+    (("record_id", "condition"), lambda row: f"{row['record_id']}|{row['condition']}"),
+    (("item_id", "k", "format", "identical_prompt"), lambda row: f"{row['item_id']}|k{row['k']}|{row['format']}"),
+)
+
+
+def _recipe(row: dict[str, Any]) -> int | None:
+    """Which key recipe a row follows (None: none)."""
+    return next((i for i, (fields, _) in enumerate(_KEY_RECIPES) if all(field in row for field in fields)), None)
 
 
 def _scan(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
     """(header, rows, byte length of the complete lines) of a results file.
 
     A last line without its newline is torn (a kill or a full disk mid-write) and left out. A
-    complete line that is not a row, or a key written twice, is damage that resuming or reading
-    must not paper over: :class:`ResultsCorrupt` names the line.
+    complete line that is not a row of the schema (:func:`_parse_row`), a row of another kind than
+    the file's others, or a key written twice, is damage that resuming or reading must not paper
+    over: :class:`ResultsCorrupt` names the line.
     """
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     lines = data[:end].split(b"\n")[:-1]
     try:
-        meta = json.loads(lines[0])["_meta"]
+        meta = json.loads(lines[0], parse_constant=_strict_constant)["_meta"]
+        if not isinstance(meta, dict) or not isinstance(meta.get("analysis"), str) or not isinstance(meta.get("config"), dict):
+            raise ValueError
     except (IndexError, ValueError, KeyError, TypeError):
-        raise ResultsCorrupt(f"{path}: line 1 is not a results header; it is not a basm-probes results file "
+        raise ResultsNotOurs(f"{path}: line 1 is not a results header; it is not a basm-probes results file "
                              "(use a new --out, or --overwrite to replace it)") from None
-    rows, seen = [], {}
+    rows, seen, numbers = [], {}, []
     for number, line in enumerate(lines[1:], start=2):
         try:
-            row = json.loads(line)
-            key = row["key"]
-        except (ValueError, KeyError, TypeError):
-            raise ResultsCorrupt(f"{path}:{number}: not a results row (damaged or edited); delete that line and rerun "
+            row = _parse_row(line)
+        except (ValueError, KeyError, TypeError) as error:
+            raise ResultsCorrupt(f"{path}:{number}: not a results row (damaged or edited: {error}); delete that line and rerun "
                                  "to recompute it, or rerun with --overwrite") from None
+        except RecursionError:
+            raise ResultsCorrupt(f"{path}:{number}: not a results row (nested too deeply); delete that line and rerun "
+                                 "to recompute it, or rerun with --overwrite") from None
+        key = row["key"]
         if key in seen:
             raise ResultsCorrupt(f"{path}:{number}: key {key!r} was already written on line {seen[key]} (two runs wrote "
                                  "this file at once?); rerun with --overwrite or use a new --out")
         seen[key] = number
-        rows.append(decode_row(row))
+        rows.append(row)
+        numbers.append(number)
+    recipes = [_recipe(row) for row in rows]  # one file, one kind of row: a row keyed otherwise is foreign
+    if len(set(recipes)) > 1:
+        common = max(set(recipes), key=recipes.count)
+        number = next(n for n, r in zip(numbers, recipes) if r != common)
+        want = ", ".join(_KEY_RECIPES[common][0]) if common is not None else "none of record_id/condition"
+        raise ResultsCorrupt(f"{path}:{number}: not a results row of this file (the other rows carry {want}); delete that "
+                             "line and rerun to recompute it, or rerun with --overwrite")
     return meta, rows, end
 
 
@@ -146,9 +223,45 @@ def _changes(old: Any, new: Any, where: str = "") -> list[str]:
 _LOCKS: dict[tuple[int, int], int] = {}
 
 
+def check_target(path: Path) -> None:
+    """Refuse a results path that is a symbolic link or not a regular file: a run never writes
+    through a link (its target may lie outside ``--out``), not even with ``--overwrite``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise ResultsNotOurs(f"{path} is a symbolic link (to {os.readlink(path)}); basm-probes never writes through a link, "
+                             "not even with --overwrite: remove the link, or use another --out")
+    if not stat.S_ISREG(st.st_mode):
+        raise ResultsNotOurs(f"{path} exists and is not a regular file; remove it, or use another --out")
+
+
+def check_inside(folder: str | Path, root: str | Path) -> Path:
+    """``folder`` (under ``root``, the ``--out`` of a run), refused when a symbolic link inside
+    ``root`` leads it elsewhere: a run writes only inside its ``--out`` (``root`` itself may be a link)."""
+    folder, root = Path(folder), Path(root)
+    real_root = root.resolve()
+    if folder.resolve() != real_root and real_root not in folder.resolve().parents:
+        links = [p for p in [folder, *folder.parents] if p != root and root in p.parents and p.is_symlink()]
+        raise ResultsNotOurs(f"{links[0] if links else folder} is a symbolic link out of --out {root}; basm-probes writes only "
+                             "inside --out and never follows a link out of it: remove the link, or use another --out")
+    return folder
+
+
 def _lock(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)  # read-only: a finished read-only file can still be opened
+    check_target(path)
+    try:  # O_NOFOLLOW: a link put there after the check is refused too, never followed (or created at its target)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # read-only: a finished read-only file can still be opened
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        check_target(path)
+        raise
     st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ResultsNotOurs(f"{path} exists and is not a regular file; remove it, or use another --out")
     if (st.st_dev, st.st_ino) in _LOCKS:
         os.close(fd)
         return
@@ -192,6 +305,37 @@ def read_keys(path: str | Path) -> frozenset[str]:
     return frozenset(row["key"] for row in _scan(Path(path))[1])
 
 
+@contextmanager
+def _write_handle(path: Path, *, append: bool) -> Iterator[Any]:
+    """``path`` opened for writing text without following a link (a link swapped in after the
+    checks of :func:`_lock` is refused with ELOOP, never written through); a write error (a full
+    disk) names the file."""
+    flags = os.O_WRONLY | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
+    try:
+        with os.fdopen(os.open(path, flags), "a" if append else "w") as handle:
+            yield handle
+    except OSError as error:
+        if error.filename is None:
+            raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+        raise
+
+
+_HEADER_START = b'{"_meta": '
+
+
+def _torn_header(first: bytes) -> bool:
+    """``first`` (line 1 without its newline) is empty, or the start of a header that a killed run
+    did not finish: a file this package created, safe to restart."""
+    return first.startswith(_HEADER_START) or _HEADER_START.startswith(first)
+
+
+def _unfinished(shard: Path) -> bool:
+    """A shard file that a rank killed before its header was complete (0 bytes, or a torn line 1)."""
+    with shard.open("rb") as handle:
+        first = handle.readline()
+    return not first.endswith(b"\n") and _torn_header(first)
+
+
 class ResultsStore:
     """Append-only JSONL results for one analysis run.
 
@@ -206,11 +350,14 @@ class ResultsStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _lock(self.path)  # before reading: no other writer can append between our read and our writes
         with self.path.open("rb") as handle:
-            has_header = handle.readline().endswith(b"\n")  # else new, or killed while writing line 1
-        if has_header and not overwrite:
-            self._resume()
-        else:
+            first = handle.readline()
+        if first.endswith(b"\n") and not overwrite:
+            self._resume()  # checks that line 1 is our header, and every row
+        elif first.endswith(b"\n") or overwrite or _torn_header(first):
             self._start()
+        else:  # a file of some other program at our path: never replaced without --overwrite
+            raise ResultsNotOurs(f"{self.path} is not a basm-probes results file (line 1 is not a results header); it is left "
+                                 "as it is: move it away, use a new --out, or --overwrite to replace it")
         if leftovers := shard_paths(self.path):  # a killed parallel run: its rows are kept (or discarded with overwrite)
             if overwrite:
                 for shard in leftovers:
@@ -222,7 +369,7 @@ class ResultsStore:
                       f"({', '.join(p.name for p in leftovers)})", file=sys.stderr)
 
     def _start(self) -> None:
-        with self.path.open("w") as handle:  # truncates in place: the locked file stays the same file
+        with _write_handle(self.path, append=False) as handle:  # truncates in place: the locked file stays the same file
             handle.write(encode_row({"_meta": self.meta}) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -262,6 +409,8 @@ class ResultsStore:
                 raise FileNotFoundError(f"{shard}: shard file missing; every rank must write to the same folder "
                                         "(in a multi-node run, --out on a file system that all nodes share)")
             _lock(shard)
+            if _unfinished(shard):  # a rank killed before it wrote its header holds no rows: nothing to merge
+                continue
             header, rows, _ = _scan(shard)
             changed = _changes({"analysis": header.get("analysis"), "config": header.get("config")},
                                {"analysis": self.meta["analysis"], "config": self.meta["config"]})
@@ -301,25 +450,54 @@ class ResultsStore:
         if not rows:
             return
         text = "".join(encode_row(row) + "\n" for row in rows)
-        with self.path.open("a") as handle:
+        with _write_handle(self.path, append=True) as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         self._keys.update(keys)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clean_stale_temporaries(path: str | Path) -> list[Path]:
+    """Delete the temporary files of :func:`atomic_path` for ``path`` whose writer is dead (a killed
+    build or card leaves ``.<stem>.<pid>.tmp<suffix>``); returns them."""
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.stem)}\.(\d+)\.tmp{re.escape(path.suffix)}")
+    stale = [p for p in path.parent.glob(f".{path.stem}.*.tmp{path.suffix}")
+             if (m := pattern.fullmatch(p.name)) and int(m[1]) != os.getpid() and not _alive(int(m[1])) and not p.is_symlink()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path next to ``path`` (same suffix) that replaces ``path`` only when the block
-    succeeds: a killed or failing writer leaves the old file whole, never a shorter one."""
+    succeeds: a killed or failing writer leaves the old file whole, never a shorter one. The
+    temporary files of killed writers are deleted first; a link at ``path`` is replaced by the new
+    file, never written through; an error (a full disk) names ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temporaries(path)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
     try:
         yield tmp
         with tmp.open("rb+") as handle:
             os.fsync(handle.fileno())
         tmp.replace(path)
+    except OSError as error:
+        if error.filename is None:  # e.g. EFBIG / ENOSPC from a write: say which file
+            raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
