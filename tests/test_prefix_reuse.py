@@ -19,7 +19,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from probes.engine.session import Knockout, ProbeSession, span_positions
-from probes.engine.prefix_cache import PrefixKVCache, Segment, join
+from probes.engine.prefix_cache import PREFIX_BLOCK, PrefixKVCache, Segment, join
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
 
@@ -93,10 +93,15 @@ def test_sweep_sequence_with_reuse_equals_without(tiny_dir, records):
     reuse = ProbeSession(tiny_dir, prefix_cache=len(records))  # every earlier prompt stays cached
     largest = max(assert_same(score(reuse, record), score(plain, record), record["record_id"]) for record in records)
     assert plain.prefix_reuse.tokens_reused == 0
-    # independent count: each prompt's prefix (up to its first query row) against every earlier one's
+    # independent count: each prompt's prefix (up to its first query row) against every earlier one's,
+    # in whole blocks (probes.engine.prefix_cache), the whole prefix when an earlier one is the same
     prefixes = [record["input_ids"][: min(record["query_rows"])] for record in records]
-    shared = [max((next((i for i, (x, y) in enumerate(zip(earlier, prefix)) if x != y), min(len(earlier), len(prefix)))
-                   for earlier in prefixes[:j]), default=0) for j, prefix in enumerate(prefixes)]
+
+    def reused(earlier: list[int], prefix: list[int]) -> int:
+        common = next((i for i, (x, y) in enumerate(zip(earlier, prefix)) if x != y), min(len(earlier), len(prefix)))
+        return len(prefix) if earlier == prefix else common // PREFIX_BLOCK * PREFIX_BLOCK
+
+    shared = [max((reused(earlier, prefix) for earlier in prefixes[:j]), default=0) for j, prefix in enumerate(prefixes)]
     counter = reuse.prefix_reuse
     assert counter.prompts == len(records)
     assert counter.tokens_reused == sum(shared)
@@ -109,7 +114,8 @@ def test_sweep_sequence_with_reuse_equals_without(tiny_dir, records):
 
 
 def test_reuse_from_a_longer_cached_prefix_and_a_repeat(tiny_dir, records):
-    """A prompt whose whole prefix lies inside a cached one, and the same prompt again."""
+    """A prompt whose whole prefix lies inside a cached one (its full blocks are reused), and the same
+    prompt again (all of it is)."""
     plain = ProbeSession(tiny_dir, prefix_cache=0)
     reuse = ProbeSession(tiny_dir, prefix_cache=2)
     long = records[-1]
@@ -119,10 +125,10 @@ def test_reuse_from_a_longer_cached_prefix_and_a_repeat(tiny_dir, records):
     spans = {"boundary": span_positions(long["spans"]["boundary"])[:5]}
     knockout = [Knockout("early", range(10, 30))]
     score(reuse, long)
-    for _ in range(2):
+    for expected in (rows[0] // PREFIX_BLOCK * PREFIX_BLOCK, rows[0]):
         before = reuse.prefix_reuse.tokens_reused
         a = reuse.run(short_ids, rows, spans, knockout, {"c": (rows[-1], [11, 12, 13])}, record_rows=True, record_residual=True)
-        assert reuse.prefix_reuse.tokens_reused - before == rows[0]  # the whole prefix came from the cache
+        assert reuse.prefix_reuse.tokens_reused - before == expected
         b = plain.run(short_ids, rows, spans, knockout, {"c": (rows[-1], [11, 12, 13])}, record_rows=True, record_residual=True)
         assert_same(a, b, "short")
     assert_same(score(reuse, long), score(plain, long), "repeat")
@@ -133,21 +139,22 @@ def test_cache_is_bounded_lru_and_clearable():
         return Segment(start, {0: (torch.arange(n, dtype=torch.float32).expand(1, 2, n)[..., None].repeat(1, 1, 1, 4) + start,
                                    torch.ones(1, 2, n, 4))})
 
-    cache = PrefixKVCache(2)
-    cache.store([1, 2, 3, 4], (segment(0, 4),))
-    m, got = cache.longest([1, 2, 9])
+    cache = PrefixKVCache(2)  # blocks of 2 tokens below
+    cache.store([1, 2, 3, 4], (segment(0, 2), segment(2, 2)))
+    m, got = cache.longest([1, 2, 9], block=2)
     assert m == 2 and [s.length for s in got] == [2]
     cache.store([1, 2, 9], (*got, segment(2, 1)))  # shares positions 0..1 with the first entry
-    m, got = cache.longest([1, 2, 3, 7, 7])
-    assert m == 3 and join(got)[0][0].shape == (1, 2, 3, 4)
-    assert torch.equal(join(got)[0][0][0, 0, :, 0], torch.tensor([0.0, 1.0, 2.0]))  # positions 0, 1, 2
-    m, got = cache.longest([1, 2, 9, 5])
-    assert m == 3 and torch.equal(join(got)[0][0][0, 0, :, 0], torch.tensor([0.0, 1.0, 2.0]))  # 0, 1 shared; 2 its own
+    m, got = cache.longest([1, 2, 3, 7, 7], block=2)
+    assert m == 2 and join(got)[0][0].shape == (1, 2, 2, 4)  # [2, 4) of the first entry is not a block of this prefix
+    m, got = cache.longest([1, 2, 3, 4, 7], block=2)
+    assert m == 4 and torch.equal(join(got)[0][0][0, 0, :, 0], torch.tensor([0.0, 1.0, 2.0, 3.0]))  # positions 0..3
+    m, got = cache.longest([1, 2, 9], block=2)
+    assert m == 3 and torch.equal(join(got)[0][0][0, 0, :, 0], torch.tensor([0.0, 1.0, 2.0]))  # the same prefix: its partial block too
     assert cache.held_tokens() == 5
     with pytest.raises(ValueError, match="cover the prefix"):
         cache.store([1, 2, 3], (segment(0, 2),))
     cache.store([5, 6], (segment(0, 2),))  # evicts the least recently used entry, [1, 2, 3, 4]
-    assert len(cache) == 2 and cache.longest([1, 2, 3, 4])[0] == 2
+    assert len(cache) == 2 and cache.longest([1, 2, 3, 4], block=2)[0] == 2
     assert cache.longest([8])[0] == 0
     cache.clear()
     assert len(cache) == 0 and cache.longest([1, 2, 3])[0] == 0

@@ -7,6 +7,14 @@ forward and branches every condition from them; rows before ``p`` are never reco
 knocked out (a knockout edits query rows only), so their keys and values depend on the tokens
 alone. This module keeps them per token prefix: a new prompt starts from the longest cached prefix
 it shares and computes only the rest.
+
+Bit for bit: a prefix is always computed in the same blocks, ``[0, B), [B, 2B), ...`` and a last
+partial block ending at the prefix (:data:`PREFIX_BLOCK` = B tokens), each one forward over the
+keys and values of the blocks before it, whether they come from the cache or not. A block of an
+earlier prompt is reused only where it is one of the new prefix's own blocks (:func:`reusable`), so
+the numbers of a row never depend on what the cache held: a run resumed with a cold cache, or run
+with the cache off, equals an uninterrupted one exactly (a matrix product's last bits depend on how
+many rows it multiplies at once).
 """
 
 from __future__ import annotations
@@ -20,6 +28,16 @@ import torch
 
 # layer index -> (key, value), each [1, kv_head, n_tokens, d_head] after RoPE, on the layer's device
 LayerKV = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+PREFIX_BLOCK = 128  # tokens per prefix block: small enough to reuse most of a shared prefix, large enough for efficient forwards
+
+
+def blocks(start: int, end: int, block: int = PREFIX_BLOCK) -> list[tuple[int, int]]:
+    """The blocks ``[a, b)`` that compute positions ``start..end-1`` of a prefix ending at ``end``
+    (``start`` a block boundary): full blocks, then the partial one ending at ``end``."""
+    if start < end and start % block:
+        raise ValueError(f"a prefix block starts at a multiple of {block}, not at {start}")
+    return [(a, min(a + block, end)) for a in range(start, end, block)]
 
 
 @dataclass
@@ -64,11 +82,6 @@ class Segment:
     def length(self) -> int:
         return next(iter(self.kv.values()))[0].shape[2] if self.kv else 0
 
-    def cut(self, end: int) -> Segment:
-        """This segment up to absolute position ``end`` (views, no copy)."""
-        n = end - self.start
-        return Segment(self.start, {layer: (k[:, :, :n], v[:, :, :n]) for layer, (k, v) in self.kv.items()})
-
 
 def join(segments: Sequence[Segment]) -> LayerKV:
     """One [1, kv_head, n, d_head] key and value tensor per layer from consecutive segments."""
@@ -76,6 +89,19 @@ def join(segments: Sequence[Segment]) -> LayerKV:
         return dict(segments[0].kv)
     return {layer: (torch.cat([s.kv[layer][0] for s in segments], dim=2), torch.cat([s.kv[layer][1] for s in segments], dim=2))
             for layer in segments[0].kv}
+
+
+def reusable(segments: Sequence[Segment], shared: int, n: int, block: int = PREFIX_BLOCK) -> tuple[Segment, ...]:
+    """The leading ``segments`` (blocks of a cached prefix sharing its first ``shared`` tokens with a
+    prefix of ``n`` tokens) that are blocks of that prefix too: full blocks inside the shared part,
+    and a last partial block only when the two prefixes are the same."""
+    used = []
+    for segment in segments:
+        end = segment.start + segment.length
+        if end > shared or (segment.length != block and end != n):
+            break
+        used.append(segment)
+    return tuple(used)
 
 
 class PrefixKVCache:
@@ -97,20 +123,19 @@ class PrefixKVCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest(self, ids: Sequence[int]) -> tuple[int, tuple[Segment, ...]]:
-        """(m, segments): the longest prefix ``ids[:m]`` held by an entry and its segments cut to
-        m tokens (views); (0, ()) when nothing is shared."""
+    def longest(self, ids: Sequence[int], block: int = PREFIX_BLOCK) -> tuple[int, tuple[Segment, ...]]:
+        """(m, segments): the cached blocks that are blocks of the prefix ``ids`` itself (:func:`reusable`),
+        covering ``ids[:m]``; (0, ()) when none is."""
         query = np.asarray(ids, dtype=np.int64)
-        best, best_key = 0, None
-        for key, (tokens, _segments) in self._entries.items():
-            m = common_prefix_length(tokens, query)
+        best, best_key, best_segments = 0, None, ()
+        for key, (tokens, segments) in self._entries.items():
+            used = reusable(segments, common_prefix_length(tokens, query), len(query), block)
+            m = used[-1].start + used[-1].length if used else 0
             if m > best:
-                best, best_key = m, key
-        if best_key is None:
-            return 0, ()
-        self._entries.move_to_end(best_key)
-        segments = self._entries[best_key][1]
-        return best, tuple(s if s.start + s.length <= best else s.cut(best) for s in segments if s.start < best)
+                best, best_key, best_segments = m, key, used
+        if best_key is not None:
+            self._entries.move_to_end(best_key)
+        return best, best_segments
 
     def store(self, ids: Sequence[int], segments: Sequence[Segment]) -> None:
         if self.max_entries == 0 or not len(ids):

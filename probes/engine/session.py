@@ -15,13 +15,14 @@ Qwen2, Llama, ...). Outside a probe call it *is* sdpa.
 
 ``ProbeSession.run`` evaluates one prompt under many conditions:
 
-1. **Prefix.** ``input_ids[:p]`` with ``p = min(query_rows)`` runs once through sdpa. A knockout
+1. **Prefix.** ``input_ids[:p]`` with ``p = min(query_rows)`` runs once through sdpa, in fixed
+   blocks of ``PREFIX_BLOCK`` tokens (so a row's numbers never depend on the cache's contents). A knockout
    only edits query rows, and rows before ``p`` never see a query row (causality), so the
    prefix keys/values are identical under every condition. The attention function keeps each
    layer's prefix ``k, v`` (``[1, kv_head, p, d_head]``), shared, never copied per condition.
    Across prompts (``prefix_cache`` > 0, the default), the session keeps the prefix ``k, v`` of
-   the last prompts per token prefix (probes.engine.prefix_cache): a new prompt takes the longest
-   cached prefix it shares (a sweep's prompts of one item share the system turn, the tool
+   the last prompts per token prefix (probes.engine.prefix_cache): a new prompt takes the cached
+   blocks of the prefix it shares (a sweep's prompts of one item share the system turn, the tool
    catalog and the first skills) and runs only the rest, with the reused keys in its mask.
    Prefix rows are never recorded or knocked out, so their ``k, v`` depend on the tokens only;
    ``prefix_reuse`` counts the tokens reused and computed.
@@ -61,7 +62,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probes.engine.logits import check_finite, entropy
 from probes.engine.loading import check_context_length, load_model
-from probes.engine.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter, Segment, join
+from probes.engine.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter, Segment, blocks, join
 
 ATTN_IMPLEMENTATION = "basm_probe"
 
@@ -636,15 +637,16 @@ class ProbeSession:
         self._prefix_cache.clear()
 
     def _prefix_kv(self, prefix: list[int]) -> LayerKV:
-        """Per-layer keys/values of ``prefix`` (fast path), starting from the longest cached prefix."""
+        """Per-layer keys/values of ``prefix`` (fast path), block by block (probes.engine.prefix_cache:
+        the same blocks with or without the cache), starting from the cached blocks it shares."""
         m, segments = self._prefix_cache.longest(prefix)
         kv = join(segments) if segments else {}
-        if m < len(prefix):
-            state = _ProbeState(mode="prefix", q_offset=m, reused_kv=kv)
+        for start, end in blocks(m, len(prefix)):
+            state = _ProbeState(mode="prefix", q_offset=start, reused_kv=kv)
             with _activate(state):
-                self.model.base_model(input_ids=torch.tensor([prefix[m:]], device=self.device),
-                                      position_ids=torch.arange(m, len(prefix), device=self.device)[None], use_cache=False)
-            segments += (Segment(m, state.new_kv),)
+                self.model.base_model(input_ids=torch.tensor([prefix[start:end]], device=self.device),
+                                      position_ids=torch.arange(start, end, device=self.device)[None], use_cache=False)
+            segments += (Segment(start, state.new_kv),)
             kv = state.prefix_kv
         self._prefix_cache.store(prefix, segments)
         self.prefix_reuse.tokens_reused += m
