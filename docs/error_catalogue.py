@@ -222,6 +222,13 @@ CASES: list[Case] = [
     Case("TOML: bad choice", _sweep("--options-file", "<tmp>/run.toml"), 2, "run.toml: sweep: option 'format' (--format) must be one of native, prompted, got 'json'", _toml('format = "json"\n')),
     Case("TOML: not TOML", _sweep("--options-file", "<tmp>/run.toml"), 2, "--options-file <tmp>/run.toml: not valid TOML", _toml("k_max = = 2\n")),
     Case("TOML: missing file", _sweep("--options-file", "<tmp>/absent.toml"), 2, "--options-file <tmp>/absent.toml: cannot read it"),
+    Case("--gamma nan", _sweep("--gamma", "nan"), 2, "option 'gamma' (--gamma) must be a finite number, got nan"),
+    Case("TOML: gamma = nan", _sweep("--options-file", "<tmp>/run.toml"), 2, "run.toml: sweep: option 'gamma' (--gamma) must be a finite number, got nan",
+         _toml("gamma = nan\n")),
+    Case("--items that names nothing", _sweep("--items", "::::"), 2, "option 'items' (--items) '::::' names no bucket, domain or count"),
+    Case("--items ''", _sweep("--items", ""), 2, "option 'items' (--items) '' names no bucket, domain or count"),
+    Case("--configs ''", _sweep("--configs", ""), 2, "option 'configs' (--configs) needs at least 1 of"),
+    Case("bfcl-import --max-probe-entries -1", ["bfcl-import", "--out", "<tmp>/new", "--max-probe-entries", "-1"], 2, "--max-probe-entries must be ≥ 1, got -1"),
     # datasets, checked with file and line before any model is loaded
     Case("dataset: user null", _sweep(*DATA), 1, "items.jsonl:1: field 'user' must be a non-empty string", _dataset(_first_item(user=None))),
     Case("dataset: history entry without tool_call", _sweep(*DATA), 1, "history[0]: an assistant message needs tool_call",
@@ -280,6 +287,8 @@ CASES: list[Case] = [
          _results(lambda lines: [lines[0], lines[1][:-1] + ', "_nonfinite": {"no/such/field": "nan"}}', *lines[2:]])),
     Case("results: a _nonfinite value other than nan/inf", _sweep(model="<tmp>/model"), 1, "must be one of nan, inf, -inf, got 'NaN-ish'",
          _results(lambda lines: [lines[0], lines[1][:-1] + ', "_nonfinite": {"margin": "NaN-ish"}}', *lines[2:]])),
+    Case("results: resumed under another backend", _sweep("--backend", "nnsight", model="<tmp>/model"), 1,
+         "changed: config.options.backend", _results(lambda lines: lines)),
     Case("results: weights changed in place, mtime restored", _sweep(model="<tmp>/model"), 1, "changed: config.fingerprint.weights",
          _weights_edited_in_place),
     # items that cannot be scored, and bytes that are not text

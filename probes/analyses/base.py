@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -84,7 +85,8 @@ def option(
     ``repeat``: a list given by repeating the flag (``--bucket T_ok --bucket T_wrong``);
     ``names``: a list given as comma-separated names from ``names`` (``--configs base,proc``; a
     live sequence such as :data:`probes.analyses.ANALYSES` is read when checked);
-    ``flag``: the CLI flag when it is not ``--field-name`` (``--no-figure`` for a True default).
+    ``flag``: the CLI flag when it is not ``--field-name`` (``--no-figure`` for a True default);
+    ``minimum``: the smallest value of a number, the fewest names of a list.
     """
     if isinstance(default, list):
         default = tuple(default)
@@ -114,6 +116,8 @@ def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "
         known = meta["names"] or meta["choices"]
         if known is not None and (unknown := [v for v in values if v not in known]):
             raise OptionError(f"{label}: unknown {unknown}; known: {', '.join(known)}")
+        if meta["minimum"] is not None and len(values) < meta["minimum"]:  # of a list: the fewest names
+            raise OptionError(f"{label} needs at least {meta['minimum']:g} of {', '.join(known or ())}, got {list(values)!r}")
         return tuple(values)
     kind = meta["type"]
     if kind is bool:
@@ -122,6 +126,8 @@ def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "
     elif kind in (int, float):
         if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
             raise OptionError(f"{label} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+        if not math.isfinite(value):  # NaN would pass every range check and then close every gate silently
+            raise OptionError(f"{label} must be a finite number, got {value!r}")
         if meta["minimum"] is not None and value < meta["minimum"]:
             raise OptionError(f"{label} must be ≥ {meta['minimum']}, got {value!r}")
     elif kind is Path:
@@ -132,6 +138,15 @@ def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "
     if meta["choices"] is not None and value not in meta["choices"]:
         raise OptionError(f"{label} must be one of {', '.join(map(str, meta['choices']))}, got {value!r}")
     return value
+
+
+def header_options(options: RunOptions) -> dict[str, Any]:
+    """Every option of ``options`` but the value-neutral ones (:attr:`RunOptions.value_neutral`), as JSON
+    values: what the results header records so that a resume under another value is refused."""
+    def plain(value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else str(value) if isinstance(value, Path) else value
+
+    return {f.name: plain(getattr(options, f.name)) for f in option_fields(type(options)) if f.name not in options.value_neutral}
 
 
 def parse_items(spec: str) -> dict[str, Any]:
@@ -230,6 +245,12 @@ class RunOptions:
     normalised once, as given; :meth:`resolved` applies ``items`` and ``quick``."""
 
     name: ClassVar[str] = ""
+    # Options that cannot change a row's value: where results and figures go, how a model may be
+    # loaded (its content is fingerprinted), the prefix cache (bit-identical either way), and the
+    # shorthands recorded through what they resolve to (quick, items: limit, k_max, buckets, domains).
+    # Every other option is in the results header (header_options), so a resume under another value is refused.
+    value_neutral: ClassVar[frozenset[str]] = frozenset({"model", "out", "overwrite", "figure", "quick", "items", "allow_pickle",
+                                                         "trust_remote_code", "prefix_cache"})
 
     # model
     model: str | Path | None = option(None, "local HF folder, local-cache name or .gguf (default: the bundled organism)",
@@ -288,8 +309,11 @@ class RunOptions:
         """These options with ``items``, ``quick`` and the analysis's default buckets applied."""
         changes: dict[str, Any] = {}
         buckets, domains, limit, k_max = self.buckets, self.domains, self.limit, self.k_max
-        if self.items:
+        if self.items is not None:
             spec = parse_items(self.items)
+            if not (spec["buckets"] or spec["domains"] or spec["limit"] is not None):
+                raise OptionError(f"{self.name}: option 'items' (--items) {self.items!r} names no bucket, domain or count; "
+                                  "the form is BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10")
             buckets = tuple(spec["buckets"]) or buckets
             domains = tuple(spec["domains"]) or domains
             limit = spec["limit"] if spec["limit"] is not None else limit
@@ -423,6 +447,7 @@ class RunContext:
                       "bucket": list(a.buckets) if a.buckets else None, "domain": list(a.domains) if a.domains else None,
                       "split": a.split, "split_kind": a.split_kind, "limit": a.limit},
             **({"skipped_too_long": [[s.item_id, s.reason] for s in self.skipped]} if self.skipped else {}),
+            "options": header_options(a),
             **extra,
         }
 
@@ -513,6 +538,13 @@ def session_runs(session: ProbeSession) -> dict[str, str]:
             "backend": getattr(session, "name", "native")}
 
 
+def require_session(session: Any) -> None:
+    """``session`` is a loaded session (or None): a path or a name given there is answered, not an AttributeError."""
+    if session is not None and not (hasattr(session, "model") and callable(getattr(session, "run", None))):
+        raise OptionError(f"session must be a loaded session (probes.ProbeSession(PATH)) or None, got {type(session).__name__} "
+                          f"{str(session)[:80]!r}; to load a model by its path, pass model=PATH")
+
+
 def check_session(options: RunOptions, session: ProbeSession) -> None:
     """A session option given (not its default) that contradicts the given ``session`` is an error:
     the run would record one thing and measure another."""
@@ -538,6 +570,7 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
     in the model's own token space. With a ``session``, ``model`` names its weights (recorded in
     the results); it defaults to the session's own folder.
     """
+    require_session(session)
     options = analysis.resolved()
     torch.manual_seed(options.seed)
     if options.model is not None:

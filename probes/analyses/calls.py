@@ -265,7 +265,7 @@ class Calls(Analysis):
 
     k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
     configs: tuple[str, ...] = option(CALLS_CONFIGS, f"comma-separated memory configurations (default: {','.join(CALLS_CONFIGS)}; "
-                                      "pad-procedure is included so that `paired` reuses these generations)", names=tuple(CONFIGS))
+                                      "pad-procedure is included so that `paired` reuses these generations)", names=tuple(CONFIGS), minimum=1)
     controls: bool = option(False, f"add the equal-length controls ({', '.join(CONTROL_CONFIGS)})", type=bool)
     max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
 

@@ -406,7 +406,7 @@ class Linear(Analysis):
     buckets: tuple[str, ...] | None = option(PROBE_BUCKETS, "keep only these buckets (the probe contrasts T_ok and T_wrong)",
                                              flag="--bucket", repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
     configs: tuple[str, ...] = option(PAPER_CONFIGS, f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})",
-                                      names=tuple(CONFIGS))
+                                      names=tuple(CONFIGS), minimum=1)
     folds: int = option(DEFAULT_FOLDS, "task-disjoint CV folds (lowered to the task groups per class)", type=int, minimum=2, group="linear probe")
     C: float = option(DEFAULT_C, "inverse L2 strength of the logistic regression", type=float, minimum=0.0, group="linear probe")
     permutations: int = option(DEFAULT_PERMUTATIONS, "label permutations within task groups, shared by all layers; p ≥ 1/(1 + N)",

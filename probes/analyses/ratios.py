@@ -392,7 +392,7 @@ class Ratios(Analysis):
     and its group-paired shifts between buckets by stratum, with a length control."""
 
     configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations with a boundary (or control) span (default: {','.join(DEFAULT_CONFIGS)})",
-                                      names=tuple(CONFIGS))
+                                      names=tuple(CONFIGS), minimum=1)
     k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
     attention_row: str = option("deciding", "query row of the figure and the headline: the deciding row (the decision row, or the "
                                 "row after a shared name prefix) or the native row that opens the tool call; the tables have both",

@@ -41,6 +41,7 @@ from probes.analyses.base import (
     option,
     option_fields,
     provenance,
+    require_session,
     split_label,
 )
 from probes.analyses.knockout import basm_deltas, caption, knockout_labels
@@ -174,7 +175,7 @@ class ReportOptions(RunOptions):
 
     k_max: int | None = option(None, "largest retrieval depth K (default: each analysis's own)", type=int, minimum=0, group="probe")
     analyses: tuple[str, ...] | None = option(None, "comma-separated analyses (default: every registered one, in report order)",
-                                              names=registry.ANALYSES)
+                                              names=registry.ANALYSES, minimum=1)
     figures_dir: str | Path | None = option(None, "where the figures go (default: OUT/<model>/figures); e.g. figures/ to "
                                             "regenerate the repository's figures", type=Path)
 
@@ -192,6 +193,7 @@ def run_report(options: ReportOptions, session: ProbeSession | None = None) -> A
     start = time.perf_counter()
     names = list(options.analyses or registry.ANALYSES)
     classes: dict[str, type[Analysis]] = {}
+    require_session(session)
     for name in names:
         try:
             classes[name] = registry.get(name)

@@ -60,7 +60,7 @@ class Suppression(Analysis):
 
     buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (Fig. 5 is T_wrong)", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
-    configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations (default: {','.join(DEFAULT_CONFIGS)})", names=tuple(CONFIGS))
+    configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations (default: {','.join(DEFAULT_CONFIGS)})", names=tuple(CONFIGS), minimum=1)
     k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
     priming: bool = option(False, f"add the lexical-priming controls ({', '.join(PRIMING_CONFIGS)})", type=bool)
 

@@ -61,7 +61,7 @@ class Sweep(Analysis):
     buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (Fig. 2 is T_wrong)", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
     configs: tuple[str, ...] = option(PAPER_CONFIGS, f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})",
-                                      names=tuple(CONFIGS))
+                                      names=tuple(CONFIGS), minimum=1)
     controls: bool = option(False, f"add the equal-length controls ({', '.join(CONTROL_CONFIGS)})", type=bool)
     priming: bool = option(False, f"add the lexical-priming controls ({', '.join(PRIMING_CONFIGS)}): tool names in the boundary "
                            "fields anonymised, or only the names kept", type=bool)

@@ -659,6 +659,8 @@ def import_bfcl(
     check_output(Path(out), is_previous=is_bfcl_import, overwrite=overwrite, what="BFCL import")  # before any work
     if extractor not in EXTRACTORS:
         raise ValueError(f"extractor must be one of {EXTRACTORS}, got {extractor!r}")
+    if max_probe_entries is not None and max_probe_entries < 1:  # a negative slice would keep all but the last entries
+        raise ValueError(f"--max-probe-entries must be ≥ 1, got {max_probe_entries}")
     if (extractor == "llm") != (llm_model is not None):
         raise ValueError("extractor='llm' needs llm_model (a text generator), and llm_model is used only with it")
     if llm_model is not None and not callable(llm_model):
