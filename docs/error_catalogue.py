@@ -306,6 +306,8 @@ CASES: list[Case] = [
          _bytes("fake.gguf", GGUF_V3 + (5).to_bytes(8, "little") * 2 + b"\xff" * 50)),
     Case("model: a malformed pickle with --allow-pickle", _sweep("--allow-pickle", model="<tmp>/model"), 1,
          "cannot read the pickle weights in <tmp>/model (pytorch_model.bin): UnpicklingError", _bad_pickle),
+    Case("nnsight --remote without an NDIF API key", _sweep("--backend", "nnsight", "--remote", model="Qwen/Qwen3-8B"), 1,
+         "remote=True needs an NDIF API key", lambda tmp: os.environ.pop("NDIF_API_KEY", None)),
     # dataset outputs
     Case("bfcl-import into an existing dataset", ["bfcl-import", "--out", "<tmp>/data", "--max-probe-entries", "2"], 2,
          "<tmp>/data is not empty and is not a previous BFCL import; nothing was written", _dataset(lambda lines: lines)),

@@ -25,13 +25,14 @@ from typing import Any
 import torch
 
 from probes.backends.base import Forward, ForwardBackend, RowEdit, knock_pattern
-from probes.engine.loading import load_model
+from probes.engine.loading import ModelLoadError, load_model
 
 SOFTMAX_OP = "nn_functional_softmax_0"  # the softmax call inside transformers' eager_attention_forward
 
 
-class NDIFUnavailableError(RuntimeError):
-    """``remote=True`` cannot run: no key, NDIF unreachable, key refused, or model not hosted."""
+class NDIFUnavailableError(ModelLoadError):
+    """``remote=True`` cannot run: no key, NDIF unreachable, key refused, or model not hosted (a load
+    error: the CLI prints it without a traceback)."""
 
 
 def _nnsight() -> Any:
