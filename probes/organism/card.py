@@ -15,6 +15,7 @@ from probes.organism.heldout import heldout_report
 from probes.organism.train.supervision import head_key
 from probes.organism.validate import Validation, validate
 from probes.reporting.markdown import markdown_table
+from probes.reporting.results import write_text
 
 DISCLAIMER = (
     "**This is a synthetic organism for validating the instrument, not evidence about Qwen3.** It has "
@@ -304,7 +305,7 @@ probe engine.
 
 {DISCLAIMER}
 """
-    (out_dir / "README.md").write_text(text)
+    write_text(out_dir / "README.md", text)
 
 
 def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None = None) -> Validation:
@@ -316,10 +317,10 @@ def evaluate_and_write_card(out_dir: str | Path, summary: dict[str, Any] | None 
     started = time.perf_counter()
     heldout = heldout_report(out_dir, embedder=summary["train_config"]["embedder"])
     heldout["seconds"] = round(time.perf_counter() - started, 1)
-    (out_dir / "heldout_check.json").write_text(json.dumps(heldout, indent=1) + "\n")
+    write_text(out_dir / "heldout_check.json", json.dumps(heldout, indent=1) + "\n")
     with tempfile.TemporaryDirectory() as results:
         validation = validate(out_dir, results, embedder=summary["train_config"]["embedder"])
-    (out_dir / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1, allow_nan=False) + "\n")
+    write_text(out_dir / "validation.json", json.dumps(validation.as_dict(), indent=1, allow_nan=False) + "\n")
     write_card(out_dir, summary, heldout, validation.as_dict())
     print(validation.markdown())
     print(f"held-out check ({heldout['seconds']:.0f} s), validation ({validation.seconds:.0f} s) and model card written to {out_dir}")

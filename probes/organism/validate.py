@@ -52,6 +52,7 @@ from probes.engine.session import ProbeSession
 from probes.organism import ORGANISM_DIR
 from probes.reporting.markdown import markdown_table
 from probes.scoring.claims import ALPHA, Claim, claims_table, effect_claim
+from probes.reporting.results import write_text
 
 FAMILY = "organism validation"  # Holm over every claim of the validation
 DEPTH = 2  # the retrieval depth of every claim (the paper's focus)
@@ -226,8 +227,8 @@ def validate(
 
 def write(validation: Validation, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "validation.json").write_text(json.dumps(validation.as_dict(), indent=1, allow_nan=False) + "\n")
-    (out / "validation.md").write_text("# Organism validation (held-out eval split)\n\n" + validation.markdown() + "\n")
+    write_text(out / "validation.json", json.dumps(validation.as_dict(), indent=1, allow_nan=False) + "\n")
+    write_text(out / "validation.md", "# Organism validation (held-out eval split)\n\n" + validation.markdown() + "\n")
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -502,6 +502,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+def write_text(path: str | Path, text: str) -> None:
+    """A text output (a report, a card, a JSON summary), written atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
 def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
     """A summary table, written atomically."""
     with atomic_path(path) as tmp:

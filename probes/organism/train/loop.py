@@ -81,6 +81,7 @@ from probes.organism.train.examples import (
 from probes.organism.train.supervision import PLANTED_TARGETS, head_key, install_train_attention
 from probes.prompts.bpe import train_bpe_tokenizer
 from probes.prompts.builder import ABSTAIN_TEXT
+from probes.reporting.results import write_text
 
 
 # The per-step losses of the first steps are recorded: a short rerun reproduces them (tested).
@@ -389,7 +390,7 @@ def save(result: TrainResult, out_dir: Path) -> None:
     result.model.generation_config.do_sample = False
     result.model.save_pretrained(out_dir, safe_serialization=True)
     result.tokenizer.save_pretrained(out_dir)
-    (out_dir / "training_summary.json").write_text(json.dumps({**result.summary, "log": result.log}, indent=1) + "\n")
+    write_text(out_dir / "training_summary.json", json.dumps({**result.summary, "log": result.log}, indent=1) + "\n")
 
 
 # ----------------------------------------------------------------------------- CLI
