@@ -86,13 +86,13 @@ def branch_rows(record: dict) -> int:
 def bench(name: str, model_dir: Path, n_items: int, k_max: int, configs: list[str]) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from probes.analyses.base import score_record
-    from probes.engine.session import ATTN_IMPLEMENTATION, ProbeSession
     from probes.engine.prefix_cache import PrefixReuseCounter
+    from probes.engine.session import ProbeSession, install_attention
+    from probes.scoring.score import score_record
 
     items = sweep_records(model_dir, n_items + 1, k_max, configs)
     items[0] = items[0][:2]  # warm-up
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=install_attention(), dtype=torch.float32)
     sessions = {"plain": ProbeSession(model, prefix_cache=0), "reuse": ProbeSession(model)}
     times = {"plain": [], "reuse": []}
     prompt_times: list[float] = []
