@@ -34,7 +34,7 @@ import pandas as pd
 
 from probes.data.dataset import ABSTAIN, BUCKETS, SPLITS, ProbeDataset, load_dataset
 from probes.data.retrieval import RELEVANCE_MEASURES, Embedder, Retriever, make_embedder
-from probes.prompts.builder import NATIVE_FORCED_PREFIX
+from probes.prompts.builder import DEFAULT_K_MAX, NATIVE_FORCED_PREFIX
 from probes.prompts.tokenizers import load_tokenizer
 from probes.scoring.shortcuts import best_shortcut, shortcut_table
 
@@ -42,7 +42,7 @@ CARD_NAME = "CARD.md"
 DEFAULT_TOKENIZER = "qwen3"
 DEFAULT_RESAMPLES = 1000
 NAME_CONTINUATION = '", "arguments": {'  # what follows a tool name in the native format
-GATE_DEPTH = 2  # the analyses' default k_max
+GATE_DEPTH = DEFAULT_K_MAX  # the analyses' default k_max
 
 
 def gate_table(dataset: ProbeDataset, embedder: Embedder, *, depth: int = GATE_DEPTH, gamma: float = 0.0) -> pd.DataFrame:
