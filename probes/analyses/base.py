@@ -100,11 +100,13 @@ def option(
 REQUIRED: Any = dataclasses.MISSING  # the default of an option that must be given
 
 
-def shared(cls: type, name: str) -> Any:
+def shared(cls: type, name: str, *, default: Any = REQUIRED, help: str | None = None) -> Any:
     """Option ``name`` as ``cls`` declares it (same default, help, type and checks), for a class that
-    lists it among its own (``RunOptions`` keeps its field order: the option listings show it)."""
+    lists it among its own (``RunOptions`` keeps its field order: the option listings show it);
+    ``default`` / ``help`` change only those, as a redeclared option does."""
     f = cls.__dataclass_fields__[name]
-    return field(default=f.default, metadata=f.metadata)
+    meta = {**f.metadata, **({"help": help} if help is not None else {})}
+    return field(default=f.default if default is REQUIRED else default, metadata=meta)
 
 
 def k_max_option(default: int | None) -> Any:
