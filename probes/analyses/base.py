@@ -524,8 +524,10 @@ class RunContext:
         return [item for item in self.items if item.bucket in buckets]
 
 
-# The modules that draw, plot or report results only; every other module shapes the rows.
-_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "analyses/report.py", "organism")
+# The modules that draw, plot or report results only, or that no analysis runs (the dataset tools, formerly
+# in the CLI); every other module shapes the rows.
+_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "analyses/report.py", "analyses/tools.py",
+                 "organism")
 
 
 @functools.cache
