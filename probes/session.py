@@ -23,12 +23,10 @@ from typing import Any
 
 import pandas as pd
 
-from probes.data.dataset import default_study, load_dataset
-from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
+from probes.data.dataset import load_dataset
 from probes.engine.session import Knockout
 from probes.engine.session import ProbeSession as EngineSession
-from probes.organism import is_organism
-from probes.prompts.builder import BuildSettings, PromptBuilder
+from probes.prompts.builder import DEFAULT_K_MAX, SWEEP_K_MAX, BuildSettings, make_builder, resolve_study
 from probes.scoring.controls import random_control
 from probes.scoring.score import score_record
 
@@ -43,7 +41,7 @@ class ProbeSession(EngineSession):
     """
 
     def _study_defaults(self) -> tuple[Path, str]:
-        return default_study(organism=is_organism(self.model.name_or_path))
+        return resolve_study(self.model.name_or_path)  # type: ignore[return-value]
 
     @property
     def default_dataset(self) -> Path:
@@ -51,21 +49,20 @@ class ProbeSession(EngineSession):
         organism, basm_probe_v2 for every other model (:func:`probes.data.dataset.default_study`)."""
         return self._study_defaults()[0]
 
-    def prompt(self, item: Any, *, config: str = "basm", k: int = 2, fmt: str = "native", dataset: str | Path | None = None,
+    def prompt(self, item: Any, *, config: str = "basm", k: int = DEFAULT_K_MAX, fmt: str = "native", dataset: str | Path | None = None,
                embedder: str = "auto", gamma: float | None = None, relevance: str | None = None, beta: int | None = None) -> dict[str, Any]:
         """The prompt record of ``item`` (an id or a dataset item) under memory configuration ``config``
         at retrieval depth ``k``, in this model's own token space (see ``docs/prompt_records.md``).
         ``dataset`` and ``relevance`` default to this model's study defaults (:attr:`default_dataset`)."""
         if self.tokenizer is None:
             raise ValueError("this session has no tokenizer: pass tokenizer= when opening it")
-        study_dataset, study_relevance = self._study_defaults()
-        settings = BuildSettings(k_max=max(k, BuildSettings.k_max), relevance=relevance or study_relevance,
-                                 **{name: v for name, v in (("gamma", gamma), ("beta", beta)) if v is not None})
-        key = (str(dataset or study_dataset), embedder, settings)
+        dataset, relevance = resolve_study(self.model.name_or_path, dataset, relevance)
+        settings = {"k_max": max(k, SWEEP_K_MAX), "gamma": BuildSettings.gamma if gamma is None else gamma, "relevance": relevance,
+                    "beta": BuildSettings.beta if beta is None else beta}
+        key = (str(dataset), embedder, tuple(settings.items()))
         if getattr(self, "_builder_key", None) != key:
-            data = load_dataset(dataset or study_dataset)
-            self._builder = PromptBuilder(self.tokenizer, data, Retriever(make_embedder(embedder), RetrievalWeights()), settings,
-                                          tokenizer_name=str(self.model.name_or_path))
+            self._builder = make_builder(self.tokenizer, load_dataset(dataset), embedder=embedder, **settings,
+                                         tokenizer_name=str(self.model.name_or_path))
             self._builder_key = key
         builder = self._builder
         if isinstance(item, str):

@@ -35,12 +35,12 @@ import torch
 from tqdm.auto import tqdm
 
 from probes.analyses.parallel import ShardedStore, open_store, rank_device, world
-from probes.data.dataset import BUCKETS, SPLIT_KINDS, Item, ProbeDataset, default_study, load_dataset, resolve_dataset
+from probes.data.dataset import BUCKETS, SPLIT_KINDS, Item, ProbeDataset, load_dataset, resolve_dataset
 from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint
 from probes.organism import ORGANISM_DIR, ORGANISM_NAME, is_organism
 from probes.engine.session import Knockout, ProbeSession
-from probes.prompts.builder import FORMATS, BuildSettings, PromptBuilder
+from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, BuildSettings, PromptBuilder, make_builder, resolve_study
 from probes.prompts.record import record_id
 from probes.prompts.context import SkippedItem, partition_by_context
 from probes.reporting.results import ResultsStore, check_inside, write_csv
@@ -79,20 +79,47 @@ def option(
     names: Sequence[str] | None = None,
     group: str = "run",
     minimum: float | None = None,
+    positional: bool = False,
 ) -> Any:
-    """A keyword option of an analysis (a dataclass field with what the CLI and the validator need).
+    """A keyword option of an analysis or command (a dataclass field with what the CLI and the validator need).
 
     ``repeat``: a list given by repeating the flag (``--bucket T_ok --bucket T_wrong``);
     ``names``: a list given as comma-separated names from ``names`` (``--configs base,proc``; a
     live sequence such as :data:`probes.analyses.ANALYSES` is read when checked);
     ``flag``: the CLI flag when it is not ``--field-name`` (``--no-figure`` for a True default);
     ``minimum``: the smallest value of a number, the fewest names of a list.
+    ``positional``: a positional argument of the command (``show ITEM``); ``default`` :data:`REQUIRED`
+    makes the option required.
     """
     if isinstance(default, list):
         default = tuple(default)
     meta = {"help": help, "type": type, "choices": tuple(choices) if choices is not None else None, "flag": flag,
-            "repeat": repeat, "names": tuple(names) if isinstance(names, list) else names, "group": group, "minimum": minimum}
-    return field(default=default, metadata=meta)
+            "repeat": repeat, "names": tuple(names) if isinstance(names, list) else names, "group": group, "minimum": minimum,
+            "positional": positional}
+    return field(metadata=meta) if default is REQUIRED else field(default=default, metadata=meta)
+
+
+REQUIRED: Any = dataclasses.MISSING  # the default of an option that must be given
+
+
+def shared(cls: type, name: str, *, default: Any = REQUIRED, help: str | None = None) -> Any:
+    """Option ``name`` as ``cls`` declares it (same default, help, type and checks), for a class that
+    lists it among its own (``RunOptions`` keeps its field order: the option listings show it);
+    ``default`` / ``help`` change only those, as a redeclared option does."""
+    f = cls.__dataclass_fields__[name]
+    meta = {**f.metadata, **({"help": help} if help is not None else {})}
+    return field(default=f.default if default is REQUIRED else default, metadata=meta)
+
+
+def k_max_option(default: int | None) -> Any:
+    """The ``k_max`` option (``--k-max``) with ``default``: :data:`~probes.prompts.builder.DEFAULT_K_MAX`
+    (the analyses at one depth) or :data:`~probes.prompts.builder.SWEEP_K_MAX` (the depth sweeps, ``build``)."""
+    return option(default, "largest retrieval depth K", type=int, minimum=0, group="probe")
+
+
+def depth_option(default: int | None = None, help: str = "retrieval depth (default: k_max)") -> Any:
+    """The ``k`` option (``--k``) of an analysis or command at one retrieval depth; read it as ``options.depth``."""
+    return option(default, help, type=int, minimum=0, group="probe")
 
 
 def option_fields(cls: type) -> list[dataclasses.Field]:
@@ -104,7 +131,7 @@ def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "
     """``value`` checked (and normalised: lists become tuples, paths stay as given) against the
     option's type, choices and range; a precise :class:`OptionError` otherwise."""
     meta = f.metadata
-    label = f"{where}{analysis}: option {f.name!r} ({meta['flag'] or '--' + f.name.replace('_', '-')})"
+    label = f"{where}{analysis}: option {f.name!r} ({f.name if meta.get('positional') else meta['flag'] or '--' + f.name.replace('_', '-')})"
     if value is None:
         if f.default is None:
             return None
@@ -240,9 +267,11 @@ class AnalysisResult:
 
 
 @dataclass(kw_only=True)
-class RunOptions:
-    """The options every analysis and ``report`` share (model, probe, items, run), validated and
-    normalised once, as given; :meth:`resolved` applies ``items`` and ``quick``."""
+class Options:
+    """Base of every options class (the analyses, ``report``'s, the dataset commands'): keyword fields
+    made with :func:`option`, validated and normalised once, as given. The CLI derives a command's
+    flags from its class (:mod:`probes.cli.options`), so a field shared by several classes (below) is
+    declared once and has one flag, one default and one check everywhere."""
 
     name: ClassVar[str] = ""
     # Options that cannot change a row's value: where results and figures go, how a model may be
@@ -251,6 +280,77 @@ class RunOptions:
     # Every other option is in the results header (header_options), so a resume under another value is refused.
     value_neutral: ClassVar[frozenset[str]] = frozenset({"model", "out", "overwrite", "figure", "quick", "items", "allow_pickle",
                                                          "trust_remote_code", "prefix_cache"})
+
+    def __post_init__(self) -> None:
+        for f in option_fields(type(self)):  # validated and normalised once, as given
+            object.__setattr__(self, f.name, check_option(self.name, f, getattr(self, f.name)))
+
+
+@dataclass(kw_only=True)
+class DatasetOption(Options):
+    """The dataset (``--dataset``), defaulting to the study default of the model (:func:`probes.prompts.builder.resolve_study`)."""
+
+    dataset: str | Path | None = option(None, "probe dataset folder or bundled name (basm_probe, basm_probe_v2, bfcl); default: "
+                                        "basm_probe (v1) for the bundled organism, basm_probe_v2 for every other model", type=Path, group="items")
+
+
+@dataclass(kw_only=True)
+class ItemOptions(DatasetOption):
+    """The item filters (``select_items``) of the analyses and ``build``."""
+
+    buckets: tuple[str, ...] | None = option(None, "keep only these buckets (default: all)", flag="--bucket", repeat=True,
+                                             choices=BUCKETS, group="items")
+    domains: tuple[str, ...] | None = option(None, "keep only these domains", flag="--domain", repeat=True, group="items")
+    split: str = option("eval", "dataset split", choices=SPLIT_CHOICES, group="items")
+    split_kind: str = option("template", "which split --split reads: template (task groups held out, the item field split) or "
+                             "scenario (whole scenarios held out, split_scenario; basm_probe_v2)", choices=SPLIT_KINDS, group="items")
+    limit: int | None = option(None, "keep N items of each bucket, round-robin over task groups (one item per group first)",
+                               type=int, minimum=1, group="items")
+    item_ids: tuple[str, ...] | None = option(None, "keep only these item ids", flag="--item", repeat=True, group="items")
+
+
+class BuildsPrompts:
+    """What an options class with the builder's settings (:class:`BuilderOptions`' fields) can do."""
+
+    k_max: int | None
+    embedder: str
+    gamma: float
+    relevance: str | None
+    beta: int
+
+    @property
+    def depth(self) -> int | None:
+        """The one retrieval depth of an analysis or command with a ``k`` option: ``k``, else ``k_max``."""
+        k = getattr(self, "k", None)
+        return k if k is not None else self.k_max
+
+    def make_builder(self, tokenizer: Any, dataset: ProbeDataset, *, retriever: Retriever | None = None, tokenizer_name: str = "") -> PromptBuilder:
+        """The prompt builder of these settings (:func:`probes.prompts.builder.make_builder`), ``relevance``
+        resolved (:func:`probes.prompts.builder.resolve_study`). ``retriever``: one to share instead of a
+        new one of ``embedder``."""
+        return make_builder(tokenizer, dataset, embedder=self.embedder if retriever is None else retriever, k_max=self.k_max,
+                            gamma=self.gamma, relevance=self.relevance, beta=self.beta, tokenizer_name=tokenizer_name)
+
+
+@dataclass(kw_only=True)
+class BuilderOptions(Options, BuildsPrompts):
+    """The prompt builder's settings (:func:`probes.prompts.builder.make_builder`) of the analyses, ``build`` and ``show``."""
+
+    k_max: int | None = k_max_option(DEFAULT_K_MAX)
+    embedder: str = option("auto", "retrieval embedder", choices=EMBEDDERS, group="probe")
+    gamma: float = option(BuildSettings.gamma, "boundary relevance gate γ (Eq. 10)", type=float, group="probe")
+    relevance: str | None = option(None, "r_B of the gate (Eq. 10): lexical (content-word overlap, the paper's) or semantic "
+                                   "(embedding cosine); default: lexical for the bundled organism, semantic for every other model",
+                                   choices=RELEVANCE_MEASURES, group="probe")
+    beta: int = option(BuildSettings.beta, "boundary token budget β (Eq. 10)", type=int, minimum=0, group="probe")
+
+
+@dataclass(kw_only=True)
+class RunOptions(Options, BuildsPrompts):
+    """The options every analysis and ``report`` share (model, probe, items, run), validated and
+    normalised once, as given; :meth:`resolved` applies ``items`` and ``quick``. The builder's
+    settings and the item filters are :class:`BuilderOptions`' and :class:`ItemOptions`' (``shared``),
+    the same as the dataset commands'."""
 
     # model
     model: str | Path | None = option(None, "local HF folder, local-cache name or .gguf (default: the bundled organism)",
@@ -272,26 +372,20 @@ class RunOptions:
         "where their names diverge), first_token (Eq. 1 at the decision row, NaN where names share a first token) or "
         "path (whole-path log-probabilities, abstention included); all are written to the rows",
         choices=MARGIN_VARIANTS, group="probe")
-    k_max: int | None = option(2, "largest retrieval depth K", type=int, minimum=0, group="probe")
-    embedder: str = option("auto", "retrieval embedder", choices=EMBEDDERS, group="probe")
-    gamma: float = option(BuildSettings.gamma, "boundary relevance gate γ (Eq. 10)", type=float, group="probe")
-    relevance: str | None = option(None, "r_B of the gate (Eq. 10): lexical (content-word overlap, the paper's) or semantic "
-                                   "(embedding cosine); default: lexical for the bundled organism, semantic for every other model",
-                                   choices=RELEVANCE_MEASURES, group="probe")
-    beta: int = option(BuildSettings.beta, "boundary token budget β (Eq. 10)", type=int, minimum=0, group="probe")
+    k_max: int | None = shared(BuilderOptions, "k_max")
+    embedder: str = shared(BuilderOptions, "embedder")
+    gamma: float = shared(BuilderOptions, "gamma")
+    relevance: str | None = shared(BuilderOptions, "relevance")
+    beta: int = shared(BuilderOptions, "beta")
     seed: int = option(0, "seed of every random draw", type=int, group="probe")
     # items
-    dataset: str | Path | None = option(None, "probe dataset folder or bundled name (basm_probe, basm_probe_v2, bfcl); default: "
-                                        "basm_probe (v1) for the bundled organism, basm_probe_v2 for every other model", type=Path, group="items")
-    buckets: tuple[str, ...] | None = option(None, "keep only these buckets (default: all)", flag="--bucket", repeat=True,
-                                             choices=BUCKETS, group="items")
-    domains: tuple[str, ...] | None = option(None, "keep only these domains", flag="--domain", repeat=True, group="items")
-    split: str = option("eval", "dataset split", choices=SPLIT_CHOICES, group="items")
-    split_kind: str = option("template", "which split --split reads: template (task groups held out, the item field split) or "
-                             "scenario (whole scenarios held out, split_scenario; basm_probe_v2)", choices=SPLIT_KINDS, group="items")
-    limit: int | None = option(None, "keep N items of each bucket, round-robin over task groups (one item per group first)",
-                               type=int, minimum=1, group="items")
-    item_ids: tuple[str, ...] | None = option(None, "keep only these item ids", flag="--item", repeat=True, group="items")
+    dataset: str | Path | None = shared(ItemOptions, "dataset")
+    buckets: tuple[str, ...] | None = shared(ItemOptions, "buckets")
+    domains: tuple[str, ...] | None = shared(ItemOptions, "domains")
+    split: str = shared(ItemOptions, "split")
+    split_kind: str = shared(ItemOptions, "split_kind")
+    limit: int | None = shared(ItemOptions, "limit")
+    item_ids: tuple[str, ...] | None = shared(ItemOptions, "item_ids")
     items: str | None = option(None, "compact item filter BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10", group="items")
     too_long: str = option("error", "items whose longest prompt (proc/app/basm at k_max) exceeds the model's context: error (stop), "
                            "or skip them, listed on stderr and recorded in the results header", choices=("error", "skip"), group="items")
@@ -300,10 +394,6 @@ class RunOptions:
     overwrite: bool = option(False, "discard existing results instead of resuming", type=bool)
     quick: bool = option(False, f"small run: {QUICK['limit']} items (task groups) per bucket, k ≤ {QUICK['k_max']}", type=bool)
     figure: bool = option(True, "draw the figures (--no-figure: write rows and tables only)", type=bool, flag="--no-figure")
-
-    def __post_init__(self) -> None:
-        for f in option_fields(type(self)):  # validated and normalised once, as given
-            object.__setattr__(self, f.name, check_option(self.name, f, getattr(self, f.name)))
 
     def resolved(self) -> RunOptions:
         """These options with ``items``, ``quick`` and the analysis's default buckets applied."""
@@ -459,8 +549,10 @@ class RunContext:
         return [item for item in self.items if item.bucket in buckets]
 
 
-# The modules that draw, plot or report results only; every other module shapes the rows.
-_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "analyses/report.py", "organism")
+# The modules that draw, plot or report results only, or that no analysis runs (the dataset tools, formerly
+# in the CLI); every other module shapes the rows.
+_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "analyses/report.py", "analyses/tools.py",
+                 "organism")
 
 
 @functools.cache
@@ -579,9 +671,8 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
         model = session.model.name_or_path or default_model()
     else:
         model = default_model()
-    study_dataset, study_relevance = default_study(organism=is_organism(model))
-    options = dataclasses.replace(options, dataset=resolve_dataset(options.dataset or study_dataset),
-                                  relevance=options.relevance or study_relevance)
+    dataset_name, relevance = resolve_study(model, options.dataset, options.relevance)
+    options = dataclasses.replace(options, dataset=resolve_dataset(dataset_name), relevance=relevance)
     if options.relevance == "semantic" and options.embedder == "lexical":
         raise OptionError("relevance 'semantic' (the default for a model other than the bundled organism) needs a semantic "
                           "embedder: pass embedder='minilm' (--embedder minilm), or relevance='lexical' (--relevance lexical)")
@@ -606,9 +697,7 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
         options = dataclasses.replace(options, dtype=runs["dtype"], device=session.model.device.type if ranks.size > 1 else runs["device"])
     if session.tokenizer is None:
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
-    retriever = _retriever(options.embedder)
-    builder = PromptBuilder(session.tokenizer, dataset, retriever,
-                            BuildSettings(k_max=options.k_max, gamma=options.gamma, relevance=options.relevance, beta=options.beta), tokenizer_name=str(model))
+    builder = options.make_builder(session.tokenizer, dataset, retriever=_retriever(options.embedder), tokenizer_name=str(model))
     builder.warm(items)
     skipped: tuple[SkippedItem, ...] = ()
     if options.too_long == "skip":

@@ -33,7 +33,8 @@ from typing import Any
 import pandas as pd
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, option, provenance, run_jobs
+from probes.prompts.builder import SWEEP_K_MAX
+from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, k_max_option, option, provenance, run_jobs
 from probes.analyses.parallel import open_store
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, config_label
 from probes.data.dataset import ABSTAIN
@@ -263,7 +264,7 @@ def paired_differences(rows: pd.DataFrame, column: str, first: str, second: str)
 class Calls(Analysis):
     """Fig. 11: greedy next-action calls per k, read in every call syntax; strict and lenient rates."""
 
-    k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
+    k_max: int | None = k_max_option(SWEEP_K_MAX)
     configs: tuple[str, ...] = option(CALLS_CONFIGS, f"comma-separated memory configurations (default: {','.join(CALLS_CONFIGS)}; "
                                       "pad-procedure is included so that `paired` reuses these generations)", names=tuple(CONFIGS), minimum=1)
     controls: bool = option(False, f"add the equal-length controls ({', '.join(CONTROL_CONFIGS)})", type=bool)

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.analyses.ratios import head_alphas
 from probes.data.dataset import ABSTAIN, Item, spread_limit
 from probes.engine.session import Knockout
@@ -74,10 +74,6 @@ FLOOR_RULE = ("eligible floors: a full top-N set, matched random sets and a fini
               "B-mass match holds first, then the largest Δ = Δm(top) − Δm(random); ties → the higher floor")
 
 Head = tuple[int, int]
-
-
-def depth(options: Any) -> int:
-    return options.k if options.k is not None else options.k_max
 
 
 def split_groups(groups: Iterable[str]) -> tuple[set[str], set[str]]:
@@ -294,7 +290,7 @@ def collect_causal(ctx: RunContext, sets: Mapping[str, Sequence[Head]], *, items
     (``selection`` "baseline"). All rows carry ``half`` = "test"."""
     if not items:
         raise AnalysisError("heads causal check: no tool-correct T_wrong item in the test half")
-    k = depth(ctx.options)
+    k = ctx.options.depth
     distinct = list(dict.fromkeys(tuple(sorted(heads)) for heads in sets.values()))
     conditions = {heads: f"heads_{i}" for i, heads in enumerate(distinct)}
 
@@ -560,7 +556,7 @@ class Heads(Analysis):
 
     buckets: tuple[str, ...] | None = option(("T_ok", "T_wrong"), "keep only these buckets", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
-    k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
+    k: int | None = depth_option()
     top_n: int = option(DEFAULT_TOP, "heads in the causal check", type=int, minimum=1)
     random_draws: int = option(DEFAULT_DRAWS, "random head sets", type=int, minimum=1)
     floor_from: str = option("train", "where the span-mass floor comes from: train (chosen on the train split's task groups outside "
@@ -573,7 +569,7 @@ class Heads(Analysis):
                           type=bool, flag="--no-causal")
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        k = depth(ctx.options)
+        k = ctx.options.depth
         jobs = [Job(item, "basm", k, ctx.fmt, ("baseline",)) for item in ctx.items]
         store = ctx.store(k=k)
         run_jobs(ctx, store, jobs, cached_scorer(ctx, lambda record, job: (), per_head=True, margins=()))
@@ -638,7 +634,7 @@ class Heads(Analysis):
 
     def figures(self, summary: HeadsSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        k = depth(self.resolved())
+        k = self.resolved().depth
         title = f"BASM, {plots.bucket_label('T_wrong')}, k = {k}: log2(boundary / procedure attention)"
         paths = plots.save_figure(plots.fig08_head_heatmap(summary.heatmap, summary.note, title), out_dir, FIGURES[0])
         shown = summary.causal[~summary.causal["selection"].str.contains("#| − ", regex=True)] if len(summary.causal) else summary.causal
@@ -650,7 +646,7 @@ class Heads(Analysis):
         rank = summary.ranking.iloc[0]
         body = (f"Floor: {summary.floor.how}.\n\nHeads ranked on the ranking half ({rank.n_groups} task groups: {rank.n_ok} T_ok and "
                 f"{rank.n_wrong} tool-correct T_wrong items; {rank.n_abstain} abstention-correct T_wrong items shown apart) by the "
-                f"T_ok → T_wrong increase of log2(boundary/procedure attention) (BASM, k = {depth(ctx.options)}; floor "
+                f"T_ok → T_wrong increase of log2(boundary/procedure attention) (BASM, k = {ctx.options.depth}; floor "
                 f"{summary.floor.label}):\n\n{markdown_table(summary.ranking[SHOWN_RANKING].head(10))}")
         if len(summary.causal):
             matched = "matched on B mass" if summary.selection.match else "drawn by B mass, **weak match** (see b_mass)"

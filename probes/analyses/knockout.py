@@ -80,7 +80,7 @@ import pandas as pd
 
 from probes.analyses import register
 from probes.analyses import paper
-from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.data.configs import PRIMING_CONFIGS
 from probes.engine.session import Knockout, ProbeSession, span_positions
 from probes.reporting import plots
@@ -530,7 +530,7 @@ class KnockoutAnalysis(Analysis):
 
     buckets: tuple[str, ...] | None = option(("T_wrong", "T_ok"), "keep only these buckets", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
-    k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
+    k: int | None = depth_option()
     random_draws: int = option(DEFAULT_DRAWS, "draws per record of every random control", type=int, minimum=1)
     layer_window: int | None = option(None, "also knock out B in windows of this many consecutive layers", type=int, minimum=1)
     random_pool: str = option("neutral", "where the random controls draw: neutral (the memory block outside B, P, their section "
@@ -551,7 +551,7 @@ class KnockoutAnalysis(Analysis):
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
         a = ctx.options
-        k = a.k if a.k is not None else a.k_max
+        k = a.depth
         windows = layer_windows(ctx.session.n_layers, a.layer_window) if a.layer_window else []
         names = condition_names(a.random_draws, windows, a.controls)
         jobs = []
@@ -571,7 +571,7 @@ class KnockoutAnalysis(Analysis):
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> KnockoutSummary:
         a = ctx.options
-        note = (f"{provenance(ctx)}\nΔm = m_knockout − m_BASM (signed) at k = {a.k if a.k is not None else a.k_max} · "
+        note = (f"{provenance(ctx)}\nΔm = m_knockout − m_BASM (signed) at k = {a.depth} · "
                 f"rows blocked: {a.knockout_rows} · controls ({', '.join(a.controls)}): means of {a.random_draws} draws per record · "
                 f"mass = deciding-row attention removed (mean over layers and heads) · paired records per measure · "
                 f"mean ± 95% bootstrap CI over task groups")

@@ -48,7 +48,8 @@ from scipy.special import expit
 from sklearn.preprocessing import StandardScaler
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, option, provenance, run_jobs
+from probes.prompts.builder import SWEEP_K_MAX
+from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, k_max_option, option, provenance, run_jobs
 from probes.analyses.parallel import on_rank_zero
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
@@ -402,7 +403,7 @@ def best_layers(table: Any) -> Any:
 class Linear(Analysis):
     """Fig. 10: task-disjoint linear probes for applicability on the decision-row residual stream, per layer."""
 
-    k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
+    k_max: int | None = k_max_option(SWEEP_K_MAX)
     buckets: tuple[str, ...] | None = option(PROBE_BUCKETS, "keep only these buckets (the probe contrasts T_ok and T_wrong)",
                                              flag="--bucket", repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
     configs: tuple[str, ...] = option(PAPER_CONFIGS, f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})",

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, Comparison, ReportSection, RunContext, option
+from probes.prompts.builder import SWEEP_K_MAX
+from probes.analyses.base import Analysis, Comparison, ReportSection, RunContext, k_max_option, option
 from probes.analyses.calls import (
     CLAIM_FAMILY,
     MAX_NEW_TOKENS,
@@ -168,7 +169,7 @@ class PairedSummary:
 class Paired(Analysis):
     """Fig. 12: paired outcome status of BASM vs procedure padding, strict and lenient (reuses the calls results)."""
 
-    k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
+    k_max: int | None = k_max_option(SWEEP_K_MAX)
     max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
     calls: str | Path | None = option(None, "calls results file to reuse (default: OUT/<model>/calls.jsonl when it matches this run)",
                                       type=Path)

@@ -56,7 +56,7 @@ from scipy import stats as scipy_stats
 
 from probes.reporting import plots
 from probes.analyses import paper, register
-from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.reporting.markdown import cell, markdown_table
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.score import ATTENTION_ROWS, EPSILON
@@ -116,10 +116,6 @@ class RatiosSummary:
     eta_by_answer: pd.DataFrame  # row, bucket, config, population, eta, eta_low, eta_high, n, n_items
     row: str  # the attention row of the figure and the headline
     claims: list[Claim]
-
-
-def depth(options: Any) -> int:
-    return options.k if options.k is not None else options.k_max
 
 
 def head_alphas(rows: pd.DataFrame, span: str, row: str = "deciding") -> np.ndarray:
@@ -380,7 +376,7 @@ def headline_text(shifts: pd.DataFrame) -> str:
 
 
 def aggregate_note(options: Any) -> str:
-    return (f"query row: {options.attention_row} · k = {depth(options)} · η = ratio of mean span attentions (not a mean of per-head ratios), "
+    return (f"query row: {options.attention_row} · k = {options.depth} · η = ratio of mean span attentions (not a mean of per-head ratios), "
             f"ε = {EPSILON:g} · median over (layer, head) of log2 of item-averaged α · shifts: per-record log2 η, "
             f"target − {REFERENCE} within each task group, mean over groups · 95% CIs resample task groups")
 
@@ -393,13 +389,13 @@ class Ratios(Analysis):
 
     configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations with a boundary (or control) span (default: {','.join(DEFAULT_CONFIGS)})",
                                       names=tuple(CONFIGS), minimum=1)
-    k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
+    k: int | None = depth_option()
     attention_row: str = option("deciding", "query row of the figure and the headline: the deciding row (the decision row, or the "
                                 "row after a shared name prefix) or the native row that opens the tool call; the tables have both",
                                 choices=ATTENTION_ROWS)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        k = depth(ctx.options)
+        k = ctx.options.depth
         jobs = [Job(item, config, k, ctx.fmt, ("baseline",)) for item in ctx.items for config in self.configs]
         store = ctx.store(configs=self.configs, k=k)
         run_jobs(ctx, store, jobs, cached_scorer(ctx, lambda record, job: (), per_head=True, margins=()))
@@ -407,7 +403,7 @@ class Ratios(Analysis):
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> RatiosSummary:
         return summarise_rows(rows, f"{provenance(ctx)}\n{aggregate_note(ctx.options)}", ctx.options.seed,
-                              row=ctx.options.attention_row, k=depth(ctx.options))
+                              row=ctx.options.attention_row, k=ctx.options.depth)
 
     def tables(self, summary: RatiosSummary) -> dict[str, pd.DataFrame]:
         return {f"{NAME}_summary": summary.eta, f"{NAME}_shifts": summary.shifts, f"{NAME}_controls": summary.controls,

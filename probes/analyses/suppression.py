@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from probes.analyses import paper, register
-from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.data.configs import CONFIGS, PRIMING_CONFIGS
 from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
@@ -61,11 +61,11 @@ class Suppression(Analysis):
     buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (Fig. 5 is T_wrong)", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
     configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations (default: {','.join(DEFAULT_CONFIGS)})", names=tuple(CONFIGS), minimum=1)
-    k: int | None = option(None, "retrieval depth (default: k_max)", type=int, minimum=0, group="probe")
+    k: int | None = depth_option()
     priming: bool = option(False, f"add the lexical-priming controls ({', '.join(PRIMING_CONFIGS)})", type=bool)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        k = ctx.options.k if ctx.options.k is not None else ctx.options.k_max
+        k = ctx.options.depth
         configs = list(dict.fromkeys([*self.configs, *(PRIMING_CONFIGS if self.priming else ())]))
         jobs = [Job(item, config, k, ctx.fmt, ("baseline",)) for item in ctx.items for config in configs]
         store = ctx.store(configs=configs, k=k)

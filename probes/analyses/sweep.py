@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from probes.analyses import paper, register
-from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, option, provenance, run_jobs
+from probes.prompts.builder import SWEEP_K_MAX
+from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, k_max_option, option, provenance, run_jobs
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, PAPER_CONFIGS, PRIMING_CONFIGS
 from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
@@ -57,7 +58,7 @@ class SweepSummary:
 class Sweep(Analysis):
     """Fig. 2: wrong-tool margin against retrieval depth k = 0..K per memory configuration."""
 
-    k_max: int | None = option(4, "largest retrieval depth K", type=int, minimum=0, group="probe")
+    k_max: int | None = k_max_option(SWEEP_K_MAX)
     buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (Fig. 2 is T_wrong)", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
     configs: tuple[str, ...] = option(PAPER_CONFIGS, f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})",

@@ -1,8 +1,10 @@
-"""Command-line flags derived from an analysis's keyword options, and the TOML options file.
+"""Command-line flags derived from a command's keyword options, and the TOML options file.
 
-Every option field of an :class:`~probes.analyses.base.Analysis` becomes one flag (``k_max`` →
-``--k-max``; ``repeat`` options are repeated flags, ``names`` options comma-separated). Flags
-default to "not given", so the analysis class's own defaults apply, exactly as in Python.
+Every option field of an options class (an :class:`~probes.analyses.base.Analysis`, ``report``'s
+options, a dataset tool's: :mod:`probes.analyses.tools`) becomes one flag (``k_max`` → ``--k-max``;
+``repeat`` options are repeated flags, ``names`` options comma-separated, ``positional`` ones
+positional arguments). Flags default to "not given", so the class's own defaults apply, exactly as
+in Python. This is the one option system: every subcommand's flags are made here.
 """
 
 from __future__ import annotations
@@ -13,13 +15,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from probes.analyses.base import Analysis, OptionError, check_option, option_fields
+from probes.analyses.base import OptionError, check_option, option_fields
 
 OPTIONS_FILE = "options_file"
 
 
 def flag_of(f: Any) -> str:
+    """The flag of option field ``f`` (a positional option: its name)."""
+    if f.metadata.get("positional"):
+        return f.name
     return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+def flags_of(cls: type) -> set[str]:
+    """Every flag (and positional) that :func:`add_options` makes for ``cls``."""
+    return {flag_of(f) for f in option_fields(cls)} | {"--options-file"}
 
 
 def _names(known: Sequence[str], what: str) -> Any:
@@ -32,14 +42,17 @@ def _names(known: Sequence[str], what: str) -> Any:
     return parse
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type[Analysis]) -> None:
+def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
     """One flag per option of ``cls``, in groups, each defaulting to "not given"."""
     groups: dict[str, Any] = {}
     for f in option_fields(cls):
         meta = f.metadata
+        if meta.get("positional"):  # argparse's own "positional arguments" group
+            parser.add_argument(f.name, type=meta["type"] if meta["type"] in (int, float) else str, choices=meta["choices"], help=meta["help"])
+            continue
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         default = f.default
-        shown = ",".join(default) if isinstance(default, tuple) else default
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         help_text = meta["help"] + ("" if default is None or meta["type"] is bool else f" (default: {shown})")
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
         if meta["type"] is bool:
@@ -55,7 +68,7 @@ def add_options(parser: argparse.ArgumentParser, cls: type[Analysis]) -> None:
                         help="TOML file of options (keys: option names, e.g. k_max or k-max); flags given here override it")
 
 
-def options_from_file(path: Path, cls: type[Analysis]) -> dict[str, Any]:
+def options_from_file(path: Path, cls: type) -> dict[str, Any]:
     """The options of a TOML file, checked as the keyword options are; unknown keys are errors."""
     try:
         with Path(path).open("rb") as handle:
@@ -77,7 +90,7 @@ def options_from_file(path: Path, cls: type[Analysis]) -> dict[str, Any]:
     return out
 
 
-def options_from_args(args: argparse.Namespace, cls: type[Analysis]) -> dict[str, Any]:
+def options_from_args(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """Keyword options of ``cls`` from parsed flags: the TOML file first, flags given win."""
     given = dict(vars(args))
     path = given.pop(OPTIONS_FILE, None)

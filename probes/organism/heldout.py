@@ -36,8 +36,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen3ForCausalL
 from probes.data.dataset import ABSTAIN, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_NAME
 from probes.organism.train.batch import shared_prefix_hidden
-from probes.prompts.builder import BuildSettings, PromptBuilder
-from probes.data.retrieval import Retriever, make_embedder
+from probes.prompts.builder import PromptBuilder, make_builder
 from probes.scoring.margins import candidates_from_record, first_token_margin
 from probes.scoring.stats import bootstrap_mean
 
@@ -65,7 +64,7 @@ def load_organism(path: str | Path, attn: str = "sdpa") -> tuple[Qwen3ForCausalL
 
 
 def make_eval_builder(tokenizer: PreTrainedTokenizerBase, dataset: ProbeDataset, embedder: str = "auto") -> PromptBuilder:
-    return PromptBuilder(tokenizer, dataset, Retriever(make_embedder(embedder)), BuildSettings(), tokenizer_name=ORGANISM_NAME)
+    return make_builder(tokenizer, dataset, embedder=embedder, tokenizer_name=ORGANISM_NAME)
 
 
 def _score_record(record: dict[str, Any], logp: torch.Tensor, logits_decision: torch.Tensor) -> tuple[str, float, float]:

@@ -25,6 +25,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,8 +33,8 @@ from transformers import PreTrainedTokenizerBase
 
 from probes.prompts.record import PromptRecord, record_id
 from probes.data.configs import MemoryConfig, get_config
-from probes.data.dataset import ABSTAIN, Item, ProbeDataset
-from probes.data.retrieval import Retriever, ScoredSkill, check_relevance
+from probes.data.dataset import ABSTAIN, Item, ProbeDataset, default_study
+from probes.data.retrieval import Retriever, ScoredSkill, check_relevance, make_embedder
 from probes.data.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
 from probes.engine.chat import TemplateSupport
 from probes.prompts.lengths import cut_to_tokens, length_trials
@@ -75,11 +76,15 @@ FILLER_SOURCE = (
 
 CONTROL_LABELS = {"filler": "\nNotes:\n", "procedure": "\nAdditional steps:\n"}
 
+# The retrieval depths, each defined here once and imported wherever it is a default.
+DEFAULT_K_MAX = 2  # the paper's focus depth: analyses at one depth (k = k_max), show's --k, the card's gate, session.prompt's k
+SWEEP_K_MAX = 4  # the depth sweeps k = 0..K: sweep, linear, calls, paired, build (and the builder's settings)
+
 @dataclass(frozen=True)
 class BuildSettings:
     """Knobs of the builder; recorded verbatim in every results file."""
 
-    k_max: int = 4
+    k_max: int = SWEEP_K_MAX
     gamma: float = 0.0  # boundary fields of a skill are exposed iff r_B(x, s) > γ
     relevance: str = "lexical"  # r_B's measure: "lexical" (content-word overlap) or "semantic" (embedding cosine)
     beta: int = 384  # boundary-token budget per prompt (Compress_β of Eq. 10)
@@ -584,3 +589,35 @@ class PromptBuilder:
                             yield self.build(item, config, k, fmt)
                         else:
                             yield {**shared, "record_id": record_id(item.id, config, 0, fmt), "config": config}
+
+
+# ---------------------------------------------------------------------------- the one way to make a builder
+def resolve_study(model: str | Path | None, dataset: str | Path | None = None, relevance: str | None = None) -> tuple[str | Path, str]:
+    """The dataset and the r_B measure of a study of ``model`` (a model folder, or the tokenizer's
+    name or folder): those given, else the model's study defaults
+    (:func:`probes.data.dataset.default_study`: v1 and lexical for the bundled organism,
+    basm_probe_v2 and semantic for every other model). The one place these defaults are applied."""
+    from probes.organism import is_organism
+
+    study_dataset, study_relevance = default_study(organism=is_organism(model))
+    return dataset or study_dataset, relevance or study_relevance
+
+
+def make_builder(
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: ProbeDataset,
+    *,
+    embedder: str | Retriever = "auto",
+    k_max: int = BuildSettings.k_max,
+    gamma: float = BuildSettings.gamma,
+    relevance: str = BuildSettings.relevance,
+    beta: int = BuildSettings.beta,
+    tokenizer_name: str = "",
+) -> PromptBuilder:
+    """A :class:`PromptBuilder` over ``dataset`` in ``tokenizer``'s token space: the one factory the
+    library uses (analyses, the notebook facade, ``build``/``show``, the organism). ``embedder``: an
+    embedder name (:func:`probes.data.retrieval.make_embedder`) or a :class:`Retriever` to share
+    (its embeddings are cached); the settings are :class:`BuildSettings`' (defaults included)."""
+    retriever = embedder if isinstance(embedder, Retriever) else Retriever(make_embedder(embedder))
+    settings = BuildSettings(k_max=k_max, gamma=gamma, relevance=relevance, beta=beta)
+    return PromptBuilder(tokenizer, dataset, retriever, settings, tokenizer_name=tokenizer_name)

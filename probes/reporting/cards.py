@@ -34,15 +34,14 @@ import pandas as pd
 
 from probes.data.dataset import ABSTAIN, BUCKETS, SPLITS, ProbeDataset, load_dataset
 from probes.data.retrieval import RELEVANCE_MEASURES, Embedder, Retriever, make_embedder
-from probes.prompts.builder import NATIVE_FORCED_PREFIX
-from probes.prompts.tokenizers import load_tokenizer
-from probes.scoring.shortcuts import best_shortcut, shortcut_table
+from probes.prompts.builder import DEFAULT_K_MAX, NATIVE_FORCED_PREFIX
+from probes.prompts.tokenizers import QWEN3_TOKENIZER, load_tokenizer
+from probes.scoring.shortcuts import DEFAULT_RESAMPLES, best_shortcut, shortcut_table
 
 CARD_NAME = "CARD.md"
-DEFAULT_TOKENIZER = "qwen3"
-DEFAULT_RESAMPLES = 1000
+DEFAULT_TOKENIZER = QWEN3_TOKENIZER
 NAME_CONTINUATION = '", "arguments": {'  # what follows a tool name in the native format
-GATE_DEPTH = 2  # the analyses' default k_max
+GATE_DEPTH = DEFAULT_K_MAX  # the analyses' default k_max
 
 
 def gate_table(dataset: ProbeDataset, embedder: Embedder, *, depth: int = GATE_DEPTH, gamma: float = 0.0) -> pd.DataFrame:

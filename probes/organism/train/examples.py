@@ -25,12 +25,12 @@ from transformers import PreTrainedTokenizerFast
 
 from probes.data.configs import CONFIGS
 from probes.data.dataset import ABSTAIN, Item, ProbeDataset
-from probes.data.retrieval import Retriever, make_embedder
 from probes.data.schema import SLOTS, Skill
 from probes.organism import ORGANISM_NAME
 from probes.organism.train.supervision import attention_targets, content_word, request_words
 from probes.prompts.bpe import train_bpe_tokenizer
-from probes.prompts.builder import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder
+from probes.prompts.builder import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, PromptBuilder
+from probes.prompts.builder import make_builder as make_prompt_builder
 from probes.prompts.spans import tokens_overlapping
 
 # ----------------------------------------------------------------------------- mixture
@@ -152,7 +152,8 @@ def action_text(item: Item, *, tool: str | None = None) -> str:
 
 
 def make_builder(tokenizer: PreTrainedTokenizerFast, dataset: ProbeDataset, embedder: str) -> PromptBuilder:
-    return PromptBuilder(tokenizer, dataset, Retriever(make_embedder(embedder)), BuildSettings(), tokenizer_name=ORGANISM_NAME)
+    """The organism's builder: :func:`probes.prompts.builder.make_builder` with the default settings."""
+    return make_prompt_builder(tokenizer, dataset, embedder=embedder, tokenizer_name=ORGANISM_NAME)
 
 
 # ----------------------------------------------------------------------------- examples

@@ -1,0 +1,136 @@
+"""One option system: every command's flags come from option fields, each shared option and each
+default is declared once, the prompt builder is made by one factory, the study defaults are
+resolved in one place, and the dataset tools run the same from Python as from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import probes.analyses
+from probes.analyses import tools
+from probes.analyses.base import (
+    Analysis,
+    BuilderOptions,
+    ItemOptions,
+    OptionError,
+    RunOptions,
+    UnknownOption,
+    option_fields,
+)
+from probes.cli.main import build_parser, main
+from probes.cli.options import flag_of, flags_of
+from probes.prompts.builder import DEFAULT_K_MAX, SWEEP_K_MAX, BuildSettings
+from probes.reporting.cards import GATE_DEPTH
+from probes.session import ProbeSession
+
+PACKAGE = Path(probes.analyses.__file__).resolve().parent.parent
+ROOT = PACKAGE.parent
+TOOLS = {"build": tools.BuildOptions, "show": tools.ShowOptions, "shortcuts": tools.ShortcutsOptions, "card": tools.CardOptions}
+SWEEPS = ("sweep", "linear", "calls", "paired")  # k = 0..K analyses
+AT_ONE_DEPTH = ("ratios", "suppression", "knockout", "heads")  # k (default k_max)
+
+
+def _field(cls: type, name: str):
+    return next(f for f in option_fields(cls) if f.name == name)
+
+
+def _parser_flags(command: str) -> set[str]:
+    commands = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction))
+    parser = commands.choices[command]
+    return {s for a in parser._actions for s in a.option_strings} | {a.dest for a in parser._actions if not a.option_strings}
+
+
+@pytest.mark.parametrize("command", list(TOOLS))
+def test_a_tool_command_has_exactly_the_flags_of_its_option_fields(command: str) -> None:
+    cls = TOOLS[command]
+    assert cls.name == command
+    assert _parser_flags(command) - {"-h", "--help", "--debug"} == flags_of(cls) == {flag_of(f) for f in option_fields(cls)} | {"--options-file"}
+
+
+def test_shared_options_are_declared_once() -> None:
+    """The item filters and the builder's settings of the analyses and of build/show are the same
+    declarations (help, type, choices, range), and so are their flags."""
+    shared = [f.name for f in option_fields(ItemOptions)] + [f.name for f in option_fields(BuilderOptions)]
+    assert {"dataset", "buckets", "split", "limit", "item_ids", "embedder", "gamma", "relevance", "beta", "k_max"} <= set(shared)
+    for cls in (tools.BuildOptions, tools.ShowOptions, *(probes.analyses.get(name) for name in probes.analyses.ANALYSES)):
+        for name in shared:
+            if name not in {f.name for f in option_fields(cls)}:
+                assert cls is tools.ShowOptions and name in {f.name for f in option_fields(ItemOptions)} - {"dataset"}, (cls, name)
+                continue
+            mine, theirs = _field(cls, name), _field(RunOptions, name)
+            if cls in (tools.BuildOptions, tools.ShowOptions):
+                assert dict(mine.metadata) == dict(theirs.metadata), (cls.name, name)
+                assert name == "k_max" or mine.default == theirs.default, (cls.name, name)
+            else:  # an analysis may redeclare a shared option to change its default (and say so in the help): nothing else
+                assert {k: v for k, v in mine.metadata.items() if k != "help"} == {k: v for k, v in theirs.metadata.items() if k != "help"}, \
+                    (cls.name, name)
+    for cls in (tools.ShortcutsOptions, tools.CardOptions):  # the tokenizer option of the statistics: its help says what 'none' does
+        assert {k: v for k, v in _field(cls, "tokenizer").metadata.items() if k != "help"} == \
+            {k: v for k, v in _field(tools.BuildOptions, "tokenizer").metadata.items() if k != "help"}
+
+
+def test_each_depth_default_is_one_constant() -> None:
+    assert DEFAULT_K_MAX == 2 and SWEEP_K_MAX == 4  # the paper's focus depth; the depth sweeps
+    assert _field(Analysis, "k_max").default == DEFAULT_K_MAX
+    for name in AT_ONE_DEPTH:
+        cls = probes.analyses.get(name)
+        assert _field(cls, "k_max").default == DEFAULT_K_MAX and _field(cls, "k").default is None
+        assert cls().depth == DEFAULT_K_MAX and cls(k=1).depth == 1
+    for name in SWEEPS:
+        assert _field(probes.analyses.get(name), "k_max").default == SWEEP_K_MAX, name
+    assert _field(tools.BuildOptions, "k_max").default == BuildSettings.k_max == SWEEP_K_MAX
+    assert _field(tools.ShowOptions, "k").default == DEFAULT_K_MAX == GATE_DEPTH
+    assert inspect.signature(ProbeSession.prompt).parameters["k"].default == DEFAULT_K_MAX
+    assert "default: 4" in build_parser("build")._subparsers._group_actions[0].choices["build"].format_help().replace("\n", " ")
+
+
+def _code(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def test_no_default_or_wiring_is_repeated_in_the_library() -> None:
+    sources = {path.relative_to(ROOT).as_posix(): _code(path) for path in PACKAGE.rglob("*.py")}
+    notebooks = {path.relative_to(ROOT).as_posix(): _code(path) for path in (ROOT / "notebooks").glob("*.ipynb")}
+    k_or_k_max = {name for name, text in {**sources, **notebooks}.items() if re.search(r"\bk is not None else\b.*k_max", text)}
+    assert k_or_k_max == {"probes/analyses/base.py"}, f"{sorted(k_or_k_max)}: use options.depth (BuildsPrompts.depth)"
+    for name, text in {**sources, **notebooks}.items():
+        assert not re.search(r"option\(\s*\d+\s*,\s*\"largest retrieval depth", text), f"{name}: use k_max_option(DEFAULT_K_MAX / SWEEP_K_MAX)"
+    for name, text in sources.items():
+        if name != "probes/prompts/builder.py":
+            assert not re.search(r"\bPromptBuilder\(", text), f"{name}: make the builder with probes.prompts.builder.make_builder"
+            assert name == "probes/data/dataset.py" or not re.search(r"\bdefault_study\(", text), f"{name}: resolve the study defaults with probes.prompts.builder.resolve_study"
+        if name != "probes/cli/options.py":
+            assert "add_argument(\"--k-max\"" not in text and "add_argument(\"--dataset\"" not in text, name
+
+
+def test_the_tools_run_from_python_as_from_the_command_line(tmp_path: Path) -> None:
+    options = {"dataset": "basm_probe", "limit": 1, "k_max": 1, "configs": ["base", "basm"], "workers": 1, "embedder": "lexical",
+               "relevance": "lexical"}
+    result = tools.build(**options, out=tmp_path / "python.jsonl")
+    assert result.status == 0 and result.n_records == 3 * 2 * 2 and result.options.k_max == 1
+    argv = ["build", "--dataset", "basm_probe", "--limit", "1", "--k-max", "1", "--config", "base", "--config", "basm", "--workers", "1",
+            "--embedder", "lexical", "--relevance", "lexical", "--out", str(tmp_path / "cli.jsonl")]
+    assert main(argv) == 0
+    assert (tmp_path / "cli.jsonl").read_bytes() == (tmp_path / "python.jsonl").read_bytes()
+    toml = tmp_path / "build.toml"
+    toml.write_text('dataset = "basm_probe"\nlimit = 1\nk-max = 1\nconfig = ["base", "basm"]\nworkers = 1\nembedder = "lexical"\nrelevance = "lexical"\n')
+    assert main(["build", "--options-file", str(toml), "--out", str(tmp_path / "toml.jsonl")]) == 0
+    assert (tmp_path / "toml.jsonl").read_bytes() == (tmp_path / "python.jsonl").read_bytes()
+
+
+def test_tool_options_are_checked_by_the_one_validator(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(OptionError, match=r"build: option 'limit' \(--limit\) must be ≥ 1, got 0"):
+        tools.build(limit=0)
+    with pytest.raises(OptionError, match=r"show: option 'k' \(--k\) must be ≥ 0, got -1"):
+        tools.prompt_record(item="retail-ok-0001", k=-1)
+    with pytest.raises(UnknownOption, match="did you mean 'k_max'"):
+        tools.build(kmax=1)
+    for argv in (["build", "--beta", "-1"], ["build", "--k-max", "-1"], ["show", "retail-ok-0001", "--k", "-2"]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        assert "must be ≥ 0" in capsys.readouterr().err
