@@ -113,7 +113,8 @@ class Sweep(Analysis):
         k0 = "identical prompts" if summary.k0_prompts_identical else "PROMPTS DIFFER"
         note = (f"{summary.note}\nmean ± 95% bootstrap CI over task groups · "
                 f"k = 0: {k0} across configurations, max margin spread {summary.k0_max_spread:.2g} logits · "
-                f"{summary.n_abstain_items} items whose correct action is abstention left out (no correct tool)")
+                f"{summary.n_abstain_items} item{'' if summary.n_abstain_items == 1 else 's'} whose correct action is abstention "
+                "left out (no correct tool)")
         return plots.save_figure(plots.fig02_retrieval_trap(summary.table, note, summary.variant, differences=summary.differences),
                                  out_dir, FIGURE)
 
