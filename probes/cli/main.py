@@ -123,7 +123,6 @@ _WORKER_JOB: tuple[Sequence[str], Sequence[int], Sequence[str]] = ((), (), ())
 
 def _build_item(item: Item) -> tuple[list[dict[str, Any]], SpanReport]:
     from probes.prompts.spans import SpanReport, check_spans
-    from probes.prompts.record import to_json
 
     assert _WORKER_BUILDER is not None
     configs, ks, formats = _WORKER_JOB
@@ -131,7 +130,7 @@ def _build_item(item: Item) -> tuple[list[dict[str, Any]], SpanReport]:
     records = []
     for record in _WORKER_BUILDER.build_many([item], configs, ks, formats):
         check_spans(record, _WORKER_BUILDER.tokenizer, report)
-        records.append(to_json(record))
+        records.append(record.to_json())
     return records, report
 
 
@@ -235,23 +234,23 @@ def _show(args: argparse.Namespace) -> int:
     builder = make_builder(args, dataset)
     record = builder.build(item, args.config, args.k, args.format)
     styles = {"procedure": "bold green", "boundary": "bold magenta"}
-    text = Text(record["text"])
-    offsets = record["offsets"]
+    text = Text(record.text)
+    offsets = record.offsets
     for name, style in styles.items():
-        for lo, hi in record["spans"].get(name, []):
+        for lo, hi in record.spans.get(name, []):
             text.stylize(style, offsets[lo][0], offsets[hi - 1][1])
     console = Console()
-    console.rule(f"{record['record_id']}  ({record['n_tokens']} tokens, {record['bucket']}, correct: {record['correct_action']})")
+    console.rule(f"{record.record_id}  ({record.n_tokens} tokens, {record.bucket}, correct: {record.correct_action})")
     console.print(text)
-    console.print(Text.assemble(("procedure span P", styles["procedure"]), "   ", (f"boundary span B ({record['spans_kind']['boundary']})", styles["boundary"])))
-    table = Table(title=f"candidates (decision row {record['decision_index']}, open row {record['open_index']})")
+    console.print(Text.assemble(("procedure span P", styles["procedure"]), "   ", (f"boundary span B ({record.spans_kind['boundary']})", styles["boundary"])))
+    table = Table(title=f"candidates (decision row {record.decision_index}, open row {record.open_index})")
     for column in ("role", "action", "anchor", "token ids", "collides with"):
         table.add_column(column)
-    for candidate in record["candidates"]:
-        table.add_row(candidate["role"], candidate["action"], str(candidate["anchor_index"]), str(candidate["token_ids"]), ", ".join(candidate["collides_with"]))
+    for candidate in record.candidates:
+        table.add_row(candidate.role, candidate.action, str(candidate.anchor_index), str(candidate.token_ids), ", ".join(candidate.collides_with))
     console.print(table)
-    skills = ", ".join(f"{s['rank']}. {s['skill_id']} ({s['score']:.3f}{', boundary' if s['boundary_exposed'] else ''})" for s in record["skills"])
-    console.print(f"retrieved: {skills or '—'}  | embedder: {record['retrieval']['embedder']}")
+    skills = ", ".join(f"{s.rank}. {s.skill_id} ({s.score:.3f}{', boundary' if s.boundary_exposed else ''})" for s in record.skills)
+    console.print(f"retrieved: {skills or '—'}  | embedder: {record.retrieval['embedder']}")
     return 0
 
 
