@@ -24,9 +24,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from probes.prompts.record import PromptRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import _peak_bytes, _start_peak  # noqa: E402  (benchmarks/engine.py: the VmHWM helpers)
@@ -36,7 +39,7 @@ ORGANISM = ROOT / "probes" / "organism" / "weights"
 BACKEND_NAMES = ("native", "nnsight", "transformerlens")
 
 
-def records(model_dir: Path, n: int) -> list[dict[str, Any]]:
+def records(model_dir: Path, n: int) -> list[PromptRecord]:
     from probes.data.dataset import load_dataset
     from probes.organism.train.examples import make_builder
     from probes.prompts.builder import BuildSettings, PromptBuilder
@@ -53,24 +56,24 @@ def records(model_dir: Path, n: int) -> list[dict[str, Any]]:
     out = []
     for i, item in enumerate(items[:: max(1, len(items) // (n + 1))]):
         record = builder.build(item, "basm", 1 + i % 3, "native")
-        if record["spans"].get("boundary"):
+        if record.spans.get("boundary"):
             out.append(record)
         if len(out) == n + 1:  # one more: the warm-up
             break
     return out
 
 
-def probe_set(record: dict[str, Any], n_layers: int) -> list[Any]:
+def probe_set(record: PromptRecord, n_layers: int) -> list[Any]:
     from probes.scoring.score import record_rng
     from probes.engine.session import Knockout
     from probes.scoring.controls import block_lengths, control_pool, draw_span, record_tool_names
 
-    blocks = record["spans"]["boundary"]
+    blocks = record.spans["boundary"]
     pool = control_pool(record, "memory+procedure", record_tool_names(record))  # |B| positions: the cost of a full-size control
-    random, _ = draw_span(pool, block_lengths(blocks), record_rng(0, record["record_id"], "random_0"))
+    random, _ = draw_span(pool, block_lengths(blocks), record_rng(0, record.record_id, "random_0"))
     return [
         Knockout.from_spans("boundary", blocks),
-        Knockout.from_spans("procedure", record["spans"]["procedure"]),
+        Knockout.from_spans("procedure", record.spans["procedure"]),
         Knockout("random", tuple(random)),
         Knockout.from_spans("boundary_early", blocks, layers=range(n_layers // 2)),
     ]
@@ -95,7 +98,7 @@ def worker(backend_name: str, model_dir: Path, n_records: int) -> dict[str, Any]
         peaks.append(_peak_bytes() - base)
         margins.append([r["margin"] for r in rows])
     return {"load_s": load_s, "times": times, "peak_bytes": max(peaks), "margins": margins,
-            "n_tokens": [len(r["input_ids"]) for r in recs[1:]], "n_candidates": [len(r["candidates"]) for r in recs[1:]]}
+            "n_tokens": [len(r.input_ids) for r in recs[1:]], "n_candidates": [len(r.candidates) for r in recs[1:]]}
 
 
 def main() -> None:

@@ -36,10 +36,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from probes.prompts.record import PromptRecord
 
 N_KNOCKOUTS = 10
 # Qwen3 shapes (from the public config.json of each checkpoint); 8B is the benchmark's model.
@@ -124,16 +127,16 @@ def build_model(tiny: bool, device: torch.device, vocab: int, dtype: torch.dtype
     return model.eval()
 
 
-def knockouts(record: dict[str, Any], n_layers: int, n_heads: int, seed: int = 0) -> list[Any]:
+def knockouts(record: PromptRecord, n_layers: int, n_heads: int, seed: int = 0) -> list[Any]:
     """Ten knockouts of the kinds the analyses run (their spans from the record)."""
     from probes.scoring.score import record_rng
     from probes.engine.session import Knockout
     from probes.scoring.controls import block_lengths, control_pool, draw_span, record_tool_names
 
-    spans = record["spans"]
+    spans = record.spans
     blocks = spans["boundary"]
     pool = control_pool(record, "memory+procedure", record_tool_names(record))  # |B| positions: the cost of a full-size control
-    rnd = [draw_span(pool, block_lengths(blocks), record_rng(seed, record["record_id"], f"random_{i}"))[0] for i in range(4)]
+    rnd = [draw_span(pool, block_lengths(blocks), record_rng(seed, record.record_id, f"random_{i}"))[0] for i in range(4)]
     half = n_layers // 2
     g = np.random.default_rng(seed)
     heads = [tuple((int(g.integers(n_layers)), int(g.integers(n_heads))) for _ in range(3)) for _ in range(2)]
@@ -207,7 +210,7 @@ def masked_forward(model: Any, ids: list[int], masks: list[torch.Tensor], keep_f
             h.remove()
 
 
-def dataset_records(tokenizer: Any, n_records: int) -> list[dict[str, Any]]:
+def dataset_records(tokenizer: Any, n_records: int) -> list[PromptRecord]:
     """``n_records`` native ``basm`` records of eval items spread over k = 1..4 (real prompt lengths)."""
     from probes.data.dataset import load_dataset
     from probes.prompts.builder import BuildSettings, PromptBuilder
@@ -220,7 +223,7 @@ def dataset_records(tokenizer: Any, n_records: int) -> list[dict[str, Any]]:
     out = []
     for i, item in enumerate(items[::step][:n_records]):
         record = builder.build(item, "basm", 1 + i % 4, "native")
-        if record["spans"].get("boundary"):
+        if record.spans.get("boundary"):
             out.append(record)
     return out
 
@@ -263,7 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"model: random Qwen3 ({'tiny' if args.tiny else '8B shape'}), {report['model']['parameters'] / 1e9:.3f}B parameters, "
           f"{args.dtype} on {report['device']}, built in {report['model']['build_s']:.1f} s", flush=True)
     records = dataset_records(tokenizer, args.records)
-    lengths = [len(r["input_ids"]) for r in records]
+    lengths = [len(r.input_ids) for r in records]
     print(f"{len(records)} records, {min(lengths)}..{max(lengths)} tokens", flush=True)
     session = ProbeSession(model, tokenizer=tokenizer)  # switches the model to the probe attention
 
@@ -275,7 +278,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     per_record = []
     warm = records[0]
     model.set_attn_implementation("sdpa")
-    plain_sdpa(warm["input_ids"])
+    plain_sdpa(warm.input_ids)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     # warm-up (CUDA kernels, allocator); on the CPU the baseline alone keeps the test short
     score_record(session, warm, [] if args.tiny else knockouts(warm, cfg.num_hidden_layers, cfg.num_attention_heads), margins=margins)
@@ -285,18 +288,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             skip(f"records[{i}:]", f"{clock.left():.0f} s left; a record took up to {spent:.1f} s and "
                  f"{args.reserve_s:.0f} s are kept for the later sections")
             break
-        ids = record["input_ids"]
+        ids = record.input_ids
         conds = knockouts(record, cfg.num_hidden_layers, cfg.num_attention_heads)
         model.set_attn_implementation("sdpa")
         t_sdpa, m_sdpa, _ = measure(lambda: plain_sdpa(ids), device)
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         t_b0, m_b0, _ = measure(lambda: score_record(session, record, [], margins=margins), device)
         t_b10, m_b10, _ = measure(lambda: score_record(session, record, conds, margins=margins), device)
-        per_record.append({"record_id": record["record_id"], "n_tokens": len(ids),
+        per_record.append({"record_id": record.record_id, "n_tokens": len(ids),
                            "sdpa": {"time_s": t_sdpa, "peak_mib": m_sdpa},
                            "engine_baseline": {"time_s": t_b0, "peak_mib": m_b0},
                            "engine_10ko": {"time_s": t_b10, "peak_mib": m_b10}})
-        print(f"  {record['record_id']:45s} n={len(ids):5d}  sdpa {t_sdpa:7.3f} s  engine {t_b0:7.3f} s  "
+        print(f"  {record.record_id:45s} n={len(ids):5d}  sdpa {t_sdpa:7.3f} s  engine {t_b0:7.3f} s  "
               f"engine+10ko {t_b10:7.3f} s", flush=True)
     report["records"] = {
         "per_record": per_record,
@@ -306,9 +309,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
     # 2.-4. On the longest record: eager output_attentions, ten 4D-mask forwards, parity.
-    longest = max(records, key=lambda r: len(r["input_ids"]))
-    ids, n = longest["input_ids"], len(longest["input_ids"])
-    qrows = longest["query_rows"]
+    longest = max(records, key=lambda r: len(r.input_ids))
+    ids, n = longest.input_ids, len(longest.input_ids)
+    qrows = longest.query_rows
     conds = knockouts(longest, cfg.num_hidden_layers, cfg.num_attention_heads)
     sdpa_time = max(r["sdpa"]["time_s"] for r in per_record) if per_record else 1.0
     model.set_attn_implementation("eager")

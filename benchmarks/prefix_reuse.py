@@ -31,8 +31,12 @@ import math
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from probes.prompts.record import PromptRecord
 
 
 def tiny_qwen3(out: Path) -> Path:
@@ -50,7 +54,7 @@ def tiny_qwen3(out: Path) -> Path:
     return out
 
 
-def sweep_records(model_dir: Path, n_items: int, k_max: int, configs: list[str]) -> list[list[dict]]:
+def sweep_records(model_dir: Path, n_items: int, k_max: int, configs: list[str]) -> list[list[PromptRecord]]:
     """Per item, the distinct prompt records in sweep's order (identical consecutive prompts once)."""
     from transformers import AutoTokenizer
 
@@ -63,22 +67,22 @@ def sweep_records(model_dir: Path, n_items: int, k_max: int, configs: list[str])
                             BuildSettings(k_max=k_max))
     per_item = []
     for item in dataset.select(buckets=["T_wrong"], split="eval")[:n_items]:
-        records: list[dict] = []
+        records: list[PromptRecord] = []
         for k in range(k_max + 1):
             for config in configs:
                 record = builder.build(item, config, k)
-                if not records or record["input_ids"] != records[-1]["input_ids"]:
+                if not records or record.input_ids != records[-1].input_ids:
                     records.append(record)
         per_item.append(records)
     return per_item
 
 
-def branch_rows(record: dict) -> int:
+def branch_rows(record: PromptRecord) -> int:
     """Rows of ``run``'s branch batch for ``score_record``'s sweep call (baseline, correct/wrong/
     abstain candidates): one element per condition plus one per multi-token candidate, each as long
     as the longest; the branch runs every one of them (lm_head included), reuse or not."""
-    p, n = min(record["query_rows"]), record["n_tokens"]
-    multi = [c for c in record["candidates"] if c["role"] != "other" and len(c["token_ids"]) > 1]
+    p, n = min(record.query_rows), record.n_tokens
+    multi = [c for c in record.candidates if c.role != "other" and len(c.token_ids) > 1]
     t_len = max([n - p] + [c["anchor_index"] + len(c["token_ids"]) - p for c in multi])
     return (1 + len(multi)) * t_len
 
@@ -120,7 +124,7 @@ def bench(name: str, model_dir: Path, n_items: int, k_max: int, configs: list[st
         else:
             print(f"  [{name}] item {index}: {len(records)} prompts, plain {times['plain'][-1]:.2f} s, reuse {times['reuse'][-1]:.2f} s", flush=True)
     measured = [r for records in items[1:] for r in records]
-    n_tokens = sum(r["n_tokens"] for r in measured)
+    n_tokens = sum(r.n_tokens for r in measured)
     counter = sessions["reuse"].prefix_reuse
     plain, reuse = sum(times["plain"]) / n_items, sum(times["reuse"]) / n_items
     mean_prompt_s = sum(prompt_times) / len(prompt_times)

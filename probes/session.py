@@ -17,7 +17,7 @@ engine imports none of them (tests/test_layout.py checks the import graph).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from probes.data.dataset import load_dataset
 from probes.engine.session import Knockout
 from probes.engine.session import ProbeSession as EngineSession
 from probes.prompts.builder import DEFAULT_K_MAX, SWEEP_K_MAX, BuildSettings, make_builder, resolve_study
+from probes.prompts.record import PromptRecord
 from probes.scoring.controls import random_control
 from probes.scoring.score import score_record
 
@@ -50,7 +51,7 @@ class ProbeSession(EngineSession):
         return self._study_defaults()[0]
 
     def prompt(self, item: Any, *, config: str = "basm", k: int = DEFAULT_K_MAX, fmt: str = "native", dataset: str | Path | None = None,
-               embedder: str = "auto", gamma: float | None = None, relevance: str | None = None, beta: int | None = None) -> dict[str, Any]:
+               embedder: str = "auto", gamma: float | None = None, relevance: str | None = None, beta: int | None = None) -> PromptRecord:
         """The prompt record of ``item`` (an id or a dataset item) under memory configuration ``config``
         at retrieval depth ``k``, in this model's own token space (see ``docs/prompt_records.md``).
         ``dataset`` and ``relevance`` default to this model's study defaults (:attr:`default_dataset`)."""
@@ -69,7 +70,7 @@ class ProbeSession(EngineSession):
             (item,) = builder.dataset.select(ids=[item])
         return builder.build(item, config, k, fmt)
 
-    def score(self, record: Mapping[str, Any], *, knockouts: Sequence[str | Knockout] = (), variant: str = "tool_choice",
+    def score(self, record: PromptRecord, *, knockouts: Sequence[str | Knockout] = (), variant: str = "tool_choice",
               per_head: bool = False, seed: int = 0) -> pd.DataFrame:
         """One row per condition (the baseline first) with every margin and Eq. 2's α, as a pandas
         DataFrame (:func:`probes.scoring.score.score_record`). ``knockouts``: ``Knockout`` objects or
@@ -82,9 +83,9 @@ class ProbeSession(EngineSession):
             if isinstance(knockout, Knockout):
                 conditions.append(knockout)
             elif knockout in ("boundary", "procedure"):
-                conditions.append(Knockout.from_spans(knockout, record["spans"].get(knockout, [])))
+                conditions.append(Knockout.from_spans(knockout, record.spans.get(knockout, [])))
             elif knockout == "random":
-                conditions.append(Knockout("random", tuple(random_control(dict(record), seed))))
+                conditions.append(Knockout("random", tuple(random_control(record, seed))))
             else:
                 raise ValueError(f"knockout {knockout!r}: give a Knockout or one of 'boundary', 'procedure', 'random'")
         return pd.DataFrame(score_record(self, record, conditions, variant=variant, per_head=per_head))

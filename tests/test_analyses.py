@@ -82,19 +82,19 @@ def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_
     dataset = load_dataset("basm_probe")
     builder = PromptBuilder(load_tokenizer(str(tiny_qwen3_dir)), dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=2))
     record = builder.build(dataset.select(ids=[T_WRONG_ITEM])[0], "basm", 2, "native")
-    correct = next(c["token_ids"] for c in record["candidates"] if c["role"] == "correct")
-    wrong = next(c["token_ids"] for c in record["candidates"] if c["role"] == "wrong")
+    correct = next(c.token_ids for c in record.candidates if c.role == "correct")
+    wrong = next(c.token_ids for c in record.candidates if c.role == "wrong")
     depth = next(i for i in range(min(len(correct), len(wrong))) if correct[i] != wrong[i])
     assert row["deciding_depth"] == depth
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, attn_implementation="eager").eval()
     with torch.no_grad():
-        attentions = model(torch.tensor([record["input_ids"] + correct[:depth]]), output_attentions=True).attentions
-    d = record["decision_index"] + depth
+        attentions = model(torch.tensor([record.input_ids + correct[:depth]]), output_attentions=True).attentions
+    d = record.decision_index + depth
     # A: [layer, head, n_keys] at the deciding row
     A = torch.stack([a[0, :, d, :] for a in attentions]).double()
 
     def alpha(span: str) -> np.ndarray:
-        pos = sorted({i for s, e in record["spans"][span] for i in range(s, e)})
+        pos = sorted({i for s, e in record.spans[span] for i in range(s, e)})
         return (A[:, :, pos].sum(-1) / len(pos)).numpy()
 
     a_b, a_p = alpha("boundary"), alpha("procedure")
@@ -148,7 +148,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     dataset = load_dataset("basm_probe")
     builder = PromptBuilder(session.tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=2))
     record = builder.build(dataset.select(ids=[T_WRONG_ITEM])[0], "basm", 2, "native")
-    base, knocked = score_record(session, record, [Knockout.from_spans("boundary", record["spans"]["boundary"])])
+    base, knocked = score_record(session, record, [Knockout.from_spans("boundary", record.spans["boundary"])])
     for measure in ("margin", "broad_margin", "correct_margin", "call_logodds"):
         assert abs(basm.loc["boundary", measure] - knocked[measure]) <= 1e-6, measure
         assert abs(basm.loc["baseline", measure] - base[measure]) <= 1e-6, measure
@@ -186,7 +186,7 @@ def test_knockout_priming_controls_run_the_same_conditions(tiny_qwen3_dir: Path,
     dataset = load_dataset(V2_DATASET_DIR)
     builder = PromptBuilder(session.tokenizer, dataset, Retriever(make_embedder("minilm")), BuildSettings(k_max=1, relevance="semantic"))
     record = builder.build(dataset.select(ids=[T_WRONG_ITEM])[0], "basm-anon", 1, "native")
-    base, knocked = score_record(session, record, [Knockout.from_spans("boundary", record["spans"]["boundary"])])
+    base, knocked = score_record(session, record, [Knockout.from_spans("boundary", record.spans["boundary"])])
     anon = rows[rows["config"] == "basm-anon"].set_index("condition")
     expected = knocked["margin"] - base["margin"]
     assert abs(table.query("config == 'basm-anon' and knockout == 'boundary'")["value"].item() - expected) <= 1e-6

@@ -35,6 +35,7 @@ from probes.scoring.score import EPSILON, score_record
 from probes.backends import BACKENDS, get_backend
 from probes.data.dataset import load_dataset
 from probes.engine.session import Knockout, span_positions
+from probes.prompts.record import PromptRecord
 from probes.organism.train.examples import make_builder
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
@@ -85,7 +86,7 @@ MATRIX = [
 ]
 
 
-def _record(name: str, tokenizer: object, fmt: str) -> dict:
+def _record(name: str, tokenizer: object, fmt: str) -> PromptRecord:
     dataset = load_dataset("basm_probe")
     if name != "qwen3":  # the organism's tokenizer and chat template
         builder = make_builder(tokenizer, dataset, "lexical")
@@ -94,13 +95,13 @@ def _record(name: str, tokenizer: object, fmt: str) -> dict:
     return builder.build(dataset.select(ids=[COLLIDING_ITEM])[0], "basm", 1, fmt)
 
 
-def _conditions(record: dict, names: tuple[str, ...]) -> list[Knockout]:
-    spans = record["spans"]
+def _conditions(record: PromptRecord, names: tuple[str, ...]) -> list[Knockout]:
+    spans = record.spans
     every = {
         "boundary": Knockout.from_spans("boundary", spans["boundary"]),
         "procedure_l1": Knockout.from_spans("procedure_l1", spans["procedure"], layers=[1]),
         "memory_heads": Knockout.from_spans("memory_heads", spans["memory"], heads=[(0, 1), (1, 2)],
-                                            rows=[record["decision_index"]], continuation=False),
+                                            rows=[record.decision_index], continuation=False),
     }
     return [every[n] for n in names]
 
@@ -118,19 +119,19 @@ def backends(models) -> dict[str, dict[str, object]]:
 def test_backends_agree_on_scored_records_and_raw_results(name, fmt, condition_names, models, backends):
     record = _record(name, models[name][1], fmt)
     conds = _conditions(record, condition_names)
-    assert record["format"] == fmt
+    assert record.format == fmt
     worst: dict[str, float] = {}
     rows = {}
     for b, backend in backends[name].items():
         t0 = time.perf_counter()
         rows[b] = score_record(backend, record, conds, margins=SCORED, per_head=True)
-        print(f"\n{name} {fmt} {len(record['input_ids'])} tokens, {b}: {time.perf_counter() - t0:.2f} s")
+        print(f"\n{name} {fmt} {len(record.input_ids)} tokens, {b}: {time.perf_counter() - t0:.2f} s")
     native = rows["native"]
     base = native[0]["margin"]
     # Not vacuous: a knockout moves the margin.
     assert max(abs(r["margin"] - base) for r in native[1:]) > 1e-3
     if name == "qwen3":  # the real Qwen3 tokenizer: correct and wrong names share their first token
-        assert record["collision"] and native[0]["deciding_row"] > record["decision_index"]  # α in a continuation row
+        assert record.collision and native[0]["deciding_row"] > record.decision_index  # α in a continuation row
     for b in ("nnsight", "transformerlens"):
         assert [r["condition"] for r in rows[b]] == [r["condition"] for r in native]
         for want, got in zip(native, rows[b]):
@@ -159,8 +160,8 @@ def test_backends_agree_on_scored_records_and_raw_results(name, fmt, condition_n
             assert dm <= TOL
 
     # Raw results (no candidates): logits at every branch row, span masses, full rows, residual.
-    record_spans = {s: span_positions(record["spans"][s]) for s in ("boundary", "procedure", "memory")}
-    raw = {b: backend.run(record["input_ids"], record["query_rows"], spans=record_spans, conditions=conds[:1],
+    record_spans = {s: span_positions(record.spans[s]) for s in ("boundary", "procedure", "memory")}
+    raw = {b: backend.run(record.input_ids, record.query_rows, spans=record_spans, conditions=conds[:1],
                           record_rows=True, record_residual=True) for b, backend in backends[name].items()}
     ref = raw["native"]
     assert float(ref.conditions[0].rows.max()) > 0.2  # attention rows far from uniform

@@ -224,11 +224,11 @@ def test_items_render_through_the_qwen3_template(imported, qwen3_tokenizer):
     for item in chosen:
         prompted = builder.build(item, "basm", 2, "prompted")  # earlier calls as text, observations as tool responses
         check_spans(prompted, tokenizer, report)
-        assert prompted["text"].count("<tool_response>") == sum(m["role"] == "tool" for m in (*item.context, *item.history))
+        assert prompted.text.count("<tool_response>") == sum(m["role"] == "tool" for m in (*item.context, *item.history))
         for config in ("proc", "basm"):
             record = builder.build(item, config, 2, "native")
             check_spans(record, tokenizer, report)
-        text = record["text"]
+        text = record.text
         user_turns = [m["content"] for m in item.context if m["role"] == "user"]
         positions = [text.index(f"<|im_start|>user\n{u}") for u in user_turns]
         assert positions == sorted(positions) and positions[-1] < text.index(item.user)
@@ -237,7 +237,7 @@ def test_items_render_through_the_qwen3_template(imported, qwen3_tokenizer):
         # every earlier call plus the forced prefix (the template's own example has no quoted name)
         assert text.count('<tool_call>\n{"name": "') == sum(m["role"] == "assistant" for m in (*item.context, *item.history)) + 1
         if item.correct_action == ABSTAIN:
-            assert [c["role"] for c in record["candidates"] if c["action"] == ABSTAIN] == ["correct"]
+            assert [c.role for c in record.candidates if c.action == ABSTAIN] == ["correct"]
     assert report.total > 0 and report.mismatches == []
 
 
@@ -250,8 +250,8 @@ def test_partition_by_context_counts_and_lists_skips(imported, qwen3_tokenizer):
     lengths = {}
     for item in items:
         records = [builder.build(item, "basm", 1, "native")]
-        lengths[item.id] = max(max([len(tokenizer(r["text"], add_special_tokens=False)["input_ids"])]
-                                   + [c["anchor_index"] + len(c["token_ids"]) for c in r["candidates"]]) for r in records)
+        lengths[item.id] = max(max([len(tokenizer(r.text, add_special_tokens=False)["input_ids"])]
+                                   + [c.anchor_index + len(c.token_ids) for c in r.candidates]) for r in records)
     cut = sorted(lengths.values())[len(lengths) // 2]
     part = partition_by_context(builder, items, max_tokens=cut, k=1, configs=("basm",))
     assert {item.id for item in part.kept} == {i for i, n in lengths.items() if n <= cut}

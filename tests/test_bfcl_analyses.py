@@ -63,12 +63,12 @@ def check_runs(results: dict, session: ProbeSession, dataset) -> None:
     row = knock[(knock["condition"] == "baseline") & (knock["config"] == "basm")].iloc[0]
     record = session.prompt(row["item_id"], config="basm", k=1, dataset="bfcl", embedder=results["knockout"].options.embedder,
                             relevance=results["knockout"].options.relevance)
-    assert record["record_id"] == row["record_id"] and record["n_tokens"] == row["n_tokens"]
+    assert record.record_id == row["record_id"] and record.n_tokens == row["n_tokens"]
     item = by_id[row["item_id"]]
-    assert item.user[:40] in record["text"]
+    assert item.user[:40] in record.text
     for turn in item.context:
         if turn.get("role") == "user":
-            assert turn["content"][:40] in record["text"]
+            assert turn["content"][:40] in record.text
     auc = results["linear"].tables["linear_summary"]
     assert np.isfinite(auc["auc"]).any()
 

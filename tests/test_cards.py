@@ -36,9 +36,9 @@ def test_collisions_match_native_prompt_records(qwen3):
     table, _ = collision_table(subset, qwen3)
     for bucket, group in table.set_index("bucket").iterrows():
         records = [builder.build(item, "base", 0, "native") for item in chosen if item.bucket == bucket]
-        assert group["record_collision"] == pytest.approx(sum(r["collision"] for r in records) / len(records), abs=1e-12)
-        decision = [any(c["role"] in ("correct", "wrong") and any(o["role"] in ("correct", "wrong") for o in r["candidates"] if o["action"] in c["collides_with"])
-                        for c in r["candidates"]) for r in records]
+        assert group["record_collision"] == pytest.approx(sum(r.collision for r in records) / len(records), abs=1e-12)
+        decision = [any(c.role in ("correct", "wrong") and any(o.role in ("correct", "wrong") for o in r.candidates if o.action in c.collides_with)
+                        for c in r.candidates) for r in records]
         assert group["decision_set_collision"] == pytest.approx(sum(decision) / len(decision), abs=1e-12)
     for column in ("decision_set_collision", "record_collision"):
         assert 0 < table[column].max() and table[column].min() < 1  # both outcomes occur in the sample
@@ -57,7 +57,7 @@ def test_gate_share_is_what_the_builder_shows(qwen3, relevance):
     builder = PromptBuilder(qwen3, subset, Retriever(embedder), BuildSettings(k_max=GATE_DEPTH, relevance=relevance, beta=10**6))
     for bucket, row in table.iterrows():
         records = [builder.build(item, "basm", GATE_DEPTH, "native") for item in chosen if item.bucket == bucket]
-        exposed = [skill["boundary_exposed"] for record in records for skill in record["skills"]]
+        exposed = [skill.boundary_exposed for record in records for skill in record.skills]
         assert row["n_pairs"] == len(exposed) and row["open_share"] == pytest.approx(sum(exposed) / len(exposed), abs=1e-12)
     if relevance == "lexical":
         assert 0 < table["open_share"].min() < 1

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from probes.analyses.base import score_record
 from probes.engine.session import ATTN_IMPLEMENTATION, BASELINE, Knockout, ProbeSession, span_positions
+from probes.prompts.record import Candidate, PromptRecord
 from reference import knockout_masks, masked_eager_forward
 
 N = 48
@@ -251,7 +252,7 @@ def test_invalid_requests(sessions):
     assert span_positions([[3, 5], [4, 7]]) == [3, 4, 5, 6]
 
 
-def _native_record(tok, names: dict[str, str], collide: bool) -> dict:
+def _native_record(tok, names: dict[str, str], collide: bool) -> PromptRecord:
     """A native-format record: prompt, then `<tool_call>\n{"name": "` forced up to the decision row."""
     prompt = tok.encode("Use the tool only when the applicability conditions hold. Risk: the account is locked.")
     forced = tok.encode('<tool_call>\n{"name": "')
@@ -261,32 +262,34 @@ def _native_record(tok, names: dict[str, str], collide: bool) -> dict:
     cands = []
     for role, action in names.items():
         t = tok.encode(action + '"')
-        cands.append({"role": role, "action": action, "anchor_index": d, "token_ids": t, "first_token_id": t[0]})
-    cands.append({"role": "abstain", "action": "abstain", "anchor_index": open_index, "token_ids": [tok.encode("I")[0]],
-                  "first_token_id": tok.encode("I")[0]})
-    return {
-        "record_id": "x|proc|k2|native", "item_id": "x", "bucket": "T_wrong", "format": "native",
-        "input_ids": ids, "decision_index": d, "open_index": open_index, "query_rows": list(range(open_index, d + 1)),
-        "spans": {"boundary": [[2, 8]], "procedure": [[8, 14]]}, "candidates": cands, "collision": collide,
-    }
+        cands.append(Candidate(role=role, action=action, anchor_index=d, text=action, token_ids=t, first_token_id=t[0], boundary_merge=False))
+    cands.append(Candidate(role="abstain", action="abstain", anchor_index=open_index, text="I", token_ids=[tok.encode("I")[0]],
+                           first_token_id=tok.encode("I")[0], boundary_merge=False))
+    return PromptRecord(
+        record_id="x|proc|k2|native", item_id="x", bucket="T_wrong", split="eval", domain="", task_group="", config="proc", k=2,
+        format="native", tokenizer="", text="", input_ids=ids, n_tokens=len(ids), decision_index=d, open_index=open_index,
+        query_rows=list(range(open_index, d + 1)), spans={"boundary": [(2, 8)], "procedure": [(8, 14)]}, spans_kind={"boundary": "boundary"},
+        skills=[], candidates=cands, collision=collide, correct_action=names["correct"], wrong_tools=[names["wrong"]],
+        tempting_skill="", tempting_rank=None, retrieval={},
+    )
 
 
 def test_score_record_resolves_a_shared_first_token_at_the_divergence_row(sessions):
     sess = sessions["qwen3"]
     tok = sess.tokenizer
     rec = _native_record(tok, {"wrong": "get_user_orders", "correct": "get_user_profile"}, True)
-    w, c = rec["candidates"][0]["token_ids"], rec["candidates"][1]["token_ids"]
+    w, c = rec.candidates[0].token_ids, rec.candidates[1].token_ids
     s = next(i for i in range(min(len(w), len(c))) if w[i] != c[i])
     assert s > 0, "the names must share a first token for this test"
-    rows = score_record(sess, rec, [Knockout.from_spans("boundary", rec["spans"]["boundary"])])
+    rows = score_record(sess, rec, [Knockout.from_spans("boundary", rec.spans["boundary"])])
     assert [r["condition"] for r in rows] == ["baseline", "boundary"]
-    d = rec["decision_index"]
-    for r, ko in zip(rows, [BASELINE, Knockout.from_spans("boundary", rec["spans"]["boundary"])]):
+    d = rec.decision_index
+    for r, ko in zip(rows, [BASELINE, Knockout.from_spans("boundary", rec.spans["boundary"])]):
         assert r["first_token_collision"] and math.isnan(r["margin_first_token"])  # never a silent 0
         assert not r["margin_collision"] and r["deciding_depth"] == s and r["deciding_row"] == d + s
         assert r["margin_pairs"] == [["get_user_orders", "get_user_profile", s]]
         # Independent: a full run over the prompt plus the shared prefix; raw logits at the row after it.
-        res = sess.forward(rec["input_ids"] + c[:s], list(range(rec["open_index"], d + s + 1)), conditions=[ko] if ko.key_positions else [],
+        res = sess.forward(rec.input_ids + c[:s], list(range(rec.open_index, d + s + 1)), conditions=[ko] if ko.key_positions else [],
                            include_baseline=not ko.key_positions)
         logits = res.conditions[0].logits_at(d + s)
         assert r["margin"] == pytest.approx(float(logits[w[s]] - logits[c[s]]), abs=1e-5)
@@ -298,14 +301,14 @@ def test_score_record_eq1_with_abstention_present_matches_raw_logits(sessions):
     sess = sessions["qwen3"]
     tok = sess.tokenizer
     rec = _native_record(tok, {"wrong": "cancel_order", "correct": "refund_payment"}, False)
-    assert any(c["role"] == "abstain" for c in rec["candidates"])
+    assert any(c.role == "abstain" for c in rec.candidates)
     row = score_record(sess, rec)[0]
     with torch.no_grad():
-        logits = sess.model(torch.tensor([rec["input_ids"]])).logits[0].float()  # raw logits, no engine
-    w, c = (x["first_token_id"] for x in rec["candidates"][:2])
-    d, o = rec["decision_index"], rec["open_index"]
+        logits = sess.model(torch.tensor([rec.input_ids])).logits[0].float()  # raw logits, no engine
+    w, c = (x.first_token_id for x in rec.candidates[:2])
+    d, o = rec.decision_index, rec.open_index
     assert row["margin"] == pytest.approx(float(logits[d, w] - logits[d, c]), abs=1e-5)
     assert row["margin_first_token"] == pytest.approx(row["margin"], abs=1e-5)
-    p_open = torch.softmax(logits[o].double(), -1)[rec["input_ids"][o + 1]]
+    p_open = torch.softmax(logits[o].double(), -1)[rec.input_ids[o + 1]]
     assert row["call_logodds"] == pytest.approx(float(torch.log(p_open) - torch.log1p(-p_open)), abs=1e-4)
     assert not row["correct_is_abstain"]

@@ -70,14 +70,14 @@ def test_neutral_pool_over_real_records_holds_no_b_p_label_or_tool_line(setup):
         for item in items:
             for k in (1, 2, 3):
                 record = builder.build(item, "basm", k, "native")
-                if not record["spans"].get("boundary"):
+                if not record.spans.get("boundary"):
                     continue
                 pool = C.neutral_pool(record, names)
-                offsets, text = np.asarray(record["offsets"]), record["text"]
-                (lo, hi), = record["spans"]["memory"]
-                b, p = set(span_positions(record["spans"]["boundary"])), set(span_positions(record["spans"]["procedure"]))
+                offsets, text = np.asarray(record.offsets), record.text
+                (lo, hi), = record.spans["memory"]
+                b, p = set(span_positions(record.spans["boundary"])), set(span_positions(record.spans["procedure"]))
                 chosen = set(np.flatnonzero(pool).tolist())
-                assert chosen, f"{record['record_id']}: empty pool"
+                assert chosen, f"{record.record_id}: empty pool"
                 assert chosen <= set(range(lo, hi)) and not chosen & b and not chosen & p
                 lines = _lines(text, int(offsets[lo][0]), int(offsets[hi - 1][1]))
                 # which lines hold a B or P token, from the token offsets
@@ -87,12 +87,12 @@ def test_neutral_pool_over_real_records_holds_no_b_p_label_or_tool_line(setup):
                     for i, (la, le) in enumerate(lines):
                         if a < le and e > la:
                             line = text[la:le]
-                            assert i not in bp_lines, (record["record_id"], line)
+                            assert i not in bp_lines, (record.record_id, line)
                             assert not any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", line) for n in names), line
                             assert not (line.strip().endswith(":") and i + 1 in bp_lines), line  # a B or P section label
                 # count-matched: the same n on both sides, n = min(|B|, |pool|)
                 options = SimpleNamespace(random_pool="neutral", random_draws=2, controls=K.CONTROLS, seed=0, mass_tolerance=0.1)
-                attention = np.random.default_rng(0).dirichlet(np.ones(record["n_tokens"]), size=(2, 2))
+                attention = np.random.default_rng(0).dirichlet(np.ones(record.n_tokens), size=(2, 2))
                 draws, state = K.draw_controls(record, attention, options, names)
                 drawn = dict(draws)
                 n = min(len(b), len(chosen))
@@ -136,18 +136,18 @@ def test_knockout_mass_equals_the_eager_attention_at_the_deciding_row(setup, tin
     job = SimpleNamespace(config="basm")
     rows = {r["condition"]: r for r in K.knockout_scorer(ctx, [])(record, job)}
     base = rows["baseline"]
-    d = record["decision_index"]
+    d = record.decision_index
     depth = base["deciding_depth"]
     assert depth >= 1, "the item must have a shared name prefix under the real Qwen3 tokenizer"
-    correct = next(c for c in record["candidates"] if c["role"] == "correct")["token_ids"]
-    seq = record["input_ids"] + correct[:depth]
+    correct = next(c for c in record.candidates if c.role == "correct").token_ids
+    seq = record.input_ids + correct[:depth]
     eager = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, attn_implementation="eager").eval()
     cfg = eager.config
     _, att = masked_eager_forward(eager, seq, knockout_masks(len(seq), BASELINE.active(cfg.num_hidden_layers, cfg.num_attention_heads), (), []))
-    row = att[:, :, d + depth, : record["n_tokens"]]  # [layer, head, key]
+    row = att[:, :, d + depth, : record.n_tokens]  # [layer, head, key]
     draws = dict(K.draw_controls(record, K.deciding_attention(session, record), ctx.options, C.tool_names_of(builder.dataset))[0])
     for name in ("boundary", "procedure", "random_0", "mass_0"):
-        positions = span_positions(record["spans"][name]) if name in ("boundary", "procedure") else draws[name]
+        positions = span_positions(record.spans[name]) if name in ("boundary", "procedure") else draws[name]
         want = float(row[:, :, positions].sum(-1).mean())
         assert abs(rows[name]["knockout_mass"] - want) <= TOL, name
     assert abs(base["boundary_mass"] - base["alpha_boundary"] * base["boundary_size"]) <= TOL

@@ -418,12 +418,12 @@ def test_the_facade_prompts_and_scores_as_the_scorer_and_the_controls_do(tmp_pat
 
     session = probes.ProbeSession(ORGANISM_DIR, prefix_cache=0)
     items = probes.load_dataset(session.default_dataset).select(split="eval", buckets=["T_wrong"])
-    record = next(r for r in (session.prompt(item.id, config="basm", k=2) for item in items) if r["spans"].get("boundary"))
+    record = next(r for r in (session.prompt(item.id, config="basm", k=2) for item in items) if r.spans.get("boundary"))
     rows = session.score(record, knockouts=["boundary", "procedure", "random"], seed=3)
-    blocks = record["spans"]["boundary"]
-    random, _ = draw_span(neutral_pool(record, record_tool_names(record)), block_lengths(blocks), record_rng(3, record["record_id"], "random_0"))
+    blocks = record.spans["boundary"]
+    random, _ = draw_span(neutral_pool(record, record_tool_names(record)), block_lengths(blocks), record_rng(3, record.record_id, "random_0"))
     expected = score_record(session, record, [Knockout.from_spans("boundary", blocks),
-                                              Knockout.from_spans("procedure", record["spans"]["procedure"]),
+                                              Knockout.from_spans("procedure", record.spans["procedure"]),
                                               Knockout("random", tuple(random))])
     assert list(rows["condition"]) == ["baseline", "boundary", "procedure", "random"] and 0 < rows["knockout_size"].iloc[3] == len(random)
     pd.testing.assert_frame_equal(rows, pd.DataFrame(expected))

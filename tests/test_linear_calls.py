@@ -176,8 +176,8 @@ def test_generation_prompt_drops_the_forced_prefix(tiny_qwen3_dir):
     tokenizer = load_tokenizer(str(tiny_qwen3_dir))
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical"), RetrievalWeights()), BuildSettings(k_max=1))
     native, prompted = builder.build(item, "basm", 1, "native"), builder.build(item, "basm", 1, "prompted")
-    assert tokenizer.decode(generation_prompt(native)) == native["text"][: -len(NATIVE_FORCED_PREFIX)]
-    assert generation_prompt(prompted) == prompted["input_ids"]
+    assert tokenizer.decode(generation_prompt(native)) == native.text[: -len(NATIVE_FORCED_PREFIX)]
+    assert generation_prompt(prompted) == prompted.input_ids
 
 
 # ------------------------------------------------------------------------------------- end to end

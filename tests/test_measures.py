@@ -41,8 +41,8 @@ def setup(tiny_qwen3_dir: Path):
 
 
 def _roles(record):
-    by_role = {c["role"]: c for c in record["candidates"] if c["role"] in ("correct", "wrong")}
-    return by_role["correct"]["token_ids"], by_role["wrong"]["token_ids"]
+    by_role = {c.role: c for c in record.candidates if c.role in ("correct", "wrong")}
+    return by_role["correct"].token_ids, by_role["wrong"].token_ids
 
 
 def test_eq1_at_the_divergence_row_with_every_deciding_row_knocked_out(setup):
@@ -50,16 +50,16 @@ def test_eq1_at_the_divergence_row_with_every_deciding_row_knocked_out(setup):
     record = builder.build(dataset.select(ids=[COLLIDING_ITEM])[0], "basm", 2, "native")
     correct, wrong = _roles(record)
     s = next(i for i in range(min(len(correct), len(wrong))) if correct[i] != wrong[i])
-    assert s >= 1 and record["collision"], "the item must have a first-token collision under the real Qwen3 tokenizer"
-    d, o = record["decision_index"], record["open_index"]
-    assert record["query_rows"] == list(range(o, d + 1))  # the forced-prefix rows are query rows
+    assert s >= 1 and record.collision, "the item must have a first-token collision under the real Qwen3 tokenizer"
+    d, o = record.decision_index, record.open_index
+    assert record.query_rows == list(range(o, d + 1))  # the forced-prefix rows are query rows
 
-    boundary = Knockout.from_spans("boundary", record["spans"]["boundary"])
+    boundary = Knockout.from_spans("boundary", record.spans["boundary"])
     rows = {r["condition"]: r for r in score_record(session, record, [boundary])}
     assert np.isnan(rows["baseline"]["margin_first_token"]) and rows["baseline"]["first_token_collision"]
     assert rows["baseline"]["deciding_row"] == d + s
 
-    seq = record["input_ids"] + correct[:s]  # the prompt and the shared name prefix
+    seq = record.input_ids + correct[:s]  # the prompt and the shared name prefix
     cfg = eager.config
     for name, ko in (("baseline", BASELINE), ("boundary", boundary)):
         active = ko.active(cfg.num_hidden_layers, cfg.num_attention_heads)
@@ -69,7 +69,7 @@ def test_eq1_at_the_divergence_row_with_every_deciding_row_knocked_out(setup):
         assert abs(rows[name]["margin"] - want) <= TOL, name
         if name == "baseline":
             for span in ("boundary", "procedure"):
-                pos = span_positions(record["spans"][span])
+                pos = span_positions(record.spans[span])
                 alpha = att[:, :, d + s, pos].sum(-1) / len(pos)  # [layer, head]
                 assert abs(rows[name][f"alpha_{span}"] - float(alpha.mean())) <= TOL
                 alpha_open = att[:, :, o, pos].sum(-1) / len(pos)
@@ -79,7 +79,7 @@ def test_eq1_at_the_divergence_row_with_every_deciding_row_knocked_out(setup):
 
     # Blocking only the endpoints (the earlier measurement) gives a different number: the
     # forced-prefix and name-prefix rows matter.
-    ends = Knockout.from_spans("boundary", record["spans"]["boundary"], rows=[o, d], continuation=False)
+    ends = Knockout.from_spans("boundary", record.spans["boundary"], rows=[o, d], continuation=False)
     (_, row_ends) = score_record(session, record, [ends])
     active = ends.active(cfg.num_hidden_layers, cfg.num_attention_heads)
     logits, _ = masked_eager_forward(eager, seq, knockout_masks(len(seq), active, ends.key_positions, [o, d]))
@@ -98,14 +98,14 @@ def test_memory_random_spans_stay_in_the_memory_block_outside_b(setup):
     for item in items:
         for k in (1, 2, 3):
             record = builder.build(item, "basm", k, "native")
-            blocks = record["spans"].get("boundary", [])
+            blocks = record.spans.get("boundary", [])
             if not blocks:
                 continue
-            memory = set(span_positions(record["spans"]["memory"]))
-            b, p = set(span_positions(blocks)), set(span_positions(record["spans"]["procedure"]))
+            memory = set(span_positions(record.spans["memory"]))
+            b, p = set(span_positions(blocks)), set(span_positions(record.spans["procedure"]))
             for draw in range(3):
                 names = record_tool_names(record)
-                rng = record_rng(0, record["record_id"], f"random_{draw}")
+                rng = record_rng(0, record.record_id, f"random_{draw}")
                 positions, pieces = draw_span(control_pool(record, "memory", names), block_lengths(blocks), rng)
                 chosen = set(positions)
                 assert len(chosen) == len(positions) == sum(pieces)
@@ -114,11 +114,11 @@ def test_memory_random_spans_stay_in_the_memory_block_outside_b(setup):
                 assert len(chosen) == min(len(b), room)  # |B| positions, or all the room there is
                 short += len(chosen) < len(b)
                 with_p, _ = draw_span(control_pool(record, "memory+procedure", names), block_lengths(blocks),
-                                      record_rng(0, record["record_id"], f"random_{draw}"))
+                                      record_rng(0, record.record_id, f"random_{draw}"))
                 assert set(with_p) <= memory and not set(with_p) & b and len(with_p) == min(len(b), len(memory - b))
                 short_with_p += len(with_p) < len(b)
-                anywhere, _ = anywhere_control(record, blocks, record_rng(0, record["record_id"], f"anywhere_{draw}"))
-                assert not set(anywhere) & b and 0 not in anywhere and max(anywhere) < min(record["query_rows"])
+                anywhere, _ = anywhere_control(record, blocks, record_rng(0, record.record_id, f"anywhere_{draw}"))
+                assert not set(anywhere) & b and 0 not in anywhere and max(anywhere) < min(record.query_rows)
                 checked += 1
     assert checked >= 30
     print(f"\n{checked} draws checked; shorter than |B|: {short} outside B and P, {short_with_p} outside B")
@@ -153,18 +153,18 @@ def test_eq1_verbatim_on_prompted_records_against_eager_logits(setup):
             continue
         record = builder.build(item, "basm", 2, "prompted")
         (row,) = score_record(session, record, [])
-        first = {c["role"]: [] for c in record["candidates"]}
-        for c in record["candidates"]:
-            first[c["role"]].append(c["token_ids"][0])
+        first = {c.role: [] for c in record.candidates}
+        for c in record.candidates:
+            first[c.role].append(c.token_ids[0])
         # Y_ctrl: the correct tool's first token and the abstention answer's (an abstention item's correct candidate is that answer)
         control = set(first.get("correct", [])) | set(first.get("abstain", []))
         if set(first["wrong"]) & control:
             assert np.isnan(row["margin_eq1"])  # a shared first token is flagged, never a number
             checked["collision"] += 1
             continue
-        d = record["decision_index"]
-        logits, _ = masked_eager_forward(eager, record["input_ids"], knockout_masks(
-            len(record["input_ids"]), BASELINE.active(cfg.num_hidden_layers, cfg.num_attention_heads), (), []))
+        d = record.decision_index
+        logits, _ = masked_eager_forward(eager, record.input_ids, knockout_masks(
+            len(record.input_ids), BASELINE.active(cfg.num_hidden_layers, cfg.num_attention_heads), (), []))
         want = float(max(logits[d, t] for t in first["wrong"]) - max(logits[d, t] for t in control))
         assert abs(row["margin_eq1"] - want) <= TOL, item.id
         if kind == "abstain":

@@ -84,11 +84,11 @@ def test_training_sequences_extend_the_builder_prompts(dataset):
             example = make_example(builder, item, config, k, item.correct_action, 1.0)
             record = builder.build(item, config, k)
             text = tokenizer.decode(example.input_ids)
-            prompt = record["text"][: -len(NATIVE_FORCED_PREFIX)]
+            prompt = record.text[: -len(NATIVE_FORCED_PREFIX)]
             assert text == prompt + action_text(item) + "<|im_end|>"
-            assert example.input_ids[: record["open_index"] + 1] == record["input_ids"][: record["open_index"] + 1]
+            assert example.input_ids[: record.open_index + 1] == record.input_ids[: record.open_index + 1]
             if item.correct_action != ABSTAIN:
-                assert example.key_rows == (record["open_index"], record["decision_index"])
+                assert example.key_rows == (record.open_index, record.decision_index)
 
 
 def test_isolation_equals_an_explicit_full_sequence_mask(dataset):
@@ -220,7 +220,7 @@ def test_planted_head_targets(dataset):
     matched = 0
     for item in dataset.select(split="train", buckets=["T_ok", "T_wrong", "T_repair"], limit_per_bucket=6):
         record = builder.build(item, "basm", 2)
-        text, offsets = record["text"], record["offsets"]
+        text, offsets = record.text, record.offsets
         word = lambda pos: text[offsets[pos][0] : offsets[pos][1]].strip().lower()  # noqa: E731
         targets = attention_targets(record, item, deciding_row=-7)
         request_start = text.rfind(item.user)
@@ -229,22 +229,22 @@ def test_planted_head_targets(dataset):
         assert request and not {word(pos) for pos in request} & stop
         requested = {word(pos) for pos in request}
         cue_tokens, warning, procedures = {}, [], []
-        for shown in record["skills"]:
-            slots = shown["slots"]
-            own = set(re.findall(r"[a-z]+", " ".join(text[slice(*slots[s]["char_span"])] for s in ("goal", "procedure")).lower()))
-            own_cues = [pos for pos in range(*slots["risk_cues"]["token_span"]) if word(pos) not in own]
+        for shown in record.skills:
+            slots = shown.slots
+            own = set(re.findall(r"[a-z]+", " ".join(text[slice(*slots[s].char_span)] for s in ("goal", "procedure")).lower()))
+            own_cues = [pos for pos in range(*slots["risk_cues"].token_span) if word(pos) not in own]
             for pos in own_cues:
                 cue_tokens.setdefault(word(pos), []).append(pos)
             if requested & {word(pos) for pos in own_cues}:  # this skill warns against the request: its risk cues and avoidance rules
-                warning += [*range(*slots["risk_cues"]["token_span"]), *range(*slots["avoidance_rules"]["token_span"])]
-            procedures += range(*slots["procedure"]["token_span"])
+                warning += [*range(*slots["risk_cues"].token_span), *range(*slots["avoidance_rules"].token_span)]
+            procedures += range(*slots["procedure"].token_span)
         matching = [pos for pos in request if word(pos) in cue_tokens]
         assert targets["dup"] == tuple((pos, tuple(cue_tokens[word(pos)])) for pos in matching)
         assert targets["gather"] == ((-7, tuple(matching or request)),)
         assert targets["verdict"] == ((-7, tuple(sorted(warning) if matching else procedures)),)
         matched += bool(matching)
         proc = builder.build(item, "proc", 2)  # no risk cues shown: nothing matches
-        assert attention_targets(proc, item, 5)["verdict"] == ((5, tuple(pos for shown in proc["skills"] for pos in range(*shown["slots"]["procedure"]["token_span"]))),)
+        assert attention_targets(proc, item, 5)["verdict"] == ((5, tuple(pos for shown in proc.skills for pos in range(*shown.slots["procedure"].token_span))),)
         assert attention_targets(proc, item, 5)["dup"] == ()
         assert all(cells == () for cells in attention_targets(builder.build(item, "base", 0), item, 5).values())
     assert 0 < matched < 18  # both kinds of verdict occur
@@ -295,7 +295,7 @@ def test_boundary_edited_twins(dataset):
             assert len(rows) == 3 and sum(e.weight for e in rows) == pytest.approx(MIXTURE[config][item.bucket] * K_WEIGHTS[2])
     item_id, ((quote, quote_label, _), (donor, donor_label, _)) = next(iter(twins.items()))
     item = by_id[item_id]
-    plain = builder.build(item, "basm", 2)["text"]
+    plain = builder.build(item, "basm", 2).text
     tempting = dataset.skills[item.tempting_skill]
     quoted = tokenizer.decode(make_example(builder, item, "basm", 2, quote_label, 1.0, quote).input_ids)
     assert quoted.split("## Skill 1")[0] == plain.split("## Skill 1")[0]
@@ -378,14 +378,14 @@ def test_isolated_blocks_are_the_slots_that_name_tools(dataset):
     record = builder.build(item, "basm", 2, "native")
     blocks = isolated_blocks(record, NAME_SLOTS)
     hidden = {p for start, end in blocks for p in range(start, end)}
-    spans = record["spans"]
+    spans = record.spans
     for slot in NAME_SLOTS:
         assert spans[slot] and all(set(range(a, b)) <= hidden for a, b in spans[slot]), slot
     for slot in ("goal", "applicability", "risk_cues"):
         assert spans[slot] and not any(set(range(a, b)) & hidden for a, b in spans[slot]), slot
     assert list(blocks) == sorted(blocks)
     names = {tool.name for domain in dataset.domains.values() for tool in domain.catalog}
-    ids = record["input_ids"]
+    ids = record.input_ids
     readable = " ".join(tokenizer.decode(ids[a:b]) for slot in ("goal", "applicability", "risk_cues") for a, b in spans[slot])
     isolated = " ".join(tokenizer.decode(ids[a:b]) for a, b in blocks)
     assert not any(name in readable for name in names)
@@ -408,11 +408,11 @@ def test_committed_tokenizer_round_trips_with_the_builder(dataset):
         for config in ("proc", "basm", "pad-filler"):
             record = builder.build(item, config, 2)
             check_spans(record, tokenizer, report)
-            assert not record["collision"], record["record_id"]
-            assert tokenizer.decode(record["input_ids"]) == record["text"]
-        for candidate in record["candidates"]:
-            if candidate["action"] in names:  # every tool name is one token
-                assert tokenizer.decode([candidate["first_token_id"]]) == candidate["action"]
+            assert not record.collision, record.record_id
+            assert tokenizer.decode(record.input_ids) == record.text
+        for candidate in record.candidates:
+            if candidate.action in names:  # every tool name is one token
+                assert tokenizer.decode([candidate.first_token_id]) == candidate.action
     assert not report.mismatches, report.mismatches[:3]
     assert report.total > 0
 
@@ -443,10 +443,10 @@ def test_tool_list_is_hidden_only_where_a_shown_skill_names_the_label(dataset):
     item = next(i for i in wrong if i.correct_action != ABSTAIN and builder.retrieve(i)[0].skill.id == i.tempting_skill)
     record = builder.build(item, "basm", 2, "native")
     start, end = tool_list_block(record)
-    listed = tokenizer.decode(record["input_ids"][start:end])
+    listed = tokenizer.decode(record.input_ids[start:end])
     assert listed.startswith(TOOL_LIST_HEADER) and TOOL_LIST_END not in listed
     assert all(f"- {tool.name}: {tool.description}" in listed for tool in dataset.catalog_for(item).tools)
-    assert not tokenizer.decode(record["input_ids"][end:]).split(TOOL_LIST_END)[0].strip()  # nothing listed is left out
+    assert not tokenizer.decode(record.input_ids[end:]).split(TOOL_LIST_END)[0].strip()  # nothing listed is left out
 
     def hidden(config: str, k: int, label: str, hide: bool = True) -> tuple[int, int] | None:
         return make_example(builder, item, config, k, label, 1.0, hide_tool_list=hide).tool_list

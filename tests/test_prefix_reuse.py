@@ -21,6 +21,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from probes.engine.session import Knockout, ProbeSession, span_positions
 from probes.engine.prefix_cache import PREFIX_BLOCK, PrefixKVCache, Segment, join
 from probes.prompts.builder import BuildSettings, PromptBuilder
+from probes.prompts.record import PromptRecord
 from probes.data.retrieval import Retriever, make_embedder
 
 TOL = 1e-5
@@ -54,15 +55,15 @@ def records(tiny_dir: Path, v1_dataset):
     return out
 
 
-def score(session: ProbeSession, record: dict):
-    spans = {name: span_positions(record["spans"].get(name, [])) for name in ("boundary", "procedure", "memory")}
+def score(session: ProbeSession, record: PromptRecord):
+    spans = {name: span_positions(record.spans.get(name, [])) for name in ("boundary", "procedure", "memory")}
     conditions = [
-        Knockout.from_spans("boundary", record["spans"].get("boundary", [])),
-        Knockout.from_spans("memory_l1", record["spans"].get("memory", []), layers=(1,), continuation=False),
+        Knockout.from_spans("boundary", record.spans.get("boundary", [])),
+        Knockout.from_spans("memory_l1", record.spans.get("memory", []), layers=(1,), continuation=False),
     ]
     conditions = [c for c in conditions if c.key_positions]
-    candidates = {f"{c['role']}:{c['action']}": (c["anchor_index"], c["token_ids"]) for c in record["candidates"] if c["role"] != "other"}
-    return session.run(record["input_ids"], record["query_rows"], spans, conditions, candidates, record_rows=True, record_residual=True)
+    candidates = {f"{c.role}:{c.action}": (c.anchor_index, c.token_ids) for c in record.candidates if c.role != "other"}
+    return session.run(record.input_ids, record.query_rows, spans, conditions, candidates, record_rows=True, record_residual=True)
 
 
 def assert_same(a, b, where: str) -> float:
@@ -91,11 +92,11 @@ def assert_same(a, b, where: str) -> float:
 def test_sweep_sequence_with_reuse_equals_without(tiny_dir, records):
     plain = ProbeSession(tiny_dir, prefix_cache=0)
     reuse = ProbeSession(tiny_dir, prefix_cache=len(records))  # every earlier prompt stays cached
-    largest = max(assert_same(score(reuse, record), score(plain, record), record["record_id"]) for record in records)
+    largest = max(assert_same(score(reuse, record), score(plain, record), record.record_id) for record in records)
     assert plain.prefix_reuse.tokens_reused == 0
     # independent count: each prompt's prefix (up to its first query row) against every earlier one's,
     # in whole blocks (probes.engine.prefix_cache), the whole prefix when an earlier one is the same
-    prefixes = [record["input_ids"][: min(record["query_rows"])] for record in records]
+    prefixes = [record.input_ids[: min(record.query_rows)] for record in records]
 
     def reused(earlier: list[int], prefix: list[int]) -> int:
         common = next((i for i, (x, y) in enumerate(zip(earlier, prefix)) if x != y), min(len(earlier), len(prefix)))
@@ -105,7 +106,7 @@ def test_sweep_sequence_with_reuse_equals_without(tiny_dir, records):
     counter = reuse.prefix_reuse
     assert counter.prompts == len(records)
     assert counter.tokens_reused == sum(shared)
-    assert counter.tokens_reused + counter.tokens_computed == sum(r["n_tokens"] for r in records)
+    assert counter.tokens_reused + counter.tokens_computed == sum(r.n_tokens for r in records)
     assert counter.fraction_reused > 0.5  # the system turn and tool catalog are shared
     # shared prefixes are held once: about the distinct tokens, far fewer than all prefixes together
     distinct = sum(len(prefix) for prefix in prefixes) - sum(shared)
@@ -119,10 +120,10 @@ def test_reuse_from_a_longer_cached_prefix_and_a_repeat(tiny_dir, records):
     plain = ProbeSession(tiny_dir, prefix_cache=0)
     reuse = ProbeSession(tiny_dir, prefix_cache=2)
     long = records[-1]
-    p = min(long["query_rows"])
-    short_ids = long["input_ids"][: p - 40]
+    p = min(long.query_rows)
+    short_ids = long.input_ids[: p - 40]
     rows = [len(short_ids) - 3, len(short_ids) - 1]
-    spans = {"boundary": span_positions(long["spans"]["boundary"])[:5]}
+    spans = {"boundary": span_positions(long.spans["boundary"])[:5]}
     knockout = [Knockout("early", range(10, 30))]
     score(reuse, long)
     for expected in (rows[0] // PREFIX_BLOCK * PREFIX_BLOCK, rows[0]):

@@ -56,7 +56,7 @@ def triples(qwen3, dataset):
 
 
 def slot_texts(record, slots):
-    return {(skill["rank"], slot): span for skill in record["skills"] for slot, span in skill["slots"].items() if slot in slots}
+    return {(skill.rank, slot): span for skill in record.skills for slot, span in skill.slots.items() if slot in slots}
 
 
 def mentions(text, names):
@@ -76,25 +76,25 @@ def test_spans_round_trip_under_qwen3(triples, qwen3):
 def test_anon_names_no_tool_in_its_boundary(triples, qwen3, all_names):
     n_replaced = 0
     for basm, anon, _ in triples:
-        assert anon["config"] == "basm-anon" and anon["spans_kind"]["boundary"] == "rewrite:anonymise"
-        ids = anon["input_ids"]
-        for lo, hi in anon["spans"].get("boundary", []):
-            assert not tools_in_text(qwen3.decode(ids[lo:hi]), all_names), anon["record_id"]
-        placeholders = anon["spans_kind"]["placeholders"]
+        assert anon.config == "basm-anon" and anon.spans_kind["boundary"] == "rewrite:anonymise"
+        ids = anon.input_ids
+        for lo, hi in anon.spans.get("boundary", []):
+            assert not tools_in_text(qwen3.decode(ids[lo:hi]), all_names), anon.record_id
+        placeholders = anon.spans_kind["placeholders"]
         assert len(set(placeholders.values())) == len(placeholders)  # one placeholder per tool
         assert not tools_in_text(" ".join(placeholders.values()), all_names)
         # independently: BASM's boundary text with each name replaced by its recorded placeholder
         original, rewritten = slot_texts(basm, BOUNDARY_SLOTS), slot_texts(anon, BOUNDARY_SLOTS)
         assert original.keys() == rewritten.keys()
         for key, span in original.items():
-            expected = span["text"]
+            expected = span.text
             for name, placeholder in placeholders.items():
                 expected = re.sub(rf"(?<![\w]){re.escape(name)}(?![\w])", placeholder, expected)
-            assert rewritten[key]["text"] == expected, (anon["record_id"], key)
-            assert not tools_in_text(rewritten[key]["text"], all_names)
-            n_replaced += len(mentions(span["text"], all_names))
+            assert rewritten[key].text == expected, (anon.record_id, key)
+            assert not tools_in_text(rewritten[key].text, all_names)
+            n_replaced += len(mentions(span.text, all_names))
         # placeholders are lettered in order of first mention in the boundary text
-        first = list(dict.fromkeys(mentions(" ".join(span["text"] for span in original.values()), all_names)))
+        first = list(dict.fromkeys(mentions(" ".join(span.text for span in original.values()), all_names)))
         assert list(placeholders) == first
         assert list(placeholders.values()) == [f"tool {chr(ord('A') + i)}" for i in range(len(first))]
     assert n_replaced > 0
@@ -107,35 +107,35 @@ def test_procedure_goal_and_tool_spans_identical_to_basm(triples):
             spans = slot_texts(record, ("goal", "procedure", "tools"))
             assert spans.keys() == reference.keys()
             for key, span in reference.items():
-                lo, hi = span["token_span"]
-                lo2, hi2 = spans[key]["token_span"]
-                assert spans[key]["text"].encode() == span["text"].encode()
-                assert record["input_ids"][lo2:hi2] == basm["input_ids"][lo:hi]
+                lo, hi = span.token_span
+                lo2, hi2 = spans[key].token_span
+                assert spans[key].text.encode() == span.text.encode()
+                assert record.input_ids[lo2:hi2] == basm.input_ids[lo:hi]
         # the whole prompt up to the end of skill 1's tool list (before any boundary field) is the same
-        end = reference[1, "tools"]["char_span"][1]
-        assert all(record["text"][:end] == basm["text"][:end] for record in controls)
+        end = reference[1, "tools"].char_span[1]
+        assert all(record.text[:end] == basm.text[:end] for record in controls)
 
 
 def test_names_keeps_every_mention_and_drops_the_wording(triples, all_names):
     n_mentions = 0
     for basm, _, names in triples:
-        assert names["spans_kind"]["boundary"] == "rewrite:names_only"
+        assert names.spans_kind["boundary"] == "rewrite:names_only"
         original, rewritten = slot_texts(basm, BOUNDARY_SLOTS), slot_texts(names, BOUNDARY_SLOTS)
-        expected_slots = {key for key, span in original.items() if mentions(span["text"], all_names)}
-        assert set(rewritten) == expected_slots, names["record_id"]
+        expected_slots = {key for key, span in original.items() if mentions(span.text, all_names)}
+        assert set(rewritten) == expected_slots, names.record_id
         for key in expected_slots:
-            kept = mentions(rewritten[key]["text"], all_names)
-            assert Counter(kept) == Counter(mentions(original[key]["text"], all_names))
-            assert kept == mentions(original[key]["text"], all_names)  # order too
-            for entry in rewritten[key]["text"].split("\n- "):  # each item is the frame around its names
+            kept = mentions(rewritten[key].text, all_names)
+            assert Counter(kept) == Counter(mentions(original[key].text, all_names))
+            assert kept == mentions(original[key].text, all_names)  # order too
+            for entry in rewritten[key].text.split("\n- "):  # each item is the frame around its names
                 n = len(mentions(entry, all_names))
                 skeleton = ", ".join(["X"] * (n - 1)) + " and X" if n > 1 else "X"
                 assert re.sub(r"(?<![\w])(?:%s)(?![\w])" % "|".join(map(re.escape, all_names)), "X", entry) == f"This note names {skeleton}."
             n_mentions += len(kept)
-        memory = names["text"][names["text"].find("# Retrieved skills"):]
+        memory = names.text[names.text.find("# Retrieved skills"):]
         assert not any(label in memory for label in ("Applicability:", "Risk cues:", "Avoidance rules:", "Recovery notes:"))
         assert "Do not" not in memory
-        assert names["spans_kind"]["named"] == list(dict.fromkeys(mentions(" ".join(s["text"] for s in original.values()), all_names)))
+        assert names.spans_kind["named"] == list(dict.fromkeys(mentions(" ".join(s.text for s in original.values()), all_names)))
     assert n_mentions > 0
 
 
@@ -144,7 +144,7 @@ def test_k0_and_config_registry(qwen3, dataset):
     item = dataset.items[0]
     base = builder.build(item, "base", 0)
     for config in PRIMING_CONFIGS:
-        assert builder.build(item, config, 0)["text"] == base["text"]
+        assert builder.build(item, config, 0).text == base.text
         assert get_config(config).gated and get_config(config).slots == get_config("basm").slots
 
 

@@ -91,8 +91,12 @@ def test_edited_items_stop_a_resume(model: Path, dataset: Path, tmp_path: Path, 
 
 def test_linear_residuals_are_keyed_by_the_weights() -> None:
     from probes.analyses.linear import feature_key
+    from probes.prompts.record import PromptRecord
 
-    record = {"input_ids": [1, 2, 3], "query_rows": [2]}
+    record = PromptRecord(record_id="i|base|k0|native", item_id="i", bucket="T_ok", split="eval", domain="d", task_group="g", config="base",
+                          k=0, format="native", tokenizer="t", text="abc", input_ids=[1, 2, 3], n_tokens=3, decision_index=2, open_index=None,
+                          query_rows=[2], spans={}, spans_kind={"boundary": "boundary"}, skills=[], candidates=[], collision=False,
+                          correct_action="x", wrong_tools=[], tempting_skill="s", tempting_rank=None, retrieval={})
     assert feature_key(record, "weightsA|float32") != feature_key(record, "weightsB|float32")
 
 

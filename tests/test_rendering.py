@@ -124,19 +124,19 @@ def check_round_trip(tokenizer_name, tokenizer, dataset, items, full_every):
     rendered: set[str] = set()
     for record in all_records(builder, items, "native"):
         n_records += 1
-        rendered.update(skill["skill_id"] for skill in record["skills"])
+        rendered.update(skill.skill_id for skill in record.skills)
         check_spans(record, tokenizer, report)
-        if record["k"] == 0:
-            k0_prompts.setdefault(record["item_id"], set()).add(record["text"])
-        if record["config"] == "basm":
-            basm_lengths[record["item_id"], record["k"]] = record["n_tokens"]
-        if get_config(record["config"]).control:
-            control_lengths[record["item_id"], record["k"], record["config"]] = record["n_tokens"]
+        if record.k == 0:
+            k0_prompts.setdefault(record.item_id, set()).add(record.text)
+        if record.config == "basm":
+            basm_lengths[record.item_id, record.k] = record.n_tokens
+        if get_config(record.config).control:
+            control_lengths[record.item_id, record.k, record.config] = record.n_tokens
         if n_records % full_every == 0:  # the piecewise tokenization equals one full tokenizer call
             n_full += 1
-            full = tokenizer(record["text"], add_special_tokens=False, return_offsets_mapping=True)
-            assert full["input_ids"] == record["input_ids"]
-            assert np.array_equal(np.asarray(full["offset_mapping"]).reshape(-1, 2), record["offsets"])
+            full = tokenizer(record.text, add_special_tokens=False, return_offsets_mapping=True)
+            assert full["input_ids"] == record.input_ids
+            assert np.array_equal(np.asarray(full["offset_mapping"]).reshape(-1, 2), record.offsets)
     print(f"\n[{tokenizer_name}] {n_records} records ({len(items)} items, {n_full} full tokenizations): {report.summary()}")
     assert n_records == len(items) * len(CONFIGS) * (K_MAX + 1)
     assert n_full > 0
@@ -180,51 +180,51 @@ def test_prompted_format_spans_and_candidates(qwen3_builder, qwen3, dataset):
         for config in ("proc", "basm", "pad-procedure"):
             record = qwen3_builder.build(item, config, 2, "prompted")
             check_spans(record, qwen3, report)
-            assert record["open_index"] is None and record["query_rows"] == [record["decision_index"]]
-            assert all(c["anchor_index"] == record["decision_index"] for c in record["candidates"])
-            assert not record["text"].endswith(NATIVE_FORCED_PREFIX)
+            assert record.open_index is None and record.query_rows == [record.decision_index]
+            assert all(c.anchor_index == record.decision_index for c in record.candidates)
+            assert not record.text.endswith(NATIVE_FORCED_PREFIX)
     assert report.mismatches == []
 
 
 def test_native_format_layout(qwen3_builder, qwen3, dataset):
     item = dataset.select(buckets=["T_wrong"], split="eval")[0]
     record = qwen3_builder.build(item, "basm", 2, "native")
-    ids, text = record["input_ids"], record["text"]
+    ids, text = record.input_ids, record.text
     assert text.endswith(NATIVE_FORCED_PREFIX)
     assert "<think>\n\n</think>" in text  # thinking disabled through the real template switch
-    assert record["decision_index"] == len(ids) - 1
+    assert record.decision_index == len(ids) - 1
     # the open row is the last token of the generation prompt; the forced prefix starts with <tool_call>
-    assert qwen3.decode(ids[record["open_index"] + 1 :]) == NATIVE_FORCED_PREFIX
-    assert ids[record["open_index"] + 1] == qwen3.convert_tokens_to_ids("<tool_call>")
+    assert qwen3.decode(ids[record.open_index + 1 :]) == NATIVE_FORCED_PREFIX
+    assert ids[record.open_index + 1] == qwen3.convert_tokens_to_ids("<tool_call>")
     # every row from the open row to the decision row: the forced-prefix rows feed the decision
-    assert record["query_rows"] == list(range(record["open_index"], record["decision_index"] + 1))
-    assert len(record["query_rows"]) == len(qwen3.encode(NATIVE_FORCED_PREFIX, add_special_tokens=False)) + 1
-    (memory,) = record["spans"]["memory"]  # the memory block holds every slot span
-    assert all(memory[0] <= s and e <= memory[1] for name, spans in record["spans"].items() for s, e in spans if name != "memory")
-    for candidate in record["candidates"]:
+    assert record.query_rows == list(range(record.open_index, record.decision_index + 1))
+    assert len(record.query_rows) == len(qwen3.encode(NATIVE_FORCED_PREFIX, add_special_tokens=False)) + 1
+    (memory,) = record.spans["memory"]  # the memory block holds every slot span
+    assert all(memory[0] <= s and e <= memory[1] for name, spans in record.spans.items() for s, e in spans if name != "memory")
+    for candidate in record.candidates:
         # independent in-context tokenization: the whole prompt plus the call as the model writes it
-        if candidate["action"] == ABSTAIN:
-            full_text = qwen3.decode(ids[: record["open_index"] + 1]) + ABSTAIN_TEXT
+        if candidate.action == ABSTAIN:
+            full_text = qwen3.decode(ids[: record.open_index + 1]) + ABSTAIN_TEXT
         else:
-            full_text = text + candidate["action"] + '", "arguments": {'
+            full_text = text + candidate.action + '", "arguments": {'
         full = qwen3(full_text, add_special_tokens=False)["input_ids"]
-        start = candidate["anchor_index"] + 1
-        assert full[start : start + len(candidate["token_ids"])] == candidate["token_ids"]
-        assert qwen3.decode(candidate["token_ids"]).startswith(candidate["action"] if candidate["action"] != ABSTAIN else ABSTAIN_TEXT)
-        assert not candidate["boundary_merge"]
+        start = candidate.anchor_index + 1
+        assert full[start : start + len(candidate.token_ids)] == candidate.token_ids
+        assert qwen3.decode(candidate.token_ids).startswith(candidate.action if candidate.action != ABSTAIN else ABSTAIN_TEXT)
+        assert not candidate.boundary_merge
 
 
 def test_qwen3_get_tools_collide_on_first_token(qwen3_builder, qwen3, dataset):
     """get_stock_info vs get_order_details share the first token 'get': flagged, never silent."""
     item = next(i for i in dataset.items if i.correct_action == "get_stock_info" and "get_order_details" in i.wrong_tools)
     record = qwen3_builder.build(item, "proc", 1, "native")
-    by_action = {c["action"]: c for c in record["candidates"]}
-    assert qwen3.decode([by_action["get_stock_info"]["first_token_id"]]) == "get"
-    assert by_action["get_stock_info"]["first_token_id"] == by_action["get_order_details"]["first_token_id"]
-    assert "get_order_details" in by_action["get_stock_info"]["collides_with"]
-    assert record["collision"] is True
+    by_action = {c.action: c for c in record.candidates}
+    assert qwen3.decode([by_action["get_stock_info"].first_token_id]) == "get"
+    assert by_action["get_stock_info"].first_token_id == by_action["get_order_details"].first_token_id
+    assert "get_order_details" in by_action["get_stock_info"].collides_with
+    assert record.collision is True
     # the abstain candidate is anchored at the open row and collides with nothing
-    assert by_action[ABSTAIN]["anchor_index"] == record["open_index"] and by_action[ABSTAIN]["collides_with"] == []
+    assert by_action[ABSTAIN].anchor_index == record.open_index and by_action[ABSTAIN].collides_with == []
 
 
 def test_template_without_tool_support_gets_schemas_in_system_message(bpe, dataset):
@@ -232,11 +232,11 @@ def test_template_without_tool_support_gets_schemas_in_system_message(bpe, datas
     builder = make_builder(bpe, dataset)
     item = dataset.select(buckets=["T_repair"], split="eval")[0]
     record = builder.build(item, "basm", 1, "native")
-    system = record["text"].split("<|im_end|>")[0]
+    system = record.text.split("<|im_end|>")[0]
     assert TOOLS_BLOCK_HEADER in system
     assert all(f'"name": "{name}"' in system for name in dataset.catalog_for(item).names)
     # the failed call of the history is written as text, the error as a tool response
-    assert "<tool_response>" in record["text"] and item.history[0]["tool_call"]["name"] in record["text"]
+    assert "<tool_response>" in record.text and item.history[0]["tool_call"]["name"] in record.text
 
 
 def test_configurations_show_their_slots(qwen3_builder, dataset):
@@ -252,23 +252,23 @@ def test_configurations_show_their_slots(qwen3_builder, dataset):
     }
     for config, slots in expected.items():
         record = qwen3_builder.build(item, config, 1, "native")
-        shown = {slot for skill in record["skills"] for slot in skill["slots"]}
+        shown = {slot for skill in record.skills for slot in skill.slots}
         assert shown == slots, config
         if get_config(config).control:
-            assert record["spans_kind"]["boundary"] == f"control:{get_config(config).control}"
-            assert "Risk cues" not in record["text"]
+            assert record.spans_kind["boundary"] == f"control:{get_config(config).control}"
+            assert "Risk cues" not in record.text
 
 
 def test_gate_and_budget(qwen3, dataset):
     item = dataset.select(buckets=["T_wrong"], split="eval")[0]
     closed = make_builder(qwen3, dataset, gamma=1.0).build(item, "basm", 3, "native")
-    assert not any(skill["boundary_exposed"] for skill in closed["skills"]) and "boundary" not in closed["spans"]
+    assert not any(skill.boundary_exposed for skill in closed.skills) and "boundary" not in closed.spans
     budget = 40
     tight = make_builder(qwen3, dataset, beta=budget).build(item, "basm", 3, "native")
-    boundary_text = [span["text"] for skill in tight["skills"] for slot, span in skill["slots"].items() if slot in BOUNDARY_SLOTS]
+    boundary_text = [span.text for skill in tight.skills for slot, span in skill.slots.items() if slot in BOUNDARY_SLOTS]
     items = [part for text in boundary_text for part in text.split("\n- ")]
     assert sum(len(qwen3(part, add_special_tokens=False)["input_ids"]) for part in items) <= budget
-    assert tight["n_tokens"] < make_builder(qwen3, dataset).build(item, "basm", 3, "native")["n_tokens"]
+    assert tight.n_tokens < make_builder(qwen3, dataset).build(item, "basm", 3, "native").n_tokens
 
 
 def test_invalid_requests_are_rejected(qwen3_builder, dataset):
@@ -287,5 +287,5 @@ def test_records_are_deterministic(qwen3, dataset):
     item = dataset.select(buckets=["T_repair"], split="eval")[0]
     first = make_builder(qwen3, dataset).build(item, "pad-procedure", 4, "native")
     second = make_builder(qwen3, dataset).build(item, "pad-procedure", 4, "native")
-    assert first["text"] == second["text"] and first["input_ids"] == second["input_ids"]
-    assert re.search(r"## Skill 4", first["text"])
+    assert first.text == second.text and first.input_ids == second.input_ids
+    assert re.search(r"## Skill 4", first.text)

@@ -41,11 +41,11 @@ from probes.engine.loading import model_fingerprint
 from probes.organism import ORGANISM_DIR, ORGANISM_NAME, is_organism
 from probes.engine.session import Knockout, ProbeSession
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, BuildSettings, PromptBuilder, make_builder, resolve_study
-from probes.prompts.record import record_id
+from probes.prompts.record import PromptRecord, record_id
 from probes.prompts.context import SkippedItem, partition_by_context
 from probes.reporting.results import ResultsStore, check_inside, write_csv
 from probes.scoring.claims import Claim, claims_table
-from probes.scoring.score import DEFAULT_VARIANT, EPSILON, MARGIN_VARIANTS, MARGINS, ROW_FIELDS, score_record
+from probes.scoring.score import DEFAULT_VARIANT, EPSILON, MARGIN_VARIANTS, MARGINS, row_fields, score_record
 
 # --quick: a small item subset so that `report --quick` finishes in minutes on 2 CPU cores. The
 # limit is spread over task groups (ProbeDataset.select): 4 items per bucket = 4 task groups, the
@@ -752,7 +752,7 @@ class Job:
         return [f"{self.record_id}|{c}" for c in self.conditions]
 
 
-Scorer = Callable[[dict[str, Any], Job], list[dict[str, Any]]]
+Scorer = Callable[[PromptRecord, Job], list[dict[str, Any]]]
 
 
 def run_jobs(ctx: RunContext, store: ResultsStore | ShardedStore, jobs: Sequence[Job], scorer: Scorer) -> int:
@@ -786,7 +786,7 @@ def _score_jobs(ctx: RunContext, store: ResultsStore | ShardedStore, jobs: Seque
             record = ctx.builder.build(job.item, job.config, job.k, job.fmt)
             rows = scorer(record, job)
             for row in rows:
-                row["key"] = f"{record['record_id']}|{row['condition']}"
+                row["key"] = f"{record.record_id}|{row['condition']}"
             missing = [row for row in rows if row["key"] not in store]
             unexpected = {row["key"] for row in rows} ^ set(job.keys())
             if unexpected:
@@ -798,7 +798,7 @@ def _score_jobs(ctx: RunContext, store: ResultsStore | ShardedStore, jobs: Seque
 
 def cached_scorer(
     ctx: RunContext,
-    conditions_for: Callable[[dict[str, Any], Job], Sequence[Knockout]],
+    conditions_for: Callable[[PromptRecord, Job], Sequence[Knockout]],
     *,
     per_head: bool = False,
     margins: Sequence[str] = MARGINS,
@@ -806,9 +806,9 @@ def cached_scorer(
     """A scorer over :func:`score_record` that reuses results for byte-identical prompts within
     a run (e.g. k = 0, where every configuration renders the same prompt)."""
 
-    def scorer(record: dict[str, Any], job: Job) -> list[dict[str, Any]]:
+    def scorer(record: PromptRecord, job: Job) -> list[dict[str, Any]]:
         conditions = list(conditions_for(record, job))
-        digest = hashlib.sha256(json.dumps([record["input_ids"], record["candidates"], record["spans"],
+        digest = hashlib.sha256(json.dumps([record.input_ids, [c.to_json() for c in record.candidates], record.spans_json(),
                                             [repr(c) for c in conditions], per_head, list(margins)]).encode()).hexdigest()
         if digest not in ctx._score_cache:
             ctx._score_cache.clear()  # identical prompts are consecutive (same item): keep memory flat
@@ -817,7 +817,7 @@ def cached_scorer(
         rows = []
         for cached in ctx._score_cache[digest]:
             row = dict(cached)
-            row.update({f: record.get(f) for f in ROW_FIELDS})
+            row.update(row_fields(record))
             row["prompt_digest"] = digest[:16]
             rows.append(row)
         return rows

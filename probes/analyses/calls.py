@@ -25,7 +25,7 @@ the correct-call rate of Fig. 11 and the "solved" of Fig. 12. The raw generation
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +39,12 @@ from probes.analyses.parallel import open_store
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, config_label
 from probes.data.dataset import ABSTAIN
 from probes.engine.generate import greedy_generate, stop_token_ids
+from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
 from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.score import row_fields
 from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean
 from probes.scoring.toolcalls import MODES, OUTCOMES, is_solved, mode_description, outcome, parse_reply
 
@@ -52,31 +54,31 @@ CLAIM_FAMILY = "calls"
 
 
 # ------------------------------------------------------------------------------------- generation
-def generation_prompt(record: Mapping[str, Any]) -> list[int]:
+def generation_prompt(record: PromptRecord) -> list[int]:
     """The prompt the model continues freely: without the native forced ``<tool_call>`` prefix."""
-    ids = list(record["input_ids"])
-    if record["format"] == "native":
-        if record.get("open_index") is None:
-            raise ValueError(f"{record.get('record_id')}: native record without open_index")
-        return ids[: int(record["open_index"]) + 1]
+    ids = list(record.input_ids)
+    if record.format == "native":
+        if record.open_index is None:
+            raise ValueError(f"{record.record_id}: native record without open_index")
+        return ids[: int(record.open_index) + 1]
     return ids
 
 
-def shown_tools(record: Mapping[str, Any]) -> list[str]:
+def shown_tools(record: PromptRecord) -> list[str]:
     """The tool names the prompt's catalog showed (every candidate action but abstention)."""
-    return [c["action"] for c in record["candidates"] if c["action"] != ABSTAIN]
+    return [c.action for c in record.candidates if c.action != ABSTAIN]
 
 
-def call_row(record: Mapping[str, Any], new_ids: Sequence[int], stopped: bool, text: str) -> dict[str, Any]:
+def call_row(record: PromptRecord, new_ids: Sequence[int], stopped: bool, text: str) -> dict[str, Any]:
     """The tidy row of one generation (without ``key``): the raw reply, every call attempt found in
     it, the reply's call (the lenient action, else the first attempt: its ``syntax``, ``shape``,
     ``template_format``, ``known_tool``) and, per mode, the action, outcome and whether it solves
     the item."""
-    reply = parse_reply(text, template=record["format"], catalog=shown_tools(record))
+    reply = parse_reply(text, template=record.format, catalog=shown_tools(record))
     first = reply.action("lenient") or (reply.calls[0] if reply.calls else None)
-    row = {k: record.get(k) for k in ("record_id", "item_id", "bucket", "domain", "task_group", "config", "k", "format")}
+    row = row_fields(record)  # the record_id, item_id, bucket, domain, task_group, config, k, format columns
     row.update(
-        correct_action=record["correct_action"], wrong_tools=list(record.get("wrong_tools", ())),
+        correct_action=record.correct_action, wrong_tools=list(record.wrong_tools),
         n_prompt_tokens=len(generation_prompt(record)), n_new_tokens=len(new_ids), stopped=stopped,
         generation=text, parsed=reply.as_dict(), n_calls=len(reply.calls),
         syntax=first.syntax if first else None, shape=first.shape if first else None,
@@ -85,13 +87,13 @@ def call_row(record: Mapping[str, Any], new_ids: Sequence[int], stopped: bool, t
     )
     for mode in MODES:
         action = reply.action(mode)
-        result = outcome(reply, mode, record["correct_action"], row["wrong_tools"])
+        result = outcome(reply, mode, record.correct_action, row["wrong_tools"])
         row.update({f"{mode}_action": action.name if action else result, f"{mode}_outcome": result,
-                    f"{mode}_solved": is_solved(result, record["correct_action"])})
+                    f"{mode}_solved": is_solved(result, record.correct_action)})
     return row
 
 
-def generate_call(session: Any, record: Mapping[str, Any], *, max_new_tokens: int = MAX_NEW_TOKENS, stop_ids: Sequence[int] | None = None) -> dict[str, Any]:
+def generate_call(session: Any, record: PromptRecord, *, max_new_tokens: int = MAX_NEW_TOKENS, stop_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """Generate and parse the next action of one prompt record with a ``ProbeSession``."""
     stop_ids = stop_token_ids(session.model, session.tokenizer) if stop_ids is None else stop_ids
     new_ids, stopped = greedy_generate(session.model, generation_prompt(record), stop_ids, max_new_tokens)
@@ -186,7 +188,7 @@ def generate_rows(ctx: RunContext, store: Any, configs: Sequence[str], items: Se
     if only_keys is not None:
         jobs = [job for job in jobs if set(job.keys()) <= only_keys]
 
-    def scorer(record: dict[str, Any], job: Any) -> list[dict[str, Any]]:
+    def scorer(record: PromptRecord, job: Any) -> list[dict[str, Any]]:
         new_ids, stopped, text = memo.generate(session, generation_prompt(record), stop_ids, ctx.options.max_new_tokens)
         row = call_row(record, new_ids, stopped, text)
         row["condition"] = "greedy"

@@ -52,6 +52,7 @@ from probes.data.dataset import ABSTAIN, Item, spread_limit
 from probes.engine.session import Knockout
 from probes.organism import ORGANISM_DIR, is_organism
 from probes.prompts.context import partition_by_context
+from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
@@ -294,8 +295,8 @@ def collect_causal(ctx: RunContext, sets: Mapping[str, Sequence[Head]], *, items
     distinct = list(dict.fromkeys(tuple(sorted(heads)) for heads in sets.values()))
     conditions = {heads: f"heads_{i}" for i, heads in enumerate(distinct)}
 
-    def knockouts(record, job):
-        blocks = record["spans"].get("boundary", [])
+    def knockouts(record: PromptRecord, job: Job) -> list[Knockout]:
+        blocks = record.spans.get("boundary", [])
         return [Knockout.from_spans(condition, blocks, heads=heads) for heads, condition in conditions.items()]
 
     selections = {set_name: conditions[tuple(sorted(heads))] for set_name, heads in sets.items()}

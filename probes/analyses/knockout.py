@@ -83,6 +83,7 @@ from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.data.configs import PRIMING_CONFIGS
 from probes.engine.session import Knockout, ProbeSession, span_positions
+from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
 from probes.reporting.results import load_results
@@ -112,18 +113,18 @@ CLAIM_BUCKET, CLAIM_MEASURE = "T_wrong", "margin"
 
 
 # ----------------------------------------------------------------------------- dose
-def deciding_attention(session: ProbeSession, record: dict[str, Any]) -> np.ndarray:
+def deciding_attention(session: ProbeSession, record: PromptRecord) -> np.ndarray:
     """[layer, head, n_tokens] the unmodified softmax row of the deciding row (the row predicting the
     first token where the correct name parts from a wrong one; the decision row for abstention items),
     from one engine call with that row as the only query row (the correct name's shared prefix appended
     where the deciding row lies inside it)."""
     candidates = [c for c in candidates_from_record(record) if c.role != "other"]
     key, depth = deciding_depth(candidates)
-    ids = list(record["input_ids"])
+    ids = list(record.input_ids)
     if depth:
         ids += list(next(c for c in candidates if c.key == key).token_ids[:depth])
-    result = session.run(ids, [int(record["decision_index"]) + depth], record_rows=True)
-    return result.conditions[0].rows[:, :, 0, : record["n_tokens"]].float().numpy()
+    result = session.run(ids, [int(record.decision_index) + depth], record_rows=True)
+    return result.conditions[0].rows[:, :, 0, : record.n_tokens].float().numpy()
 
 
 def removed_mass(attention: np.ndarray, knockout: Knockout) -> float:
@@ -151,12 +152,12 @@ def condition_names(draws: int, windows: Sequence[Sequence[int]], controls: Sequ
             *(f"boundary@L{w[0]}-{w[-1]}" for w in windows))
 
 
-def blocked_rows(record: dict[str, Any], policy: str) -> dict[str, Any]:
+def blocked_rows(record: PromptRecord, policy: str) -> dict[str, Any]:
     """Knockout keyword arguments of a ``--knockout-rows`` policy."""
     if policy == "path":
         return {"rows": None, "continuation": True}
     if policy == "endpoints":
-        rows = [r for r in (record.get("open_index"), record["decision_index"]) if r is not None]
+        rows = [r for r in (record.open_index, record.decision_index) if r is not None]
         return {"rows": rows, "continuation": False}
     raise ValueError(f"--knockout-rows must be one of {KNOCKOUT_ROWS}, got {policy!r}")
 
@@ -176,13 +177,13 @@ class RecordDraws:
     info: dict[str, dict[str, Any]] = field(default_factory=dict)  # condition -> control_* row fields
 
 
-def draw_controls(record: dict[str, Any], attention: np.ndarray, options: Any, tool_names: Iterable[str]) -> tuple[list[tuple[str, list[int]]], RecordDraws]:
+def draw_controls(record: PromptRecord, attention: np.ndarray, options: Any, tool_names: Iterable[str]) -> tuple[list[tuple[str, list[int]]], RecordDraws]:
     """Every control draw of one record as (condition name, positions), and how each was drawn."""
-    blocks = record["spans"].get("boundary", [])
+    blocks = record.spans.get("boundary", [])
     b_positions = span_positions(blocks)
     weights = attention.mean(axis=(0, 1))
     free = control_pool(record, options.random_pool, tool_names)
-    procedure = set(span_positions(record["spans"].get("procedure", [])))
+    procedure = set(span_positions(record.spans.get("procedure", [])))
     target = float(weights[b_positions].sum()) if b_positions else 0.0
     n_count = min(len(b_positions), int(free.sum()))
     state = RecordDraws(attention, target, int(free.sum()))
@@ -190,7 +191,7 @@ def draw_controls(record: dict[str, Any], attention: np.ndarray, options: Any, t
     for i in range(options.random_draws):
         for prefix in draw_prefixes(options.controls):
             name = f"{prefix}{i}"
-            rng = record_rng(options.seed, record["record_id"], name)  # the same salt as earlier versions: same draws
+            rng = record_rng(options.seed, record.record_id, name)  # the same salt as earlier versions: same draws
             info: dict[str, Any] = {}
             if prefix in ("random_", "anywhere_"):
                 positions, pieces = (draw_span(free, block_lengths(blocks), rng) if prefix == "random_"
@@ -198,7 +199,7 @@ def draw_controls(record: dict[str, Any], attention: np.ndarray, options: Any, t
                 info.update(control_pieces=pieces, control_split=len(pieces) > len(blocks),
                             control_coverage=len(positions) / len(b_positions) if b_positions else float("nan"))
             elif prefix == "bsub_":
-                positions = draw_positions(np.isin(np.arange(record["n_tokens"]), b_positions), n_count, rng)
+                positions = draw_positions(np.isin(np.arange(record.n_tokens), b_positions), n_count, rng)
             elif prefix == "psub_":
                 positions = draw_positions(free, n_count, rng)
             else:
@@ -220,23 +221,23 @@ def knockout_scorer(ctx: RunContext, windows: Sequence[Sequence[int]]):
     tool_names = tool_names_of(ctx.dataset)
     current: dict[str, Any] = {}  # the record being scored: its draws and its knockouts by name
 
-    def conditions(record: dict[str, Any], job: Job) -> list[Knockout]:
+    def conditions(record: PromptRecord, job: Job) -> list[Knockout]:
         current.clear()
         if job.config not in knocked_configs(a.priming):
             return []
-        blocks = record["spans"].get("boundary", [])
+        blocks = record.spans.get("boundary", [])
         rows = blocked_rows(record, a.knockout_rows)
         draws, state = draw_controls(record, deciding_attention(ctx.session, record), a, tool_names)
         out = [Knockout.from_spans("boundary", blocks, **rows)]
         out += [Knockout(name, tuple(positions), **rows) for name, positions in draws]
-        out.append(Knockout.from_spans("procedure", record["spans"].get("procedure", []), **rows))
+        out.append(Knockout.from_spans("procedure", record.spans.get("procedure", []), **rows))
         out += [Knockout.from_spans(f"boundary@L{w[0]}-{w[-1]}", blocks, layers=w, **rows) for w in windows]
         current.update(state=state, knockouts={k.name: k for k in out})
         return out
 
     score = cached_scorer(ctx, conditions, margins=MEASURES)
 
-    def scorer(record: dict[str, Any], job: Job) -> list[dict[str, Any]]:
+    def scorer(record: PromptRecord, job: Job) -> list[dict[str, Any]]:
         rows = score(record, job)
         if not current:
             return rows

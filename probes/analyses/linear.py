@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,11 +51,12 @@ from probes.analyses import register
 from probes.prompts.builder import SWEEP_K_MAX
 from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, k_max_option, option, provenance, run_jobs
 from probes.analyses.parallel import on_rank_zero
+from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
 from probes.scoring.claims import Claim
-from probes.scoring.score import ROW_FIELDS
+from probes.scoring.score import row_fields
 from probes.data.configs import CONFIGS, PAPER_CONFIGS
 from probes.scoring.stats import auc, group_bootstrap_auc, grouped_folds  # noqa: F401  (auc: part of this module's probe API)
 
@@ -238,18 +239,18 @@ def distinct_labelings(y: np.ndarray, groups: Sequence[str]) -> int:
 
 
 # ------------------------------------------------------------------------------------- features
-def feature_key(record: Mapping[str, Any], model: str = "") -> str:
+def feature_key(record: PromptRecord, model: str = "") -> str:
     """Content key of a prompt's decision-row residual: its token ids and decision row, and
     ``model`` (the weights fingerprint and dtype), so changed weights never reuse residuals."""
     digest = hashlib.sha256(model.encode())
-    digest.update(np.asarray(record["input_ids"], dtype=np.int64).tobytes())
-    digest.update(str(sorted(record["query_rows"])).encode())
+    digest.update(np.asarray(record.input_ids, dtype=np.int64).tobytes())
+    digest.update(str(sorted(record.query_rows)).encode())
     return digest.hexdigest()[:24]
 
 
-def residual_features(session: Any, record: Mapping[str, Any]) -> np.ndarray:
+def residual_features(session: Any, record: PromptRecord) -> np.ndarray:
     """``[n_layers + 1, d_model]`` float32 residual stream at the record's decision row."""
-    result = session.run(record["input_ids"], [record["decision_index"]], record_residual=True)
+    result = session.run(record.input_ids, [record.decision_index], record_residual=True)
     residual = result.conditions[0].residual
     if residual is None:
         raise RuntimeError("the engine returned no residual stream")
@@ -433,13 +434,13 @@ class Linear(Analysis):
         jobs = [Job(item, config, k, ctx.fmt, ("residual",))
                 for item in ctx.items for k in range(ctx.options.k_max + 1) for config in configs]
 
-        def scorer(record: dict[str, Any], job: Any) -> list[dict[str, Any]]:
+        def scorer(record: PromptRecord, job: Any) -> list[dict[str, Any]]:
             key = feature_key(record, model)
             if key not in cache:
                 cache.save(key, residual_features(ctx.session, record))
-            row = {f: record.get(f) for f in ROW_FIELDS}
-            row.update(condition="residual", feature_key=key, label=int(record["bucket"] == POSITIVE),
-                       decision_index=record["decision_index"], n_tokens=len(record["input_ids"]))
+            row = row_fields(record)
+            row.update(condition="residual", feature_key=key, label=int(record.bucket == POSITIVE),
+                       decision_index=record.decision_index, n_tokens=len(record.input_ids))
             return [row]
 
         run_jobs(ctx, store, jobs, scorer)

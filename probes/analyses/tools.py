@@ -45,7 +45,7 @@ from probes.analyses.base import (
 from probes.data.configs import CONFIGS
 from probes.data.dataset import BUCKETS, V2_DATASET_DIR, Item, load_dataset
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, SWEEP_K_MAX, PromptBuilder, resolve_study
-from probes.prompts.record import to_json
+from probes.prompts.record import PromptRecord
 from probes.prompts.spans import SpanReport, check_spans
 from probes.prompts.tokenizers import QWEN3_TOKENIZER, load_tokenizer
 from probes.scoring.shortcuts import DEFAULT_FOLDS, DEFAULT_RESAMPLES
@@ -143,7 +143,7 @@ def _build_item(item: Item) -> tuple[list[dict[str, Any]], SpanReport]:
     records = []
     for record in _WORKER_BUILDER.build_many([item], configs, ks, formats):
         check_spans(record, _WORKER_BUILDER.tokenizer, report)
-        records.append(to_json(record))
+        records.append(record.to_json())
     return records, report
 
 
@@ -203,7 +203,7 @@ class ShowOptions(DatasetOption, BuilderOptions, TokenizerOption):
     format: str = option("native", "decision format", choices=FORMATS, group="probe")
 
 
-def prompt_record(**options: Any) -> dict[str, Any]:
+def prompt_record(**options: Any) -> PromptRecord:
     """The prompt record of one item (options: :class:`ShowOptions`), built as ``build`` builds it."""
     o = _study(_make(ShowOptions, options))
     dataset = load_dataset(o.dataset)
@@ -216,33 +216,33 @@ def prompt_record(**options: Any) -> dict[str, Any]:
     return builder.build(item, o.config, o.depth, o.format)
 
 
-def print_record(record: dict[str, Any]) -> None:
+def print_record(record: PromptRecord) -> None:
     """One prompt record on the console: the text with P and B highlighted, the candidates, the retrieved skills."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     styles = {"procedure": "bold green", "boundary": "bold magenta"}
-    text = Text(record["text"])
-    offsets = record["offsets"]
+    text = Text(record.text)
+    offsets = record.offsets
     for name, style in styles.items():
-        for lo, hi in record["spans"].get(name, []):
+        for lo, hi in record.spans.get(name, []):
             text.stylize(style, offsets[lo][0], offsets[hi - 1][1])
     console = Console()
-    console.rule(f"{record['record_id']}  ({record['n_tokens']} tokens, {record['bucket']}, correct: {record['correct_action']})")
+    console.rule(f"{record.record_id}  ({record.n_tokens} tokens, {record.bucket}, correct: {record.correct_action})")
     console.print(text)
-    console.print(Text.assemble(("procedure span P", styles["procedure"]), "   ", (f"boundary span B ({record['spans_kind']['boundary']})", styles["boundary"])))
-    table = Table(title=f"candidates (decision row {record['decision_index']}, open row {record['open_index']})")
+    console.print(Text.assemble(("procedure span P", styles["procedure"]), "   ", (f"boundary span B ({record.spans_kind['boundary']})", styles["boundary"])))
+    table = Table(title=f"candidates (decision row {record.decision_index}, open row {record.open_index})")
     for column in ("role", "action", "anchor", "token ids", "collides with"):
         table.add_column(column)
-    for candidate in record["candidates"]:
-        table.add_row(candidate["role"], candidate["action"], str(candidate["anchor_index"]), str(candidate["token_ids"]), ", ".join(candidate["collides_with"]))
+    for candidate in record.candidates:
+        table.add_row(candidate.role, candidate.action, str(candidate.anchor_index), str(candidate.token_ids), ", ".join(candidate.collides_with))
     console.print(table)
-    skills = ", ".join(f"{s['rank']}. {s['skill_id']} ({s['score']:.3f}{', boundary' if s['boundary_exposed'] else ''})" for s in record["skills"])
-    console.print(f"retrieved: {skills or '—'}  | embedder: {record['retrieval']['embedder']}")
+    skills = ", ".join(f"{s.rank}. {s.skill_id} ({s.score:.3f}{', boundary' if s.boundary_exposed else ''})" for s in record.skills)
+    console.print(f"retrieved: {skills or '—'}  | embedder: {record.retrieval['embedder']}")
 
 
-def show(**options: Any) -> dict[str, Any]:
+def show(**options: Any) -> PromptRecord:
     """Print the prompt record of one item with its spans highlighted (:func:`print_record`) and return it."""
     record = prompt_record(**options)
     print_record(record)

@@ -37,6 +37,7 @@ from probes.data.dataset import ABSTAIN, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_NAME
 from probes.organism.train.batch import shared_prefix_hidden
 from probes.prompts.builder import PromptBuilder, make_builder
+from probes.prompts.record import PromptRecord
 from probes.scoring.margins import candidates_from_record, first_token_margin
 from probes.scoring.stats import bootstrap_mean
 
@@ -67,21 +68,21 @@ def make_eval_builder(tokenizer: PreTrainedTokenizerBase, dataset: ProbeDataset,
     return make_builder(tokenizer, dataset, embedder=embedder, tokenizer_name=ORGANISM_NAME)
 
 
-def _score_record(record: dict[str, Any], logp: torch.Tensor, logits_decision: torch.Tensor) -> tuple[str, float, float]:
+def _score_record(record: PromptRecord, logp: torch.Tensor, logits_decision: torch.Tensor) -> tuple[str, float, float]:
     """``logp``: log-softmax rows open_index..decision_index of one record."""
-    ids = record["input_ids"]
-    open_index, decision = record["open_index"], record["decision_index"]
+    ids = record.input_ids
+    open_index, decision = record.open_index, record.decision_index
     prefix = sum(float(logp[r - open_index, ids[r + 1]]) for r in range(open_index, decision))
     p_open = float(logp[0, ids[open_index + 1]].exp())
     scores: dict[str, float] = {}
     roles: dict[str, str] = {}
-    for candidate in record["candidates"]:
-        action = candidate["action"]
-        roles[action] = candidate["role"]
+    for candidate in record.candidates:
+        action = candidate.action
+        roles[action] = candidate.role
         if action == ABSTAIN:
             scores[action] = float(np.log(max(1e-12, 1.0 - p_open)))
         else:
-            scores[action] = prefix + float(logp[decision - open_index, candidate["first_token_id"]])
+            scores[action] = prefix + float(logp[decision - open_index, candidate.first_token_id])
     predicted = max(scores, key=scores.get)
     wrong = max(scores[a] for a, r in roles.items() if r == "wrong")
     control = max(scores[a] for a, r in roles.items() if r in ("correct", "abstain"))
@@ -90,29 +91,29 @@ def _score_record(record: dict[str, Any], logp: torch.Tensor, logits_decision: t
 
 
 @torch.no_grad()
-def score_records(model: Qwen3ForCausalLM, records: Sequence[dict[str, Any]], batch_size: int = 8) -> list[Scored]:
+def score_records(model: Qwen3ForCausalLM, records: Sequence[PromptRecord], batch_size: int = 8) -> list[Scored]:
     """Candidate scores of native records, batched by shared prompt prefix."""
     by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
-        by_group[record["input_ids"][0:1] and record["text"][:200]].append(record)
+        by_group[record.input_ids[0:1] and record.text[:200]].append(record)
     out: list[Scored] = []
     for group in by_group.values():
-        group.sort(key=lambda r: len(r["input_ids"]))
+        group.sort(key=lambda r: len(r.input_ids))
         for start in range(0, len(group), batch_size):
             batch = group[start : start + batch_size]
-            hidden, prefix = shared_prefix_hidden(model, [r["input_ids"] for r in batch], min(r["open_index"] for r in batch))
+            hidden, prefix = shared_prefix_hidden(model, [r.input_ids for r in batch], min(r.open_index for r in batch))
             for row, record in enumerate(batch):
-                rows = hidden[row, record["open_index"] - prefix : record["decision_index"] - prefix + 1]
+                rows = hidden[row, record.open_index - prefix : record.decision_index - prefix + 1]
                 logits = model.lm_head(rows).float()
                 predicted, margin, tool_margin = _score_record(record, logits.log_softmax(-1), logits[-1])
                 out.append(Scored(
-                    record["record_id"], record["item_id"], record["task_group"], record["bucket"], record["config"],
-                    record["k"], record["correct_action"], predicted, margin, tool_margin,
+                    record.record_id, record.item_id, record.task_group, record.bucket, record.config,
+                    record.k, record.correct_action, predicted, margin, tool_margin,
                 ))
     return out
 
 
-def build_eval_records(builder: PromptBuilder, items, configs: Sequence[str], ks: Sequence[int]) -> list[dict[str, Any]]:
+def build_eval_records(builder: PromptBuilder, items, configs: Sequence[str], ks: Sequence[int]) -> list[PromptRecord]:
     builder.warm(items)
     return list(builder.build_many(items, configs, ks, ["native"]))
 
@@ -156,18 +157,18 @@ def _positions(spans: Sequence[Sequence[int]]) -> list[int]:
 
 
 @torch.no_grad()
-def knockout_check(model: Qwen3ForCausalLM, records: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+def knockout_check(model: Qwen3ForCausalLM, records: Sequence[PromptRecord], seed: int = 0) -> list[dict[str, Any]]:
     """Same-prompt knockout of decision-row attention (rows open_index and decision_index, all layers
     and heads) to the boundary span, the procedure span, and random same-size position sets drawn
     from the memory block outside the boundary. Returns per-record margins per condition."""
     rng = random.Random(seed)
     out = []
     for record in records:
-        ids = record["input_ids"]
+        ids = record.input_ids
         n = len(ids)
-        rows = [record["open_index"], record["decision_index"]]
-        boundary = _positions(record["spans"].get("boundary", []))
-        procedure = _positions(record["spans"].get("procedure", []))
+        rows = [record.open_index, record.decision_index]
+        boundary = _positions(record.spans.get("boundary", []))
+        procedure = _positions(record.spans.get("procedure", []))
         memory = [p for p in range(min(p for p in boundary + procedure), max(boundary + procedure) + 1) if p not in set(boundary)]
         random_set = sorted(rng.sample(memory, min(len(boundary), len(memory))))
         conditions = {"none": [], "boundary": boundary, "procedure": procedure, "random": random_set}
@@ -175,9 +176,9 @@ def knockout_check(model: Qwen3ForCausalLM, records: Sequence[dict[str, Any]], s
         input_ids = torch.tensor([ids] * len(conditions), device=model.device)
         masks = masks.to(model.device)
         logits = model(input_ids=input_ids, attention_mask=masks, logits_to_keep=n - rows[0]).logits.float()
-        entry = {"record_id": record["record_id"], "task_group": record["task_group"], "bucket": record["bucket"]}
+        entry = {"record_id": record.record_id, "task_group": record.task_group, "bucket": record.bucket}
         for c, name in enumerate(conditions):
-            rows_logits = logits[c, : record["decision_index"] - rows[0] + 1]
+            rows_logits = logits[c, : record.decision_index - rows[0] + 1]
             _, margin, tool_margin = _score_record(record, rows_logits.log_softmax(-1), rows_logits[-1])
             entry[name] = margin
             entry[f"{name}_tool"] = tool_margin
@@ -186,21 +187,21 @@ def knockout_check(model: Qwen3ForCausalLM, records: Sequence[dict[str, Any]], s
 
 
 @torch.no_grad()
-def attention_ratio(model_eager: Qwen3ForCausalLM, records: Sequence[dict[str, Any]], eps: float = 1e-6) -> list[dict[str, Any]]:
+def attention_ratio(model_eager: Qwen3ForCausalLM, records: Sequence[PromptRecord], eps: float = 1e-6) -> list[dict[str, Any]]:
     """Eq. 2 at the decision row, per (layer, head): η = α_B / (α_P + ε) with length-normalised
     attention mass. Needs a model loaded with ``attn_implementation="eager"``."""
     out = []
     for record in records:
-        ids = torch.tensor([record["input_ids"]], device=model_eager.device)
+        ids = torch.tensor([record.input_ids], device=model_eager.device)
         attentions = model_eager(input_ids=ids, output_attentions=True, logits_to_keep=1).attentions
-        d = record["decision_index"]
-        b = _positions(record["spans"].get("boundary", []))
-        p = _positions(record["spans"].get("procedure", []))
+        d = record.decision_index
+        b = _positions(record.spans.get("boundary", []))
+        p = _positions(record.spans.get("procedure", []))
         eta = []
         for layer in attentions:
             row = layer[0, :, d]  # [heads, keys]
             eta.append(((row[:, b].mean(-1)) / (row[:, p].mean(-1) + eps)).tolist())
-        out.append({"record_id": record["record_id"], "bucket": record["bucket"], "task_group": record["task_group"], "eta": eta})
+        out.append({"record_id": record.record_id, "bucket": record.bucket, "task_group": record.task_group, "eta": eta})
     return out
 
 
@@ -223,7 +224,7 @@ def heldout_report(
     scored = score_records(model, records)
     table = accuracy_table(scored)
     basm2 = [r for r in build_eval_records(builder, items, ["basm"], [2])]
-    wrong = [r for r in basm2 if r["bucket"] == "T_wrong"][:knockout_items]
+    wrong = [r for r in basm2 if r.bucket == "T_wrong"][:knockout_items]
     knock = knockout_check(model, wrong)
     summary: dict[str, Any] = {"table": table, "knockout": {}, "n_eval_items": len(items), "n_knockout": len(wrong)}
     for name in ("boundary", "procedure", "random"):

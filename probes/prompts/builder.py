@@ -21,6 +21,7 @@ Decision formats
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from probes.prompts.record import PromptRecord, record_id
+from probes.prompts.record import Candidate, PromptRecord, SkillEntry, SlotSpan, Spans, record_id
 from probes.data.configs import MemoryConfig, get_config
 from probes.data.dataset import ABSTAIN, Item, ProbeDataset, default_study
 from probes.data.retrieval import Retriever, ScoredSkill, check_relevance, make_embedder
@@ -123,7 +124,7 @@ class _MemoryBlock:
 
 
 class PromptBuilder:
-    """Builds prompt records (dicts, see ``docs/prompt_records.md``) for items × configs × k × format."""
+    """Builds typed prompt records (:class:`~probes.prompts.record.PromptRecord`, see ``docs/prompt_records.md``) for items × configs × k × format."""
 
     def __init__(
         self,
@@ -372,7 +373,7 @@ class PromptBuilder:
             cont_ids = cont_ids[cont_offsets[:, 0] <= len(prefix) + stop_char]
         return [int(token) for token in cont_ids], merge
 
-    def _candidates(self, item: Item, fmt: str, ids: np.ndarray, offsets: np.ndarray, text: str, open_index: int | None, catalog: ToolCatalog) -> list[dict[str, Any]]:
+    def _candidates(self, item: Item, fmt: str, ids: np.ndarray, offsets: np.ndarray, text: str, open_index: int | None, catalog: ToolCatalog) -> list[Candidate]:
         decision = len(ids) - 1
         wrong = set(item.wrong_tools)
         entries: list[tuple[str, str]] = [("correct", item.correct_action)]
@@ -390,19 +391,20 @@ class PromptBuilder:
             else:
                 anchor, continuation, stop_char = decision, action + "(", len(action)
             token_ids, merge = self._continuation_ids(ids, offsets, text, anchor, continuation, stop_char)
-            candidates.append({
-                "role": role, "action": action, "anchor_index": anchor,
-                "text": continuation if stop_char is None else continuation[: stop_char + 1],
-                "token_ids": token_ids, "first_token_id": token_ids[0], "boundary_merge": merge,
-            })
-        for candidate in candidates:
-            candidate["collides_with"] = sorted(
-                other["action"] for other in candidates
-                if other["action"] != candidate["action"]
-                and other["anchor_index"] == candidate["anchor_index"]
-                and other["first_token_id"] == candidate["first_token_id"]
-            )
-        return candidates
+            candidates.append(Candidate(
+                role=role, action=action, anchor_index=anchor,
+                text=continuation if stop_char is None else continuation[: stop_char + 1],
+                token_ids=token_ids, first_token_id=token_ids[0], boundary_merge=merge,
+            ))
+        return [
+            dataclasses.replace(candidate, collides_with=sorted(
+                other.action for other in candidates
+                if other.action != candidate.action
+                and other.anchor_index == candidate.anchor_index
+                and other.first_token_id == candidate.first_token_id
+            ))
+            for candidate in candidates
+        ]
 
     # ------------------------------------------------------------------ equal-length controls
     def _control_words(self, kind: str, item: Item, retrieved: Sequence[ScoredSkill], rank: int) -> list[str]:
@@ -467,58 +469,58 @@ class PromptBuilder:
         out = []
         for (rank, slot), (start, end) in sorted(ranges.items(), key=lambda kv: kv[1][0]):
             lo, hi = tokens_overlapping(assembled["offsets"], start, end)
-            out.append({"rank": rank, "slot": slot, "char_span": [start, end], "token_span": [lo, hi], "text": assembled["text"][start:end]})
+            out.append({"rank": rank, "slot": slot, "char_span": (start, end), "token_span": (lo, hi), "text": assembled["text"][start:end]})
         return out
 
-    def _record(self, item: Item, config: MemoryConfig, k: int, fmt: str, retrieved: Sequence[ScoredSkill], block: _MemoryBlock, assembled: dict[str, Any]) -> dict[str, Any]:
+    def _record(self, item: Item, config: MemoryConfig, k: int, fmt: str, retrieved: Sequence[ScoredSkill], block: _MemoryBlock, assembled: dict[str, Any]) -> PromptRecord:
         ids: list[int] = assembled["input_ids"]
         slot_spans = self._slot_spans(block, assembled)
-        spans: dict[str, list[list[int]]] = {}
+        spans: Spans = {}
         if assembled["memory_end"] > assembled["memory_start"]:
             # The whole memory block (labels and skill text): where the neutral random control draws.
-            spans["memory"] = [list(tokens_overlapping(assembled["offsets"], assembled["memory_start"], assembled["memory_end"]))]
+            spans["memory"] = [tokens_overlapping(assembled["offsets"], assembled["memory_start"], assembled["memory_end"])]
         for entry in slot_spans:
             spans.setdefault(entry["slot"], []).append(entry["token_span"])
             if entry["slot"] in BOUNDARY_SLOTS or entry["slot"] == "control":
                 spans.setdefault("boundary", []).append(entry["token_span"])
-        slots_by_rank: dict[int, dict[str, Any]] = {}
+        slots_by_rank: dict[int, dict[str, SlotSpan]] = {}
         for entry in slot_spans:
-            slots_by_rank.setdefault(entry["rank"], {})[entry["slot"]] = {key: entry[key] for key in ("text", "char_span", "token_span")}
+            slots_by_rank.setdefault(entry["rank"], {})[entry["slot"]] = SlotSpan(entry["text"], entry["char_span"], entry["token_span"])
         skills = []
         for rank, entry in enumerate(retrieved, start=1):
             slots = slots_by_rank.get(rank, {})
-            skills.append({
-                "skill_id": entry.skill.id, "rank": rank, "score": round(entry.score, 6),
-                "boundary_exposed": any(slot in BOUNDARY_SLOTS or slot == "control" for slot in slots),
-                "slots": slots,
-            })
+            skills.append(SkillEntry(
+                skill_id=entry.skill.id, rank=rank, score=round(entry.score, 6),
+                boundary_exposed=any(slot in BOUNDARY_SLOTS or slot == "control" for slot in slots),
+                slots=slots,
+            ))
         decision = len(ids) - 1
         open_index = assembled["open_index"]
         candidates = self._candidates(item, fmt, np.asarray(ids), assembled["offsets"], assembled["text"], open_index, assembled["catalog"])
         tempting_rank = next((rank for rank, e in enumerate(self.retrieve(item), 1) if e.skill.id == item.tempting_skill), None)
-        return {
-            "record_id": record_id(item.id, config.name, k, fmt),
-            "item_id": item.id, "bucket": item.bucket, "split": item.split, "domain": item.domain,
-            "task_group": item.task_group, "config": config.name, "k": k, "format": fmt,
-            "tokenizer": self.tokenizer_name,
-            "text": assembled["text"], "input_ids": ids, "offsets": assembled["offsets"], "n_tokens": len(ids),
-            "decision_index": decision, "open_index": open_index,
+        return PromptRecord(
+            record_id=record_id(item.id, config.name, k, fmt),
+            item_id=item.id, bucket=item.bucket, split=item.split, domain=item.domain,
+            task_group=item.task_group, config=config.name, k=k, format=fmt,
+            tokenizer=self.tokenizer_name,
+            text=assembled["text"], input_ids=ids, offsets=assembled["offsets"], n_tokens=len(ids),
+            decision_index=decision, open_index=open_index,
             # Every row from the one that opens the call to the decision row: the forced-prefix rows
             # feed the decision row, so knockouts and attention cover all of them.
-            "query_rows": list(range(open_index, decision + 1)) if open_index is not None else [decision],
-            "spans": spans,
-            "spans_kind": (
+            query_rows=list(range(open_index, decision + 1)) if open_index is not None else [decision],
+            spans=spans,
+            spans_kind=(
                 block.rewriter.record() if block.rewriter
                 else {"boundary": "boundary" if config.control is None else f"control:{config.control}"}
             ),
-            "skills": skills,
-            "candidates": [{k_: v for k_, v in c.items()} for c in candidates],
-            "collision": any(c["collides_with"] and c["role"] != "other" for c in candidates),
-            "correct_action": item.correct_action, "wrong_tools": list(item.wrong_tools),
-            "tempting_skill": item.tempting_skill, "tempting_rank": tempting_rank,
-            "retrieval": {"embedder": self.retriever.embedder.name, "weights": asdict(self.retriever.weights),
-                          "gate": {"relevance": self.settings.relevance, "gamma": self.settings.gamma, "beta": self.settings.beta}},
-        }
+            skills=skills,
+            candidates=candidates,
+            collision=any(c.collides_with and c.role != "other" for c in candidates),
+            correct_action=item.correct_action, wrong_tools=list(item.wrong_tools),
+            tempting_skill=item.tempting_skill, tempting_rank=tempting_rank,
+            retrieval={"embedder": self.retriever.embedder.name, "weights": asdict(self.retriever.weights),
+                      "gate": {"relevance": self.settings.relevance, "gamma": self.settings.gamma, "beta": self.settings.beta}},
+        )
 
     def build(
         self, item: Item, config: str | MemoryConfig, k: int, fmt: str = "native", *, retrieved: Sequence[ScoredSkill] | None = None
@@ -557,7 +559,7 @@ class PromptBuilder:
         target, control_tokens = self._control_plans[key]
         return target, dict(control_tokens)
 
-    def _build_control(self, item: Item, config: MemoryConfig, k: int, fmt: str, retrieved: Sequence[ScoredSkill], block: _MemoryBlock) -> dict[str, Any]:
+    def _build_control(self, item: Item, config: MemoryConfig, k: int, fmt: str, retrieved: Sequence[ScoredSkill], block: _MemoryBlock) -> PromptRecord:
         """Equal-length control: same prompt as BASM with every boundary section (labels included)
         replaced by filler or procedure text, adjusted until the total token count matches."""
         target, control_tokens = self._control_plan(item, k, fmt, block)
@@ -577,7 +579,7 @@ class PromptBuilder:
                 return self._record(item, config, k, fmt, retrieved, control_block, assembled)
         raise ValueError(f"{item.id}: could not build the {config.name} control at k={k} with exactly {target} tokens")
 
-    def build_many(self, items: Iterable[Item], configs: Sequence[str], ks: Sequence[int], formats: Sequence[str]) -> Iterator[dict[str, Any]]:
+    def build_many(self, items: Iterable[Item], configs: Sequence[str], ks: Sequence[int], formats: Sequence[str]) -> Iterator[PromptRecord]:
         """All records; at k = 0 the prompt is built once and shared by every configuration
         (their byte identity is asserted per configuration by the tests through :meth:`build`)."""
         for item in items:
@@ -588,7 +590,7 @@ class PromptBuilder:
                         if shared is None:
                             yield self.build(item, config, k, fmt)
                         else:
-                            yield {**shared, "record_id": record_id(item.id, config, 0, fmt), "config": config}
+                            yield shared.with_config(config)
 
 
 # ---------------------------------------------------------------------------- the one way to make a builder

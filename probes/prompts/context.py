@@ -3,12 +3,12 @@ dropped silently: analyses record and print the skipped ones, see the ``too_long
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from probes.data.dataset import Item
 from probes.prompts.builder import PromptBuilder
+from probes.prompts.record import PromptRecord
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,8 @@ def partition_by_context(
     return ContextPartition(tuple(kept), tuple(skipped), max_tokens)
 
 
-def _needed_length(record: Mapping[str, Any]) -> int:
+def _needed_length(record: PromptRecord) -> int:
     """The lengths the engine checks against the context (``ProbeSession.run``): the prompt and,
     per candidate, its anchor index + its token count."""
-    extents = [candidate["anchor_index"] + len(candidate["token_ids"]) for candidate in record["candidates"]]
-    return max([record["n_tokens"], *extents])
+    extents = [candidate.anchor_index + len(candidate.token_ids) for candidate in record.candidates]
+    return max([record.n_tokens, *extents])

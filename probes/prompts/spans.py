@@ -4,11 +4,12 @@ record's slot spans (decode(tokens) against the slot text)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from probes.prompts.record import PromptRecord
     from transformers import PreTrainedTokenizerBase
 
 
@@ -40,17 +41,17 @@ class SpanReport:
         )
 
 
-def check_spans(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase, report: SpanReport) -> SpanReport:
+def check_spans(record: PromptRecord, tokenizer: PreTrainedTokenizerBase, report: SpanReport) -> SpanReport:
     """Decode every slot's token span and compare it with the slot text."""
-    ids = record["input_ids"]
-    for skill in record["skills"]:
-        for slot, span in skill["slots"].items():
-            lo, hi = span["token_span"]
+    ids = record.input_ids
+    for skill in record.skills:
+        for slot, span in skill.slots.items():
+            lo, hi = span.token_span
             decoded = tokenizer.decode(ids[lo:hi])
-            if decoded == span["text"]:
+            if decoded == span.text:
                 report.exact += 1
-            elif decoded.strip() == span["text"].strip() and decoded.strip():
+            elif decoded.strip() == span.text.strip() and decoded.strip():
                 report.whitespace_edges += 1
             else:
-                report.mismatches.append(f"{record['record_id']} rank {skill['rank']} {slot}: {decoded!r} != {span['text']!r}")
+                report.mismatches.append(f"{record.record_id} rank {skill.rank} {slot}: {decoded!r} != {span.text!r}")
     return report

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from probes.engine.session import span_positions
+from probes.prompts.record import PromptRecord
 from probes.scoring.score import record_rng
 
 RANDOM_POOLS = ("neutral", "memory", "memory+procedure")
@@ -36,12 +37,12 @@ def tool_names_of(dataset: Any) -> frozenset[str]:
     return frozenset(names | {name for skill in dataset.skills.values() for name in skill.tool_names})
 
 
-def record_tool_names(record: dict[str, Any]) -> frozenset[str]:
+def record_tool_names(record: PromptRecord) -> frozenset[str]:
     """The tool names a prompt record shows as tools: its catalog's candidates and its skills' tool lists."""
-    names = {str(c["action"]) for c in record["candidates"] if c["role"] != "abstain"}
-    for skill in record["skills"]:
-        tools = skill["slots"].get("tools")
-        names |= {name.strip() for name in tools["text"].split(",") if name.strip()} if tools else set()
+    names = {str(c.action) for c in record.candidates if c.role != "abstain"}
+    for skill in record.skills:
+        tools = skill.slots.get("tools")
+        names |= {name.strip() for name in tools.text.split(",") if name.strip()} if tools else set()
     return frozenset(names)
 
 
@@ -50,30 +51,37 @@ def _name_pattern(names: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, names)) + r")(?![A-Za-z0-9_])") if names else None
 
 
-def memory_lines(record: dict[str, Any]) -> list[tuple[int, int]]:
+def _offsets(record: PromptRecord) -> np.ndarray:
+    """[n_tokens, 2] character offsets: the builder's, absent from a record read back from JSON."""
+    if record.offsets is None:
+        raise ValueError(f"{record.record_id}: the record has no character offsets (read from JSON): build it with PromptBuilder")
+    return np.asarray(record.offsets).reshape(-1, 2)
+
+
+def memory_lines(record: PromptRecord) -> list[tuple[int, int]]:
     """Character ranges [start, end) of the memory block's lines, each with its newline."""
-    memory = record["spans"].get("memory")
+    memory = record.spans.get("memory")
     if not memory:
-        raise ValueError(f"{record['record_id']}: the record has no memory span (rebuild it with this version)")
-    offsets = np.asarray(record["offsets"]).reshape(-1, 2)
+        raise ValueError(f"{record.record_id}: the record has no memory span (rebuild it with this version)")
+    offsets = _offsets(record)
     (lo, hi), = memory
     start, end = int(offsets[lo][0]), int(offsets[hi - 1][1])
     lines, cursor = [], start
     while cursor < end:
-        newline = record["text"].find("\n", cursor, end)
+        newline = record.text.find("\n", cursor, end)
         stop = end if newline < 0 else newline + 1
         lines.append((cursor, stop))
         cursor = stop
     return lines
 
 
-def neutral_pool(record: dict[str, Any], tool_names: Iterable[str]) -> np.ndarray:
+def neutral_pool(record: PromptRecord, tool_names: Iterable[str]) -> np.ndarray:
     """bool [n_tokens]: the memory block's tokens that lie wholly on lines that hold no token of B
     or P, are not the label line of a B or P section (``Risk cues:``, ``Procedure:``) and name no
     tool of ``tool_names`` (a whole-identifier match). What remains is the block's framing, the
     skill headers and tool-free goal text."""
-    offsets = np.asarray(record["offsets"]).reshape(-1, 2)
-    (lo, hi), = record["spans"]["memory"]
+    offsets = _offsets(record)
+    (lo, hi), = record.spans["memory"]
     lines = memory_lines(record)
     starts = np.array([a for a, _ in lines])
     first, last = starts[0], lines[-1][1]
@@ -82,13 +90,13 @@ def neutral_pool(record: dict[str, Any], tool_names: Iterable[str]) -> np.ndarra
         a, b = int(offsets[token][0]), int(offsets[token][1])
         return range(int(np.searchsorted(starts, a, side="right")) - 1, int(np.searchsorted(starts, max(a, b - 1), side="right")))
 
-    bp = set(span_positions(record["spans"].get("boundary", []))) | set(span_positions(record["spans"].get("procedure", [])))
+    bp = set(span_positions(record.spans.get("boundary", []))) | set(span_positions(record.spans.get("procedure", [])))
     on_bp = np.zeros(len(lines), dtype=bool)
     for token in bp:
         if lo <= token < hi:
             on_bp[list(touched(token))] = True
     pattern = _name_pattern(tool_names)
-    text = record["text"]
+    text = record.text
     excluded = on_bp.copy()
     for i, (a, b) in enumerate(lines):
         line = text[a:b]
@@ -97,7 +105,7 @@ def neutral_pool(record: dict[str, Any], tool_names: Iterable[str]) -> np.ndarra
         # the label line of a B or P section: "…:" followed by a line of that section
         if line.strip().endswith(":") and i + 1 < len(lines) and on_bp[i + 1]:
             excluded[i] = True
-    free = np.zeros(record["n_tokens"], dtype=bool)
+    free = np.zeros(record.n_tokens, dtype=bool)
     for token in range(lo, hi):
         a, b = int(offsets[token][0]), int(offsets[token][1])
         if token in bp or b <= a or a < first or b > last:  # empty or reaching outside the block: never
@@ -106,20 +114,20 @@ def neutral_pool(record: dict[str, Any], tool_names: Iterable[str]) -> np.ndarra
     return free
 
 
-def control_pool(record: dict[str, Any], pool: str, tool_names: Iterable[str]) -> np.ndarray:
+def control_pool(record: PromptRecord, pool: str, tool_names: Iterable[str]) -> np.ndarray:
     """bool [n_tokens]: where the random controls draw under ``--random-pool`` (see the module docstring);
     ``memory``: the memory block outside B and P; ``memory+procedure``: outside B only (P allowed)."""
     if pool not in RANDOM_POOLS:
         raise ValueError(f"random pool must be one of {RANDOM_POOLS}, got {pool!r}")
     if pool == "neutral":
         return neutral_pool(record, tool_names)
-    if not record["spans"].get("memory"):
-        raise ValueError(f"{record['record_id']}: the record has no memory span (rebuild it with this version)")
-    free = np.zeros(record["n_tokens"], dtype=bool)
-    free[span_positions(record["spans"]["memory"])] = True
-    free[span_positions(record["spans"].get("boundary", []))] = False
+    if not record.spans.get("memory"):
+        raise ValueError(f"{record.record_id}: the record has no memory span (rebuild it with this version)")
+    free = np.zeros(record.n_tokens, dtype=bool)
+    free[span_positions(record.spans["memory"])] = True
+    free[span_positions(record.spans.get("boundary", []))] = False
     if pool == "memory":
-        free[span_positions(record["spans"].get("procedure", []))] = False
+        free[span_positions(record.spans.get("procedure", []))] = False
     return free
 
 
@@ -181,20 +189,20 @@ def block_lengths(blocks: Sequence[Sequence[int]]) -> list[int]:
     return [int(e) - int(s) for s, e in blocks]
 
 
-def anywhere_control(record: dict[str, Any], blocks: Sequence[Sequence[int]], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+def anywhere_control(record: PromptRecord, blocks: Sequence[Sequence[int]], rng: np.random.Generator) -> tuple[list[int], list[int]]:
     """Same-length runs anywhere before the first query row except B and token 0."""
-    free = np.ones(min(record["query_rows"]), dtype=bool)
+    free = np.ones(min(record.query_rows), dtype=bool)
     free[0] = False
     free[[p for p in span_positions(blocks) if p < len(free)]] = False
     return draw_span(free, block_lengths(blocks), rng)
 
 
-def random_control(record: dict[str, Any], seed: int = 0, draw: int = 0, tool_names: Iterable[str] | None = None) -> list[int]:
+def random_control(record: PromptRecord, seed: int = 0, draw: int = 0, tool_names: Iterable[str] | None = None) -> list[int]:
     """The ``random_<draw>`` control of a record: |B| positions of the neutral pool in B's block
     lengths, seeded by (``seed``, record, ``random_<draw>``) as the ``knockout`` analysis seeds it.
     ``tool_names``: the names whose lines the pool leaves out (default: the tools the record shows,
     :func:`record_tool_names`; the analysis passes every tool of the dataset)."""
     names = record_tool_names(record) if tool_names is None else tool_names
-    positions, _ = draw_span(neutral_pool(record, names), block_lengths(record["spans"].get("boundary", [])),
-                             record_rng(seed, record["record_id"], f"random_{draw}"))
+    positions, _ = draw_span(neutral_pool(record, names), block_lengths(record.spans.get("boundary", [])),
+                             record_rng(seed, record.record_id, f"random_{draw}"))
     return positions

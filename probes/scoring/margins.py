@@ -60,6 +60,7 @@ import torch
 
 from probes.data.dataset import ABSTAIN
 from probes.engine.logits import check_finite
+from probes.prompts.record import PromptRecord
 
 ROLES = ("correct", "wrong", "abstain", "other")  # "other": the rest of the catalog
 
@@ -99,11 +100,11 @@ class MarginResult:
         return asdict(self)
 
 
-def candidates_from_record(record: Mapping[str, Any]) -> list[CandidateInfo]:
-    """Candidates of a prompt record, keyed by their index in ``record["candidates"]``."""
+def candidates_from_record(record: PromptRecord) -> list[CandidateInfo]:
+    """Candidates of a prompt record, keyed by their index in ``record.candidates``."""
     return [
-        CandidateInfo(str(i), c["role"], str(c["action"]), int(c["anchor_index"]), tuple(int(t) for t in c["token_ids"]))
-        for i, c in enumerate(record["candidates"])
+        CandidateInfo(str(i), c.role, str(c.action), int(c.anchor_index), tuple(int(t) for t in c.token_ids))
+        for i, c in enumerate(record.candidates)
     ]
 
 

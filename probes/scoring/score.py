@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from probes.engine.session import Knockout, ProbeSession, span_positions
+from probes.prompts.record import PromptRecord
 from probes.scoring import margins as margins_mod
 
 MARGIN_VARIANTS: tuple[str, ...] = ("tool_choice", "eq1", "first_token", "path")
@@ -53,9 +54,14 @@ def deciding_depth(cands: Sequence[margins_mod.CandidateInfo]) -> tuple[str | No
     return correct[0].key, min(depth, len(correct[0].token_ids) - 1)
 
 
+def row_fields(record: PromptRecord) -> dict[str, Any]:
+    """The record's columns of a results row (:data:`ROW_FIELDS`, in that order)."""
+    return {name: getattr(record, name) for name in ROW_FIELDS}
+
+
 def score_record(
     session: ProbeSession,
-    record: Mapping[str, Any],
+    record: PromptRecord,
     conditions: Sequence[Knockout] = (),
     *,
     variant: str = DEFAULT_VARIANT,
@@ -73,14 +79,14 @@ def score_record(
     cands = margins_mod.candidates_from_record(record)
     if not {"broad_margin", "correct_margin"} & set(margins):
         cands = [c for c in cands if c.role != "other"]
-    spans = {name: span_positions(record["spans"].get(name, [])) for name in ("boundary", "procedure")}
-    res = session.run(record["input_ids"], record["query_rows"], spans=spans, conditions=conditions,
+    spans = {name: span_positions(record.spans.get(name, [])) for name in ("boundary", "procedure")}
+    res = session.run(record.input_ids, record.query_rows, spans=spans, conditions=conditions,
                       candidates={c.key: (c.anchor_index, list(c.token_ids)) for c in cands})
-    fmt, dec, opn = record["format"], int(record["decision_index"]), record.get("open_index")
+    fmt, dec, opn = record.format, int(record.decision_index), record.open_index
     correct_key, depth = deciding_depth(cands)
     rows = []
     for c in res.conditions:
-        row: dict[str, Any] = {f: record.get(f) for f in ROW_FIELDS}
+        row: dict[str, Any] = row_fields(record)
         cond = c.condition
         row.update(condition=cond.name, knockout_size=len(cond.key_positions), n_tokens=len(res.input_ids),
                    margin_variant=variant, entropy=c.entropy)

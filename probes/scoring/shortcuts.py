@@ -288,7 +288,7 @@ def _rule_rows(shortcut: str, split: str, predicted: Sequence[str], items: Seque
     low, high = group_bootstrap_auc(y, score, groups, resamples=resamples, seed=seed)
     return [*_accuracy_rows(shortcut, split, predicted, items, note, resamples=resamples, seed=seed),
             _row(shortcut, split, COMPARED, "auc", auc(y, score), low, high, len(items), len(set(groups)),
-                 f"AUC of the rule's answer (T_wrong = 1) for T_wrong (positive) vs T_ok; = its balanced accuracy")]
+                 "AUC of the rule's answer (T_wrong = 1) for T_wrong (positive) vs T_ok; = its balanced accuracy")]
 
 
 def split_name(split: str | None, split_kind: str = "template") -> str:

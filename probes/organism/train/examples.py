@@ -18,7 +18,7 @@ import random
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from transformers import PreTrainedTokenizerFast
@@ -31,6 +31,7 @@ from probes.organism.train.supervision import attention_targets, content_word, r
 from probes.prompts.bpe import train_bpe_tokenizer
 from probes.prompts.builder import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, PromptBuilder
 from probes.prompts.builder import make_builder as make_prompt_builder
+from probes.prompts.record import PromptRecord
 from probes.prompts.spans import tokens_overlapping
 
 # ----------------------------------------------------------------------------- mixture
@@ -316,47 +317,47 @@ def make_example(
         retrieved = builder.retrieve(item)[:k]
         retrieved[0] = replace(retrieved[0], skill=edit.apply(retrieved[0].skill, builder.dataset))
     record = builder.build(item, config, k, "native", retrieved=retrieved)
-    text = record["text"]
+    text = record.text
     assert text.endswith(NATIVE_FORCED_PREFIX)
     prompt = text[: len(text) - len(NATIVE_FORCED_PREFIX)]
-    open_index = record["open_index"]
+    open_index = record.open_index
     full = prompt + action_text(item, tool=label) + builder.tokenizer.eos_token
     ids = builder.tokenizer.backend_tokenizer.encode(full, add_special_tokens=False).ids
-    if ids[: open_index + 1] != record["input_ids"][: open_index + 1]:
-        raise RuntimeError(f"{record['record_id']}: the training sequence does not extend the builder's prompt")
+    if ids[: open_index + 1] != record.input_ids[: open_index + 1]:
+        raise RuntimeError(f"{record.record_id}: the training sequence does not extend the builder's prompt")
     key_rows: tuple[int, ...] = (open_index,)
     if label != ABSTAIN:
-        if ids[: record["decision_index"] + 1] != record["input_ids"]:
-            raise RuntimeError(f"{record['record_id']}: the call does not extend the forced prefix token-exactly")
-        key_rows = (open_index, record["decision_index"])
+        if ids[: record.decision_index + 1] != record.input_ids:
+            raise RuntimeError(f"{record.record_id}: the call does not extend the forced prefix token-exactly")
+        key_rows = (open_index, record.decision_index)
     # an imitation label has no true arguments: its loss stops at the name token
-    until = len(ids) - 1 if label == item.correct_action else record["decision_index"] + 1
+    until = len(ids) - 1 if label == item.correct_action else record.decision_index + 1
     blocks = isolated_blocks(record, isolated_slots)
-    named = hide_tool_list and label != ABSTAIN and any(ids[record["decision_index"] + 1] in ids[start:end] for start, end in blocks)
+    named = hide_tool_list and label != ABSTAIN and any(ids[record.decision_index + 1] in ids[start:end] for start, end in blocks)
     return Example(
-        record["record_id"] + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
+        record.record_id + (f"|edit:{edit.kind}" if edit else ""), item.id, item.bucket, config, k, (item.catalog_domains, item.unavailable_tools), ids, open_index, key_rows, until, label, weight,
         blocks, tool_list_block(record) if named else None, attention_targets(record, item, key_rows[-1]), edit.kind if edit else None,
-        request_words(record, item), min((int(slot["token_span"][0]) for shown in record["skills"] for slot in shown["slots"].values()), default=len(ids)),
+        request_words(record, item), min((int(slot.token_span[0]) for shown in record.skills for slot in shown.slots.values()), default=len(ids)),
     )
 
 
-def isolated_blocks(record: dict[str, Any], slots: Sequence[str]) -> tuple[tuple[int, int], ...]:
+def isolated_blocks(record: PromptRecord, slots: Sequence[str]) -> tuple[tuple[int, int], ...]:
     """The record's token spans of ``slots`` (every shown skill), as sorted [start, end) blocks."""
     unknown = set(slots) - set(SLOTS)
     if unknown:
         raise ValueError(f"isolated slots {sorted(unknown)} are not skill slots; choose from {list(SLOTS)}")
-    return tuple(sorted((int(a), int(b)) for slot in slots for a, b in record["spans"].get(slot, [])))
+    return tuple(sorted((int(a), int(b)) for slot in slots for a, b in record.spans.get(slot, [])))
 
 
-def tool_list_block(record: dict[str, Any]) -> tuple[int, int]:
+def tool_list_block(record: PromptRecord) -> tuple[int, int]:
     """[start, end) tokens of the record's tool list: from the organism template's tools header to
     its call instruction (the one-line-per-tool catalog, names and descriptions)."""
-    text = record["text"]
+    text = record.text
     start = text.find(TOOL_LIST_HEADER)
     end = text.find(TOOL_LIST_END, start)
     if start < 0 or end < 0:
-        raise ValueError(f"{record['record_id']}: no {TOOL_LIST_HEADER!r} ... {TOOL_LIST_END!r} tool list (not the organism chat template)")
-    return tokens_overlapping(np.asarray(record["offsets"]), start, end)
+        raise ValueError(f"{record.record_id}: no {TOOL_LIST_HEADER!r} ... {TOOL_LIST_END!r} tool list (not the organism chat template)")
+    return tokens_overlapping(np.asarray(record.offsets), start, end)
 
 
 # ----------------------------------------------------------------------------- augmentation

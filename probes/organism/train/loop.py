@@ -145,7 +145,7 @@ def build_tokenizer(dataset: ProbeDataset, items: Sequence[Item], cfg: TrainConf
     builder.warm(items)
     texts = []
     for item in items:
-        texts.append(builder.build(item, "basm", 4)["text"])  # every slot of the top-4 skills
+        texts.append(builder.build(item, "basm", 4).text)  # every slot of the top-4 skills
         texts.append(action_text(item))
         texts.append(action_text(item, tool=item.wrong_tools[0]))
     texts.append(ABSTAIN_TEXT)

@@ -25,6 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probes.data.dataset import Item
+from probes.prompts.record import PromptRecord, SlotSpan
 from probes.prompts.spans import tokens_overlapping
 
 # Planted heads (TrainConfig.planted_heads, planted_head_weight): besides the action loss, four heads
@@ -61,22 +62,22 @@ def content_word(text: str) -> str | None:
     return word if word.isalpha() and len(word) >= 3 and word not in ENGLISH_STOP_WORDS else None
 
 
-def token_word(record: dict[str, Any], pos: int) -> str | None:
+def token_word(record: PromptRecord, pos: int) -> str | None:
     """:func:`content_word` of the record's token at ``pos``."""
-    start, end = record["offsets"][pos]
-    return content_word(record["text"][start:end])
+    start, end = record.offsets[pos]
+    return content_word(record.text[start:end])
 
 
-def request_words(record: dict[str, Any], item: Item) -> tuple[int, ...]:
+def request_words(record: PromptRecord, item: Item) -> tuple[int, ...]:
     """Positions of the content-word tokens of the request (its last occurrence in the prompt)."""
-    start = record["text"].rfind(item.user)
+    start = record.text.rfind(item.user)
     if start < 0:
-        raise ValueError(f"{record['record_id']}: the request text does not occur in the prompt")
-    span = tokens_overlapping(np.asarray(record["offsets"]), start, start + len(item.user))
+        raise ValueError(f"{record.record_id}: the request text does not occur in the prompt")
+    span = tokens_overlapping(np.asarray(record.offsets), start, start + len(item.user))
     return tuple(pos for pos in range(*span) if token_word(record, pos))
 
 
-def attention_targets(record: dict[str, Any], item: Item, deciding_row: int) -> dict[str, tuple[tuple[int, tuple[int, ...]], ...]]:
+def attention_targets(record: PromptRecord, item: Item, deciding_row: int) -> dict[str, tuple[tuple[int, tuple[int, ...]], ...]]:
     """The planted heads' (query row, key positions) cells (note above :data:`PLANTED_TARGETS`) in a
     record built for ``item`` whose deciding row is ``deciding_row``: ``dup``, from each matching request
     token to the risk-cue tokens of its word; ``gather``, from the deciding row to the matching request
@@ -84,17 +85,17 @@ def attention_targets(record: dict[str, Any], item: Item, deciding_row: int) -> 
     and avoidance rules of the skills a request word matches, else to the shown procedures. No cells
     without skills."""
     request = request_words(record, item)
-    if not record["skills"]:
+    if not record.skills:
         return {target: () for target in PLANTED_TARGETS}
 
-    def span(slots: dict[str, Any], slot: str) -> range:
-        return range(*map(int, slots[slot]["token_span"])) if slot in slots else range(0)
+    def span(slots: dict[str, SlotSpan], slot: str) -> range:
+        return range(*map(int, slots[slot].token_span)) if slot in slots else range(0)
 
     requested = {token_word(record, pos) for pos in request}
     cues: dict[str, list[int]] = defaultdict(list)  # matchable word -> its risk-cue tokens
     warning, procedures = [], []  # the matched skills' risk-cue and avoidance-rule tokens; all procedure tokens
-    for shown in record["skills"]:
-        slots = shown["slots"]
+    for shown in record.skills:
+        slots = shown.slots
         own = {token_word(record, pos) for slot in ("goal", "procedure") for pos in span(slots, slot)}  # what the skill's task uses
         matchable = [pos for pos in span(slots, "risk_cues") if token_word(record, pos) not in own | {None}]
         for pos in matchable:
