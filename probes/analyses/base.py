@@ -167,13 +167,14 @@ def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "
     return value
 
 
-def header_options(options: RunOptions) -> dict[str, Any]:
-    """Every option of ``options`` but the value-neutral ones (:attr:`RunOptions.value_neutral`), as JSON
-    values: what the results header records so that a resume under another value is refused."""
+def header_options(options: RunOptions, of: type | None = None) -> dict[str, Any]:
+    """Every option of ``options`` (of the class ``of`` only, when given: a header two analyses share)
+    but the value-neutral ones (:attr:`RunOptions.value_neutral`), as JSON values: what the results
+    header records so that a resume under another value is refused."""
     def plain(value: Any) -> Any:
         return list(value) if isinstance(value, tuple) else str(value) if isinstance(value, Path) else value
 
-    return {f.name: plain(getattr(options, f.name)) for f in option_fields(type(options)) if f.name not in options.value_neutral}
+    return {f.name: plain(getattr(options, f.name)) for f in option_fields(of or type(options)) if f.name not in options.value_neutral}
 
 
 def parse_items(spec: str) -> dict[str, Any]:

@@ -34,7 +34,8 @@ import pandas as pd
 
 from probes.analyses import register
 from probes.prompts.builder import SWEEP_K_MAX
-from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, k_max_option, option, provenance, run_jobs
+from probes.analyses.base import (Analysis, Comparison, Job, ReportSection, RunContext, RunOptions, header_options, k_max_option, option,
+                                  provenance, run_jobs)
 from probes.analyses.parallel import open_store
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, config_label
 from probes.data.dataset import ABSTAIN
@@ -154,9 +155,12 @@ FIGURE = "fig11_call_rates"
 
 
 def calls_config(ctx: RunContext, configs: Sequence[str]) -> dict[str, Any]:
-    """The results-header configuration of a calls run (what the generations depend on; ``paired`` reads it too)."""
+    """The results-header configuration of a calls run (what the generations depend on; ``paired`` reads it too):
+    the shared options, the configurations and the token budget (each analysis's other options do not
+    change a generation)."""
+    shared = {name: value for name, value in header_options(ctx.options, RunOptions).items() if name != "margin_variant"}  # no margin in a call
     return ctx.config(configs=list(configs), max_new_tokens=ctx.options.max_new_tokens, decoding="greedy",
-                      prompt="without forced prefix", margin_variant=None)
+                      prompt="without forced prefix", margin_variant=None, options=shared)
 
 
 class _PromptMemo:
