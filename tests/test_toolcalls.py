@@ -329,6 +329,14 @@ def test_property_a_call_cut_after_its_name_keeps_its_tool(syntax, name, argumen
     assert outcome(reply, "lenient", ABSTAIN, WRONG) != "abstain"
 
 
+@pytest.mark.parametrize("reply", ["`archive_file(path='00000\\U000103d6', user=0, days=-", "archive_file(path='a', days=+",
+                                   "archive_file(path='a', days=", "archive_file('a', -"])
+def test_a_python_call_cut_after_a_sign_keeps_its_tool(reply):
+    """Hypothesis found it: a call cut after a keyword's sign (``days=-``) is still that tool's call."""
+    action = parse_reply(reply, template="native", catalog=CATALOG).action("lenient")
+    assert action is not None and action.name == "archive_file"
+
+
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(alphabet=st.sampled_from(list('{}[]()"\':,`<>/\\ \nabcx_TOLCAS=0123456789')) | st.characters(), max_size=120),
        template=st.sampled_from(["native", "prompted"]))

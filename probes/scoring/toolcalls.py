@@ -570,7 +570,7 @@ def _parse_expression(source: str) -> ast.expr | None:
         return None
 
 
-_PARTIAL_KEYWORD = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=?\s*)?")
+_PARTIAL_KEYWORD = re.compile(r"\s*(?:[A-Za-z_]\w*\s*(?:=\s*[-+]?\s*)?|[-+]\s*)?")  # `days=`, `days=-`, a lone sign
 
 
 def _cut_call(source: str) -> ast.expr | None:
