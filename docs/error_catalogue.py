@@ -143,10 +143,9 @@ def _linked_folder(tmp: Path) -> None:
     (tmp / "out" / "model").symlink_to(tmp / "elsewhere")
 
 
-def _weights_edited_in_place(tmp: Path) -> None:
-    """A finished results file, then one byte of a tensor changed in place and the mtime put back."""
-    _results(lambda lines: lines)(tmp)
-    weights = tmp / "model" / "model.safetensors"
+def edit_tensor_keep_mtime(weights: Path) -> None:
+    """Flip one bit of the first tensor of a safetensors file in place and put its mtime back
+    (also used by tests/test_reliability.py)."""
     before = weights.stat()
     with weights.open("r+b") as handle:
         start = 8 + int.from_bytes(handle.read(8), "little")  # the first byte of the first tensor
@@ -155,6 +154,12 @@ def _weights_edited_in_place(tmp: Path) -> None:
         handle.seek(start)
         handle.write(bytes([byte[0] ^ 1]))
     os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def _weights_edited_in_place(tmp: Path) -> None:
+    """A finished results file, then one byte of a tensor changed in place and the mtime put back."""
+    _results(lambda lines: lines)(tmp)
+    edit_tensor_keep_mtime(tmp / "model" / "model.safetensors")
 
 
 def _latin1_items(tmp: Path) -> None:

@@ -494,13 +494,7 @@ def test_an_empty_shard_of_a_killed_rank_does_not_block_resume(tmp_path: Path) -
 # ---------------------------------------------------------------------------- 10. content fingerprints
 def _edit_in_place_keep_mtime(path: Path) -> None:
     before = path.stat()
-    with path.open("r+b") as handle:
-        start = 8 + int.from_bytes(handle.read(8), "little")  # the first byte of the first tensor
-        handle.seek(start)
-        byte = handle.read(1)
-        handle.seek(start)
-        handle.write(bytes([byte[0] ^ 1]))
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    CATALOGUE.edit_tensor_keep_mtime(path)
     assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
 
 

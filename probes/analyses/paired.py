@@ -9,7 +9,6 @@ missing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from probes.analyses.parallel import on_rank_zero, open_store
 from probes.prompts.record import record_id
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
-from probes.reporting.results import ResultsStore, load_results, read_meta
+from probes.reporting.results import ResultsStore, canonical, load_results, read_meta
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.stats import DEFAULT_SEED, paired_permutation_test
 from probes.scoring.toolcalls import MODES, mode_description
@@ -111,17 +110,13 @@ def paired_summary(paired: pd.DataFrame, *, resamples: int = 10000, seed: int = 
     return pd.DataFrame(out)
 
 
-def _canonical(value: Any) -> Any:
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
-
-
 def _reusable_calls(path: Path, expected: Mapping[str, Any]) -> pd.DataFrame | None:
     """Rows (of the wanted configs) of an existing calls file written with the same settings."""
     if not path.is_file() or path.stat().st_size == 0:
         return None
     meta = read_meta(path)
     theirs = dict(meta.get("config", {}))
-    mine = _canonical(dict(expected))
+    mine = canonical(dict(expected))
     if meta.get("analysis") != CALLS or not set(mine["configs"]) & set(theirs.get("configs", [])):
         return None
     theirs.pop("configs", None)

@@ -49,7 +49,7 @@ from probes.analyses.parallel import rank_device, world
 from probes.engine.session import ProbeSession
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
-from probes.reporting.results import atomic_path, environment, write_csv
+from probes.reporting.results import environment, write_csv, write_text
 from probes.scoring.claims import claims_table
 
 # Shared options set on an analysis only when given to the report (else it keeps its own default).
@@ -158,8 +158,7 @@ def write_report(out_dir: Path, header: list[str], sections: list[ReportSection]
         parts += ["## Failed", "", *[f"- {line}" for line in failed], ""]
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.md"
-    with atomic_path(path) as tmp:
-        tmp.write_text("\n".join(parts))
+    write_text(path, "\n".join(parts))
     return path
 
 

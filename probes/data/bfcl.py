@@ -76,7 +76,7 @@ from probes.data.bfcl_exec import (
 )
 from probes.data.dataset import BUCKETS, DatasetError
 from probes.data.staging import check_output, staged_folder
-from probes.reporting.results import atomic_path
+from probes.reporting.results import write_text
 from probes.data.extract_llm import RETRIES, Candidate, Extraction, LLMExtractor, TextGenerator
 from probes.data.schema import ToolCatalog, build_library, tools_from_json
 from probes.reporting.bfcl_readme import ImportFacts, render_readme
@@ -775,9 +775,9 @@ def import_bfcl(
             skill_id: sorted(evidence[skill_id.split(".", 1)[1]].sources) for ids in kept.values() for skill_id in ids
         }
         (stage / "skill_sources.json").write_text(json.dumps(provenance, indent=1) + "\n")
-    with atomic_path(out / "README.md") as tmp:  # it reads the domain files at report.out: written once the new folder is in place
-        tmp.write_text(render_readme(report, readme_facts(data_dir, categories), skill_fraction=skill_fraction, seed=seed,
-                                     max_probe_entries=max_probe_entries))
+    # it reads the domain files at report.out: written once the new folder is in place
+    write_text(out / "README.md", render_readme(report, readme_facts(data_dir, categories), skill_fraction=skill_fraction, seed=seed,
+                                                max_probe_entries=max_probe_entries))
     return report
 
 

@@ -184,11 +184,10 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
 def write_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFAULT_TOKENIZER, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Path:
     """Write :func:`dataset_card` to ``<dataset_dir>/CARD.md`` atomically (through a temporary file
     renamed over it; a dead writer's temporary file is deleted); returns the path."""
-    from probes.reporting.results import atomic_path
+    from probes.reporting.results import write_text
 
     path = Path(dataset_dir) / CARD_NAME
     text = dataset_card(dataset_dir, tokenizer=tokenizer, resamples=resamples, seed=seed)
-    with atomic_path(path) as tmp:  # a full disk or a kill leaves the previous card whole
-        tmp.write_text(text, encoding="utf-8")
+    write_text(path, text)  # atomic: a full disk or a kill leaves the previous card whole
     return path
 

@@ -77,7 +77,8 @@ def environment() -> dict[str, Any]:
     return {"python": platform.python_version(), "platform": platform.platform(), "versions": versions}
 
 
-def _canonical(value: Any) -> Any:
+def canonical(value: Any) -> Any:
+    """``value`` as a results header stores it (JSON round trip, keys sorted): compare headers in this form."""
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
@@ -345,7 +346,7 @@ class ResultsStore:
 
     def __init__(self, path: str | Path, analysis: str, config: Mapping[str, Any], *, overwrite: bool = False) -> None:
         self.path = Path(path)
-        self.meta = {"analysis": analysis, "config": _canonical(dict(config)), **environment()}
+        self.meta = {"analysis": analysis, "config": canonical(dict(config)), **environment()}
         self._keys: set[str] = set()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _lock(self.path)  # before reading: no other writer can append between our read and our writes
