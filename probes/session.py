@@ -51,15 +51,18 @@ class ProbeSession(EngineSession):
         return self._study_defaults()[0]
 
     def prompt(self, item: Any, *, config: str = "basm", k: int = DEFAULT_K_MAX, fmt: str = "native", dataset: str | Path | None = None,
-               embedder: str = "auto", gamma: float | None = None, relevance: str | None = None, beta: int | None = None) -> PromptRecord:
+               embedder: str = "auto", gamma: float | None = None, relevance: str | None = None, beta: int | None = None,
+               retrieval: str = BuildSettings.retrieval, oracle_rank: int = BuildSettings.oracle_rank) -> PromptRecord:
         """The prompt record of ``item`` (an id or a dataset item) under memory configuration ``config``
         at retrieval depth ``k``, in this model's own token space (see ``docs/prompt_records.md``).
-        ``dataset`` and ``relevance`` default to this model's study defaults (:attr:`default_dataset`)."""
+        ``dataset`` and ``relevance`` default to this model's study defaults (:attr:`default_dataset`);
+        ``retrieval="oracle"`` shows the item's defining skill at rank ``oracle_rank`` (not at all when
+        ``k < oracle_rank``: :func:`probes.data.retrieval.oracle_order`)."""
         if self.tokenizer is None:
             raise ValueError("this session has no tokenizer: pass tokenizer= when opening it")
         dataset, relevance = resolve_study(self.model.name_or_path, dataset, relevance)
         settings = {"k_max": max(k, SWEEP_K_MAX), "gamma": BuildSettings.gamma if gamma is None else gamma, "relevance": relevance,
-                    "beta": BuildSettings.beta if beta is None else beta}
+                    "beta": BuildSettings.beta if beta is None else beta, "retrieval": retrieval, "oracle_rank": oracle_rank}
         key = (str(dataset), embedder, tuple(settings.items()))
         if getattr(self, "_builder_key", None) != key:
             self._builder = make_builder(self.tokenizer, load_dataset(dataset), embedder=embedder, **settings,

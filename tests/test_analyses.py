@@ -202,7 +202,7 @@ def test_knockout_compares_every_control_on_the_same_records() -> None:
     for rec, abstain in (("a", False), ("b", True), ("c", False)):
         for cond, value in (("baseline", 1.0), ("boundary", 2.0), ("random_0", 1.5), ("anywhere_0", 1.2), ("procedure", 0.5)):
             margin = np.nan if abstain else value + (rec == "c")
-            rows.append({"record_id": rec, "item_id": rec, "bucket": "T_wrong", "task_group": f"g{rec}", "config": "basm",
+            rows.append({"record_id": rec, "item_id": rec, "bucket": "T_wrong", "task_group": f"g{rec}", "config": "basm", "tempting_shown": True,
                          "condition": cond, "boundary_size": 5, "correct_is_abstain": abstain, "margin": margin,
                          "broad_margin": margin, "correct_margin": margin, "call_logodds": value})
     rows[-1]["call_logodds"] = np.nan  # record c: call log-odds undefined under one knockout

@@ -17,7 +17,7 @@ def test_build_writes_documented_records(tmp_path, capsys):
     documented = {
         "record_id", "item_id", "bucket", "split", "domain", "task_group", "config", "k", "format", "tokenizer",
         "text", "input_ids", "n_tokens", "decision_index", "open_index", "query_rows", "spans", "spans_kind",
-        "skills", "candidates", "collision", "correct_action", "wrong_tools", "tempting_skill", "tempting_rank", "retrieval",
+        "skills", "candidates", "collision", "correct_action", "wrong_tools", "tempting_skill", "tempting_rank", "tempting_shown_rank", "retrieval",
     }
     assert all(set(record) == documented for record in records)
     assert all(record["retrieval"]["gate"] == {"relevance": "lexical", "gamma": 0.0, "beta": 384} for record in records)

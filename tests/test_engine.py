@@ -270,7 +270,7 @@ def _native_record(tok, names: dict[str, str], collide: bool) -> PromptRecord:
         format="native", tokenizer="", text="", input_ids=ids, n_tokens=len(ids), decision_index=d, open_index=open_index,
         query_rows=list(range(open_index, d + 1)), spans={"boundary": [(2, 8)], "procedure": [(8, 14)]}, spans_kind={"boundary": "boundary"},
         skills=[], candidates=cands, collision=collide, correct_action=names["correct"], wrong_tools=[names["wrong"]],
-        tempting_skill="", tempting_rank=None, retrieval={},
+        tempting_skill="", tempting_rank=None, tempting_shown_rank=None, retrieval={"mode": "ranked"},
     )
 
 

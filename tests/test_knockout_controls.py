@@ -173,7 +173,7 @@ def _planted_rows(groups: int = 10, per_group: int = 3, draws: int = 3, slope: f
     for g in range(groups):
         for r in range(per_group):
             rid = f"item-{g}-{r}|basm|k2|native"
-            base = {"record_id": rid, "item_id": f"item-{g}-{r}", "config": "basm", "bucket": "T_wrong", "task_group": f"g{g}",
+            base = {"record_id": rid, "item_id": f"item-{g}-{r}", "config": "basm", "bucket": "T_wrong", "task_group": f"g{g}", "tempting_shown": r > 0,
                     "boundary_size": len(b), "correct_is_abstain": False, "boundary_mass": 0.2}
             m0 = rng.normal(1.0, 0.5)
             conditions = {"baseline": ([], {}), "boundary": (b, {})}

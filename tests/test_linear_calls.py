@@ -51,6 +51,7 @@ def _rows(solved_basm, solved_padding, syntax="tool_call_tag"):
             strict = lenient if fmt_ok else "off_template_call"
             rows.append({"record_id": f"i{i}|{config}|k1|native", "item_id": f"i{i}", "k": 1, "format": "native", "config": config,
                          "bucket": "T_wrong", "domain": "d", "task_group": f"g{i % 2}", "correct_action": "a",
+                         "retrieval_mode": "ranked", "tempting_rank": 1, "tempting_shown_rank": 1, "tempting_shown": True,
                          "syntax": syntax if fmt_ok else "fenced_json", "shape": "name_arguments", "template_format": fmt_ok, "known_tool": True,
                          "lenient_outcome": lenient, "lenient_solved": solved, "strict_outcome": strict,
                          "strict_solved": solved and fmt_ok})

@@ -51,6 +51,7 @@ EXPLICIT: dict[str, Any] = {
     "items": "T_ok:retail:3",
     "item_ids": ("retail-ok-0001", "retail-wrong-0001"),
     "domains": ("retail", "travel"),
+    "k": 2,  # deep enough for the invented oracle_rank (2): a shallower depth is refused under --retrieval oracle
 }
 
 

@@ -17,7 +17,7 @@ from probes.prompts.record import REQUIRED, Candidate, PromptRecord, SkillEntry,
 # the documented fields, in the order ``basm-probes build`` writes them
 DOCUMENTED = ("record_id", "item_id", "bucket", "split", "domain", "task_group", "config", "k", "format", "tokenizer",
               "text", "input_ids", "n_tokens", "decision_index", "open_index", "query_rows", "spans", "spans_kind",
-              "skills", "candidates", "collision", "correct_action", "wrong_tools", "tempting_skill", "tempting_rank", "retrieval")
+              "skills", "candidates", "collision", "correct_action", "wrong_tools", "tempting_skill", "tempting_rank", "tempting_shown_rank", "retrieval")
 CANDIDATE_KEYS = ("role", "action", "anchor_index", "text", "token_ids", "first_token_id", "boundary_merge", "collides_with")
 
 

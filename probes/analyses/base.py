@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from probes.analyses.parallel import ShardedStore, open_store, rank_device, world
 from probes.data.dataset import BUCKETS, SPLIT_KINDS, Item, ProbeDataset, load_dataset, resolve_dataset
-from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RetrievalWeights, Retriever, make_embedder
+from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RETRIEVAL_MODES, RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint
 from probes.organism import ORGANISM_DIR, ORGANISM_NAME, is_organism
 from probes.engine.session import Knockout, ProbeSession
@@ -318,6 +318,8 @@ class BuildsPrompts:
     gamma: float
     relevance: str | None
     beta: int
+    retrieval: str
+    oracle_rank: int
 
     @property
     def depth(self) -> int | None:
@@ -330,7 +332,8 @@ class BuildsPrompts:
         resolved (:func:`probes.prompts.builder.resolve_study`). ``retriever``: one to share instead of a
         new one of ``embedder``."""
         return make_builder(tokenizer, dataset, embedder=self.embedder if retriever is None else retriever, k_max=self.k_max,
-                            gamma=self.gamma, relevance=self.relevance, beta=self.beta, tokenizer_name=tokenizer_name)
+                            gamma=self.gamma, relevance=self.relevance, beta=self.beta, retrieval=self.retrieval,
+                            oracle_rank=self.oracle_rank, tokenizer_name=tokenizer_name)
 
 
 @dataclass(kw_only=True)
@@ -344,6 +347,11 @@ class BuilderOptions(Options, BuildsPrompts):
                                    "(embedding cosine); default: lexical for the bundled organism, semantic for every other model",
                                    choices=RELEVANCE_MEASURES, group="probe")
     beta: int = option(BuildSettings.beta, "boundary token budget β (Eq. 10)", type=int, minimum=0, group="probe")
+    retrieval: str = option(BuildSettings.retrieval, "which skills a prompt shows: ranked (Eq. 8's top k) or oracle (the item's "
+                            "defining skill moved to rank --oracle-rank of Eq. 8's ranking, the others in their order; depth k "
+                            "shows the first k)", choices=RETRIEVAL_MODES, group="probe")
+    oracle_rank: int = option(BuildSettings.oracle_rank, "the defining skill's rank under --retrieval oracle (at most the run's "
+                              "depth; a shallower k of a sweep does not show it)", type=int, minimum=1, group="probe")
 
 
 @dataclass(kw_only=True)
@@ -378,6 +386,8 @@ class RunOptions(Options, BuildsPrompts):
     gamma: float = shared(BuilderOptions, "gamma")
     relevance: str | None = shared(BuilderOptions, "relevance")
     beta: int = shared(BuilderOptions, "beta")
+    retrieval: str = shared(BuilderOptions, "retrieval")
+    oracle_rank: int = shared(BuilderOptions, "oracle_rank")
     seed: int = option(0, "seed of every random draw", type=int, group="probe")
     # items
     dataset: str | Path | None = shared(ItemOptions, "dataset")
@@ -532,7 +542,8 @@ class RunContext:
             "fingerprint": {**self.model_fingerprint, "dataset": self.dataset.content_digest(self.items), "code": code_digest()},
             "dtype": a.dtype, "device": a.device, "format": a.format, "margin_variant": a.margin_variant,
             "epsilon": EPSILON, "k_max": a.k_max, "seed": a.seed,
-            "builder": {"embedder": self.builder.retriever.embedder.name, "gamma": a.gamma, "relevance": a.relevance, "beta": a.beta},
+            "builder": {"embedder": self.builder.retriever.embedder.name, "gamma": a.gamma, "relevance": a.relevance, "beta": a.beta,
+                        "retrieval": self.builder.settings.retrieval_mode},
             "dataset": str(a.dataset),
             "items": {"n": len(self.items), "digest": hashlib.sha256(",".join(i.id for i in self.items).encode()).hexdigest()[:16],
                       "bucket": list(a.buckets) if a.buckets else None, "domain": list(a.domains) if a.domains else None,
@@ -598,6 +609,14 @@ def select_items(dataset: ProbeDataset, options: Any) -> tuple[Item, ...]:
     if not items:
         raise OptionError("no items match the filters (buckets/domains/split/limit/item_ids/items)")
     return items
+
+
+def check_oracle(options: Any) -> None:
+    """Under ``retrieval="oracle"`` the defining skill's rank must be one the run shows: at most its
+    depth (``k``, else ``k_max``); shallower depths of a sweep show the first k of the oracle order."""
+    if options.retrieval == "oracle" and options.depth is not None and options.oracle_rank > options.depth:
+        raise OptionError(f"oracle_rank (--oracle-rank) {options.oracle_rank} exceeds the run's retrieval depth {options.depth}: "
+                          f"no prompt would show the defining skill; use --oracle-rank {options.depth} or less, or a deeper k")
 
 
 def check_depths(dataset: ProbeDataset, items: Sequence[Item], **depths: int | None) -> None:
@@ -686,6 +705,7 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
                               f"a domain ({', '.join(dataset.domains)}) or a count; the form is BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10")
     items = select_items(dataset, options)
     check_depths(dataset, items, k_max=options.k_max, k=getattr(options, "k", None))
+    check_oracle(options)
     if options.format == "prompted" and is_organism(model):
         print("warning: the bundled organism was trained on the native format only; format prompted measures "
               "a format it never saw", file=sys.stderr)

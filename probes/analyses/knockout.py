@@ -66,6 +66,11 @@ CI from resampling task groups jointly for numerator and denominator. Per measur
 and control is compared on the same records (those where the measure is defined under every
 condition); records left out are counted with their reason. Records whose boundary span is empty
 (the relevance gate γ exposed no boundary field) are excluded and counted.
+
+The shifts and the gap recovery are also written split by whether the item's defining skill is
+among the k skills shown (``knockout_shown.csv``, ``knockout_gap_recovery_shown.csv``: ``shown`` =
+all / shown / not shown, the paper's setting being "shown"), and the boundary claims are repeated
+on the shown records (family "knockout (defining skill shown)").
 """
 
 from __future__ import annotations
@@ -93,7 +98,7 @@ from probes.scoring.controls import (RANDOM_POOLS, anywhere_control, block_lengt
 from probes.scoring.margins import candidates_from_record
 from probes.scoring.score import deciding_depth, record_rng
 from probes.scoring.selectivity import SELECTIVITY, selectivity_table
-from probes.scoring.stats import bootstrap_ratio, cluster_bootstrap, no_ci_note, summarise
+from probes.scoring.stats import SHOWN_FLAG, SHOWN_GROUPS, bootstrap_ratio, by_shown, cluster_bootstrap, no_ci_note, summarise
 
 NAME = "knockout"
 FIGURES = ("fig06_knockout_controls", "fig07_knockout_selectivity")
@@ -110,6 +115,7 @@ B_FAMILY = ("boundary", "count_boundary")  # knockouts of B's positions (dose–
 POOL_FAMILY = ("random", "count_pool", "mass_matched")  # knockouts of the control pool's positions
 RANDOM_CONTROLS = ("random", "count_pool", "mass_matched", "random_anywhere")  # expected not to move the margin
 CLAIM_BUCKET, CLAIM_MEASURE = "T_wrong", "margin"
+SHOWN_FAMILY = f"{NAME} (defining skill shown)"
 
 
 # ----------------------------------------------------------------------------- dose
@@ -268,6 +274,8 @@ class KnockoutSummary:
     note: str
     pool: str = "neutral"
     sesoi: float = DEFAULT_SESOI
+    shown: pd.DataFrame | None = None  # shown (all | shown | not shown), then the columns of deltas
+    recovery_shown: pd.DataFrame | None = None  # shown, then the columns of recovery
 
 
 def control_of(condition: str) -> str:
@@ -306,13 +314,13 @@ def deltas_per_record(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
         base = sub[sub["condition"] == "baseline"].set_index("record_id")[measure]
         knocked = sub[sub["condition"] != "baseline"]
         delta = knocked[measure].to_numpy(float) - base.loc[knocked["record_id"]].to_numpy(float)
-        frame = knocked[["record_id", "config", "item_id", "bucket", "task_group", "condition"]].assign(
+        frame = knocked[["record_id", "config", "item_id", "bucket", "task_group", SHOWN_FLAG, "condition"]].assign(
             measure=measure, delta=delta, mass=knocked["knockout_mass"].to_numpy(float))
         out.append(frame.assign(knockout=frame["condition"].map(control_of)))
     points = pd.concat(out, ignore_index=True)
     points["family"] = points["knockout"].map(family_of)
     # one value per record for each random control: the mean over its draws
-    per = points.groupby(["record_id", "config", "item_id", "bucket", "task_group", "knockout", "measure"], as_index=False,
+    per = points.groupby(["record_id", "config", "item_id", "bucket", "task_group", SHOWN_FLAG, "knockout", "measure"], as_index=False,
                          sort=False)[["delta", "mass"]].mean()
     return per, points, pd.DataFrame(dropped, columns=["config", "measure", "bucket", "reason", "n_records"]), int(len(excluded))
 
@@ -463,8 +471,38 @@ def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0, *, pool: s
     deltas = summarise(per, ["config", "bucket", "knockout", "measure"], "delta", seed=seed)
     win = deltas[(deltas["config"] == "basm") & (deltas["bucket"] == "T_wrong") & (deltas["measure"] == "margin") & deltas["knockout"].str.startswith("boundary@")]
     windows = win.assign(window=win["knockout"].str.removeprefix("boundary@"))[["window", "value", "low", "high", "n"]]
+    shown = summarise(by_shown(per), ["shown", "config", "bucket", "knockout", "measure"], "delta", seed=seed)
+    recovery_parts = []
+    for group, group_rows, group_per in zip(SHOWN_GROUPS, shown_parts(rows), shown_parts(per)):
+        part = gap_recovery(group_rows, group_per, seed)
+        part.insert(0, "shown", group)
+        recovery_parts.append(part)
+    recovery_shown = pd.concat(recovery_parts, ignore_index=True)
+    claims = knockout_claims(per, points, rows, sesoi=sesoi, seed=seed)
+    claims += shown_claims(per[per[SHOWN_FLAG].astype(bool)], sesoi=sesoi, seed=seed)
     return KnockoutSummary(deltas, gap_recovery(rows, per, seed), windows, per, points, dropped, control_draws(rows, deltas),
-                           dose_table(points, seed), knockout_claims(per, points, rows, sesoi=sesoi, seed=seed), excluded, note, pool, sesoi)
+                           dose_table(points, seed), claims, excluded, note, pool, sesoi, shown, recovery_shown)
+
+
+def shown_parts(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``frame`` whole, its rows whose defining skill is shown, and the rest (:data:`SHOWN_GROUPS`' order)."""
+    shown = frame[SHOWN_FLAG].astype(bool)
+    return frame, frame[shown], frame[~shown]
+
+
+def shown_claims(per: pd.DataFrame, *, sesoi: float, seed: int = 0) -> list[Claim]:
+    """The boundary claims on the records whose defining skill is shown (BASM, T_wrong, wrong-tool
+    margin; family "knockout (defining skill shown)"): B moves the margin, and more than the neutral control."""
+    sub = per[(per["config"] == "basm") & (per["bucket"] == CLAIM_BUCKET) & (per["measure"] == CLAIM_MEASURE)]
+    w = sub.pivot_table(index=["record_id", "task_group"], columns="knockout", values="delta", aggfunc="first").reset_index()
+    if not len(w) or "boundary" not in w:
+        return []
+    claims = [effect_claim(SHOWN_FAMILY, "boundary", "on the records whose defining skill is shown, the boundary knockout raises "
+                           "the BASM T_wrong wrong-tool margin", w["boundary"], w["task_group"], sesoi=sesoi, seed=seed)]
+    if "random" in w:
+        claims.append(effect_claim(SHOWN_FAMILY, "boundary>neutral", "on those records it raises it more than |B| positions of the "
+                                   "control pool", w["boundary"] - w["random"], w["task_group"], sesoi=sesoi, seed=seed))
+    return claims
 
 
 def basm_deltas(summary: KnockoutSummary) -> pd.DataFrame:
@@ -478,6 +516,13 @@ def priming_table(summary: KnockoutSummary) -> pd.DataFrame:
     d = summary.deltas
     keep = d[d["knockout"].isin(["boundary", "random"]) & (d["measure"] == "margin")]
     return keep[["bucket", "config", "knockout", "value", "low", "high", "n"]].sort_values(["bucket", "knockout", "config"]).reset_index(drop=True)
+
+
+def shown_headline(summary: KnockoutSummary) -> pd.DataFrame:
+    """The BASM T_wrong wrong-tool-margin shifts of the boundary knockout and its controls, per ``shown`` group."""
+    d = summary.shown
+    keep = d[(d["config"] == "basm") & (d["bucket"] == CLAIM_BUCKET) & (d["measure"] == CLAIM_MEASURE) & d["knockout"].isin(plots.KNOCKOUT_LABELS)]
+    return keep[["shown", "knockout", "value", "low", "high", "n", "n_items", "note"]].reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------- figures and text
@@ -580,7 +625,7 @@ class KnockoutAnalysis(Analysis):
 
     def tables(self, summary: KnockoutSummary) -> dict[str, pd.DataFrame]:
         tables = {f"{NAME}_summary": summary.deltas, f"{NAME}_gap_recovery": summary.recovery, f"{NAME}_controls": summary.controls,
-                  f"{NAME}_dose": summary.dose}
+                  f"{NAME}_dose": summary.dose, f"{NAME}_shown": summary.shown, f"{NAME}_gap_recovery_shown": summary.recovery_shown}
         if set(summary.deltas["config"]) != {"basm"}:
             tables[f"{NAME}_priming"] = priming_table(summary)
         return tables
@@ -614,7 +659,10 @@ class KnockoutAnalysis(Analysis):
                 f"Dose–response: slope of Δm on the deciding-row attention mass removed (logits per unit mass, through the origin; "
                 f"family B: `boundary`, `count_boundary`; pool: `random`, `count_pool`, `mass_matched`):\n\n{markdown_table(dose)}\n\n"
                 f"Share of the Proc. Skill gap recovered by the boundary knockout (T_wrong; CI resamples task groups jointly):\n\n"
-                f"{markdown_table(r)}")
+                f"{markdown_table(r)}\n\n"
+                f"Split by whether the item's defining skill is among the k shown (the paper's setting: `shown`; "
+                f"`{NAME}_shown.csv`, `{NAME}_gap_recovery_shown.csv`), BASM, T_wrong, wrong-tool margin and gap recovery:\n\n"
+                f"{markdown_table(shown_headline(summary))}\n\n{markdown_table(summary.recovery_shown)}")
         if ctx.options.priming:
             body += ("\n\nLexical-priming controls (Δ wrong-tool margin; `basm-anon`: tool names in B replaced by placeholders, "
                      f"`basm-names`: B reduced to the tool names it mentions):\n\n{markdown_table(priming_table(summary))}")
@@ -635,6 +683,8 @@ class KnockoutAnalysis(Analysis):
 
     def print_summary(self, summary: KnockoutSummary) -> None:
         print(basm_deltas(summary).round(3).to_string(index=False))
+        print("split by whether the defining skill is among the k shown (BASM, T_wrong, wrong-tool margin):\n"
+              + shown_headline(summary).round(3).to_string(index=False))
         if set(summary.deltas["config"]) != {"basm"}:
             print("lexical-priming controls (Δ wrong-tool margin):\n" + priming_table(summary).round(3).to_string(index=False))
         for r in summary.recovery.itertuples():

@@ -69,7 +69,8 @@ def pair_rows(rows: pd.DataFrame, configs: tuple[str, str] = PAIRED_CONFIGS) -> 
         item_id, k, fmt = key
         row = {"key": f"{item_id}|k{k}|{fmt}", "item_id": item_id, "k": int(k), "format": fmt,
                "bucket": ra["bucket"], "domain": ra["domain"], "task_group": ra["task_group"],
-               "correct_action": ra["correct_action"], "identical_prompt": int(k) == 0}
+               "correct_action": ra["correct_action"], "identical_prompt": int(k) == 0,
+               **{field: ra[field] for field in ("retrieval_mode", "tempting_rank", "tempting_shown_rank", "tempting_shown")}}
         for short, r in ((first, ra), (second, rb)):
             row.update({f"{short}_{field}": r[field] for field in ("syntax", "template_format", "known_tool")})
             for mode in MODES:

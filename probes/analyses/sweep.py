@@ -14,6 +14,11 @@ the **trap** m_Proc(k) − m_Base(k) and the **suppression** m_BASM(k) − m_Pro
 the mean over task groups with a 95% bootstrap CI (``sweep_differences.csv``, the right-hand
 panel of Fig. 2) and, on T_wrong at every k ≥ 1, a one-sided sign-flip test over task groups
 (:meth:`Sweep.claims`; Holm over the family).
+
+Every table is also written split by whether the item's defining skill is among the k skills of
+its depth (``sweep_shown.csv``, ``sweep_differences_shown.csv``: ``shown`` = all / shown / not
+shown, the paper's setting being "shown"; k = 0 shows none), and the claims are repeated on the
+shown items (family "sweep (defining skill shown)").
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
 from probes.reporting.results import load_results
 from probes.scoring.claims import Claim, effect_claim
-from probes.scoring.stats import paired_differences, summarise
+from probes.scoring.stats import SHOWN_FLAG, by_shown, paired_differences, summarise
 
 NAME = "sweep"
 FIGURE = "fig02_retrieval_trap"
 # name -> (a, b, the claimed sign of a − b on T_wrong)
 CONTRASTS = {"trap": ("proc", "base", "greater"), "suppression": ("basm", "proc", "less")}
+SHOWN_FAMILY = f"{NAME} (defining skill shown)"
 
 
 @dataclass
@@ -50,7 +56,15 @@ class SweepSummary:
     variant: str = "tool_choice"
     n_abstain_items: int = 0  # items without a correct tool (no tool-choice margin)
     differences: pd.DataFrame | None = None  # bucket, contrast, k, value, low, high, n, n_items, n_nan, note
-    per_item: pd.DataFrame | None = None  # bucket, item_id, task_group, k, contrast, delta
+    per_item: pd.DataFrame | None = None  # bucket, item_id, task_group, k, tempting_shown, contrast, delta
+    shown: pd.DataFrame | None = None  # shown (all | shown | not shown), then the columns of table
+    differences_shown: pd.DataFrame | None = None  # shown, then the columns of differences
+
+
+def shown_rows(differences_shown: pd.DataFrame) -> pd.DataFrame:
+    """The split differences at k ≥ 1 (nothing is shown at k = 0), shown and not shown."""
+    d = differences_shown
+    return d[(d["k"] >= 1) & (d["shown"] != "all")][["shown", "bucket", "contrast", "k", "value", "low", "high", "n", "n_items", "note"]]
 
 
 @register("sweep", order=10)
@@ -79,33 +93,40 @@ class Sweep(Analysis):
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> SweepSummary:
         seed = ctx.options.seed
         table = summarise(rows, ["bucket", "config", "k"], seed=seed)
+        # the flag is the same for every configuration of an item at one depth, so it pairs like k
         per_item = paired_differences(rows, {name: (a, b) for name, (a, b, _) in CONTRASTS.items()},
-                                      pair=["bucket", "item_id", "task_group", "k"])
+                                      pair=["bucket", "item_id", "task_group", "k", SHOWN_FLAG])
         differences = summarise(per_item, ["bucket", "contrast", "k"], "delta", seed=seed)
+        shown = summarise(by_shown(rows), ["shown", "bucket", "config", "k"], seed=seed)
+        differences_shown = summarise(by_shown(per_item), ["shown", "bucket", "contrast", "k"], "delta", seed=seed)
         n_abstain = int(rows.loc[rows["correct_is_abstain"].astype(bool), "item_id"].nunique())
         k0 = rows[rows["k"] == 0]
         identical = bool((k0.groupby("item_id")["prompt_digest"].nunique() <= 1).all())
         spread = k0.groupby("item_id")["margin"].agg(lambda s: float(np.nanmax(s) - np.nanmin(s)) if s.notna().any() else 0.0)
         return SweepSummary(table, identical, float(spread.max()) if len(spread) else float("nan"), provenance(ctx), ctx.variant,
-                            n_abstain, differences, per_item)
+                            n_abstain, differences, per_item, shown, differences_shown)
 
     def tables(self, summary: SweepSummary) -> dict[str, pd.DataFrame]:
-        return {f"{NAME}_summary": summary.table, f"{NAME}_differences": summary.differences}
+        return {f"{NAME}_summary": summary.table, f"{NAME}_differences": summary.differences, f"{NAME}_shown": summary.shown,
+                f"{NAME}_differences_shown": summary.differences_shown}
 
     def claims(self, summary: SweepSummary) -> list[Claim]:
         """On T_wrong at every k ≥ 1: the trap (Proc. Skill above Base) and the suppression (BASM below
-        Proc. Skill), per item, over task groups; family "sweep"."""
+        Proc. Skill), per item, over task groups; family "sweep" on every item, and family
+        "sweep (defining skill shown)" on the items whose defining skill is among the k shown."""
         per = summary.per_item
         if per is None or not len(per):
             return []
         out = []
-        for (contrast, k), sub in per[(per["bucket"] == "T_wrong") & (per["k"] >= 1)].groupby(["contrast", "k"], sort=True):
-            a, b, alternative = CONTRASTS[contrast]
-            sub = sub[np.isfinite(sub["delta"].to_numpy(float))]
-            words = "above" if alternative == "greater" else "below"
-            out.append(effect_claim(NAME, f"{contrast} k={k}", f"on T_wrong at k = {k} the {plots.label(a)} margin is {words} "
-                                    f"{plots.label(b)} (paired by item)", sub["delta"], sub["task_group"], alternative=alternative,
-                                    seed=self.seed))
+        wrong = per[(per["bucket"] == "T_wrong") & (per["k"] >= 1)]
+        for family, subset, which in ((NAME, wrong, ""), (SHOWN_FAMILY, wrong[wrong[SHOWN_FLAG].astype(bool)], " whose defining skill is shown")):
+            for (contrast, k), sub in subset.groupby(["contrast", "k"], sort=True):
+                a, b, alternative = CONTRASTS[contrast]
+                sub = sub[np.isfinite(sub["delta"].to_numpy(float))]
+                words = "above" if alternative == "greater" else "below"
+                out.append(effect_claim(family, f"{contrast} k={k}", f"on the T_wrong items{which} at k = {k} the {plots.label(a)} margin "
+                                        f"is {words} {plots.label(b)} (paired by item)", sub["delta"], sub["task_group"],
+                                        alternative=alternative, seed=self.seed))
         return out
 
     def figures(self, summary: SweepSummary, out_dir: Path) -> list[Path]:
@@ -129,7 +150,10 @@ class Sweep(Analysis):
                 f"largest margin spread between configurations at k = 0: {summary.k0_max_spread:.3g} logits.\n\n"
                 f"The claims are differences on the same items (trap = Proc. Skill − Base, suppression = BASM − Proc. Skill), "
                 f"mean over task groups with 95% CIs (`{NAME}_differences.csv`):\n\n"
-                f"{markdown_table(summary.differences[['bucket', 'contrast', 'k', 'value', 'low', 'high', 'n', 'n_items', 'note']])}")
+                f"{markdown_table(summary.differences[['bucket', 'contrast', 'k', 'value', 'low', 'high', 'n', 'n_items', 'note']])}\n\n"
+                f"The same differences on the items whose defining skill is among the k shown (the paper's setting) and on the "
+                f"others (`{NAME}_differences_shown.csv`; margins per configuration in `{NAME}_shown.csv`):\n\n"
+                f"{markdown_table(shown_rows(summary.differences_shown))}")
         comparisons = [
             Comparison("Fig. 2: margin at k = 0, T_wrong (configs coincide)", cell(t, bucket="T_wrong", config="base", k=0), paper.FIG2["k0"]),
             Comparison("Fig. 2: Proc. Skill at k = 2, T_wrong", cell(t, bucket="T_wrong", config="proc", k=2), paper.FIG2["proc_k2"]),
@@ -147,6 +171,8 @@ class Sweep(Analysis):
         if summary.differences is not None and len(summary.differences):
             print("paired differences (mean over task groups [95% CI]):\n"
                   + summary.differences.drop(columns=["n_nan"]).round(3).to_string(index=False))
+            print("the same, split by whether the defining skill is among the k shown:\n"
+                  + shown_rows(summary.differences_shown).round(3).to_string(index=False))
 
     def status(self, summary: SweepSummary) -> int:
         return 0 if summary.k0_prompts_identical else 1

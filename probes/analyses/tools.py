@@ -36,6 +36,7 @@ from probes.analyses.base import (
     OptionError,
     Options,
     check_depths,
+    check_oracle,
     depth_option,
     k_max_option,
     option,
@@ -170,6 +171,7 @@ def build(**options: Any) -> BuildResult:
     dataset = load_dataset(o.dataset)
     items = select_items(dataset, o)
     check_depths(dataset, items, k_max=o.k_max)
+    check_oracle(o)
     builder = o.make_builder(load_tokenizer(o.tokenizer), dataset, tokenizer_name=str(o.tokenizer))
     configs = list(o.configs or CONFIGS)
     formats = list(o.formats or ["native"])
@@ -212,6 +214,7 @@ def prompt_record(**options: Any) -> PromptRecord:
     except ValueError as error:
         raise OptionError(f"{o.item!r}: {error}") from error
     check_depths(dataset, [item], k_max=o.k_max, k=o.k)
+    check_oracle(o)
     builder = o.make_builder(load_tokenizer(o.tokenizer), dataset, tokenizer_name=str(o.tokenizer))
     return builder.build(item, o.config, o.depth, o.format)
 
@@ -239,7 +242,8 @@ def print_record(record: PromptRecord) -> None:
         table.add_row(candidate.role, candidate.action, str(candidate.anchor_index), str(candidate.token_ids), ", ".join(candidate.collides_with))
     console.print(table)
     skills = ", ".join(f"{s.rank}. {s.skill_id} ({s.score:.3f}{', boundary' if s.boundary_exposed else ''})" for s in record.skills)
-    console.print(f"retrieved: {skills or '—'}  | embedder: {record.retrieval['embedder']}")
+    console.print(f"retrieved: {skills or '—'}  | embedder: {record.retrieval['embedder']} | retrieval: {record.retrieval_mode} | "
+                  f"tempting skill {record.tempting_skill}: Eq. 8 rank {record.tempting_rank}, shown rank {record.tempting_shown_rank}")
 
 
 def show(**options: Any) -> PromptRecord:

@@ -7,6 +7,12 @@ folder, never a hub) or a deterministic hashed bag-of-n-grams (``--embedder lexi
 takes MiniLM when its packages are installed, else the lexical one, and says so on stderr (the
 two retrieve different skills). Which one ran is recorded in every prompt record
 (``retrieval.embedder``) and in every results header (``builder.embedder``).
+
+Which skills a prompt shows (:data:`RETRIEVAL_MODES`): ``ranked`` shows the top k of Eq. 8;
+``oracle`` (:func:`oracle_order`) moves the item's defining skill (``Item.tempting_skill``) to a
+chosen rank R of that ranking, the rest in Eq. 8 order, so retrieval quality and the mechanism can
+be told apart. The k skills shown are always the first k of the order: at k < R the defining skill
+is not shown (prompts stay nested across k, as under ``ranked``).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ def step_overlap(state: str, skill: Skill) -> float:
 
 
 RELEVANCE_MEASURES: tuple[str, ...] = ("lexical", "semantic")
+RETRIEVAL_MODES: tuple[str, ...] = ("ranked", "oracle")
 
 
 def boundary_relevance(state: str, skill: Skill) -> float:
@@ -226,3 +233,16 @@ class Retriever:
             total = self.weights.sem * float(cosine) + self.weights.tool * tool + self.weights.step * step
             scored.append(ScoredSkill(skill, total, float(cosine), tool, step))
         return sorted(scored, key=lambda entry: (-entry.score, entry.skill.id))
+
+
+def oracle_order(ranked: Sequence[ScoredSkill], skill_id: str, rank: int) -> list[ScoredSkill]:
+    """``ranked`` with the skill ``skill_id`` moved to ``rank`` (1-based), the others in their order
+    (each keeps its own Eq. 8 score). A rank beyond the library puts it last; a skill that is not in
+    ``ranked`` (not in the item's library) is an error."""
+    if rank < 1:
+        raise ValueError(f"oracle rank must be >= 1, got {rank}")
+    position = next((index for index, entry in enumerate(ranked) if entry.skill.id == skill_id), None)
+    if position is None:
+        raise ValueError(f"oracle retrieval: the defining skill {skill_id!r} is not among the {len(ranked)} skills of the item's library")
+    rest = [entry for index, entry in enumerate(ranked) if index != position]
+    return [*rest[: rank - 1], ranked[position], *rest[rank - 1:]]

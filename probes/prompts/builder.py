@@ -2,7 +2,8 @@
 
 For one item, configuration and depth k the builder
 
-1. retrieves the top-k skills (Eq. 8–9) and formats the memory block (Eq. 10): the procedural
+1. retrieves the top-k skills (Eq. 8–9; ``retrieval="oracle"``: the item's defining skill moved to
+   rank R, :func:`probes.data.retrieval.oracle_order`) and formats the memory block (Eq. 10): the procedural
    slots always, boundary slots per configuration, gated by r_B > γ and compressed to β tokens;
 2. renders the conversation through the tokenizer's real chat template (tool schemas passed to
    templates that support them, written into the system message for templates that do not);
@@ -35,7 +36,7 @@ from transformers import PreTrainedTokenizerBase
 from probes.prompts.record import Candidate, PromptRecord, SkillEntry, SlotSpan, Spans, record_id
 from probes.data.configs import MemoryConfig, get_config
 from probes.data.dataset import ABSTAIN, Item, ProbeDataset, default_study
-from probes.data.retrieval import Retriever, ScoredSkill, check_relevance, make_embedder
+from probes.data.retrieval import RETRIEVAL_MODES, Retriever, ScoredSkill, check_relevance, make_embedder, oracle_order
 from probes.data.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
 from probes.engine.chat import TemplateSupport
 from probes.prompts.lengths import cut_to_tokens, length_trials
@@ -90,6 +91,19 @@ class BuildSettings:
     relevance: str = "lexical"  # r_B's measure: "lexical" (content-word overlap) or "semantic" (embedding cosine)
     beta: int = 384  # boundary-token budget per prompt (Compress_β of Eq. 10)
     enable_thinking: bool = False
+    retrieval: str = "ranked"  # which skills are shown: "ranked" (Eq. 8's top k) or "oracle" (the defining skill at rank oracle_rank)
+    oracle_rank: int = 1  # the defining skill's rank under "oracle" (at k < oracle_rank it is not shown)
+
+    def __post_init__(self) -> None:
+        if self.retrieval not in RETRIEVAL_MODES:
+            raise ValueError(f"retrieval must be one of {RETRIEVAL_MODES}, got {self.retrieval!r}")
+        if isinstance(self.oracle_rank, bool) or not isinstance(self.oracle_rank, int) or self.oracle_rank < 1:
+            raise ValueError(f"oracle_rank must be an integer >= 1, got {self.oracle_rank!r}")
+
+    @property
+    def retrieval_mode(self) -> str:
+        """The retrieval as rows and records name it: ``ranked`` or ``oracle@R``."""
+        return self.retrieval if self.retrieval == "ranked" else f"oracle@{self.oracle_rank}"
 
 
 @dataclass
@@ -158,6 +172,7 @@ class PromptBuilder:
         self._special_ids = frozenset(tokenizer.all_special_ids) | frozenset(tokenizer.added_tokens_decoder)
         self._token_count_cache: dict[str, int] = {}
         self._retrieval_cache: dict[str, list[ScoredSkill]] = {}
+        self._order_cache: dict[str, list[ScoredSkill]] = {}
         self._control_sources: dict[tuple, list[str]] = {}
         self._control_plans: dict[tuple, tuple[int, dict[int, int]]] = {}
         # every tool of every domain: a boundary item can name a tool outside the item's catalog
@@ -169,6 +184,15 @@ class PromptBuilder:
         if item.id not in self._retrieval_cache:
             self._retrieval_cache[item.id] = self.retriever.retrieve(item, self.dataset)
         return self._retrieval_cache[item.id]
+
+    def ordered(self, item: Item) -> list[ScoredSkill]:
+        """The skills in the order prompts show them: the Eq. 8 ranking (``ranked``), or with the
+        item's defining skill moved to rank ``oracle_rank`` (``oracle``); depth k shows the first k."""
+        if item.id not in self._order_cache:
+            ranked = self.retrieve(item)
+            self._order_cache[item.id] = (ranked if self.settings.retrieval == "ranked"
+                                          else oracle_order(ranked, item.tempting_skill, self.settings.oracle_rank))
+        return self._order_cache[item.id]
 
     def warm(self, items: Sequence[Item]) -> None:
         """Embed all states and skills in one batch before building."""
@@ -472,7 +496,8 @@ class PromptBuilder:
             out.append({"rank": rank, "slot": slot, "char_span": (start, end), "token_span": (lo, hi), "text": assembled["text"][start:end]})
         return out
 
-    def _record(self, item: Item, config: MemoryConfig, k: int, fmt: str, retrieved: Sequence[ScoredSkill], block: _MemoryBlock, assembled: dict[str, Any]) -> PromptRecord:
+    def _record(self, item: Item, config: MemoryConfig, k: int, fmt: str, retrieved: Sequence[ScoredSkill], block: _MemoryBlock,
+                assembled: dict[str, Any], depth_skills: Sequence[ScoredSkill]) -> PromptRecord:
         ids: list[int] = assembled["input_ids"]
         slot_spans = self._slot_spans(block, assembled)
         spans: Spans = {}
@@ -498,6 +523,7 @@ class PromptBuilder:
         open_index = assembled["open_index"]
         candidates = self._candidates(item, fmt, np.asarray(ids), assembled["offsets"], assembled["text"], open_index, assembled["catalog"])
         tempting_rank = next((rank for rank, e in enumerate(self.retrieve(item), 1) if e.skill.id == item.tempting_skill), None)
+        shown_rank = next((rank for rank, e in enumerate(depth_skills, 1) if e.skill.id == item.tempting_skill), None)
         return PromptRecord(
             record_id=record_id(item.id, config.name, k, fmt),
             item_id=item.id, bucket=item.bucket, split=item.split, domain=item.domain,
@@ -517,16 +543,20 @@ class PromptBuilder:
             candidates=candidates,
             collision=any(c.collides_with and c.role != "other" for c in candidates),
             correct_action=item.correct_action, wrong_tools=list(item.wrong_tools),
-            tempting_skill=item.tempting_skill, tempting_rank=tempting_rank,
+            tempting_skill=item.tempting_skill, tempting_rank=tempting_rank, tempting_shown_rank=shown_rank,
             retrieval={"embedder": self.retriever.embedder.name, "weights": asdict(self.retriever.weights),
+                       "mode": self.settings.retrieval_mode,
                       "gate": {"relevance": self.settings.relevance, "gamma": self.settings.gamma, "beta": self.settings.beta}},
         )
 
     def build(
         self, item: Item, config: str | MemoryConfig, k: int, fmt: str = "native", *, retrieved: Sequence[ScoredSkill] | None = None
     ) -> PromptRecord:
-        """One prompt record for ``item`` under ``config`` with the top-``k`` retrieved skills
-        (``retrieved``: show these k skills instead, e.g. counterfactual edits of the top k)."""
+        """One prompt record for ``item`` under ``config`` with the first ``k`` skills of
+        :meth:`ordered` (``retrieved``: show these k skills instead, e.g. counterfactual edits of the
+        top k). The record's ``tempting_shown_rank`` is the defining skill's rank among those k skills,
+        whether or not ``config`` shows skills (Base at depth k is split with the memory
+        configurations at depth k, so contrasts with it stay paired)."""
         config = get_config(config) if isinstance(config, str) else config
         if fmt not in FORMATS:
             raise ValueError(f"decision format must be one of {FORMATS}, got {fmt!r}")
@@ -534,11 +564,12 @@ class PromptBuilder:
             raise ValueError(f"k must be >= 0, got {k}")
         if retrieved is not None and len(retrieved) != k:
             raise ValueError(f"retrieved must hold k = {k} skills, got {len(retrieved)}")
-        retrieved = (self.retrieve(item)[:k] if retrieved is None else list(retrieved)) if config.slots else []
+        depth_skills = self.ordered(item)[:k] if retrieved is None else list(retrieved)
+        retrieved = depth_skills if config.slots else []
         block = self._memory_block(item, retrieved, config)
         if config.control is None:
-            return self._record(item, config, k, fmt, retrieved, block, self._assemble(item, block, fmt))
-        return self._build_control(item, config, k, fmt, retrieved, block)
+            return self._record(item, config, k, fmt, retrieved, block, self._assemble(item, block, fmt), depth_skills)
+        return self._build_control(item, config, k, fmt, retrieved, block, depth_skills)
 
     def _control_plan(self, item: Item, k: int, fmt: str, block: _MemoryBlock) -> tuple[int, dict[int, int]]:
         """Token count of the reference (BASM) prompt and of each skill's boundary section in it;
@@ -559,24 +590,25 @@ class PromptBuilder:
         target, control_tokens = self._control_plans[key]
         return target, dict(control_tokens)
 
-    def _build_control(self, item: Item, config: MemoryConfig, k: int, fmt: str, retrieved: Sequence[ScoredSkill], block: _MemoryBlock) -> PromptRecord:
+    def _build_control(self, item: Item, config: MemoryConfig, k: int, fmt: str, retrieved: Sequence[ScoredSkill], block: _MemoryBlock,
+                       depth_skills: Sequence[ScoredSkill]) -> PromptRecord:
         """Equal-length control: same prompt as BASM with every boundary section (labels included)
         replaced by filler or procedure text, adjusted until the total token count matches."""
         target, control_tokens = self._control_plan(item, k, fmt, block)
         if not control_tokens:
-            return self._record(item, config, k, fmt, retrieved, block, self._assemble(item, block, fmt))
+            return self._record(item, config, k, fmt, retrieved, block, self._assemble(item, block, fmt), depth_skills)
         # Section token counts are additive up to merges at the section edges: the residue on the last
         # section, then small joint adjustments of the last and first ones (probes.prompts.lengths).
         control_block = self._memory_block(item, retrieved, config, control_tokens)
         assembled = self._assemble(item, control_block, fmt)
         difference = target - len(assembled["input_ids"])
         if difference == 0:
-            return self._record(item, config, k, fmt, retrieved, control_block, assembled)
+            return self._record(item, config, k, fmt, retrieved, control_block, assembled, depth_skills)
         for trial in length_trials(control_tokens, difference):
             control_block = self._memory_block(item, retrieved, config, trial)
             assembled = self._assemble(item, control_block, fmt)
             if len(assembled["input_ids"]) == target:
-                return self._record(item, config, k, fmt, retrieved, control_block, assembled)
+                return self._record(item, config, k, fmt, retrieved, control_block, assembled, depth_skills)
         raise ValueError(f"{item.id}: could not build the {config.name} control at k={k} with exactly {target} tokens")
 
     def build_many(self, items: Iterable[Item], configs: Sequence[str], ks: Sequence[int], formats: Sequence[str]) -> Iterator[PromptRecord]:
@@ -614,6 +646,8 @@ def make_builder(
     gamma: float = BuildSettings.gamma,
     relevance: str = BuildSettings.relevance,
     beta: int = BuildSettings.beta,
+    retrieval: str = BuildSettings.retrieval,
+    oracle_rank: int = BuildSettings.oracle_rank,
     tokenizer_name: str = "",
 ) -> PromptBuilder:
     """A :class:`PromptBuilder` over ``dataset`` in ``tokenizer``'s token space: the one factory the
@@ -621,5 +655,5 @@ def make_builder(
     embedder name (:func:`probes.data.retrieval.make_embedder`) or a :class:`Retriever` to share
     (its embeddings are cached); the settings are :class:`BuildSettings`' (defaults included)."""
     retriever = embedder if isinstance(embedder, Retriever) else Retriever(make_embedder(embedder))
-    settings = BuildSettings(k_max=k_max, gamma=gamma, relevance=relevance, beta=beta)
+    settings = BuildSettings(k_max=k_max, gamma=gamma, relevance=relevance, beta=beta, retrieval=retrieval, oracle_rank=oracle_rank)
     return PromptBuilder(tokenizer, dataset, retriever, settings, tokenizer_name=tokenizer_name)

@@ -121,11 +121,22 @@ class PromptRecord:
     collision: bool
     correct_action: str
     wrong_tools: list[str]
-    tempting_skill: str
-    tempting_rank: int | None
-    retrieval: dict[str, Any]  # embedder, weights, gate: recorded verbatim
+    tempting_skill: str  # the item's defining skill
+    tempting_rank: int | None  # its rank in the Eq. 8 ranking of the item's library (retrieval quality)
+    tempting_shown_rank: int | None  # its rank among the k skills of depth k under the run's retrieval; None: not among them
+    retrieval: dict[str, Any]  # embedder, weights, gate, mode (ranked | oracle@R): recorded verbatim
     # [n_tokens, 2] character offsets; builder only, never written (None when read from JSON)
     offsets: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def tempting_shown(self) -> bool:
+        """Whether the defining skill is among the k skills of this depth (the paper's setting)."""
+        return self.tempting_shown_rank is not None
+
+    @property
+    def retrieval_mode(self) -> str:
+        """``ranked`` or ``oracle@R`` (:attr:`probes.prompts.builder.BuildSettings.retrieval_mode`)."""
+        return self.retrieval["mode"]
 
     def candidate(self, role: str) -> Candidate | None:
         """The first candidate of ``role`` (``correct``, ``wrong``, ``abstain``), or None."""
@@ -149,7 +160,8 @@ class PromptRecord:
             "skills": [skill.to_json() for skill in self.skills],
             "candidates": [candidate.to_json() for candidate in self.candidates],
             "collision": self.collision, "correct_action": self.correct_action, "wrong_tools": list(self.wrong_tools),
-            "tempting_skill": self.tempting_skill, "tempting_rank": self.tempting_rank, "retrieval": self.retrieval,
+            "tempting_skill": self.tempting_skill, "tempting_rank": self.tempting_rank,
+            "tempting_shown_rank": self.tempting_shown_rank, "retrieval": self.retrieval,
         }
 
     @classmethod

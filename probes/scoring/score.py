@@ -37,7 +37,10 @@ MARGIN_VARIANTS: tuple[str, ...] = ("tool_choice", "eq1", "first_token", "path")
 DEFAULT_VARIANT = "tool_choice"
 EPSILON = 1e-6  # ε of Eq. 2's ratio (stated in every output that uses it)
 MARGINS: tuple[str, ...] = ("margin", "broad_margin", "correct_margin")
-ROW_FIELDS = ("record_id", "item_id", "bucket", "domain", "task_group", "config", "k", "format")
+# The defining skill's ranks and whether it is shown (the "defining skill shown" split of every
+# analysis) and the retrieval mode are columns of every row, whichever analysis wrote it.
+ROW_FIELDS = ("record_id", "item_id", "bucket", "domain", "task_group", "config", "k", "format",
+              "retrieval_mode", "tempting_rank", "tempting_shown_rank", "tempting_shown")
 ATTENTION_ROWS: tuple[str, ...] = ("deciding", "open")
 
 

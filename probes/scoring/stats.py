@@ -194,6 +194,25 @@ def summarise(rows: pd.DataFrame, by: Sequence[str], value: str = "margin", *, s
     return pd.DataFrame(out, columns=[*by, "value", "low", "high", "n", "n_items", "n_nan", "note"])
 
 
+SHOWN_GROUPS: tuple[str, ...] = ("all", "shown", "not shown")
+SHOWN_FLAG = "tempting_shown"  # the row column: the item's defining skill is among the k skills of its depth
+
+
+def by_shown(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with a ``shown`` column, split three ways (:data:`SHOWN_GROUPS`): every row (``all``),
+    the rows whose defining skill is among the k skills of their depth (``shown``: the paper's
+    setting) and the others (``not shown``); the last two partition the first. Feed it to
+    :func:`summarise` with ``shown`` first in ``by``."""
+    if SHOWN_FLAG not in rows:
+        raise ValueError(f"rows lack the {SHOWN_FLAG!r} column (written by every analysis since retrieval records it); rerun the analysis")
+    flag = rows[SHOWN_FLAG]
+    if not flag.isin([True, False]).all():
+        raise ValueError(f"{SHOWN_FLAG!r} must be true or false in every row, got {sorted(set(map(repr, flag)) - {'True', 'False'})}")
+    shown = flag.astype(bool)
+    return pd.concat([rows.assign(shown=group) for group, rows in
+                      (("all", rows), ("shown", rows[shown]), ("not shown", rows[~shown]))], ignore_index=True)
+
+
 def paired_differences(rows: pd.DataFrame, contrasts: dict[str, tuple[str, str]], *, pair: Sequence[str], side: str = "config",
                        value: str = "margin") -> pd.DataFrame:
     """Per-record differences ``value[a] − value[b]`` for each named contrast ``(a, b)`` of the
