@@ -389,17 +389,19 @@ def slope_differences(points: pd.DataFrame) -> pd.Series:
     return pd.Series(out, dtype=float)
 
 
+def basm_wide(per: pd.DataFrame, bucket: str, measure: str) -> pd.DataFrame:
+    """BASM's per-record Δm of one bucket and measure, one column per knockout (record_id, task_group first)."""
+    sub = per[(per["config"] == "basm") & (per["bucket"] == bucket) & (per["measure"] == measure)]
+    return sub.pivot_table(index=["record_id", "task_group"], columns="knockout", values="delta", aggfunc="first").reset_index()
+
+
 def knockout_claims(per: pd.DataFrame, points: pd.DataFrame, rows: pd.DataFrame, *, sesoi: float, seed: int = 0) -> list[Claim]:
     """The claims of the knockout outputs (BASM, T_wrong, wrong-tool margin unless stated; family
     "knockout"): B moves the margin; B more than each control on the same records (count-matched on
     the same n, mass-matched on the records whose draws match B's mass, and per unit of mass removed);
     B more than P; each random control within ±sesoi of 0 (TOST); the boundary knockout leaves the
     correct-tool margins within ±sesoi (Fig. 7's selectivity, family "knockout-selectivity")."""
-    def wide(bucket: str, measure: str) -> pd.DataFrame:
-        sub = per[(per["config"] == "basm") & (per["bucket"] == bucket) & (per["measure"] == measure)]
-        return sub.pivot_table(index=["record_id", "task_group"], columns="knockout", values="delta", aggfunc="first").reset_index()
-
-    w = wide(CLAIM_BUCKET, CLAIM_MEASURE)
+    w = basm_wide(per, CLAIM_BUCKET, CLAIM_MEASURE)
     claims: list[Claim] = []
     if not len(w) or "boundary" not in w:
         return claims
@@ -437,7 +439,7 @@ def knockout_claims(per: pd.DataFrame, points: pd.DataFrame, rows: pd.DataFrame,
             claims.append(absence_claim(family, f"{control} neutral", f"the {control} control leaves the margin within ±{sesoi:g}",
                                         w[control], groups, sesoi=sesoi, seed=seed))
     for bucket in ("T_wrong", "T_ok"):
-        c = wide(bucket, "correct_margin")
+        c = basm_wide(per, bucket, "correct_margin")
         if len(c) and "boundary" in c:
             claims.append(absence_claim("knockout-selectivity", f"{bucket} correct", f"the boundary knockout leaves the {bucket} "
                                         f"correct-tool margin within ±{sesoi:g}", c["boundary"], c["task_group"], sesoi=sesoi, seed=seed))
@@ -493,8 +495,7 @@ def shown_parts(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Dat
 def shown_claims(per: pd.DataFrame, *, sesoi: float, seed: int = 0) -> list[Claim]:
     """The boundary claims on the records whose defining skill is shown (BASM, T_wrong, wrong-tool
     margin; family "knockout (defining skill shown)"): B moves the margin, and more than the neutral control."""
-    sub = per[(per["config"] == "basm") & (per["bucket"] == CLAIM_BUCKET) & (per["measure"] == CLAIM_MEASURE)]
-    w = sub.pivot_table(index=["record_id", "task_group"], columns="knockout", values="delta", aggfunc="first").reset_index()
+    w = basm_wide(per, CLAIM_BUCKET, CLAIM_MEASURE)
     if not len(w) or "boundary" not in w:
         return []
     claims = [effect_claim(SHOWN_FAMILY, "boundary", "on the records whose defining skill is shown, the boundary knockout raises "
