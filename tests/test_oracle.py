@@ -5,6 +5,7 @@ against the Eq. 8 ranking, and the all / shown / not shown split of the sweep an
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,7 @@ import pytest
 
 import probes
 from probes.analyses.base import OptionError
-from probes.analyses.knockout import summarise_rows
+from probes.analyses.knockout import KnockoutAnalysis, summarise_rows
 from probes.data.retrieval import Retriever, ScoredSkill, make_embedder, oracle_order
 from probes.data.schema import Skill
 from probes.prompts.builder import make_builder
@@ -134,6 +135,10 @@ def test_sweep_oracle_run_records_the_mode_and_its_split_adds_up(tiny_qwen3_dir:
     assert trap["value"] == pytest.approx(_group_mean(wide.assign(delta=wide["proc"] - wide["base"]), "delta"), abs=1e-9)
     assert {"sweep_shown", "sweep_differences_shown"} <= set(result.tables)
     assert any(c.family == "sweep (defining skill shown)" for c in result.analysis.claims(result.summary))
+    section = result.analysis.section(SimpleNamespace(variant="tool_choice"), result.summary, [])
+    shown_proc = next(c for c in section.comparisons if c.quantity == "Fig. 2: Proc. Skill at k = 2, T_wrong, defining skill shown")
+    assert shown_proc.ours == pytest.approx(table.loc[("shown", "T_wrong", "proc", 2), "value"], abs=1e-12)
+    assert "`sweep_differences_shown.csv`" in section.markdown
 
 
 def test_session_prompt_takes_the_oracle(tiny_qwen3_dir: Path, v1_dataset) -> None:
@@ -182,6 +187,11 @@ def test_knockout_split_adds_up_and_matches_a_direct_computation() -> None:
     assert recovery.loc[("shown", "margin"), "value"] == pytest.approx(shown["delta"].mean() / gap.mean(), abs=1e-9)
     assert recovery.loc[("all", "margin"), "value"] == pytest.approx(summary.recovery.set_index("measure").loc["margin", "value"], abs=1e-12)
     assert {c.name for c in summary.claims if c.family == "knockout (defining skill shown)"} == {"boundary", "boundary>neutral"}
+    ctx = SimpleNamespace(variant="tool_choice", options=SimpleNamespace(knockout_rows="path", priming=False))
+    section = KnockoutAnalysis().section(ctx, summary, [])
+    shown_delta = next(c for c in section.comparisons if c.quantity.startswith("Fig. 6: Δm wrong-tool") and "shown" in c.quantity)
+    assert shown_delta.ours == pytest.approx(table.loc[("shown", "basm", "T_wrong", "boundary", "margin"), "value"], abs=1e-12)
+    assert "`knockout_gap_recovery_shown.csv`" in section.markdown
 
 
 def test_rows_without_the_flag_are_refused() -> None:

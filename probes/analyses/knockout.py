@@ -673,6 +673,10 @@ class KnockoutAnalysis(Analysis):
         comparisons = [
             Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), paper.FIG6_DELTA["margin"]),
             Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), paper.FIG6_DELTA["broad_margin"]),
+            *(Comparison(f"Fig. 6: Δm {'wrong-tool' if m == 'margin' else 'tool-vs-control'}, boundary knockout (T_wrong, defining skill shown)",
+                         cell(summary.shown, shown="shown", config="basm", bucket="T_wrong", knockout="boundary", measure=m), paper.FIG6_DELTA[m],
+                         note="the paper's setting: the tempting skill is among the k shown")
+              for m in ("margin", "broad_margin")),
             *(Comparison(f"Fig. 6: Proc.–BASM gap recovered, {plots.MEASURE_LABELS[m]}", 100 * cell(r, measure=m), p, "%",
                          f"gap m_Proc − m_BASM = {cell(r, 'gap', measure=m):+.2f} logits" + ("" if cell(r, "gap", measure=m) > 0 else " (≤ 0: undefined)"))
               for m, p in paper.FIG6_RECOVERED.items()),

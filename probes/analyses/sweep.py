@@ -158,6 +158,10 @@ class Sweep(Analysis):
             Comparison("Fig. 2: margin at k = 0, T_wrong (configs coincide)", cell(t, bucket="T_wrong", config="base", k=0), paper.FIG2["k0"]),
             Comparison("Fig. 2: Proc. Skill at k = 2, T_wrong", cell(t, bucket="T_wrong", config="proc", k=2), paper.FIG2["proc_k2"]),
             Comparison("Fig. 2: BASM at k = 2, T_wrong", cell(t, bucket="T_wrong", config="basm", k=2), paper.FIG2["basm_k2"]),
+            *(Comparison(f"Fig. 2: {plots.label(config)} at k = 2, T_wrong, defining skill shown",
+                         cell(summary.shown, shown="shown", bucket="T_wrong", config=config, k=2), paper.FIG2[f"{config}_k2"],
+                         note="the paper's setting: the tempting skill is among the k shown")
+              for config in ("proc", "basm")),
         ]
         return ReportSection(NAME, "Fig. 2 — retrieval trap (`sweep`)", figures, body, comparisons, summary)
 
