@@ -50,8 +50,9 @@ def _items_off_first(dataset, retriever: Retriever, n: int) -> list:
     for item in dataset.select(buckets=["T_wrong", "T_ok"]):
         rank = [entry.skill.id for entry in retriever.retrieve(item, dataset)].index(item.tempting_skill) + 1
         (first if rank == 1 else off).append(item)
-    assert off and first, "the dataset no longer has items on both sides; pick another set"
-    return off[:n] + first[:1]
+        if len(off) >= n and first:
+            return off[:n] + first[:1]
+    raise AssertionError("the dataset no longer has items on both sides; pick another set")
 
 
 def test_oracle_places_the_defining_skill_at_rank_r_and_spans_round_trip(qwen3_tokenizer, v1_dataset, ranked_retriever) -> None:
