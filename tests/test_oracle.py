@@ -108,10 +108,11 @@ def _group_mean(frame: pd.DataFrame, value: str) -> float:
     return float(finite.groupby("task_group")[value].mean().mean())
 
 
-def test_sweep_oracle_run_records_the_mode_and_its_split_adds_up(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+def test_sweep_oracle_run_records_the_mode_and_its_split_adds_up(tiny_qwen3_dir: Path, tmp_path: Path, v1_dataset) -> None:
+    session = probes.ProbeSession(tiny_qwen3_dir)
     with pytest.raises(OptionError, match="oracle_rank .* exceeds the run's retrieval depth 1"):
-        probes.run("sweep", model=tiny_qwen3_dir, retrieval="oracle", oracle_rank=2, k_max=1, out=tmp_path, **V1)
-    result = probes.run("sweep", model=tiny_qwen3_dir, retrieval="oracle", oracle_rank=2, k_max=2, limit=2, configs=["base", "proc"],
+        probes.run("sweep", session, retrieval="oracle", oracle_rank=2, k_max=1, out=tmp_path, **V1)
+    result = probes.run("sweep", session, retrieval="oracle", oracle_rank=2, k_max=2, limit=2, configs=["base", "proc"],
                         figure=False, out=tmp_path, **V1)
     rows, meta = result.rows, result.rows.attrs["meta"]["config"]
     assert meta["builder"]["retrieval"] == "oracle@2" and meta["options"]["retrieval"] == "oracle" and meta["options"]["oracle_rank"] == 2
@@ -140,10 +141,7 @@ def test_sweep_oracle_run_records_the_mode_and_its_split_adds_up(tiny_qwen3_dir:
     shown_proc = next(c for c in section.comparisons if c.quantity == "Fig. 2: Proc. Skill at k = 2, T_wrong, defining skill shown")
     assert shown_proc.ours == pytest.approx(table.loc[("shown", "T_wrong", "proc", 2), "value"], abs=1e-12)
     assert "`sweep_differences_shown.csv`" in section.markdown
-
-
-def test_session_prompt_takes_the_oracle(tiny_qwen3_dir: Path, v1_dataset) -> None:
-    session = probes.ProbeSession(tiny_qwen3_dir)
+    # the notebook facade takes the same option
     item = _items_off_first(v1_dataset, Retriever(make_embedder("lexical")), 1)[0]
     record = session.prompt(item.id, dataset="basm_probe", embedder="lexical", relevance="lexical", k=2, retrieval="oracle", oracle_rank=1)
     assert record.skills[0].skill_id == item.tempting_skill and record.tempting_shown_rank == 1 and record.tempting_rank > 1
