@@ -76,7 +76,7 @@ class AttributionSummary:
     note: str
 
 
-@register("attribution", order=90)
+@register("attribution", order=82)
 @dataclass(kw_only=True)
 class Attribution(Analysis):
     """Seed 003 §2.1: the causal attribution matrix C of skills × items from K random skill masks."""
