@@ -133,12 +133,13 @@ def test_subsampled_detection_at_all_masks_is_the_full_test() -> None:
     defined = np.ones((4, 5), bool)
     included = masks[:, :, None] & defined[None]
     outcomes = masks[:, :1] * 2.0 + rng.normal(size=(10, 5))
+    outcomes[:, 4] = np.nan  # an item without the outcome (abstention: no margin) has no testable cell
     got = est.subsampled_detection(outcomes, included, defined, [10], n_subsamples=5, n_permutations=50, alpha=0.1,
                                    rng=np.random.default_rng(4))
     twin = np.random.default_rng(4)
     twin.choice(10, size=10, replace=False)
     p = est.permutation_pvalues(outcomes, included, defined, 50, twin)
-    assert got["detected"].iloc[0] == np.mean(p <= 0.1) and got["n_subsamples"].iloc[0] == 1
+    assert got["detected"].iloc[0] == np.mean(p[:, :4] <= 0.1) and got["n_subsamples"].iloc[0] == 1 and got["n_cells"].iloc[0] == 16
 
 
 # ---------------------------------------------------------------------------- through the analysis

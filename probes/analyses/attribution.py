@@ -217,17 +217,16 @@ class Attribution(Analysis):
         for pool in self.pools:
             for outcome in ("margin", "correct_choice"):
                 chunks = [(o, inc, d) for p, out, o, inc, d in detection if p == pool and out == outcome]
-                totals = None
-                for o, inc, d in chunks:
-                    got = est.subsampled_detection(o, inc, d, kept, n_subsamples=self.subsamples, n_permutations=self.permutations,
-                                                   alpha=self.alpha, rng=rng)
-                    got["hits"] = got["detected"] * got["n_cells"] * got["n_subsamples"]
-                    got["tests"] = got["n_cells"] * got["n_subsamples"]
-                    totals = got if totals is None else totals.assign(hits=totals["hits"] + got["hits"], tests=totals["tests"] + got["tests"])
-                if totals is not None:
-                    parts.append(pd.DataFrame({"K": totals["K"], "power": totals["hits"] / totals["tests"], "n_simulations": totals["tests"],
-                                               "source": "measured (share of cells significant)", "outcome": outcome, "pool": pool,
-                                               "effect": np.nan, "noise": np.nan}))
+                if not chunks:
+                    continue
+                totals = pd.concat([est.subsampled_detection(o, inc, d, kept, n_subsamples=self.subsamples, n_permutations=self.permutations,
+                                                             alpha=self.alpha, rng=rng) for o, inc, d in chunks])
+                totals = totals.groupby("K")[["n_rejected", "n_tests"]].sum().reset_index()
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    share = totals["n_rejected"] / totals["n_tests"]
+                parts.append(pd.DataFrame({"K": totals["K"], "power": share, "n_simulations": totals["n_tests"],
+                                           "source": "measured (share of cells significant)", "outcome": outcome, "pool": pool,
+                                           "effect": np.nan, "noise": np.nan}))
         return pd.concat(parts, ignore_index=True)[["source", "outcome", "pool", "K", "power", "n_simulations", "effect", "noise"]]
 
     def tables(self, summary: AttributionSummary) -> dict[str, pd.DataFrame]:

@@ -150,10 +150,12 @@ def simulated_power(n_masks: Sequence[int], inclusion: float, effect: float, *, 
 
 def subsampled_detection(outcomes: np.ndarray, included: np.ndarray, defined: np.ndarray, n_masks: Sequence[int], *,
                          n_subsamples: int, n_permutations: int, alpha: float, rng: np.random.Generator) -> pd.DataFrame:
-    """The share of defined cells whose permutation test rejects at level ``alpha`` when only K of
-    the run's masks are kept (drawn without replacement, ``n_subsamples`` times; once at K = all).
-    Columns: K, detected (share of cell tests), n_cells, n_subsamples."""
+    """The share of testable cells (C defined on all the run's masks) whose permutation test rejects
+    at level ``alpha`` when only K of the masks are kept (drawn without replacement, ``n_subsamples``
+    times; once at K = all); a cell undefined on a subsample counts as not rejected.
+    Columns: K, detected (share of cell tests: n_rejected / n_tests), n_cells, n_subsamples, n_rejected, n_tests."""
     total = outcomes.shape[0]
+    testable = np.isfinite(causal_scores(outcomes, included, defined))
     rows = []
     for k in n_masks:
         if k > total:
@@ -163,7 +165,8 @@ def subsampled_detection(outcomes: np.ndarray, included: np.ndarray, defined: np
         for _ in range(draws):
             keep = np.sort(rng.choice(total, size=k, replace=False))
             p = permutation_pvalues(outcomes[keep], included[keep], defined, n_permutations, rng)
-            hits += int((np.nan_to_num(p[defined], nan=1.0) <= alpha).sum())
-            tests += int(defined.sum())
-        rows.append({"K": int(k), "detected": hits / tests if tests else np.nan, "n_cells": int(defined.sum()), "n_subsamples": draws})
+            hits += int((np.nan_to_num(p[testable], nan=1.0) <= alpha).sum())
+            tests += int(testable.sum())
+        rows.append({"K": int(k), "detected": hits / tests if tests else np.nan, "n_cells": int(testable.sum()), "n_subsamples": draws,
+                     "n_rejected": hits, "n_tests": tests})
     return pd.DataFrame(rows)
