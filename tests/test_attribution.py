@@ -14,6 +14,7 @@ import pytest
 
 from probes.analyses import base
 from probes.analyses.attribution import Attribution
+from probes.data.dataset import load_dataset, resolve_dataset
 from probes.data.retrieval import tools_in_text
 from probes.reporting.results import ResultsConfigMismatch, load_results
 from probes.scoring import attribution as est
@@ -177,6 +178,16 @@ def test_planted_split_skill_is_heterogeneous_and_the_helper_uniform(tiny_qwen3_
         plus = [rows[m] for m in range(40) if cell.skill in masks[m]]
         minus = [rows[m] for m in range(40) if cell.skill not in masks[m]]
         assert cell.c == pytest.approx(np.mean(plus) - np.mean(minus), abs=1e-12)
+    # the measured noise: the median over items of the margin's s.d. across masks
+    sds = result.rows.groupby("item_id")["margin"].std(ddof=1)
+    noise = result.summary.noise.set_index("outcome").loc["margin", "sigma"]
+    assert noise == pytest.approx(float(np.median(sds)), abs=1e-12)
+    # the planted check: C of each T_wrong item's tempting skill
+    items = {item.id: item for item in load_dataset(resolve_dataset("basm_probe")).items}
+    tempting = [cell.c for cell in cells.itertuples() if items[cell.item_id].bucket == "T_wrong"
+                and cell.skill == items[cell.item_id].tempting_skill]
+    got = result.summary.tempting.set_index("outcome").loc["margin"]
+    assert got["n"] == len(tempting) > 0 and got["mean"] == pytest.approx(np.mean(tempting), abs=1e-12)
 
 
 def test_masked_library_is_the_retrieval_rerun(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
