@@ -19,7 +19,6 @@ Every function takes a leading batch axis where resampling needs one; masks with
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
