@@ -764,10 +764,18 @@ class Job:
     k: int
     fmt: str
     conditions: tuple[str, ...]
+    skills: tuple[str, ...] | None = None  # the ids of the k skills shown instead of the top k (a masked library)
 
     @property
     def record_id(self) -> str:
         return record_id(self.item.id, self.config, self.k, self.fmt)
+
+    def build(self, builder: PromptBuilder) -> PromptRecord:
+        """This job's prompt record: the top k retrieved skills, or ``skills`` in their retrieval order."""
+        if self.skills is None:
+            return builder.build(self.item, self.config, self.k, self.fmt)
+        ranked = {entry.skill.id: entry for entry in builder.retrieve(self.item)}
+        return builder.build(self.item, self.config, self.k, self.fmt, retrieved=[ranked[skill] for skill in self.skills])
 
     def keys(self) -> list[str]:
         return [f"{self.record_id}|{c}" for c in self.conditions]
@@ -804,7 +812,7 @@ def _score_jobs(ctx: RunContext, store: ResultsStore | ShardedStore, jobs: Seque
     with tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=ctx.name + label, unit="prompt",
               dynamic_ncols=True, smoothing=0.1) as bar:
         for job in pending:
-            record = ctx.builder.build(job.item, job.config, job.k, job.fmt)
+            record = job.build(ctx.builder)
             rows = scorer(record, job)
             for row in rows:
                 row["key"] = f"{record.record_id}|{row['condition']}"

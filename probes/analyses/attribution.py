@@ -1,0 +1,267 @@
+"""``attribution`` (seed 003 §2.1): which skill moves which item's tool choice, by randomized skill masking.
+
+K masks (``--masks``, the seed's 12) each include every skill of the dataset independently with
+probability f (``--inclusion``, the seed's 0.4; drawn once from ``--seed``, recorded in the results
+header). Under each mask every item is scored with the included skills that retrieval would show,
+in two pools (``--pools``, both by default, both recorded):
+
+``topk``     the item's top-k retrieved skills of the full library (k = ``--k-max``); a mask drops
+             some of them (the prompt shows the survivors, in rank order);
+``library``  the item's whole library; retrieval is re-run on the masked library (Eq. 8 scores each
+             skill on its own, so this is the ranking restricted to the included skills) and the
+             top k of it are shown.
+
+Each (mask, item) is one forward under memory configuration ``--config`` (default ``proc``, the
+trap's configuration); identical prompts of an item are scored once and the shared prompt
+prefix is reused by the engine. The outcomes are the Eq. 1 tool-choice margin (``margin``,
+wrong − correct: positive prefers a wrong tool), the call log-odds (``call_logodds``) and the
+binary correctness of the two-way choice (``correct_choice`` = 1[margin < 0], the deterministic
+analogue of the seed's binary outcome). The estimators are :mod:`probes.scoring.attribution`'s:
+C[j, i] (seed Eq. 1), the variance bound (Eq. 2) next to the empirical per-cell variance, C̄ and H
+(Eqs. 3–4, with the interquartile range as the robust heterogeneity), bootstrap sign stability over
+masks, and a power table against K: simulated for the seed's binary outcome and for the margin at
+its measured noise, and measured by keeping K of the run's masks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+
+from probes.analyses import register
+from probes.analyses.base import Analysis, Job, OptionError, ReportSection, RunContext, RunOptions, cached_scorer, k_max_option, option, provenance, run_jobs
+from probes.data.configs import CONFIGS
+from probes.prompts.builder import SWEEP_K_MAX
+from probes.reporting import plots
+from probes.reporting.markdown import markdown_table
+from probes.reporting.results import load_results
+from probes.scoring import attribution as est
+
+NAME = "attribution"
+FIGURES = ("fig13_attribution_matrix", "fig14_attribution_statistics")
+POOLS: tuple[str, ...] = ("topk", "library")
+OUTCOMES: tuple[str, ...] = ("margin", "call_logodds", "correct_choice")
+# The seed's Table 9 setting, read as success rates 0.5 ± 0.30 with and without the skill (a difference of 0.60):
+# our simulation then gives about a third of the tests significant at K = 12, near the seed's 38.5%.
+SEED_BASE_RATE, SEED_EFFECT = 0.5, 0.60
+# The same change of a two-way choice in logits: P(correct) = σ(−margin), so 0.2 → 0.8 is 2·logit(0.8) of margin.
+MARGIN_EFFECT = 2 * math.log(0.8 / 0.2)
+SIMULATED_K = (4, 6, 8, 12, 16, 20, 30, 40, 50)
+
+
+def mask_condition(pool: str, mask: int) -> str:
+    return f"{pool}:m{mask:02d}"
+
+
+def power_grid(power: pd.DataFrame) -> pd.DataFrame:
+    """The power table with one column per K (in order), one row per source × outcome × pool."""
+    grid = power.pivot_table(index=["source", "outcome", "pool"], columns="K", values="power", sort=False)
+    return grid[sorted(grid.columns)]
+
+
+@dataclass
+class AttributionSummary:
+    cells: pd.DataFrame  # pool, outcome, domain, skill, item_id, bucket, task_group, tempting, c, n_plus, n_minus, var_bound, var_empirical, sign_stability, p_value
+    skills: pd.DataFrame  # pool, outcome, skill, c_bar, h_range, h_iqr, n_items, sign_stability
+    power: pd.DataFrame  # source, outcome, pool, K, power, effect, noise
+    noise: pd.DataFrame  # pool, outcome, sigma (median over items of the outcome's s.d. across masks), n_items
+    tempting: pd.DataFrame  # pool, outcome, n, mean, share_positive: C of each T_wrong item's tempting skill
+    n_masks: int
+    inclusion: float
+    note: str
+
+
+@register("attribution", order=82)
+@dataclass(kw_only=True)
+class Attribution(Analysis):
+    """Seed 003 §2.1: the causal attribution matrix C of skills × items from K random skill masks."""
+
+    # the statistics' settings do not change a row: a rerun with other values reuses the rows
+    value_neutral: ClassVar[frozenset[str]] = RunOptions.value_neutral | {"resamples", "permutations", "subsamples", "simulations", "alpha"}
+
+    k_max: int | None = k_max_option(SWEEP_K_MAX)
+    masks: int = option(12, "K: random skill masks (the seed's 12)", type=int, minimum=2)
+    inclusion: float = option(0.4, "f: each skill's inclusion probability in a mask (the seed's 0.4)", type=float, minimum=0.0)
+    pools: tuple[str, ...] = option(POOLS, "candidate pools: topk (the item's top-k skills, masked) and library (retrieval re-run "
+                                    "on the masked library)", names=POOLS, minimum=1)
+    config: str = option("proc", "memory configuration the skills are shown in", choices=tuple(n for n, c in CONFIGS.items() if c.slots))
+    resamples: int = option(est.N_BOOTSTRAP, "mask bootstrap resamples for sign stability (the seed's 1,000)", type=int, minimum=1)
+    permutations: int = option(200, "permutations of each per-cell test (power table)", type=int, minimum=1)
+    subsamples: int = option(20, "draws of K masks out of the run's per K of the measured power table", type=int, minimum=1)
+    simulations: int = option(1000, "simulated cells per K of the simulated power table", type=int, minimum=1)
+    alpha: float = option(0.05, "level of the per-cell permutation test", type=float, minimum=0.0)
+
+    def draw(self, ctx: RunContext) -> tuple[tuple[str, ...], np.ndarray]:
+        """The dataset's skill ids and the ``[K, n_skills]`` masks over them (seeded by ``--seed``)."""
+        if not 0.0 < self.inclusion < 1.0:
+            raise OptionError(f"{NAME}: inclusion (--inclusion) must be in (0, 1), got {self.inclusion}")
+        skills = tuple(ctx.dataset.skills)
+        return skills, est.draw_masks(self.masks, len(skills), self.inclusion, np.random.default_rng([ctx.options.seed, 3]))
+
+    def shown(self, ctx: RunContext, item, included: frozenset[str], pool: str) -> tuple[str, ...]:
+        """The skills the item's prompt shows under a mask that includes ``included``."""
+        ranked = [entry.skill.id for entry in ctx.builder.retrieve(item)]
+        k = ctx.options.k_max
+        if pool == "topk":
+            return tuple(s for s in ranked[:k] if s in included)
+        return tuple(s for s in ranked if s in included)[:k]
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        skills, masks = self.draw(ctx)
+        included = [frozenset(np.asarray(skills)[row]) for row in masks]
+        jobs = []
+        for item in ctx.items:
+            mine = [Job(item, self.config, len(shown), ctx.fmt, (mask_condition(pool, m),), skills=shown)
+                    for pool in self.pools for m in range(self.masks) for shown in [self.shown(ctx, item, included[m], pool)]]
+            jobs += sorted(mine, key=lambda job: job.skills)  # identical prompts of an item in a row: scored once
+        store = ctx.store(configs=[self.config], masks=[sorted(s) for s in included])
+        score = cached_scorer(ctx, lambda record, job: (), margins=("margin",))
+
+        def scorer(record, job):
+            pool, mask = job.conditions[0].split(":m")
+            rows = score(record, job)
+            for row in rows:
+                row.update(condition=job.conditions[0], pool=pool, mask=int(mask), shown=list(job.skills))
+            return rows
+
+        run_jobs(ctx, store, jobs, scorer)
+        return load_results(store.path)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> AttributionSummary:
+        skills, masks = self.draw(ctx)
+        index = {s: j for j, s in enumerate(skills)}
+        rng = np.random.default_rng([ctx.options.seed, 4])
+        weights = est.bootstrap_weights(self.masks, self.resamples, rng)
+        rows = rows.assign(correct_choice=np.where(rows["margin"].notna(), (rows["margin"] < 0).astype(float), np.nan))
+        by_domain: dict[str, list] = {}
+        for item in ctx.items:
+            by_domain.setdefault(item.domain, []).append(item)
+        cells, boot_rows, noise, detection = [], [], [], []
+        for pool in self.pools:
+            sub = rows[rows["pool"] == pool]
+            for outcome in OUTCOMES:
+                table = sub.pivot_table(index="mask", columns="item_id", values=outcome, aggfunc="first", dropna=False)
+                table = table.reindex(index=range(self.masks))
+                boot_sum, boot_n = np.zeros((self.resamples, len(skills))), np.zeros((self.resamples, len(skills)))
+                sds = []
+                for domain, items in by_domain.items():
+                    o = table.reindex(columns=[item.id for item in items]).to_numpy(float)  # [K, I]
+                    pools = [self.pool_of(ctx, item, pool) for item in items]
+                    cols = sorted({index[s] for p in pools for s in p})  # the skills any of these items can see
+                    defined = np.array([[skills[j] in p for p in pools] for j in cols])  # [J, I]
+                    inc = masks[:, cols][:, :, None] & defined[None]  # [K, J, I]
+                    c = est.causal_scores(o, inc, defined)
+                    boot = est.causal_scores(np.broadcast_to(o, (self.resamples, *o.shape)), inc, defined, weights)
+                    var = est.cell_variances(o, inc, defined)
+                    pvalues = est.permutation_pvalues(o, inc, defined, self.permutations, rng)
+                    stable = est.sign_agreement(c, boot)
+                    boot_sum[:, cols] += np.nansum(np.where(defined[None], boot, 0.0), axis=2)
+                    boot_n[:, cols] += np.isfinite(boot).sum(axis=2)
+                    sds += [float(np.std(col[np.isfinite(col)], ddof=1)) for col in o.T if np.isfinite(col).sum() > 1]
+                    cells.append(pd.DataFrame({
+                        "pool": pool, "outcome": outcome, "domain": domain, "skill": [skills[cols[j]] for j in var["j"]],
+                        "item_id": [items[i].id for i in var["i"]], "bucket": [items[i].bucket for i in var["i"]],
+                        "task_group": [items[i].task_group for i in var["i"]],
+                        "tempting": [skills[cols[j]] == items[i].tempting_skill for j, i in zip(var["j"], var["i"])],
+                        "c": c[var["j"], var["i"]], "n_plus": var["n_plus"], "n_minus": var["n_minus"],
+                        "var_bound": var["var_bound"], "var_empirical": var["var_empirical"],
+                        "sign_stability": stable[var["j"], var["i"]], "p_value": pvalues[var["j"], var["i"]]}))
+                    if outcome in ("margin", "correct_choice"):
+                        detection.append((pool, outcome, o, inc, defined))
+                with np.errstate(invalid="ignore"):
+                    boot_bar = boot_sum / boot_n
+                boot_rows.append((pool, outcome, boot_bar))
+                noise.append({"pool": pool, "outcome": outcome, "sigma": float(np.median(sds)) if sds else np.nan, "n_items": len(sds)})
+        cells = pd.concat(cells, ignore_index=True)
+        stats = est.row_statistics(cells, ["pool", "outcome", "skill"])
+        stats["sign_stability"] = np.nan
+        for pool, outcome, boot_bar in boot_rows:
+            at = (stats["pool"] == pool) & (stats["outcome"] == outcome)
+            cols = [index[s] for s in stats.loc[at, "skill"]]
+            stats.loc[at, "sign_stability"] = est.sign_agreement(stats.loc[at, "c_bar"].to_numpy(float), boot_bar[:, cols])
+        noise = pd.DataFrame(noise)
+        power = self.power_table(detection, noise, rng)
+        wrong = cells[cells["tempting"] & (cells["bucket"] == "T_wrong")]
+        tempting = wrong.groupby(["pool", "outcome"], sort=False)["c"].agg(
+            n="count", mean="mean", share_positive=lambda c: float((c.dropna() > 0).mean()) if c.notna().any() else np.nan).reset_index()
+        note = (f"{provenance(ctx)} · masks K = {self.masks}, f = {self.inclusion}, config {self.config} · "
+                f"{self.resamples} bootstrap resamples, {self.permutations} permutations, α = {self.alpha}")
+        return AttributionSummary(cells, stats, power, noise, tempting, self.masks, self.inclusion, note)
+
+    def pool_of(self, ctx: RunContext, item, pool: str) -> frozenset[str]:
+        """The skills whose inclusion a mask varies for this item: its top k, or its whole library."""
+        if pool == "topk":
+            return frozenset(entry.skill.id for entry in ctx.builder.retrieve(item)[: ctx.options.k_max])
+        return frozenset(skill.id for skill in ctx.dataset.library_for(item))
+
+    def power_table(self, detection: list, noise: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
+        """Power of the per-cell permutation test against K: simulated for the seed's binary outcome and
+        for the margin at its measured noise, and measured on this run by keeping K of its masks."""
+        parts = []
+        binary = est.simulated_power(SIMULATED_K, self.inclusion, SEED_EFFECT, outcome="binary", base_rate=SEED_BASE_RATE,
+                                     n_simulations=self.simulations, n_permutations=self.permutations, alpha=self.alpha, rng=rng)
+        parts.append(binary.assign(source="simulated", outcome="binary (seed: rates 0.5 ± 0.30)", pool="", effect=SEED_EFFECT, noise=np.nan))
+        for row in noise[noise["outcome"] == "margin"].itertuples():
+            if not np.isfinite(row.sigma):
+                continue
+            sim = est.simulated_power(SIMULATED_K, self.inclusion, MARGIN_EFFECT, outcome="gaussian", noise=row.sigma,
+                                      n_simulations=self.simulations, n_permutations=self.permutations, alpha=self.alpha, rng=rng)
+            parts.append(sim.assign(source="simulated", outcome=f"margin ({MARGIN_EFFECT:.2f} logits at the measured noise)", pool=row.pool,
+                                    effect=MARGIN_EFFECT, noise=row.sigma))
+        kept = sorted({*range(4, self.masks, 2), self.masks})
+        for pool in self.pools:
+            for outcome in ("margin", "correct_choice"):
+                chunks = [(o, inc, d) for p, out, o, inc, d in detection if p == pool and out == outcome]
+                if not chunks:
+                    continue
+                totals = pd.concat([est.subsampled_detection(o, inc, d, kept, n_subsamples=self.subsamples, n_permutations=self.permutations,
+                                                             alpha=self.alpha, rng=rng) for o, inc, d in chunks])
+                totals = totals.groupby("K")[["n_rejected", "n_tests"]].sum().reset_index()
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    share = totals["n_rejected"] / totals["n_tests"]
+                parts.append(pd.DataFrame({"K": totals["K"], "power": share, "n_simulations": totals["n_tests"],
+                                           "source": "measured (share of cells significant)", "outcome": outcome, "pool": pool,
+                                           "effect": np.nan, "noise": np.nan}))
+        return pd.concat(parts, ignore_index=True)[["source", "outcome", "pool", "K", "power", "n_simulations", "effect", "noise"]]
+
+    def tables(self, summary: AttributionSummary) -> dict[str, pd.DataFrame]:
+        return {f"{NAME}_skills": summary.skills, f"{NAME}_cells": summary.cells, f"{NAME}_power": summary.power,
+                f"{NAME}_noise": summary.noise, f"{NAME}_tempting": summary.tempting}
+
+    def figures(self, summary: AttributionSummary, out_dir: Path) -> list[Path]:
+        plots.style()
+        pool = "library" if "library" in set(summary.cells["pool"]) else summary.cells["pool"].iloc[0]
+        return [*plots.save_figure(plots.fig13_attribution_matrix(summary.cells, pool, summary.note), out_dir, FIGURES[0]),
+                *plots.save_figure(plots.fig14_attribution_statistics(summary.skills, summary.cells, summary.power, summary.note),
+                                   out_dir, FIGURES[1])]
+
+    def section(self, ctx: RunContext, summary: AttributionSummary, figures: list[Path]) -> ReportSection:
+        margin = summary.skills[summary.skills["outcome"] == "margin"]
+        dist = margin.groupby("pool")[["c_bar", "h_range", "h_iqr", "sign_stability"]].describe(percentiles=[0.1, 0.5, 0.9])
+        dist = dist.loc[:, (slice(None), ["mean", "10%", "50%", "90%"])]
+        dist.columns = [f"{a} {b}" for a, b in dist.columns]
+        variance = (summary.cells[summary.cells["outcome"] == "margin"].groupby("pool")[["var_bound", "var_empirical"]].median()
+                    .reset_index())
+        power = power_grid(summary.power).reset_index()
+        power.columns = [f"K={c}" if isinstance(c, int | np.integer) else c for c in power.columns]
+        body = (f"C[j, i] (seed Eq. 1) over {summary.n_masks} masks at f = {summary.inclusion}; outcomes: the tool-choice margin "
+                "(wrong − correct), the call log-odds, and the correct choice 1[margin < 0]. Per skill, over its items "
+                f"(margin):\n\n{markdown_table(dist.reset_index())}\n\n"
+                f"Median per-cell variance of C (margin, logits²): the seed's binary bound ¼(1/|M⁺| + 1/|M⁻|) (Eq. 2) next to the "
+                f"empirical one:\n\n{markdown_table(variance)}\n\nPlanted check: C of each T_wrong item's tempting skill "
+                f"(positive: the skill raises the wrong-tool margin):\n\n{markdown_table(summary.tempting)}\n\n"
+                f"Power of the per-cell permutation test against K (`{NAME}_power.csv`):\n\n{markdown_table(power)}")
+        return ReportSection(NAME, "Seed 003 — skill attribution by random masking (`attribution`)", figures, body, [], summary)
+
+    def print_summary(self, summary: AttributionSummary) -> None:
+        margin = summary.skills[summary.skills["outcome"] == "margin"]
+        print("per skill (margin): C̄, H (range), H (IQR), sign stability — quantiles over skills")
+        print(margin.groupby("pool")[["c_bar", "h_range", "h_iqr", "sign_stability"]].quantile([0.1, 0.5, 0.9]).round(3).to_string())
+        print("noise (median s.d. of the outcome across masks):\n" + summary.noise.round(3).to_string(index=False))
+        print("tempting skill on T_wrong:\n" + summary.tempting.round(3).to_string(index=False))
+        print("power:\n" + power_grid(summary.power).round(3).to_string())
