@@ -37,11 +37,11 @@ import pandas as pd
 from probes import analyses as registry
 from probes.analyses.base import (AnalysisError, Options, RunContext, RunOptions, default_model, model_label, open_context, option,
                                   option_fields, shared)
-from probes.analyses.knockout import condition_names, control_of, deciding_run, deltas_per_record, knocked_configs, layer_windows, record_knockouts
+from probes.analyses.knockout import control_of, deciding_run, deltas_per_record, knocked_configs, layer_windows, record_knockouts
 from probes.data.schema import BOUNDARY_SLOTS
 from probes.engine.session import ProbeSession
 from probes.prompts.record import PromptRecord
-from probes.reporting.finished import FinishedRun, load
+from probes.reporting.finished import FinishedRun, load, read_table
 from probes.reporting.results import write_text
 from probes.scoring.controls import tool_names_of
 
@@ -53,6 +53,12 @@ DEFAULT_RECORDS = 100
 DEFAULT_MAX_MB = 20.0
 SPAN_NAMES = ("procedure", "boundary")
 TEMPLATE = "explore.html.j2"
+CHROMIUM = "/usr/bin/chromium"  # Debian's package: `apt-get install -y chromium`
+INSTALL = "apt-get install -y chromium && pip install playwright"
+# headless, offline and quiet: no GPU, no background fetches (the page is opened with the network off)
+BROWSER_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run")
+VIEWS = ("prompt", "heads", "run")
 
 
 @dataclass(kw_only=True)
@@ -70,6 +76,8 @@ class ExploreOptions(Options):
                             choices=tuple(PRECISIONS))
     max_mb: float = option(DEFAULT_MAX_MB, "size cap of the page (MB): records past it are left out, and the page says how many",
                            type=float, minimum=0.1)
+    screenshots: str | Path | None = option(None, "also save the prompt and heads views as PNGs in this folder (README's; needs "
+                                            f"playwright and {CHROMIUM})", type=Path)
 
 
 def explore(session: ProbeSession | None = None, **options: Any) -> Path:
@@ -167,23 +175,23 @@ def record_view(ctx: RunContext, record: PromptRecord, options: ExploreOptions, 
 
 
 def chosen_records(runs: dict[str, FinishedRun]) -> list[tuple[str, str]]:
-    """(analysis, record id) of every record the page can show, in the order they are kept: the
-    knocked records (T_wrong first), then the sweep's (by item, configuration, k)."""
+    """(analysis, record id) of every record the page can show, in the order they are kept: item by
+    item (the knocked items first, T_wrong before T_ok), each item's knocked records, then its sweep
+    and heads records by configuration and k. An item's prompts share their prefix, which the engine
+    then computes once (``prefix_cache``)."""
+    found = []  # (knocked?, bucket, item, analysis rank, config, k, analysis, record id)
+    for rank, name in enumerate(SHOWN):
+        if name not in runs:
+            continue
+        rows = runs[name].rows
+        base = rows[rows["condition"] == "baseline"] if "condition" in rows else rows
+        for r in base[["record_id", "item_id", "bucket", "config", "k"]].drop_duplicates("record_id").itertuples():
+            found.append((r.item_id, rank, name == "knockout" and r.config != "proc", r.bucket, r.config, int(r.k), name, r.record_id))
+    knocked = {f[0] for f in found if f[2]}
+    found.sort(key=lambda f: (f[0] not in knocked, f[3] != "T_wrong", f[0], not f[2], f[1], f[4], f[5]))
     out: dict[str, str] = {}
-    if "knockout" in runs:
-        rows = runs["knockout"].rows
-        base = rows[rows["condition"] == "baseline"].sort_values(["bucket", "item_id", "config"], ascending=[False, True, True], kind="stable")
-        knocked = base[base["config"] != "proc"]
-        for record_id in [*knocked["record_id"], *base["record_id"]]:
-            out.setdefault(record_id, "knockout")
-    if "sweep" in runs:
-        rows = runs["sweep"].rows
-        base = rows[rows["condition"] == "baseline"].sort_values(["item_id", "config", "k"], kind="stable")
-        for record_id in base["record_id"]:
-            out.setdefault(record_id, "sweep")
-    if "heads" in runs:
-        for record_id in runs["heads"].rows["record_id"]:
-            out.setdefault(record_id, "heads")
+    for f in found:
+        out.setdefault(f[7], f[6])
     return [(name, record_id) for record_id, name in out.items()]
 
 
@@ -283,10 +291,18 @@ def write_explore(options: ExploreOptions, session: ProbeSession | None = None, 
         session = contexts[name].session
     kopts = contexts["knockout"].options if "knockout" in runs else None
     knocked = runs["knockout"].rows if "knockout" in runs else None
+    claims = out_dir / "claims.csv"
+    data: dict[str, Any] = {
+        "model": str(model), "out_dir": str(out_dir), "analyses": list(runs), "provenance": provenance_lines(out_dir, runs),
+        "precision": options.precision, "figures": figure_uris(figures_dir or out_dir / "figures"),
+        "claims": table_html(read_table(claims)) if claims.is_file() else "",
+        "sweep": sweep_cells(runs["sweep"]) if "sweep" in runs else [],
+        "knockout": knockout_cells(runs["knockout"]) if "knockout" in runs else [],
+        "heads_view": heads_view(runs["heads"]) if "heads" in runs and "heads_ranking" in runs["heads"].tables else None,
+    }
+    # the page is the template (~20 kB) around this data: each record's attention scales as layers × heads × tokens
+    used = len(render({**data, "records": [], "records_total": 0, "left_out": 0, "layers": 0, "heads": 0}).encode())
     chosen = chosen_records(runs)
-    budget = options.max_mb * 1e6
-    figures = figure_uris(figures_dir or out_dir / "figures")
-    used = sum(len(f["uri"]) for f in figures)
     items = {item.id: item for ctx in contexts.values() for item in ctx.items}
     records, left_out = [], []
     for name, record_id in chosen:
@@ -298,32 +314,65 @@ def write_explore(options: ExploreOptions, session: ProbeSession | None = None, 
         record = ctx.builder.build(items[item_id], config, int(k.removeprefix("k")), fmt)
         knocks = knocked is not None and name == "knockout" and config in knocked_configs(kopts.priming)
         view = record_view(ctx, record, options, runs[name].rows, knocked if knocks else None, kopts if knocks else None)
-        size = len(json.dumps(view))
-        if used + size > budget:
+        size = len(json.dumps(view, separators=(",", ":")).encode())
+        if used + size > options.max_mb * 1e6:
             left_out.append(record_id)
             continue
         used += size
         records.append(view)
     if not records:
         raise AnalysisError(f"{out_dir}: no record fits in max_mb = {options.max_mb} MB beside the figures: raise --max-mb")
-    claims = out_dir / "claims.csv"
-    data = {
-        "model": str(model), "out_dir": str(out_dir), "analyses": list(runs), "provenance": provenance_lines(out_dir, runs),
-        "precision": options.precision, "records_total": len(chosen), "left_out": len(left_out),
-        "layers": int(records[0]["shape"][0]), "heads": int(records[0]["shape"][1]),
-        "records": records, "figures": figures,
-        "claims": table_html(pd.read_csv(claims)) if claims.is_file() else "",
-        "sweep": sweep_cells(runs["sweep"]) if "sweep" in runs else [],
-        "knockout": knockout_cells(runs["knockout"]) if "knockout" in runs else [],
-        "knockout_conditions": list(condition_names(kopts.random_draws, [], kopts.controls)) if kopts is not None else [],
-        "heads_view": heads_view(runs["heads"]) if "heads" in runs and "heads_ranking" in runs["heads"].tables else None,
-    }
+    data.update(records=records, records_total=len(chosen), left_out=len(left_out), layers=int(records[0]["shape"][0]),
+                heads=int(records[0]["shape"][1]))
     path = out_dir / PAGE
     write_text(path, render(data))
     note = f"; {len(left_out)} more left out (--records {options.records}, --max-mb {options.max_mb:g})" if left_out else ""
     print(f"[explore] wrote {path} ({path.stat().st_size / 1e6:.2f} MB; {len(records)} records with their deciding-row attention, "
           f"{options.precision}{note}; {', '.join(runs)}) in {time.perf_counter() - start:.1f} s")
+    if options.screenshots is not None:
+        print(f"[explore] screenshots: {', '.join(map(str, screenshot_views(path, Path(options.screenshots))))}")
     return path
+
+
+# ----------------------------------------------------------------------------- in a browser
+def browser_missing() -> str:
+    """Why the page cannot be opened in a headless browser here ("" when it can), naming the install command."""
+    import importlib.util
+
+    if importlib.util.find_spec("playwright") is None:
+        return f"playwright is not installed ({INSTALL})"
+    if not Path(CHROMIUM).is_file():
+        return f"no {CHROMIUM} ({INSTALL})"
+    return ""
+
+
+def launch(playwright: Any) -> Any:
+    """Chromium, headless, from Debian's package."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=list(BROWSER_ARGS))
+
+
+def screenshot_views(page_path: Path, out_dir: Path, views: tuple[str, ...] = ("prompt", "heads")) -> list[Path]:
+    """PNGs of ``views`` of an explore page (``explore_<view>.png``), opened from disk with the network off."""
+    if reason := browser_missing():
+        raise AnalysisError(f"screenshots: {reason}")
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_context(offline=True, viewport={"width": 1400, "height": 900}).new_page()
+        page.goto(page_path.resolve().as_uri())
+        # the prompt view with the boundary knockout drawn, scrolled to the memory block
+        page.evaluate("""() => { const s = document.getElementById("knockout-select");
+            if ([...s.options].some((o) => o.value === "boundary")) { s.value = "boundary"; s.dispatchEvent(new Event("change")); }
+            const b = document.querySelector("#tokens .sp-procedure"); if (b) b.scrollIntoView({block: "start"}); }""")
+        for view in views:
+            page.click(f"button.tab[data-view={view}]")
+            paths.append(out_dir / f"explore_{view}.png")
+            page.screenshot(path=str(paths[-1]))
+        browser.close()
+    return paths
 
 
 def inline(source: str | Path | Any, height: int = 720) -> Any:
@@ -340,4 +389,4 @@ def inline(source: str | Path | Any, height: int = 720) -> Any:
     return HTML(f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:{height}px;border:1px solid #ccc"></iframe>')
 
 
-__all__ = ["ExploreOptions", "explore", "inline", "write_explore"]
+__all__ = ["ExploreOptions", "browser_missing", "explore", "inline", "screenshot_views", "write_explore"]
