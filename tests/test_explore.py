@@ -232,3 +232,21 @@ def test_in_a_headless_browser(explored, browser, tmp_path_factory):
         assert (shots / f"{name}.png").stat().st_size > 10_000
     print(f"screenshots: {shots}")
     context.close()
+
+
+def test_without_a_browser_the_reason_names_the_install_command(monkeypatch, tmp_path):
+    monkeypatch.setattr(E, "CHROMIUM", str(tmp_path / "no-chromium"))
+    assert "apt-get install -y chromium" in E.browser_missing()
+    with pytest.raises(AnalysisError, match="apt-get install -y chromium"):
+        E.screenshot_views(tmp_path / E.PAGE, tmp_path)
+
+
+def test_the_command_line_flags_are_the_options():
+    from probes.cli.main import build_parser
+    from probes.cli.options import options_from_args
+
+    args = build_parser("explore").parse_args(["explore", "--out", "r", "--records", "3", "--precision", "uint8", "--max-mb", "5"])
+    options = E.ExploreOptions(**options_from_args(args, E.ExploreOptions))
+    assert (str(options.out), options.records, options.precision, options.max_mb, options.screenshots) == ("r", 3, "uint8", 5.0, None)
+    with pytest.raises(probes.analyses.base.OptionError, match="precision"):
+        E.ExploreOptions(precision="float8")
