@@ -11,6 +11,7 @@ The public API (imported lazily: ``import probes`` loads no torch)::
     probes.options("sweep")                                  # each analysis's options, with their help
     done = probes.load("results/Qwen3-8B/sweep.jsonl")       # a finished run: rows, tables, config
     probes.report(session, out="results/")                   # every registered analysis, report.md
+    probes.explore(session, out="results/")                  # results/<model>/explore.html, offline in a browser
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ _EXPORTS = {
     "ANALYSES": "probes.analyses",
     "report": "probes.analyses.report",
     "load": "probes.reporting.finished",
+    "explore": "probes.reporting.explore",
     "Analysis": "probes.analyses.base",
     "AnalysisResult": "probes.analyses.base",
 }

@@ -229,6 +229,7 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
     assert result.status == 0
     out = result.out_dir
     assert out == tmp_path / "out" / tiny_qwen3_dir.name
+    assert out / "explore.html" in result.figures and (out / "explore.html").stat().st_size > 10_000  # report ends with the page
     report = (out / "report.md").read_text()
     for needle in ("7.31", "10.71", "2.26", "0.15", "1.23", "1.81", "3.45", "69.4", "tool_choice", "Eq. 1", str(tiny_qwen3_dir)):
         assert needle in report, needle

@@ -44,3 +44,7 @@ def test_wheel_holds_the_dataset_and_organism_and_runs_a_sweep(installed: Path, 
                           "--embedder", "lexical", "--no-figure", "--out", str(out))
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     assert (out / "basm-organism" / "sweep.jsonl").is_file()
+    # the explore page's template ships too: the page is written from the installed package
+    page = run_installed(installed, tmp_path, "-m", "probes.cli", "explore", "--records", "2", "--out", str(out))
+    assert page.returncode == 0, page.stderr[-2000:]
+    assert "<script" in (out / "basm-organism" / "explore.html").read_text()

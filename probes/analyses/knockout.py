@@ -87,7 +87,7 @@ from probes.analyses import register
 from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.data.configs import PRIMING_CONFIGS
-from probes.engine.session import Knockout, ProbeSession, span_positions
+from probes.engine.session import ConditionResult, Knockout, ProbeSession, span_positions
 from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
@@ -119,18 +119,24 @@ SHOWN_FAMILY = f"{NAME} (defining skill shown)"
 
 
 # ----------------------------------------------------------------------------- dose
-def deciding_attention(session: ProbeSession, record: PromptRecord) -> np.ndarray:
-    """[layer, head, n_tokens] the unmodified softmax row of the deciding row (the row predicting the
-    first token where the correct name parts from a wrong one; the decision row for abstention items),
-    from one engine call with that row as the only query row (the correct name's shared prefix appended
-    where the deciding row lies inside it)."""
+def deciding_run(session: ProbeSession, record: PromptRecord) -> tuple[ConditionResult, int, int]:
+    """(the unmodified condition, the deciding row, its depth into the correct name) from one engine
+    call with the deciding row (the row predicting the first token where the correct name parts from a
+    wrong one; the decision row for abstention items) as the only query row, its full softmax row
+    recorded (the correct name's shared prefix appended where the deciding row lies inside it)."""
     candidates = [c for c in candidates_from_record(record) if c.role != "other"]
     key, depth = deciding_depth(candidates)
     ids = list(record.input_ids)
     if depth:
         ids += list(next(c for c in candidates if c.key == key).token_ids[:depth])
-    result = session.run(ids, [int(record.decision_index) + depth], record_rows=True)
-    return result.conditions[0].rows[:, :, 0, : record.n_tokens].float().numpy()
+    row = int(record.decision_index) + depth
+    return session.run(ids, [row], record_rows=True).conditions[0], row, depth
+
+
+def deciding_attention(session: ProbeSession, record: PromptRecord) -> np.ndarray:
+    """[layer, head, n_tokens] the unmodified softmax row of the deciding row (:func:`deciding_run`)
+    over the prompt's tokens."""
+    return deciding_run(session, record)[0].rows[:, :, 0, : record.n_tokens].float().numpy()
 
 
 def removed_mass(attention: np.ndarray, knockout: Knockout) -> float:
@@ -219,6 +225,20 @@ def draw_controls(record: PromptRecord, attention: np.ndarray, options: Any, too
     return out, state
 
 
+def record_knockouts(record: PromptRecord, attention: np.ndarray, options: Any, tool_names: Iterable[str],
+                     windows: Sequence[Sequence[int]]) -> tuple[list[Knockout], RecordDraws]:
+    """Every knockout of one knocked record (boundary, the control draws, procedure, the layer windows)
+    and how its controls were drawn; ``attention``: its deciding row (:func:`deciding_attention`)."""
+    blocks = record.spans.get("boundary", [])
+    rows = blocked_rows(record, options.knockout_rows)
+    draws, state = draw_controls(record, attention, options, tool_names)
+    out = [Knockout.from_spans("boundary", blocks, **rows)]
+    out += [Knockout(name, tuple(positions), **rows) for name, positions in draws]
+    out.append(Knockout.from_spans("procedure", record.spans.get("procedure", []), **rows))
+    out += [Knockout.from_spans(f"boundary@L{w[0]}-{w[-1]}", blocks, layers=w, **rows) for w in windows]
+    return out, state
+
+
 def knockout_scorer(ctx: RunContext, windows: Sequence[Sequence[int]]):
     """The scorer of a BASM record under every knockout. Each row also says how much attention its
     knockout removes at the deciding row (``knockout_mass``, B's own: ``boundary_mass``) and, for a
@@ -231,13 +251,7 @@ def knockout_scorer(ctx: RunContext, windows: Sequence[Sequence[int]]):
         current.clear()
         if job.config not in knocked_configs(a.priming):
             return []
-        blocks = record.spans.get("boundary", [])
-        rows = blocked_rows(record, a.knockout_rows)
-        draws, state = draw_controls(record, deciding_attention(ctx.session, record), a, tool_names)
-        out = [Knockout.from_spans("boundary", blocks, **rows)]
-        out += [Knockout(name, tuple(positions), **rows) for name, positions in draws]
-        out.append(Knockout.from_spans("procedure", record.spans.get("procedure", []), **rows))
-        out += [Knockout.from_spans(f"boundary@L{w[0]}-{w[-1]}", blocks, layers=w, **rows) for w in windows]
+        out, state = record_knockouts(record, deciding_attention(ctx.session, record), a, tool_names, windows)
         current.update(state=state, knockouts={k.name: k for k in out})
         return out
 

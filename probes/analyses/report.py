@@ -48,6 +48,8 @@ from probes.analyses.knockout import basm_deltas, caption, knockout_labels
 from probes.analyses.parallel import rank_device, world
 from probes.engine.session import ProbeSession
 from probes.reporting import plots
+from probes.reporting.explore import SHOWN as EXPLORED
+from probes.reporting.explore import ExploreOptions, write_explore
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import environment, write_csv, write_text
 from probes.scoring.claims import claims_table
@@ -177,6 +179,8 @@ class ReportOptions(RunOptions):
                                               names=registry.ANALYSES, minimum=1)
     figures_dir: str | Path | None = option(None, "where the figures go (default: OUT/<model>/figures); e.g. figures/ to "
                                             "regenerate the repository's figures", type=Path)
+    explore: bool = option(True, "end by writing OUT/<model>/explore.html, the run in a browser (--no-explore: skip it)", type=bool,
+                           flag="--no-explore")
 
 
 def report(session: ProbeSession | None = None, **options: Any) -> AnalysisResult:
@@ -232,6 +236,7 @@ def run_report(options: ReportOptions, session: ProbeSession | None = None) -> A
                       f"{', '.join(p.name for p in sections[name].figures if p.suffix == '.png') if options.figure else '(no figures)'}")
         fig03 = mechanism_figure(sections, figures_dir, note) if writer else []
     resolved = options.resolved()
+    files: list[Path] = []
     if not writer:
         path = out_dir / "report.md"
     else:
@@ -239,11 +244,16 @@ def run_report(options: ReportOptions, session: ProbeSession | None = None) -> A
                             failed, fig03, figures=options.figure, figures_dir=figures_dir, model=str(model), variant=options.margin_variant)
         n_figures = len(list(figures_dir.glob("*.png"))) if options.figure else 0
         print(f"[report] wrote {path} and {n_figures} figures in {time.perf_counter() - start:.0f} s")
+        if options.explore and set(sections) & set(EXPLORED):
+            # figures_dir: the scratch folder, gone by now, under --no-figure: the page then embeds none
+            files.append(write_explore(ExploreOptions(out=options.out, model=model), session, figures_dir=figures_dir))
+        elif options.explore:
+            print(f"[report] explore.html not written: none of {', '.join(EXPLORED)} ran")
     if failed and writer:
         error(f"{len(failed)} of {len(names)} analyses failed (listed under \"Failed\" in {path})")
     table = pd.DataFrame([dataclasses.asdict(c) for s in sections.values() for c in s.comparisons],
                          columns=["quantity", "ours", "paper", "unit", "note"])
-    return AnalysisResult(options, resolved, table, sections, {"report_comparisons": table}, [path], out_dir, 1 if failed else 0)
+    return AnalysisResult(options, resolved, table, sections, {"report_comparisons": table}, [path, *files], out_dir, 1 if failed else 0)
 
 
 def header(given: ReportOptions, a: ReportOptions, model: Any, embedders: set[str], studies: set[tuple[str, str]], wall: float) -> list[str]:

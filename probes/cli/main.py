@@ -33,14 +33,15 @@ def register(name: str, help_text: str, add_arguments: Callable[[argparse.Argume
 
 
 # ---------------------------------------------------------------------------- build, show, shortcuts, card
-def _tool_command(options_class: str, run: Callable[[Any], int]) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
-    """The flags (derived from the options class ``probes.analyses.tools.<options_class>``, as an
-    analysis's are) and the runner of a dataset tool; the module is imported when the command is used."""
+def _tool_command(options_class: str, run: Callable[[Any], int], module: str = "probes.analyses.tools",
+                  ) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
+    """The flags (derived from the options class ``<module>.<options_class>``, as an analysis's are)
+    and the runner of a tool command; the module is imported when the command is used."""
 
     def options_cls() -> type:
-        from probes.analyses import tools
+        import importlib
 
-        return getattr(tools, options_class)
+        return getattr(importlib.import_module(module), options_class)
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         from probes.cli.options import add_options
@@ -156,6 +157,17 @@ register("shortcuts", "Shortcut baselines of a dataset (request length, lexical-
          *_tool_command("ShortcutsOptions", _shortcuts))
 register("card", "Write a dataset's CARD.md: counts, shortcut baselines and first-token collision rates, measured.",
          *_tool_command("CardOptions", _card))
+
+
+def _explore(options: dict[str, Any]) -> int:
+    from probes.reporting.explore import explore
+
+    explore(**options)
+    return 0
+
+
+register("explore", "Write OUT/<model>/explore.html: prompts, spans, deciding-row attention, heads and knockouts, offline in a browser.",
+         *_tool_command("ExploreOptions", _explore, "probes.reporting.explore"))
 
 
 # ---------------------------------------------------------------------------- probe analyses

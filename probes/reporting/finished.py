@@ -35,6 +35,14 @@ class FinishedRun:
         return self.tables.get(f"{self.name}_summary", next(iter(self.tables.values())))
 
 
+def read_table(path: Path) -> pd.DataFrame:
+    """A summary table; an empty one (a check that did not run writes no columns) as an empty frame."""
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+
+
 def load(path: str | Path, name: str | None = None) -> FinishedRun:
     """Read a finished analysis back: ``path`` is its rows file (``OUT/<model>/sweep.jsonl``), or
     the results folder ``OUT/<model>`` with the analysis's ``name``."""
@@ -51,5 +59,5 @@ def load(path: str | Path, name: str | None = None) -> FinishedRun:
     rows = load_results(path)
     stems = sorted(p.stem for p in path.parent.glob(f"{name}_*.csv"))
     main = f"{name}_summary"
-    tables = {stem: pd.read_csv(path.parent / f"{stem}.csv") for stem in sorted(stems, key=lambda s: s != main)}
+    tables = {stem: read_table(path.parent / f"{stem}.csv") for stem in sorted(stems, key=lambda s: s != main)}
     return FinishedRun(name, rows, tables, rows.attrs["meta"].get("config", {}), path.parent)

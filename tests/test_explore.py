@@ -1,0 +1,252 @@
+"""explore.html: what the page stores is checked against independent computations (the engine's
+single-pass reference path, the recorded rows, numpy on the heads rows), then the page is opened in
+a real headless Chromium from disk with the network off and read back from its DOM."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import probes
+from probes.analyses.base import AnalysisError
+from probes.data.schema import BOUNDARY_SLOTS
+from probes.engine.session import Knockout, span_positions
+from probes.prompts.record import PromptRecord
+from probes.reporting import explore as E
+from probes.reporting.finished import load
+from probes.scoring.score import EPSILON
+
+RUN = {"dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical", "split": "all"}
+
+
+@pytest.fixture(scope="module")
+def explored(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_dir: Path):
+    """A tiny run (sweep, knockout, heads on a 2-layer random Qwen3) and its page; the records rebuilt
+    by the sweep's and the knockout's recorded options."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("explore")
+    session = probes.ProbeSession(tiny_qwen3_dir)
+    common = {**RUN, "model": tiny_qwen3_dir, "out": out}
+    probes.run("sweep", session, limit=1, k_max=1, **common)  # Fig. 2 drawn: the run view embeds it
+    probes.run("knockout", session, limit=1, k=1, random_draws=1, controls=["neutral"], figure=False, **common)
+    probes.run("heads", session, limit=2, k=1, floor_from="given", causal=False, figure=False, **common)
+    page = probes.explore(session, out=out, model=tiny_qwen3_dir)
+    options = E.ExploreOptions(out=out, model=tiny_qwen3_dir)
+    contexts = {name: E.run_context(load(page.parent, name), options, tiny_qwen3_dir, session) for name in ("sweep", "knockout", "heads")}
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page.read_text(), re.S).group(1))
+    items = {item.id: item for ctx in contexts.values() for item in ctx.items}
+
+    def rebuild(rec: dict) -> PromptRecord:
+        ctx = contexts["knockout" if rec["knockouts"] else "sweep"]
+        return ctx.builder.build(items[rec["item"]], rec["config"], rec["k"], rec["format"])
+
+    # the browser opens a copy: test_page_is_self_contained_and_capped rewrites the page in place
+    copy = tmp_path_factory.mktemp("explore_page") / E.PAGE
+    shutil.copyfile(page, copy)
+    return {"page": copy, "dir": page.parent, "data": data, "session": session, "rebuild": rebuild, "out": out}
+
+
+def weights(rec: dict) -> np.ndarray:
+    return E.dequantise(rec["attention"], rec["scale"], "uint16", tuple(rec["shape"]))
+
+
+def reference_row(session, record, rec: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The deciding row's attention [layer, head, n] and logits from the single-pass reference path
+    (one sdpa forward, exact query rows), not the cached branching the page used."""
+    correct = record.candidate("correct")
+    ids = list(record.input_ids) + (list(correct.token_ids[: rec["deciding_depth"]]) if rec["deciding_depth"] else [])
+    result = session.forward(ids, [rec["deciding_row"]], record_rows=True).conditions[0]
+    return result.rows[:, :, 0, : record.n_tokens].numpy(), result.logits_at(rec["deciding_row"]).numpy()
+
+
+def test_page_matches_independent_computations(explored):
+    data, session = explored["data"], explored["session"]
+    assert data["records"] and data["left_out"] == 0 and data["analyses"] == ["sweep", "knockout", "heads"]
+    sweep = load(explored["dir"], "sweep").rows.set_index(["record_id", "condition"])
+    checked = 0
+    for rec in data["records"]:
+        record = explored["rebuild"](rec)
+        assert "".join(rec["tokens"]) == record.text and len(rec["tokens"]) == record.n_tokens
+        attention, logits = reference_row(session, record, rec)
+        # uint16 quantisation: half a step, plus fp32 noise between the two engine paths
+        np.testing.assert_allclose(weights(rec), attention, atol=0.5 / 65535 + 1e-5, rtol=0)
+        for cand, ref in zip(rec["candidates"], record.candidates):
+            if cand["token"] is not None:
+                assert cand["token"] == ref.token_ids[rec["deciding_depth"]]
+                assert abs(cand["logit"] - logits[cand["token"]]) < 1e-4
+        # the recorded tool-choice margin (Eq. 1 over the tools, read where the names diverge: with one wrong
+        # tool, the deciding row) from the page's logits at that row
+        if (rec["id"], "baseline") not in sweep.index:
+            continue
+        row = sweep.loc[(rec["id"], "baseline")]
+        by_role = pd.DataFrame(rec["candidates"])
+        if np.isfinite(row["margin_tool_choice"]) and (by_role["role"] == "wrong").sum() == 1:
+            wrong, correct = (by_role.loc[by_role["role"] == r, "logit"].iloc[0] for r in ("wrong", "correct"))
+            assert abs((wrong - correct) - row["margin_tool_choice"]) < 1e-4
+            assert rec["margins"]["margin"] == pytest.approx(row["margin_tool_choice"], abs=1e-12) and rec["margin_variant"] == "tool_choice"
+            checked += 1
+    assert checked, "no record with a first-token margin to check"
+
+
+def test_knockouts_reproduce_their_delta(explored):
+    """The positions the page draws as blocked, knocked out again by ProbeSession.score, give the Δm
+    the page shows (and the knockout rows hold)."""
+    knocked = [r for r in explored["data"]["records"] if r["knockouts"]]
+    assert knocked
+    rec = knocked[0]
+    record = explored["rebuild"](rec)
+    shown = {k["name"]: k for k in rec["knockouts"]}
+    assert set(span_positions(record.spans["boundary"])) == set(shown["boundary"]["positions"])
+    names = [n for n in shown if n in ("boundary", "procedure") or n.startswith("random_")]
+    rows = explored["session"].score(record, knockouts=[Knockout(n, tuple(shown[n]["positions"])) for n in names]).set_index("condition")
+    for name in names:
+        delta = rows.loc[name, "margin"] - rows.loc["baseline", "margin"]
+        if np.isfinite(delta):
+            assert abs(delta - shown[name]["delta"]) < 1e-4, name
+
+
+def test_heads_grid_is_the_log2_ratio_of_mean_alphas(explored):
+    rows = load(explored["dir"], "heads").rows
+    used = rows[(rows["bucket"] == "T_wrong") & (rows["boundary_size"] > 0) & (rows["procedure_size"] > 0)]
+    b, p = (np.array(used[f"alpha_{s}_heads"].tolist()).mean(0) for s in ("boundary", "procedure"))
+    np.testing.assert_allclose(np.array(explored["data"]["heads_view"]["log2"], dtype=float), np.log2((b + EPSILON) / (p + EPSILON)),
+                               atol=1e-9)
+    assert explored["data"]["heads_view"]["log2_n"] == used["item_id"].nunique()
+
+
+def test_page_is_self_contained_and_capped(explored, capsys):
+    page = explored["page"].read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page) and "<link" not in page and "@import" not in page
+    assert explored["data"]["figures"] and explored["data"]["figures"][0]["uri"].startswith("data:image/png;base64,")
+    # a cap that holds one record: the rest are left out, and both the page and the console say so
+    records = explored["data"]["records"]
+    size = [len(json.dumps(r, separators=(",", ":")).encode()) for r in records]
+    around = explored["page"].stat().st_size - sum(size)  # the page around the records
+    cap = around + size[0] + 2000
+    assert cap < around + size[0] + min(size[1:])  # no room for a second record
+    small = probes.explore(explored["session"], out=explored["out"], model=explored["data"]["model"], max_mb=cap / 1e6)
+    assert "left out" in capsys.readouterr().out and small.stat().st_size <= cap
+    data = json.loads(re.search(r'id="data">(.*?)</script>', small.read_text(), re.S).group(1))
+    assert [r["id"] for r in data["records"]] == [records[0]["id"]] and data["left_out"] == data["records_total"] - 1
+    # uint8 storage: within half a step of the weights
+    w = weights(records[0])
+    np.testing.assert_allclose(E.dequantise(*E.quantise(w, "uint8"), "uint8", w.shape), w, atol=0.5 / 255 + 1e-12, rtol=0)
+    with pytest.raises(AnalysisError, match="no results"):
+        probes.explore(explored["session"], out=explored["out"] / "empty", model=explored["data"]["model"])
+
+
+# ----------------------------------------------------------------------------- in a real browser
+@pytest.fixture(scope="module")
+def browser():
+    if reason := E.browser_missing():
+        pytest.skip(f"no headless browser: {reason}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = E.launch(p)
+        yield b
+        b.close()
+
+
+def dom_weights(page) -> np.ndarray:
+    return np.array(page.eval_on_selector_all("#tokens .tok", "els => els.map(e => Number(e.dataset.w))"))
+
+
+def dom_positions(page, selector: str) -> set[int]:
+    return set(page.eval_on_selector_all(f"#tokens .tok{selector}", "els => els.map(e => Number(e.dataset.i))"))
+
+
+def test_in_a_headless_browser(explored, browser, tmp_path_factory):
+    shots = tmp_path_factory.mktemp("explore_screenshots")
+    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(explored["page"].resolve().as_uri())
+    data = explored["data"]
+
+    # spans, slots and query rows sit on exactly the record's tokens
+    for index in range(min(3, len(data["records"]))):
+        page.select_option("#record-select", str(index))
+        rec = data["records"][index]
+        record = explored["rebuild"](rec)
+        assert page.get_attribute("#tokens", "data-record") == record.record_id
+        for name in ("procedure", "boundary"):
+            assert dom_positions(page, f".sp-{name}") == set(span_positions(record.spans.get(name, []))), name
+        for slot in BOUNDARY_SLOTS:
+            assert dom_positions(page, f".slot-{slot}") == set(span_positions(record.spans.get(slot, []))), slot
+        assert dom_positions(page, ".query") == {q for q in record.query_rows if q < record.n_tokens}
+        # the head selector shades by that head's recorded values; the means are over the raw rows
+        raw = reference_row(explored["session"], record, rec)[0]
+        stored = weights(rec)
+        for choice, pick in (("mean", lambda a: a.mean((0, 1))), ("L1", lambda a: a[1].mean(0)), ("L1H2", lambda a: a[1, 2]),
+                             ("L0H3", lambda a: a[0, 3])):
+            page.select_option("#head-select", choice)
+            assert page.get_attribute("#tokens", "data-head") == choice
+            np.testing.assert_allclose(dom_weights(page), pick(raw), atol=1e-3, rtol=0)  # the rows, after quantisation
+            np.testing.assert_allclose(dom_weights(page), pick(stored), atol=1e-6, rtol=0)  # what the page stores, as drawn
+    page.screenshot(path=str(shots / "prompt.png"))
+
+    # heads view: hover shows value and n; clicking a head switches the prompt view to it
+    page.click("button.tab[data-view=heads]")
+    page.screenshot(path=str(shots / "heads.png"))
+    cell = "#grid-log2 td.cell[data-layer='0'][data-head='1']"
+    page.hover(cell)
+    value = data["heads_view"]["log2"][0][1]
+    assert f"{value:.4f}" in page.inner_text("#hover-info") and f"n = {data['heads_view']['log2_n']}" in page.inner_text("#hover-info")
+    shown = page.get_attribute("#tokens", "data-record")
+    page.click(cell)
+    assert page.is_visible("#view-prompt") and not page.is_visible("#view-heads")
+    assert page.input_value("#head-select") == "L0H1" and page.get_attribute("#tokens", "data-head") == "L0H1"
+    rec = next(r for r in data["records"] if r["id"] == shown)
+    np.testing.assert_allclose(dom_weights(page), weights(rec)[0, 1], atol=1e-5, rtol=0)
+
+    # run view: a Fig. 6 cell lists its records; an item opens its prompt with that knockout's positions drawn
+    page.click("button.tab[data-view=run]")
+    page.screenshot(path=str(shots / "run.png"), full_page=True)
+    page.click("#fig6 td.clickable[data-row='boundary'][data-col='T_wrong']")
+    link = page.locator("#item-list a").first
+    record_id = link.get_attribute("data-record")
+    link.click()
+    assert page.get_attribute("#tokens", "data-record") == record_id and page.input_value("#knockout-select") == "boundary"
+    rec = next(r for r in data["records"] if r["id"] == record_id)
+    assert dom_positions(page, ".blocked") == set(next(k for k in rec["knockouts"] if k["name"] == "boundary")["positions"])
+    # and a Fig. 2 cell: configuration and k → items → the prompt view of that record
+    page.click("button.tab[data-view=run]")
+    page.click("#fig2 td.clickable[data-row='basm'][data-col='1']")
+    link = page.locator("#item-list a").first
+    record_id = link.get_attribute("data-record")
+    assert record_id.split("|")[1:3] == ["basm", "k1"]
+    link.click()
+    assert page.get_attribute("#tokens", "data-record") == record_id and page.is_visible("#view-prompt")
+    assert not errors, errors
+    for name in ("prompt", "heads", "run"):
+        assert (shots / f"{name}.png").stat().st_size > 10_000
+    print(f"screenshots: {shots}")
+    context.close()
+
+
+def test_without_a_browser_the_reason_names_the_install_command(monkeypatch, tmp_path):
+    monkeypatch.setattr(E, "CHROMIUM", str(tmp_path / "no-chromium"))
+    assert "apt-get install -y chromium" in E.browser_missing()
+    with pytest.raises(AnalysisError, match="apt-get install -y chromium"):
+        E.screenshot_views(tmp_path / E.PAGE, tmp_path)
+
+
+def test_the_command_line_flags_are_the_options():
+    from probes.cli.main import build_parser
+    from probes.cli.options import options_from_args
+
+    args = build_parser("explore").parse_args(["explore", "--out", "r", "--records", "3", "--precision", "uint8", "--max-mb", "5"])
+    options = E.ExploreOptions(**options_from_args(args, E.ExploreOptions))
+    assert (str(options.out), options.records, options.precision, options.max_mb, options.screenshots) == ("r", 3, "uint8", 5.0, None)
+    with pytest.raises(probes.analyses.base.OptionError, match="precision"):
+        E.ExploreOptions(precision="float8")
