@@ -23,6 +23,7 @@ from probes.data.dataset import ABSTAIN, DatasetError, load_dataset
 from probes.prompts.builder import PromptBuilder
 from probes.prompts.spans import SpanReport, check_spans
 from probes.data.retrieval import Retriever, make_embedder
+from probes.data.schema import SkillValidationError, validate_skill
 
 COMMITTED = Path(__file__).resolve().parent.parent / "datasets" / "bfcl"
 COMMITTED_CATEGORIES = bfcl.CATEGORIES  # all four multi-turn categories
@@ -210,6 +211,107 @@ def test_skills_pass_psi_and_rejections_are_reported(imported):
     readme = (out / "README.md").read_text()
     for domain, ids in report.kept.items():
         assert f"| {domain} |" in readme and f"| {report.candidates[domain]} | {len(ids)} |" in readme
+
+
+MAX_SKILLS_PER_SENTENCE = 2  # two tools can share a request or argument values (held out together, same order id)
+
+
+def test_slot_texts_come_from_each_skills_own_trajectories(imported, data_dir):
+    """No slot sentence is shared by more than MAX_SKILLS_PER_SENTENCE skills once the anchor's name is
+    masked (52 of 62 once shared one); every call a skill quotes stands in the raw BFCL ground truth
+    of one of the entries it lists as sources (read here, not through the importer)."""
+    out, _, _ = imported
+    dataset = load_dataset(out)
+    sources = json.loads((out / "skill_sources.json").read_text())
+    truth = {}
+    for category in ("base", "miss_func"):
+        truth.update({entry_id: " ".join(c for turn in turns for c in turn) for entry_id, turns in _raw(data_dir, category)[1].items()})
+    holders: dict[str, set[str]] = {}
+    for skill in dataset.skills.values():
+        name = skill.tool_names[0]
+        for slot in ("goal", "procedure", "applicability", "risk_cues", "avoidance_rules", "recovery_notes"):
+            for sentence in skill.slot_items(slot):
+                holders.setdefault(re.sub(rf"(?<!\w){re.escape(name)}(?!\w)", "<T>", sentence), set()).add(skill.id)
+        own_calls = re.findall(rf"(?<!\w){re.escape(name)}\([^()]*\)", " ".join(skill.procedure + skill.avoidance_rules))
+        assert own_calls, skill.id
+        for call in own_calls:
+            assert any(call in truth.get(entry, "") for entry in sources[skill.id]), (skill.id, call)
+    shared = {sentence: ids for sentence, ids in holders.items() if len(ids) > MAX_SKILLS_PER_SENTENCE}
+    assert not shared, shared
+    assert max(len(ids) for ids in holders.values()) == MAX_SKILLS_PER_SENTENCE  # the bound is met, not slack
+
+
+def test_no_request_stands_in_two_slots_and_examples_are_not_degenerate(imported):
+    """The example request of a procedure quotes an argument value of the call it names and has at
+    least EXAMPLE_MIN_WORDS words; no request is quoted in two slots of one skill (the importer's
+    output, checked here with a plain regex rather than ψ's helper)."""
+    out, _, _ = imported
+    for skill in load_dataset(out).skills.values():
+        slots = {slot: " ".join(skill.slot_items(slot)) for slot in ("procedure", "risk_cues", "avoidance_rules", "recovery_notes")}
+        quotes = {slot: {q.removesuffix(" ...") for q in re.findall(r'"([^"]+)"', text) if len(q.split()) >= 4} for slot, text in slots.items()}
+        for a in quotes:
+            for b in quotes:
+                assert a == b or not any(x.startswith(y) for x in quotes[a] for y in quotes[b]), (skill.id, a, b)
+        for step in skill.procedure:
+            if step.startswith("It served requests such as"):
+                request, call = re.fullmatch(r'It served requests such as "(.*)" with (.*)\.', step).groups()
+                flat = [str(int(v) if isinstance(v, float) and v.is_integer() else v).lstrip("@#")  # 100.0 is quoted as 100, #Travel as Travel
+                        for value in (*parse_call(call).args, *parse_call(call).kwargs.values()) for v in (value if isinstance(value, list) else [value])]
+                assert len(request.split()) >= bfcl.EXAMPLE_MIN_WORDS and any(v.lower() in request.lower() for v in flat), step
+
+
+def test_a_held_out_tools_skill_claims_no_availability(imported):
+    """miss_func_49 turn 2 holds out tail (and wc, cat); the old tail skill said "tail is among the available functions".
+    No shown skill states that a tool the item holds out is available, and ψ rejects the old wording."""
+    out, _, rows = imported
+    dataset = load_dataset(out)
+    item = next(row for row in rows if row["id"] == "bfcl-miss_func-049-t2-wrong")
+    assert "tail" in item["unavailable_tools"] and "GorillaFileSystem" in item["catalog_domains"]  # tail's skill is retrievable there
+    for row in rows:
+        for skill in dataset.skills.values():
+            if skill.domain in row["catalog_domains"]:
+                for condition in skill.applicability:
+                    assert not (re.search(r"\bavailable\b", condition) and any(re.search(rf"\b{t}\b", condition) for t in row["unavailable_tools"])), (row["id"], condition)
+    old = {**dataset.skills["GorillaFileSystem.tail"].to_json(), "applicability": ["tail is among the available functions."]}
+    with pytest.raises(SkillValidationError, match=r"applicability: item 0 states that tail is available"):
+        validate_skill(old, dataset.domains["GorillaFileSystem"].catalog)
+
+
+def _step(call: str, observation: str = "{}", skip_failure: str | None = None) -> bfcl.Step:
+    parsed = parse_call(call)
+    return bfcl.Step(parsed, dict(parsed.kwargs), observation, skip_failure)
+
+
+def test_predecessor_rule_on_hand_built_trajectories():
+    """load_file needs open_store (executed without it, it failed) in 2 of 5 uses: a predecessor.
+    ping merely came first twice (no dependency): not one. lookup supplied a value once (1 < 2 uses): not one.
+    With 11 uses, 2 failures are under 20%: open_store is dropped too. The example request must quote a value."""
+    def trajectory(index: int, turns: list[tuple[str, list[bfcl.Step]]]) -> bfcl.Trajectory:
+        return bfcl.Trajectory("base", f"multi_turn_base_{index}", index, ("X",),
+                               [bfcl.Turn(t, user, False, (), steps) for t, (user, steps) in enumerate(turns)])
+
+    error = '{"error": "no store open"}'
+    uses = [
+        trajectory(0, [("Open the shop store and load the file report.txt please", [_step("open_store(name='shop')"), _step("load_file(name='report.txt')", skip_failure=error)])]),
+        trajectory(1, [("What's inside?", [_step("open_store(name='b')"), _step("load_file(name='b.txt')", skip_failure=error)])]),
+        trajectory(2, [("Ping first then load notes.md", [_step("ping()"), _step("load_file(name='notes.md')")])]),
+        trajectory(3, [("Ping and load it", [_step("ping()"), _step("load_file(name='c.txt')")])]),
+        trajectory(4, [("Find the id and load that file", [_step("lookup()", '{"file": "d.txt"}'), _step("load_file(name='d.txt')")])]),
+    ]
+    evidence = bfcl.collect_evidence(uses)["load_file"]
+    assert [(tool, [u.entry for u in supporting]) for tool, supporting in bfcl.predecessors(evidence)] == [
+        ("open_store", ["multi_turn_base_0", "multi_turn_base_1"])]
+    assert [u.dependency for u in evidence.successes] == [("fail",), ("fail",), (), (), ("name",)]
+    tool = {"name": "load_file", "description": "Tool description: Load a file.",
+            "parameters": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}
+    skill = bfcl.extract_skill(tool, evidence, "X")
+    assert skill["procedure"][0].startswith("Call open_store first: in 2 of 5 source uses load_file came right after it")
+    assert not any("ping" in step or "lookup" in step for step in skill["procedure"] + skill["applicability"])
+    assert skill["procedure"][-1] == "It served requests such as \"Ping first then load notes.md\" with load_file(name='notes.md')."
+    assert skill["risk_cues"] == ["load_file(name='report.txt') returned \"no store open\" when open_store(name='shop') had not run before it.",
+                                  "load_file(name='b.txt') returned \"no store open\" when open_store(name='b') had not run before it."]
+    more = uses + [trajectory(5 + i, [("Load the file e.txt now", [_step("load_file(name='e.txt')")])]) for i in range(6)]
+    assert bfcl.predecessors(bfcl.collect_evidence(more)["load_file"]) == []  # 2 of 11 < 20%
 
 
 def test_items_render_through_the_qwen3_template(imported, qwen3_tokenizer):

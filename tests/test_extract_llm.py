@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from probes.data.extract_llm import NO_EVIDENCE, Candidate, LLMExtractor, Reply, prompt_messages
+from probes.data.extract_llm import NO_EVIDENCE, Candidate, LLMExtractor, RecordingGenerator, Reply, prompt_messages, replay_record
 from probes.data.schema import Tool, ToolCatalog
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -120,6 +120,25 @@ def test_run_counts_kept_and_discarded_per_reason():
     assert len(generator.prompts) == len(replies) and not generator.replies  # the candidate without evidence was not prompted
     assert [r.replies for r in extraction.rejected][1] == ()
     assert "kept 2, discarded 3" in extraction.summary()
+
+
+def test_a_recorded_run_replays_to_the_same_extraction(tmp_path):
+    """RecordingGenerator writes every reply as it is made; replay_record re-checks them and reaches
+    the extraction the run reached (kept, attempts, reasons), also for a run stopped part-way."""
+    forecast = Candidate("weather.get_forecast", CATALOG["get_forecast"], CATALOG, ("x",), ("y",), "weather")
+    replies = [json.dumps(skill()), "not json", json.dumps(skill(id="weather.get_forecast", tools=["get_forecast"])),
+               *[json.dumps(skill(risk_cues=['"weather in Paris right now"'], procedure=['Served "weather in Paris right now?"']))] * 2]
+    recorder = RecordingGenerator(Scripted(*replies), tmp_path / "record.jsonl")
+    assert (recorder.label, recorder.max_new_tokens) == ("scripted", 64)
+    run = LLMExtractor(recorder, retries=1).run([CANDIDATE, forecast, CANDIDATE])
+    rows = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["weather.get_weather", "weather.get_forecast", "weather.get_forecast", "weather.get_weather", "weather.get_weather"]
+    assert rows[0] == {"id": "weather.get_weather", "model": "scripted", "max_new_tokens": 64, "reply": replies[0], "truncated": False}
+    # the third candidate repeats the first id: its rows extend the first one's, as a retry would, so replay it by candidate
+    replayed = replay_record(rows[:3], {"weather": CATALOG})
+    assert [s.to_json() for s in replayed.kept] == [s.to_json() for s in run.kept] and replayed.attempts == run.attempts
+    stopped = replay_record(rows[3:], {"weather": CATALOG})  # the third candidate's two replies alone
+    assert stopped.discarded() == run.discarded() == Counter({"invalid fields: quotations": 1}) and not stopped.kept
 
 
 def test_retries_must_not_be_negative():

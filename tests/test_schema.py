@@ -138,3 +138,30 @@ def test_library_keeps_valid_and_reports_rejected():
 def test_catalog_rejects_duplicate_tools():
     with pytest.raises(ValueError, match="duplicate tool names"):
         ToolCatalog((CATALOG["get_stock_info"], CATALOG["get_stock_info"]))
+
+
+def test_a_quotation_in_two_slots_is_rejected():
+    """A request quoted as a success example and as a risk cue (one of them cut off with " ...") is
+    rejected; the same request in two items of one slot, or a short quoted name in two slots, is not."""
+    request = "Where is my order 42 right now, and when does it ship?"
+    twice = {**VALID, "procedure": [*VALID["procedure"], f'Served requests such as "{request}"'],
+             "risk_cues": [f'The request "{request[:28]} ..." gave no order ID.']}
+    error = reject(json.dumps(twice))
+    assert error.problems == {"quotations": ['the quotation "where is my order 42 right now, and when does it ship?" stands in procedure and in risk_cues']}
+    one_slot = {**VALID, "risk_cues": [f'"{request}" gave no ID.', f'"{request}" again.']}
+    named = {**VALID, "procedure": ['Read the "order ID" field.'], "avoidance_rules": ['Do not guess the "order ID".']}
+    assert validate_skill(one_slot, CATALOG) and validate_skill(named, CATALOG)
+
+
+@pytest.mark.parametrize("condition, claimed", [
+    ("get_order_details is among the available functions.", "get_order_details"),
+    ("Use it when get_stock_info is available.", "get_stock_info"),
+    ("get_order_details is in the function list.", "get_order_details"),
+    ("The customer wants to hear when the kettle is available again.", None),  # names no tool: a fact of the request
+])
+def test_an_applicability_condition_may_not_claim_a_tool_is_available(condition, claimed):
+    raw = {**VALID, "applicability": ["The customer gives an order ID.", condition]}
+    if claimed is None:
+        assert validate_skill(raw, CATALOG).applicability[1] == condition
+        return
+    assert reject(raw).problems == {"applicability": [f"item 1 states that {claimed} is available: availability belongs to each item's catalog"]}

@@ -43,11 +43,13 @@ Buckets (see :func:`import_bfcl` and the generated README for counts)
 
 Skills (paper §4.2, Eqs. 6–7)
     Tool-level anchors: one candidate per tool called in the skill-source entries' base
-    trajectories. The successful context supplies goal, procedure and tools; boundary slots come
-    only from evidence: failures (the same skip-the-previous-call perturbation, executed), held-out
-    functions (miss_func) and missing parameters (miss_param) of the skill-source entries. ψ
-    (:func:`probes.data.schema.build_library`) then rejects every candidate without risk cues or
-    avoidance rules. ``extractor="llm"`` has a chat model write the candidates from the same
+    trajectories (:func:`collect_evidence`, :func:`extract_skill`). Every slot item comes from the
+    tool's own executed trajectories: the successful uses (calls, argument values, observations,
+    predecessors with a dependency) supply goal, procedure, tools and applicability; boundary slots
+    come only from evidence: failures (the same skip-the-previous-call perturbation, executed),
+    held-out functions (miss_func) and missing parameters (miss_param) of the skill-source
+    entries. ψ (:func:`probes.data.schema.build_library`) then rejects every candidate without
+    risk cues or avoidance rules, with a quotation in two slots, or claiming a tool is available. ``extractor="llm"`` has a chat model write the candidates from the same
     evidence instead (:func:`llm_candidate`, :mod:`probes.data.extract_llm`); the README says which
     extractor ran and counts what it kept and discarded.
 """
@@ -103,6 +105,12 @@ ERROR_CHARS = 120
 LLM_SUCCESSES = 3  # successful uses shown to the LLM extractor (distinct calls, most frequent first)
 LLM_EVIDENCE_LINES = 6  # boundary evidence lines shown to it (one per evidence kind first)
 EXTRACTORS: tuple[str, ...] = ("deterministic", "llm")
+# The deterministic extractor's fixed rules (stated in the README; see extract_skill).
+PREDECESSOR_MIN_USES = 2  # a predecessor needs a dependency in at least this many of the tool's source uses
+PREDECESSOR_MIN_SHARE = 0.2  # ... and in at least this share of them
+EXAMPLE_MIN_WORDS = 5  # an example request has at least this many words (and quotes an argument value of its call)
+VALUES_SHOWN = 3  # argument values quoted per parameter (most frequent first)
+OBSERVATION_CHARS = 100  # observation quotes are cut at a word boundary
 
 
 class BFCLDataError(DatasetError):
@@ -350,59 +358,121 @@ def _value_strings(value: Any) -> list[str]:
     return []
 
 
+def quoted_parameters(arguments: Mapping[str, Any], text: str, *, min_chars: int = 1) -> list[str]:
+    """The parameters whose value is quoted in ``text`` (whole word, case-insensitive; the forms of
+    :func:`_value_strings` with at least ``min_chars`` characters)."""
+    lowered = text.lower()
+    return [
+        name for name, value in arguments.items()
+        if any(len(form) >= min_chars and re.search(rf"(?<!\w){re.escape(form.lower())}(?!\w)", lowered) for form in _value_strings(value))
+    ]
+
+
 def clarified_calls(turn: Turn, clarification: str) -> list[tuple[Step, list[str]]]:
     """Calls of ``turn`` with an argument value quoted in ``clarification`` (the miss_param turn
     after the under-specified one; a whole-word, case-insensitive match), with those parameters."""
-    text = clarification.lower()
-    found = []
-    for step in turn.steps:
-        params = [
-            name for name, value in step.arguments.items()
-            if any(re.search(rf"(?<!\w){re.escape(form.lower())}(?!\w)", text) for form in _value_strings(value))
-        ]
-        if params:
-            found.append((step, params))
-    return found
+    return [(step, params) for step in turn.steps if (params := quoted_parameters(step.arguments, clarification))]
+
+
+@dataclass(frozen=True)
+class Use:
+    """One ground-truth call of the tool in a skill-source base trajectory, as executed."""
+
+    entry: str
+    request: str  # the turn's user message
+    call: str
+    arguments: tuple[tuple[str, Any], ...]  # (parameter, value) as bound, in call order
+    observation: str
+    previous: str | None  # the turn's call right before this one, when it is another tool
+    # How this call depended on ``previous``: "fail" (executed without it, it failed) or the
+    # parameters whose values stand in previous's observation; () when neither.
+    dependency: tuple[str, ...] = ()
+
+    @property
+    def previous_tool(self) -> str | None:
+        return None if self.previous is None else parse_call(self.previous).name
+
+
+@dataclass(frozen=True)
+class SkipFailure:
+    """The tool's call failed when the turn's previous call (another tool) was skipped (executed)."""
+
+    entry: str
+    call: str
+    skipped: str  # the skipped call
+    error: str  # the error text (snippet)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """miss_func: a request needed the tool while BFCL held it out; the correct action was no call."""
+
+    entry: str
+    request: str
+    later_call: str | None  # the tool's call in the turn where it came back
+    later_observation: str | None  # and what it returned
+
+
+@dataclass(frozen=True)
+class MissingParameters:
+    """miss_param: a request did not give these parameters; the next turn's message supplied them."""
+
+    entry: str
+    request: str
+    supplied: tuple[tuple[str, Any], ...]  # (parameter, value) quoted in the clarification
 
 
 @dataclass
 class ToolEvidence:
-    """What the skill-source trajectories say about one tool."""
+    """What the skill-source trajectories say about one tool: its successful uses (τ⁺) and the
+    boundary evidence (τ⁻) of each kind, in trajectory order."""
 
-    successes: list[tuple[str, str, str | None]] = field(default_factory=list)  # (request, call text, previous tool)
-    failures: dict[tuple[str, str], str] = field(default_factory=dict)  # (error, prerequisite tool) → entry id
-    missing: dict[str, str] = field(default_factory=dict)  # request → entry id
-    missing_params: dict[tuple[str, ...], tuple[str, str]] = field(default_factory=dict)  # params → (request, entry id)
+    successes: list[Use] = field(default_factory=list)
+    failures: list[SkipFailure] = field(default_factory=list)
+    held_out: list[HeldOut] = field(default_factory=list)
+    missing_params: list[MissingParameters] = field(default_factory=list)
     sources: set[str] = field(default_factory=set)
 
 
+def _dependency(step: Step, previous: Step) -> tuple[str, ...]:
+    if step.skip_failure is not None:
+        return ("fail",)
+    # a value of two characters or more: a lone digit in an observation is no evidence of a data flow
+    return tuple(quoted_parameters(step.arguments, previous.observation, min_chars=2))
+
+
 def collect_evidence(trajectories: Iterable[Trajectory]) -> dict[str, ToolEvidence]:
-    """Evidence per tool from skill-source trajectories: successes and failures from base, held-out
-    functions from miss_func, missing parameters from miss_param."""
+    """Evidence per tool from skill-source trajectories: uses and skip-the-previous-call failures
+    from base, held-out functions from miss_func, missing parameters from miss_param."""
     evidence: dict[str, ToolEvidence] = defaultdict(ToolEvidence)
     for trajectory in trajectories:
         for t, turn in enumerate(trajectory.turns):
+            following = trajectory.turns[t + 1] if t + 1 < len(trajectory.turns) else None
             if trajectory.category == "base":
                 for j, step in enumerate(turn.steps):
-                    previous = turn.steps[j - 1].call.name if j else None
+                    before = turn.steps[j - 1] if j and turn.steps[j - 1].call.name != step.call.name else None
                     tool = evidence[step.call.name]
-                    tool.successes.append((turn.user, step.call.text, previous if previous != step.call.name else None))
+                    tool.successes.append(Use(trajectory.entry_id, turn.user, step.call.text, tuple(step.arguments.items()), step.observation,
+                                              None if before is None else before.call.text, () if before is None else _dependency(step, before)))
                     tool.sources.add(trajectory.entry_id)
-                    if step.skip_failure is not None and previous is not None:
-                        tool.failures.setdefault((_error_text(step.skip_failure), previous), trajectory.entry_id)
-            elif not turn.steps and trajectory.category == "miss_func" and t + 1 < len(trajectory.turns) and trajectory.turns[t + 1].added_function:
-                for name in set(turn.hidden) - set(trajectory.turns[t + 1].hidden):
-                    evidence[name].missing.setdefault(turn.user, trajectory.entry_id)
+                    if step.skip_failure is not None and before is not None:
+                        tool.failures.append(SkipFailure(trajectory.entry_id, step.call.text, before.call.text, _error_text(step.skip_failure)))
+            elif not turn.steps and trajectory.category == "miss_func" and following is not None and following.added_function:
+                for name in sorted(set(turn.hidden) - set(following.hidden)):
+                    later = next((step for step in following.steps if step.call.name == name), None)
+                    evidence[name].held_out.append(HeldOut(trajectory.entry_id, turn.user, *((later.call.text, later.observation) if later else (None, None))))
                     evidence[name].sources.add(trajectory.entry_id)
-            elif not turn.steps and trajectory.category == "miss_param" and t + 1 < len(trajectory.turns):
-                for step, params in clarified_calls(trajectory.turns[t + 1], trajectory.turns[t + 1].user):
-                    evidence[step.call.name].missing_params.setdefault(tuple(params), (turn.user, trajectory.entry_id))
+            elif not turn.steps and trajectory.category == "miss_param" and following is not None:
+                for step, params in clarified_calls(following, following.user):
+                    supplied = tuple((param, step.arguments[param]) for param in params)
+                    evidence[step.call.name].missing_params.append(MissingParameters(trajectory.entry_id, turn.user, supplied))
                     evidence[step.call.name].sources.add(trajectory.entry_id)
     return dict(evidence)
 
 
-def _round_robin(groups: Sequence[Sequence[str]], limit: int) -> list[str]:
-    out: list[str] = []
+def _round_robin(groups: Sequence[Sequence[Any]], limit: int) -> list[Any]:
+    """Up to ``limit`` distinct elements, one per group in turn (the first of each group first)."""
+    out: list[Any] = []
     depth = 0
     while len(out) < limit and any(depth < len(group) for group in groups):
         for group in groups:
@@ -412,65 +482,152 @@ def _round_robin(groups: Sequence[Sequence[str]], limit: int) -> list[str]:
     return out
 
 
+def predecessors(evidence: ToolEvidence) -> list[tuple[str, list[Use]]]:
+    """The tools named as predecessors in the procedure, with the uses that support each.
+
+    Rule: P is a predecessor of T when P is the call right before T in the same turn *and* T
+    depends on it (executed without P, T failed; or an argument value of T stands in P's
+    observation) in at least ``PREDECESSOR_MIN_USES`` of T's source uses and at least
+    ``PREDECESSOR_MIN_SHARE`` of them. Order alone (P merely came first) is not support."""
+    supported: dict[str, list[Use]] = defaultdict(list)
+    for use in evidence.successes:
+        if use.dependency:
+            supported[use.previous_tool].append(use)
+    n = len(evidence.successes)
+    return sorted(((tool, uses) for tool, uses in supported.items()
+                   if len(uses) >= PREDECESSOR_MIN_USES and len(uses) >= PREDECESSOR_MIN_SHARE * n),
+                  key=lambda kv: (-len(kv[1]), kv[0]))
+
+
+def example_requests(evidence: ToolEvidence, excluded_scenarios: set[int]) -> list[Use]:
+    """Uses whose request may be quoted as an example, shortest request first: at least
+    ``EXAMPLE_MIN_WORDS`` words, quoting one of its call's argument values within the quoted snippet
+    (so it says what the call does: "What's inside?" does not), from a scenario none of the shown
+    boundary evidence comes from (BFCL's categories share scenarios, so the same request would stand
+    in two slots)."""
+    chosen = [use for use in evidence.successes
+              if len(use.request.split()) >= EXAMPLE_MIN_WORDS and quoted_parameters(dict(use.arguments), _snippet(use.request))
+              and entry_index(use.entry) not in excluded_scenarios]
+    return sorted(chosen, key=lambda use: (len(use.request), use.request, use.call))
+
+
+def _seen_values(uses: Sequence[Use], parameter: str) -> str:
+    values = Counter(repr(value) for use in uses for name, value in use.arguments if name == parameter)  # as in the call texts
+    top = sorted(values, key=lambda v: (-values[v], v))[:VALUES_SHOWN]
+    return ", ".join(top)
+
+
+def _supplied(evidence: MissingParameters) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in evidence.supplied)
+
+
+def _boundary_evidence(evidence: ToolEvidence, limit: int) -> list[SkipFailure | HeldOut | MissingParameters]:
+    """Up to ``limit`` distinct pieces of boundary evidence, one per kind in turn (trajectory order);
+    a skip failure counts once per (call, skipped call, error), the other kinds once per request."""
+    failures = list({(f.call, f.skipped, f.error): f for f in reversed(evidence.failures)}.values())[::-1]
+    held_out = list({h.request: h for h in reversed(evidence.held_out)}.values())[::-1]
+    missing = list({m.request: m for m in reversed(evidence.missing_params)}.values())[::-1]
+    return _round_robin([failures, held_out, missing], limit)
+
+
 def extract_skill(tool: Mapping[str, Any], evidence: ToolEvidence, domain: str) -> dict[str, Any]:
-    """f_ext of Eq. 6 (deterministic): a seven-slot candidate for one tool-level anchor.
+    """f_ext of Eq. 6 (deterministic): a seven-slot candidate for one tool-level anchor, every slot
+    item built from this tool's own source trajectories.
 
-    Goal, procedure and tools come from the successful uses; risk cues, avoidance rules and
-    recovery notes only from failure, held-out-function and missing-parameter evidence (empty
-    when there is none, which ψ rejects)."""
+    Goal: the tool's own description sentence. Procedure (τ⁺): each supported predecessor
+    (:func:`predecessors`) with the uses that show it, the argument values seen per parameter, the
+    most frequent call with the observation it returned, and one example request
+    (:func:`example_requests`). Applicability: the required parameters with values seen, and the
+    predecessors' calls having run; never that a tool is available (ψ rejects that: availability
+    belongs to an item's catalog). Risk cues, avoidance rules, recovery notes (τ⁻): each shown piece
+    of boundary evidence (:func:`_boundary_evidence`) states its own call, error, request or
+    supplied values; none when there is none, which ψ rejects."""
     name = tool["name"]
-    requests = [request for request, _, _ in evidence.successes]
-    example_request = min(requests, key=lambda r: (len(r), r))
-    previous = Counter(p for _, _, p in evidence.successes if p is not None)
-    call_counts = Counter(text for _, text, _ in evidence.successes)
-    example_call = max(call_counts, key=lambda text: (call_counts[text], -len(text), text))
-    procedure = []
-    if previous:
-        prerequisite, _ = max(previous.items(), key=lambda kv: (kv[1], kv[0]))
-        procedure.append(f"Call {prerequisite} first when the state it sets up is not in place yet.")
-    procedure.append(f"Call {name} with the values the request gives, e.g. {example_call}.")
-    procedure.append(f"Used for requests such as: \"{_snippet(example_request)}\"")
-    required = tool["parameters"].get("required", [])
-    applicability = [f"{name} is among the available functions."]
+    uses = evidence.successes
+    boundary = _boundary_evidence(evidence, EVIDENCE_PER_SLOT)
+    procedure, applicability = [], []
+    for predecessor, supporting in predecessors(evidence):
+        example = min(supporting, key=lambda use: (use.call, use.previous))
+        fails = sum(use.dependency == ("fail",) for use in supporting)
+        params = sorted({p for use in supporting if use.dependency != ("fail",) for p in use.dependency})
+        why = " and ".join(part for part in (f"executed without it, {name} failed {fails} time(s)" if fails else "",
+                                              f"{name} took {', '.join(params)} from its result" if params else "") if part)
+        procedure.append(f"Call {predecessor} first: in {len(supporting)} of {len(uses)} source uses {name} came right after it "
+                         f"({example.previous} then {example.call}) and {why}.")
+        applicability.append(f"{predecessor} has already run in this conversation, as {example.previous} did before {example.call}.")
+    parameters = [p for p in tool["parameters"].get("properties", {}) if any(n == p for use in uses for n, _ in use.arguments)]
+    calls = Counter(use.call for use in uses)
+    typical = min(uses, key=lambda use: (-calls[use.call], len(use.call), use.call, use.entry))
+    if parameters:
+        procedure.append(f"Call {name} with " + "; ".join(f"{p} (seen: {_seen_values(uses, p)})" for p in parameters) + ".")
+    procedure.append(f"In the source trajectories {typical.call} returned {_snippet(typical.observation, OBSERVATION_CHARS)}")
+    examples = example_requests(evidence, {entry_index(item.entry) for item in boundary})
+    if examples:
+        procedure.append(f"It served requests such as \"{_snippet(examples[0].request)}\" with {examples[0].call}.")
+    required = [p for p in tool["parameters"].get("required", []) if p in parameters]
     if required:
-        applicability.append(f"The request gives {', '.join(required)}.")
+        quoted = sum(set(required) <= set(quoted_parameters(dict(use.arguments), use.request)) for use in uses)
+        applicability.append(f"The request or an earlier result gives {name}'s {', '.join(required)} "
+                             f"(the request itself quoted {'it' if len(required) == 1 else 'all of them'} in {quoted} of {len(uses)} source uses).")
 
-    failure_cues = [f"{name} failed with \"{error}\" when {prereq} had not been called first." for error, prereq in evidence.failures]
-    failure_rules = [f"Do not repeat {name} unchanged after \"{error}\"; call {prereq} first." for error, prereq in evidence.failures]
-    missing_cues = [f"{name} is not among the available functions although the request needs it, e.g. \"{_snippet(request)}\"" for request in evidence.missing]
-    missing_rules = [f"When {name} is not among the available functions, call no substitute; tell the user it is unavailable."] if evidence.missing else []
-    param_cues = [f"The request does not give {', '.join(params)} for {name}, e.g. \"{_snippet(request)}\"" for params, (request, _) in evidence.missing_params.items()]
-    param_rules = [f"Do not call {name} before the user has given {', '.join(params)}; ask for it first." for params in evidence.missing_params]
-    recovery = [f"If {name} fails with \"{error}\", call {prereq}, then retry {name}." for error, prereq in evidence.failures]
+    risk_cues, avoidance_rules, recovery_notes = [], [], []
+    for item in boundary:
+        if isinstance(item, SkipFailure):
+            risk_cues.append(f"{item.call} returned \"{item.error}\" when {item.skipped} had not run before it.")
+            avoidance_rules.append(f"Do not call {item.call} before {item.skipped} has run.")
+            recovery_notes.append(f"If {name} fails because {parse_call(item.skipped).name} has not run, call {item.skipped}, then retry {item.call}.")
+        elif isinstance(item, HeldOut):
+            risk_cues.append(f"The request \"{_snippet(item.request)}\" needed {name} while {name} was missing from the function list.")
+            # a call without arguments says little by itself: its result is named (the procedure quotes one result already)
+            result = f" (it returned {_snippet(item.later_observation, OBSERVATION_CHARS // 2)})" if item.later_call and "=" not in item.later_call else ""
+            avoidance_rules.append(f"While {name} is missing from the function list, call nothing in its place"
+                                   + (f"; only once it came back did {item.later_call} run{result}." if item.later_call else "."))
+        else:
+            risk_cues.append(f"The request \"{_snippet(item.request)}\" gave no {', '.join(p for p, _ in item.supplied)} for {name}.")
+            avoidance_rules.append(f"Do not call {name} with a guessed {', '.join(p for p, _ in item.supplied)}: "
+                                   f"the user gave {_supplied(item)} only when asked.")
     return {
         "id": f"{domain}.{name}",
         "goal": _tool_summary(tool["description"]),
         "procedure": procedure,
         "tools": [name],
-        "applicability": applicability,
-        "risk_cues": _round_robin([failure_cues, missing_cues, param_cues], EVIDENCE_PER_SLOT),
-        "avoidance_rules": _round_robin([failure_rules, missing_rules, param_rules], EVIDENCE_PER_SLOT),
-        "recovery_notes": recovery[:EVIDENCE_PER_SLOT],
+        "applicability": list(dict.fromkeys(applicability)),
+        "risk_cues": list(dict.fromkeys(risk_cues)),
+        "avoidance_rules": list(dict.fromkeys(avoidance_rules)),
+        "recovery_notes": list(dict.fromkeys(recovery_notes)),
     }
 
 
 def llm_candidate(tool: Mapping[str, Any], evidence: ToolEvidence, domain: str, catalog: ToolCatalog) -> Candidate:
-    """The LLM extractor's evidence for one tool-level anchor: the same τ⁺ and τ⁻ as
-    :func:`extract_skill`'s, stated as lines (requests and errors quoted in snippets)."""
+    """The LLM extractor's evidence for one tool-level anchor, from the same trajectories as
+    :func:`extract_skill`'s: up to ``LLM_SUCCESSES`` uses (example requests first, then the other
+    distinct calls, most frequent first) with their observations, the supported predecessors, and
+    up to ``LLM_EVIDENCE_LINES`` pieces of boundary evidence, as lines."""
     name = tool["name"]
-    calls = Counter(text for _, text, _ in evidence.successes)
+    boundary = _boundary_evidence(evidence, LLM_EVIDENCE_LINES)
+    calls = Counter(use.call for use in evidence.successes)
+    ordered = example_requests(evidence, {entry_index(item.entry) for item in boundary})
+    ordered += sorted(evidence.successes, key=lambda use: (-calls[use.call], use.call, len(use.request), use.request))
     shown: dict[str, str] = {}
-    for request, text, previous in sorted(evidence.successes, key=lambda s: (-calls[s[1]], s[1], len(s[0]), s[0])):
-        if text not in shown and len(shown) < LLM_SUCCESSES:
-            shown[text] = f"request \"{_snippet(request)}\" -> {text}" + (f" (after {previous})" if previous else "")
-    failures = [f"{name} failed with \"{error}\" when the turn's previous call {prereq} was skipped." for error, prereq in evidence.failures]
-    missing = [f"{name} was not among the available functions for the request \"{_snippet(request)}\"; the correct action was no call."
-               for request in evidence.missing]
-    params = [f"The request \"{_snippet(request)}\" did not give {', '.join(p)} for {name}; the correct action was to ask, not to call."
-              for p, (request, _) in evidence.missing_params.items()]
-    return Candidate(f"{domain}.{name}", catalog[name], catalog, tuple(shown.values()),
-                     tuple(_round_robin([failures, missing, params], LLM_EVIDENCE_LINES)), domain)
-
+    for use in ordered:
+        if use.call not in shown and len(shown) < LLM_SUCCESSES:
+            shown[use.call] = (f"request \"{_snippet(use.request)}\" -> {use.call} returned {_snippet(use.observation, OBSERVATION_CHARS)}"
+                               + (f" (after {use.previous})" if use.previous else ""))
+    successes = list(shown.values()) + [
+        f"{name} depends on {predecessor}: it came right after {predecessor} with a dependency in {len(uses)} of {len(evidence.successes)} uses"
+        for predecessor, uses in predecessors(evidence)]
+    lines = []
+    for item in boundary:
+        if isinstance(item, SkipFailure):
+            lines.append(f"{item.call} returned \"{item.error}\" when the turn's previous call {item.skipped} was skipped.")
+        elif isinstance(item, HeldOut):
+            lines.append(f"{name} was missing from the function list for the request \"{_snippet(item.request)}\"; the correct action was no call"
+                         + (f"; {item.later_call} was made once it came back (it returned {_snippet(item.later_observation, OBSERVATION_CHARS // 2)})."
+                            if item.later_call else "."))
+        else:
+            lines.append(f"The request \"{_snippet(item.request)}\" did not give {', '.join(p for p, _ in item.supplied)} for {name}; "
+                         f"the correct action was to ask; the user then gave {_supplied(item)}.")
+    return Candidate(f"{domain}.{name}", catalog[name], catalog, tuple(successes), tuple(lines), domain)
 
 # ---------------------------------------------------------------------------- report
 @dataclass
@@ -813,7 +970,8 @@ def readme_facts(data_dir: Path, categories: Sequence[str]) -> ImportFacts:
     importer's fixed rules."""
     return ImportFacts(files=", ".join(category_file(data_dir, c).name for c in categories), data_version=_data_version(data_dir),
                        domains=tuple(FUNC_DOC_FILES), added_function_prompt=ADDED_FUNCTION_PROMPT,
-                       evidence_per_slot=EVIDENCE_PER_SLOT, llm_successes=LLM_SUCCESSES, llm_evidence_lines=LLM_EVIDENCE_LINES)
+                       evidence_per_slot=EVIDENCE_PER_SLOT, llm_successes=LLM_SUCCESSES, llm_evidence_lines=LLM_EVIDENCE_LINES,
+                       predecessor_min_uses=PREDECESSOR_MIN_USES, predecessor_min_share=PREDECESSOR_MIN_SHARE, example_min_words=EXAMPLE_MIN_WORDS)
 
 
 # ---------------------------------------------------------------------------- context length

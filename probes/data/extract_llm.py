@@ -23,6 +23,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from probes.data.schema import SLOTS, Skill, SkillValidationError, Tool, ToolCatalog, validate_skill
@@ -33,7 +34,7 @@ SLOT_SPEC: dict[str, str] = {
     "goal": "a string: what calling the tool achieves (from the successful uses)",
     "procedure": "a non-empty list of strings: the steps, in order (from the successful uses)",
     "tools": "a non-empty list of tool names from the catalog below, including the anchor tool",
-    "applicability": "a list of strings: when the procedure is safe to invoke",
+    "applicability": "a list of strings: when the procedure is safe to invoke (not that a tool is available: that depends on each request's catalog)",
     "risk_cues": "a non-empty list of strings: observations that make the call unsafe (from the boundary evidence only)",
     "avoidance_rules": "a non-empty list of strings: actions or parameters to avoid in those states (from the boundary evidence only)",
     "recovery_notes": "a list of strings, possibly empty: one-step corrections after a failure (from the boundary evidence only)",
@@ -96,6 +97,54 @@ class Extraction:
         return "\n".join(lines)
 
 
+_ASKED_ID = re.compile(r'- "id": the string "([^"]+)"')
+
+
+@dataclass
+class RecordingGenerator:
+    """A :class:`TextGenerator` that appends every reply of ``generator`` to the JSONL file ``path`` as
+    it is made (the skill id asked for, the model and its budget, the text, whether it was cut), so
+    that a long run stopped early still leaves what it did; :func:`replay_record` re-checks them."""
+
+    generator: TextGenerator
+    path: Path
+
+    def __post_init__(self) -> None:
+        self.label, self.max_new_tokens = self.generator.label, self.generator.max_new_tokens
+        self.path.write_text("")
+
+    def __call__(self, messages: Sequence[Mapping[str, str]]) -> Reply:
+        reply = self.generator(messages)
+        row = {"id": _ASKED_ID.search(messages[1]["content"]).group(1), "model": self.label,
+               "max_new_tokens": self.max_new_tokens, "reply": reply.text, "truncated": reply.truncated}
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        return reply
+
+
+def replay_record(rows: Iterable[Mapping[str, object]], catalogs: Mapping[str, ToolCatalog]) -> Extraction:
+    """ψ and the anchor checks (:func:`check_reply`) applied again to recorded replies, in order: a
+    skill id is kept at its first accepted reply, else discarded with the reason of its last one.
+    ``catalogs``: domain → the catalog its skills were checked against."""
+    replies: dict[str, list[Mapping[str, object]]] = {}
+    for row in rows:
+        replies.setdefault(str(row["id"]), []).append(row)
+    extraction = Extraction()
+    for skill_id, made in replies.items():
+        domain, name = skill_id.split(".", 1)
+        candidate = Candidate(skill_id, catalogs[domain][name], catalogs[domain], (), (), domain)
+        for number, row in enumerate(made, start=1):
+            skill, problems = check_reply(str(row["reply"]), candidate)
+            if skill is not None:
+                extraction.kept.append(skill)
+                extraction.attempts[skill_id] = number
+                break
+        else:
+            extraction.rejected.append(Rejection(skill_id, rejection_reason(problems, bool(made[-1]["truncated"])), tuple(problems),
+                                                 tuple(str(row["reply"]) for row in made)))
+    return extraction
+
+
 def reply_json(text: str) -> str:
     """The JSON text of a reply: the whole reply, or the content of one fenced block that is the whole reply."""
     stripped = text.strip()
@@ -113,7 +162,7 @@ def prompt_messages(candidate: Candidate) -> list[dict[str, str]]:
         *keys,
         "",
         "The successful uses give goal, procedure and tools; the boundary evidence alone gives risk_cues,",
-        "avoidance_rules and recovery_notes. Tool names must come from this catalog: " + ", ".join(candidate.catalog.names) + ".",
+        "avoidance_rules and recovery_notes; quote any one request or message in one slot only. Tool names must come from this catalog: " + ", ".join(candidate.catalog.names) + ".",
         "",
         f"Tool: {schema}",
         "",

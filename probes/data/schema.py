@@ -12,6 +12,7 @@ last four the boundary component ``B(s) = A ⊕ R ⊕ N ⊕ F`` (Eq. 5).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,16 @@ BOUNDARY_SLOTS: tuple[str, ...] = ("applicability", "risk_cues", "avoidance_rule
 SLOTS: tuple[str, ...] = PROCEDURAL_SLOTS + BOUNDARY_SLOTS
 # ψ demands evidence in these two boundary slots; the other two may be empty lists.
 NON_EMPTY_BOUNDARY_SLOTS: tuple[str, ...] = ("risk_cues", "avoidance_rules")
+
+# A quotation: a double-quoted span of at least QUOTE_MIN_WORDS words (a request or an error
+# message, not a quoted name). ψ rejects one quoted in two slots: each slot has its own role, and a
+# request shown as a success example and as a risk cue says both "do it" and "beware".
+QUOTATION = re.compile(r'"([^"]+)"')
+QUOTE_MIN_WORDS = 4
+# An applicability condition that states a tool is available (with the tool's name): availability
+# is a property of each item's catalog, which a library skill cannot know, so a held-out tool's
+# skill would claim what the item denies. ψ rejects it.
+AVAILABILITY = re.compile(r"\bavailable\b|\bamong the (?:\w+ )?(?:functions|tools)\b|\bin the (?:function|tool)s? (?:list|catalog)\b", re.I)
 
 SLOT_LABELS: dict[str, str] = {
     "goal": "Goal",
@@ -228,13 +239,48 @@ def _check_tools(value: Any, catalog: ToolCatalog) -> tuple[list[str], tuple[Too
     return problems, tuple(uses)
 
 
+def _quotation_key(text: str) -> str:
+    """A quotation compared across slots: whitespace-normalised, lower case, without a trailing cut mark."""
+    return " ".join(text.split()).lower().removesuffix(" ...").removesuffix("...")
+
+
+def repeated_quotations(data: Mapping[str, Any]) -> list[str]:
+    """One message per quotation (:data:`QUOTATION`) that stands in two or more slots, one being
+    equal to the other or its cut-off start."""
+    found: list[tuple[str, str]] = []  # (key, slot)
+    for slot in ("goal", "procedure", *BOUNDARY_SLOTS):
+        value = data.get(slot)
+        for item in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+            if isinstance(item, str):
+                found += [(_quotation_key(q), slot) for q in QUOTATION.findall(item) if len(q.split()) >= QUOTE_MIN_WORDS]
+    problems = []
+    for i, (key, slot) in enumerate(found):
+        others = sorted({s for k, s in found[i + 1:] if s != slot and (k.startswith(key) or key.startswith(k))})
+        if others:
+            problems.append(f"the quotation \"{key[:60]}\" stands in {slot} and in {', '.join(others)}")
+    return list(dict.fromkeys(problems))
+
+
+def availability_claims(applicability: Sequence[Any], catalog: ToolCatalog) -> list[str]:
+    """One message per applicability condition that states a catalog tool is available (:data:`AVAILABILITY`)."""
+    problems = []
+    for index, item in enumerate(applicability):
+        if isinstance(item, str) and AVAILABILITY.search(item):
+            named = [name for name in catalog.names if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", item)]
+            if named:
+                problems.append(f"item {index} states that {', '.join(named)} is available: availability belongs to each item's catalog")
+    return problems
+
+
 def validate_skill(raw: str | Mapping[str, Any], catalog: ToolCatalog, *, domain: str = "") -> Skill:
     """The validation operator ψ: return a :class:`Skill` or raise :class:`SkillValidationError`.
 
     Checks, in order: strict JSON parsing; a JSON object; required fields present and no unknown
     fields; goal a non-empty string; procedure a non-empty list of strings; list-valued boundary
     slots; non-empty risk cues and avoidance rules; every tool exists in ``catalog`` and, where
-    arguments are given, they validate against the tool's JSON schema.
+    arguments are given, they validate against the tool's JSON schema. Two checks beyond §4.2's:
+    no quotation stands in two slots (:func:`repeated_quotations`), and no applicability condition
+    states that a tool is available (:func:`availability_claims`).
     """
     if isinstance(raw, str):
         try:
@@ -272,6 +318,11 @@ def validate_skill(raw: str | Mapping[str, Any], catalog: ToolCatalog, *, domain
             reasons = _check_text_list(data[slot], non_empty=slot in NON_EMPTY_BOUNDARY_SLOTS)
             if reasons:
                 problems[slot] = reasons
+
+    if repeated := repeated_quotations(data):
+        problems["quotations"] = repeated
+    if isinstance(data.get("applicability"), list) and (claims := availability_claims(data["applicability"], catalog)):
+        problems.setdefault("applicability", []).extend(claims)
 
     if problems:
         raise SkillValidationError(skill_id, problems)

@@ -25,6 +25,9 @@ class ImportFacts:
     evidence_per_slot: int
     llm_successes: int
     llm_evidence_lines: int
+    predecessor_min_uses: int
+    predecessor_min_share: float
+    example_min_words: int
 
 
 def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, seed: int, max_probe_entries: int | None) -> str:
@@ -133,13 +136,13 @@ def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, see
         "  tool-choice margin (Eq. 1) of a T_wrong item is NaN, and its decision is the call log-odds. In miss_func",
         "  T_wrong the tempting skill's own tool is the held-out one, a catalog cue that no T_ok item carries",
         "  (`CARD.md`: `tempting_tool_hidden`); report miss_func and miss_param apart where that matters.",
-        "* A recovery note comes from an executed failure and quotes BFCL's error text, so a T_repair item's error",
-        "  often stands verbatim in the tempting skill's recovery notes (`CARD.md`: `repair_code_copy`): a boundary",
-        "  attention peak on T_repair can be copying.",
+        "* A risk cue from an executed failure quotes BFCL's error text, so a T_repair item's error often stands",
+        "  verbatim in the tempting skill's risk cues: a boundary attention peak on T_repair can be copying",
+        "  (`CARD.md`'s `repair_code_copy` counts recovery notes, which no longer quote errors).",
         "* A miss_param T_wrong item whose clarification quotes no argument value takes the next turn's last call as",
         "  the tempting one (`source.rule`); the abstain labels are BFCL's own, with its noise.",
         "* Skills are the LLM's wording of the evidence: ψ checks their form and tool names, not their truth; read"
-        if llm else "* Skills are lexical templates over trajectories; an LLM extractor (paper's f_ext) would paraphrase.",
+        if llm else "* Skills are sentence frames filled from the trajectories; an LLM extractor (paper's f_ext) would paraphrase.",
         *(["  them (`domains/*.json`) before relying on them."] if llm else []),
         "* long_context observations are long; run the analyses with `--too-long skip` (`too_long=\"skip\"`) to skip the",
         "  items that exceed a model's context: they are listed and recorded (`probes.prompts.context`).",
@@ -152,14 +155,24 @@ def _deterministic_skills_text(facts: ImportFacts) -> list[str]:
     """The Skills paragraph of an import whose f_ext was :func:`extract_skill`."""
     return [
         "Tool-level anchors: one candidate per tool called in the skill-source base trajectories (f_ext,",
-        "`probes.data.bfcl.extract_skill`, deterministic). Goal = the tool's own description sentence; procedure = its",
-        "most frequent different predecessor in a turn (if any), its most frequent ground-truth call as an example,",
-        "and the shortest request it served; tools = [the tool]; applicability = availability and required parameters.",
-        "Boundary evidence (failure contexts τ⁻): the skip-the-previous-call failure (executed) → risk cue, avoidance",
-        "rule, recovery note; a held-out function in a miss_func `[]` turn → risk cue + avoidance rule; a missing",
-        f"parameter in a miss_param `[]` turn → risk cue + avoidance rule. At most {facts.evidence_per_slot} items per slot",
-        "(one per evidence kind first). ψ (`probes.data.schema.build_library`) rejects candidates without risk cues or",
-        "avoidance rules: only tools with failure or missing evidence keep a skill (precision first, as in §4.2).",
+        "`probes.data.bfcl.extract_skill`, deterministic). Every slot item is built from the tool's own executed",
+        "source trajectories (calls, argument values, observations, errors, requests); no sentence is shared by more",
+        "than two skills once the anchor's name is masked (tests/test_bfcl.py). Goal = the tool's own description",
+        "sentence. Procedure (τ⁺): each supported predecessor, the argument values seen per parameter, the most",
+        "frequent call with the observation it returned, and one example request. A predecessor P of tool T is named",
+        "only when P is the call right before T in the same turn *with a dependency* (executed without P, T failed; or",
+        f"an argument value of T stands in P's observation) in at least {facts.predecessor_min_uses} of T's source uses and at least",
+        f"{facts.predecessor_min_share:.0%} of them (order alone is no support). An example request has at least {facts.example_min_words} words, quotes an",
+        "argument value of its call, and comes from a scenario that gives none of the skill's shown boundary evidence",
+        "(BFCL's categories share scenarios). Applicability = the predecessors having run and the required",
+        "parameters being known; never that a tool is available. Boundary evidence (failure contexts τ⁻), each item",
+        "naming its own call, error, request or values: the skip-the-previous-call failure (executed) → risk cue,",
+        "avoidance rule, recovery note; a held-out function in a miss_func `[]` turn → risk cue + avoidance rule;",
+        f"a missing parameter in a miss_param `[]` turn → risk cue + avoidance rule. At most {facts.evidence_per_slot} pieces of evidence",
+        "(one per kind first). ψ (`probes.data.schema.validate_skill`) rejects candidates without risk cues or",
+        "avoidance rules (only tools with failure or missing evidence keep a skill: precision first, as in §4.2), a",
+        "quotation that stands in two slots, and an applicability condition stating that a tool is available (a",
+        "library skill cannot know the catalog of the items it is shown on: a held-out tool's skill would claim it).",
         "`skill_sources.json` lists the entries each kept skill drew on.",
     ]
 

@@ -18,13 +18,16 @@ Works for any folder that :func:`probes.data.dataset.load_dataset` reads (v1 ``b
   name token (the first-token margin of Eq. 1 is then undefined, NaN in ``probes.scoring.margins``); a
   *record* collision is what a native record's ``collision`` field flags: the correct tool or a
   wrong tool shares its first token with any other tool of the shown catalog. The abstain
-  continuation starts at another row in this format and never collides.
+  continuation starts at another row in this format and never collides;
+* where the folder holds a recorded LLM extractor run (``llm_extraction.jsonl``), what ψ keeps of
+  it and why the rest was discarded (:func:`llm_record_section`).
 
 The card is regenerated and compared with the committed file by ``tests/test_cards.py``.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ from probes.prompts.tokenizers import QWEN3_TOKENIZER, load_tokenizer
 from probes.scoring.shortcuts import DEFAULT_RESAMPLES, best_shortcut, shortcut_table
 
 CARD_NAME = "CARD.md"
+LLM_RECORD = "llm_extraction.jsonl"  # a recorded LLM extractor run in a dataset folder (optional)
 DEFAULT_TOKENIZER = QWEN3_TOKENIZER
 NAME_CONTINUATION = '", "arguments": {'  # what follows a tool name in the native format
 GATE_DEPTH = DEFAULT_K_MAX  # the analyses' default k_max
@@ -178,7 +182,32 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
                   "`<tool_call>\\n{\"name\": \"`. Decision set: two of {correct tool, wrong tools} collide (first-token margin undefined); "
                   "record: the correct or a wrong tool collides with any other shown tool (a native record's `collision` field).", "",
                   _markdown(frame), "", f"Colliding decision-set pairs (items): {listed}.", ""]
+    if (dataset_dir / LLM_RECORD).is_file():
+        lines += llm_record_section(dataset, dataset_dir / LLM_RECORD)
     return "\n".join(lines)
+
+
+def llm_record_section(dataset: ProbeDataset, path: Path) -> list[str]:
+    """What ψ keeps of a recorded LLM extractor run (``llm_extraction.jsonl``, written by
+    :class:`probes.data.extract_llm.RecordingGenerator`): every reply checked again against the
+    dataset's catalogs (:func:`~probes.data.extract_llm.replay_record`), discarded candidates per reason."""
+    from probes.data.extract_llm import replay_record
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    extraction = replay_record(rows, {name: domain.catalog for name, domain in dataset.domains.items()})
+    models = sorted({(Path(str(row["model"])).name, row["max_new_tokens"]) for row in rows})
+    prompted = len(extraction.kept) + len(extraction.rejected)
+    first = sum(n == 1 for n in extraction.attempts.values())
+    lines = ["## LLM extractor run (recorded)", "",
+             f"`{LLM_RECORD}`: {len(rows)} replies of {', '.join(f'`{m}` (at most {n} new tokens)' for m, n in models)} to the",
+             f"f_ext prompts of {prompted} candidates (of the {len(dataset.skills)} skills kept here), each reply checked again",
+             "here by ψ and the anchor checks (`probes.data.extract_llm.replay_record`). Candidates without boundary evidence",
+             "are not prompted. Recorded with `probes.data.extract_llm.RecordingGenerator` around the chat model of",
+             "`import_bfcl(..., extractor='llm')`.", "",
+             f"Kept: {len(extraction.kept)} ({first} on the first reply, {len(extraction.kept) - first} after a retry); discarded: {len(extraction.rejected)}.", "",
+             "| discarded because | candidates |", "|---|---|"]
+    lines += [f"| {reason} | {count} |" for reason, count in sorted(extraction.discarded().items(), key=lambda kv: (-kv[1], kv[0]))] or ["| none | 0 |"]
+    return lines + [""]
 
 
 def write_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFAULT_TOKENIZER, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Path:
