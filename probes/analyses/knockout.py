@@ -116,15 +116,16 @@ CLAIM_BUCKET, CLAIM_MEASURE = "T_wrong", "margin"
 def deciding_attention(session: ProbeSession, record: PromptRecord) -> np.ndarray:
     """[layer, head, n_tokens] the unmodified softmax row of the deciding row (the row predicting the
     first token where the correct name parts from a wrong one; the decision row for abstention items),
-    from one engine call with that row as the only query row (the correct name's shared prefix appended
-    where the deciding row lies inside it)."""
+    from one engine call (the correct name's shared prefix appended where the deciding row lies inside
+    it). It branches where the record's scoring call does (its first query row), so that call takes
+    the whole prompt prefix from the session's prefix cache."""
     candidates = [c for c in candidates_from_record(record) if c.role != "other"]
     key, depth = deciding_depth(candidates)
     ids = list(record.input_ids)
     if depth:
         ids += list(next(c for c in candidates if c.key == key).token_ids[:depth])
-    result = session.run(ids, [int(record.decision_index) + depth], record_rows=True)
-    return result.conditions[0].rows[:, :, 0, : record.n_tokens].float().numpy()
+    result = session.run(ids, [min(record.query_rows), int(record.decision_index) + depth], record_rows=True)
+    return result.conditions[0].rows[:, :, -1, : record.n_tokens].float().numpy()
 
 
 def removed_mass(attention: np.ndarray, knockout: Knockout) -> float:
