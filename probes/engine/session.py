@@ -26,11 +26,13 @@ Qwen2, Llama, ...). Outside a probe call it *is* sdpa.
    catalog and the first skills) and runs only the rest, with the reused keys in its mask.
    Prefix rows are never recorded or knocked out, so their ``k, v`` depend on the tokens only;
    ``prefix_reuse`` counts the tokens reused and computed.
-2. **Branch.** ``input_ids[p:]`` (a few tokens) runs as *one batch* holding every condition
-   (condition 0 is the unmodified baseline) plus every multi-token candidate continuation under
-   every condition. Each branch row attends to the shared prefix keys and to its own branch keys.
-   This attention is computed explicitly in fp32, in row chunks, with the prefix keys broadcast
-   rather than expanded, so an extra condition costs about one decode step over ``n`` keys.
+2. **Branch.** ``input_ids[p:]`` (a few tokens) followed by every candidate continuation, as a
+   token trie (:class:`ContinuationTree`: a name prefix several candidates share runs once), runs as
+   *one batch* with one element per condition (condition 0 is the unmodified baseline). Each branch
+   row attends to the shared prefix keys and to its ancestors in the tree (a tree mask; positions
+   are each row's own). This attention is computed explicitly in fp32, in row chunks, with the
+   prefix keys broadcast rather than expanded, so an extra condition costs about one decode step
+   over ``n`` keys per branch row, and the LM head runs at the branch rows only.
 3. **Query rows.** At every query row of every batch element, the exact fp32 softmax row is
    available: span masses (sum of probabilities over each span's key positions) per (layer, head)
    are recorded, optionally the full row. A knockout sets the scores of its key positions to
