@@ -196,15 +196,15 @@ def main() -> None:
             print(f"  [{repeat + 1}/{args.repeats}] {name}: {t:.1f} s = {t / t_unit:.2f} forwards ({t_unit:.1f} s)", flush=True)
 
     # The forward backends: one edited eager forward, timed against sdpa, × the forwards they need.
-    if not conditions_seen:
+    if args.backends and not conditions_seen:
         knockout_call(10, ("neutral",))()
     session.run = original  # type: ignore[method-assign]
-    conditions = conditions_seen[-1]
-    asked = scored_tokens(candidates_from_record(record))
-    multi = sum(len(t) > 1 for _, t in asked.values())
-    n_forwards = (1 + len(conditions)) * (1 + multi)
     backend_rows: dict[str, tuple[float, float, int]] = {}
     if args.backends:
+        conditions = conditions_seen[-1]
+        asked = scored_tokens(candidates_from_record(record))
+        multi = sum(len(t) > 1 for _, t in asked.values())
+        n_forwards = (1 + len(conditions)) * (1 + multi)
         from probes.backends import get_backend
         from probes.backends.base import RowEdit
 
@@ -241,8 +241,8 @@ def main() -> None:
         print(f"  {name}: {len(sweep)} prompts {t:.1f} s = {t / t_unit:.2f} forwards of the median prompt ({t_unit:.1f} s)", flush=True)
     reuse = session.prefix_reuse
 
-    print(f"\nwall time {time.perf_counter() - started:.0f} s; unit (sdpa forward, {record.n_tokens} tokens): median "
-          f"{statistics.median(unit):.1f} s over {len(unit)}; sweep item: {len(sweep)} prompts of "
+    unit_text = f"median {statistics.median(unit):.1f} s over {len(unit)}" if unit else "not timed (no per-prompt row)"
+    print(f"\nwall time {time.perf_counter() - started:.0f} s; unit (sdpa forward, {record.n_tokens} tokens): {unit_text}; sweep item: {len(sweep)} prompts of "
           f"{min(r.n_tokens for r in sweep)}..{max(r.n_tokens for r in sweep)} tokens (median {median_prompt.n_tokens})\n")
     print("| analysis (per prompt) | forwards of the same prompt (median) | range | s (median) |")
     print("|---|---|---|---|")
