@@ -85,7 +85,7 @@ def branch_rows(record: PromptRecord) -> int:
     from probes.scoring.margins import candidates_from_record
     from probes.scoring.score import scored_tokens
 
-    asked = scored_tokens([c for c in candidates_from_record(record) if c.role != "other"])
+    asked = scored_tokens([c for c in candidates_from_record(record) if c.role != "other"], record.format)
     return len(ContinuationTree.build(record.input_ids, min(record.query_rows), asked).tokens)
 
 

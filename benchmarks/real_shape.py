@@ -202,7 +202,7 @@ def main() -> None:
     backend_rows: dict[str, tuple[float, float, int]] = {}
     if args.backends:
         conditions = conditions_seen[-1]
-        asked = scored_tokens(candidates_from_record(record))
+        asked = scored_tokens(candidates_from_record(record), record.format)
         multi = sum(len(t) > 1 for _, t in asked.values())
         n_forwards = (1 + len(conditions)) * (1 + multi)
         from probes.backends import get_backend

@@ -335,7 +335,8 @@ def test_score_record_scores_other_tools_only_up_to_the_token_the_margins_read(s
         rec.candidates.append(Candidate(role="other", action=action, anchor_index=d, text=action, token_ids=t, first_token_id=t[0],
                                         boundary_merge=False))
     cands = margins.candidates_from_record(rec)
-    asked = scored_tokens(cands)
+    asked = scored_tokens(cands, "native")
+    assert not any(c.is_abstention for c in cands if c.key in asked)  # native: no margin reads the abstention tokens
     cut = [c for c in cands if c.role == "other" and len(asked[c.key][1]) < len(c.token_ids)]
     assert cut, "some catalog tool must be cut for this test"
     ko = Knockout.from_spans("boundary", rec.spans["boundary"])

@@ -66,7 +66,7 @@ def score(session: ProbeSession, record: PromptRecord):
     ]
     conditions = [c for c in conditions if c.key_positions]
     # every catalog tool, as score_record asks for them (name prefixes shared in the engine's trie)
-    candidates = scored_tokens(candidates_from_record(record))
+    candidates = scored_tokens(candidates_from_record(record), "prompted")  # prompted: the abstention answer too
     assert any(c.role == "other" for c in record.candidates)
     return session.run(record.input_ids, record.query_rows, spans, conditions, candidates, record_rows=True, record_residual=True)
 
