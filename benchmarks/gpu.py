@@ -19,6 +19,17 @@ Sections, side by side in one run (one model instance; its attention implementat
 4. ``parity``: the engine's knockout logits (every row from the open row to the decision row)
    against those 4D-mask forwards: max abs difference (bf16 on the GPU) and the logits' scale.
 5. ``long``: the engine with ten knockouts at 8k and 32k tokens (random ids; query rows n-8..n-1).
+6. ``knockout_analysis``: the knockout analysis' scorer (its deciding-row call, then one
+   ``score_record`` with 12 conditions: boundary, 10 neutral random draws, procedure; every margin)
+   on ``--knockout-records`` records, cache cold, in sdpa forwards of the same prompt.
+7. ``sweep_item``: the 13 distinct prompts of one item's sweep (k = 0..4 × base, proc, app, basm),
+   with the session's prefix reuse and without (``prefix_cache=0``), in sdpa forwards of its
+   median prompt; the largest margin difference between the two.
+8. ``attribution``: per item (``--attribution-items``), K = 12 BASM prompts that differ only in
+   which of the top-4 skills they show (the attribution workload: masks × items from one prefix),
+   with and without reuse, as 7.
+
+Sections 6-8 run before 5 (which may not fit the budget at 32k).
 
 Peak memory = ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it
 (what the call itself allocated), reset before every call; on the CPU (``--tiny``) it is not measured.
@@ -30,8 +41,10 @@ reason printed and recorded in the JSON, when the rest of the budget would not c
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
+from types import SimpleNamespace
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +58,7 @@ if TYPE_CHECKING:
     from probes.prompts.record import PromptRecord
 
 N_KNOCKOUTS = 10
+ATTRIBUTION_MASKS = 12  # skill masks per item of the attribution workload
 # Qwen3 shapes (from the public config.json of each checkpoint); 8B is the benchmark's model.
 QWEN3_SHAPES: dict[str, dict[str, Any]] = {
     "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
@@ -210,15 +224,19 @@ def masked_forward(model: Any, ids: list[int], masks: list[torch.Tensor], keep_f
             h.remove()
 
 
-def dataset_records(tokenizer: Any, n_records: int) -> list[PromptRecord]:
-    """``n_records`` native ``basm`` records of eval items spread over k = 1..4 (real prompt lengths)."""
+def study_builder(tokenizer: Any) -> Any:
+    """The prompt builder of a non-organism model's default study (v2 set, semantic gate)."""
     from probes.data.dataset import load_dataset
     from probes.prompts.builder import BuildSettings, PromptBuilder
     from probes.data.retrieval import Retriever, make_embedder
 
-    dataset = load_dataset("basm_probe_v2")  # a non-organism model's default set and gate
-    builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("minilm")), BuildSettings(k_max=4, relevance="semantic"))
-    items = dataset.select(split="eval")
+    dataset = load_dataset("basm_probe_v2")
+    return PromptBuilder(tokenizer, dataset, Retriever(make_embedder("minilm")), BuildSettings(k_max=4, relevance="semantic"))
+
+
+def dataset_records(builder: Any, n_records: int) -> list[PromptRecord]:
+    """``n_records`` native ``basm`` records of eval items spread over k = 1..4 (real prompt lengths)."""
+    items = builder.dataset.select(split="eval")
     step = max(1, len(items) // n_records)
     out = []
     for i, item in enumerate(items[::step][:n_records]):
@@ -226,6 +244,26 @@ def dataset_records(tokenizer: Any, n_records: int) -> list[PromptRecord]:
         if record.spans.get("boundary"):
             out.append(record)
     return out
+
+
+def sweep_prompts(builder: Any, item: Any, k_max: int = 4) -> list[PromptRecord]:
+    """An item's distinct ``sweep`` prompts in sweep's order (k = 0..k_max × base, proc, app, basm)."""
+    out: list[PromptRecord] = []
+    for k in range(k_max + 1):
+        for config in ("base", "proc", "app", "basm"):
+            record = builder.build(item, config, k, "native")
+            if all(record.input_ids != r.input_ids for r in out):
+                out.append(record)
+    return out
+
+
+def attribution_prompts(builder: Any, item: Any, masks: int = ATTRIBUTION_MASKS, k_max: int = 4) -> list[PromptRecord]:
+    """The attribution workload of one item: ``masks`` BASM prompts that differ only in which of its
+    top-``k_max`` retrieved skills they show (the 4 single skills, the 6 pairs, then triples), all
+    from one system turn and tool catalog."""
+    top = builder.retrieve(item)[:k_max]
+    subsets = [s for size in range(1, k_max + 1) for s in itertools.combinations(range(len(top)), size)][:masks]
+    return [builder.build(item, "basm", len(s), "native", retrieved=[top[i] for i in s]) for s in subsets]
 
 
 def _summary(values: list[float | None]) -> dict[str, float | None]:
@@ -236,13 +274,14 @@ def _summary(values: list[float | None]) -> dict[str, float | None]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from probes.analyses.knockout import knockout_scorer
     from probes.scoring.score import MARGINS, score_record
     from probes.engine.session import ATTN_IMPLEMENTATION, ProbeSession
     from probes.prompts.tokenizers import load_tokenizer
 
     clock = Clock(args.budget_s)
-    # every margin scores every catalog tool (one branch element per tool and condition); --tiny
-    # keeps the correct, wrong and abstain candidates (a 151k vocabulary on the CPU)
+    # every margin scores every catalog tool (up to the token where it parts from the correct one,
+    # through the engine's token trie); --tiny keeps the correct, wrong and abstain candidates
     margins = ("margin",) if args.tiny else MARGINS
     device = torch.device("cpu" if args.tiny else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -265,7 +304,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        "build_s": time.perf_counter() - t0}
     print(f"model: random Qwen3 ({'tiny' if args.tiny else '8B shape'}), {report['model']['parameters'] / 1e9:.3f}B parameters, "
           f"{args.dtype} on {report['device']}, built in {report['model']['build_s']:.1f} s", flush=True)
-    records = dataset_records(tokenizer, args.records)
+    builder = study_builder(tokenizer)
+    records = dataset_records(builder, args.records)
     lengths = [len(r.input_ids) for r in records]
     print(f"{len(records)} records, {min(lengths)}..{max(lengths)} tokens", flush=True)
     session = ProbeSession(model, tokenizer=tokenizer)  # switches the model to the probe attention
@@ -349,6 +389,63 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         skip("mask_4d", f"{clock.left():.0f} s left; projected {eager_time * N_KNOCKOUTS * 1.5:.0f} s")
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
 
+    # 6.-8. The analyses' paths: the knockout scorer, a sweep item, the attribution workload; each
+    # against sdpa forwards of its own prompts, timed next to it (the model runs sdpa outside a probe call).
+    def forwards(record: PromptRecord) -> float:
+        return measure(lambda: plain_sdpa(record.input_ids), device)[0]
+
+    def margins_of(rows: list[dict[str, Any]]) -> list[float]:
+        return [r["margin"] for r in rows]
+
+    unit = max((r["sdpa"]["time_s"] for r in per_record), default=1.0)
+    report["knockout_analysis"] = []
+    for i, record in enumerate(records[: args.knockout_records]):
+        if not clock.fits(unit * 8 + args.reserve_s / 3):
+            skip(f"knockout_analysis[{i}:]", f"{clock.left():.0f} s left")
+            break
+        ctx = SimpleNamespace(options=SimpleNamespace(random_draws=10, controls=("neutral",), priming=False, knockout_rows="path",
+                                                      random_pool="neutral", seed=0, mass_tolerance=0.1, margin_variant="tool_choice"),
+                              dataset=builder.dataset, session=session, variant="tool_choice", _score_cache={})
+        job = SimpleNamespace(config="basm", item=SimpleNamespace(id=record.item_id))
+        session.clear_prefix_cache()  # a first prompt: nothing reused from another one
+        t_sdpa = forwards(record)
+        t, m, rows = measure(lambda: knockout_scorer(ctx, [])(record, job), device)
+        report["knockout_analysis"].append({"record_id": record.record_id, "n_tokens": record.n_tokens, "conditions": len(rows) - 1,
+                                            "time_s": t, "peak_mib": m, "sdpa_s": t_sdpa, "forwards": t / t_sdpa})
+        print(f"  knockout analysis (12 conditions, every margin) {record.record_id}: {t:.3f} s = {t / t_sdpa:.2f} sdpa forwards", flush=True)
+
+    def with_and_without_reuse(step: str, prompts: list[PromptRecord]) -> dict[str, Any] | None:
+        """The prompts scored in order by the session (prefix reuse, cache cold at the start) and by one without reuse."""
+        if not clock.fits(unit * 3 * len(prompts) + args.reserve_s / 3):
+            skip(step, f"{clock.left():.0f} s left, projected {unit * 3 * len(prompts):.0f} s")
+            return None
+        median = sorted(prompts, key=lambda r: r.n_tokens)[len(prompts) // 2]
+        out: dict[str, Any] = {"prompts": len(prompts), "tokens": [r.n_tokens for r in prompts], "sdpa_median_prompt_s": forwards(median)}
+        margins = {}
+        for name, sess in (("reuse", session), ("no_reuse", plain_session)):
+            sess.clear_prefix_cache()
+            t, m, rows = measure(lambda: [row for r in prompts for row in score_record(sess, r, margins=("margin",))], device)
+            margins[name] = margins_of(rows)
+            out[name] = {"time_s": t, "peak_mib": m, "forwards": t / out["sdpa_median_prompt_s"]}
+        out["max_abs_margin_diff"] = max((abs(a - b) for a, b in zip(margins["reuse"], margins["no_reuse"]) if math.isfinite(a) and math.isfinite(b)),
+                                         default=0.0)
+        print(f"  {step}: {len(prompts)} prompts, reuse {out['reuse']['time_s']:.3f} s = {out['reuse']['forwards']:.2f} forwards, "
+              f"no reuse {out['no_reuse']['time_s']:.3f} s = {out['no_reuse']['forwards']:.2f} (median prompt); "
+              f"max |Δmargin| {out['max_abs_margin_diff']:.1e}", flush=True)
+        return out
+
+    plain_session = ProbeSession(model, tokenizer=tokenizer, prefix_cache=0)
+    item_ids = list(dict.fromkeys(r.item_id for r in records))
+    first = builder.dataset.select(ids=item_ids[:1])[0]
+    if (item_out := with_and_without_reuse("sweep_item", sweep_prompts(builder, first, args.sweep_k_max))) is not None:
+        report["sweep_item"] = item_out
+    report["attribution"] = []
+    for item_id in item_ids[: args.attribution_items]:
+        item = builder.dataset.select(ids=[item_id])[0]
+        if (item_out := with_and_without_reuse(f"attribution {item_id}", attribution_prompts(builder, item, args.masks))) is None:
+            break
+        report["attribution"].append({"item_id": item_id, **item_out})
+
     # 5. The engine with ten knockouts at long contexts.
     report["long"] = []
     last: tuple[int, float] | None = None
@@ -381,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long", type=int, nargs="*", default=None, help="long-context lengths (default 8192 32768; tiny: 256 512)")
     ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget of the whole run (default 450 s)")
     ap.add_argument("--reserve-s", type=float, default=None, help="seconds kept for sections 2-5 while timing records")
+    ap.add_argument("--knockout-records", type=int, default=None, help="records scored by the knockout analysis' scorer (default 4; tiny: 1)")
+    ap.add_argument("--attribution-items", type=int, default=None, help="items of the attribution workload (default 4; tiny: 1)")
+    ap.add_argument("--sweep-k-max", type=int, default=None, help="the sweep item's largest k (default 4: 13 prompts; tiny: 1)")
+    ap.add_argument("--masks", type=int, default=None, help=f"skill masks per attribution item (default {ATTRIBUTION_MASKS}; tiny: 3)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default bfloat16; --tiny: float32")
     ap.add_argument("--json", type=Path, help="write the report here")
@@ -399,6 +500,14 @@ def main(argv: list[str] | None = None) -> int:
         args.reserve_s = 5.0 if args.tiny else 150.0
     if args.tiny and args.records == 24:
         args.records = 1
+    if args.knockout_records is None:
+        args.knockout_records = 1 if args.tiny else 4
+    if args.attribution_items is None:
+        args.attribution_items = 1 if args.tiny else 4
+    if args.sweep_k_max is None:
+        args.sweep_k_max = 1 if args.tiny else 4
+    if args.masks is None:
+        args.masks = 3 if args.tiny else ATTRIBUTION_MASKS
     report = run(args)
     print(f"total {report['total_s']:.1f} s (budget {args.budget_s:.0f} s)")
     if args.json:

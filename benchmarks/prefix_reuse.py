@@ -55,7 +55,7 @@ def tiny_qwen3(out: Path) -> Path:
 
 
 def sweep_records(model_dir: Path, n_items: int, k_max: int, configs: list[str]) -> list[list[PromptRecord]]:
-    """Per item, the distinct prompt records in sweep's order (identical consecutive prompts once)."""
+    """Per item, the distinct prompt records in sweep's order (identical prompts once, as ``cached_scorer`` scores them)."""
     from transformers import AutoTokenizer
 
     from probes.data.dataset import load_dataset
@@ -71,20 +71,22 @@ def sweep_records(model_dir: Path, n_items: int, k_max: int, configs: list[str])
         for k in range(k_max + 1):
             for config in configs:
                 record = builder.build(item, config, k)
-                if not records or record.input_ids != records[-1].input_ids:
+                if all(record.input_ids != r.input_ids for r in records):
                     records.append(record)
         per_item.append(records)
     return per_item
 
 
 def branch_rows(record: PromptRecord) -> int:
-    """Rows of ``run``'s branch batch for ``score_record``'s sweep call (baseline, correct/wrong/
-    abstain candidates): one element per condition plus one per multi-token candidate, each as long
-    as the longest; the branch runs every one of them (lm_head included), reuse or not."""
-    p, n = min(record.query_rows), record.n_tokens
-    multi = [c for c in record.candidates if c.role != "other" and len(c.token_ids) > 1]
-    t_len = max([n - p] + [c["anchor_index"] + len(c["token_ids"]) - p for c in multi])
-    return (1 + len(multi)) * t_len
+    """Rows of ``run``'s branch for ``score_record``'s sweep call (baseline; correct, wrong and
+    abstain candidates): the prompt's rows from the first query row on, then the candidates'
+    continuation trie (probes.engine.session.ContinuationTree); the branch runs them, reuse or not."""
+    from probes.engine.session import ContinuationTree
+    from probes.scoring.margins import candidates_from_record
+    from probes.scoring.score import scored_tokens
+
+    asked = scored_tokens([c for c in candidates_from_record(record) if c.role != "other"], record.format)
+    return len(ContinuationTree.build(record.input_ids, min(record.query_rows), asked).tokens)
 
 
 def bench(name: str, model_dir: Path, n_items: int, k_max: int, configs: list[str]) -> dict:

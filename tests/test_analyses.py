@@ -19,6 +19,7 @@ from probes.analyses.ratios import Ratios
 from probes.analyses.report import ReportOptions, run_report
 from probes.analyses.suppression import Suppression
 from probes.analyses.sweep import Sweep
+from probes.engine.session import ProbeSession
 from probes.reporting.results import load_results
 
 torch.set_num_threads(1)
@@ -47,7 +48,8 @@ def check_rows(path: Path, analysis: str) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------- tiny random Qwen3
 def test_sweep_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
-    result = Sweep(model=tiny_qwen3_dir, limit=1, k_max=2, out=tmp_path, **FAST).run()
+    session = ProbeSession(tiny_qwen3_dir)
+    result = Sweep(model=tiny_qwen3_dir, limit=1, k_max=2, out=tmp_path, **FAST).run(session)
     assert result.status == 0 and result.out_dir == tmp_path / tiny_qwen3_dir.name
     rows = check_rows(result.out_dir / "sweep.jsonl", "sweep")
     assert set(rows["config"]) == {"base", "proc", "app", "basm"} and set(rows["k"]) == {0, 1, 2}
@@ -59,6 +61,8 @@ def test_sweep_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     k0 = rows[rows["k"] == 0].groupby("item_id")["margin"]
     assert (k0.max() - k0.min()).max() == 0.0  # all configurations coincide at k = 0
     assert (rows[rows["k"] > 0].groupby(["item_id", "k"])["prompt_digest"].nunique() > 1).all()
+    # each distinct prompt is scored once (base at k = 2 is the k = 0 prompt again, not the last one scored)
+    assert session.prefix_reuse.prompts == rows["prompt_digest"].nunique() < len(rows)
     check_figure(result.out_dir, "fig02_retrieval_trap")
 
 

@@ -39,13 +39,22 @@ def test_tiny_run_reports_every_section(gpu_bench, tmp_path):
     assert report["dtype"] == "float32" and parity["max_abs_logit"] > 0.1
     assert parity["max_abs_diff"] <= 1e-5
     assert [r["n_tokens"] for r in report["long"]] == [256, 512]
+    # the analyses' paths: the knockout scorer (12 conditions), a sweep item and the attribution
+    # masks, each with and without prefix reuse: the same margins (bit for bit: fixed prefix blocks)
+    (knockout,) = report["knockout_analysis"]
+    assert knockout["conditions"] == 12 and knockout["forwards"] > 0
+    item, (attribution,) = report["sweep_item"], report["attribution"]
+    assert item["prompts"] == 4 and attribution["prompts"] == 3  # tiny: k = 0..1 and 3 masks
+    for out in (item, attribution):
+        assert out["reuse"]["time_s"] > 0 and out["no_reuse"]["time_s"] > 0 and out["max_abs_margin_diff"] == 0.0
 
 
 def test_budget_skips_with_reasons(gpu_bench, tmp_path):
     out = tmp_path / "gpu.json"
     assert gpu_bench.main(["--tiny", "--budget-s", "0", "--json", str(out)]) == 0
     skipped = json.loads(out.read_text())["skipped"]
-    assert set(skipped) == {"records[0:]", "eager_attn", "mask_4d", "long n=256", "long n=512"}
+    assert set(skipped) == {"records[0:]", "eager_attn", "mask_4d", "knockout_analysis[0:]", "sweep_item",
+                            "attribution retail-ok-0001", "long n=256", "long n=512"}
     assert all("s left" in why for why in skipped.values())
 
 

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from probes.analyses.base import score_record
-from probes.engine.session import ATTN_IMPLEMENTATION, BASELINE, Knockout, ProbeSession, span_positions
+from probes.engine.session import ATTN_IMPLEMENTATION, BASELINE, ContinuationTree, Knockout, ProbeSession, span_positions
 from probes.prompts.record import Candidate, PromptRecord
 from reference import knockout_masks, masked_eager_forward
 
@@ -109,7 +109,13 @@ def test_no_knockout_equals_plain_sdpa(qwen3_dir, sessions):
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_cached_branch_equals_full_forwards(arch, sessions, eager_models):
     sess, ids = sessions[arch], _ids(4)
-    cands = {"multi": (47, [5, 6, 7, 8]), "single": (47, [9]), "early": (33, [10, 11, 12])}
+    # Candidates sharing name prefixes run through one token trie (``shares`` and ``twin`` reuse
+    # rows of ``multi``; ``early2`` rows of ``early``): each must equal its own full forward.
+    cands = {"multi": (47, [5, 6, 7, 8]), "single": (47, [9]), "early": (33, [10, 11, 12]),
+             "shares": (47, [5, 6, 9]), "twin": (47, [5, 13]), "early2": (33, [10, 11, 14, 15])}
+    tree = ContinuationTree.build(ids, QUERY_ROWS[0], cands)
+    assert len(tree.tokens) == N - QUERY_ROWS[0] + 3 + 0 + 2 + 0 + 0 + 1  # the shared nodes once
+    assert tree.rows["shares"][:2] == tree.rows["multi"][:2] and tree.rows["early2"][:3] == tree.rows["early"]
     cached = sess.run(ids, QUERY_ROWS, SPANS, CONDITIONS, cands, record_rows=True, record_residual=True)
     for ko in [BASELINE, *CONDITIONS]:
         full = sess.forward([*ids], QUERY_ROWS, SPANS, [ko], record_rows=True, record_residual=True, include_baseline=False)
@@ -312,3 +318,36 @@ def test_score_record_eq1_with_abstention_present_matches_raw_logits(sessions):
     p_open = torch.softmax(logits[o].double(), -1)[rec.input_ids[o + 1]]
     assert row["call_logodds"] == pytest.approx(float(torch.log(p_open) - torch.log1p(-p_open)), abs=1e-4)
     assert not row["correct_is_abstain"]
+
+
+def test_score_record_scores_other_tools_only_up_to_the_token_the_margins_read(sessions):
+    """Broad and correct margins read each catalog tool at the one token where it parts from the
+    correct tool; ``score_record`` runs no row beyond it. Same rows as scoring every tool whole."""
+    from probes.scoring import margins
+    from probes.scoring.score import scored_tokens
+
+    sess = sessions["qwen3"]
+    tok = sess.tokenizer
+    rec = _native_record(tok, {"wrong": "get_user_orders", "correct": "get_user_profile"}, True)
+    d = rec.decision_index
+    for action in ("get_user_settings_page", "delete_user_account", "get_weather_forecast"):
+        t = tok.encode(action + '"')
+        rec.candidates.append(Candidate(role="other", action=action, anchor_index=d, text=action, token_ids=t, first_token_id=t[0],
+                                        boundary_merge=False))
+    cands = margins.candidates_from_record(rec)
+    asked = scored_tokens(cands, "native")
+    assert not any(c.is_abstention for c in cands if c.key in asked)  # native: no margin reads the abstention tokens
+    cut = [c for c in cands if c.role == "other" and len(asked[c.key][1]) < len(c.token_ids)]
+    assert cut, "some catalog tool must be cut for this test"
+    ko = Knockout.from_spans("boundary", rec.spans["boundary"])
+    rows = score_record(sess, rec, [ko])
+    # Independent: every candidate scored whole, the margins computed from those log-probs.
+    full = sess.run(rec.input_ids, rec.query_rows, conditions=[ko], candidates={c.key: (c.anchor_index, list(c.token_ids)) for c in cands})
+    for row, res in zip(rows, full.conditions):
+        lp = res.candidate_token_logprobs
+        for name, fn in (("broad_margin", margins.broad_margin), ("correct_margin", margins.correct_margin),
+                         ("margin", margins.tool_choice_margin)):
+            assert math.isfinite(row[name]) and row[name] == pytest.approx(fn(cands, lp, "native").value, abs=1e-5), name
+        want = margins.path_margin(res.row_logits, rec.input_ids, cands, "native", d, lp, rec.open_index).value
+        assert row["margin_path"] == pytest.approx(want, abs=1e-5)
+    assert rows[0]["broad_margin"] != pytest.approx(rows[1]["broad_margin"], abs=1e-4)  # the knockout moves it

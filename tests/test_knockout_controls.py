@@ -133,7 +133,7 @@ def test_knockout_mass_equals_the_eager_attention_at_the_deciding_row(setup, tin
     ctx = SimpleNamespace(options=SimpleNamespace(priming=False, knockout_rows="path", random_pool="neutral", random_draws=1,
                                                   controls=("neutral", "mass"), seed=0, mass_tolerance=0.1, margin_variant="tool_choice"),
                           dataset=builder.dataset, session=session, variant="tool_choice", _score_cache={})
-    job = SimpleNamespace(config="basm")
+    job = SimpleNamespace(config="basm", item=SimpleNamespace(id=record.item_id))
     rows = {r["condition"]: r for r in K.knockout_scorer(ctx, [])(record, job)}
     base = rows["baseline"]
     d = record.decision_index
@@ -152,6 +152,33 @@ def test_knockout_mass_equals_the_eager_attention_at_the_deciding_row(setup, tin
         assert abs(rows[name]["knockout_mass"] - want) <= TOL, name
     assert abs(base["boundary_mass"] - base["alpha_boundary"] * base["boundary_size"]) <= TOL
     assert rows["boundary"]["knockout_mass"] > rows["random_0"]["knockout_mass"] > 0  # not vacuous
+
+
+def test_knockout_scorer_takes_the_prompt_prefix_from_the_cache_and_equals_a_run_without(setup):
+    """The deciding-row call branches where the scoring call does, so that call reuses the whole
+    prompt prefix; every row equals the rows of a session without reuse."""
+    session, builders = setup
+    builder = builders["basm_probe"]
+    record = builder.build(builder.dataset.select(ids=["retail-ok-0001"])[0], "basm", 2, "native")
+    options = SimpleNamespace(priming=False, knockout_rows="path", random_pool="neutral", random_draws=2,
+                              controls=("neutral", "count", "mass"), seed=0, mass_tolerance=0.1, margin_variant="tool_choice")
+    job = SimpleNamespace(config="basm", item=SimpleNamespace(id=record.item_id))
+    out = {}
+    for cache in (0, 8):
+        probe = ProbeSession(session.model, tokenizer=session.tokenizer, prefix_cache=cache)
+        ctx = SimpleNamespace(options=options, dataset=builder.dataset, session=probe, variant="tool_choice", _score_cache={})
+        out[cache] = (K.knockout_scorer(ctx, [(0,), (1,)])(record, job), probe.prefix_reuse)
+    (cold, cold_counter), (warm, warm_counter) = out[0], out[8]
+    p = min(record.query_rows)
+    assert cold_counter.tokens_reused == 0 and warm_counter.tokens_reused == p and warm_counter.prompts == 2
+    assert [r["condition"] for r in warm] == [r["condition"] for r in cold] and len(warm) == 1 + 1 + 2 * 4 + 1 + 2
+    for a, b in zip(warm, cold):
+        for key, value in b.items():
+            if isinstance(value, float) and np.isfinite(value):
+                assert abs(a[key] - value) <= TOL, (b["condition"], key)
+            else:
+                assert a[key] == value or (isinstance(value, float) and np.isnan(a[key])), (b["condition"], key)
+    assert len({r["broad_margin"] for r in warm}) > 1  # the knockouts move the margins: not vacuous
 
 
 # ----------------------------------------------------------------------------- planted dose case

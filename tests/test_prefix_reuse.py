@@ -22,6 +22,8 @@ from probes.engine.session import Knockout, ProbeSession, span_positions
 from probes.engine.prefix_cache import PREFIX_BLOCK, PrefixKVCache, Segment, join
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.prompts.record import PromptRecord
+from probes.scoring.margins import candidates_from_record
+from probes.scoring.score import scored_tokens
 from probes.data.retrieval import Retriever, make_embedder
 
 TOL = 1e-5
@@ -60,9 +62,12 @@ def score(session: ProbeSession, record: PromptRecord):
     conditions = [
         Knockout.from_spans("boundary", record.spans.get("boundary", [])),
         Knockout.from_spans("memory_l1", record.spans.get("memory", []), layers=(1,), continuation=False),
+        Knockout.from_spans("boundary_heads", record.spans.get("boundary", []), heads=((0, 1), (1, 3))),  # as heads' causal check
     ]
     conditions = [c for c in conditions if c.key_positions]
-    candidates = {f"{c.role}:{c.action}": (c.anchor_index, c.token_ids) for c in record.candidates if c.role != "other"}
+    # every catalog tool, as score_record asks for them (name prefixes shared in the engine's trie)
+    candidates = scored_tokens(candidates_from_record(record), "prompted")  # prompted: the abstention answer too
+    assert any(c.role == "other" for c in record.candidates)
     return session.run(record.input_ids, record.query_rows, spans, conditions, candidates, record_rows=True, record_residual=True)
 
 

@@ -520,7 +520,7 @@ class RunContext:
     out_dir: Path
     model_fingerprint: dict[str, str]
     skipped: tuple[SkippedItem, ...] = ()  # items left out by too_long="skip", with the reason
-    _score_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    _score_cache: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)  # item -> prompt digest -> rows
 
     @property
     def variant(self) -> str:
@@ -832,19 +832,22 @@ def cached_scorer(
     per_head: bool = False,
     margins: Sequence[str] = MARGINS,
 ) -> Scorer:
-    """A scorer over :func:`score_record` that reuses results for byte-identical prompts within
-    a run (e.g. k = 0, where every configuration renders the same prompt)."""
+    """A scorer over :func:`score_record` that reuses results for byte-identical prompts of one
+    item (k = 0, where every configuration renders the same prompt, and ``base`` at every depth,
+    which is that prompt again)."""
 
     def scorer(record: PromptRecord, job: Job) -> list[dict[str, Any]]:
         conditions = list(conditions_for(record, job))
         digest = hashlib.sha256(json.dumps([record.input_ids, [c.to_json() for c in record.candidates], record.spans_json(),
                                             [repr(c) for c in conditions], per_head, list(margins)]).encode()).hexdigest()
-        if digest not in ctx._score_cache:
-            ctx._score_cache.clear()  # identical prompts are consecutive (same item): keep memory flat
-            ctx._score_cache[digest] = score_record(ctx.session, record, conditions, variant=ctx.variant,
-                                                    per_head=per_head, margins=margins)
+        # An item's jobs run together: keep its results only, so memory stays flat over the run.
+        for other in [item for item in ctx._score_cache if item != job.item.id]:
+            del ctx._score_cache[other]
+        cache = ctx._score_cache.setdefault(job.item.id, {})
+        if digest not in cache:
+            cache[digest] = score_record(ctx.session, record, conditions, variant=ctx.variant, per_head=per_head, margins=margins)
         rows = []
-        for cached in ctx._score_cache[digest]:
+        for cached in cache[digest]:
             row = dict(cached)
             row.update(row_fields(record))
             row["prompt_digest"] = digest[:16]

@@ -121,22 +121,25 @@ SHOWN_FAMILY = f"{NAME} (defining skill shown)"
 # ----------------------------------------------------------------------------- dose
 def deciding_run(session: ProbeSession, record: PromptRecord) -> tuple[ConditionResult, int, int]:
     """(the unmodified condition, the deciding row, its depth into the correct name) from one engine
-    call with the deciding row (the row predicting the first token where the correct name parts from a
-    wrong one; the decision row for abstention items) as the only query row, its full softmax row
-    recorded (the correct name's shared prefix appended where the deciding row lies inside it)."""
+    call whose last query row is the deciding row (the row predicting the first token where the correct
+    name parts from a wrong one; the decision row for abstention items), its full softmax row recorded
+    (the correct name's shared prefix appended where the deciding row lies inside it). It branches where
+    the record's scoring call does (its first query row), so that call takes the whole prompt prefix
+    from the session's prefix cache."""
     candidates = [c for c in candidates_from_record(record) if c.role != "other"]
     key, depth = deciding_depth(candidates)
     ids = list(record.input_ids)
     if depth:
         ids += list(next(c for c in candidates if c.key == key).token_ids[:depth])
     row = int(record.decision_index) + depth
-    return session.run(ids, [row], record_rows=True).conditions[0], row, depth
+    query = sorted({min(record.query_rows), row})
+    return session.run(ids, query, record_rows=True).conditions[0], row, depth
 
 
 def deciding_attention(session: ProbeSession, record: PromptRecord) -> np.ndarray:
     """[layer, head, n_tokens] the unmodified softmax row of the deciding row (:func:`deciding_run`)
     over the prompt's tokens."""
-    return deciding_run(session, record)[0].rows[:, :, 0, : record.n_tokens].float().numpy()
+    return deciding_run(session, record)[0].rows[:, :, -1, : record.n_tokens].float().numpy()
 
 
 def removed_mass(attention: np.ndarray, knockout: Knockout) -> float:

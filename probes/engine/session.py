@@ -26,11 +26,13 @@ Qwen2, Llama, ...). Outside a probe call it *is* sdpa.
    catalog and the first skills) and runs only the rest, with the reused keys in its mask.
    Prefix rows are never recorded or knocked out, so their ``k, v`` depend on the tokens only;
    ``prefix_reuse`` counts the tokens reused and computed.
-2. **Branch.** ``input_ids[p:]`` (a few tokens) runs as *one batch* holding every condition
-   (condition 0 is the unmodified baseline) plus every multi-token candidate continuation under
-   every condition. Each branch row attends to the shared prefix keys and to its own branch keys.
-   This attention is computed explicitly in fp32, in row chunks, with the prefix keys broadcast
-   rather than expanded, so an extra condition costs about one decode step over ``n`` keys.
+2. **Branch.** ``input_ids[p:]`` (a few tokens) followed by every candidate continuation, as a
+   token trie (:class:`ContinuationTree`: a name prefix several candidates share runs once), runs as
+   *one batch* with one element per condition (condition 0 is the unmodified baseline). Each branch
+   row attends to the shared prefix keys and to its ancestors in the tree (a tree mask; positions
+   are each row's own). This attention is computed explicitly in fp32, in row chunks, with the
+   prefix keys broadcast rather than expanded, so an extra condition costs about one decode step
+   over ``n`` keys per branch row, and the LM head runs at the branch rows only.
 3. **Query rows.** At every query row of every batch element, the exact fp32 softmax row is
    available: span masses (sum of probabilities over each span's key positions) per (layer, head)
    are recorded, optionally the full row. A knockout sets the scores of its key positions to
@@ -194,6 +196,52 @@ def validate_candidates(candidates: Mapping[str, tuple[int, Sequence[int]]], bra
         check_context_length(anchor + len(toks), config)
 
 
+@dataclass(frozen=True)
+class ContinuationTree:
+    """The branch rows of one prompt: its rows from the branch point ``p`` on, then every candidate
+    continuation as a token trie (a node per distinct (anchor, token prefix)), so a name prefix
+    that several candidates share (``get`` ...) runs once per condition.
+
+    ``tokens`` / ``positions`` / ``parent``: per row its input token, absolute position and the row
+    it continues (-1: the prefix). ``rows[name]``: the rows whose logits predict each token of the
+    candidate: its anchor row, then its trie nodes. Parents precede their children.
+    """
+
+    tokens: list[int]
+    positions: list[int]
+    parent: list[int]
+    rows: dict[str, list[int]]
+
+    @classmethod
+    def build(cls, ids: Sequence[int], p: int, candidates: Mapping[str, tuple[int, Sequence[int]]]) -> ContinuationTree:
+        n = len(ids)
+        tokens, positions, parent = list(ids[p:]), list(range(p, n)), list(range(-1, n - p - 1))
+        node: dict[tuple[int, tuple[int, ...]], int] = {}
+        rows: dict[str, list[int]] = {}
+        for name, (anchor, toks) in candidates.items():
+            chain = [anchor - p]
+            for j in range(1, len(toks)):
+                key = (anchor, tuple(toks[:j]))
+                if key not in node:
+                    node[key] = len(tokens)
+                    tokens.append(int(toks[j - 1]))
+                    positions.append(anchor + j)
+                    parent.append(chain[-1])
+                chain.append(node[key])
+            rows[name] = chain
+        return cls(tokens, positions, parent, rows)
+
+    def visible(self) -> torch.Tensor:
+        """bool [t, t]: row i sees row j iff j is i or one of its ancestors."""
+        t = len(self.tokens)
+        out = torch.zeros(t, t, dtype=torch.bool)
+        for i, up in enumerate(self.parent):
+            if up >= 0:
+                out[i] = out[up]
+            out[i, i] = True
+        return out
+
+
 # --------------------------------------------------------------------------------------------
 # Per-call state read by the attention function
 # --------------------------------------------------------------------------------------------
@@ -216,9 +264,10 @@ class _ProbeState:
     n_record: int = 0
     # Span indicator over prompt positions: [n_prompt, span]
     span_matrix: torch.Tensor | None = None
-    # branch: which keys of each element are prompt tokens, [batch, n_prompt] (a candidate's
-    # continuation overwrites the prompt positions after its anchor)
-    prompt_keys: torch.Tensor | None = None
+    # branch: absolute position of each branch row [t] and which branch rows each row sees,
+    # [t, t] (its ancestors in the continuation tree and itself; :class:`ContinuationTree`)
+    branch_pos: torch.Tensor | None = None
+    branch_visible: torch.Tensor | None = None
     # Recordings: single: [layer, cond, head, rows, span]; branch: [layer, batch, head, t, span]
     # at every branch row of every element. Optionally [layer, cond, head, rows, n_prompt].
     span_mass: torch.Tensor | None = None
@@ -245,7 +294,8 @@ class _ProbeState:
                 active=self.active.to(device),
                 n_record=self.n_record,
                 span_matrix=self.span_matrix.to(device),
-                prompt_keys=None if self.prompt_keys is None else self.prompt_keys.to(device),
+                branch_pos=None if self.branch_pos is None else self.branch_pos.to(device),
+                branch_visible=None if self.branch_visible is None else self.branch_visible.to(device),
                 row_chunk=self.row_chunk,
             )
         return self._moved[device]
@@ -299,7 +349,11 @@ def _grouped_mix(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def _allowed(q_pos: torch.Tensor, n_keys: int, sliding_window: int | None) -> torch.Tensor:
     """Causal (and sliding-window) visibility: bool [rows, n_keys]."""
-    k_pos = torch.arange(n_keys, device=q_pos.device)
+    return _visible(q_pos, torch.arange(n_keys, device=q_pos.device), sliding_window)
+
+
+def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """Causal (and sliding-window) visibility of keys at positions ``k_pos``: bool [rows, keys]."""
     ok = k_pos[None, :] <= q_pos[:, None]
     if sliding_window is not None:
         # transformers' sliding_window_overlay: kv_idx > q_idx - sliding_window
@@ -462,19 +516,20 @@ def _branch_forward(
     for i0 in range(0, t, state.row_chunk):
         i1 = min(t, i0 + state.row_chunk)
         q_c = qf[:, :, i0:i1]  # [batch, head, c, d_head]
-        # Keys after the chunk are causally invisible: use branch keys [0, i1) only.
+        # A row's ancestors precede it in the tree's order: branch keys [0, i1) hold them all.
         parts = [_grouped_scores(q_c, kb[:, :, :i1])]
         if kp is not None:
             parts.insert(0, _grouped_scores(q_c, kp))
         scores = torch.cat(parts, dim=-1) * scaling  # [batch, head, c, p + i1]
-        q_pos = torch.arange(p + i0, p + i1, device=query.device)
-        allowed = _allowed(q_pos, p + i1, sliding_window)
+        q_pos = ctl.branch_pos[i0:i1]
+        on_branch = ctl.branch_visible[i0:i1, :i1] & _visible(q_pos, ctl.branch_pos[:i1], sliding_window)
+        allowed = torch.cat((_allowed(q_pos, p, sliding_window), on_branch), dim=-1)
         in_chunk = (row_local >= i0) & (row_local < i1)
         probs, _ = _exact_probs(ctl, layer, scores, allowed, ctl.knock_rows[:, i0:i1])
         # Span masses at every row of every element: the deciding row of a shared name prefix
-        # lies in a candidate's continuation.
-        on_prompt = _prompt_keys(probs, ctl.span_matrix.shape[0]) * ctl.prompt_keys[:, None, None, :]
-        mass = on_prompt @ ctl.span_matrix  # [batch, head, c, span]
+        # lies in a candidate's continuation. Key index = prompt position for the prefix and the
+        # prompt's own branch rows; the continuation rows come after them (no span).
+        mass = _prompt_keys(probs, ctl.span_matrix.shape[0]) @ ctl.span_matrix  # [batch, head, c, span]
         state.span_mass[layer][:, :, i0:i1] = mass.to(state.span_mass.device)
         _record(state, ctl, layer, probs, row_local[in_chunk] - i0, in_chunk.nonzero().flatten())
         o = _grouped_mix(probs[..., p:], vb[:, :, :i1])
@@ -674,7 +729,6 @@ class ProbeSession:
         rows: list[int],
         spans: Mapping[str, Sequence[int]],
         conds: list[Knockout],
-        elem_cond: list[int],
         n_keys: int,
         knock_rows: torch.Tensor,
         q_offset: int,
@@ -691,17 +745,16 @@ class ProbeSession:
         key_block = torch.zeros(len(conds), n_keys, dtype=torch.bool)
         for i, c in enumerate(conds):
             key_block[i, list(c.key_positions)] = True
-        idx = torch.tensor(elem_cond)
         c, r, h, L = len(conds), len(rows), self.n_heads, self.n_layers
-        # single: query rows of the conditions; branch: every row of every element
-        mass_shape = (L, c, h, r) if mode == "single" else (L, *knock_rows.shape[:1], h, knock_rows.shape[1])
+        # single: query rows of the conditions; branch: every branch row of every condition
+        mass_shape = (L, c, h, r) if mode == "single" else (L, c, h, knock_rows.shape[1])
         return _ProbeState(
             mode=mode,
             q_offset=q_offset,
             row_pos=torch.tensor(rows, device=dev),
             knock_rows=knock_rows.to(dev),
-            key_block=key_block[idx].to(dev),
-            active=actives[idx].to(dev),
+            key_block=key_block.to(dev),
+            active=actives.to(dev),
             n_record=c,
             span_matrix=span_matrix,
             span_mass=torch.zeros(*mass_shape, len(spans), device=dev),
@@ -791,63 +844,50 @@ class ProbeSession:
         dev = self.device
         validate_candidates(candidates, p, n, self.model.config)
 
-        # Branch elements: the conditions, then each multi-token candidate under each condition.
-        multi = [(name, a, list(t)) for name, (a, t) in candidates.items() if len(t) > 1]
-        seqs: list[list[int]] = [ids[p:]] * len(conds)
-        elem_cond = list(range(len(conds)))
-        anchors = [n - 1] * len(conds)
-        for ci in range(len(conds)):
-            for _name, a, t in multi:
-                seqs.append(ids[p : a + 1] + t[:-1])
-                elem_cond.append(ci)
-                anchors.append(a)
-        t_len = max(len(s) for s in seqs)
-        # Right padding is harmless under causal attention: pads come after every real row.
-        branch = torch.tensor([s + [0] * (t_len - len(s)) for s in seqs], device=dev)
-        # Where each element's knockout applies: its condition's query rows up to its anchor, and
-        # the candidate continuation rows after it (when the condition blocks continuations).
+        # Branch elements: one per condition, each the same continuation tree (the prompt's rows
+        # from p on, then the candidates' continuations as a token trie).
+        tree = ContinuationTree.build(ids, p, candidates)
+        t_len = len(tree.tokens)
+        branch = torch.tensor([tree.tokens], device=dev).expand(len(conds), -1)
+        # Where each element's knockout applies: its condition's query rows, and the candidate
+        # continuation rows (when the condition blocks continuations).
         query = set(rows)
         knock_rows = torch.tensor([
-            [(pos in query and conds[ci].blocks_row(pos)) if pos <= a else conds[ci].continuation
-             for pos in range(p, p + t_len)]
-            for ci, a in zip(elem_cond, anchors)
+            [(pos in query and c.blocks_row(pos)) if i < n - p else c.continuation for i, pos in enumerate(tree.positions)]
+            for c in conds
         ])
-        state = self._new_state("branch", n, rows, spans, conds, elem_cond, p + t_len, knock_rows, p, record_rows)
-        # Positions after a candidate's anchor hold its continuation: no span, never blocked.
-        state.prompt_keys = torch.arange(n, device=dev)[None, :] <= torch.tensor(anchors, device=dev)[:, None]
-        state.key_block[:, :n] &= state.prompt_keys
+        state = self._new_state("branch", n, rows, spans, conds, p + t_len, knock_rows, p, record_rows)
+        state.branch_pos = torch.tensor(tree.positions, device=dev)
+        state.branch_visible = tree.visible().to(dev)
 
         if p > 0:
             state.prefix_kv = self._prefix_kv(ids[:p])
         self.prefix_reuse.prompts += 1
         self.prefix_reuse.tokens_computed += n - p
-        positions = torch.arange(p, p + t_len, device=dev).expand(len(seqs), -1)
+        positions = state.branch_pos.expand(len(conds), -1)
         with _activate(state), self._residual_hooks(record_residual, len(conds), rows[-1] - p) as resid:
+            # The LM head runs at the prompt's rows and at the candidate rows only (no padding).
             logits = self.model(input_ids=branch, position_ids=positions, use_cache=False).logits
 
-        def token_logprobs(element: int, local_rows: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
-            # log-softmax at the scored rows only: the full [element, row, vocab] one costs as
-            # much as the LM head at a large vocabulary
-            x = logits[element, local_rows].float()
-            chosen = x[torch.arange(len(tokens), device=x.device), torch.tensor(tokens, device=x.device)]
-            return (chosen - torch.logsumexp(x, dim=-1)).cpu()
-
-        mass = state.span_mass  # [layer, element, head, t, span]
+        mass = state.span_mass  # [layer, condition, head, t, span]
         cand_lp: list[dict[str, torch.Tensor]] = [{} for _ in conds]
         cand_mass: list[dict[str, torch.Tensor]] = [{} for _ in conds]
-        for ci in range(len(conds)):
-            for name, (a, t) in candidates.items():
-                if len(t) == 1:
-                    cand_lp[ci][name] = token_logprobs(ci, torch.tensor([a - p], device=logits.device), t)
-                    cand_mass[ci][name] = mass[:, ci, :, a - p : a - p + 1]
-            for k, (name, a, t) in enumerate(multi):
-                e = len(conds) + ci * len(multi) + k
-                cand_lp[ci][name] = token_logprobs(e, torch.arange(a - p, a - p + len(t), device=logits.device), t)
-                # the row predicting token j of the candidate is its local row a - p + j
-                cand_mass[ci][name] = mass[:, e, :, a - p : a - p + len(t)]
+        for name, (_a, t) in candidates.items():
+            local = torch.tensor(tree.rows[name], device=logits.device)
+            tokens = torch.tensor(list(t), device=logits.device)
+            # log-softmax at the scored rows only: the full [element, row, vocab] one costs as
+            # much as the LM head at a large vocabulary
+            x = logits[:, local].float()  # [condition, len(t), vocab]
+            chosen = x.gather(-1, tokens.expand(len(conds), -1)[..., None])[..., 0]
+            lp = (chosen - torch.logsumexp(x, dim=-1)).cpu()
+            # the row predicting token j of the candidate: its anchor row, then its trie nodes
+            m = mass[:, :, :, local.to(mass.device)]
+            for ci in range(len(conds)):
+                cand_lp[ci][name] = lp[ci]
+                cand_mass[ci][name] = m[:, ci]
         local = torch.tensor(rows, device=mass.device) - p
-        results = self._collect(state, conds, spans, logits[: len(conds), : n - p], p, rows[-1], resid, cand_lp,
-                                mass[:, : len(conds)][:, :, :, local], cand_mass)
+        results = self._collect(state, conds, spans, logits[:, : n - p], p, rows[-1], resid, cand_lp,
+                                mass[:, :, :, local], cand_mass)
         return ProbeResult(ids, rows, {s: len(set(v)) for s, v in spans.items()}, results)
 
     @torch.inference_mode()
@@ -875,7 +915,7 @@ class ProbeSession:
         n, p = len(ids), rows[0]
         dev = self.device
         knock_rows = torch.tensor([[c.blocks_row(r) for r in rows] for c in conds])
-        state = self._new_state("single", n, rows, spans, conds, list(range(len(conds))), n, knock_rows, 0, record_rows)
+        state = self._new_state("single", n, rows, spans, conds, n, knock_rows, 0, record_rows)
         batch = torch.tensor([ids], device=dev).expand(len(conds), -1)
         with _activate(state), self._residual_hooks(record_residual, len(conds), rows[-1]) as resid:
             logits = self.model(

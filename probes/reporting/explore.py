@@ -138,7 +138,7 @@ def record_view(ctx: RunContext, record: PromptRecord, options: ExploreOptions, 
     """One record as the page draws it: tokens, spans, query rows, candidates with their logits at the
     deciding row, the recorded margins, the quantised deciding-row attention and the knockouts."""
     result, row, depth = deciding_run(ctx.session, record)
-    attention = result.rows[:, :, 0, : record.n_tokens].float().numpy()
+    attention = result.rows[:, :, -1, : record.n_tokens].float().numpy()
     logits = result.logits_at(row).float().numpy()
     encoded, scale = quantise(attention, options.precision)
     correct = record.candidate("correct")

@@ -57,6 +57,30 @@ def deciding_depth(cands: Sequence[margins_mod.CandidateInfo]) -> tuple[str | No
     return correct[0].key, min(depth, len(correct[0].token_ids) - 1)
 
 
+def scored_tokens(cands: Sequence[margins_mod.CandidateInfo], fmt: str) -> dict[str, tuple[int, list[int]]]:
+    """What the engine scores per candidate: (anchor, tokens) up to the last token a margin reads.
+
+    The correct and wrong candidates whole (``path`` sums them); the abstention answer whole in the
+    ``prompted`` format and not at all in ``native`` (there abstaining is not opening the call, read
+    at the open row: no margin reads its tokens). The rest of the catalog (``other``) is read only by
+    ``broad`` and ``correct``, each pair at the one token where the tool parts from the correct one:
+    scored up to that token, the rows of its name beyond it are never run; and not at all where no
+    correct tool exists (those margins are NaN then).
+    """
+    correct = [c for c in cands if c.role == "correct" and not c.is_abstention]
+    out = {}
+    for c in cands:
+        toks = list(c.token_ids)
+        if c.is_abstention and fmt == "native":
+            continue
+        if c.role == "other" and not c.is_abstention:
+            if not correct:
+                continue
+            toks = toks[: margins_mod.shared_prefix(toks, correct[0].token_ids) + 1]
+        out[c.key] = (c.anchor_index, toks)
+    return out
+
+
 def row_fields(record: PromptRecord) -> dict[str, Any]:
     """The record's columns of a results row (:data:`ROW_FIELDS`, in that order)."""
     return {name: getattr(record, name) for name in ROW_FIELDS}
@@ -73,9 +97,10 @@ def score_record(
 ) -> list[dict[str, Any]]:
     """One engine call (baseline + ``conditions``); one row per condition (see module docstring).
 
-    ``margins``: with ``broad_margin`` or ``correct_margin``, every catalog tool is scored (each
-    multi-token candidate is one more branch element per condition); otherwise only the correct,
-    wrong and abstain candidates, and those two columns are NaN.
+    ``margins``: with ``broad_margin`` or ``correct_margin``, every catalog tool is scored, up to
+    the token where it parts from the correct tool (:func:`scored_tokens`; the candidates share
+    their name prefixes in the engine's token trie); otherwise only the correct, wrong and abstain
+    candidates, and those two columns are NaN.
     """
     if variant not in MARGIN_VARIANTS:
         raise ValueError(f"margin variant must be one of {MARGIN_VARIANTS}, got {variant!r}")
@@ -83,8 +108,7 @@ def score_record(
     if not {"broad_margin", "correct_margin"} & set(margins):
         cands = [c for c in cands if c.role != "other"]
     spans = {name: span_positions(record.spans.get(name, [])) for name in ("boundary", "procedure")}
-    res = session.run(record.input_ids, record.query_rows, spans=spans, conditions=conditions,
-                      candidates={c.key: (c.anchor_index, list(c.token_ids)) for c in cands})
+    res = session.run(record.input_ids, record.query_rows, spans=spans, conditions=conditions, candidates=scored_tokens(cands, record.format))
     fmt, dec, opn = record.format, int(record.decision_index), record.open_index
     correct_key, depth = deciding_depth(cands)
     rows = []
