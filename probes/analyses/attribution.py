@@ -25,6 +25,7 @@ its measured noise, and measured by keeping K of the run's masks.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,13 @@ class Attribution(Analysis):
     simulations: int = option(1000, "simulated cells per K of the simulated power table", type=int, minimum=1)
     alpha: float = option(0.05, "level of the per-cell permutation test", type=float, minimum=0.0)
 
+    def resolved(self) -> Attribution:
+        """``--quick`` keeps one pool (the library one where asked): half the prompts of both."""
+        options = super().resolved()
+        if self.quick and len(self.pools) > 1:
+            options = dataclasses.replace(options, pools=("library",) if "library" in self.pools else self.pools[:1])
+        return options
+
     def draw(self, ctx: RunContext) -> tuple[tuple[str, ...], np.ndarray]:
         """The dataset's skill ids and the ``[K, n_skills]`` masks over them (seeded by ``--seed``)."""
         if not 0.0 < self.inclusion < 1.0:
@@ -117,7 +125,7 @@ class Attribution(Analysis):
         jobs = []
         for item in ctx.items:
             mine = [Job(item, self.config, len(shown), ctx.fmt, (mask_condition(pool, m),), skills=shown)
-                    for pool in self.pools for m in range(self.masks) for shown in [self.shown(ctx, item, included[m], pool)]]
+                    for pool in ctx.options.pools for m in range(self.masks) for shown in [self.shown(ctx, item, included[m], pool)]]
             jobs += sorted(mine, key=lambda job: job.skills)  # identical prompts of an item in a row: scored once
         store = ctx.store(configs=[self.config], masks=[sorted(s) for s in included])
         score = cached_scorer(ctx, lambda record, job: (), margins=("margin",))
@@ -142,7 +150,7 @@ class Attribution(Analysis):
         for item in ctx.items:
             by_domain.setdefault(item.domain, []).append(item)
         cells, boot_rows, noise, detection = [], [], [], []
-        for pool in self.pools:
+        for pool in ctx.options.pools:
             sub = rows[rows["pool"] == pool]
             for outcome in OUTCOMES:
                 table = sub.pivot_table(index="mask", columns="item_id", values=outcome, aggfunc="first", dropna=False)
@@ -185,7 +193,7 @@ class Attribution(Analysis):
             cols = [index[s] for s in stats.loc[at, "skill"]]
             stats.loc[at, "sign_stability"] = est.sign_agreement(stats.loc[at, "c_bar"].to_numpy(float), boot_bar[:, cols])
         noise = pd.DataFrame(noise)
-        power = self.power_table(detection, noise, rng)
+        power = self.power_table(ctx, detection, noise, rng)
         wrong = cells[cells["tempting"] & (cells["bucket"] == "T_wrong")]
         tempting = wrong.groupby(["pool", "outcome"], sort=False)["c"].agg(
             n="count", mean="mean", share_positive=lambda c: float((c.dropna() > 0).mean()) if c.notna().any() else np.nan).reset_index()
@@ -199,7 +207,7 @@ class Attribution(Analysis):
             return frozenset(entry.skill.id for entry in ctx.builder.retrieve(item)[: ctx.options.k_max])
         return frozenset(skill.id for skill in ctx.dataset.library_for(item))
 
-    def power_table(self, detection: list, noise: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
+    def power_table(self, ctx: RunContext, detection: list, noise: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
         """Power of the per-cell permutation test against K: simulated for the seed's binary outcome and
         for the margin at its measured noise, and measured on this run by keeping K of its masks."""
         parts = []
@@ -214,7 +222,7 @@ class Attribution(Analysis):
             parts.append(sim.assign(source="simulated", outcome=f"margin ({MARGIN_EFFECT:.2f} logits at the measured noise)", pool=row.pool,
                                     effect=MARGIN_EFFECT, noise=row.sigma))
         kept = sorted({*range(4, self.masks, 2), self.masks})
-        for pool in self.pools:
+        for pool in ctx.options.pools:
             for outcome in ("margin", "correct_choice"):
                 chunks = [(o, inc, d) for p, out, o, inc, d in detection if p == pool and out == outcome]
                 if not chunks:
