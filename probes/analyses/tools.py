@@ -37,6 +37,7 @@ from probes.analyses.base import (
     Options,
     check_depths,
     depth_option,
+    fold_groups_option,
     k_max_option,
     option,
     select_items,
@@ -260,7 +261,8 @@ class ShortcutsOptions(DatasetOption, TokenizerOption, BootstrapOptions):
                                         help="probe dataset folder or bundled name (default: the bundled basm_probe_v2)")
     tokenizer: str = shared(TokenizerOption, "tokenizer", help=f"tokenizer of the token-length rule ('{NO_TOKENIZER}': words only)")
     split_kind: str = shared(ItemOptions, "split_kind")
-    folds: int = option(DEFAULT_FOLDS, "task-disjoint folds of the bag-of-words classifier", type=int)
+    folds: int = option(DEFAULT_FOLDS, "grouped folds of the bag-of-words classifier (groups: --fold-groups)", type=int)
+    fold_groups: str = fold_groups_option("run")
     out: str | Path | None = option(None, "write the table as CSV here", type=Path)
 
 
@@ -272,7 +274,7 @@ def shortcuts(**options: Any) -> pd.DataFrame:
     o = _make(ShortcutsOptions, options)
     tokenizer = None if o.tokenizer == NO_TOKENIZER else load_tokenizer(o.tokenizer)
     table = shortcut_table(load_dataset(o.dataset), split_kind=o.split_kind, tokenizer=tokenizer, folds=o.folds,
-                           resamples=o.resamples, seed=o.seed)
+                           fold_groups=o.fold_groups, resamples=o.resamples, seed=o.seed)
     if o.out is not None:
         from probes.reporting.results import write_csv
 
