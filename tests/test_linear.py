@@ -208,3 +208,8 @@ def test_fold_groups_option_reaches_the_header_settings():
     assert asdict_settings(ProbeSettings(fold_groups="scenario"))["fold_groups"] == "scenario"
     with pytest.raises(SystemExit):
         parser.parse_args(["linear", "--fold-groups", "domain"])
+    from probes.analyses.base import OptionError
+    from probes.analyses.tools import shortcuts
+
+    with pytest.raises(OptionError, match="--fold-groups scenario: scenario-disjoint folds need the item field 'scenario'"):
+        shortcuts(dataset="basm_probe", fold_groups="scenario", tokenizer="none")

@@ -260,6 +260,11 @@ def test_bag_of_words_by_skill_sees_a_word_skill_interaction(toy_dataset):
     assert roc_auc_score(y, plain) <= 0.6
     y, crossed = shortcuts.bag_of_words(items, folds=4, by_skill=True)
     assert np.isfinite(crossed).all() and roc_auc_score(y, crossed) == 1.0
+    # crossed with another skill per item (the rank-1 retrieved one): the given skill is what counts
+    same = {item.id: item.tempting_skill for item in items}
+    assert np.array_equal(shortcuts.bag_of_words(items, folds=4, by_skill=True, skills=same)[1], crossed)
+    y, blind = shortcuts.bag_of_words(items, folds=4, by_skill=True, skills={item.id: "toy.ship" for item in items})
+    assert roc_auc_score(y, blind) <= 0.6  # one skill for every item: back to single words
     assert shortcuts.skill_word_features("toy.ship", "Zebra parcels") == ["parcel", "zebra", "toy.ship|parcel", "toy.ship|zebra", "toy.ship|"]
 
 

@@ -434,7 +434,10 @@ class Linear(Analysis):
         if not items:
             raise AnalysisError(f"linear: no {' / '.join(PROBE_BUCKETS)} items selected (the probe contrasts applicable vs inapplicable states)")
         ctx.items = tuple(items)
-        fold_groups(ctx.items, ctx.options.fold_groups)  # a dataset without the folds' groups fails here, before any residual
+        try:  # a dataset without the folds' groups fails here, before any residual
+            fold_groups(ctx.items, ctx.options.fold_groups)
+        except ValueError as error:
+            raise AnalysisError(f"linear --fold-groups {ctx.options.fold_groups}: {error}") from error
         configs = list(ctx.options.configs)
         store = ctx.store(configs=configs, row="decision", features="residual stream [layer+1, d_model]",
                           limit_mode="spread over task groups")  # first: it takes the lock on the output

@@ -44,7 +44,7 @@ from probes.analyses.base import (
     shared,
 )
 from probes.data.configs import CONFIGS
-from probes.data.dataset import BUCKETS, V2_DATASET_DIR, Item, load_dataset
+from probes.data.dataset import BUCKETS, V2_DATASET_DIR, Item, fold_groups, load_dataset
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, SWEEP_K_MAX, PromptBuilder, resolve_study
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import SpanReport, check_spans
@@ -272,8 +272,13 @@ def shortcuts(**options: Any) -> pd.DataFrame:
     from probes.scoring.shortcuts import shortcut_table
 
     o = _make(ShortcutsOptions, options)
+    dataset = load_dataset(o.dataset)
+    try:
+        fold_groups(dataset.items, o.fold_groups)
+    except ValueError as error:
+        raise OptionError(f"--fold-groups {o.fold_groups}: {error}") from error
     tokenizer = None if o.tokenizer == NO_TOKENIZER else load_tokenizer(o.tokenizer)
-    table = shortcut_table(load_dataset(o.dataset), split_kind=o.split_kind, tokenizer=tokenizer, folds=o.folds,
+    table = shortcut_table(dataset, split_kind=o.split_kind, tokenizer=tokenizer, folds=o.folds,
                            fold_groups=o.fold_groups, resamples=o.resamples, seed=o.seed)
     if o.out is not None:
         from probes.reporting.results import write_csv

@@ -6,7 +6,8 @@ Works for any folder that :func:`probes.data.dataset.load_dataset` reads (v1 ``b
 * counts per bucket × split (``split``, and ``split_scenario`` where the items have it), per domain ×
   bucket, and per correct-action kind;
 * every shortcut baseline of :func:`probes.scoring.shortcuts.shortcut_table` (eval and all items;
-  with a tokenizer also request length in its tokens; where items have a ``scenario``, the out-of-fold
+  with a tokenizer also request length in its tokens; request words crossed with the skill MiniLM
+  retrieval ranks first; where items have a ``scenario``, the out-of-fold
   bag-of-words rows again with scenario-disjoint folds) and :func:`~probes.scoring.shortcuts.best_shortcut`;
 * the label audit's counts per rule and action (items with an ``audit`` field);
 * how often the boundary relevance gate of Eq. 10 opens (r_B > γ = 0) for the skills retrieved at
@@ -46,11 +47,24 @@ NAME_CONTINUATION = '", "arguments": {'  # what follows a tool name in the nativ
 GATE_DEPTH = DEFAULT_K_MAX  # the analyses' default k_max
 
 
-def gate_table(dataset: ProbeDataset, embedder: Embedder, *, depth: int = GATE_DEPTH, gamma: float = 0.0) -> pd.DataFrame:
-    """Per bucket and r_B measure: the share of (item, skill retrieved at rank ≤ ``depth``) pairs whose
-    boundary fields Eq. 10's gate shows (r_B > ``gamma``), over every item of the dataset."""
+def warm_retriever(dataset: ProbeDataset, embedder: Embedder) -> Retriever:
+    """A retriever (Eq. 8) with every item state and skill of ``dataset`` embedded."""
     retriever = Retriever(embedder)
     retriever.warm([item.state_text for item in dataset.items], dataset.skills.values(), boundary=embedder.semantic)
+    return retriever
+
+
+def rank1_skills(dataset: ProbeDataset, retriever: Retriever) -> dict[str, str]:
+    """Item id -> the skill ``retriever`` ranks first for it (what the first memory block shows)."""
+    return {item.id: retriever.retrieve(item, dataset)[0].skill.id for item in dataset.items}
+
+
+def gate_table(dataset: ProbeDataset, embedder: Embedder, *, depth: int = GATE_DEPTH, gamma: float = 0.0,
+               retriever: Retriever | None = None) -> pd.DataFrame:
+    """Per bucket and r_B measure: the share of (item, skill retrieved at rank ≤ ``depth``) pairs whose
+    boundary fields Eq. 10's gate shows (r_B > ``gamma``), over every item of the dataset
+    (``retriever``: one already warmed on the dataset with ``embedder``)."""
+    retriever = retriever or warm_retriever(dataset, embedder)
     rows = []
     for item in dataset.items:
         for entry in retriever.retrieve(item, dataset)[:depth]:
@@ -133,12 +147,12 @@ def _counts(dataset: ProbeDataset) -> list[str]:
     return out
 
 
-def _scenario_fold_rows(dataset: ProbeDataset, kinds: list[str], *, resamples: int, seed: int) -> pd.DataFrame:
+def _scenario_fold_rows(dataset: ProbeDataset, kinds: list[str], *, resamples: int, seed: int, rank1: dict[str, str]) -> pd.DataFrame:
     """The out-of-fold bag-of-words rows again with scenario-disjoint folds (a test item's whole
     scenario out of training), per split of the card; the note names the folds."""
     table = pd.concat([shortcut_table(dataset, splits=("eval", None) if kind == "template" else ("eval",), split_kind=kind,
-                                      fold_groups="scenario", resamples=resamples, seed=seed) for kind in kinds], ignore_index=True)
-    keep = table["shortcut"].isin(["bag_of_words", "bag_of_words_by_skill"]) & (table["statistic"] != "auc_fit_on_train")
+                                      fold_groups="scenario", resamples=resamples, seed=seed, rank1=rank1) for kind in kinds], ignore_index=True)
+    keep = table["shortcut"].str.startswith("bag_of_words") & (table["statistic"] != "auc_fit_on_train")
     return table[keep]
 
 
@@ -164,9 +178,13 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
     loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
     tokenizer_label = "none" if tokenizer is None else ("Qwen3 (probes.prompts.tokenizers.load_tokenizer('qwen3'))" if str(tokenizer) == "qwen3" else Path(tokenizer).name)
     kinds = ["template"] + (["scenario"] if all(item.split_scenario is not None for item in dataset.items) else [])
-    table = pd.concat([shortcut_table(dataset, splits=("eval", None), split_kind="template", tokenizer=loaded, resamples=resamples, seed=seed)]
-                      + [shortcut_table(dataset, splits=("eval",), split_kind=kind, tokenizer=loaded, resamples=resamples, seed=seed) for kind in kinds[1:]]
-                      + ([_scenario_fold_rows(dataset, kinds, resamples=resamples, seed=seed)] if all(item.scenario for item in dataset.items) else []),
+    embedder = make_embedder("minilm")
+    retriever = warm_retriever(dataset, embedder)
+    rank1 = rank1_skills(dataset, retriever)
+    common = dict(resamples=resamples, seed=seed, rank1=rank1)
+    table = pd.concat([shortcut_table(dataset, splits=("eval", None), split_kind="template", tokenizer=loaded, **common)]
+                      + [shortcut_table(dataset, splits=("eval",), split_kind=kind, tokenizer=loaded, **common) for kind in kinds[1:]]
+                      + ([_scenario_fold_rows(dataset, kinds, **common)] if all(item.scenario for item in dataset.items) else []),
                       ignore_index=True)
     lines = [f"# Dataset card: {dataset_dir.name}", "",
              "Generated by `probes.reporting.cards.write_card`; do not edit by hand (tests/test_cards.py regenerates it).",
@@ -187,7 +205,7 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
         majority = max(buckets.values()) / sum(buckets.values())
         lines += [f"Best no-model shortcut on `{split}` (AUC orientation-free): {described}. "
                   f"Answering the larger bucket for every item is {majority:.3f} accurate: read accuracy against that.", ""]
-    gate = gate_table(dataset, make_embedder("minilm"))
+    gate = gate_table(dataset, embedder, retriever=retriever)
     lines += ["## Boundary relevance gate (Eq. 10)", "",
               f"Share of (item, skill retrieved at rank ≤ {GATE_DEPTH}) pairs whose boundary fields the gate shows at γ = 0, over all items "
               "(MiniLM retrieval). `lexical`: the best content-word coverage of a boundary item by the state (the paper's overlap); "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -226,7 +226,7 @@ def skill_word_features(skill_id: str, text: str) -> list[str]:
 
 
 def bag_of_words(items: Sequence[Item], *, folds: int = DEFAULT_FOLDS, seed: int = 0, by_skill: bool = False,
-                 fold_groups: str = "task_group") -> tuple[np.ndarray, np.ndarray]:
+                 fold_groups: str = "task_group", skills: Mapping[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Out-of-fold P(T_ok) of a bag-of-words classifier of the request text alone: binary
     CountVectorizer over the content-word analyser of this module (fit on the training fold only)
     and scikit-learn's L2 LogisticRegression (C = 1, lbfgs), with the linear probes' grouped
@@ -234,7 +234,8 @@ def bag_of_words(items: Sequence[Item], *, folds: int = DEFAULT_FOLDS, seed: int
     ``fold_groups`` (:func:`probes.data.dataset.fold_groups`: task groups, or whole scenarios).
     Returns (labels with T_ok = 1, out-of-fold scores); items in no test fold get NaN.
 
-    ``by_skill``: the words are also crossed with the tempting skill (:func:`skill_word_features`).
+    ``by_skill``: the words are also crossed with the tempting skill (:func:`skill_word_features`), or with
+    ``skills[item.id]`` where given (e.g. the skill retrieval ranks first, which the prompt shows).
     A label that is "which state sentence follows" XOR "which skill tempts" (counterbalanced pairs)
     is invisible to single words but linear in these features, and a residual probe can read both
     from the prompt without any boundary text."""
@@ -242,20 +243,23 @@ def bag_of_words(items: Sequence[Item], *, folds: int = DEFAULT_FOLDS, seed: int
     groups = item_fold_groups(items, fold_groups)
     scores = np.full(len(items), np.nan)
     for train, test in grouped_folds(y, groups, folds, seed):
-        scores[test] = _fit_bag_of_words([items[i] for i in train], [items[i] for i in test], by_skill=by_skill)
+        scores[test] = _fit_bag_of_words([items[i] for i in train], [items[i] for i in test], by_skill=by_skill, skills=skills)
     return y, scores
 
 
-def held_out_bag_of_words(train: Sequence[Item], test: Sequence[Item], *, by_skill: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def held_out_bag_of_words(train: Sequence[Item], test: Sequence[Item], *, by_skill: bool = False,
+                          skills: Mapping[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`bag_of_words` fit once on ``train`` (a training split) and scored on ``test``: the
     held-out protocol of a split, where the out-of-fold one stays inside it. Returns (labels of
     ``test`` with T_ok = 1, P(T_ok))."""
-    return np.array([item.bucket == "T_ok" for item in test], dtype=int), _fit_bag_of_words(train, test, by_skill=by_skill)
+    return np.array([item.bucket == "T_ok" for item in test], dtype=int), _fit_bag_of_words(train, test, by_skill=by_skill, skills=skills)
 
 
-def _fit_bag_of_words(train: Sequence[Item], test: Sequence[Item], *, by_skill: bool) -> np.ndarray:
+def _fit_bag_of_words(train: Sequence[Item], test: Sequence[Item], *, by_skill: bool, skills: Mapping[str, str] | None = None) -> np.ndarray:
     def features(item: Item) -> list[str]:
-        return skill_word_features(item.tempting_skill, item.user) if by_skill else sorted(content_words(item.user))
+        if not by_skill:
+            return sorted(content_words(item.user))
+        return skill_word_features(item.tempting_skill if skills is None else skills[item.id], item.user)
 
     vectorizer = CountVectorizer(analyzer=features, binary=True)
     X_train = vectorizer.fit_transform(list(train))
@@ -341,6 +345,7 @@ def shortcut_table(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     item_ids: Collection[str] | None = None,
+    rank1: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """Every shortcut statistic of ``dataset`` per split (``None`` = all items, written ``all``);
     ``split_kind`` picks the split field (:meth:`probes.data.dataset.ProbeDataset.select`: ``"template"``
@@ -373,7 +378,9 @@ def shortcut_table(
       ``bag_of_words_by_skill``: the same with the words crossed with the tempting skill; folds over
       ``fold_groups`` (``"task_group"`` or ``"scenario"``: :func:`probes.data.dataset.fold_groups`). On ``eval``,
       each also has ``auc_fit_on_train``: fit on the same split kind's train items
-      (:func:`held_out_bag_of_words`), so the scenario split shows what survives unseen scenarios.
+      (:func:`held_out_bag_of_words`), so the scenario split shows what survives unseen scenarios;
+      ``bag_of_words_by_rank1_skill`` (with ``rank1``, item id -> the skill retrieval ranks first): the
+      words crossed with the rank-1 skill the prompt shows instead of the dataset's tempting skill.
     * a rule that answers the same for every item, and a rate whose every unit has the same
       value, say in ``note`` that the CI has no width by construction.
     * ``repair_code_copy`` ``rate``: share of T_repair items whose :func:`error_code` occurs
@@ -385,6 +392,7 @@ def shortcut_table(
     The skill used is always ``item.tempting_skill`` (the one the dataset says retrieval ranks
     first); retrieval itself is not run.
     """
+    item_fold_groups(dataset.items, fold_groups)  # a dataset without the folds' groups fails before any statistic
     rows: list[dict[str, Any]] = []
     for split in splits:
         name = split_name(split, split_kind)
@@ -411,8 +419,11 @@ def shortcut_table(
                 rows += _rule_rows(rule, name, ["T_wrong" if fires(item, dataset) else "T_ok" for item in pair], pair, note, **common)
             rows += hidden_place_rows(pair, dataset, name, **common)
             disjoint = "task-disjoint" if fold_groups == "task_group" else f"{fold_groups}-disjoint"
-            for shortcut, by_skill, what in (("bag_of_words", False, "request words"), ("bag_of_words_by_skill", True, "request words, each also crossed with the tempting skill")):
-                y, scores = bag_of_words(pair, folds=folds, seed=seed, by_skill=by_skill, fold_groups=fold_groups)
+            variants = [("bag_of_words", False, None, "request words"), ("bag_of_words_by_skill", True, None, "request words, each also crossed with the tempting skill")]
+            if rank1 is not None:
+                variants.append(("bag_of_words_by_rank1_skill", True, rank1, "request words, each also crossed with the skill retrieval ranks first"))
+            for shortcut, by_skill, skills, what in variants:
+                y, scores = bag_of_words(pair, folds=folds, seed=seed, by_skill=by_skill, fold_groups=fold_groups, skills=skills)
                 scored = np.isfinite(scores)
                 if scored.any():
                     kept = [g for g, ok in zip(groups, scored) if ok]
@@ -424,7 +435,7 @@ def shortcut_table(
                                      "AUC of out-of-fold P(T_ok), " + ("" if fold_groups == "task_group" else f"{disjoint} folds, ") + "T_ok positive"))
                 train = [item for item in dataset.select(split="train", split_kind=split_kind) if item.bucket in PAIR] if split == "eval" else []
                 if len({item.bucket for item in train}) == 2:
-                    y, scores = held_out_bag_of_words(train, pair, by_skill=by_skill)
+                    y, scores = held_out_bag_of_words(train, pair, by_skill=by_skill, skills=skills)
                     low, high = group_bootstrap_auc(y, scores, groups, resamples=resamples, seed=seed)
                     rows.append(_row(shortcut, name, COMPARED, "auc_fit_on_train", auc(y, scores), low, high, len(pair), len(set(groups)),
                                      f"AUC of P(T_ok) fit on the {split_kind} split's train items, T_ok positive"))
@@ -457,7 +468,7 @@ def shortcut_table(
 
 # The rules a probe result must beat: they read the request or the shown catalog, never a model.
 SHORTCUT_RULES = ("request_length_words", "request_length_tokens", "overlap_rule", "overlap_rule_retrieval_words", *CATALOG_RULES,
-                  "bag_of_words", "bag_of_words_by_skill")
+                  "bag_of_words", "bag_of_words_by_skill", "bag_of_words_by_rank1_skill")
 
 
 def best_shortcut(table: pd.DataFrame, *, split: str = "eval") -> dict[str, dict[str, Any]]:
