@@ -316,6 +316,7 @@ def test_scenario_folds_never_split_a_scenario(v2_dataset, v1_dataset, monkeypat
     y, scores = shortcuts.bag_of_words(items, folds=5, by_skill=True, fold_groups="scenario")
     (groups,) = seen
     assert groups == [item.scenario for item in items] and np.isfinite(scores).all()
+    assert roc_auc_score(y, scores) == pytest.approx(0.5, abs=0.03)  # v2 README: the words × skill cue does not cross scenarios
     folds = real(y, groups, 5, 0)
     assert len(folds) == 5 and sorted(np.concatenate([test for _, test in folds]).tolist()) == list(range(len(items)))
     for train, test in folds:
