@@ -39,7 +39,7 @@ from probes.data.dataset import ABSTAIN, BUCKETS, SPLITS, ProbeDataset, load_dat
 from probes.data.retrieval import RELEVANCE_MEASURES, Embedder, Retriever, make_embedder
 from probes.prompts.builder import DEFAULT_K_MAX, NATIVE_FORCED_PREFIX
 from probes.prompts.tokenizers import QWEN3_TOKENIZER, load_tokenizer
-from probes.scoring.shortcuts import DEFAULT_RESAMPLES, best_shortcut, shortcut_table
+from probes.scoring.shortcuts import DEFAULT_FOLDS, DEFAULT_RESAMPLES, best_shortcut, out_of_fold_rows, shortcut_table, split_name
 
 CARD_NAME = "CARD.md"
 DEFAULT_TOKENIZER = QWEN3_TOKENIZER
@@ -149,11 +149,12 @@ def _counts(dataset: ProbeDataset) -> list[str]:
 
 def _scenario_fold_rows(dataset: ProbeDataset, kinds: list[str], *, resamples: int, seed: int, rank1: dict[str, str]) -> pd.DataFrame:
     """The out-of-fold bag-of-words rows again with scenario-disjoint folds (a test item's whole
-    scenario out of training), per split of the card; the note names the folds."""
-    table = pd.concat([shortcut_table(dataset, splits=("eval", None) if kind == "template" else ("eval",), split_kind=kind,
-                                      fold_groups="scenario", resamples=resamples, seed=seed, rank1=rank1) for kind in kinds], ignore_index=True)
-    keep = table["shortcut"].str.startswith("bag_of_words") & (table["statistic"] != "auc_fit_on_train")
-    return table[keep]
+    scenario out of training), on the card's splits; the notes name the folds."""
+    rows = []
+    for kind, split in [("template", "eval"), ("template", None)] + [(kind, "eval") for kind in kinds[1:]]:
+        pair = [item for item in dataset.select(split=split, split_kind=kind) if item.bucket in ("T_ok", "T_wrong")]
+        rows += out_of_fold_rows(pair, split_name(split, kind), folds=DEFAULT_FOLDS, fold_groups="scenario", rank1=rank1, resamples=resamples, seed=seed)
+    return pd.DataFrame(rows)
 
 
 def _audit(dataset: ProbeDataset) -> list[str]:
