@@ -39,7 +39,8 @@ from probes.data.dataset import ABSTAIN, BUCKETS, SPLITS, ProbeDataset, load_dat
 from probes.data.retrieval import RELEVANCE_MEASURES, Embedder, Retriever, make_embedder
 from probes.prompts.builder import DEFAULT_K_MAX, NATIVE_FORCED_PREFIX
 from probes.prompts.tokenizers import QWEN3_TOKENIZER, load_tokenizer
-from probes.scoring.shortcuts import DEFAULT_FOLDS, DEFAULT_RESAMPLES, best_shortcut, out_of_fold_rows, shortcut_table, split_name
+from probes.scoring.shortcuts import (DEFAULT_FOLDS, DEFAULT_RESAMPLES, bag_of_words_variants, best_shortcut, out_of_fold_rows, shortcut_table,
+                                     split_name)
 
 CARD_NAME = "CARD.md"
 DEFAULT_TOKENIZER = QWEN3_TOKENIZER
@@ -153,7 +154,8 @@ def _scenario_fold_rows(dataset: ProbeDataset, kinds: list[str], *, resamples: i
     rows = []
     for kind, split in [("template", "eval"), ("template", None)] + [(kind, "eval") for kind in kinds[1:]]:
         pair = [item for item in dataset.select(split=split, split_kind=kind) if item.bucket in ("T_ok", "T_wrong")]
-        rows += out_of_fold_rows(pair, split_name(split, kind), folds=DEFAULT_FOLDS, fold_groups="scenario", rank1=rank1, resamples=resamples, seed=seed)
+        for variant in bag_of_words_variants(rank1):
+            rows += out_of_fold_rows(pair, split_name(split, kind), variant, folds=DEFAULT_FOLDS, fold_groups="scenario", resamples=resamples, seed=seed)
     return pd.DataFrame(rows)
 
 

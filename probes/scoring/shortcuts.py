@@ -315,26 +315,25 @@ def bag_of_words_variants(rank1: Mapping[str, str] | None) -> list[tuple[str, bo
     return variants
 
 
-def out_of_fold_rows(pair: Sequence[Item], split: str, *, folds: int, fold_groups: str, rank1: Mapping[str, str] | None,
-                     resamples: int, seed: int) -> list[dict[str, Any]]:
-    """The out-of-fold rows of every :func:`bag_of_words_variants` on the T_ok / T_wrong items ``pair``:
+def out_of_fold_rows(pair: Sequence[Item], split: str, variant: tuple[str, bool, Mapping[str, str] | None, str], *, folds: int,
+                     fold_groups: str, resamples: int, seed: int) -> list[dict[str, Any]]:
+    """The out-of-fold rows of one of :func:`bag_of_words_variants` on the T_ok / T_wrong items ``pair``:
     accuracy and balanced accuracy (P(T_ok) > 0.5) and AUC, folds grouped by ``fold_groups``, which the
     notes name (task-disjoint or scenario-disjoint)."""
-    rows: list[dict[str, Any]] = []
+    shortcut, by_skill, skills, what = variant
     groups = [item.task_group for item in pair]
     disjoint = "task-disjoint" if fold_groups == "task_group" else f"{fold_groups}-disjoint"
-    for shortcut, by_skill, skills, what in bag_of_words_variants(rank1):
-        y, scores = bag_of_words(pair, folds=folds, seed=seed, by_skill=by_skill, fold_groups=fold_groups, skills=skills)
-        scored = np.isfinite(scores)
-        if scored.any():
-            kept = [g for g, ok in zip(groups, scored) if ok]
-            predicted = ["T_ok" if score > 0.5 else "T_wrong" for score in scores[scored]]
-            rows += _accuracy_rows(shortcut, split, predicted, [item for item, ok in zip(pair, scored) if ok],
-                                   f"{what}; out-of-fold, ≤ {folds} {disjoint} folds", resamples=resamples, seed=seed)
-            low, high = group_bootstrap_auc(y[scored], scores[scored], kept, resamples=resamples, seed=seed)
-            rows.append(_row(shortcut, split, COMPARED, "auc", auc(y[scored], scores[scored]), low, high, int(scored.sum()), len(set(kept)),
-                             "AUC of out-of-fold P(T_ok), " + ("" if fold_groups == "task_group" else f"{disjoint} folds, ") + "T_ok positive"))
-    return rows
+    y, scores = bag_of_words(pair, folds=folds, seed=seed, by_skill=by_skill, fold_groups=fold_groups, skills=skills)
+    scored = np.isfinite(scores)
+    if not scored.any():
+        return []
+    kept = [g for g, ok in zip(groups, scored) if ok]
+    predicted = ["T_ok" if score > 0.5 else "T_wrong" for score in scores[scored]]
+    low, high = group_bootstrap_auc(y[scored], scores[scored], kept, resamples=resamples, seed=seed)
+    return [*_accuracy_rows(shortcut, split, predicted, [item for item, ok in zip(pair, scored) if ok],
+                            f"{what}; out-of-fold, ≤ {folds} {disjoint} folds", resamples=resamples, seed=seed),
+            _row(shortcut, split, COMPARED, "auc", auc(y[scored], scores[scored]), low, high, int(scored.sum()), len(set(kept)),
+                 "AUC of out-of-fold P(T_ok), " + ("" if fold_groups == "task_group" else f"{disjoint} folds, ") + "T_ok positive")]
 
 
 # Prompt-level rules: they read the shown catalog, never the request or any boundary text.
@@ -449,10 +448,11 @@ def shortcut_table(
             for rule, (fires, note) in CATALOG_RULES.items():
                 rows += _rule_rows(rule, name, ["T_wrong" if fires(item, dataset) else "T_ok" for item in pair], pair, note, **common)
             rows += hidden_place_rows(pair, dataset, name, **common)
-            rows += out_of_fold_rows(pair, name, folds=folds, fold_groups=fold_groups, rank1=rank1, **common)
             train = [item for item in dataset.select(split="train", split_kind=split_kind) if item.bucket in PAIR] if split == "eval" else []
-            if len({item.bucket for item in train}) == 2:
-                for shortcut, by_skill, skills, _ in bag_of_words_variants(rank1):
+            for variant in bag_of_words_variants(rank1):
+                rows += out_of_fold_rows(pair, name, variant, folds=folds, fold_groups=fold_groups, **common)
+                shortcut, by_skill, skills, _ = variant
+                if len({item.bucket for item in train}) == 2:
                     y, scores = held_out_bag_of_words(train, pair, by_skill=by_skill, skills=skills)
                     low, high = group_bootstrap_auc(y, scores, groups, resamples=resamples, seed=seed)
                     rows.append(_row(shortcut, name, COMPARED, "auc_fit_on_train", auc(y, scores), low, high, len(pair), len(set(groups)),
