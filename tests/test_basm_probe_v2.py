@@ -4,7 +4,7 @@ issue's shortcut targets hold, and the scenario-held-out split is selectable."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 import hashlib
 import importlib.util
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.scoring.shortcuts import shortcut_table
+from probes.data.dataset import ABSTAIN
+from probes.scoring.shortcuts import hidden_place_rows, shortcut_table
 
 V2_DIR = Path(__file__).resolve().parent.parent / "datasets" / "basm_probe_v2"
 
@@ -85,11 +86,101 @@ def test_scenario_split_needs_the_field_and_a_known_kind(v1_dataset):
 
 def test_v1_digest_is_unchanged_by_the_optional_field(v1_dataset):
     """Results fingerprints of v1 must not move: its digest equals the pre-v2 formula (asdict
-    without split_scenario), recomputed here."""
+    without the optional fields split_scenario, scenario and audit), recomputed here."""
     v1 = v1_dataset
     items = v1.items[:30]
-    fields = [{k: v for k, v in asdict(item).items() if k != "split_scenario"} for item in items]
+    fields = [{k: v for k, v in asdict(item).items() if k not in ("split_scenario", "scenario", "audit")} for item in items]
     h = hashlib.sha256(json.dumps(fields, sort_keys=True, default=list).encode())
     for name in sorted({name for item in items for name in item.catalog_domains}):
         h.update(f"{name}\0{v1.domains[name].digest}\n".encode())
     assert v1.content_digest(items) == h.hexdigest()[:16]
+
+
+def _places(v2, items):
+    """(T_wrong?, place of the gap in canonical catalog order) of the items that hide a tool, by hand."""
+    out = []
+    for item in items:
+        if item.unavailable_tools and item.bucket in ("T_ok", "T_wrong"):
+            full = [tool.name for name in item.catalog_domains for tool in v2.domains[name].catalog.tools]
+            (hidden,) = item.unavailable_tools
+            out.append((item.bucket == "T_wrong", full.index(hidden)))
+    return out
+
+
+def _mann_whitney(pairs) -> tuple[float, float]:
+    """AUC of place for T_wrong vs T_ok by counting pairs, and its standard deviation under H0 (same
+    distribution, no ties): sqrt((n1 + n0 + 1) / (12 n1 n0))."""
+    wrong = [p for w, p in pairs if w]
+    ok = [p for w, p in pairs if not w]
+    value = sum((a > b) + 0.5 * (a == b) for a in wrong for b in ok) / (len(wrong) * len(ok))
+    return value, ((len(wrong) + len(ok) + 1) / (12 * len(wrong) * len(ok))) ** 0.5
+
+
+SELECTIONS = [("eval", "template"), ("train", "template"), ("eval", "scenario"), ("train", "scenario"), (None, "template")]
+
+
+def test_gap_places_of_abstain_and_decoy_items_are_one_distribution(v2):
+    """Issue #27 item 5: the abstain items' hidden tools and their T_ok twins' decoys sit at places of one
+    distribution. The generator makes them one multiset in every split × split_scenario cell; every split
+    the card reports keeps the place AUC within 2.576 H0 standard deviations of 0.5 (a two-sided 1%
+    tolerance from the sample sizes alone), and the card's row is the pair count recomputed here. The
+    construction before the fix (decoys uniform over the non-pair tools) fails the same tolerance."""
+    cells = defaultdict(lambda: ([], []))
+    for item in v2.items:
+        for wrong, place in _places(v2, [item]):
+            cells[item.split, item.split_scenario][0 if wrong else 1].append(place)
+    assert cells and all(sorted(hidden) == sorted(decoy) and hidden for hidden, decoy in cells.values())
+    for split, kind in SELECTIONS:
+        pairs = _places(v2, v2.select(split=split, split_kind=kind))
+        value, sd = _mann_whitney(pairs)
+        assert abs(value - 0.5) <= 2.576 * sd, (split, kind, value)
+        chosen = [item for item in v2.select(split=split, split_kind=kind) if item.bucket in ("T_ok", "T_wrong")]
+        (row,) = hidden_place_rows(chosen, v2, "x", resamples=20, seed=0)
+        assert row["value"] == pytest.approx(value, abs=1e-12) and row["n_items"] == len(pairs) and row["low"] <= 0.5 <= row["high"]
+    # the construction before the fix, on the 90 audited candidates: each hides its correct tool, its twin a
+    # decoy uniform over its catalog's tools of neither pair tool (exact expectation of the AUC)
+    candidates = [item for item in v2.items if item.audit and item.bucket == "T_wrong"]
+    hidden, uniform = [], []
+    for item in candidates:
+        full = [tool.name for name in item.catalog_domains for tool in v2.domains[name].catalog.tools]
+        correct = item.unavailable_tools[0] if item.correct_action == ABSTAIN else item.correct_action
+        hidden.append(full.index(correct))
+        uniform.append([i for i, name in enumerate(full) if name not in (correct, *item.wrong_tools)])
+    old = sum(sum((a > b) + 0.5 * (a == b) for b in places) / len(places) for a in hidden for places in uniform) / len(hidden) ** 2
+    _, sd = _mann_whitney([(True, p) for p in hidden] + [(False, 0)] * len(hidden))
+    assert abs(old - 0.5) > 2.576 * sd, old
+
+
+def test_abstain_label_audit(v2):
+    """Issue #27 item 2, v2: every abstain candidate (every 4th T_wrong item) carries one v2-abstain audit
+    entry; the kept ones abstain with their correct tool hidden, the relabelled ones call it with it shown,
+    the verdict is the one content_pairs.ABSTAIN_AUDIT gives its direction (named by the tempting tool), and
+    the two items the issue names are fixed with a reason."""
+    spec = importlib.util.spec_from_file_location("basm_probe_v2_content", V2_DIR / "content_pairs.py")
+    content = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(content)
+    audited = [item for item in v2.items if any(e["rule"].startswith("v2-abstain") for e in item.audit)]
+    assert len(audited) == sum(item.bucket == "T_wrong" for item in v2.items) // 4
+    actions = Counter()
+    for item in audited:
+        (entry,) = item.audit
+        kept, reason = content.ABSTAIN_AUDIT[item.scenario, item.wrong_tools[0]]
+        actions[entry["action"]] += 1
+        assert reason in entry["reason"] and entry["action"] == ("kept" if kept else "relabelled")
+        shown = v2.catalog_for(item).names
+        if kept:
+            assert item.correct_action == ABSTAIN and item.unavailable_tools and item.unavailable_tools[0] not in shown
+            assert item.wrong_tools[0] in shown  # the tempting tool the rule judged is what remains
+        else:
+            assert item.correct_action in shown and not item.unavailable_tools
+    assert {item.id for item in v2.items if item.correct_action == ABSTAIN} == {i.id for i in audited if i.audit[0]["action"] == "kept"}
+    assert actions == Counter(kept=66, relabelled=24)
+    wrong = next(item for item in v2.items if item.id == "travel-wrong-0002")
+    assert wrong.correct_action == "check_flight_status" and "get_booking_details" in wrong.audit[0]["reason"]
+    assert "check_flight_status" in v2.catalog_for(wrong).names
+    repair = [item for item in v2.items if item.bucket == "T_repair" and item.scenario == "transfer_vs_schedule"]
+    assert len(repair) == 9 and all(item.audit and item.audit[0]["rule"].startswith("v2-repair") for item in repair)
+    for item in repair:  # no repair request demands the money before the date the repair schedules it for
+        date = item.correct_arguments["date"]
+        assert not any(phrase in item.user for phrase in ("this afternoon", "too late", "has to land today", f"not on {date}", f"ahead of {date}"))
+    assert "this afternoon" not in next(item for item in v2.items if item.id == "banking-repair-0015").user

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.reporting.cards import CARD_NAME, GATE_DEPTH, collision_table, dataset_card, gate_table
+from probes.reporting.cards import CARD_NAME, GATE_DEPTH, collision_table, dataset_card, gate_table, rank1_skills, warm_retriever
 from probes.data.dataset import load_dataset
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
@@ -59,5 +59,8 @@ def test_gate_share_is_what_the_builder_shows(qwen3, relevance):
         records = [builder.build(item, "basm", GATE_DEPTH, "native") for item in chosen if item.bucket == bucket]
         exposed = [skill.boundary_exposed for record in records for skill in record.skills]
         assert row["n_pairs"] == len(exposed) and row["open_share"] == pytest.approx(sum(exposed) / len(exposed), abs=1e-12)
+        if relevance == "semantic":  # the card's rank-1 skill (bag_of_words_by_rank1_skill) is the prompt's first memory block
+            rank1 = rank1_skills(subset, warm_retriever(subset, embedder))
+            assert all(rank1[record.item_id] == next(s.skill_id for s in record.skills if s.rank == 1) for record in records)
     if relevance == "lexical":
         assert 0 < table["open_share"].min() < 1

@@ -130,7 +130,7 @@ def test_one_class_training_fold_is_an_error():
 def test_no_task_disjoint_cv_and_zero_permutations():
     y, groups = _data(n_groups=1)
     (row,) = probe_layers(np.zeros((len(y), 1, 3)), y, groups)
-    assert np.isnan(row["auc"]) and np.isnan(row["p_maxnull"]) and row["n_folds"] == 0 and "no task-disjoint CV" in row["note"]
+    assert np.isnan(row["auc"]) and np.isnan(row["p_maxnull"]) and row["n_folds"] == 0 and "no grouped CV by task_group" in row["note"]
     with pytest.raises(ValueError, match="permutations must be ≥ 1"):
         probe_layers(np.zeros((len(y), 1, 3)), y, groups, ProbeSettings(permutations=0))
 
@@ -172,3 +172,44 @@ def test_grouped_folds_leave_both_classes_in_every_training_fold():
             assert set(y[train].tolist()) == {0, 1}
             assert not {groups[i] for i in train} & {groups[i] for i in test}
     assert 0 < empty < 300  # both outcomes occur in this family
+
+
+def test_scenario_folds_keep_every_scenario_on_one_side(v2_dataset, v1_dataset):
+    """``fold_on`` (``--fold-groups scenario``): the probe's folds are the scenario-grouped folds, which never
+    put one scenario in a training and a test part, while permutations stay within task groups; the
+    scores equal out_of_fold_scores on those folds computed here. v1 has no ``scenario``: an error."""
+    from probes.data.dataset import fold_groups
+
+    items = [item for item in v2_dataset.select(split="eval", split_kind="scenario") if item.bucket in ("T_ok", "T_wrong")]
+    y = np.array([item.bucket == "T_ok" for item in items], dtype=int)
+    groups, scenarios = [item.task_group for item in items], fold_groups(items, "scenario")
+    folds = grouped_folds(y, scenarios, 5, seed=0)
+    for train, test in folds:
+        assert not {scenarios[i] for i in train} & {scenarios[i] for i in test}
+    X = _planted(y, np.random.default_rng(6), d=6, shift=1.0)
+    (row,) = probe_layers(X[:, None, :], y, groups, ProbeSettings(permutations=9, resamples=20, fold_groups="scenario"), fold_on=scenarios)
+    assert row["n_folds"] == len(folds) and row["n_groups"] == len(set(groups))
+    assert row["auc"] == pytest.approx(linear.auc(y, out_of_fold_scores(X, y, folds)), abs=1e-12)
+    with pytest.raises(ValueError, match="need the item field 'scenario'"):
+        fold_groups(v1_dataset.items[:10], "scenario")
+
+
+def test_fold_groups_option_reaches_the_header_settings():
+    """``--fold-groups`` is one option of ``linear`` and ``shortcuts`` (CLI = library), and the probe
+    settings recorded in the results header carry it."""
+    from probes.analyses.linear import Linear, asdict_settings
+    from probes.analyses.tools import ShortcutsOptions
+    from probes.cli.main import build_parser
+    from probes.cli.options import options_from_args
+
+    parser = build_parser()
+    assert Linear(**options_from_args(parser.parse_args(["linear", "--fold-groups", "scenario"]), Linear)).fold_groups == "scenario"
+    assert Linear().fold_groups == ShortcutsOptions().fold_groups == "task_group"
+    assert asdict_settings(ProbeSettings(fold_groups="scenario"))["fold_groups"] == "scenario"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["linear", "--fold-groups", "domain"])
+    from probes.analyses.base import OptionError
+    from probes.analyses.tools import shortcuts
+
+    with pytest.raises(OptionError, match="--fold-groups scenario: scenario-disjoint folds need the item field 'scenario'"):
+        shortcuts(dataset="basm_probe", fold_groups="scenario", tokenizer="none")

@@ -260,6 +260,11 @@ def test_bag_of_words_by_skill_sees_a_word_skill_interaction(toy_dataset):
     assert roc_auc_score(y, plain) <= 0.6
     y, crossed = shortcuts.bag_of_words(items, folds=4, by_skill=True)
     assert np.isfinite(crossed).all() and roc_auc_score(y, crossed) == 1.0
+    # crossed with another skill per item (the rank-1 retrieved one): the given skill is what counts
+    same = {item.id: item.tempting_skill for item in items}
+    assert np.array_equal(shortcuts.bag_of_words(items, folds=4, by_skill=True, skills=same)[1], crossed)
+    y, blind = shortcuts.bag_of_words(items, folds=4, by_skill=True, skills={item.id: "toy.ship" for item in items})
+    assert roc_auc_score(y, blind) <= 0.6  # one skill for every item: back to single words
     assert shortcuts.skill_word_features("toy.ship", "Zebra parcels") == ["parcel", "zebra", "toy.ship|parcel", "toy.ship|zebra", "toy.ship|"]
 
 
@@ -288,11 +293,41 @@ def test_linear_probe_bar_reads_the_runs_split_kind(v2_dataset):
     for kind, name in (("template", "eval"), ("scenario", "scenario:eval")):
         items = v2.select(split="eval", split_kind=kind)
         bar = best_shortcut_auc(SimpleNamespace(dataset=v2, items=items,
-                                                options=SimpleNamespace(split="eval", split_kind=kind, resamples=20, seed=0)))
+                                                options=SimpleNamespace(split="eval", split_kind=kind, fold_groups="task_group", resamples=20, seed=0)))
         assert bar == best_shortcut(shortcut_table(v2, splits=("eval",), split_kind=kind, resamples=20), split=name)["auc"]
         if kind == "scenario":
             assert bar["shortcut"] == "bag_of_words_by_skill" and bar["value"] == pytest.approx(0.76, abs=0.01)
     # a run on a few items is held to a bar read on exactly those items (not the whole split)
     few = [item for bucket in ("T_ok", "T_wrong") for item in v2.select(split="eval", buckets=[bucket])[:: 6]]
-    bar = best_shortcut_auc(SimpleNamespace(dataset=v2, items=few, options=SimpleNamespace(split="eval", split_kind="template", resamples=20, seed=0)))
+    bar = best_shortcut_auc(SimpleNamespace(dataset=v2, items=few, options=SimpleNamespace(split="eval", split_kind="template", fold_groups="task_group", resamples=20, seed=0)))
     assert bar["n_items"] == len(few) < len(v2.select(split="eval"))
+
+
+def test_scenario_folds_never_split_a_scenario(v2_dataset, v1_dataset, monkeypatch):
+    """``fold_groups="scenario"``: no scenario is in both the training and the test part of any fold the
+    bag-of-words classifier is fit on (folds recorded at the call), every item is scored once, and the
+    rows say which folds they used; a dataset whose items have no ``scenario`` is an error saying so."""
+    from probes.data.dataset import fold_groups
+
+    items = [item for item in v2_dataset.select(split="eval", split_kind="scenario") if item.bucket in shortcuts.PAIR]
+    seen = []
+    real = shortcuts.grouped_folds
+    monkeypatch.setattr(shortcuts, "grouped_folds", lambda y, groups, *a: seen.append(list(groups)) or real(y, groups, *a))
+    y, scores = shortcuts.bag_of_words(items, folds=5, by_skill=True, fold_groups="scenario")
+    (groups,) = seen
+    assert groups == [item.scenario for item in items] and np.isfinite(scores).all()
+    assert roc_auc_score(y, scores) == pytest.approx(0.5, abs=0.03)  # v2 README: the words × skill cue does not cross scenarios
+    folds = real(y, groups, 5, 0)
+    assert len(folds) == 5 and sorted(np.concatenate([test for _, test in folds]).tolist()) == list(range(len(items)))
+    for train, test in folds:
+        assert not {items[i].scenario for i in train} & {items[i].scenario for i in test}
+        assert not {items[i].task_group for i in train} & {items[i].task_group for i in test}
+    monkeypatch.undo()
+    few = [item.id for item in items if item.scenario in sorted({i.scenario for i in items})[:4]]  # a small table is enough for the notes
+    table = shortcut_table(v2_dataset, splits=("eval",), split_kind="scenario", fold_groups="scenario", resamples=20, item_ids=few)
+    note = table[(table.shortcut == "bag_of_words_by_skill") & (table.statistic == "accuracy")].note.iloc[0]
+    assert "scenario-disjoint folds" in note
+    with pytest.raises(ValueError, match="scenario-disjoint folds need the item field 'scenario'"):
+        shortcut_table(v1_dataset, splits=("eval",), fold_groups="scenario", resamples=20)
+    with pytest.raises(ValueError, match="fold groups must be one of"):
+        fold_groups(items, "domain")

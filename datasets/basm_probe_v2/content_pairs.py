@@ -194,6 +194,11 @@ PAIRS = [
          b_state=["It has to land on {date}, not today.",
                   "The landlord expects it on {date}, when the lease renews.",
                   "Do it on {date}; immediately is too early for me."],
+         # T_repair: the T_ok requests demand the money today ("{date} is too late"), which the repair (scheduling
+         # it for {date}) would contradict; these requests leave a later date open (REPAIR_AUDIT).
+         repair_user=["Transfer ${amount} from {account_id} to {account2}. Today would be ideal, but a later date is fine too.",
+                      "Move ${amount} out of {account_id} into {account2}. The landlord accepts it on any date; sooner is better.",
+                      "Send ${amount} from {account_id} over to {account2}. As soon as possible; if not today, then the earliest possible date."],
          skills={"transfer_funds": sk("Transfer, move or send an amount from one account over to another now.", "Read both accounts and the amount to send.",
                                       ["Funds should leave at once."],
                                       ["A later execution day is named."],
@@ -467,4 +472,59 @@ DROPPED = {
     "x_order_vs_booking_details": "the BK- id prefix rule is stated only in the skill",
     "x_cancel_event_vs_booking": "the BK- id prefix rule is stated only in the skill",
     "x_message_vs_ticket_comment": "the ticket-id recipient rule is stated only in the skill",
+}
+
+# Label audit of the abstain items (generate.ABSTAIN_RULE), per direction, named by the tempting tool: the one
+# shown tool the request's opening asks for once the correct tool is hidden. True: calling it would be wrong on
+# one of the rule's grounds, so abstaining is correct (kept); False: the call is merely incomplete or less useful,
+# so the abstain label is wrong and the item keeps its correct tool (relabelled). Written from the tool
+# descriptions and the state sentences before any model was run on the audited items.
+ABSTAIN_AUDIT = {
+    ("order_vs_stock", "get_order_details"): (True, "argument: no order exists, so get_order_details has no order_id to read"),
+    ("order_vs_stock", "get_stock_info"): (False, "read-only: the request asks whether the product is available, which get_stock_info answers"),
+    ("cancel_vs_return", "cancel_order"): (True, "description: cancel_order covers orders that have not left the warehouse; this one was delivered"),
+    ("cancel_vs_return", "create_return_request"): (True, "description: create_return_request covers shipped or delivered orders; this one never left"),
+    ("buy_vs_restock", "place_order"): (True, "description: place_order buys products in stock; the state says none are"),
+    ("buy_vs_restock", "subscribe_restock_alert"): (True, "description: subscribe_restock_alert is for sold-out products; the state says it is available"),
+    ("booking_vs_status", "get_booking_details"): (False, "read-only: the request asks to pull up the booking, which get_booking_details does"),
+    ("booking_vs_status", "check_flight_status"): (False, "read-only: the request asks to check on the flight, which check_flight_status does"),
+    ("cancel_vs_change", "cancel_booking"): (True, "effect: cancelling removes the reservation of a trip the state says still takes place"),
+    ("cancel_vs_change", "change_booking_date"): (True, "argument: the trip is off, so new_date has no admissible value (the only date named is one nobody travels on)"),
+    ("flight_vs_hotel", "book_flight"): (True, "effect: the traveller is already ticketed on that flight; a second seat duplicates it"),
+    ("flight_vs_hotel", "book_hotel"): (True, "effect: the state says lodging is arranged; a hotel room duplicates it"),
+    ("balance_vs_history", "get_account_balance"): (False, "read-only: the request asks how much the account holds, which get_account_balance answers"),
+    ("balance_vs_history", "get_transaction_history"): (False, "read-only: the request asks what happened on the account, which get_transaction_history answers"),
+    ("transfer_vs_schedule", "transfer_funds"): (True, "effect: an immediate transfer contradicts the state's later date"),
+    ("transfer_vs_schedule", "schedule_transfer"): (True, "description: schedule_transfer is for a future date; the state says today"),
+    ("freeze_vs_stolen", "freeze_card"): (False, "incomplete: locking a stolen card is what was asked and protects it; it is weaker than a stolen report, not wrong"),
+    ("freeze_vs_stolen", "report_card_stolen"): (True, "description: report_card_stolen is for stolen or compromised cards; this one is mislaid"),
+    ("reopen_vs_create", "reopen_ticket"): (True, "effect: reopening declares the fixed fault back, which the state denies (a different fault)"),
+    ("reopen_vs_create", "create_ticket"): (True, "effect: a new ticket duplicates the existing one, whose very fault the state says recurred"),
+    ("dm_vs_public", "send_message"): (False, "incomplete: a direct message reaches one of the intended readers; it does less than asked, nothing contrary"),
+    ("dm_vs_public", "post_publicly"): (True, "effect: publishing contradicts the state (nobody else may see it)"),
+    ("delete_vs_edit", "delete_message"): (True, "effect: deleting removes a message the state says must stay"),
+    ("delete_vs_edit", "edit_message"): (True, "argument: the message should vanish, so new_text has no admissible value"),
+    ("block_vs_report", "block_user"): (False, "incomplete: blocking a harasser is what was asked and protects the user; a report would add to it"),
+    ("block_vs_report", "report_user"): (True, "argument: the user calls the account harmless, so report_user has no admissible reason"),
+    ("event_vs_reminder", "create_event"): (True, "argument: the request gives no duration, a required argument of create_event"),
+    ("event_vs_reminder", "set_reminder"): (False, "incomplete: a reminder at the requested time is what was asked; it lacks the invite, nothing contrary"),
+    ("cancel_vs_decline", "cancel_event"): (True, "description: cancel_event is for events the user organizes; someone else organised this one"),
+    ("cancel_vs_decline", "decline_invitation"): (True, "description: decline_invitation is for someone else's event; the user organised this one"),
+    ("reschedule_vs_propose", "reschedule_event"): (True, "description: reschedule_event is for events the user organizes; someone else created this one"),
+    ("reschedule_vs_propose", "propose_new_time"): (True, "description: propose_new_time is for someone else's event; the user created this one"),
+    ("delete_vs_archive", "delete_file"): (True, "effect: the trash is purged after 30 days, and the state says the file must be kept"),
+    ("delete_vs_archive", "archive_file"): (False, "incomplete: archiving a junk file is what was asked and loses nothing"),
+    ("restore_vs_version", "restore_file"): (True, "description: restore_file restores deleted files; this one still exists"),
+    ("restore_vs_version", "restore_version"): (True, "description: restore_version reverts an existing file; this one was deleted"),
+    ("restart_vs_rollback", "restart_service"): (False, "incomplete: a restart is what was asked and harms nothing; it does not undo the bad release"),
+    ("restart_vs_rollback", "rollback_deployment"): (True, "effect: rolling back reverts a release the state says has run fine for weeks"),
+    ("logs_vs_metrics", "get_service_logs"): (False, "read-only: the request asks for the service's logs, which get_service_logs fetches"),
+    ("logs_vs_metrics", "get_service_metrics"): (True, "argument: the request names no metric, a required argument of get_service_metrics"),
+}
+
+# Label audit of the T_repair items (generate.REPAIR_RULE), per pair whose repair requests were rewritten: the reason.
+REPAIR_AUDIT = {
+    "transfer_vs_schedule": "request rewritten: it reused the T_ok request, which demands the money today and calls the "
+                            "date too late (e.g. 'this afternoon, well ahead of' it), while the repair schedules the transfer for "
+                            "that date; the new request leaves a later date open",
 }

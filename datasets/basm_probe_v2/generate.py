@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 V1 = os.path.join(os.path.dirname(HERE), "basm_probe")
 sys.path.insert(0, HERE)
 
-from content_pairs import DROPPED, PAIRS  # noqa: E402
+from content_pairs import ABSTAIN_AUDIT, DROPPED, PAIRS, REPAIR_AUDIT  # noqa: E402
 
 
 def _load_v1(module: str):
@@ -44,9 +44,19 @@ V1_GENERATE = _load_v1("generate")
 SEED = 20260202
 N_GROUPS = 3          # templates per direction (task groups g00..g02)
 ITEMS_PER_GROUP = 3   # items per bucket per task group (different slot fillers, shared across buckets)
-ABSTAIN_EVERY = 4     # every 4th T_wrong item (global counter) removes its correct tool: abstain,
-                      # and its matched T_ok item removes a tool of neither pair (decoy_tool)
+ABSTAIN_EVERY = 4     # every 4th T_wrong item (global counter) is an abstain candidate: it removes its correct
+                      # tool if ABSTAIN_RULE keeps it, and its matched T_ok item then hides a decoy (assign_decoys)
 SCENARIO_EVAL_EVERY = 3  # pairs 0, 3, 6, ... are held out whole in split_scenario
+
+# The label audit (content_pairs.ABSTAIN_AUDIT / REPAIR_AUDIT hold the per-direction verdicts and reasons).
+ABSTAIN_RULE = ("v2-abstain: abstaining is correct only if no shown tool does what the request asks. With the correct tool "
+                "hidden, the candidate is the tempting tool (the one the request's opening asks for); its call is wrong, and "
+                "the abstain item kept, only if its description excludes the stated situation, a required argument has no "
+                "admissible value in the request, or its effect contradicts the state. A read-only lookup the request asks "
+                "for, or a call that does less than wanted but nothing contrary, is usable: the item is relabelled to call "
+                "its correct tool, which stays in the catalog. (All v2 abstentions hide a tool; none rests on a missing "
+                "argument of the correct tool.)")
+REPAIR_RULE = "v2-repair: the repair call must not contradict a constraint the request states (a deadline, a date)"
 
 
 def avoidance_rule(tool: str, other: str) -> str:
@@ -86,11 +96,39 @@ def skill_of(domains, tool: str) -> str:
     return next(s["id"] for d in domains.values() for s in d["skills"] if s["tools"] == [tool])
 
 
-def decoy_tool(domains, catalog, pair, key: str) -> str:
-    """The tool a T_ok item hides when its matched T_wrong item abstains: a catalog tool of neither
-    pair tool, drawn with its own seed (``key``; the filler stream stays as it was), so that neither
-    a hidden tool nor its place in the catalog says anything about the bucket."""
-    return random.Random(f"{SEED}:{key}").choice([t["name"] for d in catalog for t in domains[d]["tools"] if t["name"] not in pair])
+def catalog_names(domains, catalog) -> list[str]:
+    """The item's full catalog in its canonical order (catalog domains in order, each domain's tools in file order),
+    as ``probes.data.dataset.ProbeDataset.catalog_for`` lists it before removing unavailable tools."""
+    return [t["name"] for d in catalog for t in domains[d]["tools"]]
+
+
+def assign_decoys(domains, items, twins) -> None:
+    """Give every T_ok twin of a kept abstain item a decoy tool to hide, so that the place of the gap in the
+    catalog's canonical order is ONE distribution in both buckets: within each cell of ``split`` ×
+    ``split_scenario``, the decoys' places are a seeded random permutation of the abstain items' hidden places
+    (the same multiset, so also on every split and on all items), repaired by swaps until no twin would hide a
+    tool of its own pair or a place past its catalog's end. The decoy is the twin's catalog tool at that place.
+    ``twins``: (T_wrong index, T_ok index) into ``items``."""
+    rng = random.Random(f"{SEED}:decoys")
+    for cell_key in sorted({(items[w]["split"], items[w]["split_scenario"]) for w, _ in twins}):
+        cell = [(w, k) for w, k in twins if (items[w]["split"], items[w]["split_scenario"]) == cell_key]
+        places = [catalog_names(domains, items[w]["catalog_domains"]).index(items[w]["unavailable_tools"][0]) for w, _ in cell]
+        rng.shuffle(places)
+        tools = [catalog_names(domains, items[k]["catalog_domains"]) for _, k in cell]
+        pair = [{items[k]["correct_action"]["tool"], *items[k]["wrong_tools"]} for _, k in cell]
+
+        def fits(i: int, place: int) -> bool:
+            return place < len(tools[i]) and tools[i][place] not in pair[i]
+
+        for i in range(len(cell)):
+            if not fits(i, places[i]):
+                partners = [j for j in range(len(cell)) if fits(i, places[j]) and fits(j, places[i])]
+                if not partners:
+                    raise RuntimeError(f"no decoy place fits {items[cell[i][1]]['id']}: the permutation cannot be repaired")
+                j = rng.choice(partners)
+                places[i], places[j] = places[j], places[i]
+        for i, (_, k) in enumerate(cell):
+            items[k]["unavailable_tools"] = [tools[i][places[i]]]
 
 
 def fillers(rng: random.Random, scenario_name: str, g: int) -> dict:
@@ -105,6 +143,7 @@ def build_items(domains):
     items = []
     counters = Counter()
     wrong_counter = 0
+    twins = []  # (T_wrong index, T_ok index) of the kept abstain items and the T_ok items drawn with their fillers
     for pi, p in enumerate(PAIRS):
         s = V1_SCENARIOS[p["name"]]
         a_args = p["args"].get("a", s["a_args"])
@@ -121,13 +160,14 @@ def build_items(domains):
                 ok_states, wrong_states = (p["a_state"], p["b_state"]) if forward else (p["b_state"], p["a_state"])
                 openings = p[direction]
                 fills = [fillers(rng, p["name"], g) for _ in range(ITEMS_PER_GROUP)]
+                abstain_kept, abstain_reason = ABSTAIN_AUDIT[(p["name"], tempting)]
+                ok_index = {}
                 buckets = ["T_ok", "T_wrong"] + (["T_repair"] if forward else [])
                 for bucket in buckets:
                     for j, f in enumerate(fills):
-                        unavailable, history = [], []
+                        unavailable, history, audit = [], [], []
                         if bucket == "T_ok":
-                            if (wrong_counter + j + 1) % ABSTAIN_EVERY == 0:  # the T_wrong item drawn with these fillers abstains
-                                unavailable = [decoy_tool(domains, s["catalog"], (tempting, other), f"{task_group}:{direction}:{j}")]
+                            ok_index[j] = len(items)
                             user = f"{openings[g]} {ok_states[g]}".format(**f)
                             cues = [ok_states[g].format(**f)]
                             action = {"kind": "call", "tool": tempting, "arguments": tempting_args(f)}
@@ -136,11 +176,15 @@ def build_items(domains):
                             user = f"{openings[g]} {wrong_states[g]}".format(**f)
                             cues = [wrong_states[g].format(**f)]
                             wrong_counter += 1
+                            action = {"kind": "call", "tool": other, "arguments": other_args(f)}
                             if wrong_counter % ABSTAIN_EVERY == 0:
-                                unavailable = [other]
-                                action = {"kind": "abstain"}
-                            else:
-                                action = {"kind": "call", "tool": other, "arguments": other_args(f)}
+                                if abstain_kept:
+                                    unavailable = [other]
+                                    action = {"kind": "abstain"}
+                                    twins.append((len(items), ok_index[j]))
+                                audit = [{"rule": ABSTAIN_RULE, "action": "kept" if abstain_kept else "relabelled",
+                                          "reason": abstain_reason if abstain_kept else
+                                          f"abstain -> call {other} ({other} stays in the catalog): {abstain_reason}"}]
                             wrong = [tempting]
                         else:
                             template = p["repair_user"][g] if p["repair_user"] else f"{openings[g]} {ok_states[g]}"
@@ -153,6 +197,8 @@ def build_items(domains):
                             cues = [error["error"]]
                             action = {"kind": "call", "tool": s["C"], "arguments": s["c_args"](f)}
                             wrong = [s["A"]]
+                            if p["name"] in REPAIR_AUDIT:
+                                audit = [{"rule": REPAIR_RULE, "action": "kept", "reason": REPAIR_AUDIT[p["name"]]}]
                         short = {"T_ok": "ok", "T_wrong": "wrong", "T_repair": "repair"}[bucket]
                         counters[(p["domain"], short)] += 1
                         items.append({
@@ -160,6 +206,7 @@ def build_items(domains):
                             "bucket": bucket,
                             "split": "eval" if g == eval_group else "train",
                             "split_scenario": split_scenario,
+                            "scenario": p["name"],
                             "domain": p["domain"],
                             "task_group": task_group,
                             "catalog_domains": list(s["catalog"]),
@@ -170,7 +217,9 @@ def build_items(domains):
                             "wrong_tools": wrong,
                             "tempting_skill": skill_of(domains, tempting),
                             "state_cues": cues,
+                            **({"audit": audit} if audit else {}),
                         })
+    assign_decoys(domains, items, twins)
     return items
 
 
@@ -188,7 +237,9 @@ def counts_markdown(items) -> str:
         lines += ["| **all** | " + " | ".join(f"**{v}**" for v in tot) + f" | **{sum(tot)}** |", ""]
     n_abs = sum(1 for it in items if it["correct_action"]["kind"] == "abstain")
     n_abs_eval = sum(1 for it in items if it["correct_action"]["kind"] == "abstain" and it["split"] == "eval")
-    lines.append(f"Abstain items (T_wrong with the correct tool removed): {n_abs} total, {n_abs_eval} in eval (`split`).")
+    audited = Counter((entry["rule"].split(":")[0], entry["action"]) for it in items for entry in it.get("audit", []))
+    lines.append(f"Abstain items (T_wrong with the correct tool removed): {n_abs} total, {n_abs_eval} in eval (`split`). "
+                 "Label audit: " + ", ".join(f"{rule} {action} {n}" for (rule, action), n in sorted(audited.items())) + ".")
     return "\n".join(lines)
 
 

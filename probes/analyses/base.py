@@ -117,6 +117,16 @@ def k_max_option(default: int | None) -> Any:
     return option(default, "largest retrieval depth K", type=int, minimum=0, group="probe")
 
 
+def fold_groups_option(group: str) -> Any:
+    """The ``fold_groups`` option (``--fold-groups``) of grouped cross-validation (``linear``, ``shortcuts``):
+    :func:`probes.data.dataset.fold_groups`."""
+    from probes.data.dataset import FOLD_GROUPS
+
+    return option(FOLD_GROUPS[0], "groups of the CV folds: task_group (a test item's template never in training) or scenario "
+                  "(its whole scenario, every template, never in training; needs the item field scenario, e.g. basm_probe_v2)",
+                  choices=FOLD_GROUPS, group=group)
+
+
 def depth_option(default: int | None = None, help: str = "retrieval depth (default: k_max)") -> Any:
     """The ``k`` option (``--k``) of an analysis or command at one retrieval depth; read it as ``options.depth``."""
     return option(default, help, type=int, minimum=0, group="probe")

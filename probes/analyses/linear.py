@@ -8,7 +8,9 @@ decoder layer's output), a probe
     StandardScaler, then L2 logistic regression (C · Σ log-loss + ½‖w‖², intercept unpenalised)
 
 is trained and evaluated with *task-disjoint* cross-validation: ``StratifiedGroupKFold`` over
-task groups, so the probe never sees a test item's task template in training. Every item gets an
+task groups, so the probe never sees a test item's task template in training (``--fold-groups
+scenario``: over whole scenarios, every template of a test item's scenario out of training; the
+groups are recorded in the results header, ``probe.fold_groups``). Every item gets an
 out-of-fold score; the AUC of those scores is reported with a 95% percentile bootstrap CI over
 task groups (groups resampled with replacement, the OOF scores of their items pooled). The
 logistic regression is solved to its exact optimum (Newton's method, :func:`fit_logistic`) in the
@@ -49,7 +51,8 @@ from sklearn.preprocessing import StandardScaler
 
 from probes.analyses import register
 from probes.prompts.builder import SWEEP_K_MAX
-from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, k_max_option, option, provenance, run_jobs
+from probes.analyses.base import (Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, fold_groups_option, k_max_option, option,
+                                  provenance, run_jobs)
 from probes.analyses.parallel import on_rank_zero
 from probes.prompts.record import PromptRecord
 from probes.reporting import plots
@@ -58,6 +61,7 @@ from probes.reporting.results import load_results
 from probes.scoring.claims import Claim
 from probes.scoring.score import row_fields
 from probes.data.configs import CONFIGS, PAPER_CONFIGS
+from probes.data.dataset import fold_groups
 from probes.scoring.stats import auc, group_bootstrap_auc, grouped_folds  # noqa: F401  (auc: part of this module's probe API)
 
 POSITIVE, NEGATIVE = "T_ok", "T_wrong"  # applicable (1) vs inapplicable (0)
@@ -78,6 +82,7 @@ class ProbeSettings:
     permutations: int = DEFAULT_PERMUTATIONS
     resamples: int = DEFAULT_RESAMPLES
     seed: int = 0
+    fold_groups: str = "task_group"  # groups of the CV folds (probes.data.dataset.fold_groups)
 
 
 def labels(buckets: Sequence[str]) -> np.ndarray:
@@ -176,20 +181,23 @@ def _interval(values: np.ndarray) -> tuple[float, float, float]:
 
 
 def probe_layers(features: np.ndarray, y: np.ndarray, groups: Sequence[str], settings: ProbeSettings = ProbeSettings(),
-                 progress: Callable[[], Any] | None = None) -> list[dict[str, Any]]:
+                 progress: Callable[[], Any] | None = None, fold_on: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """One row per layer of ``features [n, layers, d]``: AUC (with CI), the per-layer
     shuffled-label null and p, and the max-over-layers null with each layer's family-wise p.
-    ``progress`` is called after each layer's fits."""
+    ``groups``: task groups (the bootstrap and permutation unit); ``fold_on``: the groups of the CV
+    folds (default ``groups``; scenarios for scenario-disjoint folds, each task group inside one, so
+    the within-task-group permutations keep every fold's composition). ``progress`` is called after
+    each layer's fits."""
     if settings.permutations < 1:
         raise ValueError(f"permutations must be ≥ 1 (p = (1 + #null ≥ AUC) / (1 + permutations)), got {settings.permutations}")
     y = np.asarray(y, dtype=int)
     n_layers = features.shape[1]
-    folds = grouped_folds(y, groups, settings.folds, settings.seed)
+    folds = grouped_folds(y, groups if fold_on is None else fold_on, settings.folds, settings.seed)
     base = {"n": len(y), "n_pos": int(y.sum()), "n_neg": int(len(y) - y.sum()), "n_groups": len(set(groups)), "n_folds": len(folds)}
     stats = ("auc", "low", "high", "null_mean", "null_low", "null_high", "p_perm", "maxnull_mean", "maxnull_low", "maxnull_high", "p_maxnull",
              "p_floor")
     if not folds:
-        return [{**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0, "note": "no task-disjoint CV: fewer than 2 task groups per class, or no split leaves both classes in every training fold"}
+        return [{**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0, "note": f"no grouped CV by {settings.fold_groups}: fewer than 2 groups per class, or no split leaves both classes in every training fold"}
                 for _ in range(n_layers)]
     shuffled = permuted_labels(y, groups, settings.permutations, settings.seed)
     everything = np.vstack([y, shuffled])  # row 0: the observed labels
@@ -292,6 +300,7 @@ def probe_all(ctx: RunContext, index: Any, cache: FeatureCache, settings: ProbeS
     from probes.reporting.results import ResultsStore
 
     path = ctx.out_dir / "linear_probe.jsonl"
+    items = {item.id: item for item in ctx.dataset.items}
 
     def write() -> None:  # rank 0 alone in a parallel run: the probes need every rank's features
         store = ResultsStore(path, "linear_probe",
@@ -312,11 +321,12 @@ def probe_all(ctx: RunContext, index: Any, cache: FeatureCache, settings: ProbeS
                 features = np.stack([cache.load(key) for key in frame["feature_key"]])  # [n, L+1, d]
                 y = frame["label"].to_numpy(dtype=int)
                 groups = frame["task_group"].tolist()
+                fold_on = fold_groups([items[item_id] for item_id in frame["item_id"]], settings.fold_groups)
                 signature = (tuple(frame["feature_key"]), tuple(y.tolist()))
                 if signature in memo:
                     bar.update(n_layers)
                 else:
-                    memo[signature] = probe_layers(features, y, groups, settings, progress=lambda: bar.update(1))
+                    memo[signature] = probe_layers(features, y, groups, settings, progress=lambda: bar.update(1), fold_on=fold_on)
                 store.append([{"key": key, "config": config, "k": k, "format": ctx.fmt, "layer": layer,
                                "d_model": int(features.shape[2]), **memo[signature][layer]}
                               for layer, key in enumerate(keys) if key not in store])
@@ -351,7 +361,7 @@ def best_shortcut_auc(ctx: RunContext) -> dict[str, Any] | None:
 
     a = ctx.options
     split = None if a.split == "all" else a.split
-    table = shortcut_table(ctx.dataset, splits=(split,), split_kind=a.split_kind, resamples=a.resamples, seed=a.seed,
+    table = shortcut_table(ctx.dataset, splits=(split,), split_kind=a.split_kind, fold_groups=a.fold_groups, resamples=a.resamples, seed=a.seed,
                            item_ids=[item.id for item in ctx.items])
     return best_shortcut(table, split=split_name(split, a.split_kind)).get("auc")
 
@@ -360,7 +370,7 @@ def figure_note(ctx: RunContext, table: Any) -> str:
 
     a = ctx.options
     return (f"{provenance(ctx).replace(f' · margin: {a.margin_variant}', '')}\n"
-            f"AUC of out-of-fold scores, StratifiedGroupKFold by task group (≤ {a.folds} folds), "
+            f"AUC of out-of-fold scores, StratifiedGroupKFold by {a.fold_groups.replace('_', ' ')} (≤ {a.folds} folds), "
             f"StandardScaler + L2 logistic regression (C = {a.C}); band: 95% bootstrap CI over task groups; "
             f"grey: labels shuffled within task groups ({a.permutations} permutations, the same at every layer; mean and 95% range)\n"
             f"{best_layer_note(best_layers(table))}" + "".join(f"\np floor: {note}" for note in p_floors(table)))
@@ -409,7 +419,8 @@ class Linear(Analysis):
                                              flag="--bucket", repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
     configs: tuple[str, ...] = option(PAPER_CONFIGS, f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})",
                                       names=tuple(CONFIGS), minimum=1)
-    folds: int = option(DEFAULT_FOLDS, "task-disjoint CV folds (lowered to the task groups per class)", type=int, minimum=2, group="linear probe")
+    folds: int = option(DEFAULT_FOLDS, "grouped CV folds (lowered to the groups per class)", type=int, minimum=2, group="linear probe")
+    fold_groups: str = fold_groups_option("linear probe")
     C: float = option(DEFAULT_C, "inverse L2 strength of the logistic regression", type=float, minimum=0.0, group="linear probe")
     permutations: int = option(DEFAULT_PERMUTATIONS, "label permutations within task groups, shared by all layers; p ≥ 1/(1 + N)",
                                type=int, minimum=1, group="linear probe")
@@ -423,6 +434,10 @@ class Linear(Analysis):
         if not items:
             raise AnalysisError(f"linear: no {' / '.join(PROBE_BUCKETS)} items selected (the probe contrasts applicable vs inapplicable states)")
         ctx.items = tuple(items)
+        try:  # a dataset without the folds' groups fails here, before any residual
+            fold_groups(ctx.items, ctx.options.fold_groups)
+        except ValueError as error:
+            raise AnalysisError(f"linear --fold-groups {ctx.options.fold_groups}: {error}") from error
         configs = list(ctx.options.configs)
         store = ctx.store(configs=configs, row="decision", features="residual stream [layer+1, d_model]",
                           limit_mode="spread over task groups")  # first: it takes the lock on the output
@@ -449,7 +464,7 @@ class Linear(Analysis):
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> LinearSummary:
         """Probes of every (config, k, layer) on the collected features, and the summary table."""
         a = ctx.options
-        settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed)
+        settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed, fold_groups=a.fold_groups)
         table = probe_all(ctx, rows, FeatureCache(ctx.out_dir / "linear_features"), settings)
         table = table[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
         return LinearSummary(table, figure_note(ctx, table), best_shortcut_auc(ctx))
@@ -465,7 +480,8 @@ class Linear(Analysis):
         table = summary.table
         best = best_layers(table)
         k_max = int(table["k"].max())
-        body = ("Task-disjoint (StratifiedGroupKFold by task group) logistic-regression probes for applicability "
+        body = (f"{'Task' if ctx.options.fold_groups == 'task_group' else 'Scenario'}-disjoint (StratifiedGroupKFold by "
+                f"{ctx.options.fold_groups.replace('_', ' ')}) logistic-regression probes for applicability "
                 f"(T_ok vs T_wrong) on the decision-row residual stream; best layer per configuration and k "
                 f"(shuffled = labels permuted within task groups, null mean and 95% interval at that layer, p_perm = "
                 f"(1 + #null ≥ AUC) / (1 + n_permutations)). The best layer is selected after looking, so its test is "

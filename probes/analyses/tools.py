@@ -38,13 +38,14 @@ from probes.analyses.base import (
     check_depths,
     check_oracle,
     depth_option,
+    fold_groups_option,
     k_max_option,
     option,
     select_items,
     shared,
 )
 from probes.data.configs import CONFIGS
-from probes.data.dataset import BUCKETS, V2_DATASET_DIR, Item, load_dataset
+from probes.data.dataset import BUCKETS, V2_DATASET_DIR, Item, fold_groups, load_dataset
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, SWEEP_K_MAX, PromptBuilder, resolve_study
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import SpanReport, check_spans
@@ -264,7 +265,8 @@ class ShortcutsOptions(DatasetOption, TokenizerOption, BootstrapOptions):
                                         help="probe dataset folder or bundled name (default: the bundled basm_probe_v2)")
     tokenizer: str = shared(TokenizerOption, "tokenizer", help=f"tokenizer of the token-length rule ('{NO_TOKENIZER}': words only)")
     split_kind: str = shared(ItemOptions, "split_kind")
-    folds: int = option(DEFAULT_FOLDS, "task-disjoint folds of the bag-of-words classifier", type=int)
+    folds: int = option(DEFAULT_FOLDS, "grouped folds of the bag-of-words classifier (groups: --fold-groups)", type=int)
+    fold_groups: str = fold_groups_option("run")
     out: str | Path | None = option(None, "write the table as CSV here", type=Path)
 
 
@@ -274,9 +276,14 @@ def shortcuts(**options: Any) -> pd.DataFrame:
     from probes.scoring.shortcuts import shortcut_table
 
     o = _make(ShortcutsOptions, options)
+    dataset = load_dataset(o.dataset)
+    try:
+        fold_groups(dataset.items, o.fold_groups)
+    except ValueError as error:
+        raise OptionError(f"--fold-groups {o.fold_groups}: {error}") from error
     tokenizer = None if o.tokenizer == NO_TOKENIZER else load_tokenizer(o.tokenizer)
-    table = shortcut_table(load_dataset(o.dataset), split_kind=o.split_kind, tokenizer=tokenizer, folds=o.folds,
-                           resamples=o.resamples, seed=o.seed)
+    table = shortcut_table(dataset, split_kind=o.split_kind, tokenizer=tokenizer, folds=o.folds,
+                           fold_groups=o.fold_groups, resamples=o.resamples, seed=o.seed)
     if o.out is not None:
         from probes.reporting.results import write_csv
 

@@ -73,6 +73,11 @@ class Item:
     context: tuple[Mapping[str, Any], ...] = ()
     # Optional second split that holds out whole scenarios (datasets that have one, e.g. basm_probe_v2).
     split_scenario: str | None = None
+    # Optional scenario the item's task group belongs to (several templates of one scenario): the group of
+    # scenario-disjoint folds (``scenario_groups``) and the unit ``split_scenario`` holds out.
+    scenario: str | None = None
+    # Optional label audit: one {"rule", "action": kept|relabelled|dropped, "reason"} per rule applied to the item.
+    audit: tuple[Mapping[str, str], ...] = ()
 
     @property
     def state_text(self) -> str:
@@ -93,6 +98,7 @@ _ITEM_FIELDS = (
 )
 
 
+OPTIONAL_FIELDS = ("split_scenario", "scenario", "audit")
 _STRING_FIELDS = ("id", "bucket", "split", "domain", "task_group", "user", "tempting_skill")
 _NAME_LIST_FIELDS = ("catalog_domains", "unavailable_tools", "wrong_tools", "state_cues")
 
@@ -115,6 +121,18 @@ def _check_history(history: Any, where: str, field: str = "history", roles: tupl
             raise DatasetError(f"{at}: a tool message needs string 'name' and 'content'")
 
 
+AUDIT_ACTIONS = ("kept", "relabelled", "dropped")
+
+
+def _check_audit(audit: Any, where: str) -> None:
+    if not isinstance(audit, list):
+        raise DatasetError(f"{where}: field 'audit' must be a list of {{rule, action, reason}} objects, got {type(audit).__name__}")
+    for i, entry in enumerate(audit):
+        if (not isinstance(entry, dict) or set(entry) != {"rule", "action", "reason"}
+                or not all(isinstance(entry[k], str) and entry[k] for k in ("rule", "reason")) or entry["action"] not in AUDIT_ACTIONS):
+            raise DatasetError(f"{where}: audit[{i}] must be {{rule: string, action: one of {AUDIT_ACTIONS}, reason: string}}, got {entry!r:.80}")
+
+
 def _parse_item(raw: Any, where: str) -> Item:
     if not isinstance(raw, dict):
         raise DatasetError(f"{where}: an item must be a JSON object, got {type(raw).__name__} {raw!r:.40}")
@@ -128,6 +146,9 @@ def _parse_item(raw: Any, where: str) -> Item:
         if not isinstance(raw[name], list) or not all(isinstance(v, str) for v in raw[name]):
             raise DatasetError(f"{where}: field {name!r} must be a list of strings, got {raw[name]!r:.60}")
     _check_history(raw["history"], where)
+    if raw.get("scenario") is not None and (not isinstance(raw["scenario"], str) or not raw["scenario"]):
+        raise DatasetError(f"{where}: field 'scenario' must be a non-empty string (or leave the field out), got {raw['scenario']!r:.40}")
+    _check_audit(raw.get("audit", []), where)
     _check_history(raw.get("context", []), where, "context", ("user", "assistant", "tool"))
     if raw["bucket"] not in BUCKETS:
         raise DatasetError(f"{where}: bucket {raw['bucket']!r} is not one of {BUCKETS}")
@@ -161,6 +182,8 @@ def _parse_item(raw: Any, where: str) -> Item:
         state_cues=tuple(raw["state_cues"]),
         context=tuple(raw.get("context", [])),
         split_scenario=raw.get("split_scenario"),
+        scenario=raw.get("scenario"),
+        audit=tuple(raw.get("audit", [])),
     )
 
 
@@ -198,8 +221,8 @@ class ProbeDataset:
         """Hash of the content that prompts of ``items`` are built from: every field of every item
         and the domain files of their catalogs (editing an item's text changes it)."""
         items = list(items)
-        # an absent split_scenario is left out, so datasets without it keep their digests
-        fields = [{k: v for k, v in asdict(item).items() if not (k == "split_scenario" and v is None)} for item in items]
+        # absent optional fields are left out, so datasets without them keep their digests
+        fields = [{k: v for k, v in asdict(item).items() if not (k in OPTIONAL_FIELDS and v in (None, ()))} for item in items]
         h = hashlib.sha256(json.dumps(fields, sort_keys=True, default=list).encode())
         for name in sorted({name for item in items for name in item.catalog_domains}):
             h.update(f"{name}\0{self.domains[name].digest}\n".encode())
@@ -390,3 +413,27 @@ def load_dataset(root: str | Path, *, strict: bool = True) -> ProbeDataset:
 def task_groups(items: Sequence[Item]) -> list[str]:
     """Group labels for task-disjoint cross-validation."""
     return [item.task_group for item in items]
+
+
+FOLD_GROUPS = ("task_group", "scenario")
+
+
+def fold_groups(items: Sequence[Item], kind: str = "task_group") -> list[str]:
+    """The groups of grouped cross-validation folds: ``"task_group"`` (a test item's template never in
+    training) or ``"scenario"`` (its whole scenario, every template of it, never in training). Scenario
+    folds need the item field ``scenario`` (e.g. basm_probe_v2) and task groups nested in scenarios;
+    otherwise an error that says so."""
+    if kind not in FOLD_GROUPS:
+        raise ValueError(f"fold groups must be one of {FOLD_GROUPS}, got {kind!r}")
+    if kind == "task_group":
+        return task_groups(items)
+    missing = [item.id for item in items if item.scenario is None]
+    if missing:
+        raise ValueError(f"scenario-disjoint folds need the item field 'scenario', which {len(missing)} of {len(items)} items lack "
+                         f"(e.g. {missing[0]}); datasets with it: basm_probe_v2. Use task-group folds here.")
+    owner: dict[str, str] = {}
+    for item in items:
+        if owner.setdefault(item.task_group, item.scenario) != item.scenario:
+            raise ValueError(f"task group {item.task_group} spans scenarios {owner[item.task_group]!r} and {item.scenario!r}: "
+                             "scenario folds would split it")
+    return [item.scenario for item in items]

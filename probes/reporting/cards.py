@@ -6,7 +6,10 @@ Works for any folder that :func:`probes.data.dataset.load_dataset` reads (v1 ``b
 * counts per bucket × split (``split``, and ``split_scenario`` where the items have it), per domain ×
   bucket, and per correct-action kind;
 * every shortcut baseline of :func:`probes.scoring.shortcuts.shortcut_table` (eval and all items;
-  with a tokenizer also request length in its tokens) and :func:`~probes.scoring.shortcuts.best_shortcut`;
+  with a tokenizer also request length in its tokens; request words crossed with the skill MiniLM
+  retrieval ranks first; where items have a ``scenario``, the out-of-fold
+  bag-of-words rows again with scenario-disjoint folds) and :func:`~probes.scoring.shortcuts.best_shortcut`;
+* the label audit's counts per rule and action (items with an ``audit`` field);
 * how often the boundary relevance gate of Eq. 10 opens (r_B > γ = 0) for the skills retrieved at
   depth ≤ 2, per bucket, under the lexical and the semantic r_B (MiniLM cosines), so a reader sees
   whether a set's boundary text can reach the prompt at all under each measure;
@@ -39,7 +42,8 @@ from probes.data.dataset import ABSTAIN, BUCKETS, SPLITS, ProbeDataset, load_dat
 from probes.data.retrieval import RELEVANCE_MEASURES, Embedder, Retriever, make_embedder
 from probes.prompts.builder import DEFAULT_K_MAX, NATIVE_FORCED_PREFIX
 from probes.prompts.tokenizers import QWEN3_TOKENIZER, load_tokenizer
-from probes.scoring.shortcuts import DEFAULT_RESAMPLES, best_shortcut, shortcut_table
+from probes.scoring.shortcuts import (DEFAULT_FOLDS, DEFAULT_RESAMPLES, bag_of_words_variants, best_shortcut, out_of_fold_rows, shortcut_table,
+                                     split_name)
 
 CARD_NAME = "CARD.md"
 LLM_RECORD = "llm_extraction.jsonl"  # a recorded LLM extractor run in a dataset folder (optional)
@@ -48,11 +52,24 @@ NAME_CONTINUATION = '", "arguments": {'  # what follows a tool name in the nativ
 GATE_DEPTH = DEFAULT_K_MAX  # the analyses' default k_max
 
 
-def gate_table(dataset: ProbeDataset, embedder: Embedder, *, depth: int = GATE_DEPTH, gamma: float = 0.0) -> pd.DataFrame:
-    """Per bucket and r_B measure: the share of (item, skill retrieved at rank ≤ ``depth``) pairs whose
-    boundary fields Eq. 10's gate shows (r_B > ``gamma``), over every item of the dataset."""
+def warm_retriever(dataset: ProbeDataset, embedder: Embedder) -> Retriever:
+    """A retriever (Eq. 8) with every item state and skill of ``dataset`` embedded."""
     retriever = Retriever(embedder)
     retriever.warm([item.state_text for item in dataset.items], dataset.skills.values(), boundary=embedder.semantic)
+    return retriever
+
+
+def rank1_skills(dataset: ProbeDataset, retriever: Retriever) -> dict[str, str]:
+    """Item id -> the skill ``retriever`` ranks first for it (what the first memory block shows)."""
+    return {item.id: retriever.retrieve(item, dataset)[0].skill.id for item in dataset.items}
+
+
+def gate_table(dataset: ProbeDataset, embedder: Embedder, *, depth: int = GATE_DEPTH, gamma: float = 0.0,
+               retriever: Retriever | None = None) -> pd.DataFrame:
+    """Per bucket and r_B measure: the share of (item, skill retrieved at rank ≤ ``depth``) pairs whose
+    boundary fields Eq. 10's gate shows (r_B > ``gamma``), over every item of the dataset
+    (``retriever``: one already warmed on the dataset with ``embedder``)."""
+    retriever = retriever or warm_retriever(dataset, embedder)
     rows = []
     for item in dataset.items:
         for entry in retriever.retrieve(item, dataset)[:depth]:
@@ -135,6 +152,30 @@ def _counts(dataset: ProbeDataset) -> list[str]:
     return out
 
 
+def _scenario_fold_rows(dataset: ProbeDataset, kinds: list[str], *, resamples: int, seed: int, rank1: dict[str, str]) -> pd.DataFrame:
+    """The out-of-fold bag-of-words rows again with scenario-disjoint folds (a test item's whole
+    scenario out of training), on the card's splits; the notes name the folds."""
+    rows = []
+    for kind, split in [("template", "eval"), ("template", None)] + [(kind, "eval") for kind in kinds[1:]]:
+        pair = [item for item in dataset.select(split=split, split_kind=kind) if item.bucket in ("T_ok", "T_wrong")]
+        for variant in bag_of_words_variants(rank1):
+            rows += out_of_fold_rows(pair, split_name(split, kind), variant, folds=DEFAULT_FOLDS, fold_groups="scenario", resamples=resamples, seed=seed)
+    return pd.DataFrame(rows)
+
+
+def _audit(dataset: ProbeDataset) -> list[str]:
+    """Counts of the items' label audit (the optional item field ``audit``) per rule and action, with each rule's text."""
+    entries = [(entry["rule"], entry["action"], item.bucket) for item in dataset.items for entry in item.audit]
+    if not entries:
+        return []
+    counts = Counter(entries)
+    frame = pd.DataFrame([{"rule": rule.split(":")[0], "action": action, "bucket": bucket, "items": n}
+                          for (rule, action, bucket), n in sorted(counts.items())])
+    rules = sorted({rule for rule, _, _ in entries})
+    return ["## Label audit", "", "Items carrying an `audit` entry (the reason is recorded per item), per rule and action:", "",
+            _markdown(frame), "", *[f"* {rule}" for rule in rules], ""]
+
+
 def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFAULT_TOKENIZER, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> str:
     """The card text of the dataset in ``dataset_dir``. ``tokenizer``: ``"qwen3"`` (the real Qwen3
     tokenizer), a local tokenizer folder, or ``None`` (no token lengths, no collision section; the
@@ -144,17 +185,24 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
     loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
     tokenizer_label = "none" if tokenizer is None else ("Qwen3 (probes.prompts.tokenizers.load_tokenizer('qwen3'))" if str(tokenizer) == "qwen3" else Path(tokenizer).name)
     kinds = ["template"] + (["scenario"] if all(item.split_scenario is not None for item in dataset.items) else [])
-    table = pd.concat([shortcut_table(dataset, splits=("eval", None), split_kind="template", tokenizer=loaded, resamples=resamples, seed=seed)]
-                      + [shortcut_table(dataset, splits=("eval",), split_kind=kind, tokenizer=loaded, resamples=resamples, seed=seed) for kind in kinds[1:]],
+    embedder = make_embedder("minilm")
+    retriever = warm_retriever(dataset, embedder)
+    rank1 = rank1_skills(dataset, retriever)
+    common = dict(resamples=resamples, seed=seed, rank1=rank1)
+    table = pd.concat([shortcut_table(dataset, splits=("eval", None), split_kind="template", tokenizer=loaded, **common)]
+                      + [shortcut_table(dataset, splits=("eval",), split_kind=kind, tokenizer=loaded, **common) for kind in kinds[1:]]
+                      + ([_scenario_fold_rows(dataset, kinds, **common)] if all(item.scenario for item in dataset.items) else []),
                       ignore_index=True)
     lines = [f"# Dataset card: {dataset_dir.name}", "",
              "Generated by `probes.reporting.cards.write_card`; do not edit by hand (tests/test_cards.py regenerates it).",
              f"Parameters: tokenizer = {tokenizer_label}; bootstrap resamples = {resamples}, seed = {seed}; CIs are 95% percentile intervals over task groups.", ""]
     lines += _counts(dataset)
+    lines += _audit(dataset)
     shown = table.assign(ci=[f"[{_fmt(lo)}, {_fmt(hi)}]" for lo, hi in zip(table.low, table.high)], value=[_fmt(v) for v in table.value])
     lines += ["## Shortcut baselines", "",
               "No-model rules (on the request, or on the shown catalog) and bag-of-words classifiers (`probes.scoring.shortcuts`, whose docstrings define each row). "
-              "`all` = train + eval; `scenario:eval` = the scenario-held-out split.", "",
+              "`all` = train + eval; `scenario:eval` = the scenario-held-out split. Out-of-fold rows say whether their folds are task-disjoint or "
+              "scenario-disjoint (every template of a test item's scenario out of training).", "",
               _markdown(shown[["shortcut", "split", "compared", "statistic", "value", "ci", "n_items", "n_groups", "note"]]), ""]
     for split in ["eval"] + (["scenario:eval"] if "scenario" in kinds else []):
         best = best_shortcut(table, split=split)
@@ -164,7 +212,7 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
         majority = max(buckets.values()) / sum(buckets.values())
         lines += [f"Best no-model shortcut on `{split}` (AUC orientation-free): {described}. "
                   f"Answering the larger bucket for every item is {majority:.3f} accurate: read accuracy against that.", ""]
-    gate = gate_table(dataset, make_embedder("minilm"))
+    gate = gate_table(dataset, embedder, retriever=retriever)
     lines += ["## Boundary relevance gate (Eq. 10)", "",
               f"Share of (item, skill retrieved at rank ≤ {GATE_DEPTH}) pairs whose boundary fields the gate shows at γ = 0, over all items "
               "(MiniLM retrieval). `lexical`: the best content-word coverage of a boundary item by the state (the paper's overlap); "

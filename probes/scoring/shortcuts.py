@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,13 +31,14 @@ import pandas as pd
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
 
-from probes.data.dataset import Item, ProbeDataset
+from probes.data.dataset import Item, ProbeDataset, fold_groups as item_fold_groups
 from probes.data.retrieval import content_words as retrieval_words
 from probes.data.schema import Skill
 from probes.scoring.stats import auc, bootstrap_mean, cluster_bootstrap, group_bootstrap_auc, grouped_folds
 
 PAIR = ("T_ok", "T_wrong")
 COMPARED = "T_ok vs T_wrong"
+HIDING = "T_ok vs T_wrong, items hiding a tool"
 DEFAULT_RESAMPLES = 1000
 DEFAULT_FOLDS = 5
 
@@ -224,35 +225,41 @@ def skill_word_features(skill_id: str, text: str) -> list[str]:
     return [*words, *(f"{skill_id}|{word}" for word in words), f"{skill_id}|"]
 
 
-def bag_of_words(items: Sequence[Item], *, folds: int = DEFAULT_FOLDS, seed: int = 0, by_skill: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def bag_of_words(items: Sequence[Item], *, folds: int = DEFAULT_FOLDS, seed: int = 0, by_skill: bool = False,
+                 fold_groups: str = "task_group", skills: Mapping[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Out-of-fold P(T_ok) of a bag-of-words classifier of the request text alone: binary
     CountVectorizer over the content-word analyser of this module (fit on the training fold only)
-    and scikit-learn's L2 LogisticRegression (C = 1, lbfgs), with the linear probes' task-disjoint
-    folds (:func:`probes.analyses.linear.grouped_folds`: StratifiedGroupKFold over task groups, ≤ ``folds``).
+    and scikit-learn's L2 LogisticRegression (C = 1, lbfgs), with the linear probes' grouped
+    folds (:func:`probes.analyses.linear.grouped_folds`: StratifiedGroupKFold, ≤ ``folds``) over
+    ``fold_groups`` (:func:`probes.data.dataset.fold_groups`: task groups, or whole scenarios).
     Returns (labels with T_ok = 1, out-of-fold scores); items in no test fold get NaN.
 
-    ``by_skill``: the words are also crossed with the tempting skill (:func:`skill_word_features`).
+    ``by_skill``: the words are also crossed with the tempting skill (:func:`skill_word_features`), or with
+    ``skills[item.id]`` where given (e.g. the skill retrieval ranks first, which the prompt shows).
     A label that is "which state sentence follows" XOR "which skill tempts" (counterbalanced pairs)
     is invisible to single words but linear in these features, and a residual probe can read both
     from the prompt without any boundary text."""
     y = np.array([item.bucket == "T_ok" for item in items], dtype=int)
-    groups = [item.task_group for item in items]
+    groups = item_fold_groups(items, fold_groups)
     scores = np.full(len(items), np.nan)
     for train, test in grouped_folds(y, groups, folds, seed):
-        scores[test] = _fit_bag_of_words([items[i] for i in train], [items[i] for i in test], by_skill=by_skill)
+        scores[test] = _fit_bag_of_words([items[i] for i in train], [items[i] for i in test], by_skill=by_skill, skills=skills)
     return y, scores
 
 
-def held_out_bag_of_words(train: Sequence[Item], test: Sequence[Item], *, by_skill: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def held_out_bag_of_words(train: Sequence[Item], test: Sequence[Item], *, by_skill: bool = False,
+                          skills: Mapping[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`bag_of_words` fit once on ``train`` (a training split) and scored on ``test``: the
     held-out protocol of a split, where the out-of-fold one stays inside it. Returns (labels of
     ``test`` with T_ok = 1, P(T_ok))."""
-    return np.array([item.bucket == "T_ok" for item in test], dtype=int), _fit_bag_of_words(train, test, by_skill=by_skill)
+    return np.array([item.bucket == "T_ok" for item in test], dtype=int), _fit_bag_of_words(train, test, by_skill=by_skill, skills=skills)
 
 
-def _fit_bag_of_words(train: Sequence[Item], test: Sequence[Item], *, by_skill: bool) -> np.ndarray:
+def _fit_bag_of_words(train: Sequence[Item], test: Sequence[Item], *, by_skill: bool, skills: Mapping[str, str] | None = None) -> np.ndarray:
     def features(item: Item) -> list[str]:
-        return skill_word_features(item.tempting_skill, item.user) if by_skill else sorted(content_words(item.user))
+        if not by_skill:
+            return sorted(content_words(item.user))
+        return skill_word_features(item.tempting_skill if skills is None else skills[item.id], item.user)
 
     vectorizer = CountVectorizer(analyzer=features, binary=True)
     X_train = vectorizer.fit_transform(list(train))
@@ -269,6 +276,64 @@ def tempting_tool_hidden(item: Item, dataset: ProbeDataset) -> bool:
     """A tool of the tempting skill is not in the catalog shown for ``item``."""
     shown = set(dataset.catalog_for(item).names)
     return any(use.name not in shown for use in dataset.skills[item.tempting_skill].tools)
+
+
+def hidden_tool_place(item: Item, dataset: ProbeDataset) -> int:
+    """The place (0-based) of the gap in the item's catalog in canonical order (its catalog domains in
+    order, each domain's tools in file order, before any removal): the first place of an
+    ``unavailable_tools`` entry. An item that hides no tool is an error."""
+    full = [name for domain in item.catalog_domains for name in dataset.domains[domain].catalog.names]
+    places = [full.index(name) for name in item.unavailable_tools if name in full]
+    if not places:
+        raise ValueError(f"item {item.id} hides no tool of its catalog domains {list(item.catalog_domains)}")
+    return min(places)
+
+
+def hidden_place_rows(items: Sequence[Item], dataset: ProbeDataset, split: str, *, resamples: int, seed: int) -> list[dict[str, Any]]:
+    """Among the T_ok / T_wrong items that hide a tool (abstain items and their decoy-hiding T_ok twins),
+    the AUC of :func:`hidden_tool_place` for T_wrong (positive) vs T_ok, CI over task groups: 0.5 = the
+    place of the gap says nothing about the bucket. No row unless both buckets hide tools."""
+    hiding = [item for item in items if item.unavailable_tools]
+    if len({item.bucket for item in hiding}) < 2:
+        return []
+    y = np.array([item.bucket == "T_wrong" for item in hiding], dtype=int)
+    place = np.array([hidden_tool_place(item, dataset) for item in hiding], dtype=float)
+    groups = [item.task_group for item in hiding]
+    low, high = group_bootstrap_auc(y, place, groups, resamples=resamples, seed=seed)
+    return [_row("hidden_tool_place", split, HIDING, "auc", auc(y, place), low, high, len(hiding), len(set(groups)),
+                 "AUC of the gap's place in the catalog's canonical order for T_wrong (positive) vs T_ok, items hiding a tool only; "
+                 f"0.5 = uninformative; first seven places: {int((place[y == 1] < 7).sum())}/{int(y.sum())} T_wrong, "
+                 f"{int((place[y == 0] < 7).sum())}/{int((1 - y).sum())} T_ok")]
+
+
+def bag_of_words_variants(rank1: Mapping[str, str] | None) -> list[tuple[str, bool, Mapping[str, str] | None, str]]:
+    """(shortcut, by_skill, skills, what) of the bag-of-words rows: plain words, words × the tempting
+    skill, and, with ``rank1`` (item id -> the skill retrieval ranks first), words × the rank-1 skill."""
+    variants = [("bag_of_words", False, None, "request words"), ("bag_of_words_by_skill", True, None, "request words, each also crossed with the tempting skill")]
+    if rank1 is not None:
+        variants.append(("bag_of_words_by_rank1_skill", True, rank1, "request words, each also crossed with the skill retrieval ranks first"))
+    return variants
+
+
+def out_of_fold_rows(pair: Sequence[Item], split: str, variant: tuple[str, bool, Mapping[str, str] | None, str], *, folds: int,
+                     fold_groups: str, resamples: int, seed: int) -> list[dict[str, Any]]:
+    """The out-of-fold rows of one of :func:`bag_of_words_variants` on the T_ok / T_wrong items ``pair``:
+    accuracy and balanced accuracy (P(T_ok) > 0.5) and AUC, folds grouped by ``fold_groups``, which the
+    notes name (task-disjoint or scenario-disjoint)."""
+    shortcut, by_skill, skills, what = variant
+    groups = [item.task_group for item in pair]
+    disjoint = "task-disjoint" if fold_groups == "task_group" else f"{fold_groups}-disjoint"
+    y, scores = bag_of_words(pair, folds=folds, seed=seed, by_skill=by_skill, fold_groups=fold_groups, skills=skills)
+    scored = np.isfinite(scores)
+    if not scored.any():
+        return []
+    kept = [g for g, ok in zip(groups, scored) if ok]
+    predicted = ["T_ok" if score > 0.5 else "T_wrong" for score in scores[scored]]
+    low, high = group_bootstrap_auc(y[scored], scores[scored], kept, resamples=resamples, seed=seed)
+    return [*_accuracy_rows(shortcut, split, predicted, [item for item, ok in zip(pair, scored) if ok],
+                            f"{what}; out-of-fold, ≤ {folds} {disjoint} folds", resamples=resamples, seed=seed),
+            _row(shortcut, split, COMPARED, "auc", auc(y[scored], scores[scored]), low, high, int(scored.sum()), len(set(kept)),
+                 "AUC of out-of-fold P(T_ok), " + ("" if fold_groups == "task_group" else f"{disjoint} folds, ") + "T_ok positive")]
 
 
 # Prompt-level rules: they read the shown catalog, never the request or any boundary text.
@@ -306,9 +371,11 @@ def shortcut_table(
     split_kind: str = "template",
     tokenizer: Any = None,
     folds: int = DEFAULT_FOLDS,
+    fold_groups: str = "task_group",
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     item_ids: Collection[str] | None = None,
+    rank1: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """Every shortcut statistic of ``dataset`` per split (``None`` = all items, written ``all``);
     ``split_kind`` picks the split field (:meth:`probes.data.dataset.ProbeDataset.select`: ``"template"``
@@ -334,12 +401,16 @@ def shortcut_table(
       to read on an imbalanced set.
     * ``catalog_hides_tool`` and ``tempting_tool_hidden`` (:data:`CATALOG_RULES`): yes/no rules on the
       shown catalog alone (an abstain item that removes its correct tool, a held-out function).
+    * ``hidden_tool_place`` ``auc`` (compared ``T_ok vs T_wrong, items hiding a tool``): :func:`hidden_place_rows`.
     * every yes/no rule (the overlap and catalog rules) also has an ``auc`` row of its 0/1 answer.
     * ``bag_of_words`` ``accuracy`` (out-of-fold P(T_ok) > 0.5; CI over groups) and ``auc``
       (T_ok positive; CI :func:`group_bootstrap_auc`): :func:`bag_of_words`;
-      ``bag_of_words_by_skill``: the same with the words crossed with the tempting skill. On ``eval``,
+      ``bag_of_words_by_skill``: the same with the words crossed with the tempting skill; folds over
+      ``fold_groups`` (``"task_group"`` or ``"scenario"``: :func:`probes.data.dataset.fold_groups`). On ``eval``,
       each also has ``auc_fit_on_train``: fit on the same split kind's train items
-      (:func:`held_out_bag_of_words`), so the scenario split shows what survives unseen scenarios.
+      (:func:`held_out_bag_of_words`), so the scenario split shows what survives unseen scenarios;
+      ``bag_of_words_by_rank1_skill`` (with ``rank1``, item id -> the skill retrieval ranks first): the
+      words crossed with the rank-1 skill the prompt shows instead of the dataset's tempting skill.
     * a rule that answers the same for every item, and a rate whose every unit has the same
       value, say in ``note`` that the CI has no width by construction.
     * ``repair_code_copy`` ``rate``: share of T_repair items whose :func:`error_code` occurs
@@ -351,6 +422,7 @@ def shortcut_table(
     The skill used is always ``item.tempting_skill`` (the one the dataset says retrieval ranks
     first); retrieval itself is not run.
     """
+    item_fold_groups(dataset.items, fold_groups)  # a dataset without the folds' groups fails before any statistic
     rows: list[dict[str, Any]] = []
     for split in splits:
         name = split_name(split, split_kind)
@@ -375,20 +447,13 @@ def shortcut_table(
                                "overlap_rule with the retriever's words (probes.data.retrieval.content_words)", **common)
             for rule, (fires, note) in CATALOG_RULES.items():
                 rows += _rule_rows(rule, name, ["T_wrong" if fires(item, dataset) else "T_ok" for item in pair], pair, note, **common)
-            for shortcut, by_skill, what in (("bag_of_words", False, "request words"), ("bag_of_words_by_skill", True, "request words, each also crossed with the tempting skill")):
-                y, scores = bag_of_words(pair, folds=folds, seed=seed, by_skill=by_skill)
-                scored = np.isfinite(scores)
-                if scored.any():
-                    kept = [g for g, ok in zip(groups, scored) if ok]
-                    predicted = ["T_ok" if score > 0.5 else "T_wrong" for score in scores[scored]]
-                    rows += _accuracy_rows(shortcut, name, predicted, [item for item, ok in zip(pair, scored) if ok],
-                                           f"{what}; out-of-fold, ≤ {folds} task-disjoint folds", **common)
-                    low, high = group_bootstrap_auc(y[scored], scores[scored], kept, resamples=resamples, seed=seed)
-                    rows.append(_row(shortcut, name, COMPARED, "auc", auc(y[scored], scores[scored]), low, high, int(scored.sum()), len(set(kept)),
-                                     "AUC of out-of-fold P(T_ok), T_ok positive"))
-                train = [item for item in dataset.select(split="train", split_kind=split_kind) if item.bucket in PAIR] if split == "eval" else []
+            rows += hidden_place_rows(pair, dataset, name, **common)
+            train = [item for item in dataset.select(split="train", split_kind=split_kind) if item.bucket in PAIR] if split == "eval" else []
+            for variant in bag_of_words_variants(rank1):
+                rows += out_of_fold_rows(pair, name, variant, folds=folds, fold_groups=fold_groups, **common)
+                shortcut, by_skill, skills, _ = variant
                 if len({item.bucket for item in train}) == 2:
-                    y, scores = held_out_bag_of_words(train, pair, by_skill=by_skill)
+                    y, scores = held_out_bag_of_words(train, pair, by_skill=by_skill, skills=skills)
                     low, high = group_bootstrap_auc(y, scores, groups, resamples=resamples, seed=seed)
                     rows.append(_row(shortcut, name, COMPARED, "auc_fit_on_train", auc(y, scores), low, high, len(pair), len(set(groups)),
                                      f"AUC of P(T_ok) fit on the {split_kind} split's train items, T_ok positive"))
@@ -421,7 +486,7 @@ def shortcut_table(
 
 # The rules a probe result must beat: they read the request or the shown catalog, never a model.
 SHORTCUT_RULES = ("request_length_words", "request_length_tokens", "overlap_rule", "overlap_rule_retrieval_words", *CATALOG_RULES,
-                  "bag_of_words", "bag_of_words_by_skill")
+                  "bag_of_words", "bag_of_words_by_skill", "bag_of_words_by_rank1_skill")
 
 
 def best_shortcut(table: pd.DataFrame, *, split: str = "eval") -> dict[str, dict[str, Any]]:
