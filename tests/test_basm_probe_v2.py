@@ -159,7 +159,7 @@ def test_abstain_label_audit(v2):
     spec = importlib.util.spec_from_file_location("basm_probe_v2_content", V2_DIR / "content_pairs.py")
     content = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(content)
-    audited = [item for item in v2.items if any(e["rule"].startswith("v2-abstain") for e in item.audit)]
+    audited = [item for item in v2.items if any(e["rule"].startswith("v2-abstain") for e in item.audit or ())]
     assert len(audited) == sum(item.bucket == "T_wrong" for item in v2.items) // 4
     actions = Counter()
     for item in audited:

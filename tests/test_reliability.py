@@ -572,8 +572,9 @@ def test_bfcl_import_never_destroys_an_existing_dataset(dataset: Path, tmp_path:
     assert {p.relative_to(dataset): p.read_bytes() for p in dataset.rglob("*") if p.is_file()} == before
 
     out = tmp_path / "bfcl"
-    assert main(["bfcl-import", "--out", str(out), "--max-probe-entries", "2"]) == 0
-    (out / "CARD.md").write_text("a card written later\n")
+    assert main(["bfcl-import", "--out", str(out), "--max-probe-entries", "2", "--no-card"]) == 0
+    (out / "CARD.md").write_text("a stale card\n")
+    (out / "NOTES.md").write_text("notes written later\n")
     imported = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
     def killed(*args, **kwargs):
@@ -581,15 +582,16 @@ def test_bfcl_import_never_destroys_an_existing_dataset(dataset: Path, tmp_path:
 
     monkeypatch.setattr(bfcl, "counts_by_category", killed)  # inside the write: nothing of the new import may land
     with pytest.raises(RuntimeError, match="killed mid-import"):
-        main(["bfcl-import", "--out", str(out), "--max-probe-entries", "3"])
+        main(["bfcl-import", "--out", str(out), "--max-probe-entries", "3", "--no-card"])
     monkeypatch.undo()
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == imported
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bfcl.")]  # no staging folder left
 
-    assert main(["bfcl-import", "--out", str(out), "--max-probe-entries", "3"]) == 0  # over a previous import: allowed
-    assert (out / "CARD.md").read_text() == "a card written later\n"  # and what the import does not write is kept
+    assert main(["bfcl-import", "--out", str(out), "--max-probe-entries", "3", "--no-card"]) == 0  # over a previous import: allowed
+    assert (out / "NOTES.md").read_text() == "notes written later\n"  # and what the import does not write is kept
+    assert not (out / "CARD.md").exists()  # a card of the previous items is not left stale
 
-    assert main([*argv, "--overwrite"]) == 0
+    assert main([*argv, "--overwrite", "--no-card"]) == 0
     assert not (dataset / "generate.py").exists() and (dataset / "skill_sources.json").is_file()
 
 

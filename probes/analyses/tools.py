@@ -1,4 +1,4 @@
-"""The dataset tools: ``build``, ``show``, ``shortcuts`` and ``card``, as options classes and library functions.
+"""The dataset tools: ``build``, ``show``, ``shortcuts``, ``audit`` and ``card``, as options classes and library functions.
 
 Each tool is an options class made of the same :func:`~probes.analyses.base.option` fields as the
 analyses (the item filters of :class:`~probes.analyses.base.ItemOptions`, the builder's settings of
@@ -9,7 +9,7 @@ options as keywords, so it runs the same from Python and from the command line::
     >>> result = tools.build(dataset="basm_probe", limit=2, k_max=2, configs=["basm"], out="records.jsonl")
     >>> record = tools.show(item="retail-wrong-0003", k=2)
 
-``basm-probes build|show|shortcuts|card`` derive their flags from these classes
+``basm-probes build|show|shortcuts|audit|card`` derive their flags from these classes
 (:func:`probes.cli.options.add_options`) and call these functions; nothing here knows about argparse.
 """
 
@@ -45,7 +45,7 @@ from probes.analyses.base import (
     shared,
 )
 from probes.data.configs import CONFIGS
-from probes.data.dataset import BUCKETS, V2_DATASET_DIR, Item, fold_groups, load_dataset
+from probes.data.dataset import AUDIT_ACTIONS, BUCKETS, V2_DATASET_DIR, Item, audit_records, fold_groups, load_dataset
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, SWEEP_K_MAX, PromptBuilder, resolve_study
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import SpanReport, check_spans
@@ -289,6 +289,26 @@ def shortcuts(**options: Any) -> pd.DataFrame:
 
         write_csv(table, o.out)
     return table
+
+
+@dataclass(kw_only=True)
+class AuditOptions(DatasetOption):
+    """List a dataset's audited labels: every kept, relabelled and dropped item with its rule and reason."""
+
+    name: ClassVar[str] = "audit"
+
+    dataset: str | Path | None = shared(DatasetOption, "dataset", default=V2_DATASET_DIR,
+                                        help="probe dataset folder or bundled name (default: the bundled basm_probe_v2)")
+    actions: tuple[str, ...] | None = option(None, "only these audit actions (default: all)", flag="--action", repeat=True,
+                                             choices=AUDIT_ACTIONS)
+
+
+def audit(**options: Any) -> pd.DataFrame:
+    """The audited labels of a dataset (:func:`probes.data.dataset.audit_records`; options:
+    :class:`AuditOptions`): columns ``id, bucket, category, rule, action, reason``."""
+    o = _make(AuditOptions, options)
+    table = pd.DataFrame(audit_records(load_dataset(o.dataset)), columns=["id", "bucket", "category", "rule", "action", "reason"])
+    return table[table.action.isin(o.actions)].reset_index(drop=True) if o.actions else table
 
 
 @dataclass(kw_only=True)

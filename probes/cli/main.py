@@ -84,6 +84,22 @@ def _shortcuts(options: dict[str, Any]) -> int:
     return 0
 
 
+def _audit(options: dict[str, Any]) -> int:
+    from probes.analyses import tools
+
+    table = tools.audit(**options)
+    if not len(table):
+        print("no audited labels in this dataset (or none with these actions)")
+        return 0
+    for number, rule in enumerate(dict.fromkeys(table["rule"]), start=1):
+        print(f"rule {number}: {rule}")
+    rules = {rule: number for number, rule in enumerate(dict.fromkeys(table["rule"]), start=1)}
+    for row in table.itertuples():
+        print(f"{row.id}\t{row.bucket}\t{row.category}\t{row.action}\trule {rules[row.rule]}\t{row.reason}")
+    print(", ".join(f"{action} {count}" for action, count in table["action"].value_counts().sort_index().items()))
+    return 0
+
+
 def _card(options: dict[str, Any]) -> int:
     from probes.analyses import tools
 
@@ -103,11 +119,13 @@ def _bfcl_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="dataset folder to write (loads with --dataset OUT)")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out that is not a previous BFCL import")
     parser.add_argument("--bfcl-dir", type=Path, help="BFCL data folder (default: the installed bfcl-eval package's)")
-    parser.add_argument("--categories", default="base,miss_func,miss_param",
+    parser.add_argument("--categories", default=",".join(CATEGORIES),
                         help=f"comma-separated multi-turn categories of the probe items (of {','.join(CATEGORIES)})")
     parser.add_argument("--skill-fraction", type=float, default=0.5, help="share of entries whose trajectories feed skill extraction")
     parser.add_argument("--seed", type=int, default=0, help="seed of the entry split")
     parser.add_argument("--max-probe-entries", type=int, help="keep only the first N probe entries (a small sample)")
+    parser.add_argument("--no-card", dest="card", action="store_false",
+                        help="do not write CARD.md (its shortcut tables take minutes on two cores); a previous one is removed, not left stale")
     group = parser.add_argument_group("skill extractor")
     group.add_argument("--extractor", choices=EXTRACTORS, default="deterministic",
                        help="f_ext of the skills: the deterministic templates, or a local chat model (--llm-model)")
@@ -141,7 +159,8 @@ def _bfcl_import(args: argparse.Namespace) -> int:
     try:
         report = import_bfcl(out=args.out, bfcl_dir=args.bfcl_dir, categories=[c.strip() for c in args.categories.split(",") if c.strip()],
                              skill_fraction=args.skill_fraction, seed=args.seed, max_probe_entries=args.max_probe_entries,
-                             extractor=args.extractor, llm_model=llm_model, llm_retries=retries, overwrite=args.overwrite)
+                             extractor=args.extractor, llm_model=llm_model, llm_retries=retries, overwrite=args.overwrite,
+                             card=args.card)
     except BFCLDataError:
         raise  # missing or malformed BFCL data: reported as a data error
     except ValueError as error:
@@ -155,6 +174,8 @@ register("bfcl-import", "Turn the BFCL multi-turn data (bfcl-eval package) into 
 
 register("shortcuts", "Shortcut baselines of a dataset (request length, lexical-overlap rule, bag of words; no model).",
          *_tool_command("ShortcutsOptions", _shortcuts))
+register("audit", "List a dataset's audited labels: every kept, relabelled and dropped item with its rule and reason.",
+         *_tool_command("AuditOptions", _audit))
 register("card", "Write a dataset's CARD.md: counts, shortcut baselines and first-token collision rates, measured.",
          *_tool_command("CardOptions", _card))
 

@@ -31,11 +31,14 @@ Decision points
 Buckets (see :func:`import_bfcl` and the generated README for counts)
     T_ok      every step whose ground-truth tool has a validated skill: that skill (the one a
               retriever should surface) recommends exactly the correct call.
-    T_wrong   the retrieved skill recommends a call that is unavailable or premature:
-              miss_func turns with ground truth ``[]`` (the needed function is held out; tempting
-              skill = the held-out function's skill) and miss_param turns with ground truth ``[]``
-              (a parameter is missing and BFCL's next turn supplies it; tempting skill = the skill
-              of the call that uses the supplied value).
+    T_wrong   the retrieved skill recommends a call that is unavailable or premature: step ``j-1``
+              of a turn whose step ``j`` fails when made before step ``j-1`` (tempting skill = step
+              ``j``'s; the correct action is step ``j-1``'s call), miss_func turns with ground truth
+              ``[]`` (the needed function is held out; tempting skill = the held-out function's) and
+              miss_param turns with ground truth ``[]`` (tempting skill = the skill of the next turn's
+              first call that lacks a required argument). The abstain labels pass a stated audit
+              (:data:`AUDIT_RULE`, :data:`MISS_FUNC_AUDIT_RULE`; ``audit`` field, dropped ones in
+              ``audit.jsonl``), and every T_wrong is matched to a T_ok item (:func:`match_items`).
     T_repair  step ``j ≥ 1`` whose call fails when the previous call of the turn (a different
               tool) is skipped: the failing call and its real error observation are inserted
               before the decision point, the correct action is the skipped call, and the wrong
@@ -76,12 +79,13 @@ from probes.data.bfcl_exec import (
     load_api_classes,
     parse_call,
 )
-from probes.data.dataset import BUCKETS, DatasetError
+from probes.data.dataset import AUDIT_FILE, BUCKETS, DatasetError
 from probes.data.staging import check_output, staged_folder
 from probes.reporting.results import write_text
 from probes.data.extract_llm import RETRIES, Candidate, Extraction, LLMExtractor, TextGenerator
 from probes.data.schema import ToolCatalog, build_library, tools_from_json
 from probes.reporting.bfcl_readme import ImportFacts, render_readme
+from probes.reporting.cards import CARD_NAME, write_card
 
 CATEGORIES: tuple[str, ...] = ("base", "long_context", "miss_func", "miss_param")
 # BFCL's constants.default_prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC (FC mode).
@@ -655,6 +659,10 @@ class ImportReport:
     extractor: str = "deterministic"
     extraction: Extraction | None = None  # the LLM extractor's kept skills, rejections and replies
     llm_settings: dict[str, Any] = field(default_factory=dict)  # model, max_new_tokens, retries
+    audited: list[dict[str, Any]] = field(default_factory=list)  # item rows the label audit kept or relabelled
+    dropped: list[DroppedItem] = field(default_factory=list)  # T_wrong items the label audit removed
+    pairs: int = 0  # matched T_wrong/T_ok pairs
+    unmatched: list[SkippedPoint] = field(default_factory=list)  # T_wrong items with no matched T_ok
 
     def skipped_counts(self) -> Counter:
         return Counter(point.reason for point in self.skipped)
@@ -669,6 +677,9 @@ class ImportReport:
             lines.append(self.extraction.summary())
         for reason, count in sorted(self.skipped_counts().items()):
             lines.append(f"  skipped {count}: {reason}")
+        actions = Counter(row["audit"][0]["action"] for row in self.audited)
+        lines.append(f"label audit: {actions['kept']} kept, {actions['relabelled']} relabelled, {len(self.dropped)} dropped; "
+                     f"matched pairs: {self.pairs}, T_wrong unmatched: {len(self.unmatched)}")
         return "\n".join(lines)
 
 
@@ -693,26 +704,79 @@ def _call_action(step: Step) -> dict[str, Any]:
     return {"kind": "call", "tool": step.call.name, "arguments": step.arguments}
 
 
+# ---------------------------------------------------------------------------- label audit
+AUDIT_RULE = ("abstain only when a call would be premature: an argument is missing only if no value for it appears in the "
+              "request or the conversation so far (BFCL's required parameters; values matched whole-word, case-insensitive)")
+MISS_FUNC_AUDIT_RULE = ("abstain only when the request cannot be served without a held-out function: BFCL's next turn "
+                        "starts with a held-out function, and the request names no function shown at this turn")
+
+
+def _known_text(trajectory: Trajectory, turn: Turn) -> str:
+    """What a model has read at step 0 of ``turn``: the request and every earlier turn (messages,
+    call arguments, observations), lower-cased."""
+    parts = [turn.user]
+    for message in context_messages(trajectory.turns[: turn.index]):
+        parts.append(json.dumps(message["tool_call"]["arguments"]) if message["role"] == "assistant" else message["content"])
+    return "\n".join(parts).lower()
+
+
+def _value_given(value: Any, text: str) -> bool:
+    """A value appears in ``text`` (lower-cased): one of its textual forms (:func:`_value_strings`) as a
+    whole word. A value without a textual form (a boolean, an object, one character) cannot be asked
+    for by quoting it and counts as given."""
+    forms = _value_strings(value)
+    return not forms or any(re.search(rf"(?<!\w){re.escape(form.lower())}(?!\w)", text) for form in forms)
+
+
+def missing_arguments(step: Step, text: str, required: Sequence[str], candidates: Iterable[str] | None = None) -> list[str]:
+    """The required parameters of ``step``'s call (``candidates`` only, when given) whose value does
+    not appear in ``text``: the arguments a model could not have filled in."""
+    chosen = set(required) if candidates is None else set(required) & set(candidates)
+    return [name for name in required if name in chosen and name in step.arguments and not _value_given(step.arguments[name], text)]
+
+
+def _names_function(text: str, name: str) -> bool:
+    """``text`` names function ``name`` (``_`` read as a space; whole words, case-insensitive)."""
+    return re.search(rf"(?<!\w){re.escape(name.replace('_', ' ').lower())}(?!\w)", text.lower()) is not None
+
+
+@dataclass
+class DroppedItem:
+    """A T_wrong item the label audit removed: its id, source and the audit entry saying why."""
+
+    item_id: str
+    category: str
+    source: dict[str, Any]
+    audit: list[dict[str, str]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.item_id, "bucket": "T_wrong", "category": self.category, "source": self.source, "audit": self.audit}
+
+
 def probe_items(
-    trajectory: Trajectory, *, skill_of: Mapping[str, str], catalog: Mapping[str, tuple[str, ...]], nearest: _NearestTool
-) -> tuple[list[dict[str, Any]], list[SkippedPoint]]:
-    """The decision items of one probe trajectory, and the decision points left out with reasons."""
+    trajectory: Trajectory, *, skill_of: Mapping[str, str], catalog: Mapping[str, tuple[str, ...]], nearest: _NearestTool,
+    required: Mapping[str, tuple[str, ...]],
+) -> tuple[list[dict[str, Any]], list[SkippedPoint], list[DroppedItem]]:
+    """The decision items of one probe trajectory, the decision points left out with reasons, and the
+    abstain items the label audit dropped. ``required``: each tool's required parameters (BFCL's schema)."""
     items: list[dict[str, Any]] = []
     skipped: list[SkippedPoint] = []
+    dropped: list[DroppedItem] = []
     task_group = f"bfcl.{trajectory.index:03d}"
     domains = list(trajectory.involved_classes)
     all_tools = [name for domain in domains for name in catalog[domain]]
     prefix = f"bfcl-{trajectory.category}-{trajectory.index:03d}"
 
-    def item(point: str, bucket: str, turn: Turn, history: list[dict[str, Any]], action: dict[str, Any],
-             wrong: list[str], tempting_tool: str, cues: list[str], source: dict[str, Any]) -> dict[str, Any]:
+    def item(point: str, bucket: str, turn: Turn, history: list[dict[str, Any]], action: dict[str, Any], wrong: list[str],
+             tempting_tool: str, cues: list[str], source: dict[str, Any], audit: list[dict[str, str]] | None = None) -> dict[str, Any]:
         return {
             "id": f"{prefix}-{point}-{bucket.split('_')[1]}", "bucket": bucket, "split": "eval",
-            "domain": _domain_of(tempting_tool, catalog), "task_group": task_group,
+            "domain": _domain_of(tempting_tool, catalog), "task_group": task_group, "category": trajectory.category,
             "catalog_domains": domains, "unavailable_tools": list(turn.hidden), "user": turn.user,
             "context": context_messages(trajectory.turns[: turn.index]), "history": history,
             "correct_action": action, "wrong_tools": wrong, "tempting_skill": skill_of[tempting_tool],
             "state_cues": cues, "source": {"entry": trajectory.entry_id, "turn": turn.index, **source},
+            **({"audit": audit} if audit else {}),
         }
 
     for turn in trajectory.turns:
@@ -727,20 +791,29 @@ def probe_items(
                     skipped.append(SkippedPoint(f"{prefix}-{point}", f"T_wrong: no validated skill for the held-out function(s) {missing}"))
                     continue
                 tempting = with_skill[0]
-                items.append(item(point, "T_wrong", turn, [], {"kind": "abstain"}, [nearest(tempting, visible)], tempting, [],
-                                  {"rule": "miss_func held-out function", "held_out": missing}))
+                source = {"rule": "miss_func held-out function", "held_out": missing}
+                first = following.steps[0].call.name if following.steps else None
+                named = [name for name in visible if _names_function(turn.user, name)]
+                if first not in turn.hidden:
+                    reason, action = f"BFCL's next turn starts with {first}, shown at this turn: the request can be served without the held-out function", "dropped"
+                elif named:
+                    reason, action = f"the request names {', '.join(named)}, shown at this turn: it can be partly served now (a doubtful abstain)", "dropped"
+                else:
+                    reason, action = f"BFCL's next turn starts with the held-out {first}, and the request names no shown function", "kept"
+                audit = [{"rule": MISS_FUNC_AUDIT_RULE, "action": action, "reason": reason}]
+                if action == "dropped":
+                    dropped.append(DroppedItem(f"{prefix}-{point}-wrong", trajectory.category, {"entry": trajectory.entry_id, "turn": turn.index, **source}, audit))
+                else:
+                    items.append(item(point, "T_wrong", turn, [], {"kind": "abstain"}, [nearest(tempting, visible)], tempting, [], source, audit))
             elif trajectory.category == "miss_param" and following is not None and following.steps:
-                clarified = [(step, params, "miss_param premature call (uses the clarified value)")
-                             for step, params in clarified_calls(following, following.user)]
-                # An indirect clarification ("the file I mentioned") quotes no value: the turn's last call is its goal.
-                candidates = clarified or [(following.steps[-1], [], "miss_param premature call (last call of the next turn)")]
-                with_skill = [c for c in candidates if c[0].call.name in skill_of and c[0].call.name in visible]
-                if not with_skill:
-                    skipped.append(SkippedPoint(f"{prefix}-{point}", f"T_wrong: no validated skill for the premature call(s) {[c[0].call.name for c in candidates]}"))
-                    continue
-                step, params, rule = with_skill[0]
-                items.append(item(point, "T_wrong", turn, [], {"kind": "abstain"}, [step.call.name], step.call.name, [],
-                                  {"rule": rule, "missing_parameters": params, "clarification": following.user}))
+                verdict, reason = _miss_param_wrong(trajectory, turn, following, visible, skill_of, required)
+                if reason is not None:
+                    skipped.append(SkippedPoint(f"{prefix}-{point}", reason))
+                elif verdict["audit"][0]["action"] == "dropped":
+                    dropped.append(DroppedItem(f"{prefix}-{point}-wrong", trajectory.category, {"entry": trajectory.entry_id, "turn": turn.index, **verdict["source"]},
+                                               verdict["audit"]))
+                else:
+                    items.append(item(point, "T_wrong", turn, [], {"kind": "abstain"}, [verdict["tool"]], verdict["tool"], [], verdict["source"], verdict["audit"]))
             else:
                 skipped.append(SkippedPoint(f"{prefix}-{point}", f"empty ground truth in {trajectory.category} outside the miss_func/miss_param rules"))
             continue
@@ -764,7 +837,13 @@ def probe_items(
                 previous = turn.steps[j - 1]
                 if previous.call.name in turn.hidden:
                     skipped.append(SkippedPoint(f"{prefix}-{point}-repair", "T_repair: the skipped call is to a function BFCL holds out at this turn"))
+                    skipped.append(SkippedPoint(f"{prefix}-t{turn.index}s{j - 1}-premature", "T_wrong: the correct call is to a function BFCL holds out at this turn"))
                 elif name in skill_of:
+                    # The executed failure before it happens: at step j-1, the skill of step j's tool
+                    # recommends a call that fails if made now (a premature call; the correct action is a call).
+                    items.append(item(f"t{turn.index}s{j - 1}", "T_wrong", turn, history[:-2], _call_action(previous), [name], name, [],
+                                      {"rule": "premature call (fails if made before the previous call)", "step": j - 1,
+                                       "premature_call": step.call.text, "error": _error_text(step.skip_failure)}))
                     failed = [
                         {"role": "assistant", "tool_call": {"name": name, "arguments": step.arguments}},
                         {"role": "tool", "name": name, "content": step.skip_failure},
@@ -773,8 +852,81 @@ def probe_items(
                                       [_error_text(step.skip_failure)], {"rule": "previous call skipped", "step": j, "skipped_call": previous.call.text}))
                 else:
                     skipped.append(SkippedPoint(f"{prefix}-{point}-repair", f"T_repair: no validated skill for {name}"))
+                    skipped.append(SkippedPoint(f"{prefix}-t{turn.index}s{j - 1}-premature", f"T_wrong: no validated skill for the premature {name}"))
             history.extend(step.messages())
-    return items, skipped
+    return items, skipped, dropped
+
+
+def _miss_param_wrong(trajectory: Trajectory, turn: Turn, following: Turn, visible: Sequence[str], skill_of: Mapping[str, str],
+                      required: Mapping[str, tuple[str, ...]]) -> tuple[dict[str, Any], str | None]:
+    """The audited miss_param T_wrong of an under-specified ``turn`` (:data:`AUDIT_RULE`): the premature
+    call is the first call of BFCL's next turn that lacks a required argument; when BFCL's clarification
+    quotes values, only the parameters it quotes can be the missing ones. Returns ({tool, source, audit},
+    None), or ({}, reason) when the premature call has no validated skill (a skipped point)."""
+    text = _known_text(trajectory, turn)
+    quoted = {id(step): params for step, params in clarified_calls(following, following.user)}
+    # The pre-audit rule, for the audit's record: the first call quoting a clarified value, else the turn's last call.
+    usable = [s for s in following.steps if s.call.name in skill_of and s.call.name in visible]
+    before_rule = "uses the clarified value" if quoted else "last call of the next turn"
+    before = next((s for s in usable if id(s) in quoted), None) if quoted else (following.steps[-1] if following.steps[-1] in usable else None)
+
+    def lacking(step: Step) -> list[str]:
+        return missing_arguments(step, text, required[step.call.name], quoted.get(id(step), []) if quoted else None)
+
+    source: dict[str, Any] = {"rule": "miss_param premature call (first next-turn call lacking a required argument)",
+                              "pre_audit_rule": f"miss_param premature call ({before_rule})", "clarification": following.user}
+
+    def verdict(action: str, reason: str, **extra: Any) -> tuple[dict[str, Any], None]:
+        return {"audit": [{"rule": AUDIT_RULE, "action": action, "reason": reason}], "source": source, **extra}, None
+
+    first = following.steps[0]
+    if first.call.name in visible and not lacking(first):
+        checked = (f"the values BFCL's clarification quotes for it ({', '.join(quoted[id(first)])}) are already in the request or the conversation"
+                   if quoted.get(id(first)) else "it lacks no required argument")
+        return verdict("dropped", f"BFCL's next turn starts with {first.call.text}: {checked}, so it can be made now")
+    premature = [step for step in following.steps if lacking(step)]
+    if not premature:
+        return verdict("dropped", "no call of BFCL's next turn lacks a required argument: every value appears in the request or the conversation")
+    chosen = [step for step in premature if step in usable]
+    if not chosen:
+        return {}, f"T_wrong: no validated skill for the premature call(s) {[s.call.name for s in premature]}"
+    step = chosen[0]
+    params = lacking(step)
+    source["missing_parameters"] = params
+    given = ", ".join(f"{p}={step.arguments[p]!r}" for p in params)
+    if before is not None and before.call.name == step.call.name:
+        return verdict("kept", f"{step.call.name} lacks {given}: not in the request or the conversation", tool=step.call.name)
+    was = before.call.name if before is not None else "no call with a validated skill"
+    return verdict("relabelled", f"the pre-audit rule ({before_rule}) chose {was}; {step.call.name} is the first call lacking a required "
+                                 f"argument ({given} is not in the request or the conversation)", tool=step.call.name)
+
+
+def match_items(items: list[dict[str, Any]]) -> list[SkippedPoint]:
+    """Pair each T_wrong item with one T_ok item, in place (``match_id`` = the T_wrong's id, on both), so
+    that a bucket cannot be read from structure: the same category, step depth (calls in ``history``) and
+    catalog gap (``unavailable_tools`` empty or not); among those, the same tempting skill first, then the
+    same domain, then the lowest id. Each T_ok is used once; T_wrong items are matched in file order.
+    Fixed before any model ran on the items. Returns the unmatched T_wrong items with the reason."""
+    def key(row: dict[str, Any]) -> tuple[str, int, bool]:
+        return row["category"], len(row["history"]) // 2, bool(row["unavailable_tools"])
+
+    pool: dict[tuple[str, int, bool], list[dict[str, Any]]] = defaultdict(list)
+    for row in items:
+        if row["bucket"] == "T_ok":
+            pool[key(row)].append(row)
+    unmatched = []
+    for row in items:
+        if row["bucket"] != "T_wrong":
+            continue
+        options = pool[key(row)]
+        if not options:
+            category, depth, gap = key(row)
+            unmatched.append(SkippedPoint(row["id"], f"match: no unused T_ok item in {category} at step depth {depth} {'with' if gap else 'without'} a catalog gap"))
+            continue
+        best = min(options, key=lambda ok: (ok["tempting_skill"] != row["tempting_skill"], ok["domain"] != row["domain"], ok["id"]))
+        options.remove(best)
+        best["match_id"] = row["match_id"] = row["id"]
+    return unmatched
 
 
 def _domain_of(tool: str, catalog: Mapping[str, tuple[str, ...]]) -> str:
@@ -794,6 +946,7 @@ def import_bfcl(
     llm_model: TextGenerator | None = None,
     llm_retries: int = RETRIES,
     overwrite: bool = False,
+    card: bool = True,
 ) -> ImportReport:
     """Write a probe dataset from BFCL's multi-turn entries to ``out`` and return what it holds.
 
@@ -808,6 +961,9 @@ def import_bfcl(
     which needs ``llm_model``, a text generator such as
     ``probes.engine.generate.ChatGenerator.load(folder)``, and retries a rejected reply
     ``llm_retries`` times. Raises :class:`NoSkillKept`, writing nothing, when no skill passes ψ.
+
+    ``card``: write the measured ``CARD.md`` (:func:`probes.reporting.cards.write_card` with its defaults;
+    minutes on two cores); the committed ``datasets/bfcl/`` is this function's output with every default.
 
     ``out`` is written into a temporary folder that replaces it at the end
     (:func:`probes.data.staging.staged_folder`): a non-empty ``out`` that is not a previous BFCL import
@@ -889,15 +1045,20 @@ def import_bfcl(
                           + "; ".join(f"{count} × {reason}" for reason, count in reasons.most_common()))
 
     nearest = _NearestTool({tool["name"]: tool["description"] for entries_ in tools.values() for tool in entries_})
+    required = {tool["name"]: tuple(tool["parameters"].get("required", [])) for entries_ in tools.values() for tool in entries_}
     items: list[dict[str, Any]] = []
     skipped: list[SkippedPoint] = []
+    dropped: list[DroppedItem] = []
     for category in categories:
         for entry in entries[category]:
             if entry_index(entry["id"]) not in probe_set:
                 continue
-            new_items, new_skipped = probe_items(replay(entry, category, classes), skill_of=skill_of, catalog=catalog_names, nearest=nearest)
+            new_items, new_skipped, new_dropped = probe_items(replay(entry, category, classes), skill_of=skill_of, catalog=catalog_names,
+                                                              nearest=nearest, required=required)
             items.extend(new_items)
             skipped.extend(new_skipped)
+            dropped.extend(new_dropped)
+    unmatched = match_items(items)
 
     invalid = []
     for row in items:
@@ -918,6 +1079,7 @@ def import_bfcl(
         items_path = stage / "items.jsonl"
         items_path.write_text("".join(json.dumps(row) + "\n" for row in items))
         sizes["items.jsonl"] = items_path.stat().st_size
+        (stage / AUDIT_FILE).write_text("".join(json.dumps(row.to_json()) + "\n" for row in dropped))
         if extraction is not None:  # else none: a stale one of an earlier LLM import is not carried over
             (stage / "skill_rejections.json").write_text(json.dumps([rejection.to_json() for rejection in extraction.rejected], indent=1) + "\n")
         report = ImportReport(
@@ -925,6 +1087,8 @@ def import_bfcl(
             items=counts_by_category(items),
             skipped=skipped, candidates=candidates_per_domain, kept=kept, rejected=rejected, unanchored=unanchored,
             invalid_arguments=invalid, sizes=sizes, extractor=extractor, extraction=extraction,
+            audited=[row for row in items if "audit" in row], dropped=dropped, unmatched=unmatched,
+            pairs=sum(1 for row in items if row["bucket"] == "T_wrong" and "match_id" in row),
             llm_settings={} if llm is None else {"model": llm.generator.label, "max_new_tokens": llm.generator.max_new_tokens,
                                                  "retries": llm.retries},
         )
@@ -935,10 +1099,12 @@ def import_bfcl(
     # it reads the domain files at report.out: written once the new folder is in place
     write_text(out / "README.md", render_readme(report, readme_facts(data_dir, categories), skill_fraction=skill_fraction, seed=seed,
                                                 max_probe_entries=max_probe_entries))
+    if card:
+        write_card(out)
     return report
 
 
-BFCL_IMPORT_FILES = ("domains", "items.jsonl", "skill_sources.json", "skill_rejections.json", "README.md")  # what an import writes
+BFCL_IMPORT_FILES = ("domains", "items.jsonl", AUDIT_FILE, "skill_sources.json", "skill_rejections.json", "README.md", CARD_NAME)  # what an import writes
 
 
 def is_bfcl_import(folder: Path) -> bool:
@@ -971,7 +1137,8 @@ def readme_facts(data_dir: Path, categories: Sequence[str]) -> ImportFacts:
     return ImportFacts(files=", ".join(category_file(data_dir, c).name for c in categories), data_version=_data_version(data_dir),
                        domains=tuple(FUNC_DOC_FILES), added_function_prompt=ADDED_FUNCTION_PROMPT,
                        evidence_per_slot=EVIDENCE_PER_SLOT, llm_successes=LLM_SUCCESSES, llm_evidence_lines=LLM_EVIDENCE_LINES,
-                       predecessor_min_uses=PREDECESSOR_MIN_USES, predecessor_min_share=PREDECESSOR_MIN_SHARE, example_min_words=EXAMPLE_MIN_WORDS)
+                       predecessor_min_uses=PREDECESSOR_MIN_USES, predecessor_min_share=PREDECESSOR_MIN_SHARE, example_min_words=EXAMPLE_MIN_WORDS,
+                       audit_file=AUDIT_FILE, audit_rule=AUDIT_RULE, miss_func_audit_rule=MISS_FUNC_AUDIT_RULE)
 
 
 # ---------------------------------------------------------------------------- context length

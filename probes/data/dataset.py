@@ -76,8 +76,12 @@ class Item:
     # Optional scenario the item's task group belongs to (several templates of one scenario): the group of
     # scenario-disjoint folds (``scenario_groups``) and the unit ``split_scenario`` holds out.
     scenario: str | None = None
-    # Optional label audit: one {"rule", "action": kept|relabelled|dropped, "reason"} per rule applied to the item.
-    audit: tuple[Mapping[str, str], ...] = ()
+    # Optional stratum the item was built in (BFCL: its multi-turn category), for per-category statistics.
+    category: str | None = None
+    # Optional pairing: a T_wrong item and the T_ok item matched to it share this id (the T_wrong's).
+    match_id: str | None = None
+    # Optional label audit: what a stated rule did to this item ({"rule", "action", "reason"} each).
+    audit: tuple[Mapping[str, str], ...] | None = None
 
     @property
     def state_text(self) -> str:
@@ -98,7 +102,7 @@ _ITEM_FIELDS = (
 )
 
 
-OPTIONAL_FIELDS = ("split_scenario", "scenario", "audit")
+OPTIONAL_FIELDS = ("split_scenario", "scenario", "category", "match_id", "audit")  # left out of a row (and of digests) when None
 _STRING_FIELDS = ("id", "bucket", "split", "domain", "task_group", "user", "tempting_skill")
 _NAME_LIST_FIELDS = ("catalog_domains", "unavailable_tools", "wrong_tools", "state_cues")
 
@@ -121,15 +125,16 @@ def _check_history(history: Any, where: str, field: str = "history", roles: tupl
             raise DatasetError(f"{at}: a tool message needs string 'name' and 'content'")
 
 
-AUDIT_ACTIONS = ("kept", "relabelled", "dropped")
+AUDIT_ACTIONS: tuple[str, ...] = ("kept", "relabelled", "dropped")
 
 
-def _check_audit(audit: Any, where: str) -> None:
-    if not isinstance(audit, list):
-        raise DatasetError(f"{where}: field 'audit' must be a list of {{rule, action, reason}} objects, got {type(audit).__name__}")
+def check_audit(audit: Any, where: str) -> None:
+    """An ``audit`` field: a list of ``{"rule": str, "action": kept|relabelled|dropped, "reason": str}``."""
+    if not isinstance(audit, list) or not audit:
+        raise DatasetError(f"{where}: field 'audit' must be a non-empty list of {{rule, action, reason}} objects, got {audit!r:.60}")
     for i, entry in enumerate(audit):
-        if (not isinstance(entry, dict) or set(entry) != {"rule", "action", "reason"}
-                or not all(isinstance(entry[k], str) and entry[k] for k in ("rule", "reason")) or entry["action"] not in AUDIT_ACTIONS):
+        if (not isinstance(entry, dict) or set(entry) != {"rule", "action", "reason"} or entry["action"] not in AUDIT_ACTIONS
+                or not all(isinstance(entry[k], str) and entry[k] for k in ("rule", "reason"))):
             raise DatasetError(f"{where}: audit[{i}] must be {{rule: string, action: one of {AUDIT_ACTIONS}, reason: string}}, got {entry!r:.80}")
 
 
@@ -148,7 +153,6 @@ def _parse_item(raw: Any, where: str) -> Item:
     _check_history(raw["history"], where)
     if raw.get("scenario") is not None and (not isinstance(raw["scenario"], str) or not raw["scenario"]):
         raise DatasetError(f"{where}: field 'scenario' must be a non-empty string (or leave the field out), got {raw['scenario']!r:.40}")
-    _check_audit(raw.get("audit", []), where)
     _check_history(raw.get("context", []), where, "context", ("user", "assistant", "tool"))
     if raw["bucket"] not in BUCKETS:
         raise DatasetError(f"{where}: bucket {raw['bucket']!r} is not one of {BUCKETS}")
@@ -156,6 +160,11 @@ def _parse_item(raw: Any, where: str) -> Item:
         raise DatasetError(f"{where}: split {raw['split']!r} is not one of {SPLITS}")
     if raw.get("split_scenario") is not None and raw["split_scenario"] not in SPLITS:
         raise DatasetError(f"{where}: split_scenario {raw['split_scenario']!r} is not one of {SPLITS} (or leave the field out)")
+    for name in ("category", "match_id"):
+        if raw.get(name) is not None and (not isinstance(raw[name], str) or not raw[name]):
+            raise DatasetError(f"{where}: field {name!r} must be a non-empty string (or leave it out), got {raw[name]!r:.40}")
+    if raw.get("audit") is not None:
+        check_audit(raw["audit"], where)
     action = raw["correct_action"]
     if not isinstance(action, dict):
         raise DatasetError(f"{where}: correct_action must be {{kind: call, tool}} or {{kind: abstain}}, got {action!r:.60}")
@@ -183,7 +192,9 @@ def _parse_item(raw: Any, where: str) -> Item:
         context=tuple(raw.get("context", [])),
         split_scenario=raw.get("split_scenario"),
         scenario=raw.get("scenario"),
-        audit=tuple(raw.get("audit", [])),
+        category=raw.get("category"),
+        match_id=raw.get("match_id"),
+        audit=None if raw.get("audit") is None else tuple(dict(entry) for entry in raw["audit"]),
     )
 
 
@@ -221,8 +232,8 @@ class ProbeDataset:
         """Hash of the content that prompts of ``items`` are built from: every field of every item
         and the domain files of their catalogs (editing an item's text changes it)."""
         items = list(items)
-        # absent optional fields are left out, so datasets without them keep their digests
-        fields = [{k: v for k, v in asdict(item).items() if not (k in OPTIONAL_FIELDS and v in (None, ()))} for item in items]
+        # an absent optional field is left out, so datasets without it keep their digests
+        fields = [{k: v for k, v in asdict(item).items() if not (k in OPTIONAL_FIELDS and v is None)} for item in items]
         h = hashlib.sha256(json.dumps(fields, sort_keys=True, default=list).encode())
         for name in sorted({name for item in items for name in item.catalog_domains}):
             h.update(f"{name}\0{self.domains[name].digest}\n".encode())
@@ -437,3 +448,29 @@ def fold_groups(items: Sequence[Item], kind: str = "task_group") -> list[str]:
             raise ValueError(f"task group {item.task_group} spans scenarios {owner[item.task_group]!r} and {item.scenario!r}: "
                              "scenario folds would split it")
     return [item.scenario for item in items]
+AUDIT_FILE = "audit.jsonl"  # items a label audit dropped: {id, bucket, category?, source, audit} per line
+
+
+def audit_records(dataset: ProbeDataset) -> list[dict[str, Any]]:
+    """Every audited label of ``dataset``: one row ``{id, bucket, category, rule, action, reason}`` per
+    audit entry of an item (kept, relabelled) and per item in ``<root>/audit.jsonl`` (dropped, so not
+    among the items), in file order. Empty for a dataset without an audit."""
+    rows = [{"id": item.id, "bucket": item.bucket, "category": item.category, **entry} for item in dataset.items for entry in item.audit or ()]
+    path = dataset.root / AUDIT_FILE
+    ids = {item.id for item in dataset.items}
+    if path.is_file():
+        for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DatasetError(f"{where}: invalid JSON: {error}") from error
+            if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or raw.get("bucket") not in BUCKETS:
+                raise DatasetError(f"{where}: a dropped item needs a string 'id' and a bucket of {BUCKETS}, got {raw!r:.80}")
+            check_audit(raw.get("audit"), where)
+            if raw["id"] in ids:
+                raise DatasetError(f"{where}: {raw['id']} is listed as dropped but is still among the items")
+            rows += [{"id": raw["id"], "bucket": raw["bucket"], "category": raw.get("category"), **entry} for entry in raw["audit"]]
+    return rows

@@ -28,6 +28,9 @@ class ImportFacts:
     predecessor_min_uses: int
     predecessor_min_share: float
     example_min_words: int
+    audit_file: str
+    audit_rule: str
+    miss_func_audit_rule: str
 
 
 def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, seed: int, max_probe_entries: int | None) -> str:
@@ -78,13 +81,15 @@ def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, see
         "* **T_ok**: every ground-truth step whose tool has a validated skill; the tempting skill is that tool's",
         "  skill, so the skill recommends the correct call. `wrong_tools`: the other tools the turn's ground truth",
         "  calls, else the visible tool nearest to the correct one (TF-IDF cosine over name words + description).",
-        "* **T_wrong**: the skill recommends a call that is unavailable or premature; the correct action is to abstain.",
-        "  *miss_func*: the turn with ground truth `[]` before the held-out function comes back; tempting skill = the",
-        "  held-out function's skill; `wrong_tools` = the visible tool nearest to it (the held-out one is not shown).",
-        "  *miss_param*: the turn with ground truth `[]`; the next turn supplies the missing information; the tempting",
-        "  call is the next turn's first call with an argument value quoted in that clarification (whole word; strings,",
-        "  numbers, list elements), else (an indirect clarification such as \"the file I mentioned\") the next turn's",
-        "  last call; `wrong_tools` = it; `source.rule` says which. Skill evidence uses only the quoted-value rule.",
+        "* **T_wrong**: the skill recommends a call that is unavailable or premature.",
+        "  *premature call* (every category; the correct action is a call): step `j-1` of a turn whose step `j` fails when",
+        "  made without step `j-1` (the T_repair perturbation, executed), before that failure happens: tempting skill =",
+        "  step `j`'s tool's, `wrong_tools` = it, correct action = step `j-1`'s call; `source.error` = the real error.",
+        "  *miss_func* (abstain): the turn with ground truth `[]` before the held-out function comes back; tempting",
+        "  skill = the held-out function's skill; `wrong_tools` = the visible tool nearest to it (the held-out one is not shown).",
+        "  *miss_param* (abstain): the turn with ground truth `[]`; the tempting call is the first call of BFCL's next",
+        "  turn that lacks a required argument (the label audit below); `wrong_tools` = it; `source.missing_parameters`.",
+        "  BFCL supplies no wrong-tool T_wrong in miss_func or miss_param: their T_wrong turns are `[]` by construction.",
         "* **T_repair**: step `j ≥ 1` whose call, executed without the turn's previous call (a different tool), returns",
         "  an error while its ground-truth execution does not. The failed call and that real error are put in `history`",
         "  in place of the skipped call; the correct action is the skipped call; `wrong_tools` = the failed tool",
@@ -107,6 +112,35 @@ def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, see
         "",
         f"Items whose correct arguments violate the tool's JSON schema: {len(report.invalid_arguments)}"
         + (f" ({', '.join(report.invalid_arguments[:10])}{' ...' if len(report.invalid_arguments) > 10 else ''})" if report.invalid_arguments else "") + ".",
+    ]
+    audited = Counter((row["category"], row["audit"][0]["action"]) for row in report.audited)
+    dropped = Counter(point.category for point in report.dropped)
+    lines += [
+        "",
+        "## Label audit",
+        "",
+        "Every abstain T_wrong label is checked by a stated rule before it becomes an item (`audit` field: rule, action,",
+        f"reason; the dropped ones are in `{facts.audit_file}`; `basm-probes audit --dataset DIR` lists them all).",
+        f"*miss_param*: {facts.audit_rule}. A call of BFCL's next turn lacks an argument when a required parameter's",
+        "value (BFCL's ground truth) appears in neither; when BFCL's clarification quotes values, only the parameters it",
+        "quotes can be the missing ones. If that turn's first call lacks nothing, it can be made now: dropped; if no call",
+        "lacks anything: dropped; else the first call lacking an argument is the tempting one (relabelled when the",
+        "pre-audit rule, `source.pre_audit_rule`, chose another).",
+        f"*miss_func*: {facts.miss_func_audit_rule}; else dropped.",
+        "",
+        "| category | kept | relabelled | dropped |",
+        "|---|---|---|---|",
+        *(f"| {c} | {audited[(c, 'kept')]} | {audited[(c, 'relabelled')]} | {dropped[c]} |" for c in ("miss_func", "miss_param") if c in report.categories),
+        "",
+        "## Matched set",
+        "",
+        "Each T_wrong item is paired with one T_ok item (`match_id` = the T_wrong's id, on both) of the same category,",
+        "step depth (calls in `history`) and catalog gap (`unavailable_tools` empty or not), preferring the same",
+        "tempting skill, then the same domain, then the lowest id; each T_ok is used once. The matching was fixed",
+        f"before any model ran on these items. Pairs: {report.pairs}; "
+        f"T_wrong items without a match: {len(report.unmatched)}"
+        + (f" ({'; '.join(sorted({point.reason for point in report.unmatched}))})" if report.unmatched else "") + ".",
+        "`CARD.md` reports every shortcut per category and on the matched set.",
         "",
         "## Skills (§4.2, Eqs. 6–7)",
         "",
@@ -132,15 +166,16 @@ def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, see
         "  follow each other (after a `[]` turn).",
         "* Held-out functions are not shown, so a miss_func T_wrong item's `wrong_tools` is a stand-in (the nearest",
         "  visible tool); its abstention is scored by the call log-odds, not Eq. 1 on the held-out name.",
-        "* Every T_wrong item's correct action is to abstain, so T_ok vs T_wrong here is call vs abstain: the",
-        "  tool-choice margin (Eq. 1) of a T_wrong item is NaN, and its decision is the call log-odds. In miss_func",
-        "  T_wrong the tempting skill's own tool is the held-out one, a catalog cue that no T_ok item carries",
-        "  (`CARD.md`: `tempting_tool_hidden`); report miss_func and miss_param apart where that matters.",
+        "* An abstain T_wrong item's tool-choice margin (Eq. 1) is NaN; its decision is the call log-odds. In miss_func",
+        "  T_wrong the tempting skill's own tool is the held-out one: that defines the bucket, no T_ok item can carry it,",
+        "  so `tempting_tool_hidden` stays above chance on the matched set (`CARD.md`); report categories apart.",
+        "* A premature-call T_wrong item and a T_ok item at the same decision point share the prompt up to the",
+        "  tempting skill: retrieval, not the state, decides whether its trap is shown.",
         "* A risk cue from an executed failure quotes BFCL's error text, so a T_repair item's error often stands",
         "  verbatim in the tempting skill's risk cues: a boundary attention peak on T_repair can be copying",
         "  (`CARD.md`'s `repair_code_copy` counts recovery notes, which no longer quote errors).",
-        "* A miss_param T_wrong item whose clarification quotes no argument value takes the next turn's last call as",
-        "  the tempting one (`source.rule`); the abstain labels are BFCL's own, with its noise.",
+        "* The audit reads values literally: a value the request gives in another form (a city for its airport code)",
+        "  counts as missing unless BFCL's clarification quotes values, and a derived value (an id looked up later) too.",
         "* Skills are the LLM's wording of the evidence: ψ checks their form and tool names, not their truth; read"
         if llm else "* Skills are sentence frames filled from the trajectories; an LLM extractor (paper's f_ext) would paraphrase.",
         *(["  them (`domains/*.json`) before relying on them."] if llm else []),

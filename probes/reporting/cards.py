@@ -9,7 +9,10 @@ Works for any folder that :func:`probes.data.dataset.load_dataset` reads (v1 ``b
   with a tokenizer also request length in its tokens; request words crossed with the skill MiniLM
   retrieval ranks first; where items have a ``scenario``, the out-of-fold
   bag-of-words rows again with scenario-disjoint folds) and :func:`~probes.scoring.shortcuts.best_shortcut`;
-* the label audit's counts per rule and action (items with an ``audit`` field);
+* where items carry a ``category`` or a ``match_id`` (BFCL), the no-model shortcuts per category and on
+  the matched T_ok/T_wrong set (:func:`strata_table`), with the structural rules above 0.55 named;
+* where items carry an ``audit`` (or the folder an ``audit.jsonl``), the audited labels counted per
+  category, bucket, rule and action;
 * how often the boundary relevance gate of Eq. 10 opens (r_B > γ = 0) for the skills retrieved at
   depth ≤ 2, per bucket, under the lexical and the semantic r_B (MiniLM cosines), so a reader sees
   whether a set's boundary text can reach the prompt at all under each measure;
@@ -38,12 +41,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probes.data.dataset import ABSTAIN, BUCKETS, SPLITS, ProbeDataset, load_dataset
+from probes.data.dataset import ABSTAIN, AUDIT_FILE, BUCKETS, SPLITS, ProbeDataset, audit_records, load_dataset
 from probes.data.retrieval import RELEVANCE_MEASURES, Embedder, Retriever, make_embedder
 from probes.prompts.builder import DEFAULT_K_MAX, NATIVE_FORCED_PREFIX
 from probes.prompts.tokenizers import QWEN3_TOKENIZER, load_tokenizer
-from probes.scoring.shortcuts import (DEFAULT_FOLDS, DEFAULT_RESAMPLES, bag_of_words_variants, best_shortcut, out_of_fold_rows, shortcut_table,
-                                     split_name)
+from probes.scoring.shortcuts import (CATALOG_RULES, COMPARED, DEFAULT_FOLDS, DEFAULT_RESAMPLES, SHORTCUT_RULES, bag_of_words_variants,
+                                     best_shortcut, out_of_fold_rows, shortcut_table, split_name)
 
 CARD_NAME = "CARD.md"
 LLM_RECORD = "llm_extraction.jsonl"  # a recorded LLM extractor run in a dataset folder (optional)
@@ -163,17 +166,66 @@ def _scenario_fold_rows(dataset: ProbeDataset, kinds: list[str], *, resamples: i
     return pd.DataFrame(rows)
 
 
-def _audit(dataset: ProbeDataset) -> list[str]:
-    """Counts of the items' label audit (the optional item field ``audit``) per rule and action, with each rule's text."""
-    entries = [(entry["rule"], entry["action"], item.bucket) for item in dataset.items for entry in item.audit]
-    if not entries:
+STRUCTURE_BAR = 0.55  # a structural rule above this balanced accuracy on the matched set is named in the card
+
+
+def strata(dataset: ProbeDataset) -> dict[str, list[str]]:
+    """Item ids per stratum: each ``category`` (items that have one), then ``matched`` (items with a
+    ``match_id``: each T_wrong item and the T_ok item matched to it). Empty for a dataset without them."""
+    out: dict[str, list[str]] = {}
+    for category in sorted({item.category for item in dataset.items if item.category is not None}):
+        out[category] = [item.id for item in dataset.items if item.category == category]
+    matched = [item.id for item in dataset.items if item.match_id is not None]
+    if matched:
+        out["matched"] = matched
+    return out
+
+
+def strata_table(dataset: ProbeDataset, *, tokenizer: Any = None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> pd.DataFrame:
+    """The no-model shortcuts of :func:`probes.scoring.shortcuts.shortcut_table` on each stratum of
+    :func:`strata` (all splits), T_ok vs T_wrong: every rule's balanced accuracy, and the AUC of the
+    request length and of the bag-of-words classifiers; ``split`` names the stratum."""
+    frames = []
+    for name, ids in strata(dataset).items():
+        table = shortcut_table(dataset, splits=(None,), tokenizer=tokenizer, resamples=resamples, seed=seed, item_ids=ids)
+        keep = (table.compared == COMPARED) & table.shortcut.isin(SHORTCUT_RULES) & (
+            (table.statistic == "balanced_accuracy") | ((table.statistic == "auc") & table.shortcut.str.startswith(("request_length", "bag_of_words"))))
+        frames.append(table[keep].assign(split=name))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _strata(dataset: ProbeDataset, *, tokenizer: Any, resamples: int, seed: int) -> list[str]:
+    table = strata_table(dataset, tokenizer=tokenizer, resamples=resamples, seed=seed)
+    if table.empty:
         return []
-    counts = Counter(entries)
-    frame = pd.DataFrame([{"rule": rule.split(":")[0], "action": action, "bucket": bucket, "items": n}
-                          for (rule, action, bucket), n in sorted(counts.items())])
-    rules = sorted({rule for rule, _, _ in entries})
-    return ["## Label audit", "", "Items carrying an `audit` entry (the reason is recorded per item), per rule and action:", "",
-            _markdown(frame), "", *[f"* {rule}" for rule in rules], ""]
+    pairs = Counter(item.bucket for item in dataset.items if item.match_id is not None)
+    unmatched = sum(1 for item in dataset.items if item.bucket == "T_wrong" and item.match_id is None)
+    shown = table.assign(ci=[f"[{_fmt(lo)}, {_fmt(hi)}]" for lo, hi in zip(table.low, table.high)], value=[_fmt(v) for v in table.value])
+    matched = table[(table.split == "matched") & table.shortcut.isin(CATALOG_RULES) & (table.statistic == "balanced_accuracy")]
+    above = [f"{row.shortcut} {row.value:.3f} [{_fmt(row.low)}, {_fmt(row.high)}]" for row in matched.itertuples() if row.value > STRUCTURE_BAR]
+    return ["## Shortcuts per category and on the matched set", "",
+            "The same no-model rules as above (`all` items of each stratum), per `category` and on the `matched` set: each T_wrong item "
+            f"with the T_ok item matched to it (same category, step depth and catalog gap; `match_id`): {pairs['T_wrong']} pairs, "
+            f"{unmatched} T_wrong items unmatched. The rules and the matching were fixed before any model ran on these items; "
+            "nothing here is tuned against a probe outcome. `balanced_accuracy` for the yes/no rules (= their AUC), AUC for length and bag of words.", "",
+            _markdown(shown[["shortcut", "split", "statistic", "value", "ci", "n_items", "n_groups"]]), "",
+            f"Structural rules (`{'`, `'.join(CATALOG_RULES)}`) above {STRUCTURE_BAR} balanced accuracy on the matched set: "
+            + ("; ".join(above) if above else "none") + "."
+            + (" Matching cannot remove a rule that reads a bucket's definition, which no T_ok item can share (BFCL: a miss_func "
+               "T_wrong's tempting skill is the held-out function's, absent from the catalog by construction); the dataset's README says which."
+               if above else ""), ""]
+
+
+def _audit(dataset: ProbeDataset) -> list[str]:
+    records = audit_records(dataset)
+    if not records:
+        return []
+    frame = pd.DataFrame(records)
+    frame["category"] = frame["category"].fillna("—")
+    counts = frame.groupby(["category", "bucket", "rule", "action"], sort=True).size().reset_index(name="items")
+    return ["## Label audit", "",
+            f"Items a stated rule checked (`audit` field of the items; dropped items are listed in `{AUDIT_FILE}`; "
+            "`basm-probes audit --dataset DIR` prints every change with its reason):", "", _markdown(counts), ""]
 
 
 def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFAULT_TOKENIZER, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> str:
@@ -197,7 +249,6 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
              "Generated by `probes.reporting.cards.write_card`; do not edit by hand (tests/test_cards.py regenerates it).",
              f"Parameters: tokenizer = {tokenizer_label}; bootstrap resamples = {resamples}, seed = {seed}; CIs are 95% percentile intervals over task groups.", ""]
     lines += _counts(dataset)
-    lines += _audit(dataset)
     shown = table.assign(ci=[f"[{_fmt(lo)}, {_fmt(hi)}]" for lo, hi in zip(table.low, table.high)], value=[_fmt(v) for v in table.value])
     lines += ["## Shortcut baselines", "",
               "No-model rules (on the request, or on the shown catalog) and bag-of-words classifiers (`probes.scoring.shortcuts`, whose docstrings define each row). "
@@ -212,6 +263,8 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
         majority = max(buckets.values()) / sum(buckets.values())
         lines += [f"Best no-model shortcut on `{split}` (AUC orientation-free): {described}. "
                   f"Answering the larger bucket for every item is {majority:.3f} accurate: read accuracy against that.", ""]
+    lines += _strata(dataset, tokenizer=loaded, resamples=resamples, seed=seed)
+    lines += _audit(dataset)
     gate = gate_table(dataset, embedder, retriever=retriever)
     lines += ["## Boundary relevance gate (Eq. 10)", "",
               f"Share of (item, skill retrieved at rank ≤ {GATE_DEPTH}) pairs whose boundary fields the gate shows at γ = 0, over all items "

@@ -336,10 +336,30 @@ def out_of_fold_rows(pair: Sequence[Item], split: str, variant: tuple[str, bool,
                  "AUC of out-of-fold P(T_ok), " + ("" if fold_groups == "task_group" else f"{disjoint} folds, ") + "T_ok positive")]
 
 
-# Prompt-level rules: they read the shown catalog, never the request or any boundary text.
+def history_empty(item: Item, dataset: ProbeDataset) -> bool:
+    """No call has been made in the current turn yet (``item.history`` is empty: step 0)."""
+    return not item.history
+
+
+def history_empty_and_catalog_gap(item: Item, dataset: ProbeDataset) -> bool:
+    """:func:`history_empty` and :func:`hides_a_tool`."""
+    return history_empty(item, dataset) and hides_a_tool(item, dataset)
+
+
+def history_empty_and_tempting_tool_hidden(item: Item, dataset: ProbeDataset) -> bool:
+    """:func:`history_empty` and :func:`tempting_tool_hidden`."""
+    return history_empty(item, dataset) and tempting_tool_hidden(item, dataset)
+
+
+# Prompt-level rules: they read the shown catalog or the prompt's structure, never the request or any
+# boundary text. Fixed before any model ran on the items they are reported for.
 CATALOG_RULES: dict[str, tuple[Callable[[Item, ProbeDataset], bool], str]] = {
     "catalog_hides_tool": (hides_a_tool, "T_wrong iff the shown catalog leaves out a tool of the item's domains (prompt-level, no request text)"),
     "tempting_tool_hidden": (tempting_tool_hidden, "T_wrong iff a tool of the tempting skill is not in the shown catalog (prompt-level, no request text)"),
+    "history_empty": (history_empty, "T_wrong iff no call was made yet in the current turn (step 0; prompt structure, no request text)"),
+    "history_empty_x_catalog_gap": (history_empty_and_catalog_gap, "T_wrong iff step 0 and the shown catalog leaves out a tool (prompt structure)"),
+    "history_empty_x_tempting_tool_hidden": (history_empty_and_tempting_tool_hidden,
+                                             "T_wrong iff step 0 and a tool of the tempting skill is not shown (prompt structure)"),
 }
 
 
@@ -400,7 +420,8 @@ def shortcut_table(
     * every ``accuracy`` row has a ``balanced_accuracy`` twin (:func:`balanced_accuracy`), the one
       to read on an imbalanced set.
     * ``catalog_hides_tool`` and ``tempting_tool_hidden`` (:data:`CATALOG_RULES`): yes/no rules on the
-      shown catalog alone (an abstain item that removes its correct tool, a held-out function).
+      shown catalog alone (an abstain item that removes its correct tool, a held-out function);
+      ``history_empty`` (step 0) and its conjunctions with those two: rules on the prompt's structure.
     * ``hidden_tool_place`` ``auc`` (compared ``T_ok vs T_wrong, items hiding a tool``): :func:`hidden_place_rows`.
     * every yes/no rule (the overlap and catalog rules) also has an ``auc`` row of its 0/1 answer.
     * ``bag_of_words`` ``accuracy`` (out-of-fold P(T_ok) > 0.5; CI over groups) and ``auc``
