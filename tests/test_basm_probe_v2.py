@@ -86,7 +86,7 @@ def test_scenario_split_needs_the_field_and_a_known_kind(v1_dataset):
 
 def test_v1_digest_is_unchanged_by_the_optional_field(v1_dataset):
     """Results fingerprints of v1 must not move: its digest equals the pre-v2 formula (asdict
-    without the optional fields split_scenario, scenario and audit), recomputed here."""
+    without the optional fields split_scenario, scenario, category, match_id and audit), recomputed here."""
     v1 = v1_dataset
     items = v1.items[:30]
     fields = [{k: v for k, v in asdict(item).items() if k not in ("split_scenario", "scenario", "audit")} for item in items]
