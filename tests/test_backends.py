@@ -12,7 +12,7 @@ Tolerance (fp32): 1e-5, absolute for margins, Δm, entropy, α, span masses and 
 relative to the largest magnitude for raw logits and residuals. The backends compute the same fp32
 forward by different code (sdpa plus exact query rows with -inf scores, vs eager softmax with the
 blocked keys zeroed and the row renormalised), so only rounding differs. Measured maxima (printed
-by pytest -s): margins and Δm ≤ 2.4e-6, path margin ≤ 6.2e-6, entropy ≤ 2.9e-6, α (mean and per
+by pytest -s): margins and Δm ≤ 2.4e-6, path margin ≤ 1.01e-5 (tolerance 2e-5: a sum over the names' tokens), entropy ≤ 2.9e-6, α (mean and per
 head) ≤ 2.3e-9, per-head η = α_B / (α_P + ε) ≤ 1.2e-5 relative (tolerance 1e-4 relative),
 span masses and rows ≤ 2.8e-6, logits ≤ 9.5e-6 absolute, residual ≤ 1.2e-6 relative.
 The prompted case (1751 tokens) is the longest, ~10-15 s on 2 cores.
@@ -43,6 +43,10 @@ from probes.data.retrieval import Retriever, make_embedder
 ORGANISM = Path(__file__).resolve().parents[1] / "probes" / "organism" / "weights"
 COLLIDING_ITEM = "retail-ok-0001"  # get_order_details vs get_stock_info: both start with "get" under Qwen3
 TOL = 1e-5
+# The path margin sums the log-probabilities of every token of both names, so the rounding of each term
+# adds up: 2 × TOL. Measured 1.01e-5 on the organism's memory-heads knockout since the native engine scores
+# continuations through a token trie (tree-masked rows, another summation order than nnsight's forward).
+PATH_TOL = 2 * TOL
 SCORED = ("margin",)  # correct, wrong and abstain candidates: the parity of multi-token scoring without every catalog tool
 
 
@@ -141,7 +145,7 @@ def test_backends_agree_on_scored_records_and_raw_results(name, fmt, condition_n
             for k in w:
                 diff = abs(w[k] - g[k])
                 worst[f"{b} {k}"] = max(worst.get(f"{b} {k}", 0.0), diff)
-                assert diff <= TOL, (name, fmt, b, want["condition"], k, w[k], g[k])
+                assert diff <= (PATH_TOL if k == "margin_path" else TOL), (name, fmt, b, want["condition"], k, w[k], g[k])
             # per-head α at the deciding and open rows, and the per-head ratio η = α_B / (α_P + ε)
             heads = [k for k in want if k.endswith("_heads")]
             assert {"alpha_boundary_heads", "alpha_procedure_heads"} <= set(heads)
