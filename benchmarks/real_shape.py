@@ -59,6 +59,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu import sweep_prompts  # noqa: E402  (benchmarks/gpu.py: an item's distinct sweep prompts)
+
 KNOCKOUT_OPTIONS = dict(priming=False, knockout_rows="path", random_pool="neutral", seed=0, mass_tolerance=0.1,
                         margin_variant="tool_choice")
 
@@ -86,13 +89,7 @@ def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, list[Any]
         record = builder.build(item, "basm", k, "native")
         if not record.spans.get("boundary"):
             continue
-        sweep: list[Any] = []
-        for depth in range(k_max + 1):
-            for config in ("base", "proc", "app", "basm"):
-                r = builder.build(item, config, depth, "native")
-                if all(r.input_ids != s.input_ids for s in sweep):
-                    sweep.append(r)
-        return record, sweep, dataset
+        return record, sweep_prompts(builder, item, k_max), dataset
     raise RuntimeError("no T_wrong eval item with a boundary span")
 
 
