@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, Job, OptionError, ReportSection, RunContext, RunOptions, cached_scorer, k_max_option, option, provenance, run_jobs
+from probes.analyses.base import (Analysis, Job, OptionError, ReportSection, RunContext, RunOptions, Scorer, cached_scorer, k_max_option, option,
+                                  provenance, run_jobs)
 from probes.data.configs import CONFIGS
 from probes.prompts.builder import SWEEP_K_MAX
 from probes.reporting import plots
@@ -63,6 +64,74 @@ def power_grid(power: pd.DataFrame) -> pd.DataFrame:
     """The power table with one column per K (in order), one row per source × outcome × pool."""
     grid = power.pivot_table(index=["source", "outcome", "pool"], columns="K", values="power", sort=False)
     return grid[sorted(grid.columns)]
+
+
+def draw(ctx: RunContext, n_masks: int, inclusion: float) -> tuple[tuple[str, ...], np.ndarray]:
+    """The dataset's skill ids and the ``[K, n_skills]`` masks over them (seeded by ``--seed``)."""
+    skills = tuple(ctx.dataset.skills)
+    return skills, est.draw_masks(n_masks, len(skills), inclusion, np.random.default_rng([ctx.options.seed, 3]))
+
+
+def included_sets(skills: tuple[str, ...], masks: np.ndarray) -> list[frozenset[str]]:
+    """The skill ids each mask includes."""
+    return [frozenset(np.asarray(skills)[row]) for row in masks]
+
+
+def shown(ctx: RunContext, item, included: frozenset[str], pool: str) -> tuple[str, ...]:
+    """The skills the item's prompt shows when only ``included`` are in the library: ``topk`` keeps the
+    survivors of the full library's top k, ``library`` re-runs retrieval on the included skills (Eq. 8
+    scores each skill on its own, so this is the full ranking restricted to them) and shows its top k."""
+    ranked = [entry.skill.id for entry in ctx.builder.retrieve(item)]
+    k = ctx.options.k_max
+    if pool == "topk":
+        return tuple(s for s in ranked[:k] if s in included)
+    return tuple(s for s in ranked if s in included)[:k]
+
+
+def pool_of(ctx: RunContext, item, pool: str) -> frozenset[str]:
+    """The skills whose inclusion a mask varies for this item: its top k, or its whole library."""
+    if pool == "topk":
+        return frozenset(entry.skill.id for entry in ctx.builder.retrieve(item)[: ctx.options.k_max])
+    return frozenset(skill.id for skill in ctx.dataset.library_for(item))
+
+
+def mask_jobs(ctx: RunContext, items, skills: tuple[str, ...], masks: np.ndarray, config: str, pools: tuple[str, ...]) -> list[Job]:
+    """One job per (pool, mask, item), an item's jobs in a row with identical prompts next to each other
+    (scored once by :func:`mask_scorer`)."""
+    included = included_sets(skills, masks)
+    jobs = []
+    for item in items:
+        mine = [Job(item, config, len(seen), ctx.fmt, (mask_condition(pool, m),), skills=seen)
+                for pool in pools for m in range(len(masks)) for seen in [shown(ctx, item, included[m], pool)]]
+        jobs += sorted(mine, key=lambda job: job.skills)
+    return jobs
+
+
+def mask_scorer(ctx: RunContext) -> Scorer:
+    """The scorer of :func:`mask_jobs`: the record's margins, with its pool, mask and shown skills."""
+    score = cached_scorer(ctx, lambda record, job: (), margins=("margin",))
+
+    def scorer(record, job):
+        pool, mask = job.conditions[0].split(":m")
+        rows = score(record, job)
+        for row in rows:
+            row.update(condition=job.conditions[0], pool=pool, mask=int(mask), shown=list(job.skills))
+        return rows
+
+    return scorer
+
+
+def design(ctx: RunContext, table: pd.DataFrame, items, pool: str, skills: tuple[str, ...],
+           masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    """The arrays of :mod:`probes.scoring.attribution` for ``items`` (one domain): outcomes ``[K, I]``
+    from ``table`` (masks × item ids), inclusion ``[K, J, I]`` and ``defined`` ``[J, I]`` over the
+    skills any of the items can see (their indices into ``skills``: the last value)."""
+    index = {s: j for j, s in enumerate(skills)}
+    o = table.reindex(columns=[item.id for item in items]).to_numpy(float)  # [K, I]
+    pools = [pool_of(ctx, item, pool) for item in items]
+    cols = sorted({index[s] for p in pools for s in p})
+    defined = np.array([[skills[j] in p for p in pools] for j in cols]).reshape(len(cols), len(items))  # [J, I]
+    return o, masks[:, cols][:, :, None] & defined[None], defined, cols
 
 
 @dataclass
@@ -104,44 +173,16 @@ class Attribution(Analysis):
             options = dataclasses.replace(options, pools=("library",) if "library" in self.pools else self.pools[:1])
         return options
 
-    def draw(self, ctx: RunContext) -> tuple[tuple[str, ...], np.ndarray]:
-        """The dataset's skill ids and the ``[K, n_skills]`` masks over them (seeded by ``--seed``)."""
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
         if not 0.0 < self.inclusion < 1.0:
             raise OptionError(f"{NAME}: inclusion (--inclusion) must be in (0, 1), got {self.inclusion}")
-        skills = tuple(ctx.dataset.skills)
-        return skills, est.draw_masks(self.masks, len(skills), self.inclusion, np.random.default_rng([ctx.options.seed, 3]))
-
-    def shown(self, ctx: RunContext, item, included: frozenset[str], pool: str) -> tuple[str, ...]:
-        """The skills the item's prompt shows under a mask that includes ``included``."""
-        ranked = [entry.skill.id for entry in ctx.builder.retrieve(item)]
-        k = ctx.options.k_max
-        if pool == "topk":
-            return tuple(s for s in ranked[:k] if s in included)
-        return tuple(s for s in ranked if s in included)[:k]
-
-    def collect(self, ctx: RunContext) -> pd.DataFrame:
-        skills, masks = self.draw(ctx)
-        included = [frozenset(np.asarray(skills)[row]) for row in masks]
-        jobs = []
-        for item in ctx.items:
-            mine = [Job(item, self.config, len(shown), ctx.fmt, (mask_condition(pool, m),), skills=shown)
-                    for pool in ctx.options.pools for m in range(self.masks) for shown in [self.shown(ctx, item, included[m], pool)]]
-            jobs += sorted(mine, key=lambda job: job.skills)  # identical prompts of an item in a row: scored once
-        store = ctx.store(configs=[self.config], masks=[sorted(s) for s in included])
-        score = cached_scorer(ctx, lambda record, job: (), margins=("margin",))
-
-        def scorer(record, job):
-            pool, mask = job.conditions[0].split(":m")
-            rows = score(record, job)
-            for row in rows:
-                row.update(condition=job.conditions[0], pool=pool, mask=int(mask), shown=list(job.skills))
-            return rows
-
-        run_jobs(ctx, store, jobs, scorer)
+        skills, masks = draw(ctx, self.masks, self.inclusion)
+        store = ctx.store(configs=[self.config], masks=[sorted(s) for s in included_sets(skills, masks)])
+        run_jobs(ctx, store, mask_jobs(ctx, ctx.items, skills, masks, self.config, ctx.options.pools), mask_scorer(ctx))
         return load_results(store.path)
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> AttributionSummary:
-        skills, masks = self.draw(ctx)
+        skills, masks = draw(ctx, self.masks, self.inclusion)
         index = {s: j for j, s in enumerate(skills)}
         rng = np.random.default_rng([ctx.options.seed, 4])
         weights = est.bootstrap_weights(self.masks, self.resamples, rng)
@@ -158,11 +199,7 @@ class Attribution(Analysis):
                 boot_sum, boot_n = np.zeros((self.resamples, len(skills))), np.zeros((self.resamples, len(skills)))
                 sds = []
                 for domain, items in by_domain.items():
-                    o = table.reindex(columns=[item.id for item in items]).to_numpy(float)  # [K, I]
-                    pools = [self.pool_of(ctx, item, pool) for item in items]
-                    cols = sorted({index[s] for p in pools for s in p})  # the skills any of these items can see
-                    defined = np.array([[skills[j] in p for p in pools] for j in cols])  # [J, I]
-                    inc = masks[:, cols][:, :, None] & defined[None]  # [K, J, I]
+                    o, inc, defined, cols = design(ctx, table, items, pool, skills, masks)
                     c = est.causal_scores(o, inc, defined)
                     boot = est.causal_scores(np.broadcast_to(o, (self.resamples, *o.shape)), inc, defined, weights)
                     var = est.cell_variances(o, inc, defined)
@@ -200,12 +237,6 @@ class Attribution(Analysis):
         note = (f"{provenance(ctx)} · masks K = {self.masks}, f = {self.inclusion}, config {self.config} · "
                 f"{self.resamples} bootstrap resamples, {self.permutations} permutations, α = {self.alpha}")
         return AttributionSummary(cells, stats, power, noise, tempting, self.masks, self.inclusion, note)
-
-    def pool_of(self, ctx: RunContext, item, pool: str) -> frozenset[str]:
-        """The skills whose inclusion a mask varies for this item: its top k, or its whole library."""
-        if pool == "topk":
-            return frozenset(entry.skill.id for entry in ctx.builder.retrieve(item)[: ctx.options.k_max])
-        return frozenset(skill.id for skill in ctx.dataset.library_for(item))
 
     def power_table(self, ctx: RunContext, detection: list, noise: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
         """Power of the per-cell permutation test against K: simulated for the seed's binary outcome and
