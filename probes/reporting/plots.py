@@ -916,3 +916,59 @@ def fig14_attribution_statistics(skills: pd.DataFrame, cells: pd.DataFrame, powe
     fig.suptitle("Skill attribution: row statistics, stability and power", y=1.02)
     footnote(fig, note)
     return fig
+
+
+REGIME_COLORS = {"heterogeneous": "#d95f02", "beneficial": "#1b9e77", "negligible": "#7570b3", "harmful": "#e7298a", "unmeasured": "0.6"}
+
+
+def fig15_curation_regimes(skills: pd.DataFrame, decisions: pd.DataFrame, tau_split: float, tau_retire: float, note: str) -> plt.Figure:
+    """C̄ against H per skill (benefit scale, logits), coloured by regime, with the thresholds τ_split and
+    ±τ_retire; an outline marks each skill whose split, retirement or merge passed the gate.
+
+    skills: skill, c_bar, h_range, h_iqr, regime (the H used is the one the regime was decided on, read from ``note``);
+    decisions: step, skill, accepted."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    h = "h_iqr" if "H = h_iqr" in note else "h_range"
+    measured = skills.dropna(subset=["c_bar", h])
+    for regime, sub in measured.groupby("regime", sort=False):
+        ax.scatter(sub["c_bar"], sub[h], s=22, color=REGIME_COLORS.get(regime, "0.3"), label=f"{regime} ({len(sub)})")
+    changed = set(decisions.loc[decisions["accepted"].astype(bool), "skill"])
+    hit = measured[measured["skill"].isin(changed)]
+    ax.scatter(hit["c_bar"], hit[h], s=80, facecolors="none", edgecolors="k", lw=1.0, label=f"changed, gate passed ({len(hit)})")
+    ax.axhline(tau_split, color="0.3", lw=0.8, ls="--")
+    for x in (-tau_retire, tau_retire):
+        ax.axvline(x, color="0.5", lw=0.8, ls=":")
+    ax.set_xlabel("C̄(j): mean benefit over development items (−C of the margin, logits)")
+    ax.set_ylabel(f"H(j) ({'interquartile range' if h == 'h_iqr' else 'range'} over items, logits)")
+    ax.set_title(f"Curation regimes (dashed: τ_split = {tau_split:.2f}; dotted: ±τ_retire = {tau_retire:.2f})")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    footnote(fig, note)
+    return fig
+
+
+def fig16_masking_policies(policies: pd.DataFrame, note: str) -> plt.Figure:
+    """Held-out items: the mean wrong-tool margin and the wrong-choice rate per policy (full library,
+    per-item mask, reverse mask, random mask) and bucket, with 95% CIs over task groups.
+
+    policies: outcome, bucket, policy, value, low, high."""
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
+    order = ["full", "mask", "reverse", "random"]
+    colors = dict(zip(order, sns.color_palette("colorblind", len(order))))
+    for ax, (outcome, title) in zip(axes, (("margin", "mean wrong-tool margin (logits)"), ("wrong_choice", "wrong two-way choice rate"))):
+        sub = policies[policies["outcome"] == outcome]
+        buckets = [b for b in BUCKET_ORDER if b in set(sub["bucket"])]
+        width = 0.8 / len(order)
+        for p, policy in enumerate(order):
+            cells = sub[sub["policy"] == policy].set_index("bucket").reindex(buckets)
+            x = np.arange(len(buckets)) + (p - (len(order) - 1) / 2) * width
+            value = cells["value"].to_numpy(float)
+            err = np.vstack([value - cells["low"].to_numpy(float), cells["high"].to_numpy(float) - value])
+            ax.bar(x, value, width, color=colors[policy], label=policy)
+            ax.errorbar(x, value, yerr=np.nan_to_num(err), fmt="none", ecolor="k", lw=0.8, capsize=2)
+        ax.set_xticks(np.arange(len(buckets)), [bucket_label(b) for b in buckets])
+        ax.axhline(0.0, color="0.3", lw=0.8)
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Per-item skill masking on held-out task groups", y=1.02)
+    footnote(fig, note)
+    return fig

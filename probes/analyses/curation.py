@@ -1,0 +1,527 @@
+"""``curate`` and ``mask-eval`` (seed 003 §2.2–2.3): repair a skill library from its attribution matrix.
+
+Both analyses split the selected items by their split field (``--split-kind``): the *development*
+items (split ``train``) decide everything, the *held-out* items (split ``eval``, other task groups)
+only measure. On the development items both score the attribution masks of ``attribution`` (the
+``library`` pool: retrieval re-run on the masked library) and compute the benefit matrix
+b[j, i] = −C[j, i] of the wrong-tool margin (:mod:`probes.scoring.curation`).
+
+``curate`` sorts the skills into regimes by C̄ and H, then splits heterogeneous skills into two
+conditional variants (each pair kept only if ψ accepts both and the development gate passes),
+retires negligible ones, merges near-duplicates by embedding cosine (keeping the best by C̄), each
+step gated, and writes the curated library as a dataset folder (``--library-out``) with a README of
+every decision. The held-out items are scored under the original and the curated library.
+
+``mask-eval`` predicts, for each held-out item, every skill's effect from its k nearest development
+items (Eq. 5–6), drops the skills predicted to hurt (Eq. 7) and compares, on the held-out items, the
+full library, the per-item mask, the reverse mask (the same number of the most helpful skills
+dropped) and a random mask of the same size.
+
+Every prompt beyond the masks is scored once and keyed by what it shows (``shown:<digest>`` of the
+shown skills' text), so the thresholds only choose among rows: a rerun with other thresholds
+reuses every row it can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from probes.analyses import register
+from probes.analyses.attribution import Attribution, design, draw, included_sets, mask_jobs, mask_scorer, shown
+from probes.analyses.base import (Analysis, ItemOptions, Job, OptionError, ReportSection, RunContext, RunOptions, cached_scorer,
+                                  k_max_option, option, provenance, run_jobs, shared)
+from probes.data.dataset import DatasetError, Item, ProbeDataset, load_dataset
+from probes.data.retrieval import skill_text
+from probes.data.schema import BOUNDARY_SLOTS, LibraryReport, SkillValidationError, validate_skill
+from probes.prompts.builder import DEFAULT_K_MAX
+from probes.reporting import plots
+from probes.reporting.markdown import markdown_table
+from probes.reporting.results import load_results, write_csv
+from probes.scoring import attribution as est
+from probes.scoring import curation as cur
+from probes.scoring.stats import paired_differences, summarise as ci_summary
+
+POOL = "library"  # a curated or masked library is retrieved from: the attribution pool that re-runs retrieval
+DEVELOPMENT, HELD_OUT = "train", "eval"
+POLICIES: tuple[str, ...] = ("full", "mask", "reverse", "random")
+
+
+# ---------------------------------------------------------------------------- shared by both
+def partition(ctx: RunContext) -> tuple[list[Item], list[Item]]:
+    """The development (split ``train``) and held-out (split ``eval``) items of the run."""
+    field = "split" if ctx.options.split_kind == "template" else "split_scenario"
+    dev = [item for item in ctx.items if getattr(item, field) == DEVELOPMENT]
+    held = [item for item in ctx.items if getattr(item, field) == HELD_OUT]
+    if not dev:
+        raise OptionError(f"{ctx.name}: no development items (split {DEVELOPMENT!r}) among the {len(ctx.items)} selected; "
+                          "select --split all (the default) or train")
+    return dev, held
+
+
+def benefit_cells(ctx: RunContext, rows: pd.DataFrame, items: Sequence[Item], skills: tuple[str, ...], masks: np.ndarray) -> pd.DataFrame:
+    """The benefit b = −C of the margin (attribution's Eq. 1 over the mask rows), one row per defined
+    (skill, development item) cell: skill, item_id, b."""
+    sub = rows[rows["condition"].str.startswith(f"{POOL}:m")]
+    table = sub.pivot_table(index="mask", columns="item_id", values="margin", aggfunc="first", dropna=False).reindex(index=range(len(masks)))
+    out = []
+    by_domain: dict[str, list[Item]] = {}
+    for item in items:
+        by_domain.setdefault(item.domain, []).append(item)
+    for domain_items in by_domain.values():
+        o, inc, defined, cols = design(ctx, table, domain_items, POOL, skills, masks)
+        c = est.causal_scores(o, inc, defined)
+        j, i = np.nonzero(np.isfinite(c))
+        out.append(pd.DataFrame({"skill": [skills[cols[x]] for x in j], "item_id": [domain_items[x].id for x in i], "b": -c[j, i]}))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["skill", "item_id", "b"])
+
+
+def shown_condition(dataset: ProbeDataset, skill_ids: Sequence[str]) -> str:
+    """The row condition of a prompt by what it shows: a digest of the shown skills' text, in order."""
+    text = json.dumps([dataset.skills[s].to_json() for s in skill_ids], sort_keys=True)
+    return "shown:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+Request = tuple[Item, tuple[str, ...]]  # an item and the skills its prompt shows
+Margins = Callable[[RunContext, Sequence[Request]], list[float]]
+
+
+def scoring_margins(store) -> Margins:
+    """Score the requests not in ``store`` yet (resumable) and return every request's margin."""
+    def margins(ctx: RunContext, requests: Sequence[Request]) -> list[float]:
+        jobs = list({job.keys()[0]: job for job in (request_job(ctx, item, seen) for item, seen in requests)}.values())
+        score = cached_scorer(ctx, lambda record, job: (), margins=("margin",))
+
+        def scorer(record, job):
+            rows = score(record, job)
+            for row in rows:
+                row.update(condition=job.conditions[0], shown=list(job.skills))
+            return rows
+
+        run_jobs(ctx, store, sorted(jobs, key=lambda job: job.item.id), scorer)
+        return recorded_margins(load_results(store.path))(ctx, requests)
+    return margins
+
+
+def recorded_margins(rows: pd.DataFrame) -> Margins:
+    """The requests' margins read from ``rows`` (a missing one is an error: the run did not score it)."""
+    by_key = rows.drop_duplicates("key").set_index("key")["margin"] if len(rows) else pd.Series(dtype=float)
+
+    def margins(ctx: RunContext, requests: Sequence[Request]) -> list[float]:
+        keys = [request_job(ctx, item, seen).keys()[0] for item, seen in requests]
+        missing = [key for key in keys if key not in by_key.index]
+        if missing:
+            raise RuntimeError(f"{ctx.name}: {len(missing)} prompts were never scored (e.g. {missing[0]}); rerun the analysis")
+        return [float(by_key[key]) for key in keys]
+    return margins
+
+
+def request_job(ctx: RunContext, item: Item, seen: tuple[str, ...]) -> Job:
+    return Job(item, ctx.options.config, len(seen), ctx.fmt, (shown_condition(ctx.dataset, seen),), skills=seen)
+
+
+def on_library(ctx: RunContext, item: Item, library: Iterable[str]) -> tuple[str, ...]:
+    """The top k of retrieval re-run on ``library`` (what the item's prompt shows with that library)."""
+    return shown(ctx, item, frozenset(library), POOL)
+
+
+@dataclass(kw_only=True)
+class DevelopmentAttribution(Analysis):
+    """Base of ``curate`` and ``mask-eval``: the attribution masks on the development items."""
+
+    k_max: int | None = k_max_option(DEFAULT_K_MAX)
+    split: str = shared(ItemOptions, "split", default="all", help="items: the development ones (split train) decide, the held-out "
+                        "ones (split eval) only measure; default all (both)")
+    masks: int = shared(Attribution, "masks")
+    inclusion: float = shared(Attribution, "inclusion")
+    config: str = shared(Attribution, "config")
+
+    def development(self, ctx: RunContext) -> tuple[list[Item], list[Item], tuple[str, ...], np.ndarray, Any]:
+        """Score the attribution masks of the development items (resumable); returns the items, the
+        skills and masks, and the store (opened once: every row of the run goes to it)."""
+        dev, held = partition(ctx)
+        if not 0.0 < self.inclusion < 1.0:
+            raise OptionError(f"{self.name}: inclusion (--inclusion) must be in (0, 1), got {self.inclusion}")
+        skills, masks = draw(ctx, self.masks, self.inclusion)
+        store = ctx.store(configs=[self.config], masks=[sorted(s) for s in included_sets(skills, masks)])
+        run_jobs(ctx, store, mask_jobs(ctx, dev, skills, masks, self.config, (POOL,)), mask_scorer(ctx))
+        return dev, held, skills, masks, store
+
+    def matrix(self, ctx: RunContext, rows: pd.DataFrame) -> tuple[list[Item], list[Item], pd.DataFrame]:
+        dev, held = partition(ctx)
+        skills, masks = draw(ctx, self.masks, self.inclusion)
+        return dev, held, benefit_cells(ctx, rows, dev, skills, masks)
+
+
+# ---------------------------------------------------------------------------- curate
+@dataclass
+class CurationSummary:
+    skills: pd.DataFrame  # skill, domain, c_bar, h_range, h_iqr, n_items, heterogeneity, regime
+    decisions: pd.DataFrame  # step, skill, action, accepted, reason, margin_before, margin_after, correct_before, correct_after, n_items
+    held_out: pd.DataFrame  # bucket, library, value, low, high, n, ... (margin) and the curated − original difference
+    library_dir: Path | None
+    counts: dict[str, int]
+    note: str
+
+
+@register("curate", order=83)
+@dataclass(kw_only=True)
+class Curate(DevelopmentAttribution):
+    """Seed 003 §2.2: split, retire and merge skills by C̄ and H, each step gated on development items; writes the curated dataset."""
+
+    # the thresholds only choose among rows keyed by what a prompt shows: a rerun with other values reuses them
+    value_neutral: ClassVar[frozenset[str]] = RunOptions.value_neutral | {"tau_split", "tau_retire", "tau_merge", "heterogeneity",
+                                                                          "max_split", "library_out"}
+
+    tau_split: float = option(round(cur.TAU_SPLIT, 4), "τ_split: H (logits) from which a skill is heterogeneous (the seed's 0.40 pass-rate "
+                              "difference as a margin: 2·logit(0.70))", type=float, minimum=0.0)
+    tau_retire: float = option(round(cur.TAU_RETIRE, 4), "τ_retire: |C̄| (logits) below which a skill is negligible (the seed's smallest "
+                               "acted-on effect, 0.10, as a margin: 2·logit(0.55))", type=float, minimum=0.0)
+    tau_merge: float = option(cur.TAU_MERGE, "τ_merge: embedding cosine from which two skills of a domain are near-duplicates "
+                              "(the seed states none; a priori)", type=float, minimum=0.0)
+    heterogeneity: str = option("h_range", "H: h_range (the seed's Eq. 4, max − min over items) or h_iqr (interquartile range, robust)",
+                                choices=("h_range", "h_iqr"))
+    max_split: int = option(10, "τ_max_split: heterogeneous skills rewritten, largest H first", type=int, minimum=0)
+    library_out: str | Path | None = option(None, "folder of the curated dataset (default OUT/<model>/curated-<dataset>)", type=Path)
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        dev, held, skills, masks, store = self.development(ctx)
+        rows = load_results(store.path)
+        plan = self.plan(ctx, dev, benefit_cells(ctx, rows, dev, skills, masks), scoring_margins(store))
+        if held:
+            requests = [(item, on_library(plan.ctx, item, library)) for item in held for library in (plan.original, plan.final)]
+            scoring_margins(store)(plan.ctx, requests)
+        return load_results(store.path)
+
+    def plan(self, ctx: RunContext, dev: list[Item], cells: pd.DataFrame, margins: Margins) -> Plan:
+        """The curation decisions (deterministic given the cells and the margins)."""
+        return curate_library(ctx, dev, cells, margins, self)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> CurationSummary:
+        dev, held, cells = self.matrix(ctx, rows)
+        plan = self.plan(ctx, dev, cells, recorded_margins(rows))
+        held_out = pd.DataFrame()
+        if held:
+            margins = recorded_margins(rows)
+            frames = []
+            for name, library in (("original", plan.original), ("curated", plan.final)):
+                values = margins(plan.ctx, [(item, on_library(plan.ctx, item, library)) for item in held])
+                frames.append(pd.DataFrame({"item_id": [i.id for i in held], "task_group": [i.task_group for i in held],
+                                            "bucket": [i.bucket for i in held], "library": name, "margin": values}))
+            long = pd.concat(frames, ignore_index=True)
+            long["wrong_choice"] = np.where(long["margin"].notna(), (long["margin"] >= 0).astype(float), np.nan)
+            parts = []
+            for value in ("margin", "wrong_choice"):
+                summary = ci_summary(long, ["bucket", "library"], value).assign(outcome=value)
+                delta = paired_differences(long, {"curated − original": ("curated", "original")}, pair=["item_id", "task_group", "bucket"],
+                                           side="library", value=value)
+                parts += [summary, ci_summary(delta.rename(columns={"contrast": "library"}), ["bucket", "library"], "delta").assign(outcome=value)]
+            held_out = pd.concat(parts, ignore_index=True)
+        out_dir = Path(self.library_out) if self.library_out is not None else ctx.out_dir / f"curated-{Path(ctx.options.dataset).name}"
+        library_dir = write_curated(ctx, plan, out_dir)
+        counts = plan.skills["regime"].value_counts().reindex(list(cur.REGIMES), fill_value=0).to_dict()
+        note = (f"{provenance(ctx)} · development items {len(dev)}, held-out {len(held)} · masks K = {self.masks}, f = {self.inclusion} · "
+                f"τ_split {self.tau_split}, τ_retire {self.tau_retire} (logits, H = {self.heterogeneity}), τ_merge {self.tau_merge}")
+        return CurationSummary(plan.skills, plan.decisions, held_out, library_dir, counts, note)
+
+    def tables(self, summary: CurationSummary) -> dict[str, pd.DataFrame]:
+        return {"curate_skills": summary.skills, "curate_decisions": summary.decisions, "curate_held_out": summary.held_out}
+
+    def figures(self, summary: CurationSummary, out_dir: Path) -> list[Path]:
+        plots.style()
+        return plots.save_figure(plots.fig15_curation_regimes(summary.skills, summary.decisions, self.tau_split, self.tau_retire,
+                                                              summary.note), out_dir, "fig15_curation_regimes")
+
+    def section(self, ctx: RunContext, summary: CurationSummary, figures: list[Path]) -> ReportSection:
+        counts = pd.DataFrame([summary.counts])
+        decisions = summary.decisions[["step", "skill", "action", "accepted", "reason"]]
+        body = (f"Regimes of the skills seen by the development items (benefit = −C of the margin, logits):\n\n{markdown_table(counts)}\n\n"
+                f"Decisions (each gated on the development items):\n\n{markdown_table(decisions)}\n\n"
+                + (f"Held-out items, original vs curated library (never used to decide):\n\n{markdown_table(summary.held_out)}\n\n"
+                   if len(summary.held_out) else "")
+                + f"Curated dataset: `{summary.library_dir}` (its README lists every change).")
+        return ReportSection("curate", "Seed 003 — library curation: split, retire, merge (`curate`)", figures, body, [], summary)
+
+    def print_summary(self, summary: CurationSummary) -> None:
+        print("regimes:", summary.counts)
+        print(summary.decisions[["step", "skill", "action", "accepted", "reason"]].to_string(index=False))
+        if len(summary.held_out):
+            print("held-out:\n" + summary.held_out.round(3).to_string(index=False))
+        print(f"curated dataset: {summary.library_dir}")
+
+
+@dataclass
+class Plan:
+    """The curation of one run: the decisions, and the libraries (skill ids) before and after."""
+
+    ctx: RunContext  # over the union dataset: the original skills and every variant ψ accepted
+    skills: pd.DataFrame
+    decisions: pd.DataFrame
+    original: frozenset[str]
+    final: frozenset[str]
+    renamed: dict[str, str]  # a removed skill -> the skill that items naming it as tempting skill now name
+
+
+def curate_library(ctx: RunContext, dev: list[Item], cells: pd.DataFrame, margins: Margins, options: Curate) -> Plan:
+    """Split (each candidate gated), retire (gated as one step), merge (gated as one step), in the seed's order."""
+    stats = est.row_statistics(cells, ["skill"], value="b")
+    domain_of = {s.id: s.domain for s in ctx.dataset.skills.values()}
+    seen = dict.fromkeys(s.id for item in dev for s in ctx.dataset.library_for(item))  # the skills of the development items' libraries
+    stats = pd.DataFrame({"skill": list(seen)}).merge(stats, on="skill", how="left").assign(
+        domain=lambda f: f["skill"].map(domain_of))
+    stats["regime"] = cur.regimes(stats["c_bar"], stats[options.heterogeneity], options.tau_split, options.tau_retire).to_numpy()
+    stats = stats.set_index("skill", drop=False)
+    by_item = {item.id: item for item in dev}
+    tempting = {item.tempting_skill for item in ctx.dataset.items}
+
+    # every split candidate's variants, ψ-checked, go into one union dataset (one prompt builder)
+    candidates = stats[stats["regime"] == "heterogeneous"].sort_values(options.heterogeneity, ascending=False, kind="stable")
+    decisions: list[dict[str, Any]] = []
+    variants: dict[str, tuple[Any, Any]] = {}
+    for skill_id in candidates["skill"][: options.max_split]:
+        row = cells[cells["skill"] == skill_id]
+        helped = [by_item[i] for i in row.loc[row["b"] > 0, "item_id"]]
+        hurt = [by_item[i] for i in row.loc[row["b"] < 0, "item_id"]]
+        made = cur.split_variants(ctx.dataset.skills[skill_id], helped, hurt)
+        if isinstance(made, str):
+            decisions.append(decision("split", skill_id, "kept", False, made))
+            continue
+        catalog = ctx.dataset.domains[domain_of[skill_id]].catalog
+        try:
+            variants[skill_id] = tuple(validate_skill(v, catalog, domain=domain_of[skill_id]) for v in made)
+        except SkillValidationError as error:
+            decisions.append(decision("split", skill_id, "kept", False, f"ψ rejected a variant: {error}"))
+    for skill_id in candidates["skill"][options.max_split:]:
+        decisions.append(decision("split", skill_id, "kept", False, f"beyond max_split ({options.max_split})"))
+    union = union_dataset(ctx.dataset, [v for pair in variants.values() for v in pair])
+    uctx = dataclasses.replace(ctx, dataset=union, builder=ctx.options.make_builder(ctx.session.tokenizer, union, retriever=ctx.builder.retriever,
+                                                                                    tokenizer_name=ctx.builder.tokenizer_name))
+
+    def dev_margins(library: frozenset[str]) -> pd.Series:
+        return pd.Series(margins(uctx, [(item, on_library(uctx, item, library)) for item in dev]), index=[item.id for item in dev])
+
+    original = frozenset(ctx.dataset.skills)
+    current, renamed = original, {}
+    score = dev_margins(current)
+    for skill_id, (scoped, guarded) in variants.items():
+        trial = (current - {skill_id}) | {scoped.id, guarded.id}
+        result = cur.gate(score, after := dev_margins(trial))
+        decisions.append(decision("split", skill_id, f"→ {scoped.id}, {guarded.id}", result.accepted, result.reason, result))
+        if result.accepted:
+            current, score, renamed[skill_id] = trial, after, scoped.id
+
+    retire = [s for s in stats.index[stats["regime"] == "negligible"] if s in current]
+    blocked = [s for s in retire if s in tempting]
+    for s in blocked:
+        decisions.append(decision("retire", s, "kept", False, "the tempting skill of dataset items (an item's tempting_skill must be in a library)"))
+    retire = [s for s in retire if s not in blocked]
+    if retire:
+        trial = current - set(retire)
+        result = cur.gate(score, after := dev_margins(trial))
+        decisions += [decision("retire", s, "retired" if result.accepted else "kept", result.accepted, result.reason, result) for s in retire]
+        if result.accepted:
+            current, score = trial, after
+
+    # C̄ of a variant: its parent's mean benefit over the items of its side (it has no attribution of its own)
+    c_bar = stats["c_bar"].to_dict()
+    for parent, (scoped, guarded) in variants.items():
+        row = cells[cells["skill"] == parent]["b"]
+        c_bar[scoped.id], c_bar[guarded.id] = float(row[row > 0].mean()), float(row[row < 0].mean())
+    merged: dict[str, str] = {}
+    for domain in sorted(union.domains):
+        members = [s.id for s in union.domains[domain].library.skills if s.id in current and np.isfinite(c_bar.get(s.id, np.nan))]
+        vectors = uctx.builder.retriever.embedder.embed([full_text(union.skills[s]) for s in members]) if len(members) > 1 else np.zeros((0, 1))
+        for cluster in cur.merge_clusters(members, vectors, options.tau_merge):
+            best = max(cluster, key=lambda s: (c_bar[s], s))
+            merged.update({s: best for s in cluster if s != best})
+    if merged:
+        trial = current - set(merged)
+        result = cur.gate(score, after := dev_margins(trial))
+        decisions += [decision("merge", s, f"into {best}", result.accepted, result.reason, result) for s, best in merged.items()]
+        if result.accepted:
+            current, score = trial, after
+            renamed.update(merged)
+    for old, new in list(renamed.items()):  # a split variant merged away: its parent's items name the survivor
+        while new in renamed:
+            new = renamed[new]
+        renamed[old] = new
+    columns = ["step", "skill", "action", "accepted", "reason", "margin_before", "margin_after", "correct_before", "correct_after", "n_items"]
+    return Plan(uctx, stats.reset_index(drop=True), pd.DataFrame(decisions, columns=columns), original, current, renamed)
+
+
+def decision(step: str, skill: str, action: str, accepted: bool, reason: str, result: cur.GateResult | None = None) -> dict[str, Any]:
+    gate = dataclasses.asdict(result) if result is not None else {}
+    return {"step": step, "skill": skill, "action": action, "accepted": accepted, "reason": reason,
+            **{k: gate.get(k, np.nan) for k in ("margin_before", "margin_after", "correct_before", "correct_after", "n_items")}}
+
+
+def full_text(skill) -> str:
+    """What merging embeds: the goal, procedure and boundary slots (split variants differ only in the last)."""
+    return " ".join((skill_text(skill), *(item for slot in BOUNDARY_SLOTS for item in skill.slot_items(slot))))
+
+
+def union_dataset(dataset: ProbeDataset, extra: Sequence[Any]) -> ProbeDataset:
+    """``dataset`` with the skills ``extra`` added to their domains' libraries (the items unchanged)."""
+    domains = dict(dataset.domains)
+    for skill in extra:
+        domain = domains[skill.domain]
+        domains[skill.domain] = dataclasses.replace(domain, library=LibraryReport((*domain.library.skills, skill), ()))
+    return ProbeDataset(dataset.root, domains, dataset.items)
+
+
+def write_curated(ctx: RunContext, plan: Plan, out: Path) -> Path:
+    """The curated library as a dataset folder (domains/, items.jsonl with tempting skills renamed, README.md),
+    checked by loading it back."""
+    (out / "domains").mkdir(parents=True, exist_ok=True)
+    for name, domain in plan.ctx.dataset.domains.items():
+        raw = json.loads((ctx.dataset.root / "domains" / f"{name}.json").read_text(encoding="utf-8"))
+        raw["skills"] = [s.to_json() for s in domain.library.skills if s.id in plan.final]
+        (out / "domains" / f"{name}.json").write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    lines = []
+    for line in (ctx.dataset.root / "items.jsonl").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            raw = json.loads(line)
+            raw["tempting_skill"] = plan.renamed.get(raw["tempting_skill"], raw["tempting_skill"])
+            lines.append(json.dumps(raw, ensure_ascii=False))
+    (out / "items.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_csv(plan.decisions, out / "decisions.csv")
+    counts = plan.skills["regime"].value_counts().to_dict()
+    accepted = plan.decisions[plan.decisions["accepted"].astype(bool)]
+    readme = [f"# Curated library of `{ctx.dataset.root.name}` (seed 003 §2.2, `basm-probes curate`)", "",
+              f"Model: {ctx.model_path}. Decided on {len(partition(ctx)[0])} development items (split {DEVELOPMENT!r}) only.",
+              f"Skills: {len(plan.original)} → {len(plan.final)}. Regimes: {counts}.", "",
+              "Every change below passed the development gate (mean margin no higher, no fewer correct two-way choices);",
+              "`decisions.csv` lists every decision, rejected ones with their reason. Items whose tempting skill was split",
+              "or merged away name its replacement (the scoped variant, the merge survivor).", "",
+              "| step | skill | action | reason |", "|---|---|---|---|",
+              *[f"| {r.step} | {r.skill} | {r.action} | {r.reason} |" for r in accepted.itertuples()]]
+    if accepted.empty:
+        readme.append("| — | — | no change passed the gate: the library is the original | — |")
+    (out / "README.md").write_text("\n".join(readme) + "\n", encoding="utf-8")
+    try:
+        load_dataset(out)
+    except DatasetError as error:
+        raise RuntimeError(f"the curated dataset at {out} does not load: {error}") from error
+    return out
+
+
+# ---------------------------------------------------------------------------- mask-eval
+@dataclass
+class MaskingSummary:
+    items: pd.DataFrame  # item_id, bucket, task_group, policy, n_dropped, dropped, fallback, tempting_dropped, margin, wrong_choice
+    policies: pd.DataFrame  # outcome, bucket, policy, value, low, high, n, ...
+    contrasts: pd.DataFrame  # outcome, bucket, contrast, value, low, high, n, ...
+    needed: pd.DataFrame  # T_ok / T_repair items whose tempting skill the mask dropped: margin change mask − full
+    masking: pd.DataFrame  # bucket, n_items, fallback share, mean dropped, share with a mask
+    note: str
+
+
+@register("mask-eval", order=84)
+@dataclass(kw_only=True)
+class MaskEval(DevelopmentAttribution):
+    """Seed 003 §2.3: per-item skill masking on held-out task groups against the full library, a reverse and a random mask."""
+
+    # the policies only choose among rows keyed by what a prompt shows: a rerun with other values reuses them
+    value_neutral: ClassVar[frozenset[str]] = RunOptions.value_neutral | {"neighbours", "temperature", "threshold", "protected", "min_skills"}
+
+    neighbours: int = option(cur.SEED_NEIGHBOURS, "k nearest development items of Eq. 6 (the seed's 8)", type=int, minimum=1)
+    temperature: float = option(cur.SOFTMAX_TEMPERATURE, "τ of Eq. 5's softmax over cosines (the seed states none; a priori)",
+                                type=float, minimum=0.0)
+    threshold: float = option(round(cur.MASK_THRESHOLD, 4), "drop a skill when Ĉ < −threshold (logits; the seed's −0.10 pass rate "
+                              "as a margin: 2·logit(0.55))", type=float, minimum=0.0)
+    protected: tuple[str, ...] = option(cur.PROTECTED_PREFIXES, "skill id prefixes never dropped (the seed's tpl-, shr-, api-)",
+                                        flag="--protect", repeat=True)
+    min_skills: int | None = option(None, "fewest skills a masked library keeps, else the full library (default: k_max, so the "
+                                    "prompt still shows k skills)", type=int, minimum=1)
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        dev, held, skills, masks, store = self.development(ctx)
+        if not held:
+            raise OptionError(f"mask-eval: no held-out items (split {HELD_OUT!r}) among the selected; select --split all")
+        plans = self.masks_for(ctx, dev, held, benefit_cells(ctx, load_results(store.path), dev, skills, masks))
+        scoring_margins(store)(ctx, [(p["item"], p["shown"]) for p in plans])
+        return load_results(store.path)
+
+    def masks_for(self, ctx: RunContext, dev: list[Item], held: list[Item], cells: pd.DataFrame) -> list[dict[str, Any]]:
+        """Each held-out item's four libraries (Eqs. 5–7 and the two controls) and what its prompt shows under each."""
+        if not 0.0 < self.temperature:
+            raise OptionError(f"mask-eval: temperature (--temperature) must be > 0, got {self.temperature}")
+        benefit = cells.pivot_table(index="skill", columns="item_id", values="b", aggfunc="first").reindex(columns=[i.id for i in dev])
+        embed = ctx.builder.retriever.embedder.embed
+        dev_vectors = embed([item.state_text for item in dev])
+        held_vectors = embed([item.state_text for item in held])
+        minimum = self.min_skills if self.min_skills is not None else ctx.options.k_max
+        plans = []
+        for item, vector in zip(held, held_vectors):
+            library = [s.id for s in ctx.dataset.library_for(item)]
+            weights = cur.neighbour_weights(dev_vectors, vector, min(self.neighbours, len(dev)), self.temperature)
+            c_hat, evidence = cur.predicted_effects(benefit.reindex(index=library).to_numpy(float), weights)
+            mask = cur.risk_minimising_mask(library, c_hat, self.threshold, self.protected, minimum)
+            n = len(mask.dropped)
+            rng = np.random.default_rng([ctx.options.seed, 5, *item.id.encode()])
+            for policy, chosen in (("full", cur.Mask(tuple(library), (), False)), ("mask", mask),
+                                   ("reverse", cur.reverse_drop(library, c_hat, n, self.protected)),
+                                   ("random", cur.random_drop(library, n, self.protected, rng))):
+                plans.append({"item": item, "policy": policy, "dropped": chosen.dropped, "fallback": mask.fallback,
+                              "shown": on_library(ctx, item, chosen.kept), "c_hat": dict(zip(library, c_hat)),
+                              "evidence": float(np.nanmean(evidence)) if len(evidence) else np.nan})
+        return plans
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> MaskingSummary:
+        dev, held, cells = self.matrix(ctx, rows)
+        plans = self.masks_for(ctx, dev, held, cells)
+        margins = recorded_margins(rows)(ctx, [(p["item"], p["shown"]) for p in plans])
+        items = pd.DataFrame([{"item_id": p["item"].id, "bucket": p["item"].bucket, "task_group": p["item"].task_group,
+                               "policy": p["policy"], "n_dropped": len(p["dropped"]), "dropped": list(p["dropped"]),
+                               "fallback": p["fallback"], "tempting_dropped": p["item"].tempting_skill in p["dropped"],
+                               "shown": list(p["shown"]), "evidence": p["evidence"], "margin": m} for p, m in zip(plans, margins)])
+        items["wrong_choice"] = np.where(items["margin"].notna(), (items["margin"] >= 0).astype(float), np.nan)
+        contrasts = {"mask − full": ("mask", "full"), "mask − reverse": ("mask", "reverse"), "mask − random": ("mask", "random")}
+        policies, deltas = [], []
+        for value in ("margin", "wrong_choice"):
+            policies.append(ci_summary(items, ["bucket", "policy"], value).assign(outcome=value))
+            delta = paired_differences(items, contrasts, pair=["item_id", "task_group", "bucket"], side="policy", value=value)
+            deltas.append(ci_summary(delta, ["bucket", "contrast"], "delta").assign(outcome=value))
+        mask_rows = items[items["policy"] == "mask"]
+        full = items[items["policy"] == "full"].set_index("item_id")["margin"]
+        needed_items = mask_rows[mask_rows["tempting_dropped"] & mask_rows["bucket"].isin(["T_ok", "T_repair"])]
+        needed = ci_summary(needed_items.assign(delta=needed_items["margin"].to_numpy() - full.reindex(needed_items["item_id"]).to_numpy()),
+                            ["bucket"], "delta") if len(needed_items) else pd.DataFrame(columns=["bucket", "value", "low", "high", "n", "n_items"])
+        masking = mask_rows.groupby("bucket", sort=False).agg(n_items=("item_id", "size"), fallback=("fallback", "mean"),
+                                                             active=("n_dropped", lambda n: float((n > 0).mean())),
+                                                             mean_dropped=("n_dropped", "mean"),
+                                                             tempting_dropped=("tempting_dropped", "mean")).reset_index()
+        note = (f"{provenance(ctx)} · development {len(dev)}, held-out {len(held)} items · masks K = {self.masks}, f = {self.inclusion} · "
+                f"k = {self.neighbours} neighbours, τ = {self.temperature}, drop at Ĉ < −{self.threshold} logits")
+        return MaskingSummary(items, pd.concat(policies, ignore_index=True), pd.concat(deltas, ignore_index=True), needed, masking, note)
+
+    def tables(self, summary: MaskingSummary) -> dict[str, pd.DataFrame]:
+        return {"mask_eval_policies": summary.policies, "mask_eval_contrasts": summary.contrasts, "mask_eval_masking": summary.masking,
+                "mask_eval_needed": summary.needed, "mask_eval_items": summary.items}
+
+    def figures(self, summary: MaskingSummary, out_dir: Path) -> list[Path]:
+        plots.style()
+        return plots.save_figure(plots.fig16_masking_policies(summary.policies, summary.note), out_dir, "fig16_masking_policies")
+
+    def section(self, ctx: RunContext, summary: MaskingSummary, figures: list[Path]) -> ReportSection:
+        body = ("Held-out items (task groups never used to decide), the wrong-tool margin and the wrong two-way choice "
+                "1[margin ≥ 0] (not greedy calls) per policy, 95% CIs over task groups:\n\n"
+                f"{markdown_table(summary.policies)}\n\nPaired differences:\n\n{markdown_table(summary.contrasts)}\n\n"
+                f"Masking per bucket (share of items with a mask, fallback share, skills dropped):\n\n{markdown_table(summary.masking)}\n\n"
+                "T_ok / T_repair items whose tempting skill (the one they need) the mask dropped, margin change mask − full:\n\n"
+                f"{markdown_table(summary.needed)}")
+        return ReportSection("mask-eval", "Seed 003 — per-item skill masking on held-out items (`mask-eval`)", figures, body, [], summary)
+
+    def print_summary(self, summary: MaskingSummary) -> None:
+        cols = ["outcome", "bucket", "policy", "value", "low", "high", "n"]
+        print(summary.policies[cols].round(3).to_string(index=False))
+        print(summary.contrasts[["outcome", "bucket", "contrast", "value", "low", "high", "n"]].round(3).to_string(index=False))
+        print(summary.masking.round(3).to_string(index=False))
