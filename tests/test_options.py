@@ -52,6 +52,7 @@ EXPLICIT: dict[str, Any] = {
     "item_ids": ("retail-ok-0001", "retail-wrong-0001"),
     "domains": ("retail", "travel"),
     "k": 2,  # deep enough for the invented oracle_rank (2): a shallower depth is refused under --retrieval oracle
+    "protected": ("tpl-", "x-"),  # mask-eval: skill id prefixes never masked
 }
 
 
