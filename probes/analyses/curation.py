@@ -271,7 +271,7 @@ class Plan:
 
 
 def curate_library(ctx: RunContext, dev: list[Item], cells: pd.DataFrame, margins: Margins, options: Curate) -> Plan:
-    """Split (each candidate gated), retire (gated as one step), merge (gated as one step), in the seed's order."""
+    """Split, retire, merge, in the seed's order; each split, retirement and merged cluster gated on its own."""
     stats = est.row_statistics(cells, ["skill"], value="b")
     domain_of = {s.id: s.domain for s in ctx.dataset.skills.values()}
     seen = dict.fromkeys(s.id for item in dev for s in ctx.dataset.library_for(item))  # the skills of the development items' libraries
@@ -322,11 +322,12 @@ def curate_library(ctx: RunContext, dev: list[Item], cells: pd.DataFrame, margin
     blocked = [s for s in retire if s in tempting]
     for s in blocked:
         decisions.append(decision("retire", s, "kept", False, "the tempting skill of dataset items (an item's tempting_skill must be in a library)"))
-    retire = [s for s in retire if s not in blocked]
-    if retire:
-        trial = current - set(retire)
+    # one at a time, weakest |C̄| first, each gated against the library before it (one harmful retirement
+    # must not veto the others); prompts a retirement leaves unchanged are not scored again
+    for s in sorted((s for s in retire if s not in blocked), key=lambda s: (abs(stats.loc[s, "c_bar"]), s)):
+        trial = current - {s}
         result = cur.gate(score, after := dev_margins(trial))
-        decisions += [decision("retire", s, "retired" if result.accepted else "kept", result.accepted, result.reason, result) for s in retire]
+        decisions.append(decision("retire", s, "retired" if result.accepted else "kept", result.accepted, result.reason, result))
         if result.accepted:
             current, score = trial, after
 
@@ -335,20 +336,18 @@ def curate_library(ctx: RunContext, dev: list[Item], cells: pd.DataFrame, margin
     for parent, (scoped, guarded) in variants.items():
         row = cells[cells["skill"] == parent]["b"]
         c_bar[scoped.id], c_bar[guarded.id] = float(row[row > 0].mean()), float(row[row < 0].mean())
-    merged: dict[str, str] = {}
-    for domain in sorted(union.domains):
+    for domain in sorted(union.domains):  # each cluster gated on its own
         members = [s.id for s in union.domains[domain].library.skills if s.id in current and np.isfinite(c_bar.get(s.id, np.nan))]
         vectors = uctx.builder.retriever.embedder.embed([full_text(union.skills[s]) for s in members]) if len(members) > 1 else np.zeros((0, 1))
         for cluster in cur.merge_clusters(members, vectors, options.tau_merge):
             best = max(cluster, key=lambda s: (c_bar[s], s))
-            merged.update({s: best for s in cluster if s != best})
-    if merged:
-        trial = current - set(merged)
-        result = cur.gate(score, after := dev_margins(trial))
-        decisions += [decision("merge", s, f"into {best}", result.accepted, result.reason, result) for s, best in merged.items()]
-        if result.accepted:
-            current, score = trial, after
-            renamed.update(merged)
+            gone = [s for s in cluster if s != best]
+            trial = current - set(gone)
+            result = cur.gate(score, after := dev_margins(trial))
+            decisions += [decision("merge", s, f"into {best}", result.accepted, result.reason, result) for s in gone]
+            if result.accepted:
+                current, score = trial, after
+                renamed.update(dict.fromkeys(gone, best))
     for old, new in list(renamed.items()):  # a split variant merged away: its parent's items name the survivor
         while new in renamed:
             new = renamed[new]
