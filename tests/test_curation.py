@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.analyses import base
+from probes.analyses import base, curation
 from probes.analyses.curation import Curate, MaskEval
+from probes.engine.chat import Reply
 from probes.data.dataset import load_dataset
 from probes.scoring import curation as cur
 
@@ -97,10 +98,15 @@ OPTIONS = dict(domains=["retail"], buckets=["T_ok", "T_wrong"], limit=8, k_max=9
 def test_gate_rejects_a_split_that_lowers_the_development_score(variant_effect: float, tiny_qwen3_dir: Path, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(base, "score_record", planted_scorer([], variant_effect))
-    result = Curate(model=tiny_qwen3_dir, out=tmp_path, **OPTIONS).run(verbose=False)
+    # a rewriting chat model whose reply ψ refuses: the deterministic variants are used, and the choice recorded
+    refusing = type("Refusing", (), {"label": "stub-chat", "__call__": lambda self, messages: Reply("no JSON here")})()
+    monkeypatch.setattr(curation, "chat_generator", lambda model, device: refusing)
+    result = Curate(model=tiny_qwen3_dir, out=tmp_path, rewriter="stub-chat", **OPTIONS).run(verbose=False)
+    fallback = result.summary.decisions.query("step == 'split' and action == 'deterministic variants instead'")
+    assert fallback["skill"].tolist() == [SPLIT] and fallback["reason"].iloc[0].startswith("stub-chat's variants: not JSON")
     skills = result.summary.skills.set_index("skill")
     assert skills.loc[SPLIT, "regime"] == "heterogeneous" and skills.loc[HARMFUL, "regime"] == "harmful"
-    split = result.summary.decisions.query("step == 'split' and skill == @SPLIT").iloc[0]
+    split = result.summary.decisions.query("step == 'split' and skill == @SPLIT and action != 'deterministic variants instead'").iloc[0]
     # the gate compares the development items (those the masks were scored on), and only them
     assert split["n_items"] == result.rows.loc[result.rows["condition"].str.startswith("library:m"), "item_id"].nunique() > 0
     dataset = load_dataset(result.summary.library_dir)
@@ -152,3 +158,29 @@ def test_mask_eval_drops_the_harmful_skill_on_held_out_items_and_resumes(tiny_qw
     assert not any(HARMFUL in dropped for dropped in protected["dropped"])
     fallback = MaskEval(**{**options, "min_skills": 50}).run(verbose=False).summary.items
     assert fallback.query("policy == 'mask'")["fallback"].all() and (fallback["n_dropped"] == 0).all()
+
+
+def test_chat_variants_are_kept_only_when_psi_accepts_both() -> None:
+    """A stub chat model: a valid pair is kept as written; an invented tool, a wrong id or a non-JSON
+    reply is refused with its reason (curate then uses the deterministic variants, recorded)."""
+    dataset = load_dataset("basm_probe")
+    skill = dataset.skills[SPLIT]
+    catalog = dataset.domains["retail"].catalog
+    helped = [i for i in dataset.items if i.tempting_skill == SPLIT and i.bucket == "T_ok"][:2]
+    hurt = [i for i in dataset.items if i.tempting_skill == SPLIT and i.bucket == "T_wrong"][:2]
+    scoped = {**skill.to_json(), "id": f"{SPLIT}.scoped", "applicability": [*skill.applicability, "The customer already placed the order."]}
+    guarded = {**skill.to_json(), "id": f"{SPLIT}.guarded", "risk_cues": [*skill.risk_cues, "The customer asks about stock."]}
+    asked: list = []
+
+    def stub(text: str):
+        return lambda messages: asked.append(messages) or Reply(text)
+
+    kept = cur.chat_variants(stub("```json\n" + json.dumps({"scoped": scoped, "guarded": guarded}) + "\n```"), skill, helped, hurt, catalog)
+    assert [v.id for v in kept] == [f"{SPLIT}.scoped", f"{SPLIT}.guarded"] and kept[0].applicability[-1] == scoped["applicability"][-1]
+    assert helped[0].user in asked[0][1]["content"] and hurt[0].user in asked[0][1]["content"]
+    invented = {**guarded, "tools": ["get_order_details", "teleport_parcel"]}
+    assert "does not exist in the tool catalog" in cur.chat_variants(stub(json.dumps({"scoped": scoped, "guarded": invented})),
+                                                                     skill, helped, hurt, catalog)
+    renamed = {**scoped, "id": "retail.other"}
+    assert "id must be" in cur.chat_variants(stub(json.dumps({"scoped": renamed, "guarded": guarded})), skill, helped, hurt, catalog)
+    assert cur.chat_variants(stub("Sure! Here are the variants."), skill, helped, hurt, catalog).startswith("not JSON")

@@ -748,8 +748,10 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
 
 
 def split_label(options: Any) -> str:
-    """The split of a run as reports write it: ``eval``, or ``eval, scenario split`` for another split kind."""
-    return options.split if options.split_kind == "template" else f"{options.split}, {options.split_kind} split"
+    """The split of a run as reports write it: ``eval``, or ``eval, scenario split`` for another split kind
+    (``per analysis`` for a report that leaves it to each analysis)."""
+    split = "per analysis" if options.split is None else options.split
+    return split if options.split_kind == "template" else f"{split}, {options.split_kind} split"
 
 
 def provenance(ctx: RunContext, n_items: int | None = None, *, items: bool = True) -> str:

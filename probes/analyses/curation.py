@@ -25,6 +25,7 @@ reuses every row it can.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
@@ -41,6 +42,7 @@ from probes.analyses.base import (Analysis, ItemOptions, Job, OptionError, Repor
                                   k_max_option, option, provenance, run_jobs, shared)
 from probes.data.dataset import DatasetError, Item, ProbeDataset, load_dataset
 from probes.data.retrieval import skill_text
+from probes.engine.generate import ChatGenerator
 from probes.data.schema import BOUNDARY_SLOTS, LibraryReport, SkillValidationError, validate_skill
 from probes.prompts.builder import DEFAULT_K_MAX
 from probes.reporting import plots
@@ -179,7 +181,7 @@ class Curate(DevelopmentAttribution):
 
     # the thresholds only choose among rows keyed by what a prompt shows: a rerun with other values reuses them
     value_neutral: ClassVar[frozenset[str]] = RunOptions.value_neutral | {"tau_split", "tau_retire", "tau_merge", "heterogeneity",
-                                                                          "max_split", "library_out"}
+                                                                          "max_split", "library_out", "rewriter"}
 
     tau_split: float = option(round(cur.TAU_SPLIT, 4), "τ_split: H (logits) from which a skill is heterogeneous (the seed's 0.40 pass-rate "
                               "difference as a margin: 2·logit(0.70))", type=float, minimum=0.0)
@@ -190,6 +192,8 @@ class Curate(DevelopmentAttribution):
     heterogeneity: str = option("h_range", "H: h_range (the seed's Eq. 4, max − min over items) or h_iqr (interquartile range, robust)",
                                 choices=("h_range", "h_iqr"))
     max_split: int = option(10, "τ_max_split: heterogeneous skills rewritten, largest H first", type=int, minimum=0)
+    rewriter: str | Path | None = option(None, "a local chat model (folder, cache name or .gguf) that writes the split variants; kept "
+                                         "when ψ accepts both, else the deterministic variants (the reason recorded)", type=Path)
     library_out: str | Path | None = option(None, "folder of the curated dataset (default OUT/<model>/curated-<dataset>)", type=Path)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
@@ -286,15 +290,22 @@ def curate_library(ctx: RunContext, dev: list[Item], cells: pd.DataFrame, margin
     candidates = stats[stats["regime"] == "heterogeneous"].sort_values(options.heterogeneity, ascending=False, kind="stable")
     decisions: list[dict[str, Any]] = []
     variants: dict[str, tuple[Any, Any]] = {}
+    rewrite = chat_generator(str(options.rewriter), ctx.options.device) if options.rewriter is not None else None
     for skill_id in candidates["skill"][: options.max_split]:
         row = cells[cells["skill"] == skill_id]
         helped = [by_item[i] for i in row.loc[row["b"] > 0, "item_id"]]
         hurt = [by_item[i] for i in row.loc[row["b"] < 0, "item_id"]]
+        catalog = ctx.dataset.domains[domain_of[skill_id]].catalog
+        if rewrite is not None and helped and hurt:
+            written = cur.chat_variants(rewrite, ctx.dataset.skills[skill_id], helped, hurt, catalog)
+            if not isinstance(written, str):
+                variants[skill_id] = written
+                continue
+            decisions.append(decision("split", skill_id, "deterministic variants instead", False, f"{rewrite.label}'s variants: {written}"))
         made = cur.split_variants(ctx.dataset.skills[skill_id], helped, hurt)
         if isinstance(made, str):
             decisions.append(decision("split", skill_id, "kept", False, made))
             continue
-        catalog = ctx.dataset.domains[domain_of[skill_id]].catalog
         try:
             variants[skill_id] = tuple(validate_skill(v, catalog, domain=domain_of[skill_id]) for v in made)
         except SkillValidationError as error:
@@ -354,6 +365,12 @@ def curate_library(ctx: RunContext, dev: list[Item], cells: pd.DataFrame, margin
         renamed[old] = new
     columns = ["step", "skill", "action", "accepted", "reason", "margin_before", "margin_after", "correct_before", "correct_after", "n_items"]
     return Plan(uctx, stats.reset_index(drop=True), pd.DataFrame(decisions, columns=columns), original, current, renamed)
+
+
+@functools.cache
+def chat_generator(model: str, device: str) -> ChatGenerator:
+    """The rewriting chat model, loaded once per process (``collect`` and ``summarise`` both ask it, greedily: the same replies)."""
+    return ChatGenerator.load(model, device=device)
 
 
 def decision(step: str, skill: str, action: str, accepted: bool, reason: str, result: cur.GateResult | None = None) -> dict[str, Any]:

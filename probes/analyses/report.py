@@ -34,6 +34,7 @@ from probes.analyses.base import (
     Comparison,
     ReportSection,
     RunOptions,
+    SPLIT_CHOICES,
     default_model,
     model_label,
     open_context,
@@ -55,13 +56,13 @@ from probes.reporting.results import environment, write_csv, write_text
 from probes.scoring.claims import claims_table
 
 # Shared options set on an analysis only when given to the report (else it keeps its own default).
-IF_GIVEN: tuple[str, ...] = ("k_max", "buckets")
+IF_GIVEN: tuple[str, ...] = ("k_max", "buckets", "split")
 
 
 def forwarded(report: ReportOptions, cls: type[Analysis]) -> dict[str, Any]:
     """The options of ``report`` that the analysis ``cls`` receives: every shared option (so none is
     accepted and then dropped; tests/test_options.py checks each arrives), ``k_max`` and
-    ``buckets`` only when given."""
+    ``buckets`` and ``split`` only when given."""
     shared = {f.name for f in option_fields(RunOptions)}
     out = {name: getattr(report, name) for name in shared if name not in IF_GIVEN}
     out |= {name: getattr(report, name) for name in IF_GIVEN if getattr(report, name) is not None}
@@ -175,6 +176,8 @@ class ReportOptions(RunOptions):
     name: ClassVar[str] = registry.REPORT
 
     k_max: int | None = option(None, "largest retrieval depth K (default: each analysis's own)", type=int, minimum=0, group="probe")
+    split: str | None = option(None, "dataset split (default: each analysis's own: eval; curate and mask-eval: all, which they divide "
+                               "into development and held-out items)", choices=SPLIT_CHOICES, group="items")
     analyses: tuple[str, ...] | None = option(None, "comma-separated analyses (default: every registered one, in report order)",
                                               names=registry.ANALYSES, minimum=1)
     figures_dir: str | Path | None = option(None, "where the figures go (default: OUT/<model>/figures); e.g. figures/ to "

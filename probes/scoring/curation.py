@@ -9,7 +9,8 @@ to logits by :func:`rate_difference_in_logits`.
   (C̄ > 0) or harmful (C̄ < 0); a skill no development item can see is ``unmeasured``;
 - split (§2.2 step 1): :func:`split_variants` rewrites a heterogeneous skill into two conditional
   variants from its boundary fields and the content words of the state cues of the items where it
-  helps (b > 0) and hurts (b < 0);
+  helps (b > 0) and hurts (b < 0); :func:`chat_variants` asks a local chat model instead, kept only
+  when ψ accepts both;
 - merge (§2.2 step 3): :func:`merge_clusters`, connected components of cosine ≥ τ_merge, best by C̄;
 - gate: :func:`gate`, a restructured library is kept only if it scores no worse on the development items;
 - per-item masking (§2.3): :func:`neighbour_weights` (Eq. 5), :func:`predicted_effects` (Eq. 6) and
@@ -18,6 +19,7 @@ to logits by :func:`rate_difference_in_logits`.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -29,8 +31,9 @@ import pandas as pd
 from scipy.sparse.csgraph import connected_components
 
 from probes.data.dataset import Item
+from probes.data.extract_llm import TextGenerator, reply_json
 from probes.data.retrieval import content_words
-from probes.data.schema import Skill
+from probes.data.schema import Skill, SkillValidationError, ToolCatalog, validate_skill
 
 REGIMES: tuple[str, ...] = ("heterogeneous", "beneficial", "negligible", "harmful", "unmeasured")
 SEED_TAU_SPLIT = 0.40  # the seed's τ_split on the pass-rate scale (§A.1: "H ≥ τ_split = 0.40")
@@ -97,6 +100,46 @@ def split_variants(skill: Skill, helped: Sequence[Item], hurt: Sequence[Item]) -
                "risk_cues": [*skill.risk_cues, f"The request mentions {', '.join(hurts)}."],
                "avoidance_rules": [*skill.avoidance_rules, f"Do not call {tools} when the request mentions {', '.join(hurts)}."]}
     return scoped, guarded
+
+
+REWRITE_SYSTEM = ("You rewrite a tool-use skill into two conditional variants. Reply with one JSON object "
+                  '{"scoped": <skill>, "guarded": <skill>} and nothing else.')
+REWRITE_EXAMPLES = 5  # requests shown per side
+
+
+def rewrite_messages(skill: Skill, helped: Sequence[Item], hurt: Sequence[Item]) -> list[dict[str, str]]:
+    """The chat messages asking for the two variants of :func:`split_variants` in the model's own words."""
+    user = "\n".join([
+        "The skill below helps on some requests and hurts on others. Write two variants of it, each a JSON object with the",
+        f'same keys as the skill, the same goal, procedure and tools: "scoped" (id "{skill.id}.scoped") adds to its applicability',
+        f'a condition that says when it applies (the requests it helps on); "guarded" (id "{skill.id}.guarded") adds to its',
+        "risk_cues and avoidance_rules when not to follow it (the requests it hurts on). Quote no request.",
+        "", f"Skill: {json.dumps(skill.to_json())}", "", "It helps on:", *(f"- {item.user}" for item in helped[:REWRITE_EXAMPLES]),
+        "", "It hurts on:", *(f"- {item.user}" for item in hurt[:REWRITE_EXAMPLES])])
+    return [{"role": "system", "content": REWRITE_SYSTEM}, {"role": "user", "content": user}]
+
+
+def chat_variants(generate: TextGenerator, skill: Skill, helped: Sequence[Item], hurt: Sequence[Item],
+                  catalog: ToolCatalog) -> tuple[Skill, Skill] | str:
+    """The two variants written by a chat model (greedy), each accepted by ψ with the id asked for and
+    the skill's own tools; else the reason they are not kept."""
+    reply = generate(rewrite_messages(skill, helped, hurt))
+    try:
+        data = json.loads(reply_json(reply.text))
+    except json.JSONDecodeError as error:
+        return f"not JSON{' (cut at max_new_tokens)' if reply.truncated else ''}: {error}"
+    if not isinstance(data, dict) or set(data) != {"scoped", "guarded"}:
+        return "not an object with exactly the keys scoped and guarded"
+    out = []
+    for side in ("scoped", "guarded"):
+        try:
+            variant = validate_skill(json.dumps(data[side]), catalog, domain=skill.domain)
+        except SkillValidationError as error:
+            return f"{side}: {error}"
+        if variant.id != f"{skill.id}.{side}" or variant.tool_names != skill.tool_names:
+            return f"{side}: id must be {skill.id}.{side} and tools {list(skill.tool_names)}, got {variant.id} and {list(variant.tool_names)}"
+        out.append(variant)
+    return out[0], out[1]
 
 
 @dataclass(frozen=True)
