@@ -199,19 +199,15 @@ class Curate(DevelopmentAttribution):
     def collect(self, ctx: RunContext) -> pd.DataFrame:
         dev, held, skills, masks, store = self.development(ctx)
         rows = load_results(store.path)
-        plan = self.plan(ctx, dev, benefit_cells(ctx, rows, dev, skills, masks), scoring_margins(store))
+        plan = curate_library(ctx, dev, benefit_cells(ctx, rows, dev, skills, masks), scoring_margins(store), self)
         if held:
             requests = [(item, on_library(plan.ctx, item, library)) for item in held for library in (plan.original, plan.final)]
             scoring_margins(store)(plan.ctx, requests)
         return load_results(store.path)
 
-    def plan(self, ctx: RunContext, dev: list[Item], cells: pd.DataFrame, margins: Margins) -> Plan:
-        """The curation decisions (deterministic given the cells and the margins)."""
-        return curate_library(ctx, dev, cells, margins, self)
-
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> CurationSummary:
         dev, held, cells = self.matrix(ctx, rows)
-        plan = self.plan(ctx, dev, cells, recorded_margins(rows))
+        plan = curate_library(ctx, dev, cells, recorded_margins(rows), self)  # the same decisions, read from the rows
         held_out = pd.DataFrame()
         if held:
             margins = recorded_margins(rows)
@@ -241,8 +237,8 @@ class Curate(DevelopmentAttribution):
 
     def figures(self, summary: CurationSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        return plots.save_figure(plots.fig15_curation_regimes(summary.skills, summary.decisions, self.tau_split, self.tau_retire,
-                                                              summary.note), out_dir, "fig15_curation_regimes")
+        figure = plots.fig15_curation_regimes(summary.skills, summary.decisions, self.heterogeneity, self.tau_split, self.tau_retire, summary.note)
+        return plots.save_figure(figure, out_dir, "fig15_curation_regimes")
 
     def section(self, ctx: RunContext, summary: CurationSummary, figures: list[Path]) -> ReportSection:
         counts = pd.DataFrame([summary.counts])
@@ -459,9 +455,9 @@ class MaskEval(DevelopmentAttribution):
                                     "prompt still shows k skills)", type=int, minimum=1)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        dev, held, skills, masks, store = self.development(ctx)
-        if not held:
+        if not partition(ctx)[1]:
             raise OptionError(f"mask-eval: no held-out items (split {HELD_OUT!r}) among the selected; select --split all")
+        dev, held, skills, masks, store = self.development(ctx)
         plans = self.masks_for(ctx, dev, held, benefit_cells(ctx, load_results(store.path), dev, skills, masks))
         scoring_margins(store)(ctx, [(p["item"], p["shown"]) for p in plans])
         return load_results(store.path)

@@ -921,14 +921,15 @@ def fig14_attribution_statistics(skills: pd.DataFrame, cells: pd.DataFrame, powe
 REGIME_COLORS = {"heterogeneous": "#d95f02", "beneficial": "#1b9e77", "negligible": "#7570b3", "harmful": "#e7298a", "unmeasured": "0.6"}
 
 
-def fig15_curation_regimes(skills: pd.DataFrame, decisions: pd.DataFrame, tau_split: float, tau_retire: float, note: str) -> plt.Figure:
+def fig15_curation_regimes(skills: pd.DataFrame, decisions: pd.DataFrame, heterogeneity: str, tau_split: float, tau_retire: float,
+                           note: str) -> plt.Figure:
     """C̄ against H per skill (benefit scale, logits), coloured by regime, with the thresholds τ_split and
     ±τ_retire; an outline marks each skill whose split, retirement or merge passed the gate.
 
-    skills: skill, c_bar, h_range, h_iqr, regime (the H used is the one the regime was decided on, read from ``note``);
+    skills: skill, c_bar, regime and the column ``heterogeneity`` (h_range or h_iqr) the regimes were decided on;
     decisions: step, skill, accepted."""
     fig, ax = plt.subplots(figsize=(7.2, 4.6))
-    h = "h_iqr" if "H = h_iqr" in note else "h_range"
+    h = heterogeneity
     measured = skills.dropna(subset=["c_bar", h])
     for regime, sub in measured.groupby("regime", sort=False):
         ax.scatter(sub["c_bar"], sub[h], s=22, color=REGIME_COLORS.get(regime, "0.3"), label=f"{regime} ({len(sub)})")
