@@ -54,7 +54,7 @@ from probes.scoring.stats import paired_differences, summarise as ci_summary
 
 POOL = "library"  # a curated or masked library is retrieved from: the attribution pool that re-runs retrieval
 DEVELOPMENT, HELD_OUT = "train", "eval"
-POLICIES: tuple[str, ...] = ("full", "mask", "reverse", "random")
+POLICIES: tuple[str, ...] = ("full", "mask", "reverse", "random")  # the full library, Eq. 7's mask, the two controls
 
 
 # ---------------------------------------------------------------------------- shared by both
@@ -479,9 +479,9 @@ class MaskEval(DevelopmentAttribution):
             mask = cur.risk_minimising_mask(library, c_hat, self.threshold, self.protected, minimum)
             n = len(mask.dropped)
             rng = np.random.default_rng([ctx.options.seed, 5, *item.id.encode()])
-            for policy, chosen in (("full", cur.Mask(tuple(library), (), False)), ("mask", mask),
-                                   ("reverse", cur.reverse_drop(library, c_hat, n, self.protected)),
-                                   ("random", cur.random_drop(library, n, self.protected, rng))):
+            chosen_by = (cur.Mask(tuple(library), (), False), mask, cur.reverse_drop(library, c_hat, n, self.protected),
+                         cur.random_drop(library, n, self.protected, rng))
+            for policy, chosen in zip(POLICIES, chosen_by, strict=True):
                 plans.append({"item": item, "policy": policy, "dropped": chosen.dropped, "fallback": mask.fallback,
                               "shown": on_library(ctx, item, chosen.kept), "c_hat": dict(zip(library, c_hat)),
                               "evidence": float(np.nanmean(evidence)) if len(evidence) else np.nan})

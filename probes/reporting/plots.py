@@ -953,7 +953,7 @@ def fig16_masking_policies(policies: pd.DataFrame, note: str) -> plt.Figure:
 
     policies: outcome, bucket, policy, value, low, high."""
     fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
-    order = ["full", "mask", "reverse", "random"]
+    order = [p for p in ("full", "mask", "reverse", "random") if p in set(policies["policy"])]
     colors = dict(zip(order, sns.color_palette("colorblind", len(order))))
     for ax, (outcome, title) in zip(axes, (("margin", "mean wrong-tool margin (logits)"), ("wrong_choice", "wrong two-way choice rate"))):
         sub = policies[policies["outcome"] == outcome]
