@@ -267,8 +267,8 @@ def check_call(call: ProposedCall, state: DecisionState, skills: Sequence[Skill]
 
 def _judged(check: Check, judge: Judge, state: DecisionState, call: ProposedCall) -> Check:
     answer = judge(check.rule, check.text, state, call)
-    ok = "holds" if check.rule == "applicability" else "violated"
-    verdict = {"unknown": "undecided"}.get(answer.verdict, "pass" if (answer.verdict == "holds") == (ok == "holds") else "block")
+    # holds: the condition holds / the rule is kept; violated: it fails / the call breaks it
+    verdict = {"holds": "pass", "violated": "block"}.get(answer.verdict, "undecided")
     return Check(check.rule, check.skill_id, check.text, verdict, f"judge: {answer.verdict}",
                  "judge" if verdict != "undecided" else "none", answer)
 
