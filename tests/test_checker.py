@@ -60,7 +60,23 @@ def test_unknown_tool_and_schema() -> None:
     unreadable = check_call(ProposedCall("cat", None), state, [])
     assert _rules(unreadable, "schema")[0].verdict == "block"
     valid = check_call(ProposedCall("cat", {"file_name": "notes.txt"}), state, [])
-    assert valid.verdict == "pass" and [c.rule for c in valid.checks] == ["known_tool", "schema"]  # S*_k empty: the product is 1
+    assert valid.verdict == "pass" and [c.rule for c in valid.checks] == ["known_tool", "complete", "schema"]  # S*_k empty: the product is 1
+
+
+def test_an_incomplete_call_is_blocked_as_incomplete_not_by_its_prefix_schema() -> None:
+    from probes.scoring.checker import proposed
+    from probes.scoring.toolcalls import parse_reply
+
+    # cut off by the token budget inside a value: the readable prefix {"file_name": "no"} would pass the schema
+    reply = parse_reply('<tool_call>\n{"name": "cat", "arguments": {"file_name": "no', template="native")
+    call = proposed(reply.action("lenient"))
+    assert call is not None and not call.complete and call.arguments == {"file_name": "no"}
+    decision = check_call(call, _state(), [])
+    assert decision.verdict == "block" and [(c.rule, c.verdict) for c in decision.checks] == [("known_tool", "pass"), ("complete", "block")]
+    assert "truncated" in _rules(decision, "complete")[0].reason
+    # malformed JSON (a value where a key belongs) is incomplete too
+    malformed = parse_reply('<tool_call>\n{"name": "cat", "arguments": {"file_name": "a", "b": "c": "d"}}\n</tool_call>', template="native")
+    assert _rules(check_call(proposed(malformed.action("lenient")), _state(), []), "complete")[0].verdict == "block"
 
 
 def test_avoidance_rules() -> None:
@@ -96,6 +112,91 @@ def test_applicability_holds_fails_undecided() -> None:
     assert check_call(call, _state(), [prose, ran]).verdict == "block"
 
 
+def _not_found(name: str, identifier: str) -> tuple:
+    return ({"role": "assistant", "tool_call": {"name": name, "arguments": {"file_name": identifier}}},
+            {"role": "tool", "name": name, "content": '{"error": "FILE_NOT_FOUND", "message": "No file %s."}' % identifier})
+
+
+def _verdict(kind: str, text: str, call: ProposedCall, state: DecisionState, n_conditions: int = 1) -> str:
+    from probes.scoring.checker import decide
+
+    return decide(kind, text, call, state, n_conditions)[0]
+
+
+def test_avoidance_forms_on_identifier_prefixes_and_alternatives() -> None:
+    rule = "Do not call cat for BK- travel bookings; call cd."
+    assert _verdict("avoidance", rule, ProposedCall("cat", {"file_name": "BK-20417"}), _state()) == "block"
+    assert _verdict("avoidance", rule, ProposedCall("cat", {"file_name": "notes.txt"}), _state()) == "pass"
+    # the user names a BK- reference the call does not pass: what the call is for cannot be told
+    assert _verdict("avoidance", rule, ProposedCall("cat", {"file_name": "notes.txt"}), _state(user="Cancel BK-20417.")) == "undecided"
+    # the rule's alternative never breaks it; a rule that forbids a tool for a free-text reason stays undecided for it
+    assert _verdict("avoidance", rule, ProposedCall("cd", {"folder": "x"}), _state()) == "pass"
+    prose = "Do not call cat for personal nudges; call cd."
+    assert _verdict("avoidance", prose, ProposedCall("cat", {"file_name": "a"}), _state()) == "undecided"
+    assert _verdict("avoidance", prose, ProposedCall("cd", {"folder": "a"}), _state()) == "pass"
+    assert _verdict("avoidance", "Do not call cd when cat was called; call cd twice.", ProposedCall("cd", {"folder": "a"}), _state()) == "undecided"
+    prefer = "If so, prefer cd over cat."
+    assert _verdict("avoidance", prefer, ProposedCall("cd", {"folder": "a"}), _state()) == "pass"
+    assert _verdict("avoidance", prefer, ProposedCall("cat", {"file_name": "a"}), _state()) == "undecided"
+
+
+def test_applicability_forms_on_identifiers_observations_and_email() -> None:
+    call = ProposedCall("cat", {"file_name": "ORD-48213"})
+    given = "The customer gives an existing order ID such as ORD-48213."
+    assert _verdict("applicability", given, call, _state(user="Where is ORD-30001?")) == "pass"
+    assert _verdict("applicability", given, call, _state(user="Where is my order?")) == "block"
+    # the only ID given was reported not found: no existing ID is given
+    assert _verdict("applicability", given, call, _state(user="Where is ORD-30001?", history=_not_found("cat", "ORD-30001"))) == "block"
+    # the model's own call is not what the user gave
+    assert _verdict("applicability", given, call, _state(user="Where is my order?", history=CD_RAN)) == "block"
+    form = "The order ID has the ORD- shop format."
+    assert _verdict("applicability", form, call, _state()) == "pass"
+    assert _verdict("applicability", form, ProposedCall("cat", {"file_name": "BK-20417"}), _state()) == "block"
+    assert _verdict("applicability", form, ProposedCall("cat", {"file_name": "notes.txt"}), _state()) == "undecided"
+    found = "The card digits given by the customer were not found."
+    assert _verdict("applicability", found, call, _state(history=_not_found("cat", "x"))) == "pass"
+    assert _verdict("applicability", found, call, _state()) == "block"
+    assert _verdict("applicability", found, call, _state(), n_conditions=2) == "undecided"  # another condition may apply
+    either = "The booking reference is unknown or was not found."
+    assert _verdict("applicability", either, call, _state(history=_not_found("cat", "x"))) == "pass"
+    assert _verdict("applicability", either, call, _state()) == "undecided"  # "unknown" is not read
+    refused = "An immediate transfer was refused because of the daily limit."
+    assert _verdict("applicability", refused, call, _state()) == "block"
+    assert _verdict("applicability", refused, call, _state(history=_not_found("cat", "x"))) == "undecided"  # its reason is not read
+    assert _verdict("applicability", refused, call, _state(), n_conditions=2) == "undecided"
+    email = "The traveller provides an email address."
+    assert _verdict("applicability", email, call, _state(user="I am ana.ruiz@example.com.")) == "pass"
+    assert _verdict("applicability", email, call, _state(user="I lost my booking.")) == "block"
+    checkout = "The customer provides the email address used at checkout."
+    assert _verdict("applicability", checkout, call, _state(user="I am ana.ruiz@example.com.")) == "undecided"
+    assert _verdict("applicability", checkout, call, _state()) == "block"
+    # must stay undecided: an example that is no identifier, and plain prose
+    for text in ("An agent username such as mlopez is given.", "The customer wants a temporary, reversible lock."):
+        assert _verdict("applicability", text, call, _state(user="mlopez, lock it")) == "undecided"
+
+
+def test_grammar_coverage_counts_by_hand(bfcl_dataset) -> None:
+    from probes.scoring.checker import condition_forms, grammar_coverage
+
+    skills = [_skill(applicability=("cd has already run in this conversation.", "The user is happy.", "Ask for ORD- ids."),
+                     avoidance_rules=("Do not call cat for fun; call cd.", "Do not call cat twice."),
+                     recovery_notes=("If cat fails with NOPE, stop.",)),
+              _skill(id="b", applicability=("The customer gives an ID such as T-1.",))]
+    coverage = grammar_coverage(skills).set_index("field")
+    # by hand: applicability 4 conditions, 3 in a form (has_run, id_format, id_given), all two-way
+    assert coverage.loc["applicability", ["conditions", "parsed", "two_way"]].tolist() == [4, 3, 3]
+    assert coverage.loc["applicability", "form_id_given"] == 1 and coverage.loc["applicability", "form_id_format"] == 1
+    # avoidance: 2 rules, 1 parsed (the alternative form, one verdict only)
+    assert coverage.loc["avoidance", ["conditions", "parsed", "two_way", "form_alternative"]].tolist() == [2, 1, 0, 1]
+    assert coverage.loc["recovery", ["conditions", "parsed"]].tolist() == [1, 1] and coverage.loc["avoidance", "share_parsed"] == 0.5
+    assert condition_forms("applicability", "The user is happy.") == ()
+    with pytest.raises(ValueError, match="kind"):
+        condition_forms("risk", "x")
+    # BFCL's generated boundary fields are written in the grammar throughout
+    bfcl = grammar_coverage(list(bfcl_dataset.skills.values()))
+    assert (bfcl["parsed"] == bfcl["conditions"]).all() and (bfcl["conditions"] > 0).all()
+
+
 def test_matching_skills_by_tool_or_goal() -> None:
     by_tool, by_goal = _skill(), _skill(id="fs.nav", goal="Go to the folder, then cat the file.", tools=(ToolUse("cd"),))
     other = _skill(id="fs.cd", goal="Change folder.", tools=(ToolUse("cd"),))
@@ -116,7 +217,7 @@ def test_judge_stub_decides_undecided_and_is_recorded() -> None:
     yes = check_call(call, _state(), [prose], judge=stub("YES"))
     # YES: the applicability condition holds (pass), the avoidance rule is broken (block)
     verdicts = {c.rule: c.verdict for c in yes.checks}
-    assert verdicts == {"known_tool": "pass", "schema": "pass", "avoidance": "block", "applicability": "pass"}
+    assert verdicts == {"known_tool": "pass", "complete": "pass", "schema": "pass", "avoidance": "block", "applicability": "pass"}
     judged = _rules(yes, "applicability")[0]
     assert judged.decided_by == "judge" and judged.judge.model == "stub-model" and judged.judge.reply == "YES"
     assert "The user wants to read a text file." in judged.judge.prompt and judged.judge.prompt in seen[-1][1]["content"]
@@ -141,18 +242,58 @@ def test_quality_never_counts_undecided_as_passed() -> None:
     assert quality["precision"] == 1.0 and quality["recall"] == 0.5 and quality["undecided_bad"] == 1
 
 
-def test_revise_takes_the_next_passing_candidate_or_abstains() -> None:
+def test_revise_completes_the_next_candidate_or_abstains() -> None:
     from probes.analyses.calls import revise
     from probes.data.dataset import ABSTAIN
     from probes.scoring.checker import Decision
+    from probes.scoring.toolcalls import ToolCall
 
-    def decision_of(verdicts):
-        return lambda name: Decision(name, (), (dataclasses.replace(_check(), verdict=verdicts[name]),))
+    def completing(readable=True):
+        asked = []
+
+        def complete(tool):
+            asked.append(tool)
+            call = ToolCall(tool, {"x": 1}, "tool_call_tag", "name_arguments", True) if readable else None
+            return {"text": f"{tool}...", "stopped": True, "call": call}
+        return complete, asked
+
+    def deciding(verdict):
+        return lambda call: Decision(call.name, (), (dataclasses.replace(_check(), verdict=verdict),))
 
     ranked = [("a", -1.0), ("b", -2.0), ("c", -3.0), (ABSTAIN, -4.0)]
-    assert revise(decision_of({"b": "undecided", "c": "pass"}), ranked, "a")[0] == "c"  # undecided is not a pass
-    assert revise(decision_of({"b": "block", "c": "block"}), ranked, "a")[0] == ABSTAIN
-    assert revise(decision_of({}), [("a", -1.0), (ABSTAIN, -2.0), ("b", -3.0)], "a") == (ABSTAIN, [])
+    complete, asked = completing()
+    action, tried = revise(ranked, "a", complete, deciding("pass"), "allow")
+    assert action == "b" and asked == ["b"] and tried["call"]["arguments"] == {"x": 1} and tried["verdict"] == "pass"
+    # one candidate only: G blocking b's completed call abstains rather than trying c
+    complete, asked = completing()
+    assert revise(ranked, "a", complete, deciding("block"), "allow")[0] == ABSTAIN and asked == ["b"]
+    # undecided passes only under on_undecided allow
+    assert revise(ranked, "a", completing()[0], deciding("undecided"), "allow")[0] == "b"
+    assert revise(ranked, "a", completing()[0], deciding("undecided"), "block")[0] == ABSTAIN
+    # a completion that is not a readable call of b, or abstention ranking next: abstain without a G call
+    action, tried = revise(ranked, "a", completing(readable=False)[0], deciding("pass"), "allow")
+    assert action == ABSTAIN and "not a readable call" in tried["reason"]
+    complete, asked = completing()
+    assert revise([("a", -1.0), (ABSTAIN, -2.0), ("b", -3.0)], "a", complete, deciding("pass"), "allow")[0] == ABSTAIN and asked == []
+    # the blocked tool is skipped wherever it ranks (an unknown tool is not a candidate at all)
+    assert revise(ranked, "zz", completing()[0], deciding("pass"), "allow")[0] == "a"
+
+
+def test_complete_call_forces_the_tool_name(tiny_qwen3_dir: Path, v1_dataset) -> None:
+    from probes.analyses.calls import complete_call, generation_prompt
+    from probes.session import ProbeSession
+
+    session = ProbeSession(tiny_qwen3_dir)
+    item = next(i for i in v1_dataset.items if i.bucket == "T_wrong")
+    record = session.prompt(item, config="basm", k=1, dataset="basm_probe", embedder="lexical", relevance="lexical")
+    tool = record.wrong_tools[0]
+    out = complete_call(session, record, tool, "lenient", 6)
+    candidate = next(c for c in record.candidates if c.action == tool)
+    forced = session.tokenizer.decode([*record.input_ids[len(generation_prompt(record)):candidate.anchor_index + 1], *candidate.token_ids])
+    assert out["text"].startswith(forced) and out["text"].startswith('<tool_call>') and f'"name": "{tool}' in out["text"]
+    assert out["call"] is None or out["call"].name == tool
+    with pytest.raises(ValueError, match="not a candidate"):
+        complete_call(session, record, "no_such_tool", "lenient", 2)
 
 
 def _check():

@@ -44,7 +44,7 @@ from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
-from probes.scoring.checker import ChatJudge, Decision, DecisionState, Judge, check_call, proposed
+from probes.scoring.checker import ChatJudge, Decision, DecisionState, Judge, check_call, grammar_coverage, proposed
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.margins import candidate_path_logprobs, candidates_from_record
 from probes.scoring.score import row_fields
@@ -171,21 +171,40 @@ def ranked_actions(session: Any, record: PromptRecord) -> list[tuple[str, float]
     return sorted(logprobs.items(), key=lambda kv: -kv[1])
 
 
-def revise(decision_of: Any, ranked: Sequence[tuple[str, float]], blocked: str) -> tuple[str, list[dict[str, Any]]]:
-    """The next-best candidate after ``blocked`` that G passes (tool-level rules: a revision picks a
-    tool, not its arguments), or abstention when it ranks first among the rest or none passes; with
-    G's decision on every candidate tried."""
-    tried = []
-    for action, logprob in ranked:
-        if action == blocked:
-            continue
-        if action == ABSTAIN:
-            return ABSTAIN, tried
-        decision: Decision = decision_of(action)
-        tried.append({"action": action, "logprob": logprob, "verdict": decision.verdict})
-        if decision.verdict == "pass":
-            return action, tried
-    return ABSTAIN, tried
+def complete_call(session: Any, record: PromptRecord, tool: str, mode: str, max_new_tokens: int) -> dict[str, Any]:
+    """The model's arguments for ``tool``: greedy generation from the prompt with the call opened and the
+    tool's name forced (its candidate tokens after the anchor row), read in ``mode`` by the one parser.
+    Returns the reply text (from where the free generation starts), whether it stopped at an end of
+    turn, and the parsed call (None unless it is a call of ``tool``)."""
+    candidate = next((c for c in record.candidates if c.action == tool), None)
+    if candidate is None:
+        raise ValueError(f"{record.record_id}: {tool!r} is not a candidate of the prompt")
+    prompt = [*record.input_ids[: candidate.anchor_index + 1], *candidate.token_ids]
+    new_ids, stopped = greedy_generate(session.model, prompt, stop_token_ids(session.model, session.tokenizer), max_new_tokens)
+    text = session.tokenizer.decode([*prompt[len(generation_prompt(record)):], *new_ids], skip_special_tokens=False)
+    call = parse_reply(text, template=record.format, catalog=shown_tools(record)).action(mode)
+    return {"text": text, "stopped": stopped, "call": call if call is not None and call.name == tool else None}
+
+
+def revise(ranked: Sequence[tuple[str, float]], blocked: str, complete: Any, decide: Any, on_undecided: str) -> tuple[str, dict[str, Any]]:
+    """The revised action of a blocked call: the next-best candidate after ``blocked`` when it is a tool whose
+    completed call (``complete(tool)``: the model's own arguments for it) G passes on every rule, the schema
+    included (``decide(call)``; undecided counts as passed only with ``on_undecided`` allow); else abstention,
+    also when abstention ranks next. One candidate only: walking down the ranking until G passes something
+    would search for a call rather than revise one. Returns the action and what was tried."""
+    nxt = next(((action, logprob) for action, logprob in ranked if action != blocked), None)
+    if nxt is None or nxt[0] == ABSTAIN:
+        return ABSTAIN, {"action": None if nxt is None else ABSTAIN, "logprob": None if nxt is None else nxt[1],
+                         "reason": "no candidate left" if nxt is None else "abstention ranks next"}
+    action, logprob = nxt
+    completion = complete(action)
+    tried = {"action": action, "logprob": logprob, "text": completion["text"], "stopped": completion["stopped"]}
+    if completion["call"] is None:
+        return ABSTAIN, {**tried, "reason": f"the completion is not a readable call of {action}"}
+    decision: Decision = decide(completion["call"])
+    tried.update(call=completion["call"].as_dict(), verdict=decision.verdict, decision=decision.as_dict())
+    allowed = decision.verdict == "pass" or (decision.verdict == "undecided" and on_undecided == "allow")
+    return (action if allowed else ABSTAIN), {**tried, "reason": f"G: {decision.verdict}"}
 
 
 def checked_outcome(action: str, correct_action: str, wrong_tools: Sequence[str], catalog: Sequence[str]) -> str:
@@ -200,7 +219,7 @@ def checked_outcome(action: str, correct_action: str, wrong_tools: Sequence[str]
 def checker_rows(ctx: RunContext, item: Any, record: PromptRecord, generation: dict[str, Any], judge: Judge | None,
                  on_block: str, on_undecided: str) -> dict[str, Any]:
     """G on one greedy call (the row's lenient and strict actions): per mode the decision, whether it
-    blocks, the action and outcome with G, and whether that solves the item."""
+    blocks, the action and outcome with G (a revision: :func:`revise`), and whether that solves the item."""
     catalog = ctx.dataset.catalog_for(item)
     state = DecisionState.of(item, catalog)
     by_id = ctx.dataset.skills
@@ -210,28 +229,35 @@ def checker_rows(ctx: RunContext, item: Any, record: PromptRecord, generation: d
     row.update(condition="checker", correct_action=record.correct_action, wrong_tools=list(record.wrong_tools),
                retrieved=[entry.skill_id for entry in record.skills])
     ranked: list[tuple[str, float]] | None = None
+    completions: dict[tuple[str, str], dict[str, Any]] = {}  # (tool, mode): one generation per tool and mode
+
+    def decide(call: Any) -> Decision:
+        return check_call(proposed(call), state, skills, judge=judge)
+
     for mode in MODES:
         before = generation[f"{mode}_outcome"]
         call = reply.action(mode)
-        decision = None if call is None else check_call(proposed(call.name, call.arguments, call.positional), state, skills, judge=judge)
+        decision = None if call is None else decide(call)
         verdict = None if decision is None else decision.verdict
         blocks = verdict == "block" or (verdict == "undecided" and on_undecided == "block")
-        after, action, tried = before, generation[f"{mode}_action"], []
+        after, action, revision = before, generation[f"{mode}_action"], None
         if blocks and on_block == "report":
             after, action = "blocked", "blocked"
         elif blocks:
             ranked = ranked_actions(ctx.session, record) if ranked is None else ranked
 
-            def tool_decision(name: str) -> Decision:
-                return check_call(proposed(name, {}), state, skills, judge=judge, schema=False)
+            def complete(tool: str, mode: str = mode) -> dict[str, Any]:
+                if (tool, mode) not in completions:
+                    completions[(tool, mode)] = complete_call(ctx.session, record, tool, mode, ctx.options.max_new_tokens)
+                return completions[(tool, mode)]
 
-            action, tried = revise(tool_decision, ranked, call.name)
+            action, revision = revise(ranked, call.name, complete, decide, on_undecided)
             after = checked_outcome(action, record.correct_action, record.wrong_tools, shown_tools(record))
         row.update({f"{mode}_verdict": verdict, f"{mode}_blocked": blocks, f"{mode}_decision": decision.as_dict() if decision else None,
                     f"{mode}_n_undecided": 0 if decision is None else sum(c.verdict == "undecided" for c in decision.checks),
                     f"{mode}_judged": 0 if decision is None else sum(c.decided_by == "judge" for c in decision.checks),
                     f"{mode}_outcome_before": before, f"{mode}_solved_before": bool(generation[f"{mode}_solved"]),
-                    f"{mode}_outcome_after": after, f"{mode}_action_after": action, f"{mode}_revisions": tried,
+                    f"{mode}_outcome_after": after, f"{mode}_action_after": action, f"{mode}_revision": revision,
                     f"{mode}_solved_after": is_solved(after, record.correct_action)})
     return row
 
@@ -339,7 +365,9 @@ def checker_section(summary: "CheckerSummary") -> str:
             f"rules and applicability conditions of the retrieved skills that name its tool; conditions outside the stated grammar "
             f"are undecided, never passed. {summary.note.splitlines()[0]}.\n\n{markdown_table(checker_table(summary.rates))}\n\n"
             f"G against the labels (bad = not the item's correct action; undecided counted apart):\n\n{markdown_table(summary.quality)}"
-            f"\n\nChecks by rule and verdict:\n\n{markdown_table(summary.rules)}")
+            f"\n\nChecks by rule and verdict:\n\n{markdown_table(summary.rules)}\n\nThe grammar's coverage of the dataset's skills "
+            f"(conditions written in a form it reads; two-way: a form that can both pass and block):\n\n"
+            f"{markdown_table(summary.coverage[['field', 'conditions', 'parsed', 'two_way', 'share_parsed', 'share_two_way']])}")
 
 
 @dataclass
@@ -348,6 +376,7 @@ class CheckerSummary:
     rates: pd.DataFrame
     quality: pd.DataFrame
     rules: pd.DataFrame
+    coverage: pd.DataFrame  # the grammar's coverage of the dataset's skills (grammar_coverage)
     note: str
 
 
@@ -480,7 +509,8 @@ class Calls(Analysis):
     max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
     checker: bool = option(False, "run the boundary checker G (Eq. 11) on every greedy call (rows in calls_checker.jsonl)",
                            type=bool, group="checker")
-    on_block: str = option("revise", "a call G blocks: revise (the next-best candidate G passes, else abstain) or report (counted as blocked)",
+    on_block: str = option("revise", "a call G blocks: revise (the next-best candidate, its arguments generated with its name forced, "
+                           "when G passes that full call; else abstain) or report (counted as blocked)",
                            choices=ON_BLOCK, group="checker")
     on_undecided: str = option("allow", "a call with undecided conditions and no violation: allow (it runs; counted as undecided, "
                                "never as passed) or block", choices=ON_UNDECIDED, group="checker")
@@ -521,6 +551,7 @@ class Calls(Analysis):
             checked = self.collect_checker(ctx, rows)
             judge = f"judge {self.judge}" if self.judge else "no judge"
             checker = CheckerSummary(checked, checker_rates(checked, seed=seed), checker_quality(checked), checker_rule_counts(checked),
+                                     grammar_coverage(list(ctx.dataset.skills.values())),
                                      f"{provenance_without_margin(ctx)} · G (Eq. 11) on the greedy call · blocked: {self.on_block} · "
                                      f"undecided: {self.on_undecided} · {judge}\nmean ± 95% bootstrap CI over task groups")
         return CallsSummary(rows, call_rates(rows, seed=seed), syntax_counts(rows), note, seed, checker)
@@ -529,7 +560,7 @@ class Calls(Analysis):
         tables = {f"{NAME}_summary": summary.rates, f"{NAME}_syntax": summary.syntax}
         if summary.checker is not None:
             tables.update({f"{CHECKER_NAME}_rates": summary.checker.rates, f"{CHECKER_NAME}_quality": summary.checker.quality,
-                           f"{CHECKER_NAME}_rules": summary.checker.rules})
+                           f"{CHECKER_NAME}_rules": summary.checker.rules, f"{CHECKER_NAME}_coverage": summary.checker.coverage})
         return tables
 
     def figures(self, summary: CallsSummary, out_dir: Path) -> list[Path]:
