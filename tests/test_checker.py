@@ -242,6 +242,25 @@ def test_quality_never_counts_undecided_as_passed() -> None:
     assert quality["precision"] == 1.0 and quality["recall"] == 0.5 and quality["undecided_bad"] == 1
 
 
+def test_checker_rates_count_correct_runnable_calls_by_hand() -> None:
+    from probes.analyses.calls import checker_rates
+
+    # four items of four groups: a correct runnable call, a correct call with invalid arguments (G blocks it:
+    # abstention after), a correct abstention, a wrong call
+    frame = pd.DataFrame({"format": "native", "config": "basm", "k": 1, "bucket": "T_ok", "task_group": list("abcd"),
+                          **{f"{m}_{c}": v for m in ("strict", "lenient") for c, v in (
+                              ("outcome_before", ["correct_tool", "correct_tool", "abstain", "wrong_tool"]),
+                              ("solved_before", [True, True, True, False]),
+                              ("runnable_before", [True, False, False, True]),
+                              ("outcome_after", ["correct_tool", "abstain", "abstain", "wrong_tool"]),
+                              ("solved_after", [True, False, True, False]),
+                              ("runnable_after", [True, False, False, True]))}})
+    rates = checker_rates(frame, resamples=50).set_index(["mode", "checker", "rate"])["value"]
+    assert rates[("lenient", "without", "correct_call")] == 0.75 and rates[("lenient", "without", "correct_runnable")] == 0.5
+    assert rates[("lenient", "with", "correct_call")] == 0.5 and rates[("lenient", "with", "correct_runnable")] == 0.5
+    assert rates[("strict", "with", "abstained")] == 0.5 and rates[("strict", "with", "wrong_call")] == 0.25
+
+
 def test_revise_completes_the_next_candidate_or_abstains() -> None:
     from probes.analyses.calls import revise
     from probes.data.dataset import ABSTAIN

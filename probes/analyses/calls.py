@@ -207,6 +207,14 @@ def revise(ranked: Sequence[tuple[str, float]], blocked: str, complete: Any, dec
     return (action if allowed else ABSTAIN), {**tried, "reason": f"G: {decision.verdict}"}
 
 
+RUNNABLE_RULES: tuple[str, ...] = ("known_tool", "complete", "schema")
+
+
+def runnable(decision: Decision) -> bool:
+    """A runtime could run the call: G's catalog, completeness and schema checks all pass."""
+    return all(c.verdict == "pass" for c in decision.checks if c.rule in RUNNABLE_RULES)
+
+
 def checked_outcome(action: str, correct_action: str, wrong_tools: Sequence[str], catalog: Sequence[str]) -> str:
     """The outcome of a revised action (one of :data:`OUTCOMES`)."""
     if action == ABSTAIN:
@@ -253,7 +261,10 @@ def checker_rows(ctx: RunContext, item: Any, record: PromptRecord, generation: d
 
             action, revision = revise(ranked, call.name, complete, decide, on_undecided)
             after = checked_outcome(action, record.correct_action, record.wrong_tools, shown_tools(record))
+        runnable_before = decision is not None and runnable(decision)
+        runnable_after = (runnable_before if not blocks else on_block == "revise" and action != ABSTAIN)  # G passed the revised call
         row.update({f"{mode}_verdict": verdict, f"{mode}_blocked": blocks, f"{mode}_decision": decision.as_dict() if decision else None,
+                    f"{mode}_runnable_before": runnable_before, f"{mode}_runnable_after": runnable_after,
                     f"{mode}_n_undecided": 0 if decision is None else sum(c.verdict == "undecided" for c in decision.checks),
                     f"{mode}_judged": 0 if decision is None else sum(c.decided_by == "judge" for c in decision.checks),
                     f"{mode}_outcome_before": before, f"{mode}_solved_before": bool(generation[f"{mode}_solved"]),
@@ -294,12 +305,16 @@ def score_checker(ctx: RunContext, store: Any, generations: pd.DataFrame, config
 
 
 CHECKER_RATES: dict[str, tuple[str, str | None]] = {"wrong_call": RATES["wrong_call"], "correct_call": RATES["correct_call"],
+                                                    "correct_runnable": ("correct runnable call rate", None),
                                                     "abstained": RATES["abstained"], "blocked": ("blocked rate", "blocked")}
 
 
 def checker_rates(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DEFAULT_SEED) -> pd.DataFrame:
     """Per mode × G (without / with) × format × config × k × bucket × rate: mean with a 95% bootstrap
-    CI over task groups (the blocked rate only with G and ``on_block report``)."""
+    CI over task groups (the blocked rate only with G and ``on_block report``). ``correct_runnable``:
+    solved by a call a runtime could run (G's catalog, completeness and schema checks pass; a
+    correct abstention counts): the fair baseline for the correct-call rate with G, which lets no
+    unrunnable call through."""
     out = []
     keys = ["format", "config", "k", "bucket"]
     for key, frame in rows.groupby(keys, sort=True):
@@ -309,7 +324,10 @@ def checker_rates(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DEFA
                 for rate, (_, counted) in CHECKER_RATES.items():
                     if rate == "blocked" and checker == "without":
                         continue
-                    values = (solved if counted is None else outcomes == counted).astype(float).to_numpy()
+                    values = (solved if counted is None else outcomes == counted)
+                    if rate == "correct_runnable":  # the correct tool in a call a runtime could run (or a correct abstention)
+                        values = solved & (frame[f"{mode}_runnable_{suffix}"].astype(bool) | (outcomes == "abstain"))
+                    values = values.astype(float).to_numpy()
                     est = bootstrap_mean(values, frame["task_group"].tolist(), resamples=resamples, seed=seed)
                     out.append({"mode": mode, "checker": checker, **dict(zip(keys, key)), "rate": rate, "value": est.value,
                                 "low": est.low, "high": est.high, "n": len(frame), "n_groups": est.n_units, "count": int(values.sum())})

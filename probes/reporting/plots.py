@@ -918,7 +918,8 @@ def fig14_attribution_statistics(skills: pd.DataFrame, cells: pd.DataFrame, powe
     return fig
 
 
-CHECKER_RATE_LABELS: dict[str, str] = {"wrong_call": "wrong call", "correct_call": "correct call", "abstained": "abstention",
+CHECKER_RATE_LABELS: dict[str, str] = {"wrong_call": "wrong call", "correct_call": "correct call",
+                                       "correct_runnable": "correct runnable call", "abstained": "abstention",
                                        "blocked": "blocked"}
 
 
