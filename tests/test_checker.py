@@ -235,11 +235,19 @@ def test_quality_never_counts_undecided_as_passed() -> None:
                              ("verdict", ["block", "pass", "undecided", "undecided", None]),
                              ("blocked", [True, False, False, False, False]),
                              ("solved_before", [False, True, False, True, False]),
+                             ("runnable_before", [False, True, True, True, False]),
                              ("judged", [0, 0, 0, 0, 0]))}})
     quality = checker_quality(rows).set_index("mode").loc["lenient"]
     # by hand: 4 calls (the None row made none); bad = rows 0 and 2; blocked = row 0
     assert (quality["calls"], quality["bad"], quality["blocked"], quality["passed"], quality["undecided"]) == (4, 2, 1, 1, 2)
     assert quality["precision"] == 1.0 and quality["recall"] == 0.5 and quality["undecided_bad"] == 1
+    assert (quality["blocked_correct_unrunnable"], quality["blocked_correct_runnable"]) == (0, 0)
+    # a correct call blocked: unrunnable (schema) or by a boundary rule only
+    blocked_correct = rows.assign(lenient_blocked=[True, True, False, False, False], lenient_runnable_before=[False, False, True, True, False])
+    again = checker_quality(blocked_correct).set_index("mode").loc["lenient"]
+    assert (again["blocked_correct_unrunnable"], again["blocked_correct_runnable"], again["precision"]) == (1, 0, 0.5)
+    runnable_blocked = blocked_correct.assign(lenient_runnable_before=[False, True, True, True, False])
+    assert checker_quality(runnable_blocked).set_index("mode").loc["lenient", "blocked_correct_runnable"] == 1
 
 
 def test_checker_rates_count_correct_runnable_calls_by_hand() -> None:

@@ -338,7 +338,10 @@ def checker_quality(rows: pd.DataFrame) -> pd.DataFrame:
     """G against the items' labels, per mode × config: among the calls G decided on (the reply's
     action is a tool call), a *bad* call is one that is not the item's correct action. Precision =
     bad among blocked; recall = blocked among bad (undecided calls count as not blocked under
-    ``on_undecided allow``); undecided calls are counted on their own, never as passed."""
+    ``on_undecided allow``); undecided calls are counted on their own, never as passed. A blocked
+    correct call is a false positive against the labels even when a runtime could not run it, so
+    ``blocked_correct_unrunnable`` (catalog, completeness or schema failed) and
+    ``blocked_correct_runnable`` (blocked by a boundary rule only) split those."""
     out = []
     for mode in MODES:
         called = rows[rows[f"{mode}_verdict"].notna()]
@@ -347,13 +350,17 @@ def checker_quality(rows: pd.DataFrame) -> pd.DataFrame:
             blocked = frame[f"{mode}_blocked"].astype(bool)
             verdict = frame[f"{mode}_verdict"]
             tp = int((bad & blocked).sum())
+            runnable_ = frame[f"{mode}_runnable_before"].astype(bool)
             out.append({"mode": mode, "config": config, "calls": len(frame), "bad": int(bad.sum()), "blocked": int(blocked.sum()),
                         "passed": int((verdict == "pass").sum()), "undecided": int((verdict == "undecided").sum()),
                         "blocked_bad": tp, "precision": tp / int(blocked.sum()) if blocked.any() else float("nan"),
                         "recall": tp / int(bad.sum()) if bad.any() else float("nan"),
+                        "blocked_correct_unrunnable": int((~bad & blocked & ~runnable_).sum()),
+                        "blocked_correct_runnable": int((~bad & blocked & runnable_).sum()),
                         "undecided_bad": int((bad & (verdict == "undecided")).sum()), "judged": int(frame[f"{mode}_judged"].sum())})
     return pd.DataFrame(out, columns=["mode", "config", "calls", "bad", "blocked", "passed", "undecided", "blocked_bad",
-                                      "precision", "recall", "undecided_bad", "judged"])
+                                      "precision", "recall", "blocked_correct_unrunnable", "blocked_correct_runnable",
+                                      "undecided_bad", "judged"])
 
 
 def checker_rule_counts(rows: pd.DataFrame) -> pd.DataFrame:
