@@ -44,7 +44,9 @@ from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
+from probes.scoring.checker import ChatJudge, Decision, DecisionState, Judge, check_call, grammar_coverage, proposed
 from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.margins import candidate_path_logprobs, candidates_from_record
 from probes.scoring.score import row_fields
 from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean
 from probes.scoring.toolcalls import MODES, OUTCOMES, is_solved, mode_description, outcome, parse_reply
@@ -149,6 +151,260 @@ def syntax_counts(rows: pd.DataFrame) -> pd.DataFrame:
     return frame.groupby(keys, sort=True).size().rename("replies").reset_index()
 
 
+# ------------------------------------------------------------------------------------- the boundary checker G
+CHECKER_NAME = "calls_checker"
+CHECKER_FIGURE = "fig_calls_checker"
+ON_BLOCK: tuple[str, ...] = ("revise", "report")
+ON_UNDECIDED: tuple[str, ...] = ("allow", "block")
+CHECKED_OUTCOMES: tuple[str, ...] = (*OUTCOMES, "blocked")
+
+
+def ranked_actions(session: Any, record: PromptRecord) -> list[tuple[str, float]]:
+    """The record's candidate actions (every catalog tool and abstention), best first, by their whole-path
+    log-probability (:func:`probes.scoring.margins.candidate_path_logprobs`): one engine call."""
+    cands = candidates_from_record(record)
+    scored = {c.key: (c.anchor_index, list(c.token_ids)) for c in cands if not (c.is_abstention and record.format == "native")}
+    result = session.run(record.input_ids, record.query_rows, candidates=scored)
+    base = result.conditions[0]
+    logprobs = candidate_path_logprobs(base.row_logits, result.input_ids, cands, record.format, int(record.decision_index),
+                                       base.candidate_token_logprobs, record.open_index)
+    return sorted(logprobs.items(), key=lambda kv: -kv[1])
+
+
+def complete_call(session: Any, record: PromptRecord, tool: str, mode: str, max_new_tokens: int) -> dict[str, Any]:
+    """The model's arguments for ``tool``: greedy generation from the prompt with the call opened and the
+    tool's name forced (its candidate tokens after the anchor row), read in ``mode`` by the one parser.
+    Returns the reply text (from where the free generation starts), whether it stopped at an end of
+    turn, and the parsed call (None unless it is a call of ``tool``)."""
+    candidate = next((c for c in record.candidates if c.action == tool), None)
+    if candidate is None:
+        raise ValueError(f"{record.record_id}: {tool!r} is not a candidate of the prompt")
+    prompt = [*record.input_ids[: candidate.anchor_index + 1], *candidate.token_ids]
+    new_ids, stopped = greedy_generate(session.model, prompt, stop_token_ids(session.model, session.tokenizer), max_new_tokens)
+    text = session.tokenizer.decode([*prompt[len(generation_prompt(record)):], *new_ids], skip_special_tokens=False)
+    call = parse_reply(text, template=record.format, catalog=shown_tools(record)).action(mode)
+    return {"text": text, "stopped": stopped, "call": call if call is not None and call.name == tool else None}
+
+
+def revise(ranked: Sequence[tuple[str, float]], blocked: str, complete: Any, decide: Any, on_undecided: str) -> tuple[str, dict[str, Any]]:
+    """The revised action of a blocked call: the next-best candidate after ``blocked`` when it is a tool whose
+    completed call (``complete(tool)``: the model's own arguments for it) G passes on every rule, the schema
+    included (``decide(call)``; undecided counts as passed only with ``on_undecided`` allow); else abstention,
+    also when abstention ranks next. One candidate only: walking down the ranking until G passes something
+    would search for a call rather than revise one. Returns the action and what was tried."""
+    nxt = next(((action, logprob) for action, logprob in ranked if action != blocked), None)
+    if nxt is None or nxt[0] == ABSTAIN:
+        return ABSTAIN, {"action": None if nxt is None else ABSTAIN, "logprob": None if nxt is None else nxt[1],
+                         "reason": "no candidate left" if nxt is None else "abstention ranks next"}
+    action, logprob = nxt
+    completion = complete(action)
+    tried = {"action": action, "logprob": logprob, "text": completion["text"], "stopped": completion["stopped"]}
+    if completion["call"] is None:
+        return ABSTAIN, {**tried, "reason": f"the completion is not a readable call of {action}"}
+    decision: Decision = decide(completion["call"])
+    tried.update(call=completion["call"].as_dict(), verdict=decision.verdict, decision=decision.as_dict())
+    allowed = decision.verdict == "pass" or (decision.verdict == "undecided" and on_undecided == "allow")
+    return (action if allowed else ABSTAIN), {**tried, "reason": f"G: {decision.verdict}"}
+
+
+RUNNABLE_RULES: tuple[str, ...] = ("known_tool", "complete", "schema")
+
+
+def runnable(decision: Decision) -> bool:
+    """A runtime could run the call: G's catalog, completeness and schema checks all pass."""
+    return all(c.verdict == "pass" for c in decision.checks if c.rule in RUNNABLE_RULES)
+
+
+def checked_outcome(action: str, correct_action: str, wrong_tools: Sequence[str], catalog: Sequence[str]) -> str:
+    """The outcome of a revised action (one of :data:`OUTCOMES`)."""
+    if action == ABSTAIN:
+        return "abstain"
+    if action == correct_action:
+        return "correct_tool"
+    return "wrong_tool" if action in wrong_tools else "other_tool" if action in catalog else "unknown_tool"
+
+
+def checker_rows(ctx: RunContext, item: Any, record: PromptRecord, generation: dict[str, Any], judge: Judge | None,
+                 on_block: str, on_undecided: str) -> dict[str, Any]:
+    """G on one greedy call (the row's lenient and strict actions): per mode the decision, whether it
+    blocks, the action and outcome with G (a revision: :func:`revise`), and whether that solves the item."""
+    catalog = ctx.dataset.catalog_for(item)
+    state = DecisionState.of(item, catalog)
+    by_id = ctx.dataset.skills
+    skills = [by_id[entry.skill_id] for entry in record.skills]
+    reply = parse_reply(generation["generation"], template=record.format, catalog=shown_tools(record))
+    row = row_fields(record)
+    row.update(condition="checker", correct_action=record.correct_action, wrong_tools=list(record.wrong_tools),
+               retrieved=[entry.skill_id for entry in record.skills])
+    ranked: list[tuple[str, float]] | None = None
+    completions: dict[tuple[str, str], dict[str, Any]] = {}  # (tool, mode): one generation per tool and mode
+
+    def decide(call: Any) -> Decision:
+        return check_call(proposed(call), state, skills, judge=judge)
+
+    for mode in MODES:
+        before = generation[f"{mode}_outcome"]
+        call = reply.action(mode)
+        decision = None if call is None else decide(call)
+        verdict = None if decision is None else decision.verdict
+        blocks = verdict == "block" or (verdict == "undecided" and on_undecided == "block")
+        after, action, revision = before, generation[f"{mode}_action"], None
+        if blocks and on_block == "report":
+            after, action = "blocked", "blocked"
+        elif blocks:
+            ranked = ranked_actions(ctx.session, record) if ranked is None else ranked
+
+            def complete(tool: str, mode: str = mode) -> dict[str, Any]:
+                if (tool, mode) not in completions:
+                    completions[(tool, mode)] = complete_call(ctx.session, record, tool, mode, ctx.options.max_new_tokens)
+                return completions[(tool, mode)]
+
+            action, revision = revise(ranked, call.name, complete, decide, on_undecided)
+            after = checked_outcome(action, record.correct_action, record.wrong_tools, shown_tools(record))
+        runnable_before = decision is not None and runnable(decision)
+        runnable_after = (runnable_before if not blocks else on_block == "revise" and action != ABSTAIN)  # G passed the revised call
+        row.update({f"{mode}_verdict": verdict, f"{mode}_blocked": blocks, f"{mode}_decision": decision.as_dict() if decision else None,
+                    f"{mode}_runnable_before": runnable_before, f"{mode}_runnable_after": runnable_after,
+                    f"{mode}_n_undecided": 0 if decision is None else sum(c.verdict == "undecided" for c in decision.checks),
+                    f"{mode}_judged": 0 if decision is None else sum(c.decided_by == "judge" for c in decision.checks),
+                    f"{mode}_outcome_before": before, f"{mode}_solved_before": bool(generation[f"{mode}_solved"]),
+                    f"{mode}_outcome_after": after, f"{mode}_action_after": action, f"{mode}_revision": revision,
+                    f"{mode}_solved_after": is_solved(after, record.correct_action)})
+    return row
+
+
+def checker_config(ctx: RunContext, configs: Sequence[str], judge_label: str | None) -> dict[str, Any]:
+    """The header of the checker rows: the generations' configuration and G's options."""
+    options = ctx.options
+    return {**calls_config(ctx, configs), "checker": {"on_block": options.on_block, "on_undecided": options.on_undecided,
+                                                       "judge": judge_label, "judge_max_new_tokens": JUDGE_MAX_NEW_TOKENS}}
+
+
+JUDGE_MAX_NEW_TOKENS = 4  # one word: YES or NO
+
+
+def load_judge(model: str | None) -> ChatJudge | None:
+    """The judge of undecided conditions: a local chat model through ChatGenerator (None: no judge)."""
+    if model is None:
+        return None
+    from probes.engine.generate import ChatGenerator  # torch: only when a judge is asked for
+
+    generator = ChatGenerator.load(model, max_new_tokens=JUDGE_MAX_NEW_TOKENS)
+    return ChatJudge(generator, generator.label)
+
+
+def score_checker(ctx: RunContext, store: Any, generations: pd.DataFrame, configs: Sequence[str], judge: Judge | None) -> int:
+    """G on every generation row into ``store`` (resumable); returns jobs run."""
+    by_key = {row["key"].rsplit("|", 1)[0]: row for row in generations.to_dict("records")}
+    jobs = [Job(item, config, k, ctx.fmt, ("checker",)) for item in ctx.items for k in range(ctx.options.k_max + 1) for config in configs]
+
+    def scorer(record: PromptRecord, job: Any) -> list[dict[str, Any]]:
+        return [checker_rows(ctx, job.item, record, by_key[record.record_id], judge, ctx.options.on_block, ctx.options.on_undecided)]
+
+    return run_jobs(ctx, store, jobs, scorer)
+
+
+CHECKER_RATES: dict[str, tuple[str, str | None]] = {"wrong_call": RATES["wrong_call"], "correct_call": RATES["correct_call"],
+                                                    "correct_runnable": ("correct runnable call rate", None),
+                                                    "abstained": RATES["abstained"], "blocked": ("blocked rate", "blocked")}
+
+
+def checker_rates(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DEFAULT_SEED) -> pd.DataFrame:
+    """Per mode × G (without / with) × format × config × k × bucket × rate: mean with a 95% bootstrap
+    CI over task groups (the blocked rate only with G and ``on_block report``). ``correct_runnable``:
+    solved by a call a runtime could run (G's catalog, completeness and schema checks pass; a
+    correct abstention counts): the fair baseline for the correct-call rate with G, which lets no
+    unrunnable call through."""
+    out = []
+    keys = ["format", "config", "k", "bucket"]
+    for key, frame in rows.groupby(keys, sort=True):
+        for mode in MODES:
+            for checker, suffix in (("without", "before"), ("with", "after")):
+                outcomes, solved = frame[f"{mode}_outcome_{suffix}"], frame[f"{mode}_solved_{suffix}"].astype(bool)
+                for rate, (_, counted) in CHECKER_RATES.items():
+                    if rate == "blocked" and checker == "without":
+                        continue
+                    values = (solved if counted is None else outcomes == counted)
+                    if rate == "correct_runnable":  # the correct tool in a call a runtime could run (or a correct abstention)
+                        values = solved & (frame[f"{mode}_runnable_{suffix}"].astype(bool) | (outcomes == "abstain"))
+                    values = values.astype(float).to_numpy()
+                    est = bootstrap_mean(values, frame["task_group"].tolist(), resamples=resamples, seed=seed)
+                    out.append({"mode": mode, "checker": checker, **dict(zip(keys, key)), "rate": rate, "value": est.value,
+                                "low": est.low, "high": est.high, "n": len(frame), "n_groups": est.n_units, "count": int(values.sum())})
+    return pd.DataFrame(out, columns=["mode", "checker", *keys, "rate", "value", "low", "high", "n", "n_groups", "count"])
+
+
+def checker_quality(rows: pd.DataFrame) -> pd.DataFrame:
+    """G against the items' labels, per mode × config: among the calls G decided on (the reply's
+    action is a tool call), a *bad* call is one that is not the item's correct action. Precision =
+    bad among blocked; recall = blocked among bad (undecided calls count as not blocked under
+    ``on_undecided allow``); undecided calls are counted on their own, never as passed. A blocked
+    correct call is a false positive against the labels even when a runtime could not run it, so
+    ``blocked_correct_unrunnable`` (catalog, completeness or schema failed) and
+    ``blocked_correct_runnable`` (blocked by a boundary rule only) split those."""
+    out = []
+    for mode in MODES:
+        called = rows[rows[f"{mode}_verdict"].notna()]
+        for config, frame in called.groupby("config", sort=True):
+            bad = ~frame[f"{mode}_solved_before"].astype(bool)
+            blocked = frame[f"{mode}_blocked"].astype(bool)
+            verdict = frame[f"{mode}_verdict"]
+            tp = int((bad & blocked).sum())
+            runnable_ = frame[f"{mode}_runnable_before"].astype(bool)
+            out.append({"mode": mode, "config": config, "calls": len(frame), "bad": int(bad.sum()), "blocked": int(blocked.sum()),
+                        "passed": int((verdict == "pass").sum()), "undecided": int((verdict == "undecided").sum()),
+                        "blocked_bad": tp, "precision": tp / int(blocked.sum()) if blocked.any() else float("nan"),
+                        "recall": tp / int(bad.sum()) if bad.any() else float("nan"),
+                        "blocked_correct_unrunnable": int((~bad & blocked & ~runnable_).sum()),
+                        "blocked_correct_runnable": int((~bad & blocked & runnable_).sum()),
+                        "undecided_bad": int((bad & (verdict == "undecided")).sum()), "judged": int(frame[f"{mode}_judged"].sum())})
+    return pd.DataFrame(out, columns=["mode", "config", "calls", "bad", "blocked", "passed", "undecided", "blocked_bad",
+                                      "precision", "recall", "blocked_correct_unrunnable", "blocked_correct_runnable",
+                                      "undecided_bad", "judged"])
+
+
+def checker_rule_counts(rows: pd.DataFrame) -> pd.DataFrame:
+    """Checks per mode × rule × verdict × decided_by, over every decision."""
+    counts: dict[tuple[str, str, str, str], int] = {}
+    for mode in MODES:
+        for decision in rows[f"{mode}_decision"].dropna():
+            for check in decision["checks"]:
+                key = (mode, check["rule"], check["verdict"], check["decided_by"])
+                counts[key] = counts.get(key, 0) + 1
+    return pd.DataFrame([(*key, n) for key, n in sorted(counts.items())], columns=["mode", "rule", "verdict", "decided_by", "checks"])
+
+
+def checker_table(rates: pd.DataFrame) -> pd.DataFrame:
+    """The wrong-, correct-call and abstention rates without and with G, one row per bucket × config ×
+    mode × rate, one column per k (value [low, high])."""
+    shown = rates[rates["rate"] != "blocked"].assign(cell=lambda f: f.apply(
+        lambda r: f"{r['value']:.2f} [{r['low']:.2f}, {r['high']:.2f}]" if r["low"] == r["low"] else f"{r['value']:.2f}", axis=1))
+    table = shown.pivot_table(index=["bucket", "config", "mode", "rate"], columns=["checker", "k"], values="cell", aggfunc="first", sort=True)
+    table.columns = [f"{checker} G k={k}" for checker, k in table.columns]
+    return table.reset_index()
+
+
+def checker_section(summary: "CheckerSummary") -> str:
+    """The report's paragraph on G."""
+    return (f"**Boundary checker G (Eq. 11).** Each greedy call is checked against the catalog, its JSON Schema and the avoidance "
+            f"rules and applicability conditions of the retrieved skills that name its tool; conditions outside the stated grammar "
+            f"are undecided, never passed. {summary.note.splitlines()[0]}.\n\n{markdown_table(checker_table(summary.rates))}\n\n"
+            f"G against the labels (bad = not the item's correct action; undecided counted apart):\n\n{markdown_table(summary.quality)}"
+            f"\n\nChecks by rule and verdict:\n\n{markdown_table(summary.rules)}\n\nThe grammar's coverage of the dataset's skills "
+            f"(conditions written in a form it reads; two-way: a form that can both pass and block):\n\n"
+            f"{markdown_table(summary.coverage[['field', 'conditions', 'parsed', 'two_way', 'share_parsed', 'share_two_way']])}")
+
+
+@dataclass
+class CheckerSummary:
+    rows: pd.DataFrame
+    rates: pd.DataFrame
+    quality: pd.DataFrame
+    rules: pd.DataFrame
+    coverage: pd.DataFrame  # the grammar's coverage of the dataset's skills (grammar_coverage)
+    note: str
+
+
 # ------------------------------------------------------------------------------------- the analyses
 NAME = "calls"
 FIGURE = "fig11_call_rates"
@@ -239,6 +495,7 @@ class CallsSummary:
     syntax: pd.DataFrame  # replies per syntax
     note: str
     seed: int = DEFAULT_SEED
+    checker: CheckerSummary | None = None  # G (Eq. 11) with --checker
 
 
 def value_at(rates: pd.DataFrame, **where: Any) -> float:
@@ -275,12 +532,33 @@ class Calls(Analysis):
                                       "pad-procedure is included so that `paired` reuses these generations)", names=tuple(CONFIGS), minimum=1)
     controls: bool = option(False, f"add the equal-length controls ({', '.join(CONTROL_CONFIGS)})", type=bool)
     max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
+    checker: bool = option(False, "run the boundary checker G (Eq. 11) on every greedy call (rows in calls_checker.jsonl)",
+                           type=bool, group="checker")
+    on_block: str = option("revise", "a call G blocks: revise (the next-best candidate, its arguments generated with its name forced, "
+                           "when G passes that full call; else abstain) or report (counted as blocked)",
+                           choices=ON_BLOCK, group="checker")
+    on_undecided: str = option("allow", "a call with undecided conditions and no violation: allow (it runs; counted as undecided, "
+                               "never as passed) or block", choices=ON_UNDECIDED, group="checker")
+    judge: str | None = option(None, "a local chat model (folder or cache name) that decides G's undecided conditions "
+                               "(prompt, model and verdicts recorded in each check)", group="checker")
+
+    def configs_run(self) -> list[str]:
+        return list(dict.fromkeys([*self.configs, *(CONTROL_CONFIGS if self.controls else ())]))
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
         """Generate (resumably) every record's greedy call; returns the rows."""
-        configs = list(dict.fromkeys([*self.configs, *(CONTROL_CONFIGS if self.controls else ())]))
+        configs = self.configs_run()
         store = open_store(ctx.out_dir / f"{NAME}.jsonl", NAME, calls_config(ctx, configs), overwrite=ctx.options.overwrite)
         generate_rows(ctx, store, configs)
+        return load_results(store.path)
+
+    def collect_checker(self, ctx: RunContext, generations: pd.DataFrame) -> pd.DataFrame:
+        """G on every generation (resumable); returns the checker rows."""
+        configs = self.configs_run()
+        judge = load_judge(self.judge)
+        store = open_store(ctx.out_dir / f"{CHECKER_NAME}.jsonl", CHECKER_NAME, checker_config(ctx, configs, self.judge),
+                           overwrite=ctx.options.overwrite)
+        score_checker(ctx, store, generations, configs, judge)
         return load_results(store.path)
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> CallsSummary:
@@ -293,14 +571,29 @@ class Calls(Analysis):
                 f"(abstaining when that is correct)\nreplies by syntax: {syntaxes} · parse failures: {failures} of {len(rows)} · "
                 f"{cut} hit the token budget")
         seed = ctx.options.seed
-        return CallsSummary(rows, call_rates(rows, seed=seed), syntax_counts(rows), note, seed)
+        checker = None
+        if self.checker:
+            checked = self.collect_checker(ctx, rows)
+            judge = f"judge {self.judge}" if self.judge else "no judge"
+            checker = CheckerSummary(checked, checker_rates(checked, seed=seed), checker_quality(checked), checker_rule_counts(checked),
+                                     grammar_coverage(list(ctx.dataset.skills.values())),
+                                     f"{provenance_without_margin(ctx)} · G (Eq. 11) on the greedy call · blocked: {self.on_block} · "
+                                     f"undecided: {self.on_undecided} · {judge}\nmean ± 95% bootstrap CI over task groups")
+        return CallsSummary(rows, call_rates(rows, seed=seed), syntax_counts(rows), note, seed, checker)
 
     def tables(self, summary: CallsSummary) -> dict[str, pd.DataFrame]:
-        return {f"{NAME}_summary": summary.rates, f"{NAME}_syntax": summary.syntax}
+        tables = {f"{NAME}_summary": summary.rates, f"{NAME}_syntax": summary.syntax}
+        if summary.checker is not None:
+            tables.update({f"{CHECKER_NAME}_rates": summary.checker.rates, f"{CHECKER_NAME}_quality": summary.checker.quality,
+                           f"{CHECKER_NAME}_rules": summary.checker.rules, f"{CHECKER_NAME}_coverage": summary.checker.coverage})
+        return tables
 
     def figures(self, summary: CallsSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        return plots.save_figure(plots.fig11_call_rates(summary.rates, summary.note), out_dir, FIGURE)
+        paths = plots.save_figure(plots.fig11_call_rates(summary.rates, summary.note), out_dir, FIGURE)
+        if summary.checker is not None:
+            paths += plots.save_figure(plots.fig_checker_outcomes(summary.checker.rates, summary.checker.note), out_dir, CHECKER_FIGURE)
+        return paths
 
     def section(self, ctx: RunContext, summary: CallsSummary, figures: list[Path]) -> ReportSection:
         rows, rates = summary.rows, summary.rates
@@ -315,6 +608,8 @@ class Calls(Analysis):
         comparisons = [Comparison(f"Fig. 11: T_wrong {mode} wrong-call rate, {label} (k = {k_max}; paper: qualitative)",
                                   value_at(rates, bucket="T_wrong", config=config, k=k_max, rate="wrong_call", mode=mode), None, "rate")
                        for mode in MODES for config, label in (("proc", "Proc. Skill"), ("basm", "BASM"))]
+        if summary.checker is not None:
+            body += "\n\n" + checker_section(summary.checker)
         return ReportSection(NAME, "Fig. 11 — recall-depth call rates (`calls`)", figures, body, comparisons, summary)
 
     def claims(self, summary: CallsSummary) -> list[Claim]:
@@ -342,3 +637,6 @@ class Calls(Analysis):
         print(rate_table(summary.rates).round(2).to_string(index=False))
         print(outcome_counts(summary.rows).to_string(index=False))
         print(summary.syntax.groupby(["syntax", "shape", "template_format"])["replies"].sum().to_string())
+        if summary.checker is not None:
+            print(checker_table(summary.checker.rates).to_string(index=False))
+            print(summary.checker.quality.round(3).to_string(index=False))

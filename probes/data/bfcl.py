@@ -1143,3 +1143,38 @@ def readme_facts(data_dir: Path, categories: Sequence[str]) -> ImportFacts:
 
 # ---------------------------------------------------------------------------- context length
 
+
+
+def item_entry_id(item: Any) -> str:
+    """The BFCL entry an imported item comes from: ``multi_turn_<category>_<index>`` (task group ``bfcl.<index>``)."""
+    if not item.category or not item.task_group.startswith("bfcl."):
+        raise BFCLDataError(f"{item.id}: not an imported BFCL item (category {item.category!r}, task group {item.task_group!r})")
+    return f"multi_turn_{item.category}_{int(item.task_group.split('.', 1)[1])}"
+
+
+class ItemEnvironments:
+    """BFCL environments in the state of an item's decision point: the entry's ``initial_config``
+    loaded in BFCL's own API classes, then every call of the item's conversation (earlier turns, then
+    the current turn's history) executed in order; the observations are BFCL's real ones."""
+
+    def __init__(self, data_dir: Path | None = None) -> None:
+        self.data_dir = locate_bfcl_data(data_dir)
+        self.classes = load_api_classes(api_source_dir(self.data_dir))
+        self._entries: dict[str, dict[str, Any]] = {}
+
+    def entry(self, entry_id: str) -> dict[str, Any]:
+        if entry_id not in self._entries:
+            category = re.fullmatch(r"multi_turn_([a-z_]+)_\d+", entry_id).group(1)  # type: ignore[union-attr]
+            self._entries.update({e["id"]: e for e in load_entries(self.data_dir, category)})
+        return self._entries[entry_id]
+
+    def replay(self, item: Any) -> tuple[BFCLEnvironment, list[str]]:
+        """The environment after every call of ``item``'s conversation, and the observation of each call."""
+        entry = self.entry(item_entry_id(item))
+        env = BFCLEnvironment(self.classes, entry["involved_classes"], entry["initial_config"], long_context=item.category == "long_context")
+        observations = []
+        for message in (*item.context, *item.history):
+            if message.get("tool_call"):
+                call = message["tool_call"]
+                observations.append(env.execute(Call(f"{call['name']}(...)", call["name"], (), dict(call.get("arguments", {})))))
+        return env, observations

@@ -571,6 +571,32 @@ class PromptBuilder:
             return self._record(item, config, k, fmt, retrieved, block, self._assemble(item, block, fmt), depth_skills)
         return self._build_control(item, config, k, fmt, retrieved, block, depth_skills)
 
+    def build_note(self, item: Item, name: str, header: str, body: str, fmt: str = "native", *, k: int = 0) -> PromptRecord:
+        """A prompt whose memory block is one note in place of the retrieved skills (Eq. 12: the repair
+        hint h_t is injected instead of re-retrieval): ``header``, then ``body`` spanned as slot
+        ``note``. The record's configuration is ``name``; ``k`` only names the depth it stands for."""
+        block = _MemoryBlock()
+        block.add(header)
+        block.add(body, None, "note", body=True)
+        config = MemoryConfig(name, name, ())
+        return self._record(item, config, k, fmt, [], block, self._assemble(item, block, fmt), self.ordered(item)[:k])
+
+    def build_equal_note(self, item: Item, name: str, header: str, source: str, target: PromptRecord, fmt: str = "native", *,
+                         k: int = 0) -> PromptRecord:
+        """:meth:`build_note` with a body cut from ``source`` so the prompt has exactly ``target``'s token
+        count (an equal-length control note); raises ValueError when no cut matches."""
+        if not source.strip():
+            raise ValueError(f"{item.id}: empty source for the {name} note")
+        while self._count_tokens(source) < target.n_tokens:
+            source = source + " " + source
+        lo, hi = target.spans["note"][0]
+        wanted = hi - lo  # the target note's body tokens in context
+        for n in (wanted, wanted - 1, wanted + 1, wanted - 2, wanted + 2, wanted - 3, wanted + 3):
+            record = self.build_note(item, name, header, cut_to_tokens(source, n, self._count_tokens), fmt, k=k)
+            if record.n_tokens == target.n_tokens:
+                return record
+        raise ValueError(f"{item.id}: could not build the {name} note with exactly {target.n_tokens} tokens")
+
     def _control_plan(self, item: Item, k: int, fmt: str, block: _MemoryBlock) -> tuple[int, dict[int, int]]:
         """Token count of the reference (BASM) prompt and of each skill's boundary section in it;
         shared by both controls, so computed once per (item, k, format, block)."""

@@ -299,6 +299,42 @@ def call_logodds(
     return MarginResult("call_logodds", fmt, value, False, "first tokens of the tool names vs the abstention answer at the decision row")
 
 
+def _forced_prefix_logprob(row_logits: Mapping[int, torch.Tensor], input_ids: Sequence[int], fmt: str, decision_index: int,
+                           open_index: int | None) -> float:
+    """log P(forced call prefix) from the open row to the decision row (native); 0 for prompted."""
+    if fmt != "native":
+        return 0.0
+    if open_index is None:
+        raise ValueError("the native format needs open_index")
+    if not open_index < decision_index:
+        raise ValueError(f"open_index {open_index} must precede decision_index {decision_index}")
+    return sum(float(torch.log_softmax(_logits(row_logits, r), -1)[input_ids[r + 1]]) for r in range(open_index, decision_index))
+
+
+def candidate_path_logprobs(
+    row_logits: Mapping[int, torch.Tensor],
+    input_ids: Sequence[int],
+    candidates: Sequence[CandidateInfo],
+    fmt: str,
+    decision_index: int,
+    token_logprobs: Mapping[str, torch.Tensor],
+    open_index: int | None = None,
+) -> dict[str, float]:
+    """Each candidate action's whole-path log-probability, as :func:`path_margin` scores them
+    (native: tools include opening the call, abstention is ``log(1 − P(open))``)."""
+    offset = _forced_prefix_logprob(row_logits, input_ids, fmt, decision_index, open_index)
+    out = {}
+    for c in candidates:
+        if fmt == "native" and c.is_abstention:
+            assert open_index is not None
+            out[c.action] = _log1mexp(_open_logprob(row_logits, input_ids, open_index))
+        else:
+            t = token_logprobs[c.key]
+            check_finite(t, f"token log-probs of {c.action!r}")
+            out[c.action] = offset + float(t.sum())
+    return out
+
+
 def path_margin(
     row_logits: Mapping[int, torch.Tensor],
     input_ids: Sequence[int],
@@ -321,13 +357,8 @@ def path_margin(
         check_finite(t, f"token log-probs of {c.action!r}")
         return float(t.sum())
 
-    offset, controls = 0.0, []
+    offset, controls = _forced_prefix_logprob(row_logits, input_ids, fmt, decision_index, open_index), []
     if fmt == "native":
-        if open_index is None:
-            raise ValueError("the native format needs open_index")
-        if not open_index < decision_index:
-            raise ValueError(f"open_index {open_index} must precede decision_index {decision_index}")
-        offset = sum(float(torch.log_softmax(_logits(row_logits, r), -1)[input_ids[r + 1]]) for r in range(open_index, decision_index))
         if abstain:
             controls.append(_log1mexp(_open_logprob(row_logits, input_ids, open_index)))
     else:

@@ -1,0 +1,274 @@
+"""``repair``: the repair loop of Eq. 12 — after a failed call, a targeted hint h_t instead of re-retrieval.
+
+On every T_repair item (the current turn ends in a failed call and its error observation; the correct
+action is the repair call, the wrong tool repeats the failed one) the next decision is measured
+under four conditions, each a prompt whose memory block (where retrieved skills go) holds:
+
+``no_hint``    nothing (Base, k = 0);
+``retrieval``  full re-retrieval: the configuration's top-k skills for the state (``--config``, ``--k``);
+``hint``       h_t = Repair(x_t, a_t, o_{t+1}, S_k) (:func:`probes.scoring.checker.repair_hint`): the
+               recovery notes of the top-k skills whose tools include the failed tool, kept when their
+               condition matches the error observation (deterministic grammar; an optional judge for
+               the rest);
+``control``    a note of exactly the hint prompt's token count cut from recovery notes of skills that
+               do not match the failed call and name neither the failed nor the repair tool.
+
+Measured per condition: the margin (``--margin-variant``; Eq. 1 verbatim needs ``--format prompted``;
+positive = the failed tool is preferred over the repair tool) and the greedy next call (read by the
+tool-call parser; ``repair_success`` = it is the item's repair action). Items where no note matched
+have no hint and no control row values (counted in the report).
+
+On an imported BFCL dataset every item's conversation is replayed in BFCL's own API classes
+(:class:`probes.data.bfcl.ItemEnvironments`), so the failed call's observation is the real one
+(``observation_matches``: it equals the stored one), and the model's calls are executed there up to
+``--steps`` decisions per condition: after a failed step the next decision gets the condition's memory
+rebuilt for the new failure. Every executed call and observation is recorded. Model text is never
+evaluated: calls come from the literal-only tool-call parser and run through the public-method
+dispatch of :class:`probes.data.bfcl_exec.BFCLEnvironment` (:func:`execute_reply`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from probes.analyses import register
+from probes.analyses.base import Analysis, Job, ReportSection, RunContext, depth_option, option, provenance, run_jobs
+from probes.analyses.calls import MAX_NEW_TOKENS, call_row, generation_prompt, load_judge
+from probes.analyses.parallel import open_store
+from probes.data.bfcl import ItemEnvironments, is_bfcl_import
+from probes.data.bfcl_exec import BFCLEnvironment, Call, is_error_observation
+from probes.data.configs import CONFIGS
+from probes.data.dataset import Item
+from probes.data.schema import Skill
+from probes.engine.generate import greedy_generate, stop_token_ids
+from probes.prompts.builder import DEFAULT_K_MAX
+from probes.prompts.record import PromptRecord
+from probes.reporting import plots
+from probes.reporting.markdown import markdown_table
+from probes.reporting.results import load_results
+from probes.scoring.checker import HINT_HEADER, DecisionState, Hint, ProposedCall, names_tool, repair_hint
+from probes.scoring.score import score_record
+from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean
+from probes.scoring.toolcalls import ParsedReply, parse_reply
+
+NAME = "repair"
+FIGURE = "fig_repair_success"
+CONDITIONS: tuple[str, ...] = ("no_hint", "retrieval", "hint", "control")
+CONTROL_HEADER = HINT_HEADER  # the control differs from h_t in its notes only
+
+
+# ------------------------------------------------------------------------------------- the failure
+def failed_step(item: Item) -> tuple[ProposedCall, str, Item]:
+    """The failed call and its observation (the last two messages of the current turn) and the item
+    as it stood before that call."""
+    if len(item.history) < 2 or not item.history[-2].get("tool_call") or item.history[-1].get("role") != "tool":
+        raise ValueError(f"{item.id}: a T_repair item must end in a call and its observation")
+    call = item.history[-2]["tool_call"]
+    return (ProposedCall(call["name"], dict(call.get("arguments", {}))), str(item.history[-1]["content"]),
+            dataclasses.replace(item, history=item.history[:-2]))
+
+
+def with_observation(item: Item, observation: str) -> Item:
+    """``item`` with its last observation replaced (BFCL: the real one)."""
+    last = dict(item.history[-1], content=observation)
+    return dataclasses.replace(item, history=(*item.history[:-1], last))
+
+
+def control_source(failed: str, repair: str, skills: Sequence[Skill]) -> str:
+    """Recovery notes of the skills that do not match the failed call and name neither the failed
+    nor the repair tool, in skill-id order (the control note is cut from them)."""
+    notes = [note for skill in sorted(skills, key=lambda s: s.id) if failed not in skill.tool_names
+             for note in skill.recovery_notes if not names_tool(note, failed) and not names_tool(note, repair)]
+    return "\n".join(f"- {note}" for note in notes)
+
+
+def execute_reply(env: BFCLEnvironment, reply: ParsedReply) -> dict[str, Any] | None:
+    """Execute the reply's call (lenient action) in ``env``: only a complete call whose arguments the
+    parser read as literals, through the environment's public-method dispatch; None when the reply
+    has no call. A call that cannot run is refused (``executed`` False) with the reason."""
+    call = reply.action("lenient")
+    if call is None:
+        return None
+    if not call.complete or call.arguments is None:
+        return {"name": call.name, "arguments": None, "executed": False, "observation": f"refused: {call.error or 'incomplete call'}",
+                "error": True}
+    observation = env.execute(Call(f"{call.name}(...)", call.name, tuple(call.positional), dict(call.arguments)))
+    return {"name": call.name, "arguments": call.as_dict()["arguments"], "executed": True, "observation": observation,
+            "error": is_error_observation(observation)}
+
+
+# ------------------------------------------------------------------------------------- one condition
+class _Decider:
+    """Builds a condition's prompt for a state and measures the next decision."""
+
+    def __init__(self, ctx: RunContext, judge: Any) -> None:
+        self.ctx = ctx
+        self.judge = judge
+        self.stop_ids = stop_token_ids(ctx.session.model, ctx.session.tokenizer)
+
+    def skills(self, item: Item) -> list[Skill]:
+        return [entry.skill for entry in self.ctx.builder.ordered(item)[: self.ctx.options.depth]]
+
+    def hint(self, item: Item) -> Hint:
+        failed, observation, before = failed_step(item)
+        state = DecisionState.of(before, self.ctx.dataset.catalog_for(item))
+        return repair_hint(failed, observation, state, self.skills(item), judge=self.judge)
+
+    def prompt(self, item: Item, condition: str, hint: Hint) -> PromptRecord | None:
+        """The condition's prompt (None: no hint matched, so neither h_t nor its control exists)."""
+        builder, fmt, k = self.ctx.builder, self.ctx.fmt, self.ctx.options.depth
+        if condition == "no_hint":
+            return builder.build(item, "base", 0, fmt)
+        if condition == "retrieval":
+            return builder.build(item, self.ctx.options.config, k, fmt)
+        if not hint.text:
+            return None
+        body = hint.text.removeprefix(HINT_HEADER)
+        hinted = builder.build_note(item, "hint", HINT_HEADER, body, fmt, k=k)
+        if condition == "hint":
+            return hinted
+        source = control_source(hint.failed_tool, item.correct_action, self.ctx.dataset.library_for(item))
+        return builder.build_equal_note(item, "control", CONTROL_HEADER, source, hinted, fmt, k=k)
+
+    def generate(self, record: PromptRecord) -> dict[str, Any]:
+        session = self.ctx.session
+        new_ids, stopped = greedy_generate(session.model, generation_prompt(record), self.stop_ids, self.ctx.options.max_new_tokens)
+        return call_row(record, new_ids, stopped, session.tokenizer.decode(new_ids, skip_special_tokens=False))
+
+
+def condition_row(decider: _Decider, item: Item, condition: str, env: BFCLEnvironment | None) -> dict[str, Any]:
+    """One condition on one item: the first decision's margin and greedy call, then (BFCL) the executed steps."""
+    hint = decider.hint(item)
+    record = decider.prompt(item, condition, hint)
+    row: dict[str, Any] = {"condition": condition, "hint": hint.as_dict(), "hint_notes_undecided": hint.n_undecided,
+                           "has_hint": bool(hint.text)}
+    if record is None:
+        return {**row, "measured": False}
+    scored = score_record(decider.ctx.session, record, variant=decider.ctx.variant)[0]
+    call = decider.generate(record)
+    row.update(measured=True, prompt_config=record.config, n_prompt_tokens=record.n_tokens, margin=scored["margin"],
+               margin_variant=scored["margin_variant"], margin_note=scored["margin_note"], generation=call["generation"],
+               action=call["lenient_action"], outcome=call["lenient_outcome"], repair_success=bool(call["lenient_solved"]),
+               strict_repair_success=bool(call["strict_solved"]), memory=[s.skill_id for s in record.skills])
+    if env is None:
+        return row
+    steps, state, current = [], env.snapshot(), item
+    for step in range(decider.ctx.options.steps):
+        reply = parse_reply(call["generation"], template=record.format, catalog=[c.action for c in record.candidates])
+        executed = execute_reply(state, reply)
+        steps.append({"step": step, "prompt_config": record.config, "generation": call["generation"], "call": executed})
+        if executed is None or not executed["error"] or not executed["executed"] or step + 1 == decider.ctx.options.steps:
+            break
+        current = dataclasses.replace(current, id=f"{item.id}~{condition}{step + 1}", history=(
+            *current.history, {"role": "assistant", "tool_call": {"name": executed["name"], "arguments": executed["arguments"]}},
+            {"role": "tool", "name": executed["name"], "content": executed["observation"]}))
+        hint = decider.hint(current)
+        record = decider.prompt(current, condition, hint)
+        if record is None:
+            steps.append({"step": step + 1, "prompt_config": None, "generation": None, "call": None, "note": "no hint matched the new failure"})
+            break
+        call = decider.generate(record)
+    first = steps[0]["call"] if steps else None
+    row.update(steps=steps, first_call_ok=bool(first and first["executed"] and not first["error"]),
+               recovered=any(s["call"] and s["call"]["executed"] and not s["call"]["error"] for s in steps))
+    return row
+
+
+# ------------------------------------------------------------------------------------- aggregates
+MEASURES: tuple[str, ...] = ("repair_success", "margin", "first_call_ok", "recovered")
+
+
+def repair_rates(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DEFAULT_SEED) -> pd.DataFrame:
+    """Per condition × measure: mean with a 95% bootstrap CI over task groups, over the measured rows
+    (the BFCL execution measures only where an environment ran)."""
+    out = []
+    for condition in [c for c in CONDITIONS if c in set(rows["condition"])]:
+        frame = rows[(rows["condition"] == condition) & rows["measured"].astype(bool)]
+        for measure in MEASURES:
+            if measure not in frame or frame[measure].isna().all():
+                continue
+            sub = frame[frame[measure].notna()]
+            est = bootstrap_mean(sub[measure].astype(float).to_numpy(), sub["task_group"].tolist(), resamples=resamples, seed=seed)
+            out.append({"condition": condition, "measure": measure, "bucket": "T_repair", "value": est.value, "low": est.low,
+                        "high": est.high, "n": len(sub), "n_groups": est.n_units})
+    return pd.DataFrame(out, columns=["condition", "measure", "bucket", "value", "low", "high", "n", "n_groups"])
+
+
+@dataclass
+class RepairSummary:
+    rows: pd.DataFrame
+    rates: pd.DataFrame
+    note: str
+
+
+@register("repair", order=75)
+@dataclass(kw_only=True)
+class Repair(Analysis):
+    """Eq. 12: the next decision after a failed call with no hint, full re-retrieval, h_t and an equal-length control hint."""
+
+    k: int | None = depth_option(DEFAULT_K_MAX, "retrieval depth of S_k (re-retrieval and the hint's skills)")
+    config: str = option("basm", "memory configuration of the full re-retrieval condition", choices=tuple(CONFIGS), group="probe")
+    steps: int = option(2, "decisions executed per condition on BFCL items (BFCL's API classes)", type=int, minimum=1, group="generation")
+    max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
+    judge: str | None = option(None, "a local chat model (folder or cache name) that decides recovery notes outside the grammar",
+                               group="checker")
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        items = ctx.items_in(["T_repair"])
+        if not items:
+            raise ValueError("repair needs T_repair items (--bucket T_repair or no bucket filter)")
+        bfcl = is_bfcl_import(Path(ctx.dataset.root))
+        config = ctx.config(k=ctx.options.depth, config=self.config, steps=self.steps if bfcl else None, judge=self.judge,
+                            max_new_tokens=self.max_new_tokens, decoding="greedy", environment="bfcl" if bfcl else None)
+        store = open_store(ctx.out_dir / f"{NAME}.jsonl", NAME, config, overwrite=ctx.options.overwrite)
+        decider = _Decider(ctx, load_judge(self.judge))
+        environments = ItemEnvironments() if bfcl else None
+        jobs = [Job(item, self.config, ctx.options.depth, ctx.fmt, CONDITIONS) for item in items]
+
+        def scorer(record: PromptRecord, job: Job) -> list[dict[str, Any]]:
+            item, env, extra = job.item, None, {}
+            if environments is not None:
+                env, observations = environments.replay(job.item)
+                extra = {"observation_stored": job.item.history[-1]["content"], "observation_real": observations[-1],
+                         "observation_matches": observations[-1] == job.item.history[-1]["content"]}
+                item = with_observation(job.item, observations[-1])
+            base = {"record_id": record.record_id, "item_id": item.id, "bucket": item.bucket, "domain": item.domain,
+                    "task_group": item.task_group, "config": self.config, "k": ctx.options.depth, "format": ctx.fmt,
+                    "correct_action": item.correct_action, "failed_tool": failed_step(item)[0].name, **extra}
+            return [{**base, **condition_row(decider, item, condition, env)} for condition in CONDITIONS]
+
+        run_jobs(ctx, store, jobs, scorer)
+        return load_results(store.path)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> RepairSummary:
+        hinted = rows[rows["condition"] == "hint"]
+        n_items = len(hinted)
+        note = (f"{provenance(ctx)} · S_k: {self.config} top {ctx.options.depth} · {int(hinted['has_hint'].sum())} of {n_items} "
+                f"T_repair items got a hint (a recovery note matched the error) · notes undecided: {int(hinted['hint_notes_undecided'].sum())}"
+                f" · judge: {self.judge or 'none'}\nmean ± 95% bootstrap CI over task groups; margin: {ctx.variant} (wrong − repair tool)")
+        if "observation_matches" in rows:
+            note += f" · BFCL: real observation equals the stored one for {int(hinted['observation_matches'].sum())} of {n_items}; ≤ {self.steps} steps"
+        return RepairSummary(rows, repair_rates(rows, seed=ctx.options.seed), note)
+
+    def tables(self, summary: RepairSummary) -> dict[str, pd.DataFrame]:
+        return {f"{NAME}_summary": summary.rates}
+
+    def figures(self, summary: RepairSummary, out_dir: Path) -> list[Path]:
+        plots.style()
+        return plots.save_figure(plots.fig_repair_success(summary.rates, summary.note), out_dir, FIGURE)
+
+    def section(self, ctx: RunContext, summary: RepairSummary, figures: list[Path]) -> ReportSection:
+        body = (f"After a failed call (T_repair), the next decision under no hint, full re-retrieval, the repair hint h_t of Eq. 12 "
+                f"(recovery notes whose condition matches the error) and an equal-length control note. {summary.note.splitlines()[0]}."
+                f"\n\n{markdown_table(summary.rates)}")
+        return ReportSection(NAME, "Eq. 12 — repair loop (`repair`)", figures, body, [], summary)
+
+    def print_summary(self, summary: RepairSummary) -> None:
+        print(summary.note)
+        print(summary.rates.round(3).to_string(index=False))
