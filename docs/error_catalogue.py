@@ -215,6 +215,8 @@ CASES: list[Case] = [
     Case("depth above the library", _sweep("--k-max", "99"), 2, "(--k-max) 99: item retail-wrong-0001 has only 9 skills to retrieve; use 9 or less"),
     Case("build: depth above the library", ["build", "--out", "<tmp>/r.jsonl", "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical", "--k-max", "99"], 2, "(--k-max) 99: item retail-ok-0001 has only 9 skills to retrieve; use 9 or less"),
     Case("show: depth above the library", ["show", "retail-ok-0001", "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical", "--k", "99"], 2, "(--k) 99: item retail-ok-0001 has only 9 skills to retrieve; use 9 or less"),
+    Case("oracle rank above the depth", _sweep("--retrieval", "oracle", "--oracle-rank", "3"), 2, "oracle_rank (--oracle-rank) 3 exceeds the run's retrieval depth 1"),
+    Case("show: lexical embedder, semantic gate", ["show", "retail-ok-0001", "--embedder", "lexical"], 2, "needs a semantic embedder"),
     Case("show: unknown item", ["show", "no-such-item", "--embedder", "lexical", "--relevance", "lexical"], 2, "unknown or filtered-out item id"),
     Case("--items with an unknown part", _sweep("--items", "garbage"), 2, "'garbage' is not a bucket"),
     Case("semantic gate, lexical embedder", _sweep("--relevance", "semantic"), 2, "relevance 'semantic' (the default for a model other than the bundled organism) needs a semantic embedder"),

@@ -7,7 +7,7 @@ Tiny models: hidden 64, 2 layers, 4 query heads over 2 KV heads (GQA), vocab 300
 Test tiers (markers, registered in pyproject.toml with ``--strict-markers``): ``slow`` (exhaustive
 sweeps, the end-to-end runs on real pretrained weights, the organism validation over its eval split),
 ``subprocess`` (launches processes: torchrun, CLI subprocesses, notebook kernels, pip), ``gpu``
-(needs an accelerator; none yet). README's command runs ``-m "not gpu"``; the quick loop
+(needs an accelerator; none yet). README's command runs ``-m "not gpu and not slow"``; the quick loop
 ``-m "not slow and not subprocess"``.
 """
 

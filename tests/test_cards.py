@@ -61,12 +61,12 @@ def test_gate_share_is_what_the_builder_shows(qwen3, relevance):
     embedder = make_embedder("minilm")
     table = gate_table(subset, embedder).query("measure == @relevance").set_index("bucket")
     builder = PromptBuilder(qwen3, subset, Retriever(embedder), BuildSettings(k_max=GATE_DEPTH, relevance=relevance, beta=10**6))
+    rank1 = rank1_skills(subset, warm_retriever(subset, embedder)) if relevance == "semantic" else None
     for bucket, row in table.iterrows():
         records = [builder.build(item, "basm", GATE_DEPTH, "native") for item in chosen if item.bucket == bucket]
         exposed = [skill.boundary_exposed for record in records for skill in record.skills]
         assert row["n_pairs"] == len(exposed) and row["open_share"] == pytest.approx(sum(exposed) / len(exposed), abs=1e-12)
-        if relevance == "semantic":  # the card's rank-1 skill (bag_of_words_by_rank1_skill) is the prompt's first memory block
-            rank1 = rank1_skills(subset, warm_retriever(subset, embedder))
+        if rank1 is not None:  # the card's rank-1 skill (bag_of_words_by_rank1_skill) is the prompt's first memory block
             assert all(rank1[record.item_id] == next(s.skill_id for s in record.skills if s.rank == 1) for record in records)
     if relevance == "lexical":
         assert 0 < table["open_share"].min() < 1

@@ -353,6 +353,7 @@ def test_committed_weights_load_and_fit_the_budget():
     assert summary["train_config"]["seed"] == 0
 
 
+@pytest.mark.slow  # a retrain of the committed configuration (about a minute on one core)
 @needs_weights
 def test_retraining_reproduces_the_committed_run():
     """The first FINGERPRINT_STEPS steps of a retrain with the committed configuration give the

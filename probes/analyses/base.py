@@ -621,6 +621,14 @@ def select_items(dataset: ProbeDataset, options: Any) -> tuple[Item, ...]:
     return items
 
 
+def check_gate_embedder(options: Any) -> None:
+    """The semantic gate (Eq. 10 with embedding cosines) needs a semantic embedder: an option error
+    before any model or tokenizer is loaded."""
+    if options.relevance == "semantic" and options.embedder == "lexical":
+        raise OptionError("relevance 'semantic' (the default for a model other than the bundled organism) needs a semantic "
+                          "embedder: pass embedder='minilm' (--embedder minilm), or relevance='lexical' (--relevance lexical)")
+
+
 def check_oracle(options: Any) -> None:
     """Under ``retrieval="oracle"`` the defining skill's rank must be one the run shows: at most its
     depth (``k``, else ``k_max``); shallower depths of a sweep show the first k of the oracle order."""
@@ -703,9 +711,7 @@ def open_context(analysis: Analysis, session: ProbeSession | None = None) -> Run
         model = default_model()
     dataset_name, relevance = resolve_study(model, options.dataset, options.relevance)
     options = dataclasses.replace(options, dataset=resolve_dataset(dataset_name), relevance=relevance)
-    if options.relevance == "semantic" and options.embedder == "lexical":
-        raise OptionError("relevance 'semantic' (the default for a model other than the bundled organism) needs a semantic "
-                          "embedder: pass embedder='minilm' (--embedder minilm), or relevance='lexical' (--relevance lexical)")
+    check_gate_embedder(options)
     # options and dataset first: a bad value stops the run before the model is loaded
     dataset = _dataset(str(options.dataset))
     if options.items:

@@ -36,6 +36,7 @@ from probes.analyses.base import (
     OptionError,
     Options,
     check_depths,
+    check_gate_embedder,
     check_oracle,
     depth_option,
     fold_groups_option,
@@ -74,7 +75,9 @@ class BootstrapOptions(Options):
 def _study(options: Any) -> Any:
     """``dataset`` and ``relevance`` resolved by the tokenizer's model (:func:`probes.prompts.builder.resolve_study`)."""
     dataset, relevance = resolve_study(options.tokenizer, options.dataset, options.relevance)
-    return dataclasses.replace(options, dataset=dataset, relevance=relevance)
+    options = dataclasses.replace(options, dataset=dataset, relevance=relevance)
+    check_gate_embedder(options)
+    return options
 
 
 def _make(cls: type, options: dict[str, Any]) -> Any:

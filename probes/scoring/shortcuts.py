@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,7 @@ _APOSTROPHE_SUFFIX = re.compile(r"[’'][a-z]*")
 _KEEP_DOUBLE = set("lsz")
 
 
+@lru_cache(maxsize=1 << 16)
 def lemma(word: str) -> str:
     """Deterministic suffix stripper (not a dictionary lemmatiser), applied in this order to a
     lower-cased token without ``_`` (tool names are returned unchanged):
@@ -92,6 +94,7 @@ def lemma(word: str) -> str:
     return word
 
 
+@lru_cache(maxsize=1 << 16)  # pure; the cards call it on the same requests for every rule and fold
 def content_words(text: str) -> frozenset[str]:
     """The content words of ``text`` (module docstring): tokens minus stop words and numbers, lemmatised."""
     tokens = _TOKEN.findall(_APOSTROPHE_SUFFIX.sub("", text.lower()))
