@@ -938,9 +938,12 @@ def fig15_forks_entropy(paired: pd.DataFrame, note: str) -> plt.Figure:
             long = pd.concat([pd.DataFrame({"k": sub["k"].astype(str), "path": path, "value": sub[path], "low": sub[f"{path}_low"],
                                             "high": sub[f"{path}_high"], "n": sub["n"]}) for path in ("skip", "invoke")])
             ks = [str(k) for k in sorted(sub["k"].unique())]
+            # the paired difference invoke − skip (the claim) under each k: its mean and CI over task groups
+            deltas = {str(r.k): f"k = {r.k}\nΔ {r.difference:+.2f}" + (f" [{r.low:+.2f}, {r.high:+.2f}]" if np.isfinite(r.low) else "")
+                      for r in sub.itertuples()}
             ax = axes[row, col]
             grouped_bars(ax, long, ks, ["skip", "invoke"], group_col="k", series_col="path", series_label=lambda p: f"{p} path",
-                         series_color=FORK_PATH_COLORS.get, group_label=lambda k: f"k = {k}")
+                         series_color=FORK_PATH_COLORS.get, group_label=deltas.get)
             ax.set_ylabel(ylabel)
             ax.set_title(f"{label(config)}" if row == 0 else "")
             if row == 0 and col == len(configs) - 1:
@@ -962,7 +965,8 @@ def fig16_forks_ranking(budget: pd.DataFrame, auroc: pd.DataFrame, k: int, label
     """
     sub = budget[(budget["k"] == k) & (budget["label"] == label_name)]
     configs = _ordered(sub["config"].unique(), CONFIG_ORDER)
-    fig, axes = plt.subplots(1, max(1, len(configs)), figsize=(5.2 * max(1, len(configs)), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(configs)), figsize=(6.0 * max(1, len(configs)), 4.4), squeeze=False)
+    fig.subplots_adjust(wspace=0.32)
     colors = dict(zip(FORK_SCORE_LABELS, sns.color_palette("colorblind", 6)[3:5]))
     for ax, config in zip(axes[0], configs):
         cell = sub[sub["config"] == config]
@@ -986,10 +990,11 @@ def fig16_forks_ranking(budget: pd.DataFrame, auroc: pd.DataFrame, k: int, label
             a = auroc[(auroc["config"] == config) & (auroc["k"] == k) & (auroc["score"] == score) & (auroc["label"] == label_name)]
             if len(a):
                 r = a.iloc[0]
-                titles.append(f"AUROC {text.split('(')[1][:-1]}: {r['auroc']:.2f} [{r['low']:.2f}, {r['high']:.2f}], p = {r['p_permutation']:.3g}")
+                titles.append(f"AUROC ({text.split('(')[1][:-1]}) {r['auroc']:.2f} [{r['low']:.2f}, {r['high']:.2f}], "
+                              f"random p = {r['p_permutation']:.2g}")
         n = int(first["n"].iloc[0]) if len(first) else 0
         positives = int(first["n_positive"].iloc[0]) if len(first) else 0
-        ax.set_title(f"{label(config)}, k = {k}: {positives} of {n} forks disagree\n" + "\n".join(titles), fontsize=9)
+        ax.set_title(f"{label(config)}, k = {k}: {positives} of {n} forks disagree\n" + "\n".join(titles), fontsize=8.5)
         ax.set_xlabel("budget: fraction of decision points forked")
         ax.set_ylabel("precision: share of forked points that disagree")
         ax.set_xlim(0, 1.04)
