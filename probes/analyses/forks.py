@@ -62,7 +62,6 @@ from probes.scoring.toolcalls import MODES
 NAME = "forks"
 FIGURES = ("fig15_forks_entropy", "fig16_forks_ranking")
 CONDITION = "fork"
-PATHS: tuple[str, ...] = ("skip", "invoke")
 SKILL_CONFIGS: tuple[str, ...] = tuple(name for name, config in CONFIGS.items() if config.slots)  # configurations that show skills
 FORK_CONFIGS: tuple[str, ...] = ("proc", "basm")
 # per path: the quantities of the paired entropy comparison (Fig. 3)
@@ -323,7 +322,8 @@ class Forks(Analysis):
                 f"Invoke against skip, paired by fork (seed Fig. 3; p: one-sided sign flips over task groups):\n\n"
                 f"{markdown_table(paired)}\n\nRanking the decision points by the skip path's entropy (seed Appendix E): AUROC for "
                 f"each kind of disagreement, its CI over task groups, and the 2.5–97.5% range of random rankings:\n\n"
-                f"{markdown_table(auroc)}")
+                f"{markdown_table(auroc)}\n\nLabels: {'; '.join(f'`{k}` {v}' for k, v in LABELS.items())}. Scores: "
+                f"{'; '.join(f'`{k}` {v}' for k, v in SCORES.items())}.")
         comparisons = [Comparison(f"seed 002 Fig. 1b: skill access {effect} the greedy outcome, {config_label(config)} (k = {k})",
                                   100 * pick(summary.shares, quantity=f"{effect}_lenient", config=config, k=k), SEED_FIG1B[effect], "%",
                                   note="seed: % of paired trajectories (ALFWorld, BFCL), Qwen3; ours: decision points")
