@@ -153,7 +153,7 @@ def syntax_counts(rows: pd.DataFrame) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------------------- the boundary checker G
 CHECKER_NAME = "calls_checker"
-CHECKER_FIGURE = "fig_calls_checker"
+CHECKER_FIGURE = "fig19_checker_outcomes"
 ON_BLOCK: tuple[str, ...] = ("revise", "report")
 ON_UNDECIDED: tuple[str, ...] = ("allow", "block")
 CHECKED_OUTCOMES: tuple[str, ...] = (*OUTCOMES, "blocked")
@@ -592,7 +592,7 @@ class Calls(Analysis):
         plots.style()
         paths = plots.save_figure(plots.fig11_call_rates(summary.rates, summary.note), out_dir, FIGURE)
         if summary.checker is not None:
-            paths += plots.save_figure(plots.fig_checker_outcomes(summary.checker.rates, summary.checker.note), out_dir, CHECKER_FIGURE)
+            paths += plots.save_figure(plots.fig19_checker_outcomes(summary.checker.rates, summary.checker.note), out_dir, CHECKER_FIGURE)
         return paths
 
     def section(self, ctx: RunContext, summary: CallsSummary, figures: list[Path]) -> ReportSection:

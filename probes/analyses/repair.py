@@ -58,7 +58,7 @@ from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean
 from probes.scoring.toolcalls import ParsedReply, parse_reply
 
 NAME = "repair"
-FIGURE = "fig_repair_success"
+FIGURE = "fig20_repair_success"
 CONDITIONS: tuple[str, ...] = ("no_hint", "retrieval", "hint", "control")
 CONTROL_HEADER = HINT_HEADER  # the control differs from h_t in its notes only
 
@@ -261,7 +261,7 @@ class Repair(Analysis):
 
     def figures(self, summary: RepairSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        return plots.save_figure(plots.fig_repair_success(summary.rates, summary.note), out_dir, FIGURE)
+        return plots.save_figure(plots.fig20_repair_success(summary.rates, summary.note), out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: RepairSummary, figures: list[Path]) -> ReportSection:
         body = (f"After a failed call (T_repair), the next decision under no hint, full re-retrieval, the repair hint h_t of Eq. 12 "

@@ -1,0 +1,349 @@
+"""``forks`` (seed 002, SelSkill): invoke/skip forks at every decision point, and decision entropy.
+
+At every decision point (item) and for every memory configuration (``--configs``, default Proc.
+Skill and BASM) and depth k = 1..K, the prompt with the k retrieved skills shown (**invoke**) is
+forked against the same prompt without them (**skip**: the configuration's k = 0 prompt, the same
+for every configuration and k of an item, scored once). The two prompts share their token prefix
+up to the memory block (system turn, tool catalog); the engine's prefix cache
+(:mod:`probes.engine.prefix_cache`) computes its keys and values once, bit-identical to a cold run.
+
+Per fork and path (one row per fork, columns ``skip_*`` and ``invoke_*``):
+
+- ``entropy``: next-token entropy over the full vocabulary at the decision row (the row predicting
+  the first token of the tool name; :attr:`ConditionResult.entropy`); ``entropy_open`` at the row
+  that opens the call (native);
+- ``entropy_tools``: entropy of the choice among the shown tools, their whole-name probabilities
+  renormalised over the tools (:func:`probes.scoring.forks.candidate_entropy`);
+- ``margin``: Eq. 1 restricted to the tools (``margin_tool_choice``, each wrong/correct pair where
+  the names diverge; NaN for items whose correct action is abstention) and ``call_logodds``;
+- the greedy call (``calls``' generation and parser: ``strict`` / ``lenient`` action, outcome,
+  solved, and the raw generation).
+
+The summary answers the seed's questions on our items, with 95% CIs over task groups:
+**Fig. 1b** how often invoke and skip disagree (greedy tool choice, sign of the margin, sign of the
+call log-odds) and how often skill access helps, hurts or does not change the greedy outcome;
+**Fig. 3** whether invoke paths carry higher entropy than skip paths (paired by fork; claims);
+**Appendix E** whether ranking decision points by the skip path's predictive entropy finds the
+disagreements better than random ranking (AUROC with a permutation null) and a precision-at-budget
+curve against the random and all-points baselines. ``docs/statistics.md`` states the estimators.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from probes.analyses import register
+from probes.analyses.base import (Analysis, Comparison, Job, OptionError, ReportSection, RunContext, RunOptions, header_options,
+                                  k_max_option, option, run_jobs)
+from probes.analyses.calls import MAX_NEW_TOKENS, generate_call, provenance_without_margin
+from probes.data.configs import CONFIGS, config_label
+from probes.engine.generate import stop_token_ids
+from probes.engine.logits import entropy
+from probes.prompts.builder import SWEEP_K_MAX
+from probes.prompts.record import PromptRecord
+from probes.reporting import plots
+from probes.reporting.markdown import markdown_table
+from probes.reporting.results import load_results
+from probes.scoring import forks as est
+from probes.scoring import margins as margins_mod
+from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.score import deciding_depth, row_fields
+from probes.scoring.stats import bootstrap_mean, paired_permutation_test
+from probes.scoring.toolcalls import MODES
+
+NAME = "forks"
+FIGURES = ("fig17_forks_entropy", "fig18_forks_ranking")
+CONDITION = "fork"
+SKILL_CONFIGS: tuple[str, ...] = tuple(name for name, config in CONFIGS.items() if config.slots)  # configurations that show skills
+FORK_CONFIGS: tuple[str, ...] = ("proc", "basm")
+# per path: the quantities of the paired entropy comparison (Fig. 3)
+PAIRED: dict[str, str] = {"entropy": "entropy over the vocabulary at the decision row (nats)",
+                          "entropy_tools": "entropy over the shown tools (nats)",
+                          "margin": "Eq. 1 tool-choice margin (logits)", "call_logodds": "call log-odds (logits)"}
+# which disagreement a ranking looks for: label -> what it is
+LABELS: dict[str, str] = {"call_lenient": "greedy call differs (lenient: any call syntax)",
+                          "call_strict": "greedy call differs (strict: template format only)",
+                          "margin_sign": "sign of the Eq. 1 tool-choice margin differs",
+                          "call_sign": "sign of the call log-odds differs (call vs abstain)"}
+HEADLINE_LABEL = "call_lenient"
+SCORES: dict[str, str] = {"entropy": "skip-path entropy over the vocabulary", "entropy_tools": "skip-path entropy over the shown tools"}
+EFFECTS: tuple[str, ...] = ("helped", "unchanged", "hurt")
+SEED_FIG1B = {"helped": 14.0, "unchanged": 78.0, "hurt": 8.0}  # seed 002 Fig. 1b, % of paired trajectories
+
+
+# ------------------------------------------------------------------------------------- scoring
+def path_row(session: Any, record: PromptRecord, stop_ids: Sequence[int], max_new_tokens: int) -> dict[str, Any]:
+    """The quantities of one path: one engine call (every shown tool's whole name scored from the
+    decision row) and one greedy generation (``calls``' generation and parser)."""
+    cands = margins_mod.candidates_from_record(record)
+    tools = [c for c in cands if not c.is_abstention]
+    res = session.run(record.input_ids, record.query_rows, candidates={c.key: (c.anchor_index, list(c.token_ids)) for c in tools})
+    (result,) = res.conditions
+    lp = result.candidate_token_logprobs
+    fmt, dec, opn = record.format, int(record.decision_index), record.open_index
+    margin = margins_mod.tool_choice_margin(cands, lp, fmt)
+    call = call_of(generate_call(session, record, max_new_tokens=max_new_tokens, stop_ids=stop_ids))
+    return {
+        "entropy": result.entropy,
+        "entropy_open": entropy(result.logits_at(int(opn))) if opn is not None else float("nan"),
+        "entropy_tools": est.candidate_entropy([float(lp[c.key].sum()) for c in tools]),
+        "margin": margin.value, "margin_note": margin.note,
+        "call_logodds": margins_mod.call_logodds(result.row_logits, res.input_ids, cands, fmt, dec, opn).value,
+        "n_tools": len(tools), "n_tokens": len(record.input_ids), **call,
+    }
+
+
+def call_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The greedy call's columns of a ``calls`` row: per mode the action, outcome and solved, and the reply."""
+    return {**{f"{mode}_{what}": row[f"{mode}_{what}"] for mode in MODES for what in ("action", "outcome", "solved")},
+            "generation": row["generation"], "stopped": row["stopped"]}
+
+
+def fork_row(skip: dict[str, Any], invoke: dict[str, Any], skip_record: PromptRecord, record: PromptRecord) -> dict[str, Any]:
+    """One fork's row: the invoke record's columns, then each path's quantities prefixed by its name."""
+    cands = margins_mod.candidates_from_record(record)
+    _, depth = deciding_depth(cands)
+    row = row_fields(record)
+    row.update(condition=CONDITION, skip_record_id=skip_record.record_id, correct_action=record.correct_action,
+               correct_is_abstain=not any(c.role == "correct" and not c.is_abstention for c in cands),
+               deciding_depth=depth, shared_prefix_tokens=margins_mod.shared_prefix(skip_record.input_ids, record.input_ids))
+    for path, values in (("skip", skip), ("invoke", invoke)):
+        row.update({f"{path}_{name}": value for name, value in values.items()})
+    return row
+
+
+# ------------------------------------------------------------------------------------- summaries
+def with_outcomes(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows with the fork's derived 0/1 columns: ``disagree_<label>`` (NaN where a sign is
+    undefined) and, per mode, ``<effect>_<mode>`` (skill access helped, left unchanged or hurt the
+    greedy outcome)."""
+    out = rows.copy()
+    for mode in MODES:
+        out[f"disagree_call_{mode}"] = (out[f"invoke_{mode}_action"] != out[f"skip_{mode}_action"]).astype(float)
+        inv, skp = out[f"invoke_{mode}_solved"].astype(bool), out[f"skip_{mode}_solved"].astype(bool)
+        out[f"helped_{mode}"] = (inv & ~skp).astype(float)
+        out[f"hurt_{mode}"] = (~inv & skp).astype(float)
+        out[f"unchanged_{mode}"] = (inv == skp).astype(float)
+    for label, column in (("margin_sign", "margin"), ("call_sign", "call_logodds")):
+        a, b = out[f"invoke_{column}"].astype(float), out[f"skip_{column}"].astype(float)
+        defined = np.isfinite(a) & np.isfinite(b)
+        out[f"disagree_{label}"] = np.where(defined, (np.sign(a) != np.sign(b)).astype(float), np.nan)
+    return out
+
+
+def share_table(rows: pd.DataFrame, *, resamples: int, seed: int) -> pd.DataFrame:
+    """Per configuration × k × quantity (the disagreements, the effects per mode): share with a 95%
+    bootstrap CI over task groups. Columns: config, k, quantity, value, low, high, n (task groups),
+    n_items (defined forks), n_undefined, count."""
+    quantities = [f"disagree_{label}" for label in LABELS] + [f"{effect}_{mode}" for mode in MODES for effect in EFFECTS]
+    out = []
+    for (config, k), frame in rows.groupby(["config", "k"], sort=True):
+        for quantity in quantities:
+            values = frame[quantity].astype(float).to_numpy()
+            defined = np.isfinite(values)
+            e = bootstrap_mean(values[defined], frame["task_group"].to_numpy()[defined], resamples=resamples, seed=seed)
+            out.append({"config": config, "k": int(k), "quantity": quantity, "value": e.value, "low": e.low, "high": e.high,
+                        "n": e.n_units, "n_items": int(defined.sum()), "n_undefined": int((~defined).sum()),
+                        "count": int(np.nansum(values))})
+    return pd.DataFrame(out, columns=["config", "k", "quantity", "value", "low", "high", "n", "n_items", "n_undefined", "count"])
+
+
+def paired_table(rows: pd.DataFrame, *, resamples: int, seed: int) -> pd.DataFrame:
+    """Per configuration × k × quantity: the skip and invoke means and the paired difference
+    invoke − skip, each a mean of task-group means with a 95% bootstrap CI, and the one-sided
+    sign-flip p over task groups that the invoke path is higher."""
+    out = []
+    for (config, k), frame in rows.groupby(["config", "k"], sort=True):
+        groups = frame["task_group"].to_numpy()
+        for quantity in PAIRED:
+            skip, invoke = frame[f"skip_{quantity}"].astype(float).to_numpy(), frame[f"invoke_{quantity}"].astype(float).to_numpy()
+            ok = np.isfinite(skip) & np.isfinite(invoke)
+            ests = {path: bootstrap_mean(v[ok], groups[ok], resamples=resamples, seed=seed) for path, v in (("skip", skip), ("invoke", invoke))}
+            diff = bootstrap_mean((invoke - skip)[ok], groups[ok], resamples=resamples, seed=seed)
+            n_groups = len(set(groups[ok].tolist()))
+            p = paired_permutation_test(invoke[ok], skip[ok], groups[ok], alternative="greater", seed=seed)[1] if n_groups >= 2 else np.nan
+            out.append({"config": config, "k": int(k), "quantity": quantity, "skip": ests["skip"].value, "skip_low": ests["skip"].low,
+                        "skip_high": ests["skip"].high, "invoke": ests["invoke"].value, "invoke_low": ests["invoke"].low,
+                        "invoke_high": ests["invoke"].high, "difference": diff.value, "low": diff.low, "high": diff.high,
+                        "p_greater": p, "n": diff.n_units, "n_items": int(ok.sum()), "n_undefined": int((~ok).sum())})
+    return pd.DataFrame(out)
+
+
+def ranking_tables(rows: pd.DataFrame, *, resamples: int, permutations: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per configuration × k × score × label: the AUROC table and the precision-at-budget curve
+    (:mod:`probes.scoring.forks`). Forks whose label is undefined are left out (counted)."""
+    aurocs, curves = [], []
+    for (config, k), frame in rows.groupby(["config", "k"], sort=True):
+        for label in LABELS:
+            y = frame[f"disagree_{label}"].astype(float).to_numpy()
+            defined = np.isfinite(y)
+            for score in SCORES:
+                scores = frame[f"skip_{score}"].astype(float).to_numpy()[defined]
+                groups = frame["task_group"].to_numpy()[defined]
+                key = {"config": config, "k": int(k), "score": score, "label": label}
+                aurocs.append({**key, **est.ranking_auroc(y[defined].astype(bool), scores, groups, resamples=resamples,
+                                                          permutations=permutations, seed=seed), "n_undefined": int((~defined).sum())})
+                if label == HEADLINE_LABEL or label == "margin_sign":
+                    curve = est.budget_curve(y[defined].astype(bool), scores, groups, resamples=resamples, permutations=permutations, seed=seed)
+                    curves.append(curve.assign(**key))
+    curve = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
+    if len(curve):
+        curve = curve[["config", "k", "score", "label", *[c for c in curve.columns if c not in ("config", "k", "score", "label")]]]
+    return pd.DataFrame(aurocs), curve
+
+
+@dataclass
+class ForksSummary:
+    rows: pd.DataFrame  # one fork per row, with the derived 0/1 columns
+    shares: pd.DataFrame  # config, k, quantity (disagreements, effects): share with CIs
+    paired: pd.DataFrame  # config, k, quantity: skip, invoke, invoke − skip with CIs, p
+    auroc: pd.DataFrame  # config, k, score, label: AUROC, CI, permutation null
+    budget: pd.DataFrame  # config, k, score, label, budget: precision, recall, random and all-points baselines
+    note: str
+    k_max: int
+    seed: int
+
+
+def pick(table: pd.DataFrame, column: str = "value", **where: Any) -> float:
+    sub = table
+    for key, value in where.items():
+        sub = sub[sub[key] == value]
+    return float(sub[column].iloc[0]) if len(sub) else float("nan")
+
+
+def headline_rows(summary: ForksSummary) -> pd.DataFrame:
+    """The answers at the deepest k, one row per configuration: the disagreement shares, the entropy
+    difference and the entropy-ranking AUROC (headline label)."""
+    out = []
+    for config in sorted(set(summary.rows["config"])):
+        s, p, a = summary.shares, summary.paired, summary.auroc
+        where = {"config": config, "k": summary.k_max}
+        out.append({
+            "config": config, "k": summary.k_max,
+            "greedy call differs": pick(s, quantity="disagree_call_lenient", **where),
+            "margin sign differs": pick(s, quantity="disagree_margin_sign", **where),
+            "helped (lenient)": pick(s, quantity="helped_lenient", **where), "hurt (lenient)": pick(s, quantity="hurt_lenient", **where),
+            "H skip": pick(p, "skip", quantity="entropy", **where), "H invoke": pick(p, "invoke", quantity="entropy", **where),
+            "H invoke − skip": pick(p, "difference", quantity="entropy", **where), "p (invoke > skip)": pick(p, "p_greater", quantity="entropy", **where),
+            "AUROC (H skip → call differs)": pick(a, "auroc", score="entropy", label=HEADLINE_LABEL, **where),
+            "AUROC p (vs random)": pick(a, "p_permutation", score="entropy", label=HEADLINE_LABEL, **where),
+            "forks": int(pick(s, "n_items", quantity="disagree_call_lenient", **where)),
+            "task groups": int(pick(s, "n", quantity="disagree_call_lenient", **where)),
+        })
+    return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------------------------- the analysis
+@register("forks", order=85)
+@dataclass(kw_only=True)
+class Forks(Analysis):
+    """Seed 002: invoke/skip forks at every decision point; disagreement, entropy by path, entropy ranking."""
+
+    # the statistics' settings do not change a row: a rerun with other values reuses the rows
+    value_neutral: ClassVar[frozenset[str]] = RunOptions.value_neutral | {"resamples", "permutations"}
+
+    k_max: int | None = k_max_option(SWEEP_K_MAX)
+    configs: tuple[str, ...] = option(FORK_CONFIGS, f"comma-separated memory configurations whose skills the invoke path shows "
+                                      f"(default: {','.join(FORK_CONFIGS)})", names=SKILL_CONFIGS, minimum=1)
+    max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget of each path's call", type=int, minimum=1, group="generation")
+    resamples: int = option(2000, "bootstrap resamples of the task-group CIs", type=int, minimum=1)
+    permutations: int = option(2000, "random rankings of the permutation null (AUROC, precision at budget)", type=int, minimum=1)
+
+    @staticmethod
+    def depths(ctx: RunContext) -> list[int]:
+        """The invoke paths' depths: k = 1..K; under ``--quick`` only K (half the forks of report --quick at K = 2)."""
+        return [ctx.options.k_max] if ctx.options.quick else list(range(1, ctx.options.k_max + 1))
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        """Score (resumably) every fork: item × configuration × k = 1..K; returns the rows."""
+        if ctx.options.k_max < 1:
+            raise OptionError(f"{NAME}: k_max (--k-max) must be at least 1: a fork shows k ≥ 1 skills on its invoke path")
+        configs = list(self.configs)
+        jobs = [Job(item, config, k, ctx.fmt, (CONDITION,)) for item in ctx.items for k in self.depths(ctx) for config in configs]
+        shared = {name: value for name, value in header_options(ctx.options, RunOptions).items() if name != "margin_variant"}
+        store = ctx.store(configs=configs, max_new_tokens=self.max_new_tokens, decoding="greedy", skip="the configuration's k = 0 prompt",
+                          margin="tool_choice", margin_variant=None, options=shared)
+        session = ctx.session
+        stop_ids = stop_token_ids(session.model, session.tokenizer)
+        skip_cache: dict[str, tuple[str, dict[str, Any]]] = {}  # item -> (skip prompt digest, its path row): scored once per item
+
+        def scorer(record: PromptRecord, job: Job) -> list[dict[str, Any]]:
+            skip_record = ctx.builder.build(job.item, job.config, 0, job.fmt)
+            digest = hashlib.sha256(json.dumps([skip_record.input_ids, [c.to_json() for c in skip_record.candidates]]).encode()).hexdigest()
+            cached = skip_cache.get(job.item.id)
+            if cached is None or cached[0] != digest:
+                skip_cache.clear()  # an item's jobs run together: keep one item's skip path
+                skip_cache[job.item.id] = cached = (digest, path_row(session, skip_record, stop_ids, self.max_new_tokens))
+            invoke = path_row(session, record, stop_ids, self.max_new_tokens)
+            return [fork_row(cached[1], invoke, skip_record, record)]
+
+        run_jobs(ctx, store, jobs, scorer)
+        return load_results(store.path)
+
+    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> ForksSummary:
+        seed = ctx.options.seed
+        rows = with_outcomes(rows)
+        shares = share_table(rows, resamples=self.resamples, seed=seed)
+        paired = paired_table(rows, resamples=self.resamples, seed=seed)
+        auroc, budget = ranking_tables(rows, resamples=self.resamples, permutations=self.permutations, seed=seed)
+        note = (f"{provenance_without_margin(ctx)} · margin: tool_choice · greedy calls ≤ {self.max_new_tokens} new tokens · "
+                f"skip = the k = 0 prompt · 95% bootstrap CIs over task groups ({self.resamples} resamples) · "
+                f"{self.permutations} random rankings")
+        return ForksSummary(rows, shares, paired, auroc, budget, note, int(rows["k"].max()), seed)
+
+    def tables(self, summary: ForksSummary) -> dict[str, pd.DataFrame]:
+        return {f"{NAME}_summary": headline_rows(summary), f"{NAME}_shares": summary.shares, f"{NAME}_entropy": summary.paired,
+                f"{NAME}_auroc": summary.auroc, f"{NAME}_budget": summary.budget}
+
+    def figures(self, summary: ForksSummary, out_dir: Path) -> list[Path]:
+        plots.style()
+        return [*plots.save_figure(plots.fig17_forks_entropy(summary.paired, summary.note), out_dir, FIGURES[0]),
+                *plots.save_figure(plots.fig18_forks_ranking(summary.budget, summary.auroc, summary.k_max, HEADLINE_LABEL, summary.note),
+                                   out_dir, FIGURES[1])]
+
+    def section(self, ctx: RunContext, summary: ForksSummary, figures: list[Path]) -> ReportSection:
+        k = summary.k_max
+        auroc = summary.auroc[(summary.auroc["k"] == k)][["config", "score", "label", "auroc", "low", "high", "null_low", "null_high",
+                                                          "p_permutation", "n", "n_positive", "n_groups"]]
+        paired = summary.paired[summary.paired["k"] == k][["config", "quantity", "skip", "invoke", "difference", "low", "high", "p_greater",
+                                                           "n", "n_items"]]
+        body = (f"Each decision point forked at depth k: the prompt with the k retrieved skills shown (invoke) against the same prompt "
+                f"without them (skip, the k = 0 prompt), from one shared, cached prefix. Answers at k = {k} (every k in "
+                f"`{NAME}_shares.csv`, `{NAME}_entropy.csv`, `{NAME}_auroc.csv`, `{NAME}_budget.csv`); shares and means are means "
+                f"of task-group means with 95% bootstrap CIs over task groups.\n\n{markdown_table(headline_rows(summary))}\n\n"
+                f"Invoke against skip, paired by fork (seed Fig. 3; p: one-sided sign flips over task groups):\n\n"
+                f"{markdown_table(paired)}\n\nRanking the decision points by the skip path's entropy (seed Appendix E): AUROC for "
+                f"each kind of disagreement, its CI over task groups, and the 2.5–97.5% range of random rankings:\n\n"
+                f"{markdown_table(auroc)}\n\nLabels: {'; '.join(f'`{k}` {v}' for k, v in LABELS.items())}. Scores: "
+                f"{'; '.join(f'`{k}` {v}' for k, v in SCORES.items())}.")
+        comparisons = [Comparison(f"seed 002 Fig. 1b: skill access {effect} the greedy outcome, {config_label(config)} (k = {k})",
+                                  100 * pick(summary.shares, quantity=f"{effect}_lenient", config=config, k=k), SEED_FIG1B[effect], "%",
+                                  note="seed: % of paired trajectories (ALFWorld, BFCL), Qwen3; ours: decision points")
+                       for config in sorted(set(summary.rows["config"])) for effect in EFFECTS]
+        return ReportSection(NAME, "Seed 002 — invoke/skip forks and decision entropy (`forks`)", figures, body, comparisons, summary)
+
+    def claims(self, summary: ForksSummary) -> list[Claim]:
+        """Seed Fig. 3's claim at the deepest k per configuration: the invoke path's entropy (over the
+        vocabulary, and over the shown tools) is above the skip path's, paired by fork."""
+        rows, k = summary.rows, summary.k_max
+        out = []
+        for config in sorted(set(rows["config"])):
+            sub = rows[(rows["config"] == config) & (rows["k"] == k)]
+            for quantity in ("entropy", "entropy_tools"):
+                diff = (sub[f"invoke_{quantity}"].astype(float) - sub[f"skip_{quantity}"].astype(float)).to_numpy()
+                out.append(effect_claim(NAME, f"{quantity} invoke above skip, {config} k={k}",
+                                        f"at k = {k} under {config_label(config)}, the invoke path's {PAIRED[quantity]} is above the "
+                                        f"skip path's (paired by fork)", diff, sub["task_group"], unit="nats", seed=summary.seed,
+                                        note=f"{len(sub)} forks"))
+        return out
+
+    def print_summary(self, summary: ForksSummary) -> None:
+        print(headline_rows(summary).round(3).to_string(index=False))

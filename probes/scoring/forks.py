@@ -1,0 +1,117 @@
+"""Estimators of the invoke/skip forks (seed 002, SelSkill §4.2 and Appendix E), as pure functions.
+
+``candidate_entropy``      entropy of the choice among the shown tools: their whole-name
+                           probabilities renormalised over the candidates.
+``ranked_order``           the order in which a ranking by a score (highest first) forks the decision
+                           points; ties are broken by a seeded random permutation, never by input order.
+``precision_at_budget``    forking the top ``ceil(f·n)`` points by a score: the share of them where
+                           invoke and skip disagree (precision) and the share of all disagreements
+                           they find (recall).
+``ranking_auroc``          AUROC of the score for the disagreements (scikit-learn), its 95% CI over
+                           task groups and the permutation null of a random ranking.
+``budget_curve``           precision at every budget against the random ranking (its expectation, the
+                           prevalence, and its permutation band) and the all-points baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import roc_auc_score
+
+from probes.engine.logits import check_finite
+from probes.scoring.stats import DEFAULT_SEED, auc, cluster_bootstrap, group_bootstrap_auc
+
+BUDGETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # fractions of the decision points forked
+
+
+def candidate_entropy(name_logprobs: Sequence[float]) -> float:
+    """Entropy (nats) of q_i ∝ exp(log P(name_i)), the candidates' whole-name probabilities
+    renormalised over the candidates (the tool choice without the rest of the vocabulary)."""
+    lp = torch.tensor([float(v) for v in name_logprobs], dtype=torch.float64)
+    if lp.numel() == 0:
+        raise ValueError("candidate entropy of no candidates")
+    check_finite(lp, "candidate name log-probs")
+    q = torch.log_softmax(lp, dim=0)
+    return float(-(q.exp() * q).sum())
+
+
+def ranked_order(scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Indices by descending score; tied scores in a seeded random order."""
+    scores = np.asarray(scores, dtype=float)
+    shuffled = rng.permutation(len(scores))
+    return shuffled[np.argsort(-scores[shuffled], kind="stable")]
+
+
+def budget_size(fraction: float, n: int) -> int:
+    """Decision points forked at a budget: ``ceil(fraction · n)``, at least one."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"a budget is a fraction in (0, 1], got {fraction}")
+    return max(1, math.ceil(fraction * n - 1e-9))
+
+
+def precision_at_budget(labels: np.ndarray, order: np.ndarray, fraction: float) -> tuple[float, float]:
+    """(precision, recall) of forking the first ``budget_size(fraction, n)`` points of ``order``;
+    recall is NaN when no point is positive."""
+    labels = np.asarray(labels, dtype=bool)
+    top = labels[order[: budget_size(fraction, len(labels))]]
+    positives = int(labels.sum())
+    return float(top.mean()), float(top.sum() / positives) if positives else math.nan
+
+
+def ranking_auroc(labels: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, resamples: int, permutations: int,
+                  seed: int = DEFAULT_SEED) -> dict[str, Any]:
+    """AUROC of ``scores`` for ``labels`` (scikit-learn's ``roc_auc_score``), a 95% CI from resampling
+    task groups, and the null of a random ranking: ``permutations`` shuffles of the scores over the
+    points, their mean and 2.5/97.5% quantiles and the one-sided p = (1 + #null ≥ observed) /
+    (1 + permutations). One class only: every value NaN."""
+    labels = np.asarray(labels, dtype=bool)
+    scores = np.asarray(scores, dtype=float)
+    out = {"auroc": math.nan, "low": math.nan, "high": math.nan, "null_mean": math.nan, "null_low": math.nan,
+           "null_high": math.nan, "p_permutation": math.nan, "n": len(labels), "n_positive": int(labels.sum()),
+           "n_groups": len(set(groups))}
+    if len(labels) == 0 or labels.all() or not labels.any():
+        return out
+    if not np.isfinite(scores).all():
+        raise ValueError("ranking scores must be finite")
+    observed = float(roc_auc_score(labels, scores))
+    low, high = group_bootstrap_auc(labels, scores, groups, resamples=resamples, seed=seed)
+    rng = np.random.default_rng([seed, 2])
+    null = np.array([auc(labels, rng.permutation(scores)) for _ in range(permutations)])
+    out.update(auroc=observed, low=low, high=high, null_mean=float(null.mean()), null_low=float(np.quantile(null, 0.025)),
+               null_high=float(np.quantile(null, 0.975)), p_permutation=float((1 + (null >= observed - 1e-12).sum()) / (1 + permutations)))
+    return out
+
+
+def budget_curve(labels: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, budgets: Sequence[float] = BUDGETS,
+                 resamples: int, permutations: int, seed: int = DEFAULT_SEED) -> pd.DataFrame:
+    """Per budget: forked points, precision and recall of the ranking by ``scores`` with a 95% CI of the
+    precision over task groups (the budget re-applied to each resample's points), the random ranking's
+    expected precision (the prevalence) with its 2.5–97.5% band over ``permutations`` random orders,
+    and the all-points baseline (fork every point: precision = prevalence, recall 1, at budget 1)."""
+    labels = np.asarray(labels, dtype=bool)
+    scores = np.asarray(scores, dtype=float)
+    groups = np.asarray(groups)
+    rng = np.random.default_rng([seed, 3])
+    order = ranked_order(scores, rng)
+    random_orders = [rng.permutation(len(labels)) for _ in range(permutations)]
+    prevalence = float(labels.mean()) if len(labels) else math.nan
+    rows = []
+    for fraction in budgets:
+        precision, recall = precision_at_budget(labels, order, fraction)
+
+        def resampled(idx: np.ndarray, fraction: float = fraction) -> float:
+            return precision_at_budget(labels[idx], ranked_order(scores[idx], np.random.default_rng([seed, 4])), fraction)[0]
+
+        low, high = cluster_bootstrap(resampled, groups, resamples=resamples, seed=seed)
+        null = np.array([precision_at_budget(labels, o, fraction)[0] for o in random_orders])
+        rows.append({"budget": fraction, "n_forked": budget_size(fraction, len(labels)), "precision": precision, "low": low, "high": high,
+                     "recall": recall, "random_precision": prevalence, "random_low": float(np.quantile(null, 0.025)),
+                     "random_high": float(np.quantile(null, 0.975)), "all_points_precision": prevalence,
+                     "n": len(labels), "n_positive": int(labels.sum()), "n_groups": len(set(groups.tolist()))})
+    return pd.DataFrame(rows)
