@@ -51,7 +51,8 @@ EXPLICIT: dict[str, Any] = {
     "items": "T_ok:retail:3",
     "item_ids": ("retail-ok-0001", "retail-wrong-0001"),
     "domains": ("retail", "travel"),
-    "k": 2,  # deep enough for the invented oracle_rank (2): a shallower depth is refused under --retrieval oracle
+    "k": 3,  # not any analysis's default, and deep enough for the invented oracle_rank (2): a shallower depth is refused under --retrieval oracle
+    "judge": "x-judge-model",  # calls --checker: a local chat model for undecided conditions
     "protected": ("tpl-", "x-"),  # mask-eval: skill id prefixes never masked
 }
 
