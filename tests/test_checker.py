@@ -368,6 +368,19 @@ def test_bfcl_scripted_failure_gives_the_real_observation_and_its_hint(bfcl_data
     assert "error" not in env.execute(Call("cd(folder='temp')", "cd", (), {"folder": "temp"}))
 
 
+def test_control_note_falls_back_to_the_dataset_when_the_library_has_no_other_note(bfcl_dataset) -> None:
+    from probes.analyses.repair import control_note_source, control_source
+
+    item = next(i for i in bfcl_dataset.items if i.id == "bfcl-base-079-t1s2-repair")
+    failed = item.history[-2]["tool_call"]["name"]
+    # VehicleControlAPI's library holds no recovery note that names neither startEngine nor pressBrakePedal
+    assert failed == "startEngine" and control_source(failed, item.correct_action, bfcl_dataset.library_for(item)) == ""
+    pool, source = control_note_source(item, failed, bfcl_dataset)
+    assert pool == "dataset" and source and "startEngine" not in source and "pressBrakePedal" not in source
+    files = next(i for i in bfcl_dataset.items if i.id == "bfcl-base-000-t1s1-repair")
+    assert control_note_source(files, "grep", bfcl_dataset)[0] == "library"
+
+
 HOSTILE = (
     "__import__('os').system('touch /tmp/pwned')",
     "os.system('touch /tmp/pwned')",

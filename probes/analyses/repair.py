@@ -11,7 +11,9 @@ under four conditions, each a prompt whose memory block (where retrieved skills 
                condition matches the error observation (deterministic grammar; an optional judge for
                the rest);
 ``control``    a note of exactly the hint prompt's token count cut from recovery notes of skills that
-               do not match the failed call and name neither the failed nor the repair tool.
+               do not match the failed call and name neither the failed nor the repair tool: those of
+               the item's library, else of the whole dataset (``control_pool``; BFCL's class libraries
+               often hold no other note).
 
 Measured per condition: the margin (``--margin-variant``; Eq. 1 verbatim needs ``--format prompted``;
 positive = the failed tool is preferred over the repair tool) and the greedy next call (read by the
@@ -88,6 +90,16 @@ def control_source(failed: str, repair: str, skills: Sequence[Skill]) -> str:
     return "\n".join(f"- {note}" for note in notes)
 
 
+def control_note_source(item: Item, failed: str, dataset: Any) -> tuple[str, str]:
+    """(pool, source) of the control note: :func:`control_source` over the item's library, or, when that
+    library has no such note (a BFCL class library often holds only the failed tool's), over every skill
+    of the dataset; ``pool`` (``library`` / ``dataset``) is recorded in the control row."""
+    for pool, skills in (("library", dataset.library_for(item)), ("dataset", list(dataset.skills.values()))):
+        if source := control_source(failed, item.correct_action, skills):
+            return pool, source
+    raise ValueError(f"{item.id}: no recovery note in the dataset matches neither {failed} nor {item.correct_action}: no control note")
+
+
 def execute_reply(env: BFCLEnvironment, reply: ParsedReply) -> dict[str, Any] | None:
     """Execute the reply's call (lenient action) in ``env``: only a complete call whose arguments the
     parser read as literals, through the environment's public-method dispatch; None when the reply
@@ -133,7 +145,7 @@ class _Decider:
         hinted = builder.build_note(item, "hint", HINT_HEADER, body, fmt, k=k)
         if condition == "hint":
             return hinted
-        source = control_source(hint.failed_tool, item.correct_action, self.ctx.dataset.library_for(item))
+        _, source = control_note_source(item, hint.failed_tool, self.ctx.dataset)
         return builder.build_equal_note(item, "control", CONTROL_HEADER, source, hinted, fmt, k=k)
 
     def generate(self, record: PromptRecord) -> dict[str, Any]:
@@ -147,7 +159,9 @@ def condition_row(decider: _Decider, item: Item, condition: str, env: BFCLEnviro
     hint = decider.hint(item)
     record = decider.prompt(item, condition, hint)
     row: dict[str, Any] = {"condition": condition, "hint": hint.as_dict(), "hint_notes_undecided": hint.n_undecided,
-                           "has_hint": bool(hint.text)}
+                           "has_hint": bool(hint.text),
+                           "control_pool": control_note_source(item, hint.failed_tool, decider.ctx.dataset)[0]
+                           if condition == "control" and hint.text else None}
     if record is None:
         return {**row, "measured": False}
     scored = score_record(decider.ctx.session, record, variant=decider.ctx.variant)[0]
