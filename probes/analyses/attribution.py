@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, Job, OptionError, ReportSection, RunContext, RunOptions, cached_scorer, k_max_option, option, provenance, run_jobs
+from probes.analyses.base import Analysis, Job, OptionError, ReportSection, RunContext, RunOptions, Scorer, cached_scorer, k_max_option, option, provenance, run_jobs
 from probes.data.configs import CONFIGS
 from probes.prompts.builder import SWEEP_K_MAX
 from probes.reporting import plots
@@ -119,15 +119,26 @@ class Attribution(Analysis):
             return tuple(s for s in ranked[:k] if s in included)
         return tuple(s for s in ranked if s in included)[:k]
 
-    def collect(self, ctx: RunContext) -> pd.DataFrame:
+    def jobs(self, ctx: RunContext) -> tuple[list[frozenset[str]], list[Job]]:
+        """Each mask's included skills, and the run's jobs: per item, one per (pool, mask), identical
+        prompts of an item in a row (scored once; benchmarks/real_shape.py times this list)."""
         skills, masks = self.draw(ctx)
         included = [frozenset(np.asarray(skills)[row]) for row in masks]
         jobs = []
         for item in ctx.items:
             mine = [Job(item, self.config, len(shown), ctx.fmt, (mask_condition(pool, m),), skills=shown)
                     for pool in ctx.options.pools for m in range(self.masks) for shown in [self.shown(ctx, item, included[m], pool)]]
-            jobs += sorted(mine, key=lambda job: job.skills)  # identical prompts of an item in a row: scored once
+            jobs += sorted(mine, key=lambda job: job.skills)
+        return included, jobs
+
+    def collect(self, ctx: RunContext) -> pd.DataFrame:
+        included, jobs = self.jobs(ctx)
         store = ctx.store(configs=[self.config], masks=[sorted(s) for s in included])
+        run_jobs(ctx, store, jobs, self.scorer(ctx))
+        return load_results(store.path)
+
+    def scorer(self, ctx: RunContext) -> Scorer:
+        """The baseline margins of a job's prompt (identical prompts of an item scored once), labelled with its pool and mask."""
         score = cached_scorer(ctx, lambda record, job: (), margins=("margin",))
 
         def scorer(record, job):
@@ -137,8 +148,7 @@ class Attribution(Analysis):
                 row.update(condition=job.conditions[0], pool=pool, mask=int(mask), shown=list(job.skills))
             return rows
 
-        run_jobs(ctx, store, jobs, scorer)
-        return load_results(store.path)
+        return scorer
 
     def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> AttributionSummary:
         skills, masks = self.draw(ctx)
