@@ -47,10 +47,11 @@ without (``prefix_cache=0``); unit: the sdpa forward of the item's prompt of med
 Attribution run (issue #29): the ``attribution`` analysis' own job list (``Attribution.jobs``: K =
 ``--masks`` skill masks × the first ``--attribution-items`` T_wrong eval items × ``--pools``, config
 ``proc``, k = 4) scored by its own scorer (``Attribution.scorer``: identical prompts of an item
-once, the prefix cache cold at the run's start and kept across items, as in a run), then the same
-jobs as as many independent ``score_record`` calls (a session without reuse, every job scored);
-unit: the sdpa forward of the run's median prompt, timed before and after each side (their mean).
-Both sides' margins are compared job by job.
+once, the prefix cache cold at the run's start and kept across items, as in a run), against the same
+jobs as as many independent ``score_record`` calls (a session without reuse, every job scored), job
+by job back to back in alternating order (load drift falls on both sides); unit: the sdpa forward of
+the run's median prompt, timed before, halfway and after (their mean). Both sides' margins are
+compared job by job.
 
 ``--tiny``: benchmarks/gpu.py's tiny Qwen3 shape (4 layers, d_model 64) instead; checks the script.
 
@@ -110,7 +111,7 @@ def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, list[Any]
 def attribution_run(session: Any, plain: Any, builder: Any, n_items: int, masks: int, pools: tuple[str, ...],
                     sdpa: Callable[[list[int]], Any]) -> dict[str, Any]:
     """One ``attribution`` run (its job list and scorer) against as many independent ``score_record``
-    calls by ``plain`` (no reuse), in sdpa forwards of the run's median prompt (timed before and after each side)."""
+    calls by ``plain`` (no reuse), job by job, in sdpa forwards of the run's median prompt."""
     from probes.analyses.attribution import Attribution
     from probes.scoring.score import score_record
     from probes.engine.prefix_cache import PrefixReuseCounter
@@ -122,28 +123,35 @@ def attribution_run(session: Any, plain: Any, builder: Any, n_items: int, masks:
     records = [job.build(builder) for job in jobs]
     median = sorted(records, key=lambda r: r.n_tokens)[len(records) // 2]
     scorer = options.scorer(ctx)
-    run_rows: list[dict[str, Any]] = []
-    calls_rows: list[dict[str, Any]] = []
-    sides = {
-        "run": lambda: run_rows.extend(row for record, job in zip(records, jobs) for row in scorer(record, job)),
-        "calls": lambda: calls_rows.extend(row for record in records for row in score_record(plain, record, variant=ctx.variant, margins=("margin",))),
-    }
+    rows: dict[str, list[dict[str, Any]]] = {"run": [], "calls": []}
+    seconds = {"run": 0.0, "calls": 0.0}
     session.clear_prefix_cache()
     session.prefix_reuse = PrefixReuseCounter()
     out: dict[str, Any] = {"jobs": len(jobs), "items": len(ctx.items), "masks": masks, "pools": list(pools), "config": options.config,
                            "distinct_prompts": len({(job.item.id, tuple(r.input_ids)) for job, r in zip(jobs, records)}),
                            "tokens": [min(r.n_tokens for r in records), median.n_tokens, max(r.n_tokens for r in records)]}
-    for name, side in sides.items():
-        before = timed(lambda: sdpa(median.input_ids))
-        t = timed(side)
-        unit = (before + timed(lambda: sdpa(median.input_ids))) / 2
-        out[name] = {"time_s": t, "unit_s": unit, "forwards": t / unit}
-        print(f"  attribution {name}: {len(jobs)} jobs {t:.1f} s = {t / unit:.2f} forwards of the median prompt ({unit:.1f} s)", flush=True)
+    units = [timed(lambda: sdpa(median.input_ids))]
+    # job by job, the two sides back to back in alternating order: load drift on a shared machine falls on both
+    for i, (record, job) in enumerate(zip(records, jobs)):
+        for name in ("run", "calls") if i % 2 == 0 else ("calls", "run"):
+            call = (lambda: scorer(record, job)) if name == "run" else (lambda: score_record(plain, record, variant=ctx.variant, margins=("margin",)))
+            t0 = time.perf_counter()
+            rows[name] += call()
+            seconds[name] += time.perf_counter() - t0
+        if i == len(jobs) // 2:
+            units.append(timed(lambda: sdpa(median.input_ids)))
+    units.append(timed(lambda: sdpa(median.input_ids)))
+    unit = statistics.mean(units)
+    out["unit_s"] = units
+    for name, t in seconds.items():
+        out[name] = {"time_s": t, "forwards": t / unit}
+        print(f"  attribution {name}: {len(jobs)} jobs {t:.1f} s = {t / unit:.2f} forwards of the median prompt (mean of {len(units)}: "
+              f"{', '.join(f'{u:.1f}' for u in units)} s)", flush=True)
     out["ratio"] = out["run"]["forwards"] / out["calls"]["forwards"]
     out["prefix_reuse"] = session.prefix_reuse.as_dict()
-    assert len(run_rows) == len(calls_rows)
+    assert len(rows["run"]) == len(rows["calls"])
     # NaN propagates: a margin that one side could not score shows as NaN, not as agreement
-    out["max_abs_margin_diff"] = float(np.max(np.abs(np.array([r["margin"] for r in run_rows]) - np.array([r["margin"] for r in calls_rows]))))
+    out["max_abs_margin_diff"] = float(np.max(np.abs(np.array([r["margin"] for r in rows["run"]]) - np.array([r["margin"] for r in rows["calls"]]))))
     return out
 
 
