@@ -1,6 +1,8 @@
 """Every analysis' cost per prompt on a real-size model shape, in forwards of the same prompt.
 
     PYTHONPATH=. python benchmarks/real_shape.py [--threads 1] [--repeats 1] [--layers 28] [--skip ROW ...]
+    PYTHONPATH=. python benchmarks/real_shape.py --skip ... --attribution-items 2 --masks 12 --pools library  # the attribution row alone
+    PYTHONPATH=. python benchmarks/real_shape.py --tiny ...  # benchmarks/gpu.py's tiny shape (the test)
 
 About 40 sdpa forwards of a 1.6k-token prompt in all (half of them the sweep item without reuse):
 about 10 minutes at 15 s per forward.
@@ -42,12 +44,24 @@ Sweep item: the 13 distinct prompts of one item scored as ``sweep`` scores them 
 margin only), by a session with the default prefix reuse (cache cold at the item's start) and one
 without (``prefix_cache=0``); unit: the sdpa forward of the item's prompt of median length.
 
+Attribution run (issue #29): the ``attribution`` analysis' own job list (``mask_jobs``: K =
+``--masks`` skill masks × the first ``--attribution-items`` T_wrong eval items × ``--pools``, config
+``proc``, k = 4) scored by its own scorer (``mask_scorer``: identical prompts of an item
+once, the prefix cache cold at the run's start and kept across items, as in a run), against the same
+jobs as as many independent ``score_record`` calls (a session without reuse, every job scored), job
+by job back to back in alternating order (load drift falls on both sides); unit: the sdpa forward of
+the run's median prompt, timed before, halfway and after (their mean). Both sides' margins are
+compared job by job.
+
+``--tiny``: benchmarks/gpu.py's tiny Qwen3 shape (4 layers, d_model 64) instead; checks the script.
+
 Prints a markdown table (benchmarks/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -57,28 +71,29 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu import sweep_prompts  # noqa: E402  (benchmarks/gpu.py: an item's distinct sweep prompts)
+from gpu import TINY_SHAPE, qwen3_config, sweep_prompts  # noqa: E402  (benchmarks/gpu.py: the tiny shape, an item's distinct sweep prompts)
 
 KNOCKOUT_OPTIONS = dict(priming=False, knockout_rows="path", random_pool="neutral", seed=0, mass_tolerance=0.1,
                         margin_variant="tool_choice")
 
 
-def real_shape_model(layers: int = 28) -> torch.nn.Module:
-    """Random Qwen3 with Qwen3-0.6B's shape (fp32)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def real_shape_model(layers: int = 28, tiny: bool = False) -> torch.nn.Module:
+    """Random Qwen3 with Qwen3-0.6B's shape (fp32); ``tiny``: benchmarks/gpu.py's tiny shape."""
+    from transformers import Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                         tie_word_embeddings=True, rope_theta=1_000_000)
+    shape = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=8,
+                 head_dim=128, tie_word_embeddings=True)
+    config = qwen3_config({**(TINY_SHAPE if tiny else shape), "vocab_size": 151936})
     torch.manual_seed(0)
     return Qwen3ForCausalLM(config).eval()
 
 
 def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, list[Any], Any]:
-    """(the basm prompt at ``k``, the item's distinct sweep prompts in sweep's order, the dataset): the first T_wrong eval item with a boundary span."""
+    """(the basm prompt at ``k``, the item's distinct sweep prompts in sweep's order, the prompt builder): the first T_wrong eval item with a boundary span."""
     from probes.data.dataset import load_dataset
     from probes.data.retrieval import Retriever, make_embedder
     from probes.prompts.builder import BuildSettings, PromptBuilder
@@ -89,8 +104,56 @@ def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, list[Any]
         record = builder.build(item, "basm", k, "native")
         if not record.spans.get("boundary"):
             continue
-        return record, sweep_prompts(builder, item, k_max), dataset
+        return record, sweep_prompts(builder, item, k_max), builder
     raise RuntimeError("no T_wrong eval item with a boundary span")
+
+
+def attribution_run(session: Any, plain: Any, builder: Any, n_items: int, masks: int, pools: tuple[str, ...],
+                    sdpa: Callable[[list[int]], Any]) -> dict[str, Any]:
+    """One ``attribution`` run (its job list and scorer) against as many independent ``score_record``
+    calls by ``plain`` (no reuse), job by job, in sdpa forwards of the run's median prompt."""
+    from probes.analyses.attribution import Attribution, draw, mask_jobs, mask_scorer
+    from probes.scoring.score import score_record
+    from probes.engine.prefix_cache import PrefixReuseCounter
+
+    options = Attribution(masks=masks, pools=pools).resolved()
+    ctx = SimpleNamespace(options=options, dataset=builder.dataset, items=tuple(builder.dataset.select(buckets=["T_wrong"], split="eval")[:n_items]),
+                          builder=builder, fmt="native", session=session, variant=options.margin_variant, _score_cache={})
+    skills, drawn = draw(ctx, options.masks, options.inclusion)
+    jobs = mask_jobs(ctx, ctx.items, skills, drawn, options.config, options.pools)
+    records = [job.build(builder) for job in jobs]
+    median = sorted(records, key=lambda r: r.n_tokens)[len(records) // 2]
+    scorer = mask_scorer(ctx)
+    rows: dict[str, list[dict[str, Any]]] = {"run": [], "calls": []}
+    seconds = {"run": 0.0, "calls": 0.0}
+    session.clear_prefix_cache()
+    session.prefix_reuse = PrefixReuseCounter()
+    out: dict[str, Any] = {"jobs": len(jobs), "items": len(ctx.items), "masks": masks, "pools": list(pools), "config": options.config,
+                           "distinct_prompts": len({(job.item.id, tuple(r.input_ids)) for job, r in zip(jobs, records)}),
+                           "tokens": [min(r.n_tokens for r in records), median.n_tokens, max(r.n_tokens for r in records)]}
+    units = [timed(lambda: sdpa(median.input_ids))]
+    # job by job, the two sides back to back in alternating order: load drift on a shared machine falls on both
+    for i, (record, job) in enumerate(zip(records, jobs)):
+        for name in ("run", "calls") if i % 2 == 0 else ("calls", "run"):
+            call = (lambda: scorer(record, job)) if name == "run" else (lambda: score_record(plain, record, variant=ctx.variant, margins=("margin",)))
+            t0 = time.perf_counter()
+            rows[name] += call()
+            seconds[name] += time.perf_counter() - t0
+        if i == len(jobs) // 2:
+            units.append(timed(lambda: sdpa(median.input_ids)))
+    units.append(timed(lambda: sdpa(median.input_ids)))
+    unit = statistics.mean(units)
+    out["unit_s"] = units
+    for name, t in seconds.items():
+        out[name] = {"time_s": t, "forwards": t / unit}
+        print(f"  attribution {name}: {len(jobs)} jobs {t:.1f} s = {t / unit:.2f} forwards of the median prompt (mean of {len(units)}: "
+              f"{', '.join(f'{u:.1f}' for u in units)} s)", flush=True)
+    out["ratio"] = out["run"]["forwards"] / out["calls"]["forwards"]
+    out["prefix_reuse"] = session.prefix_reuse.as_dict()
+    assert len(rows["run"]) == len(rows["calls"])
+    # NaN propagates: a margin that one side could not score shows as NaN, not as agreement
+    out["max_abs_margin_diff"] = float(np.max(np.abs(np.array([r["margin"] for r in rows["run"]]) - np.array([r["margin"] for r in rows["calls"]]))))
+    return out
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -99,15 +162,20 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats of each per-prompt row (median)")
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--k", type=int, default=2, help="depth of the per-prompt basm record")
     ap.add_argument("--backends", nargs="*", default=["nnsight", "transformerlens"], choices=("nnsight", "transformerlens"))
-    ap.add_argument("--skip", nargs="*", default=[], help="row names to leave out (e.g. 'knockout (default)' 'sweep item, no reuse')")
-    args = ap.parse_args()
+    ap.add_argument("--skip", nargs="*", default=[], help="row names to leave out (e.g. 'knockout (default)' 'sweep item, no reuse' 'attribution')")
+    ap.add_argument("--attribution-items", type=int, default=2, help="T_wrong eval items of the attribution run")
+    ap.add_argument("--masks", type=int, default=12, help="K: skill masks of the attribution run (the analysis' default)")
+    ap.add_argument("--pools", nargs="+", default=["topk", "library"], choices=("topk", "library"), help="the attribution run's pools")
+    ap.add_argument("--tiny", action="store_true", help="benchmarks/gpu.py's tiny Qwen3 shape (checks the script)")
+    ap.add_argument("--json", type=Path, help="write the measured figures here")
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -119,13 +187,14 @@ def main() -> None:
 
     started = time.perf_counter()
     tokenizer = load_tokenizer("qwen3")
-    record, sweep, dataset = item_records(tokenizer, args.k)
-    model = real_shape_model(args.layers)
+    record, sweep, builder = item_records(tokenizer, args.k)
+    dataset = builder.dataset
+    model = real_shape_model(args.layers, args.tiny)
     model.set_attn_implementation(install_attention())
     n_params = sum(p.numel() for p in model.parameters())
     session = ProbeSession(model, tokenizer=tokenizer)
     cfg = model.config
-    print(f"model: random Qwen3-0.6B shape, {cfg.num_hidden_layers} layers, d_model {cfg.hidden_size}, "
+    print(f"model: random Qwen3{' (tiny)' if args.tiny else '-0.6B shape'}, {cfg.num_hidden_layers} layers, d_model {cfg.hidden_size}, "
           f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} heads, vocab {cfg.vocab_size}, {n_params / 1e9:.2f} B parameters, "
           f"fp32, CPU, {args.threads} thread(s); record {record.record_id}: {record.n_tokens} tokens, "
           f"{len(record.candidates)} candidates; built in {time.perf_counter() - started:.0f} s", flush=True)
@@ -237,6 +306,8 @@ def main() -> None:
         sweep_rows[name] = t / t_unit
         print(f"  {name}: {len(sweep)} prompts {t:.1f} s = {t / t_unit:.2f} forwards of the median prompt ({t_unit:.1f} s)", flush=True)
     reuse = session.prefix_reuse
+    attribution = None if "attribution" in args.skip else attribution_run(session, plain, builder, args.attribution_items, args.masks,
+                                                                          tuple(args.pools), sdpa)
 
     unit_text = f"median {statistics.median(unit):.1f} s over {len(unit)}" if unit else "not timed (no per-prompt row)"
     print(f"\nwall time {time.perf_counter() - started:.0f} s; unit (sdpa forward, {record.n_tokens} tokens): {unit_text}; sweep item: {len(sweep)} prompts of "
@@ -250,7 +321,21 @@ def main() -> None:
         print(f"| {name}: knockout (12) probe set | {total:.1f} (= {count} forwards × {one:.2f}) | | |")
     for name, value in sweep_rows.items():
         print(f"| {name} ({len(sweep)} prompts) | {value:.2f} (median prompt) | | |")
-    print(f"\nprefix reuse over the reuse session's calls: {reuse}")
+    if attribution is not None:
+        a = attribution
+        print(f"| attribution run ({a['masks']} masks × {a['items']} items × {'+'.join(a['pools'])}: {a['jobs']} jobs, "
+              f"{a['distinct_prompts']} distinct prompts of {a['tokens'][0]}–{a['tokens'][2]} tokens) | {a['run']['forwards']:.2f} (median prompt, "
+              f"{a['tokens'][1]} tokens) | | {a['run']['time_s']:.1f} |")
+        print(f"| {a['jobs']} independent `score_record` calls, no reuse | {a['calls']['forwards']:.2f} (median prompt) | | {a['calls']['time_s']:.1f} |")
+        print(f"\nattribution run / independent calls: {a['ratio']:.3f}; prompt tokens reused in the run: "
+              f"{a['prefix_reuse']['fraction_reused']:.1%}; max |Δ margin| {a['max_abs_margin_diff']:.1e}")
+    print(f"\nprefix reuse over the reuse session's calls (before the attribution run): {reuse}")
+    report = {"tiny": args.tiny, "layers": cfg.num_hidden_layers, "threads": args.threads,
+              "rows": {name: {"forwards": ratios[name], "time_s": seconds[name]} for name in rows},
+              "backends": backend_rows, "sweep_item": sweep_rows, "attribution": attribution}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return report
 
 
 if __name__ == "__main__":
