@@ -311,6 +311,17 @@ def _forced_prefix_logprob(row_logits: Mapping[int, torch.Tensor], input_ids: Se
     return sum(float(torch.log_softmax(_logits(row_logits, r), -1)[input_ids[r + 1]]) for r in range(open_index, decision_index))
 
 
+def _path_logprob(row_logits: Mapping[int, torch.Tensor], input_ids: Sequence[int], fmt: str, open_index: int | None,
+                  token_logprobs: Mapping[str, torch.Tensor], offset: float, c: CandidateInfo) -> float:
+    """One candidate's whole-path log-probability: native abstention is ``log(1 − P(open))``; any other
+    candidate is ``offset`` (the forced prefix, :func:`_forced_prefix_logprob`) plus its tokens' log-probs."""
+    if fmt == "native" and c.is_abstention:
+        return _log1mexp(_open_logprob(row_logits, input_ids, open_index))
+    t = token_logprobs[c.key]
+    check_finite(t, f"token log-probs of {c.action!r}")
+    return offset + float(t.sum())
+
+
 def candidate_path_logprobs(
     row_logits: Mapping[int, torch.Tensor],
     input_ids: Sequence[int],
@@ -323,16 +334,7 @@ def candidate_path_logprobs(
     """Each candidate action's whole-path log-probability, as :func:`path_margin` scores them
     (native: tools include opening the call, abstention is ``log(1 − P(open))``)."""
     offset = _forced_prefix_logprob(row_logits, input_ids, fmt, decision_index, open_index)
-    out = {}
-    for c in candidates:
-        if fmt == "native" and c.is_abstention:
-            assert open_index is not None
-            out[c.action] = _log1mexp(_open_logprob(row_logits, input_ids, open_index))
-        else:
-            t = token_logprobs[c.key]
-            check_finite(t, f"token log-probs of {c.action!r}")
-            out[c.action] = offset + float(t.sum())
-    return out
+    return {c.action: _path_logprob(row_logits, input_ids, fmt, open_index, token_logprobs, offset, c) for c in candidates}
 
 
 def path_margin(
@@ -352,22 +354,17 @@ def path_margin(
     correct = _correct_tool(candidates)
     abstain = [c for c in candidates if c.is_abstention]
 
-    def score(c: CandidateInfo) -> float:
-        t = token_logprobs[c.key]
-        check_finite(t, f"token log-probs of {c.action!r}")
-        return float(t.sum())
+    offset = _forced_prefix_logprob(row_logits, input_ids, fmt, decision_index, open_index)
 
-    offset, controls = _forced_prefix_logprob(row_logits, input_ids, fmt, decision_index, open_index), []
-    if fmt == "native":
-        if abstain:
-            controls.append(_log1mexp(_open_logprob(row_logits, input_ids, open_index)))
-    else:
-        controls += [score(c) for c in abstain]
+    def path(c: CandidateInfo) -> float:
+        return _path_logprob(row_logits, input_ids, fmt, open_index, token_logprobs, offset, c)
+
+    controls = [path(c) for c in abstain]
     if correct is not None:
         if any(w.token_ids == correct.token_ids for w in wrong):
             return _nan("path", fmt, f"a wrong tool and {correct.action!r} have identical token sequences", True)
-        controls.append(offset + score(correct))
+        controls.append(path(correct))
     if not controls:
         raise ValueError("no control candidates (correct tool or abstention) to score")
-    value = max(offset + score(w) for w in wrong) - max(controls)
+    value = max(path(w) for w in wrong) - max(controls)
     return MarginResult("path", fmt, value, False, "sum of path log-probs" + (" (tool paths include opening the call)" if fmt == "native" else ""))
