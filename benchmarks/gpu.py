@@ -25,9 +25,10 @@ Sections, side by side in one run (one model instance; its attention implementat
 7. ``sweep_item``: the 13 distinct prompts of one item's sweep (k = 0..4 × base, proc, app, basm),
    with the session's prefix reuse and without (``prefix_cache=0``), in sdpa forwards of its
    median prompt; the largest margin difference between the two.
-8. ``attribution``: per item (``--attribution-items``), K = 12 BASM prompts that differ only in
-   which of the top-4 skills they show (the attribution workload: masks × items from one prefix),
-   with and without reuse, as 7.
+8. ``attribution``: the ``attribution`` analysis' own workload (its job list ``mask_jobs``: K = 12
+   masks at f = 0.4 over the library, ``--attribution-items`` T_wrong eval items, both pools; its
+   scorer ``mask_scorer``: prefix reuse, identical prompts once) against as many independent
+   ``score_record`` calls without reuse, job by job, in sdpa forwards of the run's median prompt.
 
 Sections 6-8 run before 5 (which may not fit the budget at 32k).
 
@@ -41,14 +42,14 @@ reason printed and recorded in the JSON, when the rest of the budget would not c
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
-from types import SimpleNamespace
+import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -257,13 +258,60 @@ def sweep_prompts(builder: Any, item: Any, k_max: int = 4) -> list[PromptRecord]
     return out
 
 
-def attribution_prompts(builder: Any, item: Any, masks: int = ATTRIBUTION_MASKS, k_max: int = 4) -> list[PromptRecord]:
-    """The attribution workload of one item: ``masks`` BASM prompts that differ only in which of its
-    top-``k_max`` retrieved skills they show (the 4 single skills, the 6 pairs, then triples), all
-    from one system turn and tool catalog."""
-    top = builder.retrieve(item)[:k_max]
-    subsets = [s for size in range(1, k_max + 1) for s in itertools.combinations(range(len(top)), size)][:masks]
-    return [builder.build(item, "basm", len(s), "native", retrieved=[top[i] for i in s]) for s in subsets]
+def attribution_run(session: Any, plain: Any, builder: Any, n_items: int, masks: int, pools: tuple[str, ...],
+                    sdpa: Callable[[list[int]], Any], timer: Callable[[Callable[[], Any]], float] | None = None) -> dict[str, Any]:
+    """One ``attribution`` run (the analysis' own job list, :func:`~probes.analyses.attribution.mask_jobs`,
+    and scorer, :func:`~probes.analyses.attribution.mask_scorer`: K masks at f = 0.4 over the first
+    ``n_items`` T_wrong eval items, the analysis' configuration) against as many independent
+    ``score_record`` calls by ``plain`` (no reuse), job by job, in sdpa forwards of the run's median
+    prompt. ``timer(fn)`` -> seconds (default :func:`timed`; on a GPU one that synchronises)."""
+    timer = timer or timed
+    from probes.analyses.attribution import Attribution, draw, mask_jobs, mask_scorer
+    from probes.scoring.score import score_record
+    from probes.engine.prefix_cache import PrefixReuseCounter
+
+    options = Attribution(masks=masks, pools=pools).resolved()
+    ctx = SimpleNamespace(options=options, dataset=builder.dataset, items=tuple(builder.dataset.select(buckets=["T_wrong"], split="eval")[:n_items]),
+                          builder=builder, fmt="native", session=session, variant=options.margin_variant, _score_cache={})
+    skills, drawn = draw(ctx, options.masks, options.inclusion)
+    jobs = mask_jobs(ctx, ctx.items, skills, drawn, options.config, options.pools)
+    records = [job.build(builder) for job in jobs]
+    median = sorted(records, key=lambda r: r.n_tokens)[len(records) // 2]
+    scorer = mask_scorer(ctx)
+    rows: dict[str, list[dict[str, Any]]] = {"run": [], "calls": []}
+    seconds = {"run": 0.0, "calls": 0.0}
+    session.clear_prefix_cache()
+    session.prefix_reuse = PrefixReuseCounter()
+    out: dict[str, Any] = {"jobs": len(jobs), "items": len(ctx.items), "masks": masks, "pools": list(pools), "config": options.config,
+                           "distinct_prompts": len({(job.item.id, tuple(r.input_ids)) for job, r in zip(jobs, records)}),
+                           "tokens": [min(r.n_tokens for r in records), median.n_tokens, max(r.n_tokens for r in records)]}
+    units = [timer(lambda: sdpa(median.input_ids))]
+    # job by job, the two sides back to back in alternating order: load drift on a shared machine falls on both
+    for i, (record, job) in enumerate(zip(records, jobs)):
+        for name in ("run", "calls") if i % 2 == 0 else ("calls", "run"):
+            call = (lambda: scorer(record, job)) if name == "run" else (lambda: score_record(plain, record, variant=ctx.variant, margins=("margin",)))
+            seconds[name] += timer(lambda: rows[name].extend(call()))
+        if i == len(jobs) // 2:
+            units.append(timer(lambda: sdpa(median.input_ids)))
+    units.append(timer(lambda: sdpa(median.input_ids)))
+    unit = statistics.mean(units)
+    out["unit_s"] = units
+    for name, t in seconds.items():
+        out[name] = {"time_s": t, "forwards": t / unit}
+        print(f"  attribution {name}: {len(jobs)} jobs {t:.1f} s = {t / unit:.2f} forwards of the median prompt (mean of {len(units)}: "
+              f"{', '.join(f'{u:.1f}' for u in units)} s)", flush=True)
+    out["ratio"] = out["run"]["forwards"] / out["calls"]["forwards"]
+    out["prefix_reuse"] = session.prefix_reuse.as_dict()
+    assert len(rows["run"]) == len(rows["calls"])
+    # NaN propagates: a margin that one side could not score shows as NaN, not as agreement
+    out["max_abs_margin_diff"] = float(np.max(np.abs(np.array([r["margin"] for r in rows["run"]]) - np.array([r["margin"] for r in rows["calls"]]))))
+    return out
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def _summary(values: list[float | None]) -> dict[str, float | None]:
@@ -439,12 +487,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     first = builder.dataset.select(ids=item_ids[:1])[0]
     if (item_out := with_and_without_reuse("sweep_item", sweep_prompts(builder, first, args.sweep_k_max))) is not None:
         report["sweep_item"] = item_out
-    report["attribution"] = []
-    for item_id in item_ids[: args.attribution_items]:
-        item = builder.dataset.select(ids=[item_id])[0]
-        if (item_out := with_and_without_reuse(f"attribution {item_id}", attribution_prompts(builder, item, args.masks))) is None:
-            break
-        report["attribution"].append({"item_id": item_id, **item_out})
+    n_jobs = args.masks * args.attribution_items * 2  # both pools
+    if clock.fits(unit * 2 * n_jobs + args.reserve_s / 3):
+        report["attribution"] = attribution_run(session, plain_session, builder, args.attribution_items, args.masks, ("topk", "library"),
+                                                plain_sdpa, timer=lambda fn: measure(fn, device)[0])
+    else:
+        skip("attribution", f"{clock.left():.0f} s left, projected {unit * 2 * n_jobs:.0f} s")
 
     # 5. The engine with ten knockouts at long contexts.
     report["long"] = []
@@ -479,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget of the whole run (default 450 s)")
     ap.add_argument("--reserve-s", type=float, default=None, help="seconds kept for sections 2-5 while timing records")
     ap.add_argument("--knockout-records", type=int, default=None, help="records scored by the knockout analysis' scorer (default 4; tiny: 1)")
-    ap.add_argument("--attribution-items", type=int, default=None, help="items of the attribution workload (default 4; tiny: 1)")
+    ap.add_argument("--attribution-items", type=int, default=None, help="T_wrong eval items of the attribution run (default 2; tiny: 1)")
     ap.add_argument("--sweep-k-max", type=int, default=None, help="the sweep item's largest k (default 4: 13 prompts; tiny: 1)")
     ap.add_argument("--masks", type=int, default=None, help=f"skill masks per attribution item (default {ATTRIBUTION_MASKS}; tiny: 3)")
     ap.add_argument("--threads", type=int, default=1)
@@ -503,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.knockout_records is None:
         args.knockout_records = 1 if args.tiny else 4
     if args.attribution_items is None:
-        args.attribution_items = 1 if args.tiny else 4
+        args.attribution_items = 1 if args.tiny else 2
     if args.sweep_k_max is None:
         args.sweep_k_max = 1 if args.tiny else 4
     if args.masks is None:

@@ -71,11 +71,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu import TINY_SHAPE, qwen3_config, sweep_prompts  # noqa: E402  (benchmarks/gpu.py: the tiny shape, an item's distinct sweep prompts)
+from gpu import TINY_SHAPE, attribution_run, qwen3_config, sweep_prompts, timed  # noqa: E402  (benchmarks/gpu.py: the tiny shape, an item's distinct sweep prompts, the attribution run)
 
 KNOCKOUT_OPTIONS = dict(priming=False, knockout_rows="path", random_pool="neutral", seed=0, mass_tolerance=0.1,
                         margin_variant="tool_choice")
@@ -106,60 +105,6 @@ def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, list[Any]
             continue
         return record, sweep_prompts(builder, item, k_max), builder
     raise RuntimeError("no T_wrong eval item with a boundary span")
-
-
-def attribution_run(session: Any, plain: Any, builder: Any, n_items: int, masks: int, pools: tuple[str, ...],
-                    sdpa: Callable[[list[int]], Any]) -> dict[str, Any]:
-    """One ``attribution`` run (its job list and scorer) against as many independent ``score_record``
-    calls by ``plain`` (no reuse), job by job, in sdpa forwards of the run's median prompt."""
-    from probes.analyses.attribution import Attribution, draw, mask_jobs, mask_scorer
-    from probes.scoring.score import score_record
-    from probes.engine.prefix_cache import PrefixReuseCounter
-
-    options = Attribution(masks=masks, pools=pools).resolved()
-    ctx = SimpleNamespace(options=options, dataset=builder.dataset, items=tuple(builder.dataset.select(buckets=["T_wrong"], split="eval")[:n_items]),
-                          builder=builder, fmt="native", session=session, variant=options.margin_variant, _score_cache={})
-    skills, drawn = draw(ctx, options.masks, options.inclusion)
-    jobs = mask_jobs(ctx, ctx.items, skills, drawn, options.config, options.pools)
-    records = [job.build(builder) for job in jobs]
-    median = sorted(records, key=lambda r: r.n_tokens)[len(records) // 2]
-    scorer = mask_scorer(ctx)
-    rows: dict[str, list[dict[str, Any]]] = {"run": [], "calls": []}
-    seconds = {"run": 0.0, "calls": 0.0}
-    session.clear_prefix_cache()
-    session.prefix_reuse = PrefixReuseCounter()
-    out: dict[str, Any] = {"jobs": len(jobs), "items": len(ctx.items), "masks": masks, "pools": list(pools), "config": options.config,
-                           "distinct_prompts": len({(job.item.id, tuple(r.input_ids)) for job, r in zip(jobs, records)}),
-                           "tokens": [min(r.n_tokens for r in records), median.n_tokens, max(r.n_tokens for r in records)]}
-    units = [timed(lambda: sdpa(median.input_ids))]
-    # job by job, the two sides back to back in alternating order: load drift on a shared machine falls on both
-    for i, (record, job) in enumerate(zip(records, jobs)):
-        for name in ("run", "calls") if i % 2 == 0 else ("calls", "run"):
-            call = (lambda: scorer(record, job)) if name == "run" else (lambda: score_record(plain, record, variant=ctx.variant, margins=("margin",)))
-            t0 = time.perf_counter()
-            rows[name] += call()
-            seconds[name] += time.perf_counter() - t0
-        if i == len(jobs) // 2:
-            units.append(timed(lambda: sdpa(median.input_ids)))
-    units.append(timed(lambda: sdpa(median.input_ids)))
-    unit = statistics.mean(units)
-    out["unit_s"] = units
-    for name, t in seconds.items():
-        out[name] = {"time_s": t, "forwards": t / unit}
-        print(f"  attribution {name}: {len(jobs)} jobs {t:.1f} s = {t / unit:.2f} forwards of the median prompt (mean of {len(units)}: "
-              f"{', '.join(f'{u:.1f}' for u in units)} s)", flush=True)
-    out["ratio"] = out["run"]["forwards"] / out["calls"]["forwards"]
-    out["prefix_reuse"] = session.prefix_reuse.as_dict()
-    assert len(rows["run"]) == len(rows["calls"])
-    # NaN propagates: a margin that one side could not score shows as NaN, not as agreement
-    out["max_abs_margin_diff"] = float(np.max(np.abs(np.array([r["margin"] for r in rows["run"]]) - np.array([r["margin"] for r in rows["calls"]]))))
-    return out
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -43,10 +43,13 @@ def test_tiny_run_reports_every_section(gpu_bench, tmp_path):
     # masks, each with and without prefix reuse: the same margins (bit for bit: fixed prefix blocks)
     (knockout,) = report["knockout_analysis"]
     assert knockout["conditions"] == 12 and knockout["forwards"] > 0
-    item, (attribution,) = report["sweep_item"], report["attribution"]
-    assert item["prompts"] == 4 and attribution["prompts"] == 3  # tiny: k = 0..1 and 3 masks
-    for out in (item, attribution):
-        assert out["reuse"]["time_s"] > 0 and out["no_reuse"]["time_s"] > 0 and out["max_abs_margin_diff"] == 0.0
+    item = report["sweep_item"]
+    assert item["prompts"] == 4  # tiny: k = 0..1
+    assert item["reuse"]["time_s"] > 0 and item["no_reuse"]["time_s"] > 0 and item["max_abs_margin_diff"] == 0.0
+    # the attribution analysis' own jobs (3 masks × 1 item × both pools) against independent calls
+    attribution = report["attribution"]
+    assert (attribution["jobs"], attribution["items"], attribution["pools"]) == (6, 1, ["topk", "library"])
+    assert attribution["run"]["time_s"] > 0 and attribution["calls"]["time_s"] > 0 and attribution["max_abs_margin_diff"] == 0.0
 
 
 def test_budget_skips_with_reasons(gpu_bench, tmp_path):
@@ -54,7 +57,7 @@ def test_budget_skips_with_reasons(gpu_bench, tmp_path):
     assert gpu_bench.main(["--tiny", "--budget-s", "0", "--json", str(out)]) == 0
     skipped = json.loads(out.read_text())["skipped"]
     assert set(skipped) == {"records[0:]", "eager_attn", "mask_4d", "knockout_analysis[0:]", "sweep_item",
-                            "attribution retail-ok-0001", "long n=256", "long n=512"}
+                            "attribution", "long n=256", "long n=512"}
     assert all("s left" in why for why in skipped.values())
 
 

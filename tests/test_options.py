@@ -24,7 +24,7 @@ import probes.analyses.report as report
 import probes.engine.session
 from probes.analyses import ANALYSES, REPORT
 from probes.analyses.base import QUICK, Analysis, AnalysisError, OptionError, ReportSection, option_fields, select_items
-from probes.analyses.report import IF_GIVEN, ReportOptions
+from probes.analyses.report import IF_GIVEN, TO_ANALYSES, ReportOptions
 from probes.cli.main import build_parser, main
 from probes.cli.options import flag_of, options_from_file
 from probes.data.dataset import BUCKETS, V1_DATASET_DIR, spread_limit
@@ -281,10 +281,19 @@ def test_report_forwards_every_shared_option_to_every_analysis(given: bool, entr
             else:  # k_max / buckets not given to the report: the analysis keeps its own default
                 assert option in IF_GIVEN
                 assert getattr(analysis, option) == _field(type(analysis), option).default, f"{name}: {option}"
-        for f in option_fields(type(analysis)):  # its own options keep its own defaults
-            if f.name not in SHARED:
+        for f in option_fields(type(analysis)):  # its own options keep its own defaults, but for the report's TO_ANALYSES
+            if f.name in TO_ANALYSES:
+                assert getattr(analysis, f.name) == options[f.name], f"report does not forward {f.name} to {name}"
+            elif f.name not in SHARED:
                 assert getattr(analysis, f.name) == f.default, f"{name}: {f.name}"
     assert (tmp_path / "out" / "x-model" / "report.md").is_file()
+
+
+def test_report_runs_calls_with_the_checker_unless_told_not_to() -> None:
+    calls, sweep = probes.analyses.get("calls"), probes.analyses.get("sweep")
+    assert report.forwarded(ReportOptions(), calls)["checker"] is True  # calls' own default is False
+    assert report.forwarded(ReportOptions(checker=False), calls)["checker"] is False
+    assert "checker" not in report.forwarded(ReportOptions(), sweep)  # only where the analysis has the option
 
 
 def test_report_options_file_does_not_override_explicit_flags(monkeypatch, tmp_path) -> None:

@@ -57,15 +57,19 @@ from probes.scoring.claims import claims_table
 
 # Shared options set on an analysis only when given to the report (else it keeps its own default).
 IF_GIVEN: tuple[str, ...] = ("k_max", "buckets", "split")
+# The report's own options that go to every analysis with an option of that name (calls' checker G).
+TO_ANALYSES: tuple[str, ...] = ("checker",)
 
 
 def forwarded(report: ReportOptions, cls: type[Analysis]) -> dict[str, Any]:
     """The options of ``report`` that the analysis ``cls`` receives: every shared option (so none is
     accepted and then dropped; tests/test_options.py checks each arrives), ``k_max`` and
-    ``buckets`` and ``split`` only when given."""
+    ``buckets`` and ``split`` only when given, and :data:`TO_ANALYSES` where ``cls`` has them."""
     shared = {f.name for f in option_fields(RunOptions)}
     out = {name: getattr(report, name) for name in shared if name not in IF_GIVEN}
     out |= {name: getattr(report, name) for name in IF_GIVEN if getattr(report, name) is not None}
+    own = {f.name for f in option_fields(cls)}
+    out |= {name: getattr(report, name) for name in TO_ANALYSES if name in own}
     return out
 
 
@@ -182,6 +186,8 @@ class ReportOptions(RunOptions):
                                               names=registry.ANALYSES, minimum=1)
     figures_dir: str | Path | None = option(None, "where the figures go (default: OUT/<model>/figures); e.g. figures/ to "
                                             "regenerate the repository's figures", type=Path)
+    checker: bool = option(True, "run calls with the boundary checker G (Eq. 11): its rates, precision and recall and Fig. 19 "
+                           "in the calls section (--no-checker: calls without G)", type=bool, flag="--no-checker")
     explore: bool = option(True, "end by writing OUT/<model>/explore.html, the run in a browser (--no-explore: skip it)", type=bool,
                            flag="--no-explore")
 
