@@ -17,11 +17,12 @@ from probes.analyses.forks import Forks, path_row
 from probes.engine.generate import stop_token_ids
 from probes.engine.logits import entropy
 from probes.engine.prefix_cache import PREFIX_BLOCK
-from probes.reporting.results import ResultsConfigMismatch, ResultsStore, load_results
+from probes.reporting.results import ResultsConfigMismatch, load_results
 from probes.scoring import forks as est
 from probes.scoring.margins import candidates_from_record, shared_prefix
 from probes.scoring.stats import auc
 from probes.session import ProbeSession
+from interrupt import killed_after_appends
 
 torch.set_num_threads(1)
 FAST = {"dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical", "split": "all"}
@@ -129,10 +130,6 @@ def test_paths_share_the_prefix_bit_for_bit_and_match_plain_forwards(tiny_qwen3_
 
 
 # ---------------------------------------------------------------------------- the analysis and resume
-class Interrupted(Exception):
-    pass
-
-
 def _forks(model: Path, out: Path, **options) -> Forks:
     return Forks(**{"model": model, "out": out, "item_ids": [ITEM, "retail-ok-0001"], "k_max": 2, **CHEAP, **FAST, **options})
 
@@ -149,19 +146,10 @@ def test_killed_forks_resume_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: P
                                           f"{ITEM}|basm|k0|native", "retail-ok-0001|basm|k0|native"}
     assert set(result.tables) >= {"forks_summary", "forks_shares", "forks_entropy", "forks_auroc", "forks_budget", "forks_claims"}
 
-    calls = {"append": 0, "paths": 0}
-    real_append, real_path = ResultsStore.append, forks_mod.path_row
-
-    def dying_append(self, rows):
-        if calls["append"] == 3:
-            raise Interrupted
-        calls["append"] += 1
-        real_append(self, rows)
-
-    monkeypatch.setattr(ResultsStore, "append", dying_append)
-    with pytest.raises(Interrupted):
+    calls = {"paths": 0}
+    real_path = forks_mod.path_row
+    with killed_after_appends(3):
         _forks(tiny_qwen3_dir, tmp_path / "resumed", figure=False).run(verbose=False)
-    monkeypatch.setattr(ResultsStore, "append", real_append)
 
     def counting_path(*args, **kwargs):
         calls["paths"] += 1

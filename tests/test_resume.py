@@ -13,13 +13,10 @@ import torch
 import probes.analyses.base
 from probes.analyses.sweep import Sweep
 from probes.cli.main import main
-from probes.reporting.results import ResultsConfigMismatch, ResultsStore, load_results
+from probes.reporting.results import ResultsConfigMismatch, load_results
+from interrupt import killed_after_appends
 
 torch.set_num_threads(1)
-
-
-class Interrupted(Exception):
-    pass
 
 
 def _sweep(model: Path, out: Path, **options) -> Sweep:
@@ -44,25 +41,15 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: 
     assert len(full) == 2 * 3 * 4  # items × k × configs, one baseline row each
 
     # Kill after 7 prompts have been written, then tear the file's last line as a kill mid-write would.
-    calls = {"append": 0, "score": 0}
-    real_append, real_score = ResultsStore.append, probes.analyses.base.score_record
-
-    def dying_append(self, rows):
-        if calls["append"] == 7:
-            raise Interrupted
-        calls["append"] += 1
-        real_append(self, rows)
-
-    monkeypatch.setattr(ResultsStore, "append", dying_append)
-    with pytest.raises(Interrupted):
+    calls = {"score": 0}
+    real_score = probes.analyses.base.score_record
+    with killed_after_appends(7):
         _sweep(tiny_qwen3_dir, tmp_path / "resumed").run()
     path = tmp_path / "resumed" / tiny_qwen3_dir.name / "sweep.jsonl"
     with path.open("a") as handle:
         handle.write('{"key": "torn')
     partial = load_results_lenient(path)
     assert 0 < len(partial) < len(full)
-
-    monkeypatch.setattr(ResultsStore, "append", real_append)
 
     def counting_score(*args, **kwargs):
         calls["score"] += 1
