@@ -456,3 +456,27 @@ def test_candidate_path_logprobs_agree_with_the_path_margin(tiny_qwen3_dir: Path
     wrong = max(ranked[t] for t in record.wrong_tools if t in ranked)
     controls = max(ranked[a] for a in (record.correct_action, "<abstain>") if a in ranked)
     assert math.isclose(wrong - controls, path, abs_tol=1e-5)
+
+
+def test_repair_contrasts_and_claims_pair_conditions_by_item() -> None:
+    """h_t minus each other condition per item, then the mean of task-group means, against a hand computation;
+    an unmeasured row never enters a difference."""
+    from probes.analyses.repair import Repair, RepairSummary, repair_contrasts
+
+    margins = {  # item -> (task group, {condition: margin})
+        "a": ("g1", {"no_hint": 1.0, "retrieval": 0.5, "hint": -1.0, "control": 0.0}),
+        "b": ("g1", {"no_hint": 2.0, "retrieval": 1.0, "hint": 0.0, "control": 2.0}),
+        "c": ("g2", {"no_hint": 0.0, "retrieval": 0.0, "hint": -3.0, "control": -1.0}),
+    }
+    rows = pd.DataFrame([{"item_id": item, "task_group": group, "condition": cond, "margin": m, "repair_success": float(m < 0),
+                          "measured": True} for item, (group, conds) in margins.items() for cond, m in conds.items()]
+                        + [{"item_id": "d", "task_group": "g2", "condition": "hint", "margin": -9.0, "repair_success": 1.0, "measured": False}])
+    table = repair_contrasts(rows, seed=0).set_index(["contrast", "measure"])
+    # hint − control: g1 mean of (−1, −2) = −1.5, g2: −2; mean of group means −1.75
+    assert table.loc[("hint − control", "margin"), "value"] == pytest.approx(-1.75)
+    assert table.loc[("hint − no_hint", "margin"), "value"] == pytest.approx(((-2 - 2) / 2 - 3) / 2)
+    assert table.loc[("hint − retrieval", "repair_success"), "value"] == pytest.approx(((1 + 0) / 2 + 1) / 2)
+    assert (table["n_items"] == 3).all() and (table["n"] == 2).all()
+    claims = Repair().claims(RepairSummary(rows, pd.DataFrame(), "", repair_contrasts(rows), 0))
+    margin = next(c for c in claims if c.name == "hint_margin_vs_control")
+    assert margin.estimate == pytest.approx(-1.75) and margin.alternative == "less"

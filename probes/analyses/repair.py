@@ -56,7 +56,8 @@ from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
 from probes.scoring.checker import HINT_HEADER, DecisionState, Hint, ProposedCall, names_tool, repair_hint
 from probes.scoring.score import score_record
-from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean
+from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean, paired_differences, summarise
 from probes.scoring.toolcalls import ParsedReply, parse_reply
 
 NAME = "repair"
@@ -214,11 +215,34 @@ def repair_rates(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DEFAU
     return pd.DataFrame(out, columns=["condition", "measure", "bucket", "value", "low", "high", "n", "n_groups"])
 
 
+# h_t against each other condition, paired by item: h_t helps only where it beats the control note
+CONTRASTS: dict[str, tuple[str, str]] = {"hint − control": ("hint", "control"), "hint − no_hint": ("hint", "no_hint"),
+                                         "hint − retrieval": ("hint", "retrieval")}
+PAIRED_MEASURES: tuple[str, ...] = ("repair_success", "margin")
+
+
+def repair_contrasts(rows: pd.DataFrame, *, seed: int = DEFAULT_SEED) -> pd.DataFrame:
+    """Per contrast of :data:`CONTRASTS` × measure: the mean per-item difference (h_t minus the other
+    condition, both measured on the item) with a 95% bootstrap CI over task groups."""
+    out = []
+    measured = rows[rows["measured"].astype(bool)]
+    for measure in PAIRED_MEASURES:
+        if measure not in measured or measured[measure].isna().all():
+            continue
+        deltas = paired_differences(measured.assign(**{measure: measured[measure].astype(float)}), CONTRASTS,
+                                    pair=["item_id", "task_group"], side="condition", value=measure)
+        out.append(summarise(deltas, ["contrast"], value="delta", seed=seed).assign(measure=measure))
+    columns = ["contrast", "measure", "value", "low", "high", "n", "n_items", "n_nan", "note"]
+    return pd.concat(out, ignore_index=True)[columns] if out else pd.DataFrame(columns=columns)
+
+
 @dataclass
 class RepairSummary:
     rows: pd.DataFrame
     rates: pd.DataFrame
     note: str
+    contrasts: pd.DataFrame
+    seed: int = DEFAULT_SEED
 
 
 @register("repair", order=75)
@@ -268,10 +292,11 @@ class Repair(Analysis):
                 f" · judge: {self.judge or 'none'}\nmean ± 95% bootstrap CI over task groups; margin: {ctx.variant} (wrong − repair tool)")
         if "observation_matches" in rows:
             note += f" · BFCL: real observation equals the stored one for {int(hinted['observation_matches'].sum())} of {n_items}; ≤ {self.steps} steps"
-        return RepairSummary(rows, repair_rates(rows, seed=ctx.options.seed), note)
+        seed = ctx.options.seed
+        return RepairSummary(rows, repair_rates(rows, seed=seed), note, repair_contrasts(rows, seed=seed), seed)
 
     def tables(self, summary: RepairSummary) -> dict[str, pd.DataFrame]:
-        return {f"{NAME}_summary": summary.rates}
+        return {f"{NAME}_summary": summary.rates, f"{NAME}_contrasts": summary.contrasts}
 
     def figures(self, summary: RepairSummary, out_dir: Path) -> list[Path]:
         plots.style()
@@ -280,9 +305,30 @@ class Repair(Analysis):
     def section(self, ctx: RunContext, summary: RepairSummary, figures: list[Path]) -> ReportSection:
         body = (f"After a failed call (T_repair), the next decision under no hint, full re-retrieval, the repair hint h_t of Eq. 12 "
                 f"(recovery notes whose condition matches the error) and an equal-length control note. {summary.note.splitlines()[0]}."
-                f"\n\n{markdown_table(summary.rates)}")
+                f"\n\n{markdown_table(summary.rates)}\n\nh_t against each other condition, per-item differences "
+                f"(margin: negative = h_t moves the decision toward the repair tool; 95% CI over task groups):\n\n"
+                f"{markdown_table(summary.contrasts)}")
         return ReportSection(NAME, "Eq. 12 — repair loop (`repair`)", figures, body, [], summary)
+
+    def claims(self, summary: RepairSummary) -> list[Claim]:
+        """Eq. 12's claim against the equal-length control note, paired by item: h_t lowers the margin
+        (wrong − repair tool) and raises greedy repair success."""
+        rows = summary.rows[summary.rows["measured"].astype(bool)]
+        out = []
+        for measure, alternative, unit in (("margin", "less", "logits"), ("repair_success", "greater", "rate")):
+            if measure not in rows or rows[measure].isna().all():
+                continue
+            deltas = paired_differences(rows.assign(**{measure: rows[measure].astype(float)}), {"hint − control": ("hint", "control")},
+                                        pair=["item_id", "task_group"], side="condition", value=measure).dropna(subset=["delta"])
+            if not len(deltas):
+                continue
+            direction = "lowers the margin toward the wrong tool" if measure == "margin" else "raises greedy repair success"
+            out.append(effect_claim(NAME, f"hint_{measure}_vs_control", f"the repair hint h_t (Eq. 12) {direction} against an "
+                                    f"equal-length control note (paired by item)", deltas["delta"], deltas["task_group"],
+                                    alternative=alternative, unit=unit, seed=summary.seed, note=f"{len(deltas)} items"))
+        return out
 
     def print_summary(self, summary: RepairSummary) -> None:
         print(summary.note)
         print(summary.rates.round(3).to_string(index=False))
+        print(summary.contrasts.round(3).to_string(index=False))
