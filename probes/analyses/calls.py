@@ -48,7 +48,7 @@ from probes.scoring.checker import ChatJudge, Decision, DecisionState, Judge, ch
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.margins import candidate_path_logprobs, candidates_from_record
 from probes.scoring.score import row_fields
-from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean
+from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean, paired_differences
 from probes.scoring.toolcalls import MODES, OUTCOMES, is_solved, mode_description, outcome, parse_reply
 
 MAX_NEW_TOKENS = 48
@@ -512,16 +512,6 @@ def deepest_k(rows: pd.DataFrame, bucket: str | None = None) -> int | None:
     return int(sub["k"].max()) if len(sub) else None
 
 
-def paired_differences(rows: pd.DataFrame, column: str, first: str, second: str) -> pd.DataFrame:
-    """``column`` under ``first`` minus under ``second`` per item present under both (0/1 columns as
-    numbers), with the item's task group."""
-    keys = ["item_id", "task_group"]
-    a = rows[rows["config"] == first].set_index(keys)[column].astype(float)
-    b = rows[rows["config"] == second].set_index(keys)[column].astype(float)
-    both = a.index.intersection(b.index)
-    return (a.loc[both] - b.loc[both]).rename("difference").reset_index()
-
-
 @register("calls", order=70)
 @dataclass(kw_only=True)
 class Calls(Analysis):
@@ -623,13 +613,14 @@ class Calls(Analysis):
         deepest = rows[(rows["bucket"] == "T_wrong") & (rows["k"] == k)]
         claims = []
         for mode in MODES:
-            diff = paired_differences(deepest.assign(hit=rate_values(deepest, mode, "wrong_call")), "hit", "basm", "proc")
+            hits = deepest.assign(hit=rate_values(deepest, mode, "wrong_call").astype(float))
+            diff = paired_differences(hits, {"basm − proc": ("basm", "proc")}, pair=["item_id", "task_group", "format"], value="hit").dropna(subset=["delta"])
             if not len(diff):
                 continue
             claims.append(effect_claim(
                 CLAIM_FAMILY, f"{mode}_wrong_call_basm_below_proc_k{k}",
                 f"on T_wrong at k = {k}, the {mode} wrong-call rate under {config_label('basm')} is below {config_label('proc')} (paired by item)",
-                diff["difference"], diff["task_group"], alternative="less", unit="rate", seed=summary.seed,
+                diff["delta"], diff["task_group"], alternative="less", unit="rate", seed=summary.seed,
                 note=f"{len(diff)} items; {mode}: {mode_description(mode, sorted(set(deepest['format'])))}"))
         return claims
 
