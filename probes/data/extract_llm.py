@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tqdm.auto import tqdm
+
 from probes.data.schema import SLOTS, Skill, SkillValidationError, Tool, ToolCatalog, validate_skill
 from probes.engine.chat import MAX_NEW_TOKENS, Reply  # noqa: F401  (MAX_NEW_TOKENS: the default reply budget, named here for the CLI)
 
@@ -214,7 +216,9 @@ class LLMExtractor:
 
     def run(self, candidates: Iterable[Candidate]) -> Extraction:
         extraction = Extraction()
-        for candidate in candidates:
+        candidates = list(candidates)
+        # a chat model on a CPU takes minutes per candidate: show where the run is
+        for candidate in tqdm(candidates, desc="LLM extractor", unit="candidate", disable=len(candidates) < 2):
             result, n_replies = self._extract(candidate)
             if isinstance(result, Rejection):
                 extraction.rejected.append(result)
