@@ -975,79 +975,6 @@ def fig16_masking_policies(policies: pd.DataFrame, note: str) -> plt.Figure:
     return fig
 
 
-CHECKER_RATE_LABELS: dict[str, str] = {"wrong_call": "wrong call", "correct_call": "correct call",
-                                       "correct_runnable": "correct runnable call", "abstained": "abstention",
-                                       "blocked": "blocked"}
-
-
-def fig19_checker_outcomes(rates: pd.DataFrame, note: str) -> plt.Figure:
-    """Call outcomes without and with the boundary checker G (Eq. 11), lenient mode, at the deepest
-    k: one panel per bucket, bar groups per rate, one bar pair per configuration (light: without G,
-    dark: with G), 95% CI bars over task groups.
-
-    rates: mode, checker, format, config, k, bucket, rate, value, low, high, n, n_groups, count.
-    """
-    data = rates[(rates["mode"] == "lenient") & (rates["k"] == rates["k"].max())]
-    buckets = _ordered(data["bucket"], ("T_wrong", "T_ok", "T_repair"))
-    configs = _ordered(data["config"], CONFIG_ORDER)
-    kinds = [r for r in CHECKER_RATE_LABELS if r in set(data["rate"])]
-    fig, axes = plt.subplots(1, len(buckets), figsize=(4.4 * len(buckets), 3.4), sharey=True, squeeze=False)
-    width = 0.8 / (2 * len(configs))
-    for col, bucket in enumerate(buckets):
-        ax = axes[0][col]
-        sub = data[data["bucket"] == bucket]
-        for i, config in enumerate(configs):
-            for j, checker in enumerate(("without", "with")):
-                bars = sub[(sub["config"] == config) & (sub["checker"] == checker)].set_index("rate").reindex(kinds)
-                x = np.arange(len(kinds)) - 0.4 + width * (2 * i + j + 0.5)
-                rgb = color(config)
-                ax.bar(x, bars["value"].fillna(0), width, color=rgb, alpha=0.45 if checker == "without" else 1.0,
-                       yerr=ci_errors(bars.reset_index()), capsize=1.5, error_kw={"elinewidth": 0.7})
-        ax.set_xticks(np.arange(len(kinds)), [CHECKER_RATE_LABELS[k] for k in kinds])
-        ax.set_ylim(0, 1.04)
-        n_items = int(sub["n"].max()) if len(sub) else 0
-        ax.set_title(f"{bucket_label(bucket)}  ({n_items} items, {int(sub['n_groups'].max()) if len(sub) else 0} groups)")
-    axes[0][0].set_ylabel("rate (lenient)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=color(c), label=label(c)) for c in configs]
-    handles += [plt.Rectangle((0, 0), 1, 1, color="0.4", alpha=a, label=f"{w} G") for w, a in (("without", 0.45), ("with", 1.0))]
-    axes[0][-1].legend(handles=handles, loc="best", fontsize=7.5)
-    fig.suptitle(f"Greedy call outcomes without and with the boundary checker G (Eq. 11), k = {int(data['k'].max())}", y=1.02)
-    footnote(fig, f"{note}\nn per bar: {_n_text(data, 'items')}")
-    return fig
-
-
-REPAIR_CONDITION_LABELS: dict[str, str] = {"no_hint": "no hint", "retrieval": "full re-retrieval", "hint": "h_t (Eq. 12)",
-                                           "control": "control hint"}
-
-
-def fig20_repair_success(rates: pd.DataFrame, note: str) -> plt.Figure:
-    """Repair success per condition (no hint, full re-retrieval, h_t, equal-length control hint): one
-    panel per measure (greedy repair success; Eq. 1 / chosen margin toward the wrong tool), one bar per
-    condition and dataset bucket, 95% CI bars over task groups.
-
-    rates: measure, condition, bucket, value, low, high, n, n_groups.
-    """
-    measures = [m for m in ("repair_success", "margin") if m in set(rates["measure"])]
-    conditions = [c for c in REPAIR_CONDITION_LABELS if c in set(rates["condition"])]
-    fig, axes = plt.subplots(1, len(measures), figsize=(4.6 * len(measures), 3.4), squeeze=False)
-    palette = sns.color_palette("colorblind", len(conditions))
-    for col, measure in enumerate(measures):
-        ax = axes[0][col]
-        sub = rates[rates["measure"] == measure].set_index("condition").reindex(conditions)
-        ax.bar(np.arange(len(conditions)), sub["value"].fillna(0), 0.7, color=palette, yerr=ci_errors(sub.reset_index()), capsize=2.5)
-        ax.set_xticks(np.arange(len(conditions)), [REPAIR_CONDITION_LABELS[c] for c in conditions], rotation=15)
-        ax.set_ylabel({"repair_success": "greedy repair success", "margin": "margin (wrong − repair tool)"}[measure])
-        if measure == "repair_success":
-            ax.set_ylim(0, 1.04)
-        else:
-            ax.axhline(0, color="0.3", lw=0.8)
-        ax.set_title(f"n = {int(sub['n'].max()) if sub['n'].notna().any() else 0} decisions, "
-                     f"{int(sub['n_groups'].max()) if sub['n_groups'].notna().any() else 0} task groups")
-    fig.suptitle("Next decision after a failed call: repair success per condition (Eq. 12)", y=1.02)
-    footnote(fig, note)
-    return fig
-
-
 FORK_PATH_COLORS: dict[str, tuple[float, float, float]] = {"skip": (0.55, 0.55, 0.55), "invoke": _PALETTE[2]}
 FORK_SCORE_LABELS: dict[str, str] = {"entropy": "skip entropy (vocabulary)", "entropy_tools": "skip entropy (shown tools)"}
 
@@ -1131,5 +1058,78 @@ def fig18_forks_ranking(budget: pd.DataFrame, auroc: pd.DataFrame, k: int, label
         ax.set_ylim(-0.02, 1.02)
     legend_outside(axes[0][-1])
     fig.suptitle(f"Entropy-guided forking: finding the points where invoke and skip disagree ({label_name})", y=1.04)
+    footnote(fig, note)
+    return fig
+
+
+CHECKER_RATE_LABELS: dict[str, str] = {"wrong_call": "wrong call", "correct_call": "correct call",
+                                       "correct_runnable": "correct runnable call", "abstained": "abstention",
+                                       "blocked": "blocked"}
+
+
+def fig19_checker_outcomes(rates: pd.DataFrame, note: str) -> plt.Figure:
+    """Call outcomes without and with the boundary checker G (Eq. 11), lenient mode, at the deepest
+    k: one panel per bucket, bar groups per rate, one bar pair per configuration (light: without G,
+    dark: with G), 95% CI bars over task groups.
+
+    rates: mode, checker, format, config, k, bucket, rate, value, low, high, n, n_groups, count.
+    """
+    data = rates[(rates["mode"] == "lenient") & (rates["k"] == rates["k"].max())]
+    buckets = _ordered(data["bucket"], ("T_wrong", "T_ok", "T_repair"))
+    configs = _ordered(data["config"], CONFIG_ORDER)
+    kinds = [r for r in CHECKER_RATE_LABELS if r in set(data["rate"])]
+    fig, axes = plt.subplots(1, len(buckets), figsize=(4.4 * len(buckets), 3.4), sharey=True, squeeze=False)
+    width = 0.8 / (2 * len(configs))
+    for col, bucket in enumerate(buckets):
+        ax = axes[0][col]
+        sub = data[data["bucket"] == bucket]
+        for i, config in enumerate(configs):
+            for j, checker in enumerate(("without", "with")):
+                bars = sub[(sub["config"] == config) & (sub["checker"] == checker)].set_index("rate").reindex(kinds)
+                x = np.arange(len(kinds)) - 0.4 + width * (2 * i + j + 0.5)
+                rgb = color(config)
+                ax.bar(x, bars["value"].fillna(0), width, color=rgb, alpha=0.45 if checker == "without" else 1.0,
+                       yerr=ci_errors(bars.reset_index()), capsize=1.5, error_kw={"elinewidth": 0.7})
+        ax.set_xticks(np.arange(len(kinds)), [CHECKER_RATE_LABELS[k] for k in kinds])
+        ax.set_ylim(0, 1.04)
+        n_items = int(sub["n"].max()) if len(sub) else 0
+        ax.set_title(f"{bucket_label(bucket)}  ({n_items} items, {int(sub['n_groups'].max()) if len(sub) else 0} groups)")
+    axes[0][0].set_ylabel("rate (lenient)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color(c), label=label(c)) for c in configs]
+    handles += [plt.Rectangle((0, 0), 1, 1, color="0.4", alpha=a, label=f"{w} G") for w, a in (("without", 0.45), ("with", 1.0))]
+    axes[0][-1].legend(handles=handles, loc="best", fontsize=7.5)
+    fig.suptitle(f"Greedy call outcomes without and with the boundary checker G (Eq. 11), k = {int(data['k'].max())}", y=1.02)
+    footnote(fig, f"{note}\nn per bar: {_n_text(data, 'items')}")
+    return fig
+
+
+REPAIR_CONDITION_LABELS: dict[str, str] = {"no_hint": "no hint", "retrieval": "full re-retrieval", "hint": "h_t (Eq. 12)",
+                                           "control": "control hint"}
+
+
+def fig20_repair_success(rates: pd.DataFrame, note: str) -> plt.Figure:
+    """Repair success per condition (no hint, full re-retrieval, h_t, equal-length control hint): one
+    panel per measure (greedy repair success; Eq. 1 / chosen margin toward the wrong tool), one bar per
+    condition and dataset bucket, 95% CI bars over task groups.
+
+    rates: measure, condition, bucket, value, low, high, n, n_groups.
+    """
+    measures = [m for m in ("repair_success", "margin") if m in set(rates["measure"])]
+    conditions = [c for c in REPAIR_CONDITION_LABELS if c in set(rates["condition"])]
+    fig, axes = plt.subplots(1, len(measures), figsize=(4.6 * len(measures), 3.4), squeeze=False)
+    palette = sns.color_palette("colorblind", len(conditions))
+    for col, measure in enumerate(measures):
+        ax = axes[0][col]
+        sub = rates[rates["measure"] == measure].set_index("condition").reindex(conditions)
+        ax.bar(np.arange(len(conditions)), sub["value"].fillna(0), 0.7, color=palette, yerr=ci_errors(sub.reset_index()), capsize=2.5)
+        ax.set_xticks(np.arange(len(conditions)), [REPAIR_CONDITION_LABELS[c] for c in conditions], rotation=15)
+        ax.set_ylabel({"repair_success": "greedy repair success", "margin": "margin (wrong − repair tool)"}[measure])
+        if measure == "repair_success":
+            ax.set_ylim(0, 1.04)
+        else:
+            ax.axhline(0, color="0.3", lw=0.8)
+        ax.set_title(f"n = {int(sub['n'].max()) if sub['n'].notna().any() else 0} decisions, "
+                     f"{int(sub['n_groups'].max()) if sub['n_groups'].notna().any() else 0} task groups")
+    fig.suptitle("Next decision after a failed call: repair success per condition (Eq. 12)", y=1.02)
     footnote(fig, note)
     return fig
