@@ -282,7 +282,8 @@ def header(given: ReportOptions, a: ReportOptions, model: Any, embedders: set[st
         f"- **k**: {'per analysis (sweep 0..K; others at k = K)' if given.k_max is None else f'K = {a.k_max}'} · **seed**: {a.seed}"
         f" · **quick**: {a.quick}"
         + (" (4 task groups per bucket: a percentile bootstrap over so few groups under-covers, so the CIs are indicative only)"
-           if a.quick else ""),
+           if a.quick else "")
+        + f" · **checker G** (Eq. 11, in `calls`): {'on' if a.checker else 'off'}",
         "- **CIs**: 95% bootstrap over task groups; a cell with fewer than two task groups shows \"no CI (1 group)\"",
         "- **attention aggregate**: η = ratio of mean span attentions and median per-head log2 ratio, ε = 1e-6 (never a mean of per-head ratios)",
         f"- **versions**: python {env['python']}, " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
