@@ -235,7 +235,7 @@ CASES: list[Case] = [
     Case("--items that names nothing", _sweep("--items", "::::"), 2, "option 'items' (--items) '::::' names no bucket, domain or count"),
     Case("--items ''", _sweep("--items", ""), 2, "option 'items' (--items) '' names no bucket, domain or count"),
     Case("--configs ''", _sweep("--configs", ""), 2, "option 'configs' (--configs) needs at least 1 of"),
-    Case("bfcl-import --max-probe-entries -1", ["bfcl-import", "--out", "<tmp>/new", "--max-probe-entries", "-1"], 2, "--max-probe-entries must be ≥ 1, got -1"),
+    Case("bfcl-import --max-probe-entries -1", ["bfcl-import", "--out", "<tmp>/new", "--max-probe-entries", "-1"], 2, "(--max-probe-entries) must be ≥ 1, got -1"),
     # datasets, checked with file and line before any model is loaded
     Case("dataset: user null", _sweep(*DATA), 1, "items.jsonl:1: field 'user' must be a non-empty string", _dataset(_first_item(user=None))),
     Case("dataset: history entry without tool_call", _sweep(*DATA), 1, "history[0]: an assistant message needs tool_call",

@@ -31,7 +31,7 @@ from probes.session import ProbeSession
 PACKAGE = Path(probes.analyses.__file__).resolve().parent.parent
 ROOT = PACKAGE.parent
 TOOLS = {"build": tools.BuildOptions, "show": tools.ShowOptions, "shortcuts": tools.ShortcutsOptions, "audit": tools.AuditOptions,
-         "card": tools.CardOptions}
+         "card": tools.CardOptions, "bfcl-import": tools.BFCLImportOptions}
 SWEEPS = ("sweep", "linear", "calls", "paired")  # k = 0..K analyses
 AT_ONE_DEPTH = ("ratios", "suppression", "knockout", "heads")  # k (default k_max)
 

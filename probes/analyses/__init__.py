@@ -15,6 +15,7 @@ its analysis is first used and checks that it registered the class the catalogue
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -142,12 +143,16 @@ def unknown_message(name: str, known: Sequence[str], what: str = "analysis") -> 
 
 def make(cls: type, options: dict[str, Any]) -> Any:
     """``cls(**options)``, with an unknown keyword answered by the close matches and every valid option."""
-    from probes.analyses.base import UnknownOption, option_fields
+    from probes.analyses.base import OptionError, UnknownOption, option_fields
 
     known = [f.name for f in option_fields(cls)]
     for key in options:
         if key not in known:
             raise UnknownOption(f"{cls.name}: {unknown_message(key, known, 'option')}")
+    for f in option_fields(cls):
+        if f.name not in options and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            flag = f.name if f.metadata["positional"] else f.metadata["flag"] or "--" + f.name.replace("_", "-")
+            raise OptionError(f"{cls.name}: option {f.name!r} ({flag}) is required")
     return cls(**options)
 
 

@@ -1,4 +1,4 @@
-"""The dataset tools: ``build``, ``show``, ``shortcuts``, ``audit`` and ``card``, as options classes and library functions.
+"""The dataset tools: ``build``, ``show``, ``shortcuts``, ``audit``, ``card`` and ``bfcl-import``, as options classes and library functions.
 
 Each tool is an options class made of the same :func:`~probes.analyses.base.option` fields as the
 analyses (the item filters of :class:`~probes.analyses.base.ItemOptions`, the builder's settings of
@@ -9,7 +9,7 @@ options as keywords, so it runs the same from Python and from the command line::
     >>> result = tools.build(dataset="basm_probe", limit=2, k_max=2, configs=["basm"], out="records.jsonl")
     >>> record = tools.show(item="retail-wrong-0003", k=2)
 
-``basm-probes build|show|shortcuts|audit|card`` derive their flags from these classes
+``basm-probes build|show|shortcuts|audit|card|bfcl-import`` derive their flags from these classes
 (:func:`probes.cli.options.add_options`) and call these functions; nothing here knows about argparse.
 """
 
@@ -42,11 +42,15 @@ from probes.analyses.base import (
     fold_groups_option,
     k_max_option,
     option,
+    option_fields,
     select_items,
     shared,
 )
 from probes.data.configs import CONFIGS
+from probes.data.bfcl import CATEGORIES as BFCL_CATEGORIES
+from probes.data.bfcl import EXTRACTORS
 from probes.data.dataset import AUDIT_ACTIONS, BUCKETS, V2_DATASET_DIR, Item, audit_records, fold_groups, load_dataset
+from probes.data.extract_llm import MAX_NEW_TOKENS, RETRIES
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, SWEEP_K_MAX, PromptBuilder, resolve_study
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import SpanReport, check_spans
@@ -331,3 +335,64 @@ def card(**options: Any) -> Path:
 
     o = _make(CardOptions, options)
     return write_card(o.dataset, tokenizer=None if o.tokenizer == NO_TOKENIZER else o.tokenizer, resamples=o.resamples, seed=o.seed)
+
+
+# ---------------------------------------------------------------------------- bfcl-import
+@dataclass(kw_only=True)
+class BFCLImportOptions(Options):
+    """Turn the BFCL multi-turn data (bfcl-eval package) into a probe dataset folder."""
+
+    name: ClassVar[str] = "bfcl-import"
+
+    out: str | Path = option(REQUIRED, "dataset folder to write (loads with --dataset OUT)", type=Path)
+    overwrite: bool = option(False, "replace a non-empty --out that is not a previous BFCL import", type=bool)
+    bfcl_dir: str | Path | None = option(None, "BFCL data folder (default: the installed bfcl-eval package's)", type=Path)
+    categories: tuple[str, ...] = option(BFCL_CATEGORIES, "comma-separated multi-turn categories of the probe items",
+                                         names=BFCL_CATEGORIES, minimum=1)
+    skill_fraction: float = option(0.5, "share of entries whose trajectories feed skill extraction", type=float)
+    seed: int = option(0, "seed of the entry split", type=int)
+    max_probe_entries: int | None = option(None, "keep only the first N probe entries (a small sample)", type=int, minimum=1)
+    card: bool = option(True, "do not write CARD.md (its shortcut tables take minutes on two cores); a previous one is removed, "
+                        "not left stale", type=bool, flag="--no-card")
+    extractor: str = option("deterministic", "f_ext of the skills: the deterministic templates, or a local chat model (--llm-model)",
+                            choices=EXTRACTORS, group="skill extractor")
+    llm_model: str | Path | None = option(None, "chat model of --extractor llm: a local folder, a name in the local HF cache or a "
+                                          ".gguf file", type=Path, group="skill extractor")
+    llm_max_new_tokens: int = option(MAX_NEW_TOKENS, "reply budget of the chat model (--extractor llm)", type=int, minimum=1,
+                                     group="skill extractor")
+    llm_retries: int = option(RETRIES, "corrected replies asked for after a rejected one (--extractor llm)", type=int, minimum=0,
+                              group="skill extractor")
+    llm_dtype: str = option("float32", "dtype of the chat model (--extractor llm)", choices=("float32", "bfloat16", "float16", "auto"),
+                            group="skill extractor")
+    llm_device: str = option("cpu", "device of the chat model (--extractor llm): cpu, cuda, cuda:N, mps", group="skill extractor")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.extractor == "llm" and self.llm_model is None:
+            raise OptionError("--extractor llm needs --llm-model (a local chat model folder, HF cache name or .gguf file)")
+        llm_only = [f"--{f.name.replace('_', '-')}" for f in option_fields(type(self))
+                    if f.name.startswith("llm_") and getattr(self, f.name) != f.default]
+        if self.extractor != "llm" and llm_only:
+            raise OptionError(f"{', '.join(llm_only)}: used only with --extractor llm")
+
+
+def bfcl_import(**options: Any) -> Any:
+    """Import the BFCL multi-turn data (:func:`probes.data.bfcl.import_bfcl`; options:
+    :class:`BFCLImportOptions`; ``llm_model`` is loaded with
+    :class:`~probes.engine.generate.ChatGenerator`); returns the import's report."""
+    from probes.data import bfcl
+
+    o = _make(BFCLImportOptions, options)
+    llm_model = None
+    if o.extractor == "llm":
+        from probes.engine.generate import ChatGenerator  # torch: only for the LLM extractor
+
+        llm_model = ChatGenerator.load(o.llm_model, max_new_tokens=o.llm_max_new_tokens, dtype=o.llm_dtype, device=o.llm_device)
+    try:
+        return bfcl.import_bfcl(out=o.out, bfcl_dir=o.bfcl_dir, categories=o.categories, skill_fraction=o.skill_fraction, seed=o.seed,
+                                max_probe_entries=o.max_probe_entries, extractor=o.extractor, llm_model=llm_model,
+                                llm_retries=o.llm_retries, overwrite=o.overwrite, card=o.card)
+    except (bfcl.BFCLDataError, OptionError):
+        raise  # missing or malformed BFCL data: a data error
+    except ValueError as error:  # the importer's checks of its arguments and of --out
+        raise OptionError(str(error)) from error

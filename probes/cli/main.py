@@ -12,7 +12,6 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from probes import analyses
@@ -112,64 +111,15 @@ register("show", "Print one prompt with its procedure and boundary spans highlig
 
 
 # ---------------------------------------------------------------------------- bfcl-import
-def _bfcl_arguments(parser: argparse.ArgumentParser) -> None:
-    from probes.data.bfcl import CATEGORIES, EXTRACTORS
-    from probes.data.extract_llm import MAX_NEW_TOKENS, RETRIES
+def _bfcl_import(options: dict[str, Any]) -> int:
+    from probes.analyses import tools
 
-    parser.add_argument("--out", type=Path, required=True, help="dataset folder to write (loads with --dataset OUT)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out that is not a previous BFCL import")
-    parser.add_argument("--bfcl-dir", type=Path, help="BFCL data folder (default: the installed bfcl-eval package's)")
-    parser.add_argument("--categories", default=",".join(CATEGORIES),
-                        help=f"comma-separated multi-turn categories of the probe items (of {','.join(CATEGORIES)})")
-    parser.add_argument("--skill-fraction", type=float, default=0.5, help="share of entries whose trajectories feed skill extraction")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the entry split")
-    parser.add_argument("--max-probe-entries", type=int, help="keep only the first N probe entries (a small sample)")
-    parser.add_argument("--no-card", dest="card", action="store_false",
-                        help="do not write CARD.md (its shortcut tables take minutes on two cores); a previous one is removed, not left stale")
-    group = parser.add_argument_group("skill extractor")
-    group.add_argument("--extractor", choices=EXTRACTORS, default="deterministic",
-                       help="f_ext of the skills: the deterministic templates, or a local chat model (--llm-model)")
-    group.add_argument("--llm-model", help="chat model of --extractor llm: a local folder, a name in the local HF cache or a .gguf file")
-    group.add_argument("--llm-max-new-tokens", type=int, help=f"reply budget of the chat model (default {MAX_NEW_TOKENS})")
-    group.add_argument("--llm-retries", type=int, help=f"corrected replies asked for after a rejected one (default {RETRIES})")
-    group.add_argument("--llm-dtype", help="dtype of the chat model: float32 (default), bfloat16, float16, auto")
-    group.add_argument("--llm-device", help="device of the chat model: cpu (default), cuda, cuda:N, mps")
-
-
-def _bfcl_import(args: argparse.Namespace) -> int:
-    from probes.analyses.base import OptionError
-    from probes.data.bfcl import BFCLDataError, import_bfcl
-    from probes.data.extract_llm import MAX_NEW_TOKENS, RETRIES
-
-    llm_flags = {"--llm-model": args.llm_model, "--llm-max-new-tokens": args.llm_max_new_tokens, "--llm-retries": args.llm_retries,
-                 "--llm-dtype": args.llm_dtype, "--llm-device": args.llm_device}
-    llm_model, retries = None, RETRIES if args.llm_retries is None else args.llm_retries
-    if args.extractor == "llm":
-        if args.llm_model is None:
-            raise OptionError("--extractor llm needs --llm-model (a local chat model folder, HF cache name or .gguf file)")
-        max_new_tokens = MAX_NEW_TOKENS if args.llm_max_new_tokens is None else args.llm_max_new_tokens
-        if max_new_tokens < 1 or retries < 0:
-            raise OptionError(f"--llm-max-new-tokens must be ≥ 1 and --llm-retries ≥ 0, got {max_new_tokens} and {retries}")
-        from probes.engine.generate import ChatGenerator
-
-        llm_model = ChatGenerator.load(args.llm_model, max_new_tokens=max_new_tokens, dtype=args.llm_dtype or "float32",
-                                       device=args.llm_device or "cpu")
-    elif given := [flag for flag, value in llm_flags.items() if value is not None]:
-        raise OptionError(f"{', '.join(given)}: used only with --extractor llm")
-    try:
-        report = import_bfcl(out=args.out, bfcl_dir=args.bfcl_dir, categories=[c.strip() for c in args.categories.split(",") if c.strip()],
-                             skill_fraction=args.skill_fraction, seed=args.seed, max_probe_entries=args.max_probe_entries,
-                             extractor=args.extractor, llm_model=llm_model, llm_retries=retries, overwrite=args.overwrite,
-                             card=args.card)
-    except BFCLDataError:
-        raise  # missing or malformed BFCL data: reported as a data error
-    except ValueError as error:
-        raise OptionError(str(error)) from error
-    print(report.summary())
+    print(tools.bfcl_import(**options).summary())
     return 0
 
 
-register("bfcl-import", "Turn the BFCL multi-turn data (bfcl-eval package) into a probe dataset folder.", _bfcl_arguments, _bfcl_import)
+register("bfcl-import", "Turn the BFCL multi-turn data (bfcl-eval package) into a probe dataset folder.",
+         *_tool_command("BFCLImportOptions", _bfcl_import))
 
 
 register("shortcuts", "Shortcut baselines of a dataset (request length, lexical-overlap rule, bag of words; no model).",

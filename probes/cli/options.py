@@ -10,6 +10,7 @@ in Python. This is the one option system: every subcommand's flags are made here
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,7 +54,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         default = f.default
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        help_text = meta["help"] + ("" if default is None or meta["type"] is bool else f" (default: {shown})")
+        required = default is dataclasses.MISSING  # checked by probes.analyses.make, so an options file may give it too
+        help_text = meta["help"] + (" (required)" if required else "" if default is None or meta["type"] is bool else f" (default: {shown})")
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
         if meta["type"] is bool:
             kw["action"] = "store_false" if default else "store_true"
