@@ -107,6 +107,20 @@ def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, list[Any]
     raise RuntimeError("no T_wrong eval item with a boundary span")
 
 
+def prefix_tokens_to_compute(prefixes: list[list[int]], block: int) -> tuple[int, int]:
+    """(floor, blocked): prefix tokens a sequence of prompts computes with every earlier prefix cached,
+    at token granularity (the distinct nodes of their token trie) and in fixed blocks of ``block``
+    tokens (an earlier prefix's whole blocks inside the shared part, or all of it when the prefix is
+    the same)."""
+    floor = blocked = 0
+    for i, ids in enumerate(prefixes):
+        shared = [next((j for j, (a, b) in enumerate(zip(ids, old)) if a != b), min(len(ids), len(old))) for old in prefixes[:i]]
+        floor += len(ids) - max(shared, default=0)
+        reused = [len(ids) if n == len(ids) == len(old) else n // block * block for n, old in zip(shared, prefixes[:i])]
+        blocked += len(ids) - max(reused, default=0)
+    return floor, blocked
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1)
@@ -125,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
     from probes.analyses.knockout import knockout_scorer
+    from probes.engine.prefix_cache import PREFIX_BLOCK
     from probes.engine.session import Knockout, ProbeSession, install_attention
     from probes.prompts.tokenizers import load_tokenizer
     from probes.scoring.score import score_record, scored_tokens
@@ -241,6 +256,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Sweep item: 13 distinct prompts, with and without prefix reuse.
     sweep_rows: dict[str, float] = {}
     median_prompt = sorted(sweep, key=lambda r: r.n_tokens)[len(sweep) // 2]
+    floor, blocked = prefix_tokens_to_compute([r.input_ids[: min(r.query_rows)] for r in sweep], PREFIX_BLOCK)
+    print(f"  sweep item: prefix tokens to compute with reuse {blocked} in {PREFIX_BLOCK}-token blocks, {floor} at the "
+          f"token-level floor (distinct trie nodes); = {blocked / median_prompt.n_tokens:.2f} and "
+          f"{floor / median_prompt.n_tokens:.2f} median prompts", flush=True)
     plain = ProbeSession(model, tokenizer=tokenizer, prefix_cache=0)
     for name, sess in (("sweep item, reuse", session), ("sweep item, no reuse", plain)):
         if name in args.skip:
