@@ -388,8 +388,8 @@ class RunOptions(Options, BuildsPrompts):
     format: str = option("native", "decision format", choices=FORMATS, group="probe")
     margin_variant: str = option(
         DEFAULT_VARIANT, "the headline margin: tool_choice (Eq. 1 restricted to the tools, each wrong/correct pair compared "
-        "where their names diverge), first_token (Eq. 1 at the decision row, NaN where names share a first token) or "
-        "path (whole-path log-probabilities, abstention included); all are written to the rows",
+        "where their names diverge), eq1 (Eq. 1 verbatim, abstention among the alternatives; prompted format only), first_token (Eq. 1 at the decision row, NaN "
+        "where names share a first token) or path (whole-path log-probabilities, abstention included); all are written to the rows",
         choices=MARGIN_VARIANTS, group="probe")
     k_max: int | None = shared(BuilderOptions, "k_max")
     embedder: str = shared(BuilderOptions, "embedder")

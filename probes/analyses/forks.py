@@ -251,8 +251,8 @@ class Forks(Analysis):
     value_neutral: ClassVar[frozenset[str]] = RunOptions.value_neutral | {"resamples", "permutations"}
 
     k_max: int | None = k_max_option(SWEEP_K_MAX)
-    configs: tuple[str, ...] = option(FORK_CONFIGS, f"comma-separated memory configurations whose skills the invoke path shows "
-                                      f"(default: {','.join(FORK_CONFIGS)})", names=SKILL_CONFIGS, minimum=1)
+    configs: tuple[str, ...] = option(FORK_CONFIGS, "comma-separated memory configurations whose skills the invoke path shows",
+                                      names=SKILL_CONFIGS, minimum=1)
     max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget of each path's call", type=int, minimum=1, group="generation")
     resamples: int = option(2000, "bootstrap resamples of the task-group CIs", type=int, minimum=1)
     permutations: int = option(2000, "random rankings of the permutation null (AUROC, precision at budget)", type=int, minimum=1)
