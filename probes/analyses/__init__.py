@@ -143,7 +143,7 @@ def unknown_message(name: str, known: Sequence[str], what: str = "analysis") -> 
 
 def make(cls: type, options: dict[str, Any]) -> Any:
     """``cls(**options)``, with an unknown keyword answered by the close matches and every valid option."""
-    from probes.analyses.base import OptionError, UnknownOption, option_fields
+    from probes.analyses.base import OptionError, UnknownOption, flag_of, option_fields
 
     known = [f.name for f in option_fields(cls)]
     for key in options:
@@ -151,8 +151,7 @@ def make(cls: type, options: dict[str, Any]) -> Any:
             raise UnknownOption(f"{cls.name}: {unknown_message(key, known, 'option')}")
     for f in option_fields(cls):
         if f.name not in options and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            flag = f.name if f.metadata["positional"] else f.metadata["flag"] or "--" + f.name.replace("_", "-")
-            raise OptionError(f"{cls.name}: option {f.name!r} ({flag}) is required")
+            raise OptionError(f"{cls.name}: option {f.name!r} ({flag_of(f)}) is required")
     return cls(**options)
 
 

@@ -137,11 +137,18 @@ def option_fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
 
 
+def flag_of(f: dataclasses.Field) -> str:
+    """The command-line flag of option field ``f`` (a positional option: its name)."""
+    if f.metadata.get("positional"):
+        return f.name
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
 def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "") -> Any:
     """``value`` checked (and normalised: lists become tuples, paths stay as given) against the
     option's type, choices and range; a precise :class:`OptionError` otherwise."""
     meta = f.metadata
-    label = f"{where}{analysis}: option {f.name!r} ({f.name if meta.get('positional') else meta['flag'] or '--' + f.name.replace('_', '-')})"
+    label = f"{where}{analysis}: option {f.name!r} ({flag_of(f)})"
     if value is None:
         if f.default is None:
             return None

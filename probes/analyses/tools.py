@@ -39,6 +39,7 @@ from probes.analyses.base import (
     check_gate_embedder,
     check_oracle,
     depth_option,
+    flag_of,
     fold_groups_option,
     k_max_option,
     option,
@@ -370,7 +371,7 @@ class BFCLImportOptions(Options):
         super().__post_init__()
         if self.extractor == "llm" and self.llm_model is None:
             raise OptionError("--extractor llm needs --llm-model (a local chat model folder, HF cache name or .gguf file)")
-        llm_only = [f"--{f.name.replace('_', '-')}" for f in option_fields(type(self))
+        llm_only = [flag_of(f) for f in option_fields(type(self))
                     if f.name.startswith("llm_") and getattr(self, f.name) != f.default]
         if self.extractor != "llm" and llm_only:
             raise OptionError(f"{', '.join(llm_only)}: used only with --extractor llm")

@@ -16,16 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from probes.analyses.base import OptionError, check_option, option_fields
+from probes.analyses.base import OptionError, check_option, flag_of, option_fields
 
 OPTIONS_FILE = "options_file"
-
-
-def flag_of(f: Any) -> str:
-    """The flag of option field ``f`` (a positional option: its name)."""
-    if f.metadata.get("positional"):
-        return f.name
-    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
 def flags_of(cls: type) -> set[str]:
