@@ -417,6 +417,7 @@ class CommittedSkills:
 
     label = "committed-skills"
     max_new_tokens = 1000
+    batch_size = 1
 
     def __init__(self) -> None:
         self.skills = {s["id"]: s for p in (COMMITTED / "domains").glob("*.json") for s in json.loads(p.read_text())["skills"]}
@@ -429,6 +430,9 @@ class CommittedSkills:
         self.asked.append(skill_id)
         text = json.dumps(self.skills[skill_id])
         return Reply(f"```json\n{text}\n```" if len(self.asked) % 2 else text, False)
+
+    def replies(self, conversations, *, on_batch=None):
+        return [self(messages) for messages in conversations]
 
 
 def test_llm_extractor_given_the_deterministic_answers_writes_the_committed_items(tmp_path, imported):

@@ -38,15 +38,24 @@ class Scripted:
 
     label = "scripted"
     max_new_tokens = 64
+    batch_size = 1
 
     def __init__(self, *replies: str, truncated: bool = False) -> None:
-        self.replies = list(replies)
+        self.scripted = list(replies)
         self.truncated = truncated
         self.prompts: list[list[dict[str, str]]] = []
+        self.calls: list[int] = []  # conversations per replies() call: one per round of the extractor
 
     def __call__(self, messages) -> Reply:
         self.prompts.append([dict(m) for m in messages])
-        return Reply(self.replies.pop(0), self.truncated)
+        return Reply(self.scripted.pop(0), self.truncated)
+
+    def replies(self, conversations, *, on_batch=None) -> list[Reply]:
+        self.calls.append(len(conversations))
+        made = [self(messages) for messages in conversations]
+        if on_batch is not None:
+            on_batch(list(range(len(made))), made)
+        return made
 
 
 def test_a_valid_reply_is_kept_as_written():
@@ -107,38 +116,41 @@ def test_run_counts_kept_and_discarded_per_reason():
     no_evidence = Candidate("weather.get_forecast", CATALOG["get_forecast"], CATALOG, ("x",), (), "weather")
     forecast = Candidate("weather.get_forecast", CATALOG["get_forecast"], CATALOG, ("x",), ("y",), "weather")
     forecast_skill = skill(id="weather.get_forecast", tools=["get_forecast"])
-    replies = [json.dumps(skill()),  # kept at once
-               "not json", json.dumps(forecast_skill),  # kept after one retry
-               json.dumps(skill(avoidance_rules=[])), json.dumps(skill(avoidance_rules=[])),  # discarded
-               "nope", "nope"]  # discarded
+    bad = json.dumps(skill(avoidance_rules=[]))
+    # in rounds: the first reply of every prompted candidate, then the second of those still open
+    replies = [json.dumps(skill()), "not json", bad, "nope",  # candidates 0, 1, 2, 4 (3 has no evidence)
+               json.dumps(forecast_skill), bad, "nope"]  # 1 kept after one retry; 2 and 4 discarded
     generator = Scripted(*replies)
     extraction = LLMExtractor(generator, retries=1).run([CANDIDATE, forecast, CANDIDATE, no_evidence, CANDIDATE])
+    assert generator.calls == [4, 3]
+    assert [p[-1]["content"].startswith("That reply was rejected") for p in generator.prompts] == [False] * 4 + [True] * 3
     assert [s.id for s in extraction.kept] == ["weather.get_weather", "weather.get_forecast"]
     assert extraction.attempts == {"weather.get_weather": 1, "weather.get_forecast": 2}
     assert extraction.discarded() == Counter({"invalid fields: avoidance_rules": 1, NO_EVIDENCE: 1, "not strict JSON": 1})
     assert len(extraction.kept) + len(extraction.rejected) == 5
-    assert len(generator.prompts) == len(replies) and not generator.replies  # the candidate without evidence was not prompted
+    assert len(generator.prompts) == len(replies) and not generator.scripted  # the candidate without evidence was not prompted
     assert [r.replies for r in extraction.rejected][1] == ()
     assert "kept 2, discarded 3" in extraction.summary()
 
 
 def test_a_recorded_run_replays_to_the_same_extraction(tmp_path):
-    """RecordingGenerator writes every reply as it is made; replay_record re-checks them and reaches
-    the extraction the run reached (kept, attempts, reasons), also for a run stopped part-way."""
+    """RecordingGenerator writes every reply as its batch is made; replay_record re-checks them and
+    reaches the extraction the run reached (kept, attempts, reasons), also for a run stopped part-way."""
     forecast = Candidate("weather.get_forecast", CATALOG["get_forecast"], CATALOG, ("x",), ("y",), "weather")
-    replies = [json.dumps(skill()), "not json", json.dumps(skill(id="weather.get_forecast", tools=["get_forecast"])),
-               *[json.dumps(skill(risk_cues=['"weather in Paris right now"'], procedure=['Served "weather in Paris right now?"']))] * 2]
+    quoted = json.dumps(skill(id="weather.get_forecast", tools=["get_forecast"], risk_cues=['"weather in Paris right now"'],
+                              procedure=['Served "weather in Paris right now?"']))
+    replies = [json.dumps(skill()), "not json", quoted]
     recorder = RecordingGenerator(Scripted(*replies), tmp_path / "record.jsonl")
-    assert (recorder.label, recorder.max_new_tokens) == ("scripted", 64)
-    run = LLMExtractor(recorder, retries=1).run([CANDIDATE, forecast, CANDIDATE])
+    assert (recorder.label, recorder.max_new_tokens, recorder.batch_size) == ("scripted", 64, 1)
+    run = LLMExtractor(recorder, retries=1).run([CANDIDATE, forecast])
     rows = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["weather.get_weather", "weather.get_forecast", "weather.get_forecast", "weather.get_weather", "weather.get_weather"]
+    assert [r["id"] for r in rows] == ["weather.get_weather", "weather.get_forecast", "weather.get_forecast"]
     assert rows[0] == {"id": "weather.get_weather", "model": "scripted", "max_new_tokens": 64, "reply": replies[0], "truncated": False}
-    # the third candidate repeats the first id: its rows extend the first one's, as a retry would, so replay it by candidate
-    replayed = replay_record(rows[:3], {"weather": CATALOG})
-    assert [s.to_json() for s in replayed.kept] == [s.to_json() for s in run.kept] and replayed.attempts == run.attempts
-    stopped = replay_record(rows[3:], {"weather": CATALOG})  # the third candidate's two replies alone
-    assert stopped.discarded() == run.discarded() == Counter({"invalid fields: quotations": 1}) and not stopped.kept
+    replayed = replay_record(rows, {"weather": CATALOG})
+    assert [s.to_json() for s in replayed.kept] == [s.to_json() for s in run.kept] and replayed.attempts == run.attempts == {"weather.get_weather": 1}
+    assert replayed.discarded() == run.discarded() == Counter({"invalid fields: quotations": 1})
+    stopped = replay_record(rows[:2], {"weather": CATALOG})  # stopped after the first round
+    assert stopped.attempts == {"weather.get_weather": 1} and stopped.discarded() == Counter({"not strict JSON": 1})
 
 
 def test_retries_must_not_be_negative():
@@ -172,3 +184,26 @@ def test_chat_generator_on_random_qwen3_rejects_every_candidate(tiny_qwen3_dir):
     cut = next((i for i, token in enumerate(new) if token in stops), None)
     assert extraction.rejected[0].replies[0] == tokenizer.decode(new[:cut], skip_special_tokens=True)
     assert extraction.rejected[0].reason.endswith("(cut at max_new_tokens)") == (cut is None)
+
+
+def test_batched_replies_equal_one_at_a_time(tiny_qwen3_dir):
+    """ChatGenerator.replies: left-padded batches (longest prompts first) give each conversation the
+    reply it gets alone, in the conversations' order; on_batch sees each batch as it is made."""
+    from probes.engine.generate import ChatGenerator, greedy_generate, greedy_generate_batch
+
+    generator = ChatGenerator.load(tiny_qwen3_dir, max_new_tokens=7, batch_size=2)
+    conversations = [[{"role": "user", "content": text}] for text in ("weather in Paris today?", "the forecast for Paris and Rome, please " * 4, "hi")]
+    seen: list[tuple[list[int], list[Reply]]] = []
+    batched = generator.replies(conversations, on_batch=lambda indices, made: seen.append((indices, made)))
+    assert batched == [generator(messages) for messages in conversations]
+    prompts = [generator.prompt_ids(messages) for messages in conversations]
+    assert len(prompts[1]) > len(prompts[0]) > len(prompts[2])  # padding is exercised in both batches' order
+    assert [indices for indices, _ in seen] == [[1, 0], [2]]  # longest first
+    assert [batched[i] for indices, made in seen for i in indices] == [reply for _, made in seen for reply in made]
+
+    assert greedy_generate_batch(generator.model, prompts, generator._stop_ids, 7) == [
+        greedy_generate(generator.model, p, generator._stop_ids, 7) for p in prompts]
+    with pytest.raises(ValueError, match="batch_size must be ≥ 1"):
+        ChatGenerator(generator.model, generator.tokenizer, batch_size=0)
+    with pytest.raises(ValueError, match="none of them empty"):
+        greedy_generate_batch(generator.model, [prompts[0], []], generator._stop_ids, 7)

@@ -52,6 +52,7 @@ from probes.data.bfcl import CATEGORIES as BFCL_CATEGORIES
 from probes.data.bfcl import EXTRACTORS
 from probes.data.dataset import AUDIT_ACTIONS, BUCKETS, V2_DATASET_DIR, Item, audit_records, fold_groups, load_dataset
 from probes.data.extract_llm import MAX_NEW_TOKENS, RETRIES
+from probes.engine.chat import BATCH_SIZE
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, SWEEP_K_MAX, PromptBuilder, resolve_study
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import SpanReport, check_spans
@@ -361,6 +362,8 @@ class BFCLImportOptions(Options):
                                           ".gguf file", type=Path, group="skill extractor")
     llm_max_new_tokens: int = option(MAX_NEW_TOKENS, "reply budget of the chat model (--extractor llm)", type=int, minimum=1,
                                      group="skill extractor")
+    llm_batch_size: int = option(BATCH_SIZE, "replies the chat model generates together (--extractor llm; greedy replies in a "
+                                 "batch can differ from one-at-a-time ones by float rounding)", type=int, minimum=1, group="skill extractor")
     llm_retries: int = option(RETRIES, "corrected replies asked for after a rejected one (--extractor llm)", type=int, minimum=0,
                               group="skill extractor")
     llm_dtype: str = option("float32", "dtype of the chat model (--extractor llm)", choices=("float32", "bfloat16", "float16", "auto"),
@@ -388,7 +391,7 @@ def bfcl_import(**options: Any) -> Any:
     if o.extractor == "llm":
         from probes.engine.generate import ChatGenerator  # torch: only for the LLM extractor
 
-        llm_model = ChatGenerator.load(o.llm_model, max_new_tokens=o.llm_max_new_tokens, dtype=o.llm_dtype, device=o.llm_device)
+        llm_model = ChatGenerator.load(o.llm_model, max_new_tokens=o.llm_max_new_tokens, batch_size=o.llm_batch_size, dtype=o.llm_dtype, device=o.llm_device)
     try:
         return bfcl.import_bfcl(out=o.out, bfcl_dir=o.bfcl_dir, categories=o.categories, skill_fraction=o.skill_fraction, seed=o.seed,
                                 max_probe_entries=o.max_probe_entries, extractor=o.extractor, llm_model=llm_model,

@@ -658,7 +658,7 @@ class ImportReport:
     sizes: dict[str, int] = field(default_factory=dict)  # file → bytes
     extractor: str = "deterministic"
     extraction: Extraction | None = None  # the LLM extractor's kept skills, rejections and replies
-    llm_settings: dict[str, Any] = field(default_factory=dict)  # model, max_new_tokens, retries
+    llm_settings: dict[str, Any] = field(default_factory=dict)  # model, max_new_tokens, batch_size, retries
     audited: list[dict[str, Any]] = field(default_factory=list)  # item rows the label audit kept or relabelled
     dropped: list[DroppedItem] = field(default_factory=list)  # T_wrong items the label audit removed
     pairs: int = 0  # matched T_wrong/T_ok pairs
@@ -1090,7 +1090,7 @@ def import_bfcl(
             audited=[row for row in items if "audit" in row], dropped=dropped, unmatched=unmatched,
             pairs=sum(1 for row in items if row["bucket"] == "T_wrong" and "match_id" in row),
             llm_settings={} if llm is None else {"model": llm.generator.label, "max_new_tokens": llm.generator.max_new_tokens,
-                                                 "retries": llm.retries},
+                                                 "batch_size": llm.generator.batch_size, "retries": llm.retries},
         )
         provenance = {
             skill_id: sorted(evidence[skill_id.split(".", 1)[1]].sources) for ids in kept.values() for skill_id in ids

@@ -12,8 +12,9 @@ appended to the conversation; a candidate still rejected is discarded with those
 Precision first (§4.2): a candidate without boundary evidence is discarded without prompting,
 since any risk cue the model wrote for it would be invented.
 
-The generator is any callable ``messages -> Reply`` with ``label`` and ``max_new_tokens``
-attributes; :class:`probes.engine.generate.ChatGenerator` is the one for local HF models.
+Replies are asked for in rounds: every open candidate's conversation at once
+(``generator.replies``), so a chat model can batch them. The generator is a
+:class:`TextGenerator`; :class:`probes.engine.generate.ChatGenerator` is the one for local HF models.
 """
 
 from __future__ import annotations
@@ -21,12 +22,10 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
-
-from tqdm.auto import tqdm
 
 from probes.data.schema import SLOTS, Skill, SkillValidationError, Tool, ToolCatalog, validate_skill
 from probes.engine.chat import MAX_NEW_TOKENS, Reply  # noqa: F401  (MAX_NEW_TOKENS: the default reply budget, named here for the CLI)
@@ -48,11 +47,20 @@ RETRIES = 2  # corrected replies asked for after a rejected one
 _FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?```", re.S)
 
 
+OnBatch = Callable[[list[int], list[Reply]], None]  # (indices into the conversations, their replies)
+
+
 class TextGenerator(Protocol):
     label: str  # the model, as named in what is written from its replies
     max_new_tokens: int
+    batch_size: int  # replies generated together (greedy replies can differ from one-at-a-time ones by float rounding)
 
     def __call__(self, messages: Sequence[Mapping[str, str]]) -> Reply: ...
+
+    def replies(self, conversations: Sequence[Sequence[Mapping[str, str]]], *, on_batch: OnBatch | None = None) -> list[Reply]:
+        """The reply to each conversation, in order; a chat model may generate them in batches,
+        calling ``on_batch(indices, replies)`` as each is made."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -112,16 +120,23 @@ class RecordingGenerator:
     path: Path
 
     def __post_init__(self) -> None:
-        self.label, self.max_new_tokens = self.generator.label, self.generator.max_new_tokens
+        self.label, self.max_new_tokens, self.batch_size = self.generator.label, self.generator.max_new_tokens, self.generator.batch_size
         self.path.write_text("")
 
     def __call__(self, messages: Sequence[Mapping[str, str]]) -> Reply:
-        reply = self.generator(messages)
-        row = {"id": _ASKED_ID.search(messages[1]["content"]).group(1), "model": self.label,
-               "max_new_tokens": self.max_new_tokens, "reply": reply.text, "truncated": reply.truncated}
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
-        return reply
+        return self.replies([messages])[0]
+
+    def replies(self, conversations: Sequence[Sequence[Mapping[str, str]]], *, on_batch: OnBatch | None = None) -> list[Reply]:
+        def record(indices: list[int], made: list[Reply]) -> None:
+            with self.path.open("a") as handle:
+                for index, reply in zip(indices, made, strict=True):
+                    row = {"id": _ASKED_ID.search(conversations[index][1]["content"]).group(1), "model": self.label,
+                           "max_new_tokens": self.max_new_tokens, "reply": reply.text, "truncated": reply.truncated}
+                    handle.write(json.dumps(row) + "\n")
+            if on_batch is not None:
+                on_batch(indices, made)
+
+        return self.generator.replies(conversations, on_batch=record)
 
 
 def replay_record(rows: Iterable[Mapping[str, object]], catalogs: Mapping[str, ToolCatalog]) -> Extraction:
@@ -212,36 +227,48 @@ class LLMExtractor:
             raise ValueError(f"retries must be ≥ 0, got {self.retries}")
 
     def extract(self, candidate: Candidate) -> Skill | Rejection:
-        return self._extract(candidate)[0]
+        extraction = self.run([candidate])
+        return (extraction.kept or extraction.rejected)[0]
 
     def run(self, candidates: Iterable[Candidate]) -> Extraction:
-        extraction = Extraction()
+        """Every candidate's skill or rejection, in the candidates' order. Replies are asked for in
+        rounds (``generator.replies``: every candidate still open, together), the first reply
+        then up to ``retries`` corrections; a candidate's conversation is the same as one by one."""
         candidates = list(candidates)
-        # a chat model on a CPU takes minutes per candidate: show where the run is
-        for candidate in tqdm(candidates, desc="LLM extractor", unit="candidate", disable=len(candidates) < 2):
-            result, n_replies = self._extract(candidate)
+        results: dict[int, Skill | Rejection] = {}
+        conversations: dict[int, list[dict[str, str]]] = {}
+        replies: dict[int, list[Reply]] = {}
+        for index, candidate in enumerate(candidates):
+            if candidate.boundary:
+                conversations[index], replies[index] = prompt_messages(candidate), []
+            else:
+                results[index] = Rejection(candidate.skill_id, NO_EVIDENCE, (), ())
+        for attempt in range(self.retries + 1):
+            pending = [index for index in conversations if index not in results]
+            if not pending:
+                break
+            if len(candidates) > 1:
+                print(f"LLM extractor: reply {attempt + 1} of at most {self.retries + 1}, {len(pending)} candidates", flush=True)
+            for index, reply in zip(pending, self.generator.replies([conversations[index] for index in pending]), strict=True):
+                replies[index].append(reply)
+                skill, problems = check_reply(reply.text, candidates[index])
+                if skill is not None:
+                    results[index] = skill
+                elif attempt == self.retries:
+                    results[index] = Rejection(candidates[index].skill_id, rejection_reason(problems, reply.truncated), tuple(problems),
+                                               tuple(r.text for r in replies[index]))
+                else:
+                    conversations[index] = conversations[index] + [
+                        {"role": "assistant", "content": reply.text},
+                        {"role": "user", "content": "That reply was rejected:\n" + "\n".join(f"- {p}" for p in problems)
+                         + "\nReply with the corrected JSON object only."},
+                    ]
+        extraction = Extraction()
+        for index in range(len(candidates)):
+            result = results[index]
             if isinstance(result, Rejection):
                 extraction.rejected.append(result)
             else:
                 extraction.kept.append(result)
-                extraction.attempts[result.id] = n_replies
+                extraction.attempts[result.id] = len(replies[index])
         return extraction
-
-    def _extract(self, candidate: Candidate) -> tuple[Skill | Rejection, int]:
-        """The skill or the rejection, and the number of replies generated."""
-        if not candidate.boundary:
-            return Rejection(candidate.skill_id, NO_EVIDENCE, (), ()), 0
-        messages = prompt_messages(candidate)
-        replies: list[str] = []
-        for _ in range(self.retries + 1):
-            reply = self.generator(messages)
-            replies.append(reply.text)
-            skill, problems = check_reply(reply.text, candidate)
-            if skill is not None:
-                return skill, len(replies)
-            messages = messages + [
-                {"role": "assistant", "content": reply.text},
-                {"role": "user", "content": "That reply was rejected:\n" + "\n".join(f"- {p}" for p in problems)
-                 + "\nReply with the corrected JSON object only."},
-            ]
-        return Rejection(candidate.skill_id, rejection_reason(problems, reply.truncated), tuple(problems), tuple(replies)), len(replies)

@@ -4,7 +4,7 @@
   switch), detected by rendering probes; the prompt builder renders with it
   (:mod:`probes.prompts.builder`) and :class:`probes.engine.generate.ChatGenerator` turns thinking
   off with it;
-- :class:`Reply` and :data:`MAX_NEW_TOKENS`: a generated reply and the default reply budget of a
+- :class:`Reply`, :data:`MAX_NEW_TOKENS` and :data:`BATCH_SIZE`: a generated reply, the default reply budget and batch of a
   chat-model text generator (the LLM skill extractor's, :mod:`probes.data.extract_llm`).
 """
 
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 MAX_NEW_TOKENS = 512  # reply budget: a seven-slot skill with a few items per slot fits
+# Replies a chat-model text generator makes together. SmolLM2-135M, fp32, 2 CPU cores, 900-token
+# prompts: a decoding step takes 57 ms alone, 165 ms for 8, 482 ms for 32 (2.8× and 3.8× the throughput).
+BATCH_SIZE = 8
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,14 @@ turns chat messages into the model's reply text (the LLM skill extractor,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
-from probes.engine.chat import MAX_NEW_TOKENS, Reply, TemplateSupport
+from probes.engine.chat import BATCH_SIZE, MAX_NEW_TOKENS, Reply, TemplateSupport
 from probes.engine.loading import ModelLoadError, load_model
 
 
@@ -30,30 +31,45 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return sorted(int(i) for i in ids)
 
 
-@torch.inference_mode()
 def greedy_generate(model: Any, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], bool]:
     """Greedy continuation of ``prompt_ids`` with HF ``generate``. Returns (new ids without the
     stop token, stopped by an end-of-turn token)."""
+    return greedy_generate_batch(model, [prompt_ids], stop_ids, max_new_tokens)[0]
+
+
+@torch.inference_mode()
+def greedy_generate_batch(model: Any, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int],
+                          max_new_tokens: int) -> list[tuple[list[int], bool]]:
+    """:func:`greedy_generate` of several prompts in one HF ``generate`` call, left-padded with an
+    attention mask (positions follow the mask). A batch of one has no padding: it is exactly the
+    plain call; in a larger batch the padding changes float rounding, so a near-tie can resolve
+    differently than alone."""
     from transformers import GenerationConfig
 
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("greedy generation needs at least one prompt, none of them empty")
     device = model.get_input_embeddings().weight.device
-    input_ids = torch.tensor([list(prompt_ids)], device=device)
+    pad = (list(stop_ids) or [0])[0]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-        eos_token_id=list(stop_ids) or None, pad_token_id=(list(stop_ids) or [0])[0],
+        eos_token_id=list(stop_ids) or None, pad_token_id=pad,
     )
-    out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
-    new = out[0, input_ids.shape[1]:].tolist()
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
     stops = set(stop_ids)
-    for i, token in enumerate(new):
-        if token in stops:
-            return new[:i], True
-    return new, False
+    results = []
+    for row in out[:, width:].tolist():
+        stop = next((i for i, token in enumerate(row) if token in stops), None)
+        results.append((row, False) if stop is None else (row[:stop], True))
+    return results
 
 
 class ChatGenerator:
     """Greedy replies of a local chat model: ``generator(messages) -> Reply`` (text, and whether it
-    ran into ``max_new_tokens``).
+    ran into ``max_new_tokens``); ``generator.replies(conversations)`` answers many, ``batch_size``
+    at a time (:func:`greedy_generate_batch`, prompts of similar length together).
 
     The messages go through the tokenizer's chat template with the generation prompt (thinking
     off where the template has the switch, as Qwen3's does); the reply is decoded without special
@@ -61,9 +77,13 @@ class ChatGenerator:
     config's ``name_or_path``).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = MAX_NEW_TOKENS, label: str | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = MAX_NEW_TOKENS, batch_size: int = BATCH_SIZE,
+                 label: str | None = None) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        self.batch_size = batch_size
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -74,12 +94,12 @@ class ChatGenerator:
         self._stop_ids = stop_token_ids(model, tokenizer)
 
     @classmethod
-    def load(cls, model: str | Path, *, max_new_tokens: int = MAX_NEW_TOKENS, dtype: str = "float32", device: str = "cpu",
-             **load_options: Any) -> "ChatGenerator":
+    def load(cls, model: str | Path, *, max_new_tokens: int = MAX_NEW_TOKENS, batch_size: int = BATCH_SIZE, dtype: str = "float32",
+             device: str = "cpu", **load_options: Any) -> "ChatGenerator":
         """Load ``model`` (a folder, a local HF cache name or a ``.gguf`` file) with
         :func:`probes.engine.loading.load_model`; ``label`` is ``model`` as given."""
         loaded, tokenizer = load_model(model, dtype=dtype, device=device, **load_options)
-        return cls(loaded, tokenizer, max_new_tokens=max_new_tokens, label=str(model))
+        return cls(loaded, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size, label=str(model))
 
     def prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         kwargs: dict[str, Any] = {"enable_thinking": False} if self._thinking_switch else {}
@@ -87,5 +107,25 @@ class ChatGenerator:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def __call__(self, messages: Sequence[Mapping[str, str]]) -> Reply:
-        new_ids, stopped = greedy_generate(self.model, self.prompt_ids(messages), self._stop_ids, self.max_new_tokens)
-        return Reply(self.tokenizer.decode(new_ids, skip_special_tokens=True), truncated=not stopped)
+        return self.replies([messages])[0]
+
+    def replies(self, conversations: Sequence[Sequence[Mapping[str, str]]], *,
+                on_batch: Callable[[list[int], list[Reply]], None] | None = None) -> list[Reply]:
+        """The reply to each conversation, in order; generated ``batch_size`` at a time, longest
+        prompts first (similar lengths share a batch: little padding). ``on_batch(indices, replies)``
+        is called as each batch is made (a recorder writes them: a stopped run keeps its batches)."""
+        prompts = [self.prompt_ids(messages) for messages in conversations]
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        replies: list[Reply | None] = [None] * len(prompts)
+        batches = [order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+        # a chat model on a CPU takes minutes per batch: show where the run is
+        with tqdm(total=len(prompts), desc="generating", unit="reply", disable=len(batches) < 2) as progress:
+            for batch in batches:
+                made = greedy_generate_batch(self.model, [prompts[i] for i in batch], self._stop_ids, self.max_new_tokens)
+                decoded = [Reply(self.tokenizer.decode(new_ids, skip_special_tokens=True), truncated=not stopped) for new_ids, stopped in made]
+                for i, reply in zip(batch, decoded):
+                    replies[i] = reply
+                if on_batch is not None:
+                    on_batch(batch, decoded)
+                progress.update(len(batch))
+        return replies  # type: ignore[return-value]

@@ -47,7 +47,8 @@ def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, see
         *(["from probes.engine.generate import ChatGenerator"] if llm else []),
         f"import_bfcl(out={str(report.out)!r}, categories={list(report.categories)!r}, skill_fraction={skill_fraction}, seed={seed}"
         + (f", max_probe_entries={max_probe_entries}" if max_probe_entries is not None else "")
-        + (f",\n            extractor='llm', llm_model=ChatGenerator.load({llm['model']!r}, max_new_tokens={llm['max_new_tokens']}),"
+        + (f",\n            extractor='llm', llm_model=ChatGenerator.load({llm['model']!r}, max_new_tokens={llm['max_new_tokens']}, "
+           f"batch_size={llm['batch_size']}),"
            f" llm_retries={llm['retries']}" if llm else "") + ")",
         "```",
         "",
@@ -220,7 +221,7 @@ def _llm_skills_text(report: Any, facts: ImportFacts) -> list[str]:
     return [
         "Tool-level anchors: one candidate per tool called in the skill-source base trajectories. f_ext is an LLM:",
         f"`probes.data.extract_llm.LLMExtractor` with the chat model `{llm['model']}` (greedy, thinking off where the",
-        f"template has the switch, at most {llm['max_new_tokens']} new tokens). The prompt (`probes.data.bfcl.llm_candidate`) gives the",
+        f"template has the switch, at most {llm['max_new_tokens']} new tokens, {llm['batch_size']} replies per batch). The prompt (`probes.data.bfcl.llm_candidate`) gives the",
         f"seven slots, the tool's schema and its domain's tool names, up to {facts.llm_successes} successful uses (τ⁺: request and",
         f"call) and up to {facts.llm_evidence_lines} lines of boundary evidence (τ⁻, as for the deterministic extractor: the executed",
         "skip-the-previous-call failure, a held-out function in a miss_func `[]` turn, a missing parameter in a miss_param",
