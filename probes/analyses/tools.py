@@ -51,8 +51,8 @@ from probes.data.configs import CONFIGS
 from probes.data.bfcl import CATEGORIES as BFCL_CATEGORIES
 from probes.data.bfcl import EXTRACTORS
 from probes.data.dataset import AUDIT_ACTIONS, BUCKETS, V2_DATASET_DIR, Item, audit_records, fold_groups, load_dataset
-from probes.data.extract_llm import MAX_NEW_TOKENS, RETRIES
-from probes.engine.chat import BATCH_SIZE
+from probes.data.extract_llm import RETRIES
+from probes.engine.chat import BATCH_SIZE, MAX_NEW_TOKENS
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, SWEEP_K_MAX, PromptBuilder, resolve_study
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import SpanReport, check_spans

@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from probes.data.schema import SLOTS, Skill, SkillValidationError, Tool, ToolCatalog, validate_skill
-from probes.engine.chat import MAX_NEW_TOKENS, Reply  # noqa: F401  (MAX_NEW_TOKENS: the default reply budget, named here for the CLI)
+from probes.engine.chat import OnBatch, Reply
 
 # What each slot holds, as the prompt states it (keyed by the schema's slots, in their order).
 SLOT_SPEC: dict[str, str] = {
@@ -45,9 +45,6 @@ SYSTEM_PROMPT = ("You extract boundary-aware skills from tool-use trajectories. 
 NO_EVIDENCE = "no boundary evidence: not prompted"
 RETRIES = 2  # corrected replies asked for after a rejected one
 _FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?```", re.S)
-
-
-OnBatch = Callable[[list[int], list[Reply]], None]  # (indices into the conversations, their replies)
 
 
 class TextGenerator(Protocol):

@@ -4,12 +4,13 @@
   switch), detected by rendering probes; the prompt builder renders with it
   (:mod:`probes.prompts.builder`) and :class:`probes.engine.generate.ChatGenerator` turns thinking
   off with it;
-- :class:`Reply`, :data:`MAX_NEW_TOKENS` and :data:`BATCH_SIZE`: a generated reply, the default reply budget and batch of a
+- :class:`Reply`, :data:`MAX_NEW_TOKENS`, :data:`BATCH_SIZE` and :data:`OnBatch`: a generated reply, the default reply budget and batch of a
   chat-model text generator (the LLM skill extractor's, :mod:`probes.data.extract_llm`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,9 @@ class Reply:
 
     text: str
     truncated: bool = False
+
+
+OnBatch = Callable[[list[int], list[Reply]], None]  # called as a batch of replies is made: (indices into the conversations, their replies)
 
 
 class TemplateSupport:

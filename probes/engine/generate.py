@@ -7,14 +7,14 @@ turns chat messages into the model's reply text (the LLM skill extractor,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from probes.engine.chat import BATCH_SIZE, MAX_NEW_TOKENS, Reply, TemplateSupport
+from probes.engine.chat import BATCH_SIZE, MAX_NEW_TOKENS, OnBatch, Reply, TemplateSupport
 from probes.engine.loading import ModelLoadError, load_model
 
 
@@ -110,7 +110,7 @@ class ChatGenerator:
         return self.replies([messages])[0]
 
     def replies(self, conversations: Sequence[Sequence[Mapping[str, str]]], *,
-                on_batch: Callable[[list[int], list[Reply]], None] | None = None) -> list[Reply]:
+                on_batch: OnBatch | None = None) -> list[Reply]:
         """The reply to each conversation, in order; generated ``batch_size`` at a time, longest
         prompts first (similar lengths share a batch: little padding). ``on_batch(indices, replies)``
         is called as each batch is made (a recorder writes them: a stopped run keeps its batches)."""
