@@ -35,10 +35,9 @@ import torch
 from tqdm.auto import tqdm
 
 from probes.analyses.parallel import ShardedStore, open_store, rank_device, world
-from probes.data.dataset import BUCKETS, SPLIT_KINDS, Item, ProbeDataset, load_dataset, resolve_dataset
+from probes.data.dataset import BUCKETS, ORGANISM_DIR, ORGANISM_NAME, SPLIT_KINDS, Item, ProbeDataset, is_organism, load_dataset, resolve_dataset
 from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RETRIEVAL_MODES, RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint
-from probes.organism import ORGANISM_DIR, ORGANISM_NAME, is_organism
 from probes.engine.session import Knockout, ProbeSession
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, BuildSettings, PromptBuilder, make_builder, resolve_study
 from probes.prompts.record import PromptRecord, record_id

@@ -48,9 +48,8 @@ import pandas as pd
 from probes.analyses import register
 from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.analyses.ratios import head_alphas
-from probes.data.dataset import ABSTAIN, Item, spread_limit
+from probes.data.dataset import ABSTAIN, ORGANISM_DIR, Item, is_organism, spread_limit
 from probes.engine.session import Knockout
-from probes.organism import ORGANISM_DIR, is_organism
 from probes.prompts.context import partition_by_context
 from probes.prompts.record import PromptRecord
 from probes.reporting import plots

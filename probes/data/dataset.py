@@ -33,6 +33,16 @@ def bundled_dataset(name: str) -> Path:
 V1_DATASET_DIR = bundled_dataset("basm_probe")  # the authored set the organism was trained on
 V2_DATASET_DIR = bundled_dataset("basm_probe_v2")  # the de-confounded authored set (the default)
 
+# The bundled model organism's folder (trained by probes.organism) and its results folder name. They
+# live here, beside the study defaults they select, so that no layer needs to import the organism.
+ORGANISM_DIR = Path(__file__).resolve().parent.parent / "organism" / "weights"
+ORGANISM_NAME = "basm-organism"
+
+
+def is_organism(model: str | Path | None) -> bool:
+    """Whether ``model`` (a folder or name) is the bundled organism's folder."""
+    return model is not None and Path(str(model)).exists() and Path(str(model)).resolve() == ORGANISM_DIR.resolve()
+
 
 def default_study(*, organism: bool) -> tuple[Path, str]:
     """The dataset folder and the r_B measure of Eq. 10's gate a model is studied on by default.

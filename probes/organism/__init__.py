@@ -8,13 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ORGANISM_DIR = Path(__file__).resolve().parent / "weights"
-ORGANISM_NAME = "basm-organism"
-
-
-def is_organism(model: str | Path | None) -> bool:
-    """Whether ``model`` (a folder or name) is the bundled organism's folder."""
-    return model is not None and Path(str(model)).exists() and Path(str(model)).resolve() == ORGANISM_DIR.resolve()
+# The location and the test live with the study defaults (the layers below read them from there).
+from probes.data.dataset import ORGANISM_DIR, ORGANISM_NAME, is_organism
 
 
 def organism_path() -> Path:

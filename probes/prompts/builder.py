@@ -35,7 +35,7 @@ from transformers import PreTrainedTokenizerBase
 
 from probes.prompts.record import Candidate, PromptRecord, SkillEntry, SlotSpan, Spans, record_id
 from probes.data.configs import MemoryConfig, get_config
-from probes.data.dataset import ABSTAIN, Item, ProbeDataset, default_study
+from probes.data.dataset import ABSTAIN, Item, ProbeDataset, default_study, is_organism
 from probes.data.retrieval import RETRIEVAL_MODES, Retriever, ScoredSkill, check_relevance, make_embedder, oracle_order
 from probes.data.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
 from probes.engine.chat import TemplateSupport
@@ -657,7 +657,6 @@ def resolve_study(model: str | Path | None, dataset: str | Path | None = None, r
     name or folder): those given, else the model's study defaults
     (:func:`probes.data.dataset.default_study`: v1 and lexical for the bundled organism,
     basm_probe_v2 and semantic for every other model). The one place these defaults are applied."""
-    from probes.organism import is_organism
 
     study_dataset, study_relevance = default_study(organism=is_organism(model))
     return dataset or study_dataset, relevance or study_relevance
