@@ -308,7 +308,7 @@ def spread_limit(items: Sequence[Item], limit: int) -> list[Item]:
     Items of one task group share a template, and CIs resample task groups: the first N items
     in file order are usually a single group, whose CI has zero width. This is the one
     implementation of ``--limit``: every analysis selects its items through
-    :func:`probes.cli.main.select_items`, i.e. ``ProbeDataset.select(..., spread=True)``.
+    :func:`probes.analyses.base.select_items`, i.e. ``ProbeDataset.select(..., spread=True)``.
     """
     if limit < 0:
         raise ValueError(f"limit must be ≥ 0, got {limit}")
