@@ -85,7 +85,6 @@ import numpy as np
 import pandas as pd
 
 from probes.analyses import register
-from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.data.configs import PRIMING_CONFIGS
 from probes.engine.session import ConditionResult, Knockout, ProbeSession, span_positions
@@ -689,19 +688,19 @@ class KnockoutAnalysis(Analysis):
             body += f"\n\nLayer windows (Δ wrong-tool margin, T_wrong):\n\n{markdown_table(summary.windows)}"
         sel = selectivity_table(d, KNOCKOUT_LABELS)
         comparisons = [
-            Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), paper.FIG6_DELTA["margin"]),
-            Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), paper.FIG6_DELTA["broad_margin"]),
+            Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), PAPER_FIG6_DELTA["margin"]),
+            Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), PAPER_FIG6_DELTA["broad_margin"]),
             *(Comparison(f"Fig. 6: Δm {'wrong-tool' if m == 'margin' else 'tool-vs-control'}, boundary knockout (T_wrong, defining skill shown)",
-                         cell(summary.shown, shown="shown", config="basm", bucket="T_wrong", knockout="boundary", measure=m), paper.FIG6_DELTA[m],
+                         cell(summary.shown, shown="shown", config="basm", bucket="T_wrong", knockout="boundary", measure=m), PAPER_FIG6_DELTA[m],
                          note="the paper's setting: the tempting skill is among the k shown")
               for m in ("margin", "broad_margin")),
             *(Comparison(f"Fig. 6: Proc.–BASM gap recovered, {plots.MEASURE_LABELS[m]}", 100 * cell(r, measure=m), p, "%",
                          f"gap m_Proc − m_BASM = {cell(r, 'gap', measure=m):+.2f} logits" + ("" if cell(r, "gap", measure=m) > 0 else " (≤ 0: undefined)"))
-              for m, p in paper.FIG6_RECOVERED.items()),
+              for m, p in PAPER_FIG6_RECOVERED.items()),
         ]
         comparisons += [Comparison(f"Fig. 7: selectivity {b}–{'wrong' if m == 'margin' else 'correct'}", cell(sel, cell=c, knockout="boundary"), p,
                                    note="paper: Qwen3-14B")
-                        for (b, m, c), p in zip(SELECTIVITY, paper.FIG7_SELECTIVITY)]
+                        for (b, m, c), p in zip(SELECTIVITY, PAPER_FIG7_SELECTIVITY)]
         return ReportSection(NAME, "Figs. 3c/d, 6, 7 — same-prompt knockout (`knockout`)", figures, body, comparisons, summary)
 
     def print_summary(self, summary: KnockoutSummary) -> None:
@@ -717,6 +716,14 @@ class KnockoutAnalysis(Analysis):
         print("records left out of a measure's paired comparison:\n" + (summary.dropped.to_string(index=False) if len(summary.dropped) else "none"))
         print("controls:\n" + summary.controls.round(3).to_string(index=False))
         print("dose–response slopes:\n" + summary.dose.round(3).to_string(index=False))
+
+
+# The BASM paper's numbers that the report sets next to ours (logits): Fig. 6 (Qwen3-8B), the boundary
+# knockout on T_wrong, Δm and the share of the Proc.–BASM gap it recovers (%); Fig. 7 (Qwen3-14B), its
+# selectivity, in the order of probes.scoring.selectivity.SELECTIVITY.
+PAPER_FIG6_DELTA = {"margin": 3.45, "broad_margin": 3.65}
+PAPER_FIG6_RECOVERED = {"margin": 69.4, "broad_margin": 41.0}
+PAPER_FIG7_SELECTIVITY = (0.27, 0.04, -0.11)
 
 
 # --- Figs. 6 and 7, drawn by KnockoutAnalysis.figures (their panels also draw Fig. 3c, d in probes.analyses.report)
