@@ -377,7 +377,7 @@ def fig17_forks_entropy(paired: pd.DataFrame, note: str) -> plt.Figure:
                       for r in sub.itertuples()}
             ax = axes[row, col]
             plots.grouped_bars(ax, long, ks, ["skip", "invoke"], group_col="k", series_col="path", series_label=lambda p: f"{p} path",
-                         series_color=FORK_PATH_COLORS.get, group_label=deltas.get)
+                               series_color=FORK_PATH_COLORS.get, group_label=deltas.get)
             ax.set_ylabel(ylabel)
             ax.set_title(f"{plots.label(config)}" if row == 0 else "")
             if row == 0 and col == len(configs) - 1:

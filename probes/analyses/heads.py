@@ -641,7 +641,7 @@ class Heads(Analysis):
         paths = plots.save_figure(fig08_head_heatmap(summary.heatmap, summary.note, title), out_dir, FIGURES[0])
         shown = summary.causal[~summary.causal["selection"].str.contains("#| − ", regex=True)] if len(summary.causal) else summary.causal
         paths += plots.save_figure(fig09_candidate_heads(summary.ranking, shown, summary.top, summary.note, floor=summary.floor.label,
-                                                               match_tolerance=MATCH_TOLERANCE), out_dir, FIGURES[1])
+                                                         match_tolerance=MATCH_TOLERANCE), out_dir, FIGURES[1])
         return paths
 
     def section(self, ctx: RunContext, summary: HeadsSummary, figures: list[Path]) -> ReportSection:

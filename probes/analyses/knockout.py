@@ -659,7 +659,7 @@ class KnockoutAnalysis(Analysis):
                               & (summary.points["measure"] == CLAIM_MEASURE) & (summary.points["family"] != "")]
         slopes = summary.dose[(summary.dose["config"] == "basm") & (summary.dose["bucket"] == CLAIM_BUCKET) & (summary.dose["measure"] == CLAIM_MEASURE)]
         paths = plots.save_figure(fig06_knockout_controls(deltas, summary.recovery, summary.windows, note, labels=labels,
-                                                                dose=dose, slopes=slopes), out_dir, FIGURES[0])
+                                                          dose=dose, slopes=slopes), out_dir, FIGURES[0])
         paths += plots.save_figure(fig07_knockout_selectivity(deltas, note, labels=labels), out_dir, FIGURES[1])
         return paths
 
@@ -743,8 +743,8 @@ def knockout_panel(ax: plt.Axes, deltas: pd.DataFrame, recovery: pd.DataFrame | 
     measures = plots.ordered(sub["measure"], ("margin", "broad_margin"))
     knockouts = plots.ordered(sub["knockout"], tuple(KNOCKOUT_LABELS))
     plots.grouped_bars(ax, sub, measures, knockouts, group_col="measure", series_col="knockout",
-                 series_label=lambda k: labels[k], series_color=lambda k: plots.CONDITION_COLORS[k],
-                 group_label=lambda m: plots.SHORT_MEASURE_LABELS[m], annotate=len(knockouts) <= 4)
+                       series_label=lambda k: labels[k], series_color=lambda k: plots.CONDITION_COLORS[k],
+                       group_label=lambda m: plots.SHORT_MEASURE_LABELS[m], annotate=len(knockouts) <= 4)
     ax.set_ylabel("Δm = m_knockout − m_BASM (logits)")
     if recovery is not None and len(recovery):
         text = "\n".join(f"{plots.MEASURE_LABELS[r.measure]}: {100 * r.value:.1f}% [{100 * r.low:.0f}, {100 * r.high:.0f}] of the Proc.–BASM gap recovered"
@@ -825,7 +825,7 @@ def selectivity_panel(ax: plt.Axes, deltas: pd.DataFrame, labels: dict[str, str]
     cells = [c for _, _, c in SELECTIVITY if c in set(table["cell"])]
     knockouts = plots.ordered(table["knockout"], tuple(KNOCKOUT_LABELS))
     plots.grouped_bars(ax, table, cells, knockouts, group_col="cell", series_col="knockout", annotate=len(knockouts) <= 4,
-                 series_label=lambda k: labels[k], series_color=lambda k: plots.CONDITION_COLORS[k], group_label=lambda c: c)
+                       series_label=lambda k: labels[k], series_color=lambda k: plots.CONDITION_COLORS[k], group_label=lambda c: c)
     ax.set_ylabel("Δ margin after knockout (logits)")
 
 

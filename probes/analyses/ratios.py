@@ -373,8 +373,8 @@ def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0, *, k: int,
 def headline_text(shifts: pd.DataFrame) -> str:
     """The headline estimate in words (:func:`shift_headline`), or why there is none."""
     return shift_headline(shifts) or (f"headline ({plots.label(HEADLINE_CONFIG)}, {HEADLINE_TARGET} − {REFERENCE}, {HEADLINE.name}): "
-                                            f"not measured (this run has no {plots.label(HEADLINE_CONFIG)} records of {HEADLINE_TARGET} and "
-                                            f"{REFERENCE} at that row)")
+                                      f"not measured (this run has no {plots.label(HEADLINE_CONFIG)} records of {HEADLINE_TARGET} and "
+                                      f"{REFERENCE} at that row)")
 
 
 def aggregate_note(options: Any) -> str:
@@ -415,7 +415,7 @@ class Ratios(Analysis):
         plots.style()
         row = summary.row
         fig = fig04_boundary_attention(summary.eta[summary.eta["row"] == row], summary.shifts[summary.shifts["row"] == row],
-                                             summary.controls[summary.controls["row"] == row], summary.note)
+                                       summary.controls[summary.controls["row"] == row], summary.note)
         return plots.save_figure(fig, out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: RatiosSummary, figures: list[Path]) -> ReportSection:
@@ -525,7 +525,7 @@ def fig04_boundary_attention(eta: pd.DataFrame, shifts: pd.DataFrame, controls: 
                  + _n_range(sub.loc[sub["stratum"] == s, "n_target"]) + " / " + _n_range(sub.loc[sub["stratum"] == s, "n_reference"]) + " items"
                  for s in strata}
         plots.grouped_bars(ax, sub, strata, plots.ordered(sub["config"], plots.CONFIG_ORDER), group_col="stratum", series_col="config",
-                     group_label=lambda s: ticks[s], annotate=False)
+                           group_label=lambda s: ticks[s], annotate=False)
         ax.tick_params(axis="x", labelsize=7)
         for tick, s in zip(ax.get_xticklabels(), strata):
             tick.set_fontweight("bold" if s in headline else "normal")

@@ -155,8 +155,8 @@ def fig05_suppression(table: pd.DataFrame, note: str, *, differences: pd.DataFra
         contrasts = list(dict.fromkeys(differences["contrast"]))
         palette = dict(zip(contrasts, (plots.CONFIG_COLORS["proc"], plots.CONFIG_COLORS["pad-filler"], plots.CONFIG_COLORS["pad-procedure"])))
         plots.grouped_bars(axes[2], differences, plots.ordered(differences["measure"], ("margin", "broad_margin")), contrasts,
-                     group_col="measure", series_col="contrast", series_label=lambda c: c, series_color=lambda c: palette.get(c, "0.5"),
-                     group_label=lambda m: plots.SHORT_MEASURE_LABELS[m])
+                           group_col="measure", series_col="contrast", series_label=lambda c: c, series_color=lambda c: palette.get(c, "0.5"),
+                           group_label=lambda m: plots.SHORT_MEASURE_LABELS[m])
         axes[2].set_ylabel("paired difference (logits)")
         axes[2].set_title("the claims, paired by item")
         axes[2].legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8)
