@@ -164,16 +164,18 @@ def test_too_few_floor_passing_heads_give_no_random_sets() -> None:
 
 
 def test_fig09_caption_says_matched_only_when_the_plotted_match_holds() -> None:
-    from probes.reporting import plots
+    import matplotlib.pyplot as plt
+
+    from probes.analyses.heads import fig09_candidate_heads
 
     rank = ranking(attention_rows({"T_ok": ([[0.002, 0.004, 0.003]], [[0.008, 0.008, 0.008]]),
                                    "T_wrong": ([[0.006, 0.004, 0.003]], [[0.004, 0.008, 0.008]])}), 0.05)
     def caption(random_mass: float) -> str:
         causal = pd.DataFrame({"selection": ["top-2", "random-2"], "value": [0.3, 0.1], "low": [0.1, 0.0], "high": [0.5, 0.2],
                                "n": [7, 7], "n_items": [15, 15], "b_mass": [0.4, random_mass], "n_abstain_excluded": [4, 4]})
-        fig = plots.fig09_candidate_heads(rank, causal, 2, "note", floor="0.05, chosen on the train split", match_tolerance=MATCH_TOLERANCE)
+        fig = fig09_candidate_heads(rank, causal, 2, "note", floor="0.05, chosen on the train split", match_tolerance=MATCH_TOLERANCE)
         text = "\n".join(t.get_text() for t in fig.texts)
-        plots.plt.close(fig)
+        plt.close(fig)
         return text
     held, weak = caption(0.3), caption(0.1)
     assert "matched on B mass (mean 0.3 vs top 0.4)" in held and "NOT matched" not in held

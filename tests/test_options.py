@@ -580,25 +580,30 @@ def test_bar_plots_draw_no_bar_and_say_no_ci() -> None:
 
 
 def test_line_and_error_bar_figures_say_no_ci() -> None:
+    from probes.analyses.calls import fig11_call_rates
+    from probes.analyses.heads import fig09_candidate_heads
+    from probes.analyses.knockout import fig06_knockout_controls
+    from probes.analyses.sweep import fig02_retrieval_trap
+
     sweep = pd.DataFrame({"bucket": "T_wrong", "config": "basm", "k": [0, 1], "value": [1.0, 2.0],
                           "low": [math.nan] * 2, "high": [math.nan] * 2, "n": [1, 1]})
-    assert "no CI (1 group)" in _texts(plots.fig02_retrieval_trap(sweep, "note"))
+    assert "no CI (1 group)" in _texts(fig02_retrieval_trap(sweep, "note"))
     rates = pd.DataFrame({"mode": "lenient", "format": "native", "config": "basm", "k": [0, 1], "bucket": "T_wrong", "rate": "wrong_call",
                           "value": [0.5, 0.25], "low": [0.5, 0.0], "high": [0.5, 0.5], "n": [3, 6], "n_groups": [1, 2], "count": 1})
-    fig = plots.fig11_call_rates(rates, "note")
+    fig = fig11_call_rates(rates, "note")
     assert "hollow markers: no CI (1 group)" in _texts(fig)
     assert _whiskers(fig.axes[0].containers[0]) == 1  # k = 1 (2 groups) only
     windows = pd.DataFrame({"window": ["0-1"], "value": [0.3], "low": [0.3], "high": [0.3], "n": [1]})
     recovery = pd.DataFrame({"measure": ["margin"], "value": [0.5], "low": [math.nan], "high": [math.nan], "n": [1]})
     deltas = pd.DataFrame({"bucket": "T_wrong", "knockout": ["boundary"], "measure": ["margin"], "value": [0.2],
                            "low": [math.nan], "high": [math.nan], "n": [1]})
-    texts = _texts(plots.fig06_knockout_controls(deltas, recovery, windows, "note"))
+    texts = _texts(fig06_knockout_controls(deltas, recovery, windows, "note"))
     assert sum("no CI (1 group)" in t for t in texts) == 3  # knockout bar, recovery line, window bar
     causal = pd.DataFrame({"selection": ["top-2", "random-2"], "value": [0.1, 0.2], "low": [math.nan] * 2,
                            "high": [math.nan] * 2, "n": [1, 1], "n_items": [1, 1], "b_mass": [0.2, 0.2], "n_abstain_excluded": [0, 0]})
     ranking = pd.DataFrame({"layer": [0], "head": [0], "shift": [1.0], "ranked": [True], "floor": [0.05], "n_ok": [1], "n_wrong": [1],
                             "n_abstain": [0], "n_groups": [1]})
-    fig = plots.fig09_candidate_heads(ranking, causal, 1, "note", floor="0.05, given a priori", match_tolerance=2.0)
+    fig = fig09_candidate_heads(ranking, causal, 1, "note", floor="0.05, given a priori", match_tolerance=2.0)
     assert _texts(fig).count("no CI (1 group)") == 2
     plots.plt.close("all")
 

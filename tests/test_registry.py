@@ -4,6 +4,8 @@ the known ones listed; ``basm-probes --help`` lists the analyses without importi
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -19,6 +21,7 @@ import probes.analyses
 from probes.analyses import UnknownAnalysis, register
 from probes.analyses.base import Analysis, OptionError, UnknownOption, check_session
 from probes.cli.main import main
+from probes.reporting import plots
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,12 +56,19 @@ class Planted(Analysis):
         return {"planted_summary": summary}
 
     def figures(self, summary: pd.DataFrame, out_dir: Path) -> list[Path]:
-        fig, ax = plt.subplots(figsize=(3, 2))
-        ax.bar(range(len(summary)), summary["margin"])
-        return plots.save_figure(fig, out_dir, "planted_margins")
+        plots.style()
+        return plots.save_figure(fig99_planted_margins(summary), out_dir, "planted_margins")
 
     def section(self, ctx, summary: pd.DataFrame, figures: list[Path]) -> ReportSection:
         return ReportSection("planted", "Planted margins (`planted`)", figures, f"{len(summary)} items planted.")
+
+
+def fig99_planted_margins(summary: pd.DataFrame) -> plt.Figure:
+    """Its figure, drawn here with the shared helpers of probes.reporting.plots."""
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.bar(range(len(summary)), summary["margin"], color=plots.color("base"))
+    plots.footnote(fig, f"{len(summary)} items")
+    return fig
 '''
 
 
@@ -92,6 +102,9 @@ def test_a_planted_analysis_runs_in_probes_run_report_and_load(planted, tiny_qwe
     result = probes.run("planted", **common)
     assert list(result.rows["item_id"]) == ["retail-wrong-0001"] and result.summary_table.shape == (1, 2)
     assert [p.name for p in result.figures] == ["planted_margins.png", "planted_margins.pdf"]
+    # its figure is drawn by its own module: nothing was added to the shared plotting module
+    assert sys.modules["probes.analyses.planted"].fig99_planted_margins.__module__ == "probes.analyses.planted"
+    assert not misplaced_figures({**package_sources(), "probes.analyses.planted": PLANTED})
     done = probes.load(result.out_dir / "planted.jsonl")
     assert done.rows["margin"].tolist() == result.rows["margin"].tolist()
     assert list(done.tables) == ["planted_summary"] and done.config["k_max"] == 0
@@ -184,3 +197,41 @@ def test_the_top_level_help_is_fast_and_imports_no_torch() -> None:
     assert done.returncode == 0, done.stderr
     assert "sweep" in done.stdout and "paired" in done.stdout and "report" in done.stdout
     assert wall < 5, f"basm-probes --help took {wall:.1f} s (interpreter start included); it must stay under 2 s on a quiet machine"
+
+
+FIGURE_FUNCTION = re.compile(r"fig\d+_")
+
+
+def package_sources() -> dict[str, str]:
+    """The source of every module of the package, by dotted name."""
+    root = Path(probes.__file__).resolve().parent
+    return {".".join(("probes", *path.relative_to(root).with_suffix("").parts)): path.read_text() for path in root.rglob("*.py")}
+
+
+def misplaced_figures(sources: dict[str, str]) -> list[str]:
+    """Each figure function (``figNN_*``) that does not live with the analysis that draws it: one
+    defined outside probes.analyses (in the shared probes.reporting.plots, say), or one its own
+    module never calls."""
+    out = []
+    for module, source in sources.items():
+        tree = ast.parse(source)
+        called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and FIGURE_FUNCTION.match(node.name):
+                if not module.startswith("probes.analyses.") or node.name not in called:
+                    out.append(f"{module}.{node.name}")
+    return out
+
+
+def test_each_figure_lives_with_the_analysis_that_draws_it() -> None:
+    sources = package_sources()
+    figures = [f"{m}.{n.name}" for m, s in sources.items() for n in ast.parse(s).body
+               if isinstance(n, ast.FunctionDef) and FIGURE_FUNCTION.match(n.name)]
+    assert len(figures) == 19 and all(f.startswith("probes.analyses.") for f in figures), figures  # Figs. 2–20
+    assert misplaced_figures(sources) == []
+    assert not [name for name in vars(plots) if FIGURE_FUNCTION.match(name)]
+    # the check fails on a figure put back into the shared module, or on one its analysis does not draw
+    shared = sources["probes.reporting.plots"] + "\n\ndef fig21_planted(table):\n    return None\n"
+    assert misplaced_figures({**sources, "probes.reporting.plots": shared}) == ["probes.reporting.plots.fig21_planted"]
+    sweep = sources["probes.analyses.sweep"].replace("plots.save_figure(fig02_retrieval_trap(", "plots.save_figure(another_figure(")
+    assert misplaced_figures({**sources, "probes.analyses.sweep": sweep}) == ["probes.analyses.sweep.fig02_retrieval_trap"]

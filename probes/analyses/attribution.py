@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 
 from probes.analyses import register
 from probes.analyses.base import (Analysis, Job, OptionError, ReportSection, RunContext, RunOptions, Scorer, cached_scorer, k_max_option, option,
@@ -275,8 +277,8 @@ class Attribution(Analysis):
     def figures(self, summary: AttributionSummary, out_dir: Path) -> list[Path]:
         plots.style()
         pool = "library" if "library" in set(summary.cells["pool"]) else summary.cells["pool"].iloc[0]
-        return [*plots.save_figure(plots.fig13_attribution_matrix(summary.cells, pool, summary.note), out_dir, FIGURES[0]),
-                *plots.save_figure(plots.fig14_attribution_statistics(summary.skills, summary.cells, summary.power, summary.note),
+        return [*plots.save_figure(fig13_attribution_matrix(summary.cells, pool, summary.note), out_dir, FIGURES[0]),
+                *plots.save_figure(fig14_attribution_statistics(summary.skills, summary.cells, summary.power, summary.note),
                                    out_dir, FIGURES[1])]
 
     def section(self, ctx: RunContext, summary: AttributionSummary, figures: list[Path]) -> ReportSection:
@@ -304,3 +306,96 @@ class Attribution(Analysis):
         print("noise (median s.d. of the outcome across masks):\n" + summary.noise.round(3).to_string(index=False))
         print("tempting skill on T_wrong:\n" + summary.tempting.round(3).to_string(index=False))
         print("power:\n" + power_grid(summary.power).round(3).to_string())
+
+
+# --- Figs. 13 and 14, drawn by Attribution.figures
+def fig13_attribution_matrix(cells: pd.DataFrame, pool: str, note: str) -> plt.Figure:
+    """The attribution matrix C (seed Eq. 1) of the margin: one panel per domain, skills × items
+    (items grouped by bucket), diverging colours on one symmetric scale; a dot marks each item's
+    tempting skill.
+
+    cells: pool, outcome, domain, skill, item_id, bucket, tempting, c.
+    """
+    data = cells[(cells["pool"] == pool) & (cells["outcome"] == "margin")]
+    domains = sorted(data["domain"].unique())
+    finite = data["c"].abs().dropna()
+    vmax = float(np.quantile(finite, 0.98)) if len(finite) else 1.0
+    n_cols = min(4, len(domains)) or 1
+    n_rows = math.ceil(len(domains) / n_cols) or 1
+    fig, grid_axes = plt.subplots(n_rows, n_cols + 1, figsize=(4.2 * n_cols + 0.6, 3.4 * n_rows + 0.6), squeeze=False,
+                                  gridspec_kw={"width_ratios": [*[1] * n_cols, 0.06]})
+    axes, bar_axes = grid_axes[:, :-1], grid_axes[:, -1]
+    image = None
+    for ax, domain in zip(axes.flat, domains):
+        sub = data[data["domain"] == domain]
+        items = (sub.drop_duplicates("item_id").assign(order=lambda f: f["bucket"].map({b: i for i, b in enumerate(plots.BUCKET_ORDER)}))
+                 .sort_values(["order", "item_id"])["item_id"].tolist())
+        skills = sorted(sub["skill"].unique())
+        grid = sub.pivot_table(index="skill", columns="item_id", values="c", aggfunc="first", dropna=False).reindex(index=skills, columns=items)
+        image = ax.imshow(grid.to_numpy(float), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
+        marks = sub[sub["tempting"]]
+        ax.scatter([items.index(i) for i in marks["item_id"]], [skills.index(s) for s in marks["skill"]], s=6, c="k", marker="o", lw=0)
+        buckets = sub.drop_duplicates("item_id").set_index("item_id").loc[items, "bucket"].tolist()
+        edges = [i for i in range(1, len(buckets)) if buckets[i] != buckets[i - 1]]
+        for edge in edges:
+            ax.axvline(edge - 0.5, color="k", lw=0.8)
+        starts = [0, *edges]
+        ax.set_xticks([(a + b) / 2 - 0.5 for a, b in zip(starts, [*edges, len(items)])], [plots.bucket_label(buckets[s]) for s in starts], fontsize=8)
+        ax.set_yticks(range(len(skills)), skills, fontsize=6)
+        ax.set_title(f"{domain} ({len(skills)} skills, {len(items)} items)", fontsize=9)
+        ax.grid(False)
+    for ax in list(axes.flat)[len(domains):]:
+        ax.set_visible(False)
+    for ax in bar_axes[1:]:
+        ax.set_visible(False)
+    if image is not None:
+        fig.colorbar(image, cax=bar_axes[0], label="C[j, i]: margin with − without skill (logits)")
+    fig.suptitle(f"Attribution matrix C of the wrong-tool margin ({pool} pool); dot: the item's tempting skill", y=1.0)
+    plots.footnote(fig, note)
+    return fig
+
+
+def fig14_attribution_statistics(skills: pd.DataFrame, cells: pd.DataFrame, power: pd.DataFrame, note: str) -> plt.Figure:
+    """Three panels: C̄ against H per skill (range filled, IQR open; margin, each pool), the cells'
+    bootstrap sign stability, and the power of the per-cell permutation test against K.
+
+    skills: pool, outcome, skill, c_bar, h_range, h_iqr; cells: pool, outcome, sign_stability;
+    power: source, outcome, pool, K, power.
+    """
+    fig, axes = plt.subplots(1, 3, figsize=(15.5, 4.2))
+    pools = sorted(skills["pool"].unique())
+    colors = dict(zip(pools, sns.color_palette("colorblind", len(pools))))
+    ax = axes[0]
+    for pool in pools:
+        sub = skills[(skills["pool"] == pool) & (skills["outcome"] == "margin")]
+        ax.scatter(sub["c_bar"], sub["h_range"], s=14, color=colors[pool], label=f"{pool}: H = range")
+        ax.scatter(sub["c_bar"], sub["h_iqr"], s=14, facecolors="none", edgecolors=colors[pool], label=f"{pool}: H = IQR")
+    ax.axvline(0.0, color="0.3", lw=0.8)
+    ax.set_xlabel("C̄(j): mean over items (logits)")
+    ax.set_ylabel("H(j): heterogeneity over items (logits)")
+    ax.set_title("C̄ against H per skill (margin)")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    bins = np.linspace(0, 1, 21)
+    for pool in pools:
+        values = cells[(cells["pool"] == pool) & (cells["outcome"] == "margin")]["sign_stability"].dropna()
+        ax.hist(values, bins=bins, histtype="step", lw=1.4, color=colors[pool], label=f"{pool} (n = {len(values)} cells)")
+    ax.set_xlabel("share of mask resamples keeping the sign of C")
+    ax.set_ylabel("cells")
+    ax.set_title("Bootstrap sign stability (margin)")
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    for (source, outcome, pool), sub in power.groupby(["source", "outcome", "pool"], sort=False):
+        sub = sub.sort_values("K")
+        simulated = source == "simulated"
+        ax.plot(sub["K"], sub["power"], marker="o" if simulated else "s", ls="-" if simulated else "--", ms=4,
+                label=f"{source}: {outcome}{f' · {pool}' if pool else ''}")
+    ax.axhline(0.8, color="0.5", lw=0.6, ls=":")
+    ax.set_xlabel("masks K")
+    ax.set_ylabel("share of per-cell tests rejecting")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Power of the per-cell permutation test")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle("Skill attribution: row statistics, stability and power", y=1.02)
+    plots.footnote(fig, note)
+    return fig

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from probes.analyses import register
@@ -580,9 +582,9 @@ class Calls(Analysis):
 
     def figures(self, summary: CallsSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        paths = plots.save_figure(plots.fig11_call_rates(summary.rates, summary.note), out_dir, FIGURE)
+        paths = plots.save_figure(fig11_call_rates(summary.rates, summary.note), out_dir, FIGURE)
         if summary.checker is not None:
-            paths += plots.save_figure(plots.fig19_checker_outcomes(summary.checker.rates, summary.checker.note), out_dir, CHECKER_FIGURE)
+            paths += plots.save_figure(fig19_checker_outcomes(summary.checker.rates, summary.checker.note), out_dir, CHECKER_FIGURE)
         return paths
 
     def section(self, ctx: RunContext, summary: CallsSummary, figures: list[Path]) -> ReportSection:
@@ -631,3 +633,110 @@ class Calls(Analysis):
         if summary.checker is not None:
             print(checker_table(summary.checker.rates).to_string(index=False))
             print(summary.checker.quality.round(3).to_string(index=False))
+
+
+# --- Figs. 11 and 19, drawn by Calls.figures
+CALL_RATE_LABELS: dict[str, str] = {
+    "wrong_call": "wrong-call rate",
+    "correct_call": "correct-call rate",
+    "abstained": "abstention rate",
+    "unknown_tool": "unknown-tool rate",
+    "parse_failure": "parse-failure rate",
+    "off_template_call": "off-template call rate",
+}
+CALL_RATES_ALWAYS = ("wrong_call", "correct_call", "abstained")  # the rest are drawn where some cell is non-zero
+
+
+def fig11_call_rates(rates: pd.DataFrame, note: str) -> plt.Figure:
+    """Greedy call rates vs retrieval depth: rows = rates (wrong call, correct call, abstention, and
+    unknown tool / parse failure / off-template call where any is non-zero), columns = buckets
+    (T_wrong first); one colour per configuration, solid = lenient, dashed = strict, 95% CI bars.
+
+    rates: mode, format, config, k, bucket, rate, value, low, high, n, n_groups, count.
+    """
+    buckets = plots.ordered(rates["bucket"], ("T_wrong", "T_ok", "T_repair"))
+    present = set(rates["rate"])
+    nonzero = set(rates.loc[rates["value"].fillna(0) > 0, "rate"])
+    kinds = [r for r in CALL_RATE_LABELS if r in present and (r in CALL_RATES_ALWAYS or r in nonzero)]
+    configs = plots.ordered(rates["config"], plots.CONFIG_ORDER)
+    modes = [m for m in plots.CALL_MODE_STYLE if m in set(rates["mode"])]
+    plotted = rates[rates["rate"].isin(kinds)]
+    fig, axes = plt.subplots(len(kinds), len(buckets), figsize=(4.0 * len(buckets), 2.6 * len(kinds) + 0.6),
+                             sharex=True, sharey="row", squeeze=False)
+    series = [(c, m) for c in configs for m in modes]
+    offsets = {s: (i - (len(series) - 1) / 2) * 0.035 for i, s in enumerate(series)}  # dodge overlapping bars
+    for row, kind in enumerate(kinds):
+        for col, bucket in enumerate(buckets):
+            ax = axes[row][col]
+            sub = plotted[(plotted["rate"] == kind) & (plotted["bucket"] == bucket)]
+            for config, mode in series:
+                line = sub[(sub["config"] == config) & (sub["mode"] == mode)].sort_values("k")
+                if not len(line):
+                    continue
+                ls, marker = plots.CALL_MODE_STYLE[mode]
+                x = line["k"] + offsets[(config, mode)]
+                ax.errorbar(x, line["value"], yerr=plots.ci_errors(line), marker=marker, ms=3.5, capsize=2.0, ls=ls,
+                            color=plots.color(config), lw=1.3, elinewidth=0.8)
+                plots.mark_no_ci(ax, x, line, plots.color(config))
+            plots.note_no_ci(ax, sub)
+            ax.set_ylim(-0.04, 1.04)
+            ax.set_xticks(sorted(int(k) for k in rates["k"].unique()))
+            if row == 0:
+                n_items = int(sub["n"].max()) if len(sub) else 0
+                n_groups = int(sub["n_groups"].max()) if len(sub) else 0
+                ax.set_title(f"{plots.bucket_label(bucket)}  ({n_items} items, {n_groups} task group{'s' if n_groups != 1 else ''})")
+            if row == len(kinds) - 1:
+                ax.set_xlabel("retrieval depth k")
+            if col == 0:
+                ax.set_ylabel(CALL_RATE_LABELS[kind])
+    handles = [plt.Line2D([], [], color=plots.color(c), lw=2, label=plots.label(c)) for c in configs]
+    handles += [plt.Line2D([], [], color="0.3", ls=plots.CALL_MODE_STYLE[m][0], marker=plots.CALL_MODE_STYLE[m][1], ms=4, label=m) for m in modes]
+    axes[0][-1].legend(handles=handles, loc="best", fontsize=7.5)
+    fig.suptitle("Realized greedy calls against retrieval depth, strict and lenient", y=1.01)
+    ks = sorted(int(k) for k in plotted["k"].unique())
+    caption = (f"plotted: {', '.join(CALL_RATE_LABELS[k] for k in kinds)} · modes: {', '.join(modes)} · configurations: "
+               f"{', '.join(plots.label(c) for c in configs)} · k = {', '.join(map(str, ks))} · n per point: {plots.n_text(plotted, 'items')}\n"
+               f"{plots.call_mode_text(sorted(set(plotted['format'])), lines=True)}")
+    plots.footnote(fig, f"{note}\n{caption}")
+    return fig
+
+
+CHECKER_RATE_LABELS: dict[str, str] = {"wrong_call": "wrong call", "correct_call": "correct call",
+                                       "correct_runnable": "correct runnable call", "abstained": "abstention",
+                                       "blocked": "blocked"}
+
+
+def fig19_checker_outcomes(rates: pd.DataFrame, note: str) -> plt.Figure:
+    """Call outcomes without and with the boundary checker G (Eq. 11), lenient mode, at the deepest
+    k: one panel per bucket, bar groups per rate, one bar pair per configuration (light: without G,
+    dark: with G), 95% CI bars over task groups.
+
+    rates: mode, checker, format, config, k, bucket, rate, value, low, high, n, n_groups, count.
+    """
+    data = rates[(rates["mode"] == "lenient") & (rates["k"] == rates["k"].max())]
+    buckets = plots.ordered(data["bucket"], ("T_wrong", "T_ok", "T_repair"))
+    configs = plots.ordered(data["config"], plots.CONFIG_ORDER)
+    kinds = [r for r in CHECKER_RATE_LABELS if r in set(data["rate"])]
+    fig, axes = plt.subplots(1, len(buckets), figsize=(4.4 * len(buckets), 3.4), sharey=True, squeeze=False)
+    width = 0.8 / (2 * len(configs))
+    for col, bucket in enumerate(buckets):
+        ax = axes[0][col]
+        sub = data[data["bucket"] == bucket]
+        for i, config in enumerate(configs):
+            for j, checker in enumerate(("without", "with")):
+                bars = sub[(sub["config"] == config) & (sub["checker"] == checker)].set_index("rate").reindex(kinds)
+                x = np.arange(len(kinds)) - 0.4 + width * (2 * i + j + 0.5)
+                rgb = plots.color(config)
+                ax.bar(x, bars["value"].fillna(0), width, color=rgb, alpha=0.45 if checker == "without" else 1.0,
+                       yerr=plots.ci_errors(bars.reset_index()), capsize=1.5, error_kw={"elinewidth": 0.7})
+        ax.set_xticks(np.arange(len(kinds)), [CHECKER_RATE_LABELS[k] for k in kinds])
+        ax.set_ylim(0, 1.04)
+        n_items = int(sub["n"].max()) if len(sub) else 0
+        ax.set_title(f"{plots.bucket_label(bucket)}  ({n_items} items, {int(sub['n_groups'].max()) if len(sub) else 0} groups)")
+    axes[0][0].set_ylabel("rate (lenient)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=plots.color(c), label=plots.label(c)) for c in configs]
+    handles += [plt.Rectangle((0, 0), 1, 1, color="0.4", alpha=a, label=f"{w} G") for w, a in (("without", 0.45), ("with", 1.0))]
+    axes[0][-1].legend(handles=handles, loc="best", fontsize=7.5)
+    fig.suptitle(f"Greedy call outcomes without and with the boundary checker G (Eq. 11), k = {int(data['k'].max())}", y=1.02)
+    plots.footnote(fig, f"{note}\nn per bar: {plots.n_text(data, 'items')}")
+    return fig

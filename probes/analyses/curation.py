@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 
 from probes.analyses import register
 from probes.analyses.attribution import Attribution, design, draw, included_sets, mask_jobs, mask_scorer, shown
@@ -237,7 +239,7 @@ class Curate(DevelopmentAttribution):
 
     def figures(self, summary: CurationSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        figure = plots.fig15_curation_regimes(summary.skills, summary.decisions, self.heterogeneity, self.tau_split, self.tau_retire, summary.note)
+        figure = fig15_curation_regimes(summary.skills, summary.decisions, self.heterogeneity, self.tau_split, self.tau_retire, summary.note)
         return plots.save_figure(figure, out_dir, "fig15_curation_regimes")
 
     def section(self, ctx: RunContext, summary: CurationSummary, figures: list[Path]) -> ReportSection:
@@ -521,7 +523,7 @@ class MaskEval(DevelopmentAttribution):
 
     def figures(self, summary: MaskingSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        return plots.save_figure(plots.fig16_masking_policies(summary.policies, summary.note), out_dir, "fig16_masking_policies")
+        return plots.save_figure(fig16_masking_policies(summary.policies, summary.note), out_dir, "fig16_masking_policies")
 
     def section(self, ctx: RunContext, summary: MaskingSummary, figures: list[Path]) -> ReportSection:
         body = ("Held-out items (task groups never used to decide), the wrong-tool margin and the wrong two-way choice "
@@ -537,3 +539,61 @@ class MaskEval(DevelopmentAttribution):
         print(summary.policies[cols].round(3).to_string(index=False))
         print(summary.contrasts[["outcome", "bucket", "contrast", "value", "low", "high", "n"]].round(3).to_string(index=False))
         print(summary.masking.round(3).to_string(index=False))
+
+
+# --- Figs. 15 and 16, drawn by Curate.figures and MaskEval.figures
+REGIME_COLORS = {"heterogeneous": "#d95f02", "beneficial": "#1b9e77", "negligible": "#7570b3", "harmful": "#e7298a", "unmeasured": "0.6"}
+
+
+def fig15_curation_regimes(skills: pd.DataFrame, decisions: pd.DataFrame, heterogeneity: str, tau_split: float, tau_retire: float,
+                           note: str) -> plt.Figure:
+    """C̄ against H per skill (benefit scale, logits), coloured by regime, with the thresholds τ_split and
+    ±τ_retire; an outline marks each skill whose split, retirement or merge passed the gate.
+
+    skills: skill, c_bar, regime and the column ``heterogeneity`` (h_range or h_iqr) the regimes were decided on;
+    decisions: step, skill, accepted."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    h = heterogeneity
+    measured = skills.dropna(subset=["c_bar", h])
+    for regime, sub in measured.groupby("regime", sort=False):
+        ax.scatter(sub["c_bar"], sub[h], s=22, color=REGIME_COLORS.get(regime, "0.3"), label=f"{regime} ({len(sub)})")
+    changed = set(decisions.loc[decisions["accepted"].astype(bool), "skill"])
+    hit = measured[measured["skill"].isin(changed)]
+    ax.scatter(hit["c_bar"], hit[h], s=80, facecolors="none", edgecolors="k", lw=1.0, label=f"changed, gate passed ({len(hit)})")
+    ax.axhline(tau_split, color="0.3", lw=0.8, ls="--")
+    for x in (-tau_retire, tau_retire):
+        ax.axvline(x, color="0.5", lw=0.8, ls=":")
+    ax.set_xlabel("C̄(j): mean benefit over development items (−C of the margin, logits)")
+    ax.set_ylabel(f"H(j) ({'interquartile range' if h == 'h_iqr' else 'range'} over items, logits)")
+    ax.set_title(f"Curation regimes (dashed: τ_split = {tau_split:.2f}; dotted: ±τ_retire = {tau_retire:.2f})")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    plots.footnote(fig, note)
+    return fig
+
+
+def fig16_masking_policies(policies: pd.DataFrame, note: str) -> plt.Figure:
+    """Held-out items: the mean wrong-tool margin and the wrong-choice rate per policy (full library,
+    per-item mask, reverse mask, random mask) and bucket, with 95% CIs over task groups.
+
+    policies: outcome, bucket, policy, value, low, high."""
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
+    order = [p for p in ("full", "mask", "reverse", "random") if p in set(policies["policy"])]
+    colors = dict(zip(order, sns.color_palette("colorblind", len(order))))
+    for ax, (outcome, title) in zip(axes, (("margin", "mean wrong-tool margin (logits)"), ("wrong_choice", "wrong two-way choice rate"))):
+        sub = policies[policies["outcome"] == outcome]
+        buckets = [b for b in plots.BUCKET_ORDER if b in set(sub["bucket"])]
+        width = 0.8 / len(order)
+        for p, policy in enumerate(order):
+            cells = sub[sub["policy"] == policy].set_index("bucket").reindex(buckets)
+            x = np.arange(len(buckets)) + (p - (len(order) - 1) / 2) * width
+            value = cells["value"].to_numpy(float)
+            err = np.vstack([value - cells["low"].to_numpy(float), cells["high"].to_numpy(float) - value])
+            ax.bar(x, value, width, color=colors[policy], label=policy)
+            ax.errorbar(x, value, yerr=np.nan_to_num(err), fmt="none", ecolor="k", lw=0.8, capsize=2)
+        ax.set_xticks(np.arange(len(buckets)), [plots.bucket_label(b) for b in buckets])
+        ax.axhline(0.0, color="0.3", lw=0.8)
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Per-item skill masking on held-out task groups", y=1.02)
+    plots.footnote(fig, note)
+    return fig

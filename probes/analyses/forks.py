@@ -37,8 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 
 from probes.analyses import register
 from probes.analyses.base import (Analysis, Comparison, Job, OptionError, ReportSection, RunContext, RunOptions, header_options,
@@ -305,8 +307,8 @@ class Forks(Analysis):
 
     def figures(self, summary: ForksSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        return [*plots.save_figure(plots.fig17_forks_entropy(summary.paired, summary.note), out_dir, FIGURES[0]),
-                *plots.save_figure(plots.fig18_forks_ranking(summary.budget, summary.auroc, summary.k_max, HEADLINE_LABEL, summary.note),
+        return [*plots.save_figure(fig17_forks_entropy(summary.paired, summary.note), out_dir, FIGURES[0]),
+                *plots.save_figure(fig18_forks_ranking(summary.budget, summary.auroc, summary.k_max, HEADLINE_LABEL, summary.note),
                                    out_dir, FIGURES[1])]
 
     def section(self, ctx: RunContext, summary: ForksSummary, figures: list[Path]) -> ReportSection:
@@ -347,3 +349,91 @@ class Forks(Analysis):
 
     def print_summary(self, summary: ForksSummary) -> None:
         print(headline_rows(summary).round(3).to_string(index=False))
+
+
+# --- Figs. 17 and 18, drawn by Forks.figures
+FORK_PATH_COLORS: dict[str, tuple[float, float, float]] = {"skip": (0.55, 0.55, 0.55), "invoke": plots.PALETTE[2]}
+FORK_SCORE_LABELS: dict[str, str] = {"entropy": "skip entropy (vocabulary)", "entropy_tools": "skip entropy (shown tools)"}
+
+
+def fig17_forks_entropy(paired: pd.DataFrame, note: str) -> plt.Figure:
+    """Seed 002 Fig. 3 on our forks: the entropy at the decision on the skip path (before the fork)
+    and on the invoke path (after it), per k, one column per configuration; top row over the
+    vocabulary, bottom row over the shown tools. Bars: mean of task-group means, whiskers 95% CIs.
+
+    paired: config, k, quantity, skip, skip_low, skip_high, invoke, invoke_low, invoke_high, n.
+    """
+    quantities = [("entropy", "entropy over the vocabulary (nats)"), ("entropy_tools", "entropy over the shown tools (nats)")]
+    configs = plots.ordered(paired["config"].unique(), plots.CONFIG_ORDER)
+    fig, axes = plt.subplots(len(quantities), len(configs), figsize=(4.6 * len(configs), 6.4), squeeze=False)
+    for row, (quantity, ylabel) in enumerate(quantities):
+        for col, config in enumerate(configs):
+            sub = paired[(paired["quantity"] == quantity) & (paired["config"] == config)]
+            long = pd.concat([pd.DataFrame({"k": sub["k"].astype(str), "path": path, "value": sub[path], "low": sub[f"{path}_low"],
+                                            "high": sub[f"{path}_high"], "n": sub["n"]}) for path in ("skip", "invoke")])
+            ks = [str(k) for k in sorted(sub["k"].unique())]
+            # the paired difference invoke − skip (the claim) under each k: its mean and CI over task groups
+            deltas = {str(r.k): f"k = {r.k}\nΔ {r.difference:+.2f}" + (f" [{r.low:+.2f}, {r.high:+.2f}]" if np.isfinite(r.low) else "")
+                      for r in sub.itertuples()}
+            ax = axes[row, col]
+            plots.grouped_bars(ax, long, ks, ["skip", "invoke"], group_col="k", series_col="path", series_label=lambda p: f"{p} path",
+                               series_color=FORK_PATH_COLORS.get, group_label=deltas.get)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{plots.label(config)}" if row == 0 else "")
+            if row == 0 and col == len(configs) - 1:
+                plots.legend_outside(ax)
+    fig.suptitle("Decision entropy before (skip) and after (invoke) the skill fork", y=1.01)
+    plots.footnote(fig, note)
+    return fig
+
+
+def fig18_forks_ranking(budget: pd.DataFrame, auroc: pd.DataFrame, k: int, label_name: str, note: str) -> plt.Figure:
+    """Seed 002 Appendix E on our forks, at depth ``k``: the share of forked decision points where
+    invoke and skip disagree (label ``label_name``) when the points are forked in order of the skip
+    path's entropy, against the budget (fraction of points forked); the random ranking (expected
+    precision = prevalence, grey band: 2.5–97.5% of random orders) and the all-points baseline
+    (every point forked, the square at budget 1). One panel per configuration; AUROC in the titles.
+
+    budget: config, k, score, label, budget, precision, low, high, random_precision, random_low,
+    random_high, all_points_precision, n, n_positive, n_groups; auroc: config, k, score, label, auroc, low, high, p_permutation.
+    """
+    sub = budget[(budget["k"] == k) & (budget["label"] == label_name)]
+    configs = plots.ordered(sub["config"].unique(), plots.CONFIG_ORDER)
+    fig, axes = plt.subplots(1, max(1, len(configs)), figsize=(6.0 * max(1, len(configs)), 4.4), squeeze=False)
+    fig.subplots_adjust(wspace=0.32)
+    colors = dict(zip(FORK_SCORE_LABELS, sns.color_palette("colorblind", 6)[3:5]))
+    for ax, config in zip(axes[0], configs):
+        cell = sub[sub["config"] == config]
+        first = cell[cell["score"] == "entropy"].sort_values("budget")
+        if len(first):
+            ax.fill_between(first["budget"], first["random_low"], first["random_high"], facecolor="none", edgecolor="0.55", hatch="///",
+                            lw=0.6, label="random ranking (95% of orders)")
+            ax.plot(first["budget"], first["random_precision"], color="0.45", ls="--", lw=1, label="random ranking (expected)")
+            ax.scatter([1.0], [first["all_points_precision"].iloc[-1]], marker="s", s=40, color="0.2", zorder=6, label="all points")
+        titles = []
+        for score, text in FORK_SCORE_LABELS.items():
+            curve = cell[cell["score"] == score].sort_values("budget")
+            if not len(curve):
+                continue
+            headline = score == "entropy"  # its 95% CI over task groups as a band; the other ranking as a line only
+            if headline:
+                lo, hi = plots.ci_band(curve)
+                ax.fill_between(curve["budget"], lo, hi, color=colors[score], alpha=0.15, lw=0, label=f"{text}: 95% CI")
+            ax.plot(curve["budget"], curve["precision"], marker="o" if headline else "^", ms=3.5, ls="-" if headline else ":",
+                    color=colors[score], label=f"ranked by {text}")
+            a = auroc[(auroc["config"] == config) & (auroc["k"] == k) & (auroc["score"] == score) & (auroc["label"] == label_name)]
+            if len(a):
+                r = a.iloc[0]
+                titles.append(f"AUROC ({text.split('(')[1][:-1]}) {r['auroc']:.2f} [{r['low']:.2f}, {r['high']:.2f}], "
+                              f"random p = {r['p_permutation']:.2g}")
+        n = int(first["n"].iloc[0]) if len(first) else 0
+        positives = int(first["n_positive"].iloc[0]) if len(first) else 0
+        ax.set_title(f"{plots.label(config)}, k = {k}: {positives} of {n} forks disagree\n" + "\n".join(titles), fontsize=8.5)
+        ax.set_xlabel("budget: fraction of decision points forked")
+        ax.set_ylabel("precision: share of forked points that disagree")
+        ax.set_xlim(0, 1.04)
+        ax.set_ylim(-0.02, 1.02)
+    plots.legend_outside(axes[0][-1])
+    fig.suptitle(f"Entropy-guided forking: finding the points where invoke and skip disagree ({label_name})", y=1.04)
+    plots.footnote(fig, note)
+    return fig

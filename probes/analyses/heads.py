@@ -42,8 +42,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 
 from probes.analyses import register
 from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
@@ -636,10 +638,10 @@ class Heads(Analysis):
         plots.style()
         k = self.resolved().depth
         title = f"BASM, {plots.bucket_label('T_wrong')}, k = {k}: log2(boundary / procedure attention)"
-        paths = plots.save_figure(plots.fig08_head_heatmap(summary.heatmap, summary.note, title), out_dir, FIGURES[0])
+        paths = plots.save_figure(fig08_head_heatmap(summary.heatmap, summary.note, title), out_dir, FIGURES[0])
         shown = summary.causal[~summary.causal["selection"].str.contains("#| − ", regex=True)] if len(summary.causal) else summary.causal
-        paths += plots.save_figure(plots.fig09_candidate_heads(summary.ranking, shown, summary.top, summary.note, floor=summary.floor.label,
-                                                               match_tolerance=MATCH_TOLERANCE), out_dir, FIGURES[1])
+        paths += plots.save_figure(fig09_candidate_heads(summary.ranking, shown, summary.top, summary.note, floor=summary.floor.label,
+                                                         match_tolerance=MATCH_TOLERANCE), out_dir, FIGURES[1])
         return paths
 
     def section(self, ctx: RunContext, summary: HeadsSummary, figures: list[Path]) -> ReportSection:
@@ -690,3 +692,72 @@ class Heads(Analysis):
         print(summary.sensitivity.round(3).to_string(index=False))
         for message in summary.messages:
             print(message)
+
+
+# --- Figs. 8 and 9, drawn by Heads.figures
+def fig08_head_heatmap(log2_ratio: np.ndarray, note: str, title: str) -> plt.Figure:
+    """log2_ratio: [layer, head] log2((α_B + ε) / (α_P + ε)), diverging colours centred at 0."""
+    n_layers, n_heads = log2_ratio.shape
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.35 * n_heads + 2.5), max(3.2, 0.28 * n_layers + 1.5)))
+    lim = float(np.nanmax(np.abs(log2_ratio))) if np.isfinite(log2_ratio).any() else 1.0
+    sns.heatmap(log2_ratio, ax=ax, cmap="RdBu_r", center=0.0, vmin=-lim, vmax=lim,
+                cbar_kws={"label": "log2(boundary / procedure attention)"})
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    plots.footnote(fig, note)
+    return fig
+
+
+def fig09_candidate_heads(ranking: pd.DataFrame, causal: pd.DataFrame | None, top: int, note: str, *, floor: str,
+                          match_tolerance: float) -> plt.Figure:
+    """ranking: layer, head, shift (log2 ratio T_wrong − T_ok), ranked (reads B ∪ P enough to be ranked),
+    floor, n_ok, n_wrong, n_abstain, n_groups (the items it is computed on); ranked heads first by
+    descending shift; only those are shown.
+    causal: selection (top-N / random-N), value, low, high, n, n_items, b_mass, n_abstain_excluded
+    (Δ wrong-tool margin).
+    floor: how the floor was set, as the caption says it ("0.05, chosen on the train split").
+    match_tolerance: the random sets are called "matched" only when their mean B mass lies within
+    this factor of the top set's, computed from ``causal``'s b_mass (the plotted rows)."""
+    has_causal = causal is not None and len(causal) > 0
+    fig, axes = plt.subplots(1, 2 if has_causal else 1, figsize=(11 if has_causal else 6.5, 4.0), squeeze=False,
+                             gridspec_kw={"width_ratios": [2, 1]} if has_causal else None)
+    ax = axes[0][0]
+    ranked = ranking[ranking["ranked"].astype(bool)]
+    shown = ranked.head(max(top, 12))
+    highlighted = min(top, len(shown))
+    colors = [plots.CONDITION_COLORS["boundary"] if i < highlighted else (0.7, 0.7, 0.7) for i in range(len(shown))]
+    ax.bar(np.arange(len(shown)), shown["shift"], color=colors)
+    ax.set_xticks(np.arange(len(shown)), [f"L{r.layer}H{r.head}" for r in shown.itertuples()], rotation=60, ha="right", fontsize=8)
+    ax.axhline(0.0, color="0.3", lw=0.8)
+    ax.set_ylabel(f"Δ log2(α_B / α_P): {plots.bucket_label('T_wrong')} − {plots.bucket_label('T_ok')}")
+    ax.set_title(f"heads ranked by the {plots.bucket_label('T_ok')} → {plots.bucket_label('T_wrong')} shift (top {highlighted} highlighted)")
+    first = ranking.iloc[0]
+
+    def groups(n: float) -> str:
+        return f"{int(n)} task group{'' if int(n) == 1 else 's'}"
+
+    lines = [f"left: ranking half, {groups(first['n_groups'])}: {int(first['n_ok'])} T_ok + {int(first['n_wrong'])} tool-correct "
+             f"T_wrong items ({int(first['n_abstain'])} abstention-correct T_wrong items not ranked on); {len(ranked)} of {len(ranking)} heads "
+             f"reach B ∪ P mass ≥ {float(first['floor']):g} in both buckets (floor {floor}); the first {len(shown)} shown"]
+    if has_causal:
+        ax2 = axes[0][1]
+        x = np.arange(len(causal))
+        ax2.bar(x, causal["value"], yerr=plots.ci_errors(causal), capsize=3,
+                color=[plots.CONDITION_COLORS["boundary"] if s.startswith("top") else plots.CONDITION_COLORS["random"] for s in causal["selection"]])
+        plots.annotate_no_ci(ax2, x, causal)
+        ax2.set_xticks(x, causal["selection"])
+        ax2.axhline(0.0, color="0.3", lw=0.8)
+        ax2.set_ylabel("Δ wrong-tool margin (logits)")
+        ax2.set_title("boundary knockout in these heads")
+        tops, randoms = causal[causal["selection"].str.startswith("top")], causal[causal["selection"].str.startswith("random")]
+        top_mass, random_mass = float(tops["b_mass"].iloc[0]), float(randoms["b_mass"].mean())
+        ratio = random_mass / top_mass if top_mass > 0 else float("nan")
+        matched = bool(np.isfinite(ratio) and 1 / match_tolerance <= ratio <= match_tolerance)
+        excluded = int(causal["n_abstain_excluded"].iloc[0])
+        lines.append(f"right: test half, {groups(causal['n'].max())}, {int(causal['n_items'].max())} tool-correct T_wrong items "
+                     f"({excluded} abstention-correct excluded); random: sets of floor-passing non-top heads, pooled per record, "
+                     + (f"matched on B mass (mean {random_mass:.3g} vs top {top_mass:.3g})" if matched else
+                        f"NOT matched on B mass (mean {random_mass:.3g} vs top {top_mass:.3g}, outside ×{match_tolerance:g})"))
+    plots.footnote(fig, "\n".join([*lines, note]))
+    return fig

@@ -80,11 +80,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from probes.analyses import register
-from probes.analyses import paper
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.data.configs import PRIMING_CONFIGS
 from probes.engine.session import ConditionResult, Knockout, ProbeSession, span_positions
@@ -539,7 +539,7 @@ def priming_table(summary: KnockoutSummary) -> pd.DataFrame:
 def shown_headline(summary: KnockoutSummary) -> pd.DataFrame:
     """The BASM T_wrong wrong-tool-margin shifts of the boundary knockout and its controls, per ``shown`` group."""
     d = summary.shown
-    keep = d[(d["config"] == "basm") & (d["bucket"] == CLAIM_BUCKET) & (d["measure"] == CLAIM_MEASURE) & d["knockout"].isin(plots.KNOCKOUT_LABELS)]
+    keep = d[(d["config"] == "basm") & (d["bucket"] == CLAIM_BUCKET) & (d["measure"] == CLAIM_MEASURE) & d["knockout"].isin(KNOCKOUT_LABELS)]
     return keep[["shown", "knockout", "value", "low", "high", "n", "n_items", "note"]].reset_index(drop=True)
 
 
@@ -549,7 +549,7 @@ def knockout_labels(summary: KnockoutSummary) -> dict[str, str]:
     (BASM, T_wrong, wrong-tool margin) has a CI containing 0; else the label says it moves the margin,
     and whether TOST places that shift within ±sesoi (negligible) or not. A mass-matched control no
     record could match is labelled as what it is: the whole pool."""
-    labels = dict(plots.KNOCKOUT_LABELS)
+    labels = dict(KNOCKOUT_LABELS)
     equivalent = {c.name.removesuffix(" neutral") for c in summary.claims if c.kind == "absence" and c.family == "knockout"
                   and np.isfinite(c.p) and c.p < 0.05}
     for r in summary.controls.itertuples():
@@ -572,7 +572,7 @@ def caption(summary: KnockoutSummary) -> str:
     d = basm_deltas(summary)
     main = d[(d["bucket"] == CLAIM_BUCKET) & (d["measure"] == CLAIM_MEASURE)]
     counts = ", ".join(f"{k} {int(r.n_items)} records / {int(r.n)} groups" for k, r in zip(main["knockout"], main.itertuples())
-                       if k in plots.KNOCKOUT_LABELS)
+                       if k in KNOCKOUT_LABELS)
     lines = [f"T_wrong wrong-tool margin, paired records per measure: {counts or 'none'}",
              f"control pool ({summary.pool}): {pool_text(summary.pool)}; BASM records without a boundary span excluded: {summary.n_excluded}"]
     for r in summary.controls.itertuples():
@@ -658,14 +658,14 @@ class KnockoutAnalysis(Analysis):
         dose = summary.points[(summary.points["config"] == "basm") & (summary.points["bucket"] == CLAIM_BUCKET)
                               & (summary.points["measure"] == CLAIM_MEASURE) & (summary.points["family"] != "")]
         slopes = summary.dose[(summary.dose["config"] == "basm") & (summary.dose["bucket"] == CLAIM_BUCKET) & (summary.dose["measure"] == CLAIM_MEASURE)]
-        paths = plots.save_figure(plots.fig06_knockout_controls(deltas, summary.recovery, summary.windows, note, labels=labels,
-                                                                dose=dose, slopes=slopes), out_dir, FIGURES[0])
-        paths += plots.save_figure(plots.fig07_knockout_selectivity(deltas, note, labels=labels), out_dir, FIGURES[1])
+        paths = plots.save_figure(fig06_knockout_controls(deltas, summary.recovery, summary.windows, note, labels=labels,
+                                                          dose=dose, slopes=slopes), out_dir, FIGURES[0])
+        paths += plots.save_figure(fig07_knockout_selectivity(deltas, note, labels=labels), out_dir, FIGURES[1])
         return paths
 
     def section(self, ctx: RunContext, summary: KnockoutSummary, figures: list[Path]) -> ReportSection:
         d, r = basm_deltas(summary), summary.recovery
-        main = d[d["knockout"].isin(plots.KNOCKOUT_LABELS)][["bucket", "knockout", "measure", "value", "low", "high", "n", "n_items"]]
+        main = d[d["knockout"].isin(KNOCKOUT_LABELS)][["bucket", "knockout", "measure", "value", "low", "high", "n", "n_items"]]
         dose = summary.dose[summary.dose["config"] == "basm"]
         body = (f"Signed shift Δm = m_knockout − m_BASM (logits; `margin` is {ctx.variant}, Eq. 1 restricted to the tools by default); "
                 f"CIs over task groups. Rows blocked: `{ctx.options.knockout_rows}`. Every knockout and control of a measure is compared "
@@ -686,21 +686,21 @@ class KnockoutAnalysis(Analysis):
                      f"`basm-names`: B reduced to the tool names it mentions):\n\n{markdown_table(priming_table(summary))}")
         if len(summary.windows):
             body += f"\n\nLayer windows (Δ wrong-tool margin, T_wrong):\n\n{markdown_table(summary.windows)}"
-        sel = selectivity_table(d, plots.KNOCKOUT_LABELS)
+        sel = selectivity_table(d, KNOCKOUT_LABELS)
         comparisons = [
-            Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), paper.FIG6_DELTA["margin"]),
-            Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), paper.FIG6_DELTA["broad_margin"]),
+            Comparison("Fig. 6: Δm wrong-tool, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="margin"), PAPER_FIG6_DELTA["margin"]),
+            Comparison("Fig. 6: Δm tool-vs-control, boundary knockout (T_wrong)", cell(d, bucket="T_wrong", knockout="boundary", measure="broad_margin"), PAPER_FIG6_DELTA["broad_margin"]),
             *(Comparison(f"Fig. 6: Δm {'wrong-tool' if m == 'margin' else 'tool-vs-control'}, boundary knockout (T_wrong, defining skill shown)",
-                         cell(summary.shown, shown="shown", config="basm", bucket="T_wrong", knockout="boundary", measure=m), paper.FIG6_DELTA[m],
+                         cell(summary.shown, shown="shown", config="basm", bucket="T_wrong", knockout="boundary", measure=m), PAPER_FIG6_DELTA[m],
                          note="the paper's setting: the tempting skill is among the k shown")
               for m in ("margin", "broad_margin")),
             *(Comparison(f"Fig. 6: Proc.–BASM gap recovered, {plots.MEASURE_LABELS[m]}", 100 * cell(r, measure=m), p, "%",
                          f"gap m_Proc − m_BASM = {cell(r, 'gap', measure=m):+.2f} logits" + ("" if cell(r, "gap", measure=m) > 0 else " (≤ 0: undefined)"))
-              for m, p in paper.FIG6_RECOVERED.items()),
+              for m, p in PAPER_FIG6_RECOVERED.items()),
         ]
         comparisons += [Comparison(f"Fig. 7: selectivity {b}–{'wrong' if m == 'margin' else 'correct'}", cell(sel, cell=c, knockout="boundary"), p,
                                    note="paper: Qwen3-14B")
-                        for (b, m, c), p in zip(SELECTIVITY, paper.FIG7_SELECTIVITY)]
+                        for (b, m, c), p in zip(SELECTIVITY, PAPER_FIG7_SELECTIVITY)]
         return ReportSection(NAME, "Figs. 3c/d, 6, 7 — same-prompt knockout (`knockout`)", figures, body, comparisons, summary)
 
     def print_summary(self, summary: KnockoutSummary) -> None:
@@ -716,3 +716,123 @@ class KnockoutAnalysis(Analysis):
         print("records left out of a measure's paired comparison:\n" + (summary.dropped.to_string(index=False) if len(summary.dropped) else "none"))
         print("controls:\n" + summary.controls.round(3).to_string(index=False))
         print("dose–response slopes:\n" + summary.dose.round(3).to_string(index=False))
+
+
+# The BASM paper's numbers that the report sets next to ours (logits): Fig. 6 (Qwen3-8B), the boundary
+# knockout on T_wrong, Δm and the share of the Proc.–BASM gap it recovers (%); Fig. 7 (Qwen3-14B), its
+# selectivity, in the order of probes.scoring.selectivity.SELECTIVITY.
+PAPER_FIG6_DELTA = {"margin": 3.45, "broad_margin": 3.65}
+PAPER_FIG6_RECOVERED = {"margin": 69.4, "broad_margin": 41.0}
+PAPER_FIG7_SELECTIVITY = (0.27, 0.04, -0.11)
+
+
+# --- Figs. 6 and 7, drawn by KnockoutAnalysis.figures (their panels also draw Fig. 3c, d in probes.analyses.report)
+KNOCKOUT_LABELS = {"boundary": "boundary span B", "random": "|B| pool positions", "count_boundary": "n positions of B (count-matched)",
+                   "count_pool": "n pool positions (count-matched)", "mass_matched": "pool positions, B's attention mass (mass-matched)",
+                   "random_anywhere": "|B| positions anywhere", "procedure": "procedure span P"}
+
+
+def knockout_panel(ax: plt.Axes, deltas: pd.DataFrame, recovery: pd.DataFrame | None, labels: dict[str, str] | None = None) -> None:
+    """Δm per knockout (boundary, the controls, procedure) for the wrong-tool and broad margins on T_wrong.
+
+    deltas: bucket, knockout, measure, value, low, high, n; ``labels``: knockout -> legend label
+    (default :data:`KNOCKOUT_LABELS`; the knockout analysis marks which controls are neutral).
+    """
+    labels = labels or KNOCKOUT_LABELS
+    sub = deltas[(deltas["bucket"] == "T_wrong") & deltas["knockout"].isin(KNOCKOUT_LABELS) & deltas["measure"].isin(("margin", "broad_margin"))]
+    measures = plots.ordered(sub["measure"], ("margin", "broad_margin"))
+    knockouts = plots.ordered(sub["knockout"], tuple(KNOCKOUT_LABELS))
+    plots.grouped_bars(ax, sub, measures, knockouts, group_col="measure", series_col="knockout",
+                       series_label=lambda k: labels[k], series_color=lambda k: plots.CONDITION_COLORS[k],
+                       group_label=lambda m: plots.SHORT_MEASURE_LABELS[m], annotate=len(knockouts) <= 4)
+    ax.set_ylabel("Δm = m_knockout − m_BASM (logits)")
+    if recovery is not None and len(recovery):
+        text = "\n".join(f"{plots.MEASURE_LABELS[r.measure]}: {100 * r.value:.1f}% [{100 * r.low:.0f}, {100 * r.high:.0f}] of the Proc.–BASM gap recovered"
+                         if ok else f"{plots.MEASURE_LABELS[r.measure]}: {100 * r.value:.1f}% of the Proc.–BASM gap recovered ({plots.no_ci_label(n)})"
+                         for r, ok, n in zip(recovery.itertuples(), plots.has_ci(recovery), plots.ci_groups(recovery)))
+        ax.text(0.5, -0.16, text, transform=ax.transAxes, ha="center", va="top", fontsize=8)
+
+
+def _window_panel(ax: plt.Axes, windows: pd.DataFrame) -> None:
+    """Δ wrong-tool margin per layer window of the boundary knockout. windows: window, value, low, high, n."""
+    x = np.arange(len(windows))
+    ax.bar(x, windows["value"], color=plots.CONDITION_COLORS["boundary"], yerr=plots.ci_errors(windows), capsize=3)
+    plots.annotate_no_ci(ax, x, windows)
+    ax.set_xticks(x, windows["window"], rotation=45, ha="right")
+    ax.axhline(0.0, color="0.3", lw=0.8)
+    ax.set_xlabel("boundary knockout in layers")
+    ax.set_ylabel("Δ wrong-tool margin (logits)")
+    ax.set_title("layer windows")
+
+
+def _dose_panel(ax: plt.Axes, points: pd.DataFrame, slopes: pd.DataFrame) -> None:
+    """Δm against the deciding-row attention mass removed: one point per record and draw, coloured by
+    family (B's positions, the control pool's), with each family's slope through the origin and its CI.
+
+    points: family ("B" | "pool"), knockout, mass, delta; slopes: family, slope, low, high, n.
+    """
+    family_color = {"B": plots.CONDITION_COLORS["boundary"], "pool": plots.CONDITION_COLORS["random"]}
+    top = float(np.nanmax(points["mass"])) if len(points) and np.isfinite(points["mass"]).any() else 1.0
+    for family, sub in points.groupby("family", sort=True):
+        ax.scatter(sub["mass"], sub["delta"], s=9, alpha=0.45, color=family_color[family], edgecolors="none")
+        fit = slopes[slopes["family"] == family]
+        if len(fit):
+            r = fit.iloc[0]
+            ci = f" [{r.low:+.2f}, {r.high:+.2f}]" if np.isfinite(r.low) else f" ({plots.no_ci_label(r.n)})"
+            name = "B's positions" if family == "B" else "control pool"
+            ax.plot([0, top], [0, r.slope * top], color=family_color[family], lw=1.6,
+                    label=f"{name}: {r.slope:+.2f}{ci} logits per unit mass ({int(r.n_points)} points)")
+    ax.axhline(0.0, color="0.3", lw=0.8)
+    ax.set_xlabel("deciding-row attention mass removed")
+    ax.set_ylabel("Δ wrong-tool margin (logits)")
+    ax.set_title("dose–response")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7)
+
+
+def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, windows: pd.DataFrame | None, note: str, *,
+                            labels: dict[str, str] | None = None, dose: pd.DataFrame | None = None,
+                            slopes: pd.DataFrame | None = None) -> plt.Figure:
+    """Δm bars per knockout (legend and the gap recovered in a column of their own), the dose–response
+    panel (with ``dose`` points) and the layer windows (with ``windows`` rows)."""
+    panels = ["bars", "legend"] + (["dose"] if dose is not None and len(dose) else []) + (["windows"] if windows is not None and len(windows) else [])
+    widths = {"bars": 5.0, "legend": 3.6, "dose": 5.0, "windows": 4.0}
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths[p] for p in panels) + 1, 4.4),
+                             gridspec_kw={"width_ratios": [widths[p] for p in panels]}, squeeze=False)
+    axes = dict(zip(panels, axes[0]))
+    knockout_panel(axes["bars"], deltas, None, labels)
+    axes["bars"].set_title(f"{plots.bucket_label('T_wrong')}: same-prompt knockout")
+    handles, names = axes["bars"].get_legend_handles_labels()
+    axes["legend"].axis("off")
+    axes["legend"].legend(handles, names, loc="upper left", fontsize=7.5, frameon=False)
+    if recovery is not None and len(recovery):
+        text = "\n".join(f"{plots.MEASURE_LABELS[r.measure]}:\n  {100 * r.value:.1f}% [{100 * r.low:.0f}, {100 * r.high:.0f}] of the Proc.–BASM gap recovered"
+                         if ok else f"{plots.MEASURE_LABELS[r.measure]}:\n  {100 * r.value:.1f}% of the Proc.–BASM gap recovered ({plots.no_ci_label(n)})"
+                         for r, ok, n in zip(recovery.itertuples(), plots.has_ci(recovery), plots.ci_groups(recovery)))
+        axes["legend"].text(0.0, 0.0, text, transform=axes["legend"].transAxes, ha="left", va="bottom", fontsize=7.5)
+    if "dose" in axes:
+        _dose_panel(axes["dose"], dose, slopes if slopes is not None else pd.DataFrame(columns=["family"]))
+    if "windows" in axes:
+        _window_panel(axes["windows"], windows)
+    fig.suptitle("Removing deciding-row → boundary attention, against controls of the same count and the same attention mass", y=1.02)
+    fig.tight_layout()
+    plots.footnote(fig, note)
+    return fig
+
+
+def selectivity_panel(ax: plt.Axes, deltas: pd.DataFrame, labels: dict[str, str] | None = None) -> None:
+    labels = labels or KNOCKOUT_LABELS
+    table = selectivity_table(deltas, KNOCKOUT_LABELS)
+    cells = [c for _, _, c in SELECTIVITY if c in set(table["cell"])]
+    knockouts = plots.ordered(table["knockout"], tuple(KNOCKOUT_LABELS))
+    plots.grouped_bars(ax, table, cells, knockouts, group_col="cell", series_col="knockout", annotate=len(knockouts) <= 4,
+                       series_label=lambda k: labels[k], series_color=lambda k: plots.CONDITION_COLORS[k], group_label=lambda c: c)
+    ax.set_ylabel("Δ margin after knockout (logits)")
+
+
+def fig07_knockout_selectivity(deltas: pd.DataFrame, note: str, *, labels: dict[str, str] | None = None) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(8.5, 4.0))
+    selectivity_panel(ax, deltas, labels)
+    ax.set_title("Selectivity of the boundary knockout")
+    plots.legend_outside(ax)
+    plots.footnote(fig, note)
+    return fig

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from scipy.special import expit
@@ -474,7 +475,7 @@ class Linear(Analysis):
 
     def figures(self, summary: LinearSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        return plots.save_figure(plots.fig10_linear_probe(summary.table, summary.note, summary.shortcut), out_dir, FIGURE)
+        return plots.save_figure(fig10_linear_probe(summary.table, summary.note, summary.shortcut), out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: LinearSummary, figures: list[Path]) -> ReportSection:
         table = summary.table
@@ -530,3 +531,47 @@ class Linear(Analysis):
                       f"n = {int(best['n'])} items / {int(best['n_groups'])} task groups, {int(best['n_folds'])} folds")
             else:
                 print(f"{config:>16} k={k}: no AUC ({frame['note'].iloc[0]})")
+
+
+# --- Fig. 10, drawn by Linear.figures
+def fig10_linear_probe(table: pd.DataFrame, note: str, shortcut: dict | None = None) -> plt.Figure:
+    """AUC of the task-disjoint applicability probe per layer, one line per configuration (band:
+    95% CI over task groups), one panel per retrieval depth k; grey: shuffled-label baseline;
+    dotted: the best surface shortcut's AUC (``shortcut``: ``{"shortcut", "value", "low", "high"}``).
+
+    table: config, k, layer, auc, low, high, null_mean, null_low, null_high, n, n_groups, note.
+    """
+    ks = sorted(int(k) for k in table["k"].unique())
+    shown = [k for k in ks if k > 0] or ks  # k = 0 is the same prompt for every configuration
+    fig, axes = plt.subplots(1, len(shown), figsize=(max(7.0, 3.9 * len(shown)), 3.9), sharey=True, squeeze=False)
+    for ax, k in zip(axes[0], shown):
+        sub = table[table["k"] == k]
+        null = sub.groupby("layer")[["null_mean", "null_low", "null_high"]].mean().reset_index()
+        if null["null_mean"].notna().any():
+            ax.fill_between(null["layer"], null["null_low"], null["null_high"], color="0.6", alpha=0.25, lw=0,
+                            label="shuffled labels (95% range)")
+            ax.plot(null["layer"], null["null_mean"], color="0.45", lw=1, ls="--")
+        for config in plots.ordered(sub["config"], plots.CONFIG_ORDER):
+            line = sub[sub["config"] == config].sort_values("layer")
+            ax.plot(line["layer"], line["auc"], marker="o", ms=3, color=plots.color(config), label=plots.label(config))
+            ax.fill_between(line["layer"], line["low"], line["high"], color=plots.color(config), alpha=0.15, lw=0)
+        ax.axhline(0.5, color="0.3", lw=0.8)
+        if shortcut is not None:
+            ax.axhline(shortcut["value"], color="firebrick", lw=1, ls=":",
+                       label=f"best shortcut ({shortcut['shortcut']}; {shortcut.get('n_items', '?')} items, the probe's)")
+        n_items = int(sub["n"].max()) if len(sub) else 0
+        n_groups = int(sub["n_groups"].max()) if len(sub) else 0
+        ax.set_title(f"k = {k}  ({n_items} items, {n_groups} task group{'s' if n_groups != 1 else ''})")
+        ax.set_xlabel("layer (0 = embeddings)")
+        layers = sorted(int(x) for x in sub["layer"].unique())
+        step = max(1, len(layers) // 8)
+        ax.set_xticks(layers[::step])
+        ax.set_ylim(0.0, 1.02)
+        if sub["auc"].isna().all():
+            reason = sub["note"].dropna().iloc[0] if sub["note"].notna().any() else "no AUC"
+            ax.text(0.5, 0.5, reason, ha="center", va="center", transform=ax.transAxes, fontsize=8, color="0.3", wrap=True)
+    axes[0][0].set_ylabel(f"probe AUC, {plots.bucket_label('T_ok')} vs {plots.bucket_label('T_wrong')}")
+    axes[0][-1].legend(loc="lower right", fontsize=7.5)
+    fig.suptitle("Residual-stream probe control: task-disjoint linear probes for applicability", y=1.03)
+    plots.footnote(fig, note)
+    return fig

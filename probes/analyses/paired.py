@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -198,7 +199,7 @@ class Paired(Analysis):
 
     def figures(self, summary: PairedSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        return plots.save_figure(plots.fig12_paired_status(summary.table, summary.note), out_dir, FIGURE)
+        return plots.save_figure(fig12_paired_status(summary.table, summary.note), out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: PairedSummary, figures: list[Path]) -> ReportSection:
         table, how = summary.table, summary.how
@@ -230,3 +231,57 @@ class Paired(Analysis):
     def print_summary(self, summary: PairedSummary) -> None:
         print(summary.how)
         print(summary.table[["mode", "format", "k", "bucket", "n", *PAIRED_STATUSES, "solve_difference", "p_value"]].to_string(index=False))
+
+
+# --- Fig. 12, drawn by Paired.figures
+PAIRED_STATUS_STYLE: dict[str, tuple[str, tuple[float, float, float]]] = {
+    "both_solved": ("both solved", (0.55, 0.78, 0.55)),
+    "only_basm": ("only BASM", plots.CONFIG_COLORS["basm"]),
+    "only_padding": ("only procedure padding", plots.CONFIG_COLORS["pad-procedure"]),
+    "both_failed": ("both failed", (0.78, 0.78, 0.78)),
+}
+
+
+def fig12_paired_status(summary: pd.DataFrame, note: str) -> plt.Figure:
+    """Paired outcome shares of BASM vs procedure padding: one panel per bucket (and all items),
+    one horizontal stacked bar per k ≥ 1 and mode (lenient, strict), counts in the segments, Δ solve
+    rate and p at the right.
+
+    summary: mode, format, k, bucket, n, n_groups, both_solved, only_basm, only_padding, both_failed
+    (+ _share), solve_difference, p_value.
+    """
+    data = summary[summary["k"] > 0] if (summary["k"] > 0).any() else summary
+    panels = plots.ordered(data["bucket"], ("T_wrong", "T_ok", "T_repair", "all"))
+    ks = sorted(int(k) for k in data["k"].unique())
+    modes = [m for m in plots.CALL_MODE_STYLE if m in set(data["mode"])]
+    bars = [(k, m) for k in ks for m in modes]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.6, 0.42 * len(bars) * len(panels) + 1.0 * len(panels) + 0.4),
+                             sharex=True, squeeze=False)
+    for ax, bucket in zip(axes[:, 0], panels):
+        sub = data[data["bucket"] == bucket].set_index(["k", "mode"]).reindex(bars)
+        y = np.arange(len(bars))
+        left = np.zeros(len(bars))
+        for status, (name, col) in PAIRED_STATUS_STYLE.items():
+            share = sub[f"{status}_share"].fillna(0.0).to_numpy()
+            ax.barh(y, share, left=left, color=col, label=name, height=0.7, edgecolor="white", lw=0.6)
+            for yi, (s, lft, count) in enumerate(zip(share, left, sub[status].fillna(0).astype(int))):
+                if s >= 0.06:
+                    ax.text(lft + s / 2, yi, str(count), ha="center", va="center", fontsize=7.5)
+            left += share
+        for yi, row in zip(y, sub.itertuples()):
+            if np.isfinite(row.n):
+                p = "n/a" if not np.isfinite(row.p_value) else f"{row.p_value:.2g}"
+                ax.text(1.01, yi, f"Δ = {row.solve_difference:+.2f}, p = {p}  (n = {int(row.n)})", va="center", fontsize=7.5,
+                        transform=ax.get_yaxis_transform())
+        ax.set_yticks(y, [f"k = {k} · {m}" for k, m in bars])
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.set_title(plots.bucket_label(bucket) if bucket != "all" else "all buckets", loc="left", fontsize=10)
+    axes[-1][0].set_xlabel("share of paired items (counts in segments)")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.suptitle("Equal-token control: BASM vs procedure padding, paired outcome status (strict and lenient)", y=1.04)
+    fig.legend(handles, names, ncol=4, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 0.985))
+    caption = (f"plotted: paired status per k = {', '.join(map(str, ks))} in modes {', '.join(modes)} · n per bar: "
+               f"{plots.n_text(data, 'paired items')}\n{plots.call_mode_text(sorted(set(data['format'])), lines=False)}")
+    plots.footnote(fig, f"{note}\n{caption}")
+    return fig

@@ -45,17 +45,19 @@ shift minus a control's shift (headline stratum).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import statsmodels.api as sm
 from scipy import stats as scipy_stats
 
 from probes.reporting import plots
-from probes.analyses import paper, register
+from probes.analyses import register
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.reporting.markdown import cell, markdown_table
 from probes.scoring.claims import Claim, effect_claim
@@ -369,10 +371,10 @@ def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0, *, k: int,
 
 
 def headline_text(shifts: pd.DataFrame) -> str:
-    """The headline estimate in words (:func:`probes.reporting.plots.shift_headline`), or why there is none."""
-    return plots.shift_headline(shifts) or (f"headline ({plots.label(HEADLINE_CONFIG)}, {HEADLINE_TARGET} − {REFERENCE}, {HEADLINE.name}): "
-                                            f"not measured (this run has no {plots.label(HEADLINE_CONFIG)} records of {HEADLINE_TARGET} and "
-                                            f"{REFERENCE} at that row)")
+    """The headline estimate in words (:func:`shift_headline`), or why there is none."""
+    return shift_headline(shifts) or (f"headline ({plots.label(HEADLINE_CONFIG)}, {HEADLINE_TARGET} − {REFERENCE}, {HEADLINE.name}): "
+                                      f"not measured (this run has no {plots.label(HEADLINE_CONFIG)} records of {HEADLINE_TARGET} and "
+                                      f"{REFERENCE} at that row)")
 
 
 def aggregate_note(options: Any) -> str:
@@ -412,8 +414,8 @@ class Ratios(Analysis):
     def figures(self, summary: RatiosSummary, out_dir: Path) -> list[Path]:
         plots.style()
         row = summary.row
-        fig = plots.fig04_boundary_attention(summary.eta[summary.eta["row"] == row], summary.shifts[summary.shifts["row"] == row],
-                                             summary.controls[summary.controls["row"] == row], summary.note)
+        fig = fig04_boundary_attention(summary.eta[summary.eta["row"] == row], summary.shifts[summary.shifts["row"] == row],
+                                       summary.controls[summary.controls["row"] == row], summary.note)
         return plots.save_figure(fig, out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: RatiosSummary, figures: list[Path]) -> ReportSection:
@@ -441,7 +443,7 @@ class Ratios(Analysis):
             + markdown_table(e[["row", "bucket", "config", "eta", "eta_low", "eta_high", "log2_median", "n", "n_items"]]),
         ])
         comparisons = [Comparison(f"Fig. 3a: η at the deciding row, BASM, {b}", cell(e, "eta", row="deciding", bucket=b, config="basm"), p, "ratio")
-                       for b, p in paper.FIG3A_ETA.items()]
+                       for b, p in PAPER_FIG3A_ETA.items()]
         return ReportSection(NAME, "Figs. 3a/4 — boundary vs procedure attention (`ratios`)", figures, body, comparisons, summary)
 
     def claims(self, summary: RatiosSummary) -> list[Claim]:
@@ -454,3 +456,112 @@ class Ratios(Analysis):
         print(summary.length[summary.length["row"] == summary.row].round(3).to_string(index=False))
         print(headline_text(summary.shifts))
         print(aggregate_note(self))
+
+
+# The BASM paper's numbers that the report sets next to ours (Qwen3-8B): Fig. 3a, η at the decision row
+# under BASM, per bucket.
+PAPER_FIG3A_ETA = {"T_ok": 0.15, "T_wrong": 1.23, "T_repair": 1.81}
+
+
+# --- Fig. 4, drawn by Ratios.figures (its η panels also draw Fig. 3a in probes.analyses.report)
+def eta_panels(axes: Sequence[plt.Axes], eta: pd.DataFrame) -> None:
+    """η (ratio of mean span attentions) and the median per-head log2 ratio, bucket × config.
+
+    eta: bucket, config, eta, eta_low, eta_high, log2_median, log2_low, log2_high, n.
+    """
+    buckets = plots.ordered(eta["bucket"], plots.BUCKET_ORDER)
+    configs = plots.ordered(eta["config"], plots.CONFIG_ORDER)
+    panels = (("eta", "η = mean α_B / (mean α_P + ε)"), ("log2", "median over heads of log2(α_B / α_P)"))
+    for ax, (col, ylabel) in zip(axes, panels):
+        value = "eta" if col == "eta" else "log2_median"
+        frame = eta.rename(columns={value: "value", f"{col}_low": "low", f"{col}_high": "high"})
+        plots.grouped_bars(ax, frame, buckets, configs, group_col="bucket", series_col="config")
+        ax.set_ylabel(ylabel)
+    axes[0].axhline(1.0, color="0.5", lw=0.8, ls="--")
+
+
+def shift_headline(shifts: pd.DataFrame) -> str:
+    """The headline estimate in words, from the row of a ratios shifts table marked ``headline``
+    ("" when the table has none)."""
+    h = shifts[shifts["headline"].astype(bool)]
+    if h.empty:
+        return ""
+    r = h.iloc[0]
+    what = f"{plots.label(r['config'])}, {r['target']} − T_ok shift of log2 η, {r['stratum']}, {r['row']} row"
+    if not r["n"]:
+        return f"headline: {what}: no task group has records of both buckets"
+    ci = f" [{r['low']:+.3f}, {r['high']:+.3f}]" if plots.has_ci(h.iloc[:1])[0] else f" ({plots.no_ci_label(r['n'])})"
+    p = f", one-sided sign-flip p = {r['p']:.3g}" if np.isfinite(r["p"]) else ""
+    return f"headline: {what} = {r['value']:+.3f}{ci}{p}; {int(r['n'])} task groups, {int(r['n_target'])} {r['target']} / {int(r['n_reference'])} T_ok items"
+
+
+def fig04_boundary_attention(eta: pd.DataFrame, shifts: pd.DataFrame, controls: pd.DataFrame, note: str) -> plt.Figure:
+    """(a, b) η and the median per-head log2 ratio per bucket (descriptive, every record pooled);
+    (c, d) group-paired shifts of per-record log2 η from T_ok to each target bucket, per stratum
+    (x) and configuration (bars). The caption's counts, strata and headline come from these tables.
+
+    eta: bucket, config, eta, eta_low, eta_high, log2_median, log2_low, log2_high, n, n_items.
+    shifts: target, config, stratum, value, low, high, n (task groups), n_target, n_reference, same_records_as, row, headline.
+    controls: target, control, stratum, value, low, high, n.
+    """
+    targets = plots.ordered(shifts["target"], ("T_wrong", "T_repair"))
+    fig, axes = plt.subplots(2, max(2, len(targets)), figsize=(13, 8.6), squeeze=False)
+    eta_panels(axes[0], eta)
+    plots.legend_outside(axes[0][1])
+    axes[0][0].set_title("(a) boundary / procedure attention η (pooled, descriptive)")
+    axes[0][1].set_title("(b) per-head log-ratio (pooled, descriptive)")
+    empty: list[str] = []
+    repeated: list[str] = []
+    for ax, target in zip(axes[1], targets):
+        sub = shifts[shifts["target"] == target]
+        present = sub.groupby("stratum", sort=False)["n"].max()
+        # a stratum whose records are another's under every configuration that has any is the same bar: named, not drawn again
+        same = sub[sub["n"] > 0].groupby("stratum", sort=False)["same_records_as"].agg(lambda v: v.iloc[0] if v.nunique() == 1 else "")
+        strata = [s for s in present.index if present[s] > 0 and not same[s]]
+        empty += [f"{s} ({plots.bucket_label(target)})" for s in present.index if present[s] == 0]
+        repeated += [f"{s} = {same[s]} ({plots.bucket_label(target)})" for s in present.index if present[s] > 0 and same[s]]
+        headline = set(sub.loc[sub["headline"].astype(bool), "stratum"])
+        ticks = {s: ("★ " if s in headline else "") + s.replace(" · ", " ·\n") + "\n" + _n_range(sub.loc[sub["stratum"] == s, "n"]) + " groups\n"
+                 + _n_range(sub.loc[sub["stratum"] == s, "n_target"]) + " / " + _n_range(sub.loc[sub["stratum"] == s, "n_reference"]) + " items"
+                 for s in strata}
+        plots.grouped_bars(ax, sub, strata, plots.ordered(sub["config"], plots.CONFIG_ORDER), group_col="stratum", series_col="config",
+                           group_label=lambda s: ticks[s], annotate=False)
+        ax.tick_params(axis="x", labelsize=7)
+        for tick, s in zip(ax.get_xticklabels(), strata):
+            tick.set_fontweight("bold" if s in headline else "normal")
+        ax.set_ylabel(f"Δ log2 η: {plots.bucket_label(target)} − {plots.bucket_label('T_ok')}\n(group-paired, mean over task groups)")
+        ax.set_title(f"({'cd'[targets.index(target)]}) {plots.bucket_label('T_ok')} → {plots.bucket_label(target)} shift by stratum")
+    for ax in axes[1][len(targets):]:
+        ax.axis("off")
+    if targets:
+        plots.legend_outside(axes[1][len(targets) - 1])
+    lines = ["(c, d): per record log2 η = log2((ᾱ_B + ε) / (ᾱ_P + ε)); per task group, mean over its target items − mean over its "
+             "T_ok items; bars: mean over the groups with both buckets, whiskers: 95% bootstrap CI over task groups; under each stratum: "
+             "task groups and target / T_ok items per bar (a range where configurations differ).",
+             "strata: pooled = every record; tool- / abstention-correct = the target items whose correct action is a tool call / "
+             "abstention (vs every T_ok item of the group); decision / later name row = records of both buckets read at the decision "
+             "row / at a later row of the correct name; ★ = the headline stratum."]
+    if empty:
+        lines.append("not shown, no task group with records of both buckets: " + ", ".join(empty) + ".")
+    if repeated:
+        lines.append("not drawn again, the same records as another stratum: " + ", ".join(repeated) + ".")
+    headline = shift_headline(shifts)
+    if headline:
+        lines.append(headline + ".")
+    for r, ok in zip(controls.itertuples(), plots.has_ci(controls)):
+        ci = f"[{r.low:+.3f}, {r.high:+.3f}]" if ok else f"({plots.no_ci_label(r.n)})"
+        lines.append(f"{plots.label('basm')} shift − {plots.label(r.control)} shift ({plots.bucket_label(r.target)}, {r.stratum}): {r.value:+.3f} {ci}, "
+                     f"{int(r.n)} task groups.")
+    if len(eta):
+        lines.append(f"(a, b): every record with non-empty B and P, tool- and abstention-correct pooled: {_n_range(eta['n'])} task groups, "
+                     f"{_n_range(eta['n_items'])} items per bar.")
+    rows = sorted(set(eta["row"]) | set(shifts["row"]))
+    fig.suptitle(f"{'/'.join(rows).capitalize()}-row attention to boundary vs procedure spans, and its shift between buckets", y=1.01)
+    plots.footnote(fig, "\n".join([*lines, note]))
+    return fig
+
+
+def _n_range(values: pd.Series) -> str:
+    """"12", or "10–12" where the rows of a caption's cell differ."""
+    values = sorted(set(int(v) for v in values))
+    return str(values[0]) if len(values) == 1 else f"{values[0]}–{values[-1]}"

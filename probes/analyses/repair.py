@@ -37,7 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
+import seaborn as sns
 
 from probes.analyses import register
 from probes.analyses.base import Analysis, Job, ReportSection, RunContext, depth_option, option, provenance, run_jobs
@@ -300,7 +303,7 @@ class Repair(Analysis):
 
     def figures(self, summary: RepairSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        return plots.save_figure(plots.fig20_repair_success(summary.rates, summary.note), out_dir, FIGURE)
+        return plots.save_figure(fig20_repair_success(summary.rates, summary.note), out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: RepairSummary, figures: list[Path]) -> ReportSection:
         body = (f"After a failed call (T_repair), the next decision under no hint, full re-retrieval, the repair hint h_t of Eq. 12 "
@@ -332,3 +335,36 @@ class Repair(Analysis):
         print(summary.note)
         print(summary.rates.round(3).to_string(index=False))
         print(summary.contrasts.round(3).to_string(index=False))
+
+
+# --- Fig. 20, drawn by Repair.figures
+REPAIR_CONDITION_LABELS: dict[str, str] = {"no_hint": "no hint", "retrieval": "full re-retrieval", "hint": "h_t (Eq. 12)",
+                                           "control": "control hint"}
+
+
+def fig20_repair_success(rates: pd.DataFrame, note: str) -> plt.Figure:
+    """Repair success per condition (no hint, full re-retrieval, h_t, equal-length control hint): one
+    panel per measure (greedy repair success; Eq. 1 / chosen margin toward the wrong tool), one bar per
+    condition and dataset bucket, 95% CI bars over task groups.
+
+    rates: measure, condition, bucket, value, low, high, n, n_groups.
+    """
+    measures = [m for m in ("repair_success", "margin") if m in set(rates["measure"])]
+    conditions = [c for c in REPAIR_CONDITION_LABELS if c in set(rates["condition"])]
+    fig, axes = plt.subplots(1, len(measures), figsize=(4.6 * len(measures), 3.4), squeeze=False)
+    palette = sns.color_palette("colorblind", len(conditions))
+    for col, measure in enumerate(measures):
+        ax = axes[0][col]
+        sub = rates[rates["measure"] == measure].set_index("condition").reindex(conditions)
+        ax.bar(np.arange(len(conditions)), sub["value"].fillna(0), 0.7, color=palette, yerr=plots.ci_errors(sub.reset_index()), capsize=2.5)
+        ax.set_xticks(np.arange(len(conditions)), [REPAIR_CONDITION_LABELS[c] for c in conditions], rotation=15)
+        ax.set_ylabel({"repair_success": "greedy repair success", "margin": "margin (wrong − repair tool)"}[measure])
+        if measure == "repair_success":
+            ax.set_ylim(0, 1.04)
+        else:
+            ax.axhline(0, color="0.3", lw=0.8)
+        ax.set_title(f"n = {int(sub['n'].max()) if sub['n'].notna().any() else 0} decisions, "
+                     f"{int(sub['n_groups'].max()) if sub['n_groups'].notna().any() else 0} task groups")
+    fig.suptitle("Next decision after a failed call: repair success per condition (Eq. 12)", y=1.02)
+    plots.footnote(fig, note)
+    return fig

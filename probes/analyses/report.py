@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from probes import analyses as registry
@@ -45,8 +46,10 @@ from probes.analyses.base import (
     require_session,
     split_label,
 )
-from probes.analyses.knockout import basm_deltas, caption, knockout_labels
+from probes.analyses.knockout import basm_deltas, caption, knockout_labels, knockout_panel, selectivity_panel
 from probes.analyses.parallel import rank_device, world
+from probes.analyses.ratios import eta_panels
+from probes.analyses.suppression import margin_bars
 from probes.engine.session import ProbeSession
 from probes.reporting import plots
 from probes.reporting.explore import SHOWN as EXPLORED
@@ -116,7 +119,7 @@ def mechanism_figure(sections: dict[str, ReportSection], figures_dir: Path, note
                                    if len(suppression) else "none"),
         f"(c, d) knockout: {caption(k)}",
     ]
-    fig = plots.fig03_mechanism(eta, suppression, basm_deltas(k), k.recovery, note + "\n" + "\n".join(panels), labels=knockout_labels(k))
+    fig = fig03_mechanism(eta, suppression, basm_deltas(k), k.recovery, note + "\n" + "\n".join(panels), labels=knockout_labels(k))
     return plots.save_figure(fig, figures_dir, "fig03_mechanism")
 
 
@@ -289,3 +292,33 @@ def header(given: ReportOptions, a: ReportOptions, model: Any, embedders: set[st
         f"- **versions**: python {env['python']}, " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
         f"- **wall time**: {wall:.0f} s",
     ]
+
+
+# --- Fig. 3, the mechanism overview: panels of the ratios, suppression and knockout figures
+def legend_below(ax: plt.Axes) -> None:
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7.5)
+
+
+def fig03_mechanism(eta: pd.DataFrame, suppression: pd.DataFrame, deltas: pd.DataFrame, recovery: pd.DataFrame, note: str, *,
+                    labels: dict[str, str] | None = None) -> plt.Figure:
+    """The four panels of Fig. 3: η per bucket, T_wrong margins, knockout controls, selectivity."""
+    fig, axes = plt.subplots(2, 2, figsize=(14, 10.5), gridspec_kw={"hspace": 0.6, "wspace": 0.3})
+    (eta_ax, margin_ax), (knockout_ax, selectivity_ax) = axes
+    eta_panels([eta_ax], eta)
+    eta_ax.set_title("(a) boundary attention η")
+    legend_below(eta_ax)
+    margin_bars(margin_ax, suppression, "margin", "wrong-tool margin (logits)")
+    margin_ax.set_title(f"(b) {plots.bucket_label('T_wrong')} wrong-tool margin")
+    legend_below(margin_ax)
+    knockout_panel(knockout_ax, deltas, None, labels)
+    wrong = recovery[recovery["measure"] == "margin"] if len(recovery) else recovery
+    share = f": {100 * float(wrong['value'].iloc[0]):.1f}% of gap recovered" if len(wrong) else ""
+    knockout_ax.set_title(f"(c) boundary knockout vs controls{share}")
+    selectivity_panel(selectivity_ax, deltas, labels)
+    selectivity_ax.set_title("(d) knockout selectivity")
+    # (c) and (d) draw the same knockouts: one legend under both
+    handles, names = knockout_ax.get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.05), ncol=2, fontsize=8, frameon=False)
+    fig.suptitle("Boundary fields suppress wrong-tool preference through state-conditioned attention", y=0.95)
+    plots.footnote(fig, note, y=-0.06)
+    return fig

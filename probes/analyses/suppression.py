@@ -19,10 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from probes.analyses import paper, register
+from probes.analyses import register
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
 from probes.data.configs import CONFIGS, PRIMING_CONFIGS
 from probes.reporting import plots
@@ -101,7 +102,7 @@ class Suppression(Analysis):
 
     def figures(self, summary: SuppressionSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        return plots.save_figure(plots.fig05_suppression(summary.table, summary.note, differences=summary.differences), out_dir, FIGURE)
+        return plots.save_figure(fig05_suppression(summary.table, summary.note, differences=summary.differences), out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: SuppressionSummary, figures: list[Path]) -> ReportSection:
         t = summary.table
@@ -111,7 +112,54 @@ class Suppression(Analysis):
                 f"The claim is a difference on the same items (`{NAME}_differences.csv`):\n\n"
                 f"{markdown_table(summary.differences[['measure', 'contrast', 'value', 'low', 'high', 'n', 'n_items', 'note']])}")
         comparisons = [Comparison(f"Fig. 5: wrong-tool margin, {plots.label(c)}", cell(t, measure="margin", config=c), p)
-                       for c, p in paper.FIG5_MARGIN.items()]
+                       for c, p in PAPER_FIG5_MARGIN.items()]
         comparisons += [Comparison(f"Fig. 5: tool-vs-control margin, {plots.label(c)}", cell(t, measure="broad_margin", config=c), p)
-                        for c, p in paper.FIG5_BROAD.items()]
+                        for c, p in PAPER_FIG5_BROAD.items()]
         return ReportSection(NAME, "Figs. 3b/5 — wrong-tool suppression (`suppression`)", figures, body, comparisons, summary)
+
+
+# The BASM paper's numbers that the report sets next to ours (Qwen3-8B, logits): Fig. 5, the T_wrong
+# margins per configuration at k = 2.
+PAPER_FIG5_MARGIN = {"proc": 10.71, "pad-filler": 6.60, "pad-procedure": 5.14, "basm": 2.26}
+PAPER_FIG5_BROAD = {"proc": 14.24, "basm": 5.20}
+
+
+# --- Fig. 5, drawn by Suppression.figures (its margin bars also draw Fig. 3b in probes.analyses.report)
+def margin_bars(ax: plt.Axes, table: pd.DataFrame, column: str, ylabel: str) -> None:
+    """One bar per configuration (T_wrong), with CI. table: config, measure, value, low, high, n."""
+    sub = table[table["measure"] == column]
+    configs = plots.ordered(sub["config"], ("proc", "pad-filler", "pad-procedure", "basm"))
+    sub = sub.assign(group="all")
+    plots.grouped_bars(ax, sub, ["all"], configs, group_col="group", series_col="config", group_label=lambda g: "")
+    ax.set_xticks([])
+    ax.set_ylabel(ylabel)
+
+
+def fig05_suppression(table: pd.DataFrame, note: str, *, differences: pd.DataFrame | None = None) -> plt.Figure:
+    """T_wrong margins per configuration (two panels) and, with ``differences``, the paired
+    differences BASM − each other configuration (the claims) per measure.
+
+    table: config, measure, value, low, high, n; differences: measure, contrast, value, low, high, n, n_items.
+    """
+    with_diff = differences is not None and len(differences)
+    fig, axes = plt.subplots(1, 3 if with_diff else 2, figsize=(14.5 if with_diff else 9.5, 3.9), squeeze=False)
+    axes = axes[0]
+    margin_bars(axes[0], table, "margin", "wrong-tool margin (logits)")
+    margin_bars(axes[1], table, "broad_margin", "tool-vs-control margin (logits)")
+    n = int(table["n"].max()) if len(table) else 0
+    items = int(table["n_items"].max()) if "n_items" in table and len(table) else 0
+    axes[0].set_title(f"{plots.bucket_label('T_wrong')}: wrong-tool margin")
+    axes[1].set_title(f"{plots.bucket_label('T_wrong')}: tool-vs-control margin")
+    plots.legend_outside(axes[1])
+    if with_diff:
+        contrasts = list(dict.fromkeys(differences["contrast"]))
+        palette = dict(zip(contrasts, (plots.CONFIG_COLORS["proc"], plots.CONFIG_COLORS["pad-filler"], plots.CONFIG_COLORS["pad-procedure"])))
+        plots.grouped_bars(axes[2], differences, plots.ordered(differences["measure"], ("margin", "broad_margin")), contrasts,
+                           group_col="measure", series_col="contrast", series_label=lambda c: c, series_color=lambda c: palette.get(c, "0.5"),
+                           group_label=lambda m: plots.SHORT_MEASURE_LABELS[m])
+        axes[2].set_ylabel("paired difference (logits)")
+        axes[2].set_title("the claims, paired by item")
+        axes[2].legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8)
+    fig.suptitle(f"Boundary fields suppress the wrong tool beyond equal-length controls (n = {n} task groups, {items} items)", y=1.02)
+    plots.footnote(fig, note, y=-0.12 if with_diff else -0.01)
+    return fig

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from probes.analyses import paper, register
+from probes.analyses import register
 from probes.prompts.builder import SWEEP_K_MAX
 from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, k_max_option, option, provenance, run_jobs
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, PAPER_CONFIGS, PRIMING_CONFIGS
@@ -136,7 +137,7 @@ class Sweep(Analysis):
                 f"k = 0: {k0} across configurations, max margin spread {summary.k0_max_spread:.2g} logits · "
                 f"{summary.n_abstain_items} item{'' if summary.n_abstain_items == 1 else 's'} whose correct action is abstention "
                 "left out (no correct tool)")
-        return plots.save_figure(plots.fig02_retrieval_trap(summary.table, note, summary.variant, differences=summary.differences),
+        return plots.save_figure(fig02_retrieval_trap(summary.table, note, summary.variant, differences=summary.differences),
                                  out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: SweepSummary, figures: list[Path]) -> ReportSection:
@@ -155,11 +156,11 @@ class Sweep(Analysis):
                 f"others (`{NAME}_differences_shown.csv`; margins per configuration in `{NAME}_shown.csv`):\n\n"
                 f"{markdown_table(shown_rows(summary.differences_shown))}")
         comparisons = [
-            Comparison("Fig. 2: margin at k = 0, T_wrong (configs coincide)", cell(t, bucket="T_wrong", config="base", k=0), paper.FIG2["k0"]),
-            Comparison("Fig. 2: Proc. Skill at k = 2, T_wrong", cell(t, bucket="T_wrong", config="proc", k=2), paper.FIG2["proc_k2"]),
-            Comparison("Fig. 2: BASM at k = 2, T_wrong", cell(t, bucket="T_wrong", config="basm", k=2), paper.FIG2["basm_k2"]),
+            Comparison("Fig. 2: margin at k = 0, T_wrong (configs coincide)", cell(t, bucket="T_wrong", config="base", k=0), PAPER_FIG2["k0"]),
+            Comparison("Fig. 2: Proc. Skill at k = 2, T_wrong", cell(t, bucket="T_wrong", config="proc", k=2), PAPER_FIG2["proc_k2"]),
+            Comparison("Fig. 2: BASM at k = 2, T_wrong", cell(t, bucket="T_wrong", config="basm", k=2), PAPER_FIG2["basm_k2"]),
             *(Comparison(f"Fig. 2: {plots.label(config)} at k = 2, T_wrong, defining skill shown",
-                         cell(summary.shown, shown="shown", bucket="T_wrong", config=config, k=2), paper.FIG2[f"{config}_k2"],
+                         cell(summary.shown, shown="shown", bucket="T_wrong", config=config, k=2), PAPER_FIG2[f"{config}_k2"],
                          note="the paper's setting: the tempting skill is among the k shown")
               for config in ("proc", "basm")),
         ]
@@ -180,3 +181,60 @@ class Sweep(Analysis):
 
     def status(self, summary: SweepSummary) -> int:
         return 0 if summary.k0_prompts_identical else 1
+
+
+# The BASM paper's numbers that the report sets next to ours (Qwen3-8B, logits): Fig. 2, the T_wrong
+# wrong-tool margin against k (k = 0: every configuration coincides).
+PAPER_FIG2 = {"k0": 7.31, "proc_k2": 10.71, "basm_k2": 2.26}
+
+
+# --- Fig. 2, drawn by Sweep.figures
+CONTRAST_LABELS = {"trap": "trap: Proc. Skill − Base", "suppression": "suppression: BASM − Proc. Skill"}
+CONTRAST_COLORS = {"trap": plots.CONFIG_COLORS["proc"], "suppression": plots.CONFIG_COLORS["basm"]}
+
+
+def fig02_retrieval_trap(table: pd.DataFrame, note: str, variant: str = "tool_choice", *,
+                         differences: pd.DataFrame | None = None) -> plt.Figure:
+    """Wrong-tool margin vs k per configuration, one panel per bucket (T_wrong first), and with
+    ``differences`` a last panel of the paired differences on T_wrong (the claims: trap and
+    suppression per item, mean over task groups with CIs).
+
+    table: bucket, config, k, value, low, high, n; differences: bucket, contrast, k, value, low, high, n, n_items.
+    """
+    buckets = plots.ordered(table["bucket"], ("T_wrong", "T_ok", "T_repair"))
+    diff = differences[differences["bucket"] == "T_wrong"] if differences is not None else pd.DataFrame()
+    n_panels = len(buckets) + (1 if len(diff) else 0)
+    fig, axes = plt.subplots(1, n_panels, figsize=(4.2 * n_panels + 0.6, 3.8), squeeze=False)
+    for ax, bucket in zip(axes[0], buckets):
+        sub = table[table["bucket"] == bucket]
+        for config in plots.ordered(sub["config"], plots.CONFIG_ORDER):
+            line = sub[sub["config"] == config].sort_values("k")
+            ax.plot(line["k"], line["value"], marker="o", color=plots.color(config), label=plots.label(config))
+            ax.fill_between(line["k"], *plots.ci_band(line), color=plots.color(config), alpha=0.15, lw=0)
+            plots.mark_no_ci(ax, line["k"], line, plots.color(config))
+        plots.note_no_ci(ax, sub)
+        n_items = int(sub["n_items"].max()) if "n_items" in sub and len(sub) else 0
+        ax.set_title(f"{plots.bucket_label(bucket)}  (n = {int(sub['n'].max()) if len(sub) else 0} task groups, {n_items} items)")
+        ax.set_xlabel("retrieval depth k")
+        ax.set_xticks(sorted(set(sub["k"])))
+        ax.axhline(0.0, color="0.3", lw=0.8)
+    axes[0][0].set_ylabel(plots.MARGIN_LABELS[variant].replace(", ", "\n", 1))
+    plots.legend_outside(axes[0][len(buckets) - 1])
+    if len(diff):
+        ax = axes[0][-1]
+        for contrast in plots.ordered(diff["contrast"], tuple(CONTRAST_LABELS)):
+            line = diff[diff["contrast"] == contrast].sort_values("k")
+            ax.plot(line["k"], line["value"], marker="o", color=CONTRAST_COLORS[contrast], label=CONTRAST_LABELS[contrast])
+            ax.fill_between(line["k"], *plots.ci_band(line), color=CONTRAST_COLORS[contrast], alpha=0.15, lw=0)
+            plots.mark_no_ci(ax, line["k"], line, CONTRAST_COLORS[contrast])
+        plots.note_no_ci(ax, diff)
+        ax.axhline(0.0, color="0.3", lw=0.8)
+        ax.set_xticks(sorted(set(diff["k"])))
+        ax.set_xlabel("retrieval depth k")
+        ax.set_ylabel("paired difference (logits)")
+        ax.set_title(f"{plots.bucket_label('T_wrong')}: the claims, paired by item\n(n = {int(diff['n'].max())} task groups, "
+                     f"{int(diff['n_items'].max())} items)")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), fontsize=8)
+    fig.suptitle("Retrieval trap: wrong-tool margin vs retrieval depth", y=1.02)
+    plots.footnote(fig, note, y=-0.16 if len(diff) else -0.01)
+    return fig

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-# (bucket, measure, cell label) of Fig. 7, in the paper's order (probes.analyses.paper.FIG7_SELECTIVITY)
+# (bucket, measure, cell label) of Fig. 7, in the paper's order (probes.analyses.knockout.PAPER_FIG7_SELECTIVITY)
 SELECTIVITY = (("T_wrong", "margin", r"$T_{\mathrm{wrong}}$–wrong"), ("T_wrong", "correct_margin", r"$T_{\mathrm{wrong}}$–correct"),
                ("T_ok", "correct_margin", r"$T_{\mathrm{ok}}$–correct"))
 
