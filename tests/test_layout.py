@@ -204,7 +204,7 @@ def test_no_import_cycles_through_lazy_imports() -> None:
 # The engine is the bottom layer: what a probe needs from a model. The model-family backends
 # build on it. Nothing in either imports the layers above (data, prompts, scoring, analyses,
 # organism, reporting, cli) nor the notebook facade (probes.session) or the package's lazy names.
-LOWER_LAYERS = {"probes.engine": ("probes.engine",), "probes.backends": ("probes.engine", "probes.backends")}
+LOWER_LAYERS = {"probes.engine": ("probes.core", "probes.engine"), "probes.backends": ("probes.core", "probes.engine", "probes.backends")}
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -291,7 +291,7 @@ SCRIPTS = {
         import sys
         import {", ".join(PACKAGES)}
         import probes.analyses
-        import probes.engine.chat, probes.data.extract_llm, probes.prompts.spans, probes.prompts.lengths  # torch-free leaves
+        import probes.core.chat, probes.data.extract_llm, probes.prompts.spans, probes.prompts.lengths  # torch-free leaves
         assert probes.analyses.catalogue()["sweep"].help and "sweep" in probes.ANALYSES  # the registry, without its modules
         heavy = sorted(m for m in ("torch", "transformers", "matplotlib") if m in sys.modules)
         assert not heavy, heavy

@@ -47,12 +47,12 @@ from probes.analyses.base import (
     select_items,
     shared,
 )
+from probes.core.chat import BATCH_SIZE, MAX_NEW_TOKENS
 from probes.data.configs import CONFIGS
 from probes.data.bfcl import CATEGORIES as BFCL_CATEGORIES
 from probes.data.bfcl import EXTRACTORS
 from probes.data.dataset import AUDIT_ACTIONS, BUCKETS, V2_DATASET_DIR, Item, audit_records, fold_groups, load_dataset
 from probes.data.extract_llm import RETRIES
-from probes.engine.chat import BATCH_SIZE, MAX_NEW_TOKENS
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, SWEEP_K_MAX, PromptBuilder, resolve_study
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import SpanReport, check_spans
@@ -174,7 +174,7 @@ def build_records(builder: PromptBuilder, items: Sequence[Item], configs: Sequen
 def build(**options: Any) -> BuildResult:
     """Build the prompt records of the selected items × configurations × k = 0..k_max × formats and write
     them to ``out`` (JSON Lines, replaced whole at the end); options: :class:`BuildOptions`."""
-    from probes.reporting.results import atomic_path
+    from probes.core.files import atomic_path
 
     start = time.perf_counter()
     o = _study(_make(BuildOptions, options))
@@ -294,7 +294,7 @@ def shortcuts(**options: Any) -> pd.DataFrame:
     table = shortcut_table(dataset, split_kind=o.split_kind, tokenizer=tokenizer, folds=o.folds,
                            fold_groups=o.fold_groups, resamples=o.resamples, seed=o.seed)
     if o.out is not None:
-        from probes.reporting.results import write_csv
+        from probes.core.files import write_csv
 
         write_csv(table, o.out)
     return table

@@ -72,6 +72,7 @@ from typing import Any
 
 from sklearn.feature_extraction.text import TfidfVectorizer
 
+from probes.core.files import write_text
 from probes.data.bfcl_exec import (
     BFCLEnvironment,
     Call,
@@ -81,7 +82,6 @@ from probes.data.bfcl_exec import (
 )
 from probes.data.dataset import AUDIT_FILE, BUCKETS, DatasetError
 from probes.data.staging import check_output, staged_folder
-from probes.reporting.results import write_text
 from probes.data.extract_llm import RETRIES, Candidate, Extraction, LLMExtractor, TextGenerator
 from probes.data.schema import ToolCatalog, build_library, tools_from_json
 from probes.reporting.bfcl_readme import ImportFacts, render_readme

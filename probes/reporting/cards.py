@@ -314,7 +314,7 @@ def llm_record_section(dataset: ProbeDataset, path: Path) -> list[str]:
 def write_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFAULT_TOKENIZER, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Path:
     """Write :func:`dataset_card` to ``<dataset_dir>/CARD.md`` atomically (through a temporary file
     renamed over it; a dead writer's temporary file is deleted); returns the path."""
-    from probes.reporting.results import write_text
+    from probes.core.files import write_text
 
     path = Path(dataset_dir) / CARD_NAME
     text = dataset_card(dataset_dir, tokenizer=tokenizer, resamples=resamples, seed=seed)

@@ -38,11 +38,11 @@ from probes import analyses as registry
 from probes.analyses.base import (AnalysisError, Options, RunContext, RunOptions, default_model, model_label, open_context, option,
                                   option_fields, shared)
 from probes.analyses.knockout import control_of, deciding_run, deltas_per_record, knocked_configs, layer_windows, record_knockouts
+from probes.core.files import write_text
 from probes.data.schema import BOUNDARY_SLOTS
 from probes.engine.session import ProbeSession
 from probes.prompts.record import PromptRecord
 from probes.reporting.finished import FinishedRun, load, read_table
-from probes.reporting.results import write_text
 from probes.scoring.controls import tool_names_of
 
 NAME = "explore"
