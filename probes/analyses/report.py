@@ -45,13 +45,13 @@ from probes.analyses.base import (
     require_session,
     split_label,
 )
+from probes.analyses.explore import SHOWN as EXPLORED
+from probes.analyses.explore import ExploreOptions, write_explore
 from probes.analyses.knockout import basm_deltas, caption, knockout_labels
 from probes.analyses.parallel import rank_device, world
 from probes.core.files import write_csv, write_text
 from probes.engine.session import ProbeSession
 from probes.reporting import plots
-from probes.reporting.explore import SHOWN as EXPLORED
-from probes.reporting.explore import ExploreOptions, write_explore
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import environment
 from probes.scoring.claims import claims_table

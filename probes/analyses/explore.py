@@ -18,6 +18,10 @@ The attention is the engine's full softmax row at the deciding row
 shown: the knocked records first, then the sweep's, at most ``records`` and within ``max_mb``,
 stored quantised (``precision``). The records are rebuilt with each analysis's recorded options
 (its results header), so the page shows what the rows measured.
+
+The page sits above the analyses (it rebuilds their runs and reads their rows with their helpers);
+the catalogue ignores this module, which registers no analysis. Its template ships with the
+presentation assets of :mod:`probes.reporting` (``probes/reporting/templates/``).
 """
 
 from __future__ import annotations
