@@ -383,8 +383,10 @@ class BFCLImportOptions(Options):
 def bfcl_import(**options: Any) -> Any:
     """Import the BFCL multi-turn data (:func:`probes.data.bfcl.import_bfcl`; options:
     :class:`BFCLImportOptions`; ``llm_model`` is loaded with
-    :class:`~probes.engine.generate.ChatGenerator`); returns the import's report."""
+    :class:`~probes.engine.generate.ChatGenerator`), then write the folder's measured ``CARD.md``
+    (:func:`probes.reporting.cards.write_card`, unless ``card`` is off); returns the import's report."""
     from probes.data import bfcl
+    from probes.reporting.cards import write_card
 
     o = _make(BFCLImportOptions, options)
     llm_model = None
@@ -393,10 +395,13 @@ def bfcl_import(**options: Any) -> Any:
 
         llm_model = ChatGenerator.load(o.llm_model, max_new_tokens=o.llm_max_new_tokens, batch_size=o.llm_batch_size, dtype=o.llm_dtype, device=o.llm_device)
     try:
-        return bfcl.import_bfcl(out=o.out, bfcl_dir=o.bfcl_dir, categories=o.categories, skill_fraction=o.skill_fraction, seed=o.seed,
-                                max_probe_entries=o.max_probe_entries, extractor=o.extractor, llm_model=llm_model,
-                                llm_retries=o.llm_retries, overwrite=o.overwrite, card=o.card)
+        report = bfcl.import_bfcl(out=o.out, bfcl_dir=o.bfcl_dir, categories=o.categories, skill_fraction=o.skill_fraction, seed=o.seed,
+                                  max_probe_entries=o.max_probe_entries, extractor=o.extractor, llm_model=llm_model,
+                                  llm_retries=o.llm_retries, overwrite=o.overwrite)
     except (bfcl.BFCLDataError, OptionError):
         raise  # missing or malformed BFCL data: a data error
     except ValueError as error:  # the importer's checks of its arguments and of --out
         raise OptionError(str(error)) from error
+    if o.card:  # the import removed the previous card: it measured the previous items
+        write_card(o.out)
+    return report
