@@ -28,7 +28,7 @@ def _known_text(trajectory: Trajectory, turn: Turn) -> str:
 
 
 def _value_given(value: Any, text: str) -> bool:
-    """A value appears in ``text`` (lower-cased): one of its textual forms (:func:`value_strings`) as a
+    """A value appears in ``text`` (lower-cased): one of its textual forms (:func:`~probes.data.bfcl.evidence.value_strings`) as a
     whole word. A value without a textual form (a boolean, an object, one character) cannot be asked
     for by quoting it and counts as given."""
     forms = value_strings(value)

@@ -50,12 +50,12 @@ def extract_skill(tool: Mapping[str, Any], evidence: ToolEvidence, domain: str) 
     item built from this tool's own source trajectories.
 
     Goal: the tool's own description sentence. Procedure (τ⁺): each supported predecessor
-    (:func:`predecessors`) with the uses that show it, the argument values seen per parameter, the
+    (:func:`~probes.data.bfcl.evidence.predecessors`) with the uses that show it, the argument values seen per parameter, the
     most frequent call with the observation it returned, and one example request
-    (:func:`example_requests`). Applicability: the required parameters with values seen, and the
+    (:func:`~probes.data.bfcl.evidence.example_requests`). Applicability: the required parameters with values seen, and the
     predecessors' calls having run; never that a tool is available (ψ rejects that: availability
     belongs to an item's catalog). Risk cues, avoidance rules, recovery notes (τ⁻): each shown piece
-    of boundary evidence (:func:`boundary_evidence`) states its own call, error, request or
+    of boundary evidence (:func:`~probes.data.bfcl.evidence.boundary_evidence`) states its own call, error, request or
     supplied values; none when there is none, which ψ rejects."""
     name = tool["name"]
     uses = evidence.successes

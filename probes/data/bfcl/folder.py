@@ -23,7 +23,7 @@ WHAT = "BFCL import"  # how a refused --out names the generator
 
 
 def is_bfcl_import(folder: Path) -> bool:
-    """``folder`` was written by :func:`import_bfcl`: it has ``skill_sources.json``, and the first item
+    """``folder`` was written by :func:`~probes.data.bfcl.import_bfcl`: it has ``skill_sources.json``, and the first item
     of its ``items.jsonl`` comes from a BFCL multi-turn entry."""
     try:
         with (folder / "items.jsonl").open("rb") as handle:

@@ -18,6 +18,8 @@ from probes.data.bfcl.source import BFCLSource, tool_summary
 
 @dataclass
 class SkippedPoint:
+    """A decision point (or item) left out, with the reason."""
+
     item_id: str
     reason: str
 
@@ -43,6 +45,7 @@ def _call_action(step: Step) -> dict[str, Any]:
 
 
 def domain_of(tool: str, catalog: Mapping[str, tuple[str, ...]]) -> str:
+    """The domain (BFCL class) whose catalog holds ``tool``."""
     return next(domain for domain, names in catalog.items() if tool in names)
 
 

@@ -171,7 +171,7 @@ def render_readme(report: ImportReport) -> str:
 
 
 def _deterministic_skills_text() -> list[str]:
-    """The Skills paragraph of an import whose f_ext was :func:`extract_skill`."""
+    """The Skills paragraph of an import whose f_ext was :func:`~probes.data.bfcl.extract_skill`."""
     return [
         "Tool-level anchors: one candidate per tool called in the skill-source base trajectories (f_ext,",
         "`probes.data.bfcl.extract_skill`, deterministic). Every slot item is built from the tool's own executed",

@@ -16,7 +16,7 @@ from probes.data.extract_llm import Extraction
 
 @dataclass
 class ImportReport:
-    """What :func:`import_bfcl` wrote and everything it left out, with reasons."""
+    """What :func:`~probes.data.bfcl.import_bfcl` wrote and everything it left out, with reasons."""
 
     out: Path
     categories: tuple[str, ...]
