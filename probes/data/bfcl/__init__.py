@@ -59,7 +59,7 @@ Skills (paper §4.2, Eqs. 6–7)
 The stages, one module each, in pipeline order: :mod:`~probes.data.bfcl.source` (locating and
 loading), :mod:`~probes.data.bfcl.replay` (trajectories), :mod:`~probes.data.bfcl.evidence`,
 :mod:`~probes.data.bfcl.extract` (skills), :mod:`~probes.data.bfcl.audit` (the label audit),
-:mod:`~probes.data.bfcl.items`, :mod:`~probes.data.bfcl.report`, :mod:`~probes.data.bfcl.readme`,
+:mod:`~probes.data.bfcl.items`, :mod:`~probes.data.bfcl.import_report`, :mod:`~probes.data.bfcl.readme`,
 :mod:`~probes.data.bfcl.folder` (writing); :mod:`~probes.data.bfcl.importer` runs them. The names
 below are the package's public ones (the importer, its report and errors, and the stages' functions
 that tests and the analyses use).
@@ -70,9 +70,9 @@ from __future__ import annotations
 from probes.data.bfcl.evidence import EXAMPLE_MIN_WORDS, collect_evidence, predecessors
 from probes.data.bfcl.extract import EXTRACTORS, extract_skill, llm_candidate
 from probes.data.bfcl.folder import is_bfcl_import
+from probes.data.bfcl.import_report import ImportReport
 from probes.data.bfcl.importer import NoSkillKept, import_bfcl
 from probes.data.bfcl.replay import ItemEnvironments, Step, Trajectory, Turn
-from probes.data.bfcl.report import ImportReport
 from probes.data.bfcl.source import CATEGORIES, BFCLDataError, api_source_dir, entry_index, locate_bfcl_data
 
 __all__ = ["CATEGORIES", "EXAMPLE_MIN_WORDS", "EXTRACTORS", "BFCLDataError", "ImportReport", "ItemEnvironments", "NoSkillKept", "Step",

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 from probes.data.bfcl.extract import Skills
+from probes.data.bfcl.import_report import ImportReport
 from probes.data.bfcl.items import ProbeItems
 from probes.data.bfcl.readme import render_readme
-from probes.data.bfcl.report import ImportReport
 from probes.data.dataset import AUDIT_FILE, CARD_NAME
 from probes.data.staging import staged_folder
 

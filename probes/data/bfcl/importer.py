@@ -11,9 +11,9 @@ from pathlib import Path
 from probes.data.bfcl.evidence import collect_evidence
 from probes.data.bfcl.extract import EXTRACTORS, extract_skills
 from probes.data.bfcl.folder import WHAT, is_bfcl_import, write_folder
+from probes.data.bfcl.import_report import ImportReport, counts_by_category
 from probes.data.bfcl.items import make_items
 from probes.data.bfcl.replay import replay
-from probes.data.bfcl.report import ImportReport, counts_by_category
 from probes.data.bfcl.source import CATEGORIES, SKILL_CATEGORIES, BFCLDataError, BFCLSource, category_file, data_version, split_indices
 from probes.data.extract_llm import RETRIES, LLMExtractor, TextGenerator
 from probes.data.staging import check_output

@@ -10,7 +10,7 @@ from collections import Counter
 from probes.data.bfcl.audit import AUDIT_RULE, MISS_FUNC_AUDIT_RULE
 from probes.data.bfcl.evidence import EXAMPLE_MIN_WORDS, PREDECESSOR_MIN_SHARE, PREDECESSOR_MIN_USES
 from probes.data.bfcl.extract import EVIDENCE_PER_SLOT, LLM_EVIDENCE_LINES, LLM_SUCCESSES
-from probes.data.bfcl.report import ImportReport
+from probes.data.bfcl.import_report import ImportReport
 from probes.data.bfcl.source import ADDED_FUNCTION_PROMPT, FUNC_DOC_FILES
 from probes.data.dataset import AUDIT_FILE, BUCKETS
 
