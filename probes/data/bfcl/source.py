@@ -161,6 +161,7 @@ def split_indices(indices: Iterable[int], *, skill_fraction: float, seed: int) -
 
 
 def data_version(data_dir: Path) -> str:
+    """Content hash of BFCL's multi-turn files and their answers (the README states it)."""
     digest = hashlib.sha256()
     for category in CATEGORIES:
         for answers in (False, True):
@@ -190,12 +191,12 @@ class BFCLSource:
         if len(names) != len(set(names)):
             raise BFCLDataError(f"BFCL tool names collide across classes: {sorted({n for n in names if names.count(n) > 1})}")
         entries = {category: load_entries(data_dir, category) for category in sorted(set(categories) | set(SKILL_CATEGORIES))}
-        indices = {entry_index(entry["id"]) for entry in entries["base"]}
-        for category, rows in entries.items():
-            if {entry_index(entry["id"]) for entry in rows} != indices:
-                raise BFCLDataError(f"category {category} does not hold the same entry indices as base")
         catalogs = {domain: ToolCatalog(tools_from_json(tools[domain], domain=domain)) for domain in tools}
-        return cls(data_dir, classes, tools, entries, catalogs)
+        source = cls(data_dir, classes, tools, entries, catalogs)
+        for category, rows in entries.items():
+            if {entry_index(entry["id"]) for entry in rows} != source.indices:
+                raise BFCLDataError(f"category {category} does not hold the same entry indices as base")
+        return source
 
     @property
     def indices(self) -> set[int]:
