@@ -32,7 +32,7 @@ _EXPORTS = {
     "ANALYSES": "probes.analyses",
     "report": "probes.analyses.report",
     "load": "probes.reporting.finished",
-    "explore": "probes.reporting.explore",
+    "explore": "probes.analyses.explore",
     "Analysis": "probes.analyses.base",
     "AnalysisResult": "probes.analyses.base",
 }

@@ -368,7 +368,7 @@ def test_partition_by_context_counts_and_lists_skips(imported, qwen3_tokenizer):
 
 
 def test_long_context_sample_and_schema_conversion(tmp_path, data_dir):
-    report = bfcl.import_bfcl(out=tmp_path, categories=("base", "long_context"), max_probe_entries=3, card=False)
+    report = bfcl.import_bfcl(out=tmp_path, categories=("base", "long_context"), max_probe_entries=3)
     assert "first 3 probe indices" in (tmp_path / "README.md").read_text()
     rows = [json.loads(line) for line in (tmp_path / "items.jsonl").read_text().splitlines()]
     size = Counter()
@@ -440,7 +440,7 @@ def test_llm_extractor_given_the_deterministic_answers_writes_the_committed_item
     same candidates, those without boundary evidence, here unprompted), so items and skills are the committed ones."""
     _, deterministic, _ = imported
     generator = CommittedSkills()
-    report = bfcl.import_bfcl(out=tmp_path, categories=COMMITTED_CATEGORIES, extractor="llm", llm_model=generator, llm_retries=1, card=False)
+    report = bfcl.import_bfcl(out=tmp_path, categories=COMMITTED_CATEGORIES, extractor="llm", llm_model=generator, llm_retries=1)
     assert sorted(generator.asked) == sorted(generator.skills)  # one reply each, every kept skill asked for once
     for name in ["items.jsonl", "skill_sources.json", *(f"domains/{p.name}" for p in (COMMITTED / "domains").glob("*.json"))]:
         assert (tmp_path / name).read_bytes() == (COMMITTED / name).read_bytes(), name
@@ -452,7 +452,7 @@ def test_llm_extractor_given_the_deterministic_answers_writes_the_committed_item
     assert f"Kept: {n_kept} ({n_kept} on the first reply, 0 after a retry); discarded: {n_rejected}." in readme
     assert f"* {n_rejected} × no boundary evidence: not prompted" in readme
     assert report.extraction is not None and len(report.extraction.kept) == n_kept
-    bfcl.import_bfcl(out=tmp_path, categories=COMMITTED_CATEGORIES, card=False)  # a deterministic import over it leaves no stale rejections
+    bfcl.import_bfcl(out=tmp_path, categories=COMMITTED_CATEGORIES)  # a deterministic import over it leaves no stale rejections
     assert not (tmp_path / "skill_rejections.json").exists()
 
 
@@ -504,12 +504,15 @@ def test_cli_default_is_the_committed_regeneration(tmp_path, monkeypatch):
 
     from probes.cli.main import main
 
+    from probes.reporting import cards
+
     defaults = {name: p.default for name, p in inspect.signature(bfcl.import_bfcl).parameters.items() if p.default is not inspect.Parameter.empty}
-    seen = {}
+    seen, carded = {}, []
     monkeypatch.setattr(bfcl, "import_bfcl", lambda **kwargs: seen.update(kwargs) or type("Report", (), {"summary": lambda self: ""})())
+    monkeypatch.setattr(cards, "write_card", carded.append)
     assert main(["bfcl-import", "--out", str(tmp_path)]) == 0
     assert tuple(seen.pop("categories")) == tuple(defaults.pop("categories")) == bfcl.CATEGORIES
-    assert {key: seen[key] for key in defaults} == defaults and defaults["card"] is True
+    assert {key: seen[key] for key in defaults} == defaults and list(map(Path, carded)) == [tmp_path]  # and CARD.md written after the import
     call = ast.parse(re.search(r"^import_bfcl\(.*\)$", (COMMITTED / "README.md").read_text(), re.M).group(0), mode="eval").body
     stated = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
     assert stated == {"out": "datasets/bfcl", "categories": list(bfcl.CATEGORIES), "skill_fraction": defaults["skill_fraction"], "seed": defaults["seed"]}

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
+from probes.core.chat import Reply
 from probes.data.dataset import Item
 from probes.data.schema import Skill, Tool, ToolCatalog, ToolUse
-from probes.engine.chat import Reply
 from probes.scoring.checker import ChatJudge, DecisionState, ProposedCall, check_call, matching_skills, repair_hint
 
 torch.set_num_threads(1)

@@ -15,7 +15,7 @@ import pytest
 
 from probes.analyses import base, curation
 from probes.analyses.curation import Curate, MaskEval
-from probes.engine.chat import Reply
+from probes.core.chat import Reply
 from probes.data.dataset import load_dataset
 from probes.scoring import curation as cur
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import probes
+from probes.analyses import explore as E
 from probes.analyses.base import AnalysisError
 from probes.data.schema import BOUNDARY_SLOTS
 from probes.engine.session import Knockout, span_positions
 from probes.prompts.record import PromptRecord
-from probes.reporting import explore as E
 from probes.reporting.finished import load
 from probes.scoring.score import EPSILON
 

@@ -1,7 +1,7 @@
-"""The package layout holds: no import cycles, nothing imports the CLI, importing the package (or a
-subpackage) loads no torch, the plots module leaves the matplotlib backend alone, the attention
-function is registered only when a session opens, and the notebook API computes exactly what the
-command line does."""
+"""The package layout holds: no import cycles, no layer imports a layer above it, nothing imports the
+CLI, importing the package (or a subpackage) loads no torch, the plots module leaves the matplotlib
+backend alone, the attention function is registered only when a session opens, and the notebook API
+computes exactly what the command line does."""
 
 from __future__ import annotations
 
@@ -201,31 +201,100 @@ def test_no_import_cycles_through_lazy_imports() -> None:
     assert not found, "import cycles (module level and inside functions): " + "; ".join(" -> ".join(cycle) for cycle in found)
 
 
-# The engine is the bottom layer: what a probe needs from a model. The model-family backends
-# build on it. Nothing in either imports the layers above (data, prompts, scoring, analyses,
-# organism, reporting, cli) nor the notebook facade (probes.session) or the package's lazy names.
-LOWER_LAYERS = {"probes.engine": ("probes.engine",), "probes.backends": ("probes.engine", "probes.backends")}
+# ---------------------------------------------------------------------------- the layers
+# Bottom up: a module imports only its own layer and the layers below it (docs/architecture.md).
+# core: what every layer shares (no package import, no torch); backends: alternative engines built
+# on the engine; session: the notebook facade (probes.session: the engine's session with the prompt
+# and score helpers); probes: the package root, whose lazy names (``_EXPORTS``) load the layers
+# below it on first use.
+LAYERS = ("probes.core", "probes.data", "probes.prompts", "probes.engine", "probes.backends", "probes.scoring", "probes.reporting",
+          "probes.session", "probes.analyses", "probes", "probes.cli")
+ORGANISM = "probes.organism"  # apart: it may import any layer but the CLI, and nothing but the CLI imports it
+CLI = "probes.cli"
+
+
+def layer_of(module: str) -> str:
+    """The layer of a module of the package (the root ``probes`` is its own layer: its ``__init__`` only)."""
+    for layer in (ORGANISM, *LAYERS):
+        if module == layer or (layer != "probes" and module.startswith(layer + ".")):
+            return layer
+    raise ValueError(f"{module} belongs to no layer: add its subpackage to LAYERS in tests/test_layout.py (and docs/architecture.md)")
+
+
+def lazy_names(init: Path) -> set[str]:
+    """The modules the package root's lazy names load (the values of its ``_EXPORTS``): its imports, made by name."""
+    for node in ast.walk(ast.parse(init.read_text(), str(init))):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+            return {ast.literal_eval(value) for value in node.value.values}
+    raise AssertionError(f"{init} defines no _EXPORTS")
+
+
+def layer_graph() -> dict[str, set[str]]:
+    """Every import of the package, module level and inside functions, with the root's lazy names."""
+    graph = import_graph(PACKAGE_DIR, every_import)
+    graph["probes"] |= lazy_names(PACKAGE_DIR / "__init__.py")
+    return graph
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``"a -> b (A imports B)"`` for each import of a layer above (or of the organism, or by it of the CLI)."""
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
     out = []
-    for layer, allowed in LOWER_LAYERS.items():
-        for module in sorted(m for m in graph if m == layer or m.startswith(layer + ".")):
-            out += [f"{module} -> {target}" for target in sorted(graph[module])
-                    if not any(target == a or target.startswith(a + ".") for a in allowed)]
+    for module in sorted(graph):
+        source = layer_of(module)
+        for target in sorted(graph[module]):
+            to = layer_of(target)
+            if source == ORGANISM:
+                allowed = to != CLI
+            elif to == ORGANISM:
+                allowed = source == CLI
+            else:
+                allowed = rank[to] <= rank[source]
+            if not allowed:
+                out.append(f"{module} -> {target} ({source} imports {to})")
     return out
 
 
-def test_the_engine_and_the_backends_import_no_upper_layer(tmp_path) -> None:
-    graph = import_graph(PACKAGE_DIR, every_import)
-    assert {"probes.engine.session", "probes.engine.generate", "probes.backends.base"} <= set(graph)
+def test_no_layer_imports_a_layer_above() -> None:
+    graph = layer_graph()
+    assert {layer_of(m) for m in graph} == {*LAYERS, ORGANISM}  # every module has its layer, and every layer a module
+    assert graph["probes"] >= {"probes.session", "probes.analyses"} and graph["probes.data.extract_llm"] >= {"probes.core.chat"}
     offenders = upward_imports(graph)
-    assert not offenders, f"the engine (or a backend) imports an upper layer: {offenders}"
-    # the check sees an upward import inside a function
-    assert upward_imports({**graph, "probes.engine.session": {"probes.engine.loading", "probes.analyses.knockout"}}) == [
-        "probes.engine.session -> probes.analyses.knockout"]
-    assert upward_imports({"probes.backends.x": {"probes.engine.session", "probes.backends.base", "probes.session"}}) == [
-        "probes.backends.x -> probes.session"]
+    assert not offenders, f"{len(offenders)} imports run up the layers: {offenders}"
+    assert not cycles(graph)
+
+
+def test_each_layer_rule_catches_a_planted_import() -> None:
+    """Each layer importing the one above it (as the analyses did with the organism, the engine with
+    the analyses), the organism imported below the CLI or importing it, and a module of no layer."""
+    graph = layer_graph()
+    ranked = [next(m for m in sorted(graph) if layer_of(m) == layer) for layer in LAYERS]
+    for lower, upper in zip(ranked, ranked[1:]):
+        planted = {**graph, lower: graph[lower] | {upper}}
+        assert upward_imports(planted) == [f"{lower} -> {upper} ({layer_of(lower)} imports {layer_of(upper)})"], (lower, upper)
+        assert not upward_imports({**graph, upper: graph[upper] | {lower}})  # downward: allowed
+    assert upward_imports({**graph, "probes.analyses.base": graph["probes.analyses.base"] | {"probes.organism.validate"}}) == [
+        "probes.analyses.base -> probes.organism.validate (probes.analyses imports probes.organism)"]
+    assert upward_imports({**graph, "probes.organism.card": graph["probes.organism.card"] | {"probes.cli.main"}}) == [
+        "probes.organism.card -> probes.cli.main (probes.organism imports probes.cli)"]
+    assert not upward_imports({**graph, "probes.organism.card": graph["probes.organism.card"] | {"probes.analyses.base", "probes"}})
+    with pytest.raises(ValueError, match="probes.plugins.x belongs to no layer"):
+        upward_imports({**graph, "probes.plugins.x": {"probes.core.files"}})
+
+
+def test_the_layer_check_reads_imports_inside_functions(tmp_path) -> None:
+    """From source: an upward import inside a function (invisible at import time) is one."""
+    pkg = tmp_path / "probes"
+    for sub in ("core", "analyses"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text('_EXPORTS = {"run": "probes.analyses"}\n')
+    (pkg / "core" / "files.py").write_text("def write():\n    from probes.analyses import base\n    return base\n")
+    (pkg / "analyses" / "base.py").write_text("from probes.core import files\n")
+    graph = import_graph(pkg, every_import)
+    assert graph["probes.core.files"] == {"probes.analyses.base"}
+    assert upward_imports(graph) == ["probes.core.files -> probes.analyses.base (probes.core imports probes.analyses)"]
+    assert not upward_imports(import_graph(pkg))  # module level alone misses it
 
 
 def test_the_notebook_session_is_the_engine_session_with_the_helpers() -> None:
@@ -291,7 +360,7 @@ SCRIPTS = {
         import sys
         import {", ".join(PACKAGES)}
         import probes.analyses
-        import probes.engine.chat, probes.data.extract_llm, probes.prompts.spans, probes.prompts.lengths  # torch-free leaves
+        import probes.core.chat, probes.core.files, probes.data.extract_llm, probes.prompts.spans, probes.prompts.lengths  # torch-free leaves
         assert probes.analyses.catalogue()["sweep"].help and "sweep" in probes.ANALYSES  # the registry, without its modules
         heavy = sorted(m for m in ("torch", "transformers", "matplotlib") if m in sys.modules)
         assert not heavy, heavy

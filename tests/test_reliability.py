@@ -564,7 +564,7 @@ def test_the_hash_memo_lives_outside_the_model_folder(model: Path) -> None:
 def test_bfcl_import_never_destroys_an_existing_dataset(dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("bfcl_eval", reason="needs the BFCL data: pip install --no-deps bfcl-eval")
-    import probes.data.bfcl as bfcl
+    from probes.data.bfcl import folder
 
     before = {p.relative_to(dataset): p.read_bytes() for p in dataset.rglob("*") if p.is_file()}
     argv = ["bfcl-import", "--out", str(dataset), "--max-probe-entries", "2"]
@@ -580,7 +580,7 @@ def test_bfcl_import_never_destroys_an_existing_dataset(dataset: Path, tmp_path:
     def killed(*args, **kwargs):
         raise RuntimeError("killed mid-import")
 
-    monkeypatch.setattr(bfcl, "counts_by_category", killed)  # inside the write: nothing of the new import may land
+    monkeypatch.setattr(folder, "render_readme", killed)  # inside the write, its last file: nothing of the new import may land
     with pytest.raises(RuntimeError, match="killed mid-import"):
         main(["bfcl-import", "--out", str(out), "--max-probe-entries", "3", "--no-card"])
     monkeypatch.undo()

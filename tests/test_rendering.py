@@ -18,10 +18,10 @@ import re
 import numpy as np
 import pytest
 
+from probes.core.chat import TemplateSupport
 from probes.prompts.bpe import train_bpe_tokenizer
 from probes.data.configs import CONFIGS, get_config
 from probes.data.dataset import ABSTAIN
-from probes.engine.chat import TemplateSupport
 from probes.prompts.builder import ABSTAIN_TEXT, NATIVE_FORCED_PREFIX, TOOLS_BLOCK_HEADER, BuildSettings, PromptBuilder
 from probes.prompts.spans import SpanReport, check_spans
 from probes.prompts.tokenizers import load_tokenizer

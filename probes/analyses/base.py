@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from probes.analyses.parallel import ShardedStore, open_store, rank_device, world
+from probes.core.files import write_csv
 from probes.data.dataset import BUCKETS, ORGANISM_DIR, ORGANISM_NAME, SPLIT_KINDS, Item, ProbeDataset, is_organism, load_dataset, resolve_dataset
 from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RETRIEVAL_MODES, RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint
@@ -42,7 +43,7 @@ from probes.engine.session import Knockout, ProbeSession
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, BuildSettings, PromptBuilder, make_builder, resolve_study
 from probes.prompts.record import PromptRecord, record_id
 from probes.prompts.context import SkippedItem, partition_by_context
-from probes.reporting.results import ResultsStore, check_inside, write_csv
+from probes.reporting.results import ResultsStore, check_inside
 from probes.scoring.claims import Claim, claims_table
 from probes.scoring.score import DEFAULT_VARIANT, EPSILON, MARGIN_VARIANTS, MARGINS, row_fields, score_record
 
@@ -579,7 +580,7 @@ class RunContext:
 
 # The modules that draw, plot or report results only, or that no analysis runs (the dataset tools, formerly
 # in the CLI); every other module shapes the rows.
-_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "reporting/explore.py", "analyses/report.py",
+_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "analyses/explore.py", "analyses/report.py",
                  "analyses/tools.py", "organism")
 
 

@@ -42,6 +42,7 @@ from probes.analyses import register
 from probes.analyses.attribution import Attribution, design, draw, included_sets, mask_jobs, mask_scorer, shown
 from probes.analyses.base import (Analysis, ItemOptions, Job, OptionError, ReportSection, RunContext, RunOptions, cached_scorer,
                                   k_max_option, option, provenance, run_jobs, shared)
+from probes.core.files import write_csv
 from probes.data.dataset import DatasetError, Item, ProbeDataset, load_dataset
 from probes.data.retrieval import skill_text
 from probes.engine.generate import ChatGenerator
@@ -49,7 +50,7 @@ from probes.data.schema import BOUNDARY_SLOTS, LibraryReport, SkillValidationErr
 from probes.prompts.builder import DEFAULT_K_MAX
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
-from probes.reporting.results import load_results, write_csv
+from probes.reporting.results import load_results
 from probes.scoring import attribution as est
 from probes.scoring import curation as cur
 from probes.scoring.stats import paired_differences, summarise as ci_summary

@@ -46,16 +46,17 @@ from probes.analyses.base import (
     require_session,
     split_label,
 )
+from probes.analyses.explore import SHOWN as EXPLORED
+from probes.analyses.explore import ExploreOptions, write_explore
 from probes.analyses.knockout import basm_deltas, caption, knockout_labels, knockout_panel, selectivity_panel
 from probes.analyses.parallel import rank_device, world
 from probes.analyses.ratios import eta_panels
 from probes.analyses.suppression import margin_bars
+from probes.core.files import write_csv, write_text
 from probes.engine.session import ProbeSession
 from probes.reporting import plots
-from probes.reporting.explore import SHOWN as EXPLORED
-from probes.reporting.explore import ExploreOptions, write_explore
 from probes.reporting.markdown import markdown_table
-from probes.reporting.results import environment, write_csv, write_text
+from probes.reporting.results import environment
 from probes.scoring.claims import claims_table
 
 # Shared options set on an analysis only when given to the report (else it keeps its own default).

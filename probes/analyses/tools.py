@@ -47,12 +47,12 @@ from probes.analyses.base import (
     select_items,
     shared,
 )
+from probes.core.chat import BATCH_SIZE, MAX_NEW_TOKENS
 from probes.data.configs import CONFIGS
 from probes.data.bfcl import CATEGORIES as BFCL_CATEGORIES
 from probes.data.bfcl import EXTRACTORS
 from probes.data.dataset import AUDIT_ACTIONS, BUCKETS, V2_DATASET_DIR, Item, audit_records, fold_groups, load_dataset
 from probes.data.extract_llm import RETRIES
-from probes.engine.chat import BATCH_SIZE, MAX_NEW_TOKENS
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, SWEEP_K_MAX, PromptBuilder, resolve_study
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import SpanReport, check_spans
@@ -174,7 +174,7 @@ def build_records(builder: PromptBuilder, items: Sequence[Item], configs: Sequen
 def build(**options: Any) -> BuildResult:
     """Build the prompt records of the selected items × configurations × k = 0..k_max × formats and write
     them to ``out`` (JSON Lines, replaced whole at the end); options: :class:`BuildOptions`."""
-    from probes.reporting.results import atomic_path
+    from probes.core.files import atomic_path
 
     start = time.perf_counter()
     o = _study(_make(BuildOptions, options))
@@ -294,7 +294,7 @@ def shortcuts(**options: Any) -> pd.DataFrame:
     table = shortcut_table(dataset, split_kind=o.split_kind, tokenizer=tokenizer, folds=o.folds,
                            fold_groups=o.fold_groups, resamples=o.resamples, seed=o.seed)
     if o.out is not None:
-        from probes.reporting.results import write_csv
+        from probes.core.files import write_csv
 
         write_csv(table, o.out)
     return table
@@ -383,8 +383,10 @@ class BFCLImportOptions(Options):
 def bfcl_import(**options: Any) -> Any:
     """Import the BFCL multi-turn data (:func:`probes.data.bfcl.import_bfcl`; options:
     :class:`BFCLImportOptions`; ``llm_model`` is loaded with
-    :class:`~probes.engine.generate.ChatGenerator`); returns the import's report."""
+    :class:`~probes.engine.generate.ChatGenerator`), then write the folder's measured ``CARD.md``
+    (:func:`probes.reporting.cards.write_card`, unless ``card`` is off); returns the import's report."""
     from probes.data import bfcl
+    from probes.reporting.cards import write_card
 
     o = _make(BFCLImportOptions, options)
     llm_model = None
@@ -393,10 +395,13 @@ def bfcl_import(**options: Any) -> Any:
 
         llm_model = ChatGenerator.load(o.llm_model, max_new_tokens=o.llm_max_new_tokens, batch_size=o.llm_batch_size, dtype=o.llm_dtype, device=o.llm_device)
     try:
-        return bfcl.import_bfcl(out=o.out, bfcl_dir=o.bfcl_dir, categories=o.categories, skill_fraction=o.skill_fraction, seed=o.seed,
-                                max_probe_entries=o.max_probe_entries, extractor=o.extractor, llm_model=llm_model,
-                                llm_retries=o.llm_retries, overwrite=o.overwrite, card=o.card)
+        report = bfcl.import_bfcl(out=o.out, bfcl_dir=o.bfcl_dir, categories=o.categories, skill_fraction=o.skill_fraction, seed=o.seed,
+                                  max_probe_entries=o.max_probe_entries, extractor=o.extractor, llm_model=llm_model,
+                                  llm_retries=o.llm_retries, overwrite=o.overwrite)
     except (bfcl.BFCLDataError, OptionError):
         raise  # missing or malformed BFCL data: a data error
     except ValueError as error:  # the importer's checks of its arguments and of --out
         raise OptionError(str(error)) from error
+    if o.card:  # the import removed the previous card: it measured the previous items
+        write_card(o.out)
+    return report

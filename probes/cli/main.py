@@ -131,14 +131,14 @@ register("card", "Write a dataset's CARD.md: counts, shortcut baselines and firs
 
 
 def _explore(options: dict[str, Any]) -> int:
-    from probes.reporting.explore import explore
+    from probes.analyses.explore import explore
 
     explore(**options)
     return 0
 
 
 register("explore", "Write OUT/<model>/explore.html: prompts, spans, deciding-row attention, heads and knockouts, offline in a browser.",
-         *_tool_command("ExploreOptions", _explore, "probes.reporting.explore"))
+         *_tool_command("ExploreOptions", _explore, "probes.analyses.explore"))
 
 
 # ---------------------------------------------------------------------------- probe analyses

@@ -458,6 +458,7 @@ def fold_groups(items: Sequence[Item], kind: str = "task_group") -> list[str]:
             raise ValueError(f"task group {item.task_group} spans scenarios {owner[item.task_group]!r} and {item.scenario!r}: "
                              "scenario folds would split it")
     return [item.scenario for item in items]
+CARD_NAME = "CARD.md"  # a dataset folder's measured card (probes.reporting.cards)
 AUDIT_FILE = "audit.jsonl"  # items a label audit dropped: {id, bucket, category?, source, audit} per line
 
 

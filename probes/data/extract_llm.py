@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from probes.core.chat import OnBatch, Reply
 from probes.data.schema import SLOTS, Skill, SkillValidationError, Tool, ToolCatalog, validate_skill
-from probes.engine.chat import OnBatch, Reply
 
 # What each slot holds, as the prompt states it (keyed by the schema's slots, in their order).
 SLOT_SPEC: dict[str, str] = {

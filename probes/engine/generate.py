@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from probes.engine.chat import BATCH_SIZE, MAX_NEW_TOKENS, OnBatch, Reply, TemplateSupport
+from probes.core.chat import BATCH_SIZE, MAX_NEW_TOKENS, OnBatch, Reply, TemplateSupport
 from probes.engine.loading import ModelLoadError, load_model
 
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pandas as pd
 
+from probes.core.files import write_text
 from probes.organism.heldout import heldout_report
 from probes.organism.train.supervision import head_key
 from probes.organism.validate import Validation, validate
 from probes.reporting.markdown import markdown_table
-from probes.reporting.results import write_text
 
 DISCLAIMER = (
     "**This is a synthetic organism for validating the instrument, not evidence about Qwen3.** It has "

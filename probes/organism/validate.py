@@ -47,12 +47,12 @@ from probes.analyses import knockout as knockout_mod
 from probes.analyses import ratios as ratios_mod
 from probes.analyses import sweep as sweep_mod
 from probes.analyses.base import Analysis, AnalysisError, RunContext, open_context
+from probes.core.files import write_text
 from probes.scoring.score import EPSILON
 from probes.engine.session import ProbeSession
 from probes.organism import ORGANISM_DIR
 from probes.reporting.markdown import markdown_table
 from probes.scoring.claims import ALPHA, Claim, claims_table, effect_claim
-from probes.reporting.results import write_text
 
 FAMILY = "organism validation"  # Holm over every claim of the validation
 DEPTH = 2  # the retrieval depth of every claim (the paper's focus)

@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from probes.core.chat import TemplateSupport
 from probes.prompts.record import Candidate, PromptRecord, SkillEntry, SlotSpan, Spans, record_id
 from probes.data.configs import MemoryConfig, get_config
 from probes.data.dataset import ABSTAIN, Item, ProbeDataset, default_study, is_organism
 from probes.data.retrieval import RETRIEVAL_MODES, Retriever, ScoredSkill, check_relevance, make_embedder, oracle_order
 from probes.data.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
-from probes.engine.chat import TemplateSupport
 from probes.prompts.lengths import cut_to_tokens, length_trials
 from probes.prompts.priming import ToolMentionRewriter
 from probes.prompts.spans import tokens_overlapping

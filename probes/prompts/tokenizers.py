@@ -1,7 +1,7 @@
 """Tokenizers for prompt building: the bundled real Qwen3 tokenizer, or a local folder.
 
 What a tokenizer's chat template can do (tool schemas, a thinking switch) is detected by
-:class:`probes.engine.chat.TemplateSupport`, shared with the engine's chat generator.
+:class:`probes.core.chat.TemplateSupport`, shared with the engine's chat generator.
 """
 
 from __future__ import annotations

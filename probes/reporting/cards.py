@@ -41,14 +41,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probes.data.dataset import ABSTAIN, AUDIT_FILE, BUCKETS, SPLITS, ProbeDataset, audit_records, load_dataset
+from probes.data.dataset import ABSTAIN, AUDIT_FILE, BUCKETS, CARD_NAME, SPLITS, ProbeDataset, audit_records, load_dataset
 from probes.data.retrieval import RELEVANCE_MEASURES, Embedder, Retriever, make_embedder
 from probes.prompts.builder import DEFAULT_K_MAX, NATIVE_FORCED_PREFIX
 from probes.prompts.tokenizers import QWEN3_TOKENIZER, load_tokenizer
 from probes.scoring.shortcuts import (CATALOG_RULES, COMPARED, DEFAULT_FOLDS, DEFAULT_RESAMPLES, SHORTCUT_RULES, bag_of_words_variants,
                                      best_shortcut, out_of_fold_rows, shortcut_table, split_name)
 
-CARD_NAME = "CARD.md"
 LLM_RECORD = "llm_extraction.jsonl"  # a recorded LLM extractor run in a dataset folder (optional)
 DEFAULT_TOKENIZER = QWEN3_TOKENIZER
 NAME_CONTINUATION = '", "arguments": {'  # what follows a tool name in the native format
@@ -314,7 +313,7 @@ def llm_record_section(dataset: ProbeDataset, path: Path) -> list[str]:
 def write_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFAULT_TOKENIZER, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Path:
     """Write :func:`dataset_card` to ``<dataset_dir>/CARD.md`` atomically (through a temporary file
     renamed over it; a dead writer's temporary file is deleted); returns the path."""
-    from probes.reporting.results import write_text
+    from probes.core.files import write_text
 
     path = Path(dataset_dir) / CARD_NAME
     text = dataset_card(dataset_dir, tokenizer=tokenizer, resamples=resamples, seed=seed)

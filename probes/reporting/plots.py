@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from probes.core.files import atomic_path
 from probes.data.configs import CONFIGS, config_label
-from probes.reporting.results import atomic_path
 from probes.scoring.stats import MIN_CI_GROUPS, no_ci_note
 
 BUCKET_LABELS: dict[str, str] = {

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from probes.core.files import write_text
 from probes.data.dataset import V1_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_DIR
 from probes.organism.train.batch import batch_loss
@@ -81,7 +82,6 @@ from probes.organism.train.examples import (
 from probes.organism.train.supervision import PLANTED_TARGETS, head_key, install_train_attention
 from probes.prompts.bpe import train_bpe_tokenizer
 from probes.prompts.builder import ABSTAIN_TEXT
-from probes.reporting.results import write_text
 
 
 # The per-step losses of the first steps are recorded: a short rerun reproduces them (tested).

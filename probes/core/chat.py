@@ -1,4 +1,4 @@
-"""Chat-model conventions shared by the engine's generator and the prompt builder (no torch).
+"""Chat-model conventions shared by the prompt builder, the engine's generator and the LLM skill extractor (no torch).
 
 - :class:`TemplateSupport`: what a tokenizer's chat template can do (tool schemas, a thinking
   switch), detected by rendering probes; the prompt builder renders with it

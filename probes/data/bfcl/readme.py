@@ -1,42 +1,25 @@
 """The README of an imported BFCL dataset folder (``datasets/bfcl/README.md``): source, rules, counts
 per category and bucket, skills kept and rejected. Written by :func:`probes.data.bfcl.import_bfcl`
-from its :class:`~probes.data.bfcl.ImportReport` and the :class:`ImportFacts` it states beside it;
-the text is compared with the committed README by tests/test_bfcl.py."""
+from its :class:`~probes.data.bfcl.ImportReport` and the importer's fixed rules; the text is compared
+with the committed README by tests/test_bfcl.py."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any
 
-from probes.data.dataset import BUCKETS
-
-
-@dataclass(frozen=True)
-class ImportFacts:
-    """What the README states beside the import report: the source files and the importer's rules
-    (:func:`probes.data.bfcl.readme_facts`)."""
-
-    files: str  # the category files read, comma-separated
-    data_version: str  # content hash of the BFCL files
-    domains: tuple[str, ...]  # BFCL's API classes, in the order of the skills table
-    added_function_prompt: str
-    evidence_per_slot: int
-    llm_successes: int
-    llm_evidence_lines: int
-    predecessor_min_uses: int
-    predecessor_min_share: float
-    example_min_words: int
-    audit_file: str
-    audit_rule: str
-    miss_func_audit_rule: str
+from probes.data.bfcl.audit import AUDIT_RULE, MISS_FUNC_AUDIT_RULE
+from probes.data.bfcl.evidence import EXAMPLE_MIN_WORDS, PREDECESSOR_MIN_SHARE, PREDECESSOR_MIN_USES
+from probes.data.bfcl.extract import EVIDENCE_PER_SLOT, LLM_EVIDENCE_LINES, LLM_SUCCESSES
+from probes.data.bfcl.import_report import ImportReport
+from probes.data.bfcl.source import ADDED_FUNCTION_PROMPT, FUNC_DOC_FILES
+from probes.data.dataset import AUDIT_FILE, BUCKETS
 
 
-def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, seed: int, max_probe_entries: int | None) -> str:
-    """The dataset card: source, rules, counts per category and bucket, skills kept and rejected.
-    ``report``: the :class:`probes.data.bfcl.ImportReport` of the import."""
+def render_readme(report: ImportReport) -> str:
+    """The README of the import ``report`` describes: source, rules, counts per category and bucket,
+    skills kept and rejected."""
     llm = report.llm_settings
+    skill_fraction, seed, max_probe_entries = report.skill_fraction, report.seed, report.max_probe_entries
     lines = [
         "# bfcl: BFCL multi-turn decision points (generated)",
         "",
@@ -52,8 +35,8 @@ def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, see
            f" llm_retries={llm['retries']}" if llm else "") + ")",
         "```",
         "",
-        f"Source: the `bfcl-eval` package's data ({facts.files}, their `possible_answer/` files and",
-        f"`multi_turn_func_doc/`; content hash `{facts.data_version}`). BFCL is Apache-2.0 (Gorilla project);",
+        f"Source: the `bfcl-eval` package's data ({report.source_files}, their `possible_answer/` files and",
+        f"`multi_turn_func_doc/`; content hash `{report.data_version}`). BFCL is Apache-2.0 (Gorilla project);",
         "these files are derived from it under the same license.",
         "",
         "## Entries and split",
@@ -73,7 +56,7 @@ def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, see
         "message, each call and its observation; BFCL stores no assistant text, so none is inserted), `user` the",
         "turn's message, `history` the turn's calls before `j` with observations. In miss_func, functions BFCL",
         "holds out are removed from the catalog (`unavailable_tools`) until their turn, whose user message is BFCL's",
-        f"`{facts.added_function_prompt}`. A turn with ground truth `[]` is one point whose correct action is to abstain.",
+        f"`{ADDED_FUNCTION_PROMPT}`. A turn with ground truth `[]` is one point whose correct action is to abstain.",
         "Tool names are BFCL's (unique across the classes; checked); BFCL's `dict`/`float` types became `object`/`number`.",
         "Retrieval (Eq. 8) sees the current turn only (`user` + `history`), not `context`.",
         "",
@@ -121,13 +104,13 @@ def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, see
         "## Label audit",
         "",
         "Every abstain T_wrong label is checked by a stated rule before it becomes an item (`audit` field: rule, action,",
-        f"reason; the dropped ones are in `{facts.audit_file}`; `basm-probes audit --dataset DIR` lists them all).",
-        f"*miss_param*: {facts.audit_rule}. A call of BFCL's next turn lacks an argument when a required parameter's",
+        f"reason; the dropped ones are in `{AUDIT_FILE}`; `basm-probes audit --dataset DIR` lists them all).",
+        f"*miss_param*: {AUDIT_RULE}. A call of BFCL's next turn lacks an argument when a required parameter's",
         "value (BFCL's ground truth) appears in neither; when BFCL's clarification quotes values, only the parameters it",
         "quotes can be the missing ones. If that turn's first call lacks nothing, it can be made now: dropped; if no call",
         "lacks anything: dropped; else the first call lacking an argument is the tempting one (relabelled when the",
         "pre-audit rule, `source.pre_audit_rule`, chose another).",
-        f"*miss_func*: {facts.miss_func_audit_rule}; else dropped.",
+        f"*miss_func*: {MISS_FUNC_AUDIT_RULE}; else dropped.",
         "",
         "| category | kept | relabelled | dropped |",
         "|---|---|---|---|",
@@ -146,15 +129,15 @@ def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, see
         "## Skills (§4.2, Eqs. 6–7)",
         "",
     ]
-    lines += _llm_skills_text(report, facts) if llm else _deterministic_skills_text(facts)
+    lines += _llm_skills_text(report) if llm else _deterministic_skills_text()
     lines += [
         "",
         "| domain (BFCL class) | tools | candidates | kept | rejected |",
         "|---|---|---|---|---|",
     ]
-    for domain in facts.domains:
+    for domain in FUNC_DOC_FILES:
         n_kept = len(report.kept[domain])
-        lines.append(f"| {domain} | {len(json.loads((report.out / 'domains' / f'{domain}.json').read_text())['tools'])} | "
+        lines.append(f"| {domain} | {report.tools[domain]} | "
                      f"{report.candidates[domain]} | {n_kept} | {report.candidates[domain] - n_kept} |")
     reasons = Counter("; ".join(problems) for problems in report.rejected.values())
     lines += ["", "Rejections (extractor, anchor checks and ψ):" if llm else "Rejections by ψ:", ""]
@@ -187,8 +170,8 @@ def render_readme(report: Any, facts: ImportFacts, *, skill_fraction: float, see
     return "\n".join(lines)
 
 
-def _deterministic_skills_text(facts: ImportFacts) -> list[str]:
-    """The Skills paragraph of an import whose f_ext was :func:`extract_skill`."""
+def _deterministic_skills_text() -> list[str]:
+    """The Skills paragraph of an import whose f_ext was :func:`~probes.data.bfcl.extract_skill`."""
     return [
         "Tool-level anchors: one candidate per tool called in the skill-source base trajectories (f_ext,",
         "`probes.data.bfcl.extract_skill`, deterministic). Every slot item is built from the tool's own executed",
@@ -197,14 +180,14 @@ def _deterministic_skills_text(facts: ImportFacts) -> list[str]:
         "sentence. Procedure (τ⁺): each supported predecessor, the argument values seen per parameter, the most",
         "frequent call with the observation it returned, and one example request. A predecessor P of tool T is named",
         "only when P is the call right before T in the same turn *with a dependency* (executed without P, T failed; or",
-        f"an argument value of T stands in P's observation) in at least {facts.predecessor_min_uses} of T's source uses and at least",
-        f"{facts.predecessor_min_share:.0%} of them (order alone is no support). An example request has at least {facts.example_min_words} words, quotes an",
+        f"an argument value of T stands in P's observation) in at least {PREDECESSOR_MIN_USES} of T's source uses and at least",
+        f"{PREDECESSOR_MIN_SHARE:.0%} of them (order alone is no support). An example request has at least {EXAMPLE_MIN_WORDS} words, quotes an",
         "argument value of its call, and comes from a scenario that gives none of the skill's shown boundary evidence",
         "(BFCL's categories share scenarios). Applicability = the predecessors having run and the required",
         "parameters being known; never that a tool is available. Boundary evidence (failure contexts τ⁻), each item",
         "naming its own call, error, request or values: the skip-the-previous-call failure (executed) → risk cue,",
         "avoidance rule, recovery note; a held-out function in a miss_func `[]` turn → risk cue + avoidance rule;",
-        f"a missing parameter in a miss_param `[]` turn → risk cue + avoidance rule. At most {facts.evidence_per_slot} pieces of evidence",
+        f"a missing parameter in a miss_param `[]` turn → risk cue + avoidance rule. At most {EVIDENCE_PER_SLOT} pieces of evidence",
         "(one per kind first). ψ (`probes.data.schema.validate_skill`) rejects candidates without risk cues or",
         "avoidance rules (only tools with failure or missing evidence keep a skill: precision first, as in §4.2), a",
         "quotation that stands in two slots, and an applicability condition stating that a tool is available (a",
@@ -213,7 +196,7 @@ def _deterministic_skills_text(facts: ImportFacts) -> list[str]:
     ]
 
 
-def _llm_skills_text(report: Any, facts: ImportFacts) -> list[str]:
+def _llm_skills_text(report: ImportReport) -> list[str]:
     """The Skills paragraph of an import whose f_ext was the LLM extractor."""
     llm, extraction = report.llm_settings, report.extraction
     assert extraction is not None
@@ -222,8 +205,8 @@ def _llm_skills_text(report: Any, facts: ImportFacts) -> list[str]:
         "Tool-level anchors: one candidate per tool called in the skill-source base trajectories. f_ext is an LLM:",
         f"`probes.data.extract_llm.LLMExtractor` with the chat model `{llm['model']}` (greedy, thinking off where the",
         f"template has the switch, at most {llm['max_new_tokens']} new tokens, {llm['batch_size']} replies per batch). The prompt (`probes.data.bfcl.llm_candidate`) gives the",
-        f"seven slots, the tool's schema and its domain's tool names, up to {facts.llm_successes} successful uses (τ⁺: request and",
-        f"call) and up to {facts.llm_evidence_lines} lines of boundary evidence (τ⁻, as for the deterministic extractor: the executed",
+        f"seven slots, the tool's schema and its domain's tool names, up to {LLM_SUCCESSES} successful uses (τ⁺: request and",
+        f"call) and up to {LLM_EVIDENCE_LINES} lines of boundary evidence (τ⁻, as for the deterministic extractor: the executed",
         "skip-the-previous-call failure, a held-out function in a miss_func `[]` turn, a missing parameter in a miss_param",
         "`[]` turn). A candidate without boundary evidence is not prompted (precision first, §4.2). A reply is read as",
         "JSON, or as one fenced ```json block that is the whole reply; ψ (`probes.data.schema.validate_skill`) and two",

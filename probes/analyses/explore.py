@@ -18,6 +18,10 @@ The attention is the engine's full softmax row at the deciding row
 shown: the knocked records first, then the sweep's, at most ``records`` and within ``max_mb``,
 stored quantised (``precision``). The records are rebuilt with each analysis's recorded options
 (its results header), so the page shows what the rows measured.
+
+The page sits above the analyses (it rebuilds their runs and reads their rows with their helpers);
+the catalogue ignores this module, which registers no analysis. Its template ships with the
+presentation assets of :mod:`probes.reporting` (``probes/reporting/templates/``).
 """
 
 from __future__ import annotations
@@ -38,11 +42,11 @@ from probes import analyses as registry
 from probes.analyses.base import (AnalysisError, Options, RunContext, RunOptions, default_model, model_label, open_context, option,
                                   option_fields, shared)
 from probes.analyses.knockout import control_of, deciding_run, deltas_per_record, knocked_configs, layer_windows, record_knockouts
+from probes.core.files import write_text
 from probes.data.schema import BOUNDARY_SLOTS
 from probes.engine.session import ProbeSession
 from probes.prompts.record import PromptRecord
 from probes.reporting.finished import FinishedRun, load, read_table
-from probes.reporting.results import write_text
 from probes.scoring.controls import tool_names_of
 
 NAME = "explore"
