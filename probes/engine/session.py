@@ -579,13 +579,13 @@ class ConditionResult:
     candidate_recorded: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     @classmethod
-    def from_recordings(cls, condition: Knockout, row_offset: int, logits: torch.Tensor, decision: torch.Tensor, spans: Sequence[str],
+    def from_recordings(cls, condition: Knockout, row_offset: int, logits: torch.Tensor, decision_logits: torch.Tensor, spans: Sequence[str],
                         candidate_token_logprobs: dict[str, torch.Tensor], recorded: dict[str, torch.Tensor],
                         candidate_recorded: dict[str, dict[str, torch.Tensor]], backend: str = "") -> ConditionResult:
         """One condition's result from its recordings (probes.engine.hooks.condition_recordings):
         the engine's own recorders fill span_mass, rows and residual, the rest ``recorded``.
-        ``decision``: the decision row's logits (checked finite)."""
-        check_finite(decision, f"decision-row logits under condition {condition.name!r}{f' ({backend} backend)' if backend else ''}")
+        ``decision_logits``: the decision row's logits (checked finite)."""
+        check_finite(decision_logits, f"decision-row logits under condition {condition.name!r}{f' ({backend} backend)' if backend else ''}")
         own = (SPAN_MASS, ROWS, RESIDUAL)
         mass = recorded.get(SPAN_MASS)
         return cls(
@@ -593,7 +593,7 @@ class ConditionResult:
             row_offset=row_offset,
             logits=logits,
             span_mass={s: mass[..., j] for j, s in enumerate(spans)} if mass is not None else {},
-            entropy=entropy(decision),
+            entropy=entropy(decision_logits),
             candidate_token_logprobs=candidate_token_logprobs,
             candidate_span_mass={k: {s: v[SPAN_MASS][..., j] for j, s in enumerate(spans)} if SPAN_MASS in v else {}
                                  for k, v in candidate_recorded.items()},
