@@ -579,8 +579,8 @@ class ConditionResult:
     candidate_recorded: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     @classmethod
-    def from_recordings(cls, condition: Knockout, row_offset: int, logits: torch.Tensor, decision_logits: torch.Tensor, spans: Sequence[str],
-                        candidate_token_logprobs: dict[str, torch.Tensor], recorded: dict[str, torch.Tensor],
+    def from_recordings(cls, condition: Knockout, row_offset: int, logits: torch.Tensor, decision_logits: torch.Tensor,
+                        spans: Sequence[str], candidate_token_logprobs: dict[str, torch.Tensor], recorded: dict[str, torch.Tensor],
                         candidate_recorded: dict[str, dict[str, torch.Tensor]], backend: str = "") -> ConditionResult:
         """One condition's result from its recordings (probes.engine.hooks.condition_recordings):
         the engine's own recorders fill span_mass, rows and residual, the rest ``recorded``.
