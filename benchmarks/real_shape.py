@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         n_forwards = (1 + len(conditions)) * (1 + multi)
         from probes.backends import get_backend
         from probes.backends.base import RowEdit
+        from probes.engine.hooks import HOOK_PATTERN, hook_site
 
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = Path(tmp) / "qwen3-0.6b-shape"
@@ -243,11 +244,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 backend = get_backend(name, model_dir)
                 edit = RowEdit(tuple(record.query_rows), conditions[0].key_positions,
                                conditions[0].active(backend.n_layers, backend.n_heads))
-                backend.forward_edited(record.input_ids[:64], RowEdit((), (), edit.active), list(range(60, 64)), None)  # warm-up
+                backend.forward_edited(record.input_ids[:64], RowEdit((), (), edit.active), list(range(60, 64)))  # warm-up
                 per = []
                 for _ in range(args.repeats):
                     t_unit = timed(lambda: sdpa(record.input_ids))
-                    t = timed(lambda: backend.forward_edited(record.input_ids, edit, rows_read, None))
+                    patterns = [hook_site(HOOK_PATTERN, layer) for layer in range(backend.n_layers)]  # what span mass reads
+                    t = timed(lambda: backend.forward_edited(record.input_ids, edit, rows_read, patterns))
                     per.append(t / t_unit)
                     print(f"  {name}: one edited forward {t:.1f} s = {t / t_unit:.2f} forwards", flush=True)
                 backend_rows[name] = (statistics.median(per), statistics.median(per) * n_forwards, n_forwards)

@@ -31,9 +31,11 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from probes.reporting.results import load_results
-from probes.scoring.score import EPSILON, score_record
+from probes.scoring.margins import candidates_from_record
+from probes.scoring.score import EPSILON, score_record, scored_tokens
 from probes.backends import BACKENDS, get_backend
 from probes.data.dataset import load_dataset
+from probes.engine.hooks import HOOK_PATTERN, HOOK_Z, Recorder
 from probes.engine.session import Knockout, span_positions
 from probes.prompts.record import PromptRecord
 from probes.organism.train.examples import make_builder
@@ -183,6 +185,98 @@ def test_backends_agree_on_scored_records_and_raw_results(name, fmt, condition_n
                 worst[f"{b} raw {k}"] = max(worst.get(f"{b} raw {k}", 0.0), float(v))
                 assert v <= TOL, (name, b, c.condition.name, k, float(v))
     print(f"{name} {fmt}: max |diff| " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(worst.items())))
+
+
+# ---------------------------------------------------------------------------- a per-row quantity declared here only
+# Declared once, in this file: the engine, the backends and the scorer are not touched to record them.
+HEAD_OUT_NORM = Recorder("head_out_norm", (HOOK_Z,), lambda z: z.norm(dim=-1), rows="decision")  # per condition [layer, head]
+PATTERN_PEAK = Recorder("pattern_peak", (HOOK_PATTERN,), lambda p: p.amax(dim=-1), candidates=True)  # [layer, head, row]
+
+
+def _eager_reference(model_dir: Path, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Independent of every backend: an HF eager forward with ``output_attentions`` (pattern [layer,
+    head, n, n]) and o_proj's input caught by a forward pre-hook (z [layer, n, head, d_head])."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    cfg = model.config
+    z: dict[int, torch.Tensor] = {}
+    handles = [layer.self_attn.o_proj.register_forward_pre_hook(lambda _m, args, i=i: z.__setitem__(i, args[0][0]))
+               for i, layer in enumerate(model.model.layers)]
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_attentions=True)
+    for h in handles:
+        h.remove()
+    heads = torch.stack([z[i].unflatten(-1, (cfg.num_attention_heads, -1)) for i in range(cfg.num_hidden_layers)])
+    return torch.stack(out.attentions)[:, 0], heads
+
+
+def test_a_recorder_declared_in_one_place_is_recorded_alike_on_every_backend(models, backends):
+    """A new quantity (the per-head output norm at the decision row, from ``hook_z``; the peak attention
+    probability at every query and candidate row, from ``hook_pattern``) is one ``Recorder``: native,
+    nnsight and TransformerLens record it alike under knockouts, and it equals an eager HF forward."""
+    model_dir, tokenizer = models["qwen3"]
+    record = _record("qwen3", tokenizer, "native")
+    conds = _conditions(record, ("boundary", "memory_heads"))
+    cands = scored_tokens(candidates_from_record(record), record.format)
+    assert any(len(t) > 1 for _, t in cands.values())  # continuation rows are recorded too
+    recorders = [HEAD_OUT_NORM, PATTERN_PEAK]
+    got = {b: backend.run(record.input_ids, record.query_rows, conditions=conds, candidates=cands, recorders=recorders)
+           for b, backend in backends["qwen3"].items()}
+    native = got["native"]
+    n_layers, n_heads, n_rows = 2, 4, len(record.query_rows)
+    base = native.conditions[0]
+    assert base.recorded["head_out_norm"].shape == (n_layers, n_heads)
+    assert base.recorded["pattern_peak"].shape == (n_layers, n_heads, n_rows)
+    assert base.span_mass == {} and base.rows is None and base.residual is None  # only what was asked
+    # Not vacuous: the knockout moves the quantity.
+    assert (native["boundary"].recorded["head_out_norm"] - base.recorded["head_out_norm"]).abs().max() > 1e-3
+    worst: dict[str, float] = {}
+    for b in ("nnsight", "transformerlens"):
+        for want, have in zip(native.conditions, got[b].conditions, strict=True):
+            pairs = [(k, want.recorded[k], have.recorded[k]) for k in ("head_out_norm", "pattern_peak")]
+            pairs += [(f"pattern_peak {c}", want.candidate_recorded[c]["pattern_peak"], have.candidate_recorded[c]["pattern_peak"])
+                      for c in cands]
+            for k, w, h in pairs:
+                assert w.shape == h.shape, (b, k)
+                diff = float((w - h).abs().max())
+                k = k.split(" ")[0] + (" (candidate rows)" if " " in k else "")
+                worst[f"{b} {k}"] = max(worst.get(f"{b} {k}", 0.0), diff)
+                assert diff <= TOL, (b, want.condition.name, k, diff)
+    # Independent computation, baseline: eager HF forward of the prompt and of each candidate's continuation.
+    pattern, z = _eager_reference(model_dir, record.input_ids)
+    rows = record.query_rows
+    ref = {"head_out_norm": z[:, rows[-1]].norm(dim=-1), "pattern_peak": pattern[:, :, rows].amax(dim=-1)}
+    for name, (anchor, toks) in cands.items():
+        p_cand, _ = _eager_reference(model_dir, record.input_ids[: anchor + 1] + toks[:-1]) if len(toks) > 1 else (pattern, None)
+        # a continuation row's own keys are not prompt positions: the peak over the prompt keys it sees
+        ref[f"pattern_peak {name}"] = p_cand[:, :, anchor : anchor + len(toks), : anchor + 1].amax(dim=-1)
+    for k, want in ref.items():
+        name, _, cand = k.partition(" ")
+        for b, res in got.items():
+            have = res.conditions[0].candidate_recorded[cand][name] if cand else res.conditions[0].recorded[name]
+            diff = float((have - want).abs().max())
+            k = name + (" (candidate rows)" if cand else "")
+            worst[f"{b} vs eager {k}"] = max(worst.get(f"{b} vs eager {k}", 0.0), diff)
+            assert diff <= TOL, (b, k, diff)
+    # The single-pass reference path records it too.
+    single = backends["qwen3"]["native"].forward(record.input_ids, record.query_rows, conditions=conds, recorders=recorders)
+    for want, have in zip(native.conditions, single.conditions, strict=True):
+        for k in ("head_out_norm", "pattern_peak"):
+            assert float((want.recorded[k] - have.recorded[k]).abs().max()) <= TOL, (want.condition.name, k)
+    print("\nrecorder parity: max |diff| " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(worst.items())))
+
+
+def test_the_native_engine_hands_recorders_rows_never_the_full_pattern(models, backends):
+    """What a recorder's ``fn`` sees on the native engine: pattern rows over the prompt's keys, at most
+    the branch rows (the query rows and the candidates' rows), never the n×n pattern."""
+    model_dir, tokenizer = models["qwen3"]
+    record = _record("qwen3", tokenizer, "native")
+    cands = scored_tokens(candidates_from_record(record), record.format)
+    seen: list[tuple[int, ...]] = []
+    spy = Recorder("shape", (HOOK_PATTERN,), lambda p: (seen.append(tuple(p.shape)), p[..., :1])[1], candidates=True)
+    backends["qwen3"]["native"].run(record.input_ids, record.query_rows, candidates=cands, recorders=[spy])
+    n = len(record.input_ids)
+    branch_rows = n - min(record.query_rows) + sum(len(t) - 1 for _, t in cands.values())
+    assert seen and all(s[-1] == n and s[2] <= branch_rows < n for s in seen), (seen, branch_rows, n)
 
 
 def test_prebuilt_notebook_objects_are_accepted(models, backends):

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from probes.analyses.base import score_record
+from probes.engine.hooks import HOOK_EMBED, HOOK_PATTERN, HOOK_RESID_POST, HOOK_Z, Recorder, hook_point
 from probes.engine.session import ATTN_IMPLEMENTATION, BASELINE, ContinuationTree, Knockout, ProbeSession, span_positions
 from probes.prompts.record import Candidate, PromptRecord
 from reference import knockout_masks, masked_eager_forward
@@ -256,6 +257,28 @@ def test_invalid_requests(sessions):
     with pytest.raises(ValueError, match="out of range"):
         sess.run(ids, [30], conditions=[Knockout("bad", [1], layers=(7,))])
     assert span_positions([[3, 5], [4, 7]]) == [3, 4, 5, 6]
+
+
+def test_recorders_refuse_what_they_cannot_record(sessions):
+    """A recorder names known hook points, rows it can take, and a name of its own."""
+    sess, ids = sessions["qwen3"], _ids(10)
+    norm = Recorder("norm", (HOOK_Z,), lambda z: z.norm(dim=-1))
+    assert Recorder("norm", (HOOK_Z,), norm.fn).sites(2) == ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"]
+    with pytest.raises(ValueError, match="must be hook points"):
+        Recorder("q", ("blocks.{L}.attn.hook_q",), norm.fn)
+    with pytest.raises(ValueError, match="rows must be 'query'"):
+        Recorder("x", (HOOK_Z,), norm.fn, rows="decision", candidates=True)
+    with pytest.raises(ValueError, match="different axes"):
+        Recorder("x", (HOOK_Z, HOOK_PATTERN), norm.fn)
+    with pytest.raises(ValueError, match="unknown hook"):
+        hook_point("blocks.0.attn.hook_q")
+    for bad in ([Recorder("span_mass", (HOOK_Z,), norm.fn)], [norm, norm]):
+        with pytest.raises(ValueError, match="recorder names must be unique"):
+            sess.run(ids, [5], recorders=bad)
+    # the residual recorder's sites run embeddings first, then layer by layer, as ConditionResult.residual
+    res = sess.run(ids, [5, 9], recorders=[Recorder("resid", (HOOK_EMBED, HOOK_RESID_POST), lambda x: x, rows="decision")],
+                   record_residual=True).conditions[0]
+    assert torch.equal(res.recorded["resid"], res.residual) and res.residual.shape == (sess.n_layers + 1, 64)
 
 
 def _native_record(tok, names: dict[str, str], collide: bool) -> PromptRecord:

@@ -3,19 +3,20 @@
 A *backend* is any object with the engine's ``run`` signature (:class:`Backend`)::
 
     run(input_ids, query_rows, spans=None, conditions=(), candidates=None,
-        record_rows=False, record_residual=False) -> ProbeResult
+        record_rows=False, record_residual=False, recorders=()) -> ProbeResult
 
 returning the same :class:`~probes.engine.session.ProbeResult` as ``ProbeSession.run`` (the ``native``
 backend): per condition (the unmodified baseline is condition 0) the fp32 logits at rows
 ``min(query_rows) .. n-1``, span attention mass per (layer, head, query row), candidate token
 log-probabilities with their span masses, optionally the full query rows and the residual stream
-at the decision row. ``probes.scoring.score.score_record`` only calls ``run``, so it scores a record
-unchanged on any backend.
+at the decision row, and what any further ``recorders`` record (probes.engine.hooks: a per-row
+quantity over named hook points). ``probes.scoring.score.score_record`` only calls ``run``, so it
+scores a record unchanged on any backend.
 
 :class:`ForwardBackend` implements ``run`` for backends that can only *edit one forward*
 (nnsight, TransformerLens): no cached branching. It runs
 
-- one forward of the whole prompt per condition (logits, query-row attention, residual, and
+- one forward of the whole prompt per condition (logits, the hook points the recorders read, and
   the log-probability of every single-token candidate), and
 - one forward of ``input_ids[:anchor + 1] + ids[:-1]`` per (condition, multi-token candidate):
   the candidate's tokens are appended and their log-probabilities read at its rows.
@@ -29,14 +30,15 @@ scores at ``-inf`` (the native engine's definition). Rows, keys and continuation
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from probes.engine.logits import check_finite, entropy
-from probes.engine.session import BASELINE, ConditionResult, Knockout, ProbeResult, validate_candidates, validate_request
+from probes.engine.hooks import HOOK_PATTERN, Recorder, Recording, condition_recordings, hook_point, probe_recorders, prompt_keys
+from probes.engine.session import (BASELINE, ConditionResult, Knockout, ProbeResult, span_matrix, validate_candidates,
+                                   validate_request)
 
 
 @runtime_checkable
@@ -57,6 +59,7 @@ class Backend(Protocol):
         candidates: Mapping[str, tuple[int, Sequence[int]]] | None = None,
         record_rows: bool = False,
         record_residual: bool = False,
+        recorders: Sequence[Recorder] = (),
     ) -> ProbeResult: ...
 
 
@@ -92,21 +95,21 @@ def knock_pattern(pattern: torch.Tensor, layer: int, edit: RowEdit) -> torch.Ten
 class Forward:
     """What one edited forward hands back.
 
-    logits: [len(read_rows), vocab] fp32 at ``read_rows``; probs: [layer, head, len(read_rows), n]
-    fp32, the (edited) softmax rows there; residual: [layer + 1, d_model] at ``residual_row`` (embeddings, then
-    every decoder layer's output), or None.
+    logits: [len(read_rows), vocab] fp32 at ``read_rows``; hooks: concrete hook name (probes.engine.hooks,
+    e.g. ``blocks.0.attn.hook_pattern``) -> its value at ``read_rows`` (batch axis 1, that hook point's
+    layout; a pattern over this forward's own key positions), for the hooks asked for.
     """
 
     logits: torch.Tensor
-    probs: torch.Tensor
-    residual: torch.Tensor | None
+    hooks: dict[str, torch.Tensor]
 
 
 class ForwardBackend(abc.ABC):
     """``run`` by one edited forward per condition and per (condition, multi-token candidate).
 
     Subclasses set ``name``, ``n_layers``, ``n_heads``, ``tokenizer``, ``model`` (the HF model),
-    ``config`` (its config) and implement :meth:`forward_edited`.
+    ``config`` (its config) and implement :meth:`forward_edited`: reading the hook points is all a
+    backend implements; the recorders (probes.engine.hooks) are applied here.
     """
 
     name: str
@@ -117,8 +120,22 @@ class ForwardBackend(abc.ABC):
     config: Any
 
     @abc.abstractmethod
-    def forward_edited(self, ids: list[int], edit: RowEdit, read_rows: Sequence[int], residual_row: int | None) -> Forward:
-        """One forward of ``ids`` under ``edit`` (see :class:`Forward`)."""
+    def forward_edited(self, ids: list[int], edit: RowEdit, read_rows: Sequence[int], hooks: Collection[str] = ()) -> Forward:
+        """One forward of ``ids`` under ``edit``, reading ``hooks`` (concrete names) at ``read_rows``
+        (see :class:`Forward`)."""
+
+    def _read(self, recording: Recording, ids: list[int], edit: RowEdit, read_rows: list[int], n_prompt: int, prompt_end: int,
+              query: torch.Tensor | None, decision: int | None) -> torch.Tensor:
+        """One edited forward whose hooks go to ``recording`` (``query``/``decision``: where those rows lie
+        among ``read_rows``); its logits. Its positions from ``prompt_end`` on hold a candidate's
+        continuation, not the prompt: a pattern keeps the keys before it, over ``n_prompt`` positions."""
+        fw = self.forward_edited(ids, edit, read_rows, recording.sites())
+        for site in recording.sites():
+            value = fw.hooks[site]
+            if hook_point(site)[0] == HOOK_PATTERN:
+                value = prompt_keys(value[..., :prompt_end], n_prompt)
+            recording.take(site, value, query, decision)
+        return fw.logits
 
     @torch.inference_mode()
     def run(
@@ -130,6 +147,7 @@ class ForwardBackend(abc.ABC):
         candidates: Mapping[str, tuple[int, Sequence[int]]] | None = None,
         record_rows: bool = False,
         record_residual: bool = False,
+        recorders: Sequence[Recorder] = (),
     ) -> ProbeResult:
         """Same contract as ``ProbeSession.run`` (see the module docstring for how it is computed)."""
         ids = [int(x) for x in (input_ids.flatten().tolist() if isinstance(input_ids, torch.Tensor) else input_ids)]
@@ -139,29 +157,26 @@ class ForwardBackend(abc.ABC):
         rows = validate_request(ids, query_rows, conds, self.config)
         n, p = len(ids), rows[0]
         validate_candidates(candidates, p, n, self.config)
-        span_matrix = torch.zeros(n, len(spans))
-        for j, (name, pos) in enumerate(spans.items()):
-            pos = list(pos)
-            if pos and (min(pos) < 0 or max(pos) >= n):
-                raise ValueError(f"span {name!r} has positions outside 0..{n - 1}")
-            span_matrix[pos, j] = 1.0
-        names = list(spans)
+        recs = probe_recorders(span_matrix(spans, n), record_rows, record_residual, recorders)
+        at_candidates = [r for r in recs if r.candidates]
         query = set(rows)
+        local = torch.tensor([r - p for r in rows])
         # Every row from the branch point is read: single-token candidates anchor anywhere there.
         read = list(range(p, n))
         results = []
         for c in conds:
             active = c.active(self.n_layers, self.n_heads)
             edit = RowEdit(tuple(r for r in rows if c.blocks_row(r)), c.key_positions, active)
-            fw = self.forward_edited(ids, edit, read, rows[-1] if record_residual else None)
-            mass = fw.probs @ span_matrix  # [layer, head, n - p, span]
-            logp = torch.log_softmax(fw.logits, dim=-1)
+            recording = Recording(recs, self.n_layers)
+            logits = self._read(recording, ids, edit, read, n, n, local, rows[-1] - p)
+            recorded = recording.results()
+            logp = torch.log_softmax(logits, dim=-1)
             cand_lp: dict[str, torch.Tensor] = {}
-            cand_mass: dict[str, dict[str, torch.Tensor]] = {}
+            single = {name: torch.tensor([a - p]) for name, (a, toks) in candidates.items() if len(toks) == 1}
+            at_query, cand_rec = condition_recordings(recs, recorded, 0, local, single)
             for name, (a, toks) in candidates.items():
                 if len(toks) == 1:
                     cand_lp[name] = logp[a - p, toks[0]].reshape(1)
-                    cand_mass[name] = {s: mass[:, :, a - p : a - p + 1, j] for j, s in enumerate(names)}
                     continue
                 seq = ids[: a + 1] + toks[:-1]
                 # As the native branch: query rows up to the anchor, continuation rows after it;
@@ -169,23 +184,10 @@ class ForwardBackend(abc.ABC):
                 knocked = tuple(pos for pos in range(p, len(seq))
                                 if ((pos in query and c.blocks_row(pos)) if pos <= a else c.continuation))
                 cand_edit = RowEdit(knocked, tuple(k for k in c.key_positions if k <= a), active)
-                cand_rows = list(range(a, a + len(toks)))
-                cf = self.forward_edited(seq, cand_edit, cand_rows, None)
-                cand_lp[name] = torch.log_softmax(cf.logits, dim=-1)[torch.arange(len(toks)), torch.tensor(toks)]
-                cm = cf.probs[..., : a + 1] @ span_matrix[: a + 1]  # [layer, head, len(toks), span]
-                cand_mass[name] = {s: cm[..., j] for j, s in enumerate(names)}
-            local = [r - p for r in rows]
-            dec = fw.logits[rows[-1] - p]
-            check_finite(dec, f"decision-row logits under condition {c.name!r} ({self.name} backend)")
-            results.append(ConditionResult(
-                condition=c,
-                row_offset=p,
-                logits=fw.logits,
-                span_mass={s: mass[:, :, local, j] for j, s in enumerate(names)},
-                entropy=entropy(dec),
-                candidate_token_logprobs=cand_lp,
-                candidate_span_mass=cand_mass,
-                rows=fw.probs[:, :, local] if record_rows else None,
-                residual=fw.residual,
-            ))
+                cand_recording = Recording(at_candidates, self.n_layers)
+                cand_logits = self._read(cand_recording, seq, cand_edit, list(range(a, a + len(toks))), n, a + 1, None, None)
+                cand_lp[name] = torch.log_softmax(cand_logits, dim=-1)[torch.arange(len(toks)), torch.tensor(toks)]
+                cand_rec[name] = condition_recordings(at_candidates, cand_recording.results(), 0, None, {})[0]
+            results.append(ConditionResult.from_recordings(c, p, logits, logits[rows[-1] - p], list(spans), cand_lp, at_query,
+                                                           {name: cand_rec[name] for name in candidates}, self.name))
         return ProbeResult(ids, rows, {s: len(set(v)) for s, v in spans.items()}, results)

@@ -4,8 +4,9 @@ The model runs with transformers' *eager* attention, whose softmax is a Python c
 ``model.trace`` per forward, each layer's probabilities are reached through nnsight's source
 tracing, ``layers[i].self_attn.source.<attention call>.source.nn_functional_softmax_0``: its
 output is read at the needed rows and, under a knockout, replaced by the knocked pattern
-(:func:`probes.backends.base.knock_pattern`: blocked keys zeroed, rows renormalised). The residual
-stream is read from ``embed_tokens`` and every decoder layer's output. No cached branching: one
+(:func:`probes.backends.base.knock_pattern`: blocked keys zeroed, rows renormalised). The other
+hook points (probes.engine.hooks) are read where a recorder asks for them: ``hook_embed`` from
+``embed_tokens``, ``hook_z`` from ``o_proj``'s input, ``hook_resid_post`` from each decoder layer's output. No cached branching: one
 forward per condition and per (condition, multi-token candidate), candidate tokens appended
 (see :class:`~probes.backends.base.ForwardBackend`).
 
@@ -18,13 +19,14 @@ raises a RuntimeError that says so. Remote runs have not been exercised against 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from probes.backends.base import Forward, ForwardBackend, RowEdit, knock_pattern
+from probes.engine.hooks import HOOK_EMBED, HOOK_PATTERN, HOOK_RESID_POST, HOOK_Z, hook_site
 from probes.engine.loading import ModelLoadError, load_model
 
 SOFTMAX_OP = "nn_functional_softmax_0"  # the softmax call inside transformers' eager_attention_forward
@@ -136,27 +138,31 @@ class NNsightBackend(ForwardBackend):
                                f"{self.config.get_text_config()._attn_implementation!r}); the nnsight backend edits the "
                                "softmax of transformers' eager attention") from e
 
-    def forward_edited(self, ids: list[int], edit: RowEdit, read_rows: Sequence[int], residual_row: int | None) -> Forward:
-        read = list(read_rows)
+    def forward_edited(self, ids: list[int], edit: RowEdit, read_rows: Sequence[int], hooks: Collection[str] = ()) -> Forward:
+        wanted = set(hooks)
         x = torch.tensor([ids], device=self._embed.device if not self.remote else "cpu")
-        probs, resid = [], []
-        keep = torch.tensor(read, device=x.device)  # logits at the read rows only (the vocabulary is large)
-        with torch.inference_mode(), self.lm.trace(x, remote=self.remote, logits_to_keep=keep):
-            if residual_row is not None:
-                resid.append(self._embed.output[0, residual_row].float().clone().save())
+        read = torch.tensor(list(read_rows), device=x.device)  # logits and hooks at the read rows only (the vocabulary is large)
+        saved: dict[str, Any] = {}
+        # nnsight reads modules in the order they run: the embeddings, then per layer the softmax
+        # (hook_pattern), o_proj's input (hook_z) and the layer's output (hook_resid_post)
+        with torch.inference_mode(), self.lm.trace(x, remote=self.remote, logits_to_keep=read):
+            if HOOK_EMBED in wanted:
+                saved[HOOK_EMBED] = self._embed.output[:, read].float().save()
             for layer in range(self.n_layers):
                 softmax = self._softmax(layer)
                 pattern = knock_pattern(softmax.output, layer, edit)
                 if edit.applies(layer):
                     softmax.output = pattern
-                probs.append(pattern[0][:, read].float().save())  # [head, rows, n]; advanced indexing copies
-                if residual_row is not None:
+                site = hook_site(HOOK_PATTERN, layer)
+                if site in wanted:
+                    saved[site] = pattern[:, :, read].float().save()  # [1, head, rows, n]; advanced indexing copies
+                site = hook_site(HOOK_Z, layer)
+                if site in wanted:  # o_proj's input: [1, n, head * d_head]
+                    saved[site] = self._layers[layer].self_attn.o_proj.input[:, read].float().unflatten(-1, (self.n_heads, -1)).save()
+                site = hook_site(HOOK_RESID_POST, layer)
+                if site in wanted:
                     out = self._layers[layer].output
                     hs = out[0] if isinstance(out, tuple) else out
-                    resid.append(hs[0, residual_row].float().clone().save())
+                    saved[site] = hs[:, read].float().save()
             logits = self.lm.output.logits[0].float().save()
-        return Forward(
-            logits=logits.cpu(),
-            probs=torch.stack([p.cpu() for p in probs]),
-            residual=torch.stack([r.cpu() for r in resid]) if resid else None,
-        )
+        return Forward(logits=logits.cpu(), hooks={site: saved[site].cpu() for site in hooks})

@@ -3,21 +3,22 @@
 The bridge wraps the HF model (it forces eager attention). One ``run_with_hooks`` per forward:
 ``blocks.{l}.attn.hook_pattern`` is replaced by the knocked pattern
 (:func:`probes.backends.base.knock_pattern`: blocked keys zeroed at the knocked query rows, rows
-renormalised) and read at the needed rows; the residual stream is read from ``hook_embed`` (the
-token embeddings) and ``blocks.{l}.hook_resid_post``. No cached branching: one forward per
+renormalised). The engine's hook points (probes.engine.hooks) are TransformerLens's own names: each
+one a recorder reads is read at the needed rows from the bridge hook of that name. No cached branching: one forward per
 condition and per (condition, multi-token candidate), candidate tokens appended (see
 :class:`~probes.backends.base.ForwardBackend`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from probes.backends.base import Forward, ForwardBackend, RowEdit, knock_pattern
+from probes.engine.hooks import HOOK_PATTERN, HOOK_Z, hook_point, hook_site
 from probes.engine.loading import load_model
 
 
@@ -58,32 +59,33 @@ class TransformerLensBackend(ForwardBackend):
         self.config = bridge.original_model.config
         self.n_layers, self.n_heads = bridge.cfg.n_layers, bridge.cfg.n_heads
 
-    def forward_edited(self, ids: list[int], edit: RowEdit, read_rows: Sequence[int], residual_row: int | None) -> Forward:
-        read = list(read_rows)
-        probs: dict[int, torch.Tensor] = {}
-        resid: dict[int, torch.Tensor] = {}
+    def forward_edited(self, ids: list[int], edit: RowEdit, read_rows: Sequence[int], hooks: Collection[str] = ()) -> Forward:
+        read = torch.tensor(list(read_rows))
+        wanted = set(hooks)
+        values: dict[str, torch.Tensor] = {}
 
-        def pattern_hook(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
-            layer = hook.layer()
-            pattern = knock_pattern(pattern, layer, edit)
-            probs[layer] = pattern[0][:, read].float().cpu()  # [head, rows, n]
-            return pattern
+        # a bridge hook may be an alias of another name (hook.name): values are keyed by the name asked for
+        def pattern_hook(layer: int) -> Any:
+            site = hook_site(HOOK_PATTERN, layer)
 
-        def resid_hook(index: int) -> Any:
-            def hook(x: torch.Tensor, hook: Any) -> None:
-                resid[index] = x[0, residual_row].float().cpu()
+            def hook(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
+                pattern = knock_pattern(pattern, layer, edit)
+                if site in wanted:
+                    values[site] = pattern[:, :, read.to(pattern.device)].float().cpu()  # [1, head, rows, n]
+                return pattern
             return hook
 
-        hooks: list[tuple[str, Any]] = [(f"blocks.{layer}.attn.hook_pattern", pattern_hook) for layer in range(self.n_layers)]
-        if residual_row is not None:
-            hooks.append(("hook_embed", resid_hook(0)))
-            hooks += [(f"blocks.{layer}.hook_resid_post", resid_hook(layer + 1)) for layer in range(self.n_layers)]
+        def read_hook(site: str) -> Any:
+            def hook(x: torch.Tensor, hook: Any) -> None:
+                x = x[:, read.to(x.device)].float().cpu()
+                # hook_z: the bridge hands o_proj's input, heads flattened: [1, rows, head * d_head]
+                values[site] = x.unflatten(-1, (self.n_heads, -1)) if hook_point(site)[0] == HOOK_Z and x.dim() == 3 else x
+            return hook
+
+        fwd_hooks: list[tuple[str, Any]] = [(hook_site(HOOK_PATTERN, layer), pattern_hook(layer)) for layer in range(self.n_layers)]
+        fwd_hooks += [(site, read_hook(site)) for site in wanted if hook_point(site)[0] != HOOK_PATTERN]
         x = torch.tensor([ids], device=self.bridge.cfg.device)
         with torch.inference_mode():
             # logits at the read rows only (the vocabulary is large); the bridge passes it to HF
-            logits = self.bridge.run_with_hooks(x, fwd_hooks=hooks, logits_to_keep=torch.tensor(read, device=x.device))
-        return Forward(
-            logits=logits[0].float().cpu(),
-            probs=torch.stack([probs[layer] for layer in range(self.n_layers)]),
-            residual=torch.stack([resid[i] for i in range(self.n_layers + 1)]) if residual_row is not None else None,
-        )
+            logits = self.bridge.run_with_hooks(x, fwd_hooks=fwd_hooks, logits_to_keep=read.to(x.device))
+        return Forward(logits=logits[0].float().cpu(), hooks={site: values[site] for site in hooks})

@@ -34,10 +34,15 @@ Qwen2, Llama, ...). Outside a probe call it *is* sdpa.
    prefix keys broadcast rather than expanded, so an extra condition costs about one decode step
    over ``n`` keys per branch row, and the LM head runs at the branch rows only.
 3. **Query rows.** At every query row of every batch element, the exact fp32 softmax row is
-   available: span masses (sum of probabilities over each span's key positions) per (layer, head)
-   are recorded, optionally the full row. A knockout sets the scores of its key positions to
-   ``-inf`` before the softmax, at query rows only, in the requested layers / (layer, head) pairs,
-   so the blocked keys are *removed* from the softmax (the row renormalises over the rest).
+   available. What is recorded there is a list of recorders over named hook points
+   (probes.engine.hooks: ``blocks.{L}.attn.hook_pattern``, ``blocks.{L}.attn.hook_z``,
+   ``hook_embed``, ``blocks.{L}.hook_resid_post``): span masses (sum of probabilities over each
+   span's key positions) per (layer, head), optionally the full row and the residual stream at
+   the decision row, and any recorder a caller adds. The attention function reads the pattern
+   and ``z`` at the computed rows; module forward hooks read the residual stream. A knockout sets
+   the scores of its key positions to ``-inf`` before the softmax, at query rows only, in the
+   requested layers / (layer, head) pairs, so the blocked keys are *removed* from the softmax
+   (the row renormalises over the rest).
 
 ``ProbeSession.forward`` is the single-pass reference path: the whole sequence goes through sdpa,
 then only the query rows are recomputed exactly (recorded; and substituted in the output where a
@@ -51,7 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +67,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from probes.engine.hooks import (HOOK_EMBED, HOOK_PATTERN, HOOK_RESID_POST, HOOK_Z, RESIDUAL, ROWS, SPAN_MASS, Recorder, Recording,
+                                 condition_recordings, hook_site, probe_recorders, prompt_keys)
 from probes.engine.logits import check_finite, entropy
 from probes.engine.loading import check_context_length, load_model
 from probes.engine.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter, Segment, blocks, join
@@ -158,6 +165,17 @@ BASELINE = Knockout("baseline")
 def span_positions(ranges: Sequence[Sequence[int]]) -> list[int]:
     """Sorted unique token positions covered by half-open ranges ``[[s, e], ...]``."""
     return sorted({i for s, e in ranges for i in range(int(s), int(e))})
+
+
+def span_matrix(spans: Mapping[str, Sequence[int]], n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Span indicator over the prompt's positions: fp32 [n, span], 1 where a span holds the position."""
+    out = torch.zeros(n, len(spans), dtype=torch.float32, device=device)
+    for j, (name, pos) in enumerate(spans.items()):
+        pos = list(pos)
+        if pos and (min(pos) < 0 or max(pos) >= n):
+            raise ValueError(f"span {name!r} has positions outside 0..{n - 1}")
+        out[pos, j] = 1.0
+    return out
 
 
 def validate_request(
@@ -260,18 +278,17 @@ class _ProbeState:
     # Knocked-out key positions per element: [batch, n_keys]; where it applies: [batch, layer, head]
     key_block: torch.Tensor | None = None
     active: torch.Tensor | None = None
-    # The first `n_record` batch elements are the conditions; only they are recorded.
-    n_record: int = 0
-    # Span indicator over prompt positions: [n_prompt, span]
-    span_matrix: torch.Tensor | None = None
+    # Prompt length: a recorded pattern row runs over the prompt's key positions
+    n_prompt: int = 0
     # branch: absolute position of each branch row [t] and which branch rows each row sees,
     # [t, t] (its ancestors in the continuation tree and itself; :class:`ContinuationTree`)
     branch_pos: torch.Tensor | None = None
     branch_visible: torch.Tensor | None = None
-    # Recordings: single: [layer, cond, head, rows, span]; branch: [layer, batch, head, t, span]
-    # at every branch row of every element. Optionally [layer, cond, head, rows, n_prompt].
-    span_mass: torch.Tensor | None = None
-    rows: torch.Tensor | None = None
+    # What the recorders read (probes.engine.hooks), at the rows this forward computes (single: the
+    # query rows; branch: every branch row): where the query rows and the decision row lie among them
+    recording: Recording | None = None
+    query_local: list[int] = field(default_factory=list)
+    decision_local: int = 0
     row_chunk: int = 256
     prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # prefix mode: keys/values of positions [0, q_offset) reused from an earlier prompt
@@ -292,8 +309,7 @@ class _ProbeState:
                 knock_rows=self.knock_rows.to(device),
                 key_block=self.key_block.to(device),
                 active=self.active.to(device),
-                n_record=self.n_record,
-                span_matrix=self.span_matrix.to(device),
+                n_prompt=self.n_prompt,
                 branch_pos=None if self.branch_pos is None else self.branch_pos.to(device),
                 branch_visible=None if self.branch_visible is None else self.branch_visible.to(device),
                 row_chunk=self.row_chunk,
@@ -383,36 +399,21 @@ def _exact_probs(
     return torch.softmax(scores, dim=-1), knocked
 
 
-def _prompt_keys(probs: torch.Tensor, n_prompt: int) -> torch.Tensor:
-    """probs [..., n_keys] cut or zero-padded to the prompt's key positions [..., n_prompt]."""
-    p = probs[..., :n_prompt]
-    return torch.nn.functional.pad(p, (0, n_prompt - p.shape[-1])) if p.shape[-1] < n_prompt else p
-
-
-def _record(
-    state: _ProbeState,
-    ctl: _ProbeState,
-    layer: int,
-    probs: torch.Tensor,
-    local_rows: torch.Tensor,
-    rec_rows: torch.Tensor,
-) -> None:
-    """Store the condition elements' query-row span masses (single mode) and full rows.
-
-    probs: [batch, head, rows, n_keys]; local_rows: indices into probs' rows; rec_rows: the
-    matching indices into the query-row axis of the recordings. ``ctl`` holds the control
-    tensors on this layer's device; the recordings live in ``state`` on the session device.
-    """
-    if local_rows.numel() == 0:
+def _take_attention(state: _ProbeState, layer: int, probs: torch.Tensor, z: Callable[[], torch.Tensor], i0: int, i1: int) -> None:
+    """Hand the recorders reading this layer's ``hook_pattern`` and ``hook_z`` their values at the
+    computed rows ``i0..i1-1`` of the recorded frame (probs: [batch, head, i1 - i0, n_keys]; ``z()``:
+    [batch, i1 - i0, head, d_head], computed only when read)."""
+    rec = state.recording
+    pattern, head_out = hook_site(HOOK_PATTERN, layer), hook_site(HOOK_Z, layer)
+    if not (rec.reads(pattern) or rec.reads(head_out)):
         return
-    # p_q: [cond, head, r, n_prompt]; keys past the prompt are padding of candidate elements.
-    p_q = _prompt_keys(probs[: state.n_record, :, local_rows], ctl.span_matrix.shape[0])
-    home = state.span_mass.device
-    rec_rows = rec_rows.to(home)
-    if state.mode == "single":
-        state.span_mass[layer][:, :, rec_rows] = (p_q @ ctl.span_matrix).to(home)
-    if state.rows is not None:
-        state.rows[layer][:, :, rec_rows] = p_q.to(home)
+    query = torch.tensor([j - i0 for j in state.query_local if i0 <= j < i1], dtype=torch.long)
+    decision = state.decision_local - i0 if i0 <= state.decision_local < i1 else None
+    if rec.reads(pattern):
+        # keys past the prompt are the continuation rows of candidate elements
+        rec.take(pattern, prompt_keys(probs, state.n_prompt), query, decision)
+    if rec.reads(head_out):
+        rec.take(head_out, z(), query, decision)
 
 
 def probe_attention_forward(
@@ -483,12 +484,11 @@ def _single_forward(
             raise TypeError("basm_probe expects the boolean sdpa mask; got an additive mask")
         allowed = allowed & attention_mask[:, :, local, :]
     probs, knocked = _exact_probs(ctl, layer, scores, allowed, ctl.knock_rows)
-    rec = torch.arange(local.numel(), device=local.device)
-    _record(state, ctl, layer, probs, rec, rec)
     if knocked.any():
         # Recompute only the knocked rows' outputs; everything else keeps the sdpa result.
         row_out = _grouped_mix(probs, value.float()).to(out.dtype)  # [batch, head, r, d_head]
         out[:, local] = torch.where(knocked.transpose(1, 2)[..., None], row_out.transpose(1, 2), out[:, local])
+    _take_attention(state, layer, probs, lambda: out[:, local], 0, local.numel())
     return out, None
 
 
@@ -512,7 +512,6 @@ def _branch_forward(
         # kp, vp: [1, kv_head, p, d_head], shared by every batch element
         kp, vp = prefix[0].float(), prefix[1].float()
     out = torch.empty(b, h, t, vb.shape[-1], dtype=torch.float32, device=query.device)
-    row_local = ctl.row_pos - p
     for i0 in range(0, t, state.row_chunk):
         i1 = min(t, i0 + state.row_chunk)
         q_c = qf[:, :, i0:i1]  # [batch, head, c, d_head]
@@ -524,18 +523,15 @@ def _branch_forward(
         q_pos = ctl.branch_pos[i0:i1]
         on_branch = ctl.branch_visible[i0:i1, :i1] & _visible(q_pos, ctl.branch_pos[:i1], sliding_window)
         allowed = torch.cat((_allowed(q_pos, p, sliding_window), on_branch), dim=-1)
-        in_chunk = (row_local >= i0) & (row_local < i1)
         probs, _ = _exact_probs(ctl, layer, scores, allowed, ctl.knock_rows[:, i0:i1])
-        # Span masses at every row of every element: the deciding row of a shared name prefix
-        # lies in a candidate's continuation. Key index = prompt position for the prefix and the
-        # prompt's own branch rows; the continuation rows come after them (no span).
-        mass = _prompt_keys(probs, ctl.span_matrix.shape[0]) @ ctl.span_matrix  # [batch, head, c, span]
-        state.span_mass[layer][:, :, i0:i1] = mass.to(state.span_mass.device)
-        _record(state, ctl, layer, probs, row_local[in_chunk] - i0, in_chunk.nonzero().flatten())
         o = _grouped_mix(probs[..., p:], vb[:, :, :i1])
         if vp is not None:
             o = o + _grouped_mix(probs[..., :p], vp)
         out[:, :, i0:i1] = o
+        # Recorded at every branch row of every element (a candidate recorder reads the continuation
+        # rows: the deciding row of a shared name prefix lies there). Key index = prompt position for
+        # the prefix and the prompt's own branch rows; the continuation rows come after them.
+        _take_attention(state, layer, probs, lambda: o.to(query.dtype).transpose(1, 2), i0, i1)
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
@@ -566,6 +562,8 @@ class ConditionResult:
     candidate_token_logprobs: name -> [len(ids)] log P(ids[j] | prefix, ids[:j]).
     candidate_span_mass: name -> span -> [layer, head, len(ids)]: span attention mass at the row
         that predicts ids[j] (row anchor + j; a continuation row for j > 0). ``run`` only.
+    recorded: recorder name -> its result (probes.engine.hooks) for the recorders a caller passed
+        to ``run(recorders=...)``; candidate_recorded: candidate -> recorder name -> at its rows.
     """
 
     condition: Knockout
@@ -577,6 +575,33 @@ class ConditionResult:
     candidate_span_mass: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     rows: torch.Tensor | None = None
     residual: torch.Tensor | None = None
+    recorded: dict[str, torch.Tensor] = field(default_factory=dict)
+    candidate_recorded: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+    @classmethod
+    def from_recordings(cls, condition: Knockout, row_offset: int, logits: torch.Tensor, decision_logits: torch.Tensor,
+                        spans: Sequence[str], candidate_token_logprobs: dict[str, torch.Tensor], recorded: dict[str, torch.Tensor],
+                        candidate_recorded: dict[str, dict[str, torch.Tensor]], backend: str = "") -> ConditionResult:
+        """One condition's result from its recordings (probes.engine.hooks.condition_recordings):
+        the engine's own recorders fill span_mass, rows and residual, the rest ``recorded``.
+        ``decision_logits``: the decision row's logits (checked finite)."""
+        check_finite(decision_logits, f"decision-row logits under condition {condition.name!r}{f' ({backend} backend)' if backend else ''}")
+        own = (SPAN_MASS, ROWS, RESIDUAL)
+        mass = recorded.get(SPAN_MASS)
+        return cls(
+            condition=condition,
+            row_offset=row_offset,
+            logits=logits,
+            span_mass={s: mass[..., j] for j, s in enumerate(spans)} if mass is not None else {},
+            entropy=entropy(decision_logits),
+            candidate_token_logprobs=candidate_token_logprobs,
+            candidate_span_mass={k: {s: v[SPAN_MASS][..., j] for j, s in enumerate(spans)} if SPAN_MASS in v else {}
+                                 for k, v in candidate_recorded.items()},
+            rows=recorded.get(ROWS),
+            residual=recorded.get(RESIDUAL),
+            recorded={k: v for k, v in recorded.items() if k not in own},
+            candidate_recorded={k: {n: x for n, x in v.items() if n not in own} for k, v in candidate_recorded.items()},
+        )
 
     def logits_at(self, row: int) -> torch.Tensor:
         """Next-token logits [vocab] predicted at absolute row ``row``."""
@@ -643,7 +668,7 @@ class ProbeSession:
     ``model_or_dir``: a local model directory, a name in the local HF cache, a ``.gguf`` file, or
     an already loaded causal LM (its attention implementation is switched to ``basm_probe``).
     ``prefix_cache``: how many prompt prefixes ``run`` keeps for reuse by later prompts (0: none;
-    every output equals the no-reuse run to fp32 tolerance, tests/test_prefix_reuse.py).
+    every output is bit-identical to the no-reuse run, tests/test_prefix_reuse.py).
     """
 
     def __init__(
@@ -727,27 +752,19 @@ class ProbeSession:
         mode: Literal["single", "branch"],
         n: int,
         rows: list[int],
-        spans: Mapping[str, Sequence[int]],
         conds: list[Knockout],
         n_keys: int,
         knock_rows: torch.Tensor,
         q_offset: int,
-        record_rows: bool,
+        recorders: list[Recorder],
     ) -> _ProbeState:
         dev = self.device
-        span_matrix = torch.zeros(n, len(spans), dtype=torch.float32, device=dev)
-        for j, (name, pos) in enumerate(spans.items()):
-            pos = list(pos)
-            if pos and (min(pos) < 0 or max(pos) >= n):
-                raise ValueError(f"span {name!r} has positions outside 0..{n - 1}")
-            span_matrix[pos, j] = 1.0
         actives = torch.stack([c.active(self.n_layers, self.n_heads) for c in conds])
         key_block = torch.zeros(len(conds), n_keys, dtype=torch.bool)
         for i, c in enumerate(conds):
             key_block[i, list(c.key_positions)] = True
-        c, r, h, L = len(conds), len(rows), self.n_heads, self.n_layers
-        # single: query rows of the conditions; branch: every branch row of every condition
-        mass_shape = (L, c, h, r) if mode == "single" else (L, c, h, knock_rows.shape[1])
+        # single: the forward's rows are the query rows; branch: every branch row (from q_offset on)
+        query_local = list(range(len(rows))) if mode == "single" else [r - q_offset for r in rows]
         return _ProbeState(
             mode=mode,
             q_offset=q_offset,
@@ -755,65 +772,48 @@ class ProbeSession:
             knock_rows=knock_rows.to(dev),
             key_block=key_block.to(dev),
             active=actives.to(dev),
-            n_record=c,
-            span_matrix=span_matrix,
-            span_mass=torch.zeros(*mass_shape, len(spans), device=dev),
-            rows=torch.zeros(L, c, h, r, n, device=dev) if record_rows else None,
+            n_prompt=n,
+            recording=Recording(recorders, self.n_layers, dev),
+            query_local=query_local,
+            decision_local=query_local[-1],
             row_chunk=self.row_chunk,
         )
 
     @contextlib.contextmanager
-    def _residual_hooks(self, enabled: bool, n_record: int, local_row: int) -> Iterator[list[torch.Tensor]]:
-        """Capture [cond, d_model] at one local row from the embeddings and every decoder layer."""
-        captured: list[torch.Tensor] = []
-        if not enabled:
-            yield captured
-            return
+    def _stream_hooks(self, state: _ProbeState) -> Iterator[None]:
+        """Read ``hook_embed`` and ``blocks.{L}.hook_resid_post`` (the embeddings' and each decoder
+        layer's output) through module forward hooks, where a recorder reads them."""
+        rec = state.recording
+        query = torch.tensor(state.query_local, dtype=torch.long)
 
-        def hook(_m: torch.nn.Module, _inp: Any, output: Any) -> None:
-            hs = output[0] if isinstance(output, tuple) else output
-            captured.append(hs[:n_record, local_row].detach().float().cpu())
+        def hook(site: str) -> Callable[..., None]:
+            def read(_m: torch.nn.Module, _inp: Any, output: Any) -> None:
+                hs = output[0] if isinstance(output, tuple) else output
+                # single: the forward holds every prompt row; the recorded frame is the query rows
+                frame = hs[:, state.row_pos.to(hs.device)] if state.mode == "single" else hs
+                rec.take(site, frame.detach(), query, state.decision_local)
+            return read
 
-        handles = [self._embed.register_forward_hook(hook)] + [layer.register_forward_hook(hook) for layer in self._layers]
+        modules = [(HOOK_EMBED, self._embed)] + [(hook_site(HOOK_RESID_POST, i), layer) for i, layer in enumerate(self._layers)]
+        handles = [m.register_forward_hook(hook(site)) for site, m in modules if rec.reads(site)]
         try:
-            yield captured
+            yield
         finally:
             for hd in handles:
                 hd.remove()
 
-    def _collect(
-        self,
-        state: _ProbeState,
-        conds: list[Knockout],
-        spans: Mapping[str, Sequence[int]],
-        logits: torch.Tensor,
-        row_offset: int,
-        last_row: int,
-        residual: list[torch.Tensor],
-        cand_lp: list[dict[str, torch.Tensor]],
-        span_mass: torch.Tensor,
-        cand_mass: list[dict[str, torch.Tensor]],
-    ) -> list[ConditionResult]:
-        """span_mass: [layer, cond, head, query_row, span]; cand_mass[cond][name]: [layer, head, len(ids), span]."""
+    def _results(self, state: _ProbeState, conds: list[Knockout], spans: Sequence[str], logits: torch.Tensor, row_offset: int,
+                 last_row: int, query: torch.Tensor | None, candidate_rows: dict[str, torch.Tensor],
+                 cand_lp: list[dict[str, torch.Tensor]]) -> list[ConditionResult]:
+        """One ConditionResult per condition from ``logits`` [condition, row, vocab] (rows from
+        ``row_offset``) and the recordings (``query``/``candidate_rows``: see condition_recordings)."""
+        recorded = state.recording.results()
         out = []
-        names = list(spans)
         for i, c in enumerate(conds):
             lg = logits[i].float()
-            dec = lg[last_row - row_offset]
-            check_finite(dec, f"decision-row logits under condition {c.name!r}")
-            out.append(
-                ConditionResult(
-                    condition=c,
-                    row_offset=row_offset,
-                    logits=lg.cpu(),
-                    span_mass={s: span_mass[:, i, :, :, j].cpu() for j, s in enumerate(names)},
-                    entropy=entropy(dec),
-                    candidate_token_logprobs=cand_lp[i],
-                    candidate_span_mass={k: {s: v[..., j].cpu() for j, s in enumerate(names)} for k, v in cand_mass[i].items()},
-                    rows=state.rows[:, i].cpu() if state.rows is not None else None,
-                    residual=torch.stack([r[i] for r in residual]).cpu() if residual else None,
-                )
-            )
+            at_query, at_candidates = condition_recordings(state.recording.recorders, recorded, i, query, candidate_rows)
+            out.append(ConditionResult.from_recordings(c, row_offset, lg.cpu(), lg[last_row - row_offset], spans, cand_lp[i],
+                                                       at_query, at_candidates))
         return out
 
     # ----------------------------------------------------------------------------------------
@@ -828,12 +828,14 @@ class ProbeSession:
         candidates: Mapping[str, tuple[int, Sequence[int]]] | None = None,
         record_rows: bool = False,
         record_residual: bool = False,
+        recorders: Sequence[Recorder] = (),
     ) -> ProbeResult:
         """Score one prompt under the baseline plus ``conditions`` by cached branching.
 
         ``candidates``: name -> (anchor_index, token_ids); the result holds
         log P(token_ids | input_ids[:anchor_index + 1]) under each condition. Anchors must be
-        at or after the first query row (the branch point).
+        at or after the first query row (the branch point). ``recorders``: more per-row
+        quantities to record (probes.engine.hooks), in each ConditionResult's ``recorded``.
         """
         ids = [int(x) for x in (input_ids.flatten().tolist() if isinstance(input_ids, torch.Tensor) else input_ids)]
         spans = dict(spans or {})
@@ -843,6 +845,7 @@ class ProbeSession:
         n, p = len(ids), rows[0]
         dev = self.device
         validate_candidates(candidates, p, n, self.model.config)
+        recs = probe_recorders(span_matrix(spans, n, dev), record_rows, record_residual, recorders)
 
         # Branch elements: one per condition, each the same continuation tree (the prompt's rows
         # from p on, then the candidates' continuations as a token trie).
@@ -856,7 +859,7 @@ class ProbeSession:
             [(pos in query and c.blocks_row(pos)) if i < n - p else c.continuation for i, pos in enumerate(tree.positions)]
             for c in conds
         ])
-        state = self._new_state("branch", n, rows, spans, conds, p + t_len, knock_rows, p, record_rows)
+        state = self._new_state("branch", n, rows, conds, p + t_len, knock_rows, p, recs)
         state.branch_pos = torch.tensor(tree.positions, device=dev)
         state.branch_visible = tree.visible().to(dev)
 
@@ -865,29 +868,25 @@ class ProbeSession:
         self.prefix_reuse.prompts += 1
         self.prefix_reuse.tokens_computed += n - p
         positions = state.branch_pos.expand(len(conds), -1)
-        with _activate(state), self._residual_hooks(record_residual, len(conds), rows[-1] - p) as resid:
+        with _activate(state), self._stream_hooks(state):
             # The LM head runs at the prompt's rows and at the candidate rows only (no padding).
             logits = self.model(input_ids=branch, position_ids=positions, use_cache=False).logits
 
-        mass = state.span_mass  # [layer, condition, head, t, span]
         cand_lp: list[dict[str, torch.Tensor]] = [{} for _ in conds]
-        cand_mass: list[dict[str, torch.Tensor]] = [{} for _ in conds]
+        candidate_rows = {}
         for name, (_a, t) in candidates.items():
+            # the row predicting token j of the candidate: its anchor row, then its trie nodes
             local = torch.tensor(tree.rows[name], device=logits.device)
+            candidate_rows[name] = local
             tokens = torch.tensor(list(t), device=logits.device)
             # log-softmax at the scored rows only: the full [element, row, vocab] one costs as
             # much as the LM head at a large vocabulary
             x = logits[:, local].float()  # [condition, len(t), vocab]
             chosen = x.gather(-1, tokens.expand(len(conds), -1)[..., None])[..., 0]
             lp = (chosen - torch.logsumexp(x, dim=-1)).cpu()
-            # the row predicting token j of the candidate: its anchor row, then its trie nodes
-            m = mass[:, :, :, local.to(mass.device)]
             for ci in range(len(conds)):
                 cand_lp[ci][name] = lp[ci]
-                cand_mass[ci][name] = m[:, ci]
-        local = torch.tensor(rows, device=mass.device) - p
-        results = self._collect(state, conds, spans, logits[:, : n - p], p, rows[-1], resid, cand_lp,
-                                mass[:, :, :, local], cand_mass)
+        results = self._results(state, conds, list(spans), logits[:, : n - p], p, rows[-1], torch.tensor(rows) - p, candidate_rows, cand_lp)
         return ProbeResult(ids, rows, {s: len(set(v)) for s, v in spans.items()}, results)
 
     @torch.inference_mode()
@@ -900,6 +899,7 @@ class ProbeSession:
         record_rows: bool = False,
         record_residual: bool = False,
         include_baseline: bool = True,
+        recorders: Sequence[Recorder] = (),
     ) -> ProbeResult:
         """Single-pass path: one full sdpa forward per condition (batched), exact query rows.
 
@@ -914,12 +914,14 @@ class ProbeSession:
         rows = self._validate(ids, query_rows, conds)
         n, p = len(ids), rows[0]
         dev = self.device
+        recs = probe_recorders(span_matrix(spans, n, dev), record_rows, record_residual, recorders)
         knock_rows = torch.tensor([[c.blocks_row(r) for r in rows] for c in conds])
-        state = self._new_state("single", n, rows, spans, conds, n, knock_rows, 0, record_rows)
+        state = self._new_state("single", n, rows, conds, n, knock_rows, 0, recs)
         batch = torch.tensor([ids], device=dev).expand(len(conds), -1)
-        with _activate(state), self._residual_hooks(record_residual, len(conds), rows[-1]) as resid:
+        with _activate(state), self._stream_hooks(state):
             logits = self.model(
                 input_ids=batch, use_cache=False, logits_to_keep=torch.arange(p, n, device=dev)
             ).logits
-        results = self._collect(state, conds, spans, logits, p, rows[-1], resid, [{} for _ in conds], state.span_mass, [{} for _ in conds])
+        # every recorded row is a query row
+        results = self._results(state, conds, list(spans), logits, p, rows[-1], None, {}, [{} for _ in conds])
         return ProbeResult(ids, rows, {s: len(set(v)) for s, v in spans.items()}, results)
