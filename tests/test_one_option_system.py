@@ -23,7 +23,7 @@ from probes.analyses.base import (
     option_fields,
 )
 from probes.cli.main import build_parser, main
-from probes.cli.options import flag_of, flags_of
+from probes.cli.flags import flag_of, flags_of
 from probes.prompts.builder import DEFAULT_K_MAX, SWEEP_K_MAX, BuildSettings
 from probes.reporting.cards import GATE_DEPTH
 from probes.session import ProbeSession
@@ -98,14 +98,14 @@ def test_no_default_or_wiring_is_repeated_in_the_library() -> None:
     sources = {path.relative_to(ROOT).as_posix(): _code(path) for path in PACKAGE.rglob("*.py")}
     notebooks = {path.relative_to(ROOT).as_posix(): _code(path) for path in (ROOT / "notebooks").glob("*.ipynb")}
     k_or_k_max = {name for name, text in {**sources, **notebooks}.items() if re.search(r"\bk is not None else\b.*k_max", text)}
-    assert k_or_k_max == {"probes/analyses/base.py"}, f"{sorted(k_or_k_max)}: use options.depth (BuildsPrompts.depth)"
+    assert k_or_k_max == {"probes/analyses/option_system.py"}, f"{sorted(k_or_k_max)}: use options.depth (BuildsPrompts.depth)"
     for name, text in {**sources, **notebooks}.items():
         assert not re.search(r"option\(\s*\d+\s*,\s*\"largest retrieval depth", text), f"{name}: use k_max_option(DEFAULT_K_MAX / SWEEP_K_MAX)"
     for name, text in sources.items():
         if name != "probes/prompts/builder.py":
             assert not re.search(r"\bPromptBuilder\(", text), f"{name}: make the builder with probes.prompts.builder.make_builder"
             assert name == "probes/data/dataset.py" or not re.search(r"\bdefault_study\(", text), f"{name}: resolve the study defaults with probes.prompts.builder.resolve_study"
-        if name != "probes/cli/options.py":
+        if name != "probes/cli/flags.py":
             assert "add_argument(\"--k-max\"" not in text and "add_argument(\"--dataset\"" not in text, name
 
 
