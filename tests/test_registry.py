@@ -36,7 +36,7 @@ from probes.reporting import plots
 from probes.reporting.results import load_results
 
 
-@register("planted", order=85)
+@register("planted", order=90)
 class Planted(Analysis):
     """Planted: the Base margin of each item at k = 0."""
 
@@ -75,7 +75,7 @@ def planted(tmp_path, monkeypatch):
 
 
 def test_a_planted_module_is_listed_in_the_help_without_being_imported(planted, capsys) -> None:
-    assert "planted" in probes.analyses.ANALYSES and list(probes.ANALYSES)[-1] == "planted"  # order 85: after paired
+    assert "planted" in probes.analyses.ANALYSES and list(probes.ANALYSES)[-1] == "planted"  # order 90: after forks
     with pytest.raises(SystemExit) as code:
         main(["--help"])
     assert code.value.code == 0
@@ -104,7 +104,7 @@ def test_a_planted_analysis_runs_in_probes_run_report_and_load(planted, tiny_qwe
 
 
 def test_a_planted_module_with_a_taken_name_is_refused(planted) -> None:
-    (planted / "planted.py").write_text(PLANTED.replace('@register("planted", order=85)', '@register("sweep")'))
+    (planted / "planted.py").write_text(PLANTED.replace('@register("planted", order=90)', '@register("sweep", order=90)'))
     with pytest.raises(ValueError, match="analysis 'sweep' is registered twice: in probes.analyses.sweep and probes.analyses.planted"):
         probes.analyses.catalogue()
 
@@ -112,9 +112,9 @@ def test_a_planted_module_with_a_taken_name_is_refused(planted) -> None:
 def test_a_duplicate_registration_is_refused() -> None:
     with pytest.raises(ValueError, match=r"@register\('sweep'\): .*Other clashes with probes.analyses.sweep.Sweep"):
         probes.analyses.get("sweep")  # registered
-        register("sweep")(type("Other", (Analysis,), {"__doc__": "Other."}))
+        register("sweep", order=10)(type("Other", (Analysis,), {"__doc__": "Other."}))
     with pytest.raises(TypeError, match="is not a subclass of probes.analyses.base.Analysis"):
-        register("loose")(type("Loose", (), {}))
+        register("loose", order=999)(type("Loose", (), {}))
     assert "loose" not in probes.analyses._registered
 
 
