@@ -13,7 +13,7 @@ its analysis is first used and checks that it registered the class the catalogue
 
 An installed distribution adds analyses through an entry point of the group ``basm_probes.analyses``
 (``my_analysis = "my_package.my_analysis"``: a module whose source carries ``@register``); its
-module is catalogued the same way, from its source. :func:`probes.analyses.checks.check_analysis`
+module is catalogued the same way, from its source. :func:`probes.cli.checks.check_analysis`
 tests that a class keeps the contract.
 
 Report order is explicit and unique: every ``@register`` gives ``order=`` (an integer that places
@@ -124,7 +124,7 @@ def check_options_class(name: str, cls: type) -> None:
     loose += [attr for attr, kind in inspect.get_annotations(cls).items()
               if "ClassVar" not in str(kind) and attr not in cls.__dataclass_fields__]  # type: ignore[attr-defined]
     if loose:
-        raise TypeError(f"{where} is not a dataclass: {', '.join(map(repr, loose))} would be no option; {fix}")
+        raise TypeError(f"{where} is not a dataclass: {', '.join(map(repr, dict.fromkeys(loose)))} would be no option; {fix}")
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if not f.kw_only:
             raise TypeError(f"{where}: field {f.name!r} is positional: {fix}")

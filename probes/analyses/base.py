@@ -10,7 +10,7 @@ pipeline, the same for every analysis::
 and returns an :class:`AnalysisResult` (rows, summary, tables, figure paths, the options). Its
 parts live beside this module, one job each: the options (:mod:`probes.analyses.option_system`),
 the run context (:mod:`probes.analyses.run_context`) and the job runner (:mod:`probes.analyses.jobs`);
-:func:`probes.analyses.checks.check_analysis` tests that a class keeps this contract.
+:func:`probes.cli.checks.check_analysis` tests that a class keeps this contract.
 
 Rows are scored per :class:`Job` (one prompt record: item × memory configuration × k) and appended
 to a resumable :class:`~probes.reporting.results.ResultsStore` (key ``"{record_id}|{condition}"``)

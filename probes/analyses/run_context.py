@@ -120,7 +120,7 @@ class RunContext:
 # The modules that draw, plot or report results only, or that no analysis runs (the dataset tools, formerly
 # in the CLI); every other module shapes the rows.
 _PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "reporting/explore.py", "analyses/report.py",
-                 "analyses/tools.py", "analyses/checks.py", "organism")
+                 "analyses/tools.py", "organism")
 
 
 @functools.cache
