@@ -14,12 +14,17 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import torch
 
 import probes.analyses
 from probes.analyses import ENTRY_POINT_GROUP, register
 from probes.analyses.base import Analysis
 from probes.analyses.option_system import option
+from probes.cli import checks
+from probes.cli.checks import AnalysisContractError, check_analysis, check_claims, check_figures, check_option_round_trip
 from probes.cli.main import main
+from probes.data.dataset import ORGANISM_NAME
+from probes.scoring.claims import Claim
 
 PACKAGE_DIR = Path(probes.analyses.__file__).resolve().parent
 
@@ -241,3 +246,167 @@ def test_the_package_modules_shadow_no_registry_name_and_register_only_analyses(
     modules = {info.name for info in pkgutil.iter_modules(probes.analyses.__path__)}
     registering = {entry.module.rsplit(".", 1)[1] for entry in probes.analyses.catalogue().values()}
     assert {"base", "option_system", "run_context", "jobs", "parallel", "report", "tools", "paper"} <= modules - registering
+
+
+# ---------------------------------------------------------------------------- check_analysis
+# What each analysis's tiny run needs beyond check_analysis's TINY (limit 1, k_max 1, the lexical embedder):
+# items it can summarise (heads: a T_ok and a tool-correct T_wrong item; curate, mask-eval: development and
+# held-out items) and the smallest resampling and generation budgets.
+CHECK_OPTIONS: dict[str, dict] = {
+    "ratios": {"buckets": ["T_wrong"], "configs": ["basm"]},
+    "knockout": {"random_draws": 1, "buckets": ["T_wrong"]},
+    "heads": {"item_ids": ["retail-ok-0001", "retail-wrong-0001"], "limit": None, "split": "all", "top_n": 2, "random_draws": 1, "floor_from": "given"},
+    "attribution": {"item_ids": ["retail-wrong-0001"], "split": "all", "masks": 6, "k_max": 3},
+    "curate": {"item_ids": ["retail-ok-0004", "retail-wrong-0004", "retail-ok-0001", "retail-wrong-0001"], "limit": None, "split": "all",
+               "masks": 6, "k_max": 3},
+    "mask-eval": {"item_ids": ["retail-ok-0004", "retail-wrong-0004", "retail-ok-0001", "retail-wrong-0001"], "limit": None, "split": "all",
+                  "masks": 6, "k_max": 3},
+    "forks": {"resamples": 50, "permutations": 50, "max_new_tokens": 3},
+    "calls": {"max_new_tokens": 3},
+    "paired": {"max_new_tokens": 3},
+}
+# The tiny runs that fit the fast tier (single thread, measured on a quiet machine: 3-8 s each, ~45 s together);
+# ratios (eager attention of every head), knockout (its random controls), calls (greedy generation) and attribution
+# (its mask sets) take 25-45 s each under load: their full check runs in the slow tier, their class and option
+# round trip in the fast one (test_every_registered_analysis_keeps_the_contract_of_its_class_and_options), as does
+# that of any analysis registered later until it is listed here.
+FAST_RUNS = ("sweep", "suppression", "heads", "linear", "repair", "paired", "curate", "mask-eval", "forks")
+
+
+@pytest.mark.parametrize("name", list(probes.analyses.ANALYSES))
+def test_every_registered_analysis_keeps_the_contract_of_its_class_and_options(name, tmp_path) -> None:
+    check_analysis(probes.analyses.get(name), out=tmp_path, run=False)
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in FAST_RUNS else pytest.mark.slow)
+                                  for name in probes.analyses.ANALYSES])
+def test_every_registered_analysis_passes_check_analysis(name, tmp_path) -> None:
+    torch.set_num_threads(1)
+    result = check_analysis(probes.analyses.get(name), out=tmp_path, **CHECK_OPTIONS.get(name, {}))
+    assert result is not None and result.out_dir == tmp_path / "run" / ORGANISM_NAME
+
+
+INCOMPLETE = '''
+"""Planted (tests/test_contracts.py)."""
+
+from probes.analyses import register
+from probes.analyses.base import Analysis
+
+
+@register("incomplete", order=907)
+class Incomplete(Analysis):
+    """Incomplete: no figures, no section."""
+
+    def collect(self, ctx):
+        return None
+
+    def summarise(self, ctx, rows):
+        return None
+
+    def tables(self, summary):
+        return {}
+'''
+
+# A planted analysis whose collect appends a row under a new key on every run: a resume that is none.
+RESUMES_NOTHING = '''
+"""Planted (tests/test_contracts.py)."""
+
+import itertools
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from probes.analyses import register
+from probes.analyses.base import Analysis, ReportSection
+from probes.reporting import plots
+from probes.reporting.results import load_results
+
+RUNS = itertools.count()
+
+
+@register("resumes-nothing", order=908)
+class ResumesNothing(Analysis):
+    """Resumes nothing: one new row per run."""
+
+    def collect(self, ctx) -> pd.DataFrame:
+        store = ctx.store()
+        store.append([{"key": f"run-{next(RUNS)}|baseline", "item_id": ctx.items[0].id, "margin": 1.0}])
+        return load_results(store.path)
+
+    def summarise(self, ctx, rows):
+        return rows[["item_id", "margin"]].head(1)
+
+    def tables(self, summary):
+        return {"resumes_nothing_summary": summary}
+
+    def figures(self, summary, out_dir: Path) -> list[Path]:
+        fig, ax = plt.subplots(figsize=(2, 2))
+        ax.bar([0], summary["margin"])
+        return plots.save_figure(fig, out_dir, "resumes_nothing")
+
+    def section(self, ctx, summary, figures):
+        return ReportSection("resumes-nothing", "Resumes nothing", figures, "one row")
+'''
+
+
+@pytest.fixture
+def plant(tmp_path, monkeypatch, clean_registry):
+    """Plant a module in a folder searched by the catalogue; returns its class once imported."""
+    folder = tmp_path / "planted"
+    folder.mkdir()
+    monkeypatch.setattr(probes.analyses, "__path__", [*probes.analyses.__path__, str(folder)])
+    planted: list[str] = []
+
+    def plant_module(module: str, source: str, name: str) -> type:
+        (folder / f"{module}.py").write_text(source)
+        planted.append(f"probes.analyses.{module}")
+        return probes.analyses.get(name)
+
+    yield plant_module
+    for module in planted:
+        sys.modules.pop(module, None)
+
+
+def test_check_analysis_refuses_an_unregistered_or_incomplete_class(plant, tmp_path) -> None:
+    @dataclass(kw_only=True)
+    class Unregistered(Analysis):
+        """Never registered."""
+
+    with pytest.raises(AnalysisContractError, match=r"not registered: decorate it with @register\(NAME, order=N\)"):
+        check_analysis(Unregistered, out=tmp_path)
+    with pytest.raises(AnalysisContractError, match=r"check_analysis\(incomplete\): does not implement figures, section"):
+        check_analysis(plant("incomplete", INCOMPLETE, "incomplete"), out=tmp_path)
+
+
+def test_check_analysis_fails_an_option_that_resolves_differently_through_the_options_file(monkeypatch, tmp_path) -> None:
+    sweep = probes.analyses.get("sweep")
+    check_option_round_trip(sweep, tmp_path / "good")
+    monkeypatch.setattr(checks, "options_from_file", lambda path, cls: {})  # a reader that drops the file's options
+    with pytest.raises(AnalysisContractError, match=r"check_analysis\(sweep\): option 'model' = 'sample' resolves differently: "
+                                                    r"model: API 'sample', flags 'sample', TOML None"):
+        check_option_round_trip(sweep, tmp_path / "bad")
+
+
+def test_check_analysis_fails_a_run_that_resumes_nothing(plant, tmp_path) -> None:
+    cls = plant("resumes_nothing", RESUMES_NOTHING, "resumes-nothing")
+    with pytest.raises(AnalysisContractError, match="the second run changed its results files: a resume must compute nothing new"):
+        check_analysis(cls, out=tmp_path, k_max=0, buckets=["T_wrong"])
+
+
+def test_check_analysis_fails_missing_figures_and_malformed_claims(tmp_path) -> None:
+    sweep = probes.analyses.get("sweep")
+    png = tmp_path / "fig.png"
+    png.write_bytes(b"png")
+    with pytest.raises(AnalysisContractError, match="no figures"):
+        check_figures(sweep, [])
+    with pytest.raises(AnalysisContractError, match=r"figure fig has no \.pdf file"):
+        check_figures(sweep, [png])
+    good = Claim("sweep", "trap", "proc above base", 0.5, 0.1, 0.9, 4, 0.02)
+    check_claims(sweep, [good])
+    for bad, message in [(dataclasses.replace(good, p=1.5), "p = 1.5"), (dataclasses.replace(good, low=0.6), r"outside \[0.6, 0.9\]"),
+                         (dataclasses.replace(good, statement=""), "no family, name or statement")]:
+        with pytest.raises(AnalysisContractError, match=message):
+            check_claims(sweep, [bad])
+    with pytest.raises(AnalysisContractError, match="a name used twice in its family"):
+        check_claims(sweep, [good, good])

@@ -216,8 +216,7 @@ def catalogue() -> dict[str, Entry]:
         for entry in _entries_in(f"{__name__}.{info.name}", str(path), path.stat().st_mtime_ns):
             _add(found, entry)
     for entry in _plugin_entries():
-        if found.get(entry.name) != entry:  # an entry point may name a module of this package
-            _add(found, entry)
+        _add(found, entry)
     return dict(sorted(found.items(), key=lambda item: item[1].order))
 
 
