@@ -265,9 +265,9 @@ CHECK_OPTIONS: dict[str, dict] = {
     "calls": {"max_new_tokens": 3},
     "paired": {"max_new_tokens": 3},
 }
-# The tiny runs that fit the fast tier (single thread, measured on a quiet machine: 3-8 s each, ~45 s together);
-# ratios (eager attention of every head), knockout (its random controls), calls (greedy generation) and attribution
-# (its mask sets) take 25-45 s each under load: their full check runs in the slow tier, their class and option
+# The tiny runs that fit the fast tier (single thread, measured: 3-9 s each, ~60 s together with the rest of this
+# file); ratios (eager attention of every head), knockout (its random controls), calls (greedy generation) and
+# attribution (its mask sets) take 10-20 s each (25-45 s under load): their full check runs in the slow tier, their class and option
 # round trip in the fast one (test_every_registered_analysis_keeps_the_contract_of_its_class_and_options), as does
 # that of any analysis registered later until it is listed here.
 FAST_RUNS = ("sweep", "suppression", "heads", "linear", "repair", "paired", "curate", "mask-eval", "forks")
