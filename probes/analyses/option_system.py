@@ -26,7 +26,7 @@ from probes.scoring.score import DEFAULT_VARIANT, MARGIN_VARIANTS
 # limit is spread over task groups (ProbeDataset.select): 4 items per bucket = 4 task groups, the
 # fewest that give a bootstrap CI and two task groups per half of a split-half test.
 QUICK = {"limit": 4, "k_max": DEFAULT_K_MAX, "random_draws": 2}
-BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
+BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)  # the backend option's choices: the backends' registry, named once
 SPLIT_CHOICES = ("train", "eval", "all")
 
 
