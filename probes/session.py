@@ -29,7 +29,7 @@ from probes.engine.session import ProbeSession as EngineSession
 from probes.prompts.builder import DEFAULT_K_MAX, SWEEP_K_MAX, BuildSettings, make_builder, resolve_study
 from probes.prompts.record import PromptRecord
 from probes.scoring.controls import random_control
-from probes.scoring.score import score_record
+from probes.scoring.score import DEFAULT_VARIANT, score_record
 
 __all__ = ["Knockout", "ProbeSession"]
 
@@ -73,7 +73,7 @@ class ProbeSession(EngineSession):
             (item,) = builder.dataset.select(ids=[item])
         return builder.build(item, config, k, fmt)
 
-    def score(self, record: PromptRecord, *, knockouts: Sequence[str | Knockout] = (), variant: str = "tool_choice",
+    def score(self, record: PromptRecord, *, knockouts: Sequence[str | Knockout] = (), variant: str = DEFAULT_VARIANT,
               per_head: bool = False, seed: int = 0) -> pd.DataFrame:
         """One row per condition (the baseline first) with every margin and Eq. 2's α, as a pandas
         DataFrame (:func:`probes.scoring.score.score_record`). ``knockouts``: ``Knockout`` objects or

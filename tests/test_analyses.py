@@ -142,7 +142,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
 
     # The analysis's rows are the library scorer's rows for the same record and conditions (the scorer
     # itself is checked against an eager 4D-mask forward in tests/test_measures.py).
-    from probes.analyses.base import score_record
+    from probes.scoring.score import score_record
     from probes.data.dataset import load_dataset
     from probes.engine.session import Knockout, ProbeSession
     from probes.prompts.builder import BuildSettings, PromptBuilder
@@ -163,7 +163,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
 def test_knockout_priming_controls_run_the_same_conditions(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     """``priming=True`` adds the two lexical-priming configurations with every knockout; the BASM rows
     are those of a run without it, and a priming record's boundary knockout is the library scorer's."""
-    from probes.analyses.base import score_record
+    from probes.scoring.score import score_record
     from probes.data.dataset import V2_DATASET_DIR, load_dataset
     from probes.data.retrieval import Retriever, make_embedder
     from probes.engine.session import Knockout, ProbeSession
@@ -222,7 +222,7 @@ def test_knockout_compares_every_control_on_the_same_records() -> None:
 
 def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     from probes.cli.main import build_parser
-    from probes.cli.options import options_from_args
+    from probes.cli.flags import options_from_args
 
     toml = tmp_path / "run.toml"
     toml.write_text(f'model = "{tiny_qwen3_dir}"\ndataset = "basm_probe"\nembedder = "lexical"\nrelevance = "lexical"\nlimit = 5\nsplit = "all"\nk-max = 1\n')
@@ -249,10 +249,10 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
 
 
 def test_missing_default_model_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import probes.analyses.base as base
+    import probes.analyses.run_context as run_context
     from probes.analyses.base import AnalysisError, default_model
 
-    monkeypatch.setattr(base, "ORGANISM_DIR", tmp_path / "absent")
+    monkeypatch.setattr(run_context, "ORGANISM_DIR", tmp_path / "absent")
     with pytest.raises(AnalysisError, match="--model"):
         default_model()
 

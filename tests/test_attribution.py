@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.analyses import base
+from probes.analyses import base, jobs
 from probes.analyses.attribution import Attribution
 from probes.data.dataset import load_dataset, resolve_dataset
 from probes.data.retrieval import tools_in_text
@@ -161,7 +161,7 @@ def planted_scorer(calls: list[str]):
 def test_planted_split_skill_is_heterogeneous_and_the_helper_uniform(tiny_qwen3_dir: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(base, "score_record", planted_scorer(calls))
+    monkeypatch.setattr(jobs, "score_record", planted_scorer(calls))
     result = Attribution(model=tiny_qwen3_dir, out=tmp_path, domains=["retail"], buckets=["T_ok", "T_wrong"], limit=3, k_max=9,
                          masks=40, pools=["library"], figure=False, **CHEAP_STATS, **FAST).run(verbose=False)
     assert result.rows.groupby("bucket")["item_id"].nunique().to_dict() == {"T_ok": 3, "T_wrong": 3}
@@ -193,7 +193,7 @@ def test_planted_split_skill_is_heterogeneous_and_the_helper_uniform(tiny_qwen3_
 def test_masked_library_is_the_retrieval_rerun(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The library pool shows the top k of Eq. 8's ranking recomputed on the masked library; the topk
     pool shows the survivors of the full library's top k, in rank order."""
-    monkeypatch.setattr(base, "score_record", planted_scorer([]))
+    monkeypatch.setattr(jobs, "score_record", planted_scorer([]))
     analysis = Attribution(model=tiny_qwen3_dir, out=tmp_path, item_ids=["retail-wrong-0001"], k_max=3, masks=6, figure=False,
                            **CHEAP_STATS, **FAST)
     result = analysis.run(verbose=False)
@@ -216,7 +216,7 @@ def test_resume_scores_no_mask_twice(tiny_qwen3_dir: Path, tmp_path: Path, monke
     assert len(first.rows) == 8 and first.rows["margin"].notna().all()
     assert (tmp_path / tiny_qwen3_dir.name / "figures" / "fig13_attribution_matrix.png").is_file()
     calls: list[str] = []
-    monkeypatch.setattr(base, "score_record", planted_scorer(calls))
+    monkeypatch.setattr(jobs, "score_record", planted_scorer(calls))
     Attribution(**options, figure=False).run(verbose=False)
     assert calls == []
     path = tmp_path / tiny_qwen3_dir.name / "attribution.jsonl"
@@ -224,8 +224,8 @@ def test_resume_scores_no_mask_twice(tiny_qwen3_dir: Path, tmp_path: Path, monke
     path.write_text("".join(lines[:-3]))  # the last three rows lost
     monkeypatch.undo()
     counted: list[str] = []
-    real = base.score_record
-    monkeypatch.setattr(base, "score_record", lambda *a, **k: counted.append(a[1].record_id) or real(*a, **k))
+    real = jobs.score_record
+    monkeypatch.setattr(jobs, "score_record", lambda *a, **k: counted.append(a[1].record_id) or real(*a, **k))
     again = Attribution(**options, figure=False).run(verbose=False)
     lost = {json.loads(line)["key"] for line in lines[-3:]}
     assert 0 < len(counted) <= 3 and {f"{r}|" for r in counted} <= {key.rsplit("|", 1)[0] + "|" for key in lost}

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.analyses import base, curation
+from probes.analyses import curation, jobs
 from probes.analyses.curation import Curate, MaskEval
 from probes.core.chat import Reply
 from probes.data.dataset import load_dataset
@@ -97,7 +97,7 @@ OPTIONS = dict(domains=["retail"], buckets=["T_ok", "T_wrong"], limit=8, k_max=9
 @pytest.mark.parametrize("variant_effect", [5.0, -5.0])
 def test_gate_rejects_a_split_that_lowers_the_development_score(variant_effect: float, tiny_qwen3_dir: Path, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(base, "score_record", planted_scorer([], variant_effect))
+    monkeypatch.setattr(jobs, "score_record", planted_scorer([], variant_effect))
     # a rewriting chat model whose reply ψ refuses: the deterministic variants are used, and the choice recorded
     refusing = type("Refusing", (), {"label": "stub-chat", "__call__": lambda self, messages: Reply("no JSON here")})()
     monkeypatch.setattr(curation, "chat_generator", lambda model, device: refusing)
@@ -128,7 +128,7 @@ def test_gate_rejects_a_split_that_lowers_the_development_score(variant_effect: 
 def test_mask_eval_drops_the_harmful_skill_on_held_out_items_and_resumes(tiny_qwen3_dir: Path, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(base, "score_record", planted_scorer(calls, 0.0))
+    monkeypatch.setattr(jobs, "score_record", planted_scorer(calls, 0.0))
     options = dict(model=tiny_qwen3_dir, out=tmp_path, min_skills=1, **OPTIONS)
     result = MaskEval(**options).run(verbose=False)
     items = result.summary.items

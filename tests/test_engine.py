@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from probes.analyses.base import score_record
 from probes.engine.hooks import HOOK_EMBED, HOOK_PATTERN, HOOK_RESID_POST, HOOK_Z, Recorder, hook_point
+from probes.scoring.score import score_record
 from probes.engine.session import ATTN_IMPLEMENTATION, BASELINE, ContinuationTree, Knockout, ProbeSession, span_positions
 from probes.prompts.record import Candidate, PromptRecord
 from reference import knockout_masks, masked_eager_forward

@@ -243,7 +243,7 @@ def test_without_a_browser_the_reason_names_the_install_command(monkeypatch, tmp
 
 def test_the_command_line_flags_are_the_options():
     from probes.cli.main import build_parser
-    from probes.cli.options import options_from_args
+    from probes.cli.flags import options_from_args
 
     args = build_parser("explore").parse_args(["explore", "--out", "r", "--records", "3", "--precision", "uint8", "--max-mb", "5"])
     options = E.ExploreOptions(**options_from_args(args, E.ExploreOptions))

@@ -35,7 +35,7 @@ def _planted(y: np.ndarray, rng: np.random.Generator, d: int = 8, shift: float =
 def test_one_default_permutation_count_reaches_p_below_001():
     from probes.analyses.linear import Linear
     from probes.cli.main import build_parser
-    from probes.cli.options import options_from_args
+    from probes.cli.flags import options_from_args
 
     assert ProbeSettings().permutations == DEFAULT_PERMUTATIONS >= 199
     assert Linear().permutations == DEFAULT_PERMUTATIONS
@@ -200,7 +200,7 @@ def test_fold_groups_option_reaches_the_header_settings():
     from probes.analyses.linear import Linear, asdict_settings
     from probes.analyses.tools import ShortcutsOptions
     from probes.cli.main import build_parser
-    from probes.cli.options import options_from_args
+    from probes.cli.flags import options_from_args
 
     parser = build_parser()
     assert Linear(**options_from_args(parser.parse_args(["linear", "--fold-groups", "scenario"]), Linear)).fold_groups == "scenario"

@@ -13,8 +13,9 @@ import pytest
 
 import probes.analyses
 from probes.analyses import tools
-from probes.analyses.base import (
-    Analysis,
+from probes.analyses.base import Analysis
+from probes.analyses.option_system import (
+    QUICK,
     BuilderOptions,
     ItemOptions,
     OptionError,
@@ -22,9 +23,11 @@ from probes.analyses.base import (
     UnknownOption,
     option_fields,
 )
+from probes.backends import BACKENDS
+from probes.cli.flags import flag_of, flags_of
 from probes.cli.main import build_parser, main
-from probes.cli.options import flag_of, flags_of
 from probes.prompts.builder import DEFAULT_K_MAX, SWEEP_K_MAX, BuildSettings
+from probes.scoring.score import DEFAULT_VARIANT
 from probes.reporting.cards import GATE_DEPTH
 from probes.session import ProbeSession
 
@@ -98,15 +101,57 @@ def test_no_default_or_wiring_is_repeated_in_the_library() -> None:
     sources = {path.relative_to(ROOT).as_posix(): _code(path) for path in PACKAGE.rglob("*.py")}
     notebooks = {path.relative_to(ROOT).as_posix(): _code(path) for path in (ROOT / "notebooks").glob("*.ipynb")}
     k_or_k_max = {name for name, text in {**sources, **notebooks}.items() if re.search(r"\bk is not None else\b.*k_max", text)}
-    assert k_or_k_max == {"probes/analyses/base.py"}, f"{sorted(k_or_k_max)}: use options.depth (BuildsPrompts.depth)"
+    assert k_or_k_max == {"probes/analyses/option_system.py"}, f"{sorted(k_or_k_max)}: use options.depth (BuildsPrompts.depth)"
     for name, text in {**sources, **notebooks}.items():
         assert not re.search(r"option\(\s*\d+\s*,\s*\"largest retrieval depth", text), f"{name}: use k_max_option(DEFAULT_K_MAX / SWEEP_K_MAX)"
     for name, text in sources.items():
         if name != "probes/prompts/builder.py":
             assert not re.search(r"\bPromptBuilder\(", text), f"{name}: make the builder with probes.prompts.builder.make_builder"
             assert name == "probes/data/dataset.py" or not re.search(r"\bdefault_study\(", text), f"{name}: resolve the study defaults with probes.prompts.builder.resolve_study"
-        if name != "probes/cli/options.py":
+        if name != "probes/cli/flags.py":
             assert "add_argument(\"--k-max\"" not in text and "add_argument(\"--dataset\"" not in text, name
+
+
+# Where the literal "tool_choice" may stand: its definition (probes.scoring.score: the variants, DEFAULT_VARIANT, the
+# quantities), the margin's own name (probes.scoring.margins), dict keys (labels), and forks' header, which names the
+# margin it measures whatever the variant. Anywhere else it would re-type the default: use DEFAULT_VARIANT.
+# probes/reporting/plots.py's fig02 default is left to the figures' move next to their analyses (another branch).
+VARIANT_LITERAL_ALLOWED = {"probes/scoring/score.py", "probes/scoring/margins.py"}
+VARIANT_DEFAULT = re.compile(r'"tool_choice"(?!\s*:)')  # a key of a dict (a label) is no default
+FORKS_MARGIN_NAME = 'margin="tool_choice", margin_variant=None'
+
+
+def retyped_defaults(name: str, text: str) -> list[str]:
+    """The lines of ``text`` (a module of the package) that re-type a default kept in one constant: the
+    margin variant (:data:`probes.scoring.score.DEFAULT_VARIANT`), quick's depth
+    (:data:`probes.prompts.builder.DEFAULT_K_MAX`), the backend names (:data:`probes.backends.BACKENDS`)."""
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if name not in VARIANT_LITERAL_ALLOWED and VARIANT_DEFAULT.search(line.replace(FORKS_MARGIN_NAME, "")):
+            found.append(f"{name}:{number}: use DEFAULT_VARIANT")
+        if line.startswith("QUICK") and re.search(r'"k_max":\s*\d', line):
+            found.append(f"{name}:{number}: quick's depth is DEFAULT_K_MAX")
+        if not name.startswith("probes/backends/") and re.search(r'["\']nnsight["\'],\s*["\']transformerlens["\']', line):
+            found.append(f"{name}:{number}: the backend names are probes.backends.BACKENDS")
+    return found
+
+
+def test_each_knob_has_one_default_constant() -> None:
+    sources = {path.relative_to(ROOT).as_posix(): _code(path) for path in PACKAGE.rglob("*.py")}
+    assert [line for name, text in sources.items() for line in retyped_defaults(name, text)] == []
+    assert QUICK["k_max"] == DEFAULT_K_MAX and _field(RunOptions, "backend").metadata["choices"] == tuple(BACKENDS)
+    assert _field(RunOptions, "margin_variant").default == DEFAULT_VARIANT
+    assert inspect.signature(ProbeSession.score).parameters["variant"].default == DEFAULT_VARIANT
+    # the check fails on each re-typed literal
+    planted = {
+        'def score(record, variant: str = "tool_choice"):': "use DEFAULT_VARIANT",
+        'common = {"margin_variant": "tool_choice", "seed": 0}': "use DEFAULT_VARIANT",
+        'QUICK = {"limit": 4, "k_max": 2, "random_draws": 2}': "quick's depth is DEFAULT_K_MAX",
+        'choices=("native", "nnsight", "transformerlens")': "probes.backends.BACKENDS",
+    }
+    for line, message in planted.items():
+        assert [message in found for found in retyped_defaults("probes/analyses/planted.py", line)] == [True], line
+    assert retyped_defaults("probes/analyses/planted.py", 'labels = {"tool_choice": "Eq. 1 over the tools"}') == []
 
 
 def test_the_tools_run_from_python_as_from_the_command_line(tmp_path: Path) -> None:

@@ -20,13 +20,14 @@ import pytest
 
 import probes.analyses
 import probes.analyses.base as base
+import probes.analyses.run_context as run_context
 import probes.analyses.report as report
 import probes.engine.session
 from probes.analyses import ANALYSES, REPORT
 from probes.analyses.base import QUICK, Analysis, AnalysisError, OptionError, ReportSection, option_fields, select_items
 from probes.analyses.report import IF_GIVEN, TO_ANALYSES, ReportOptions
 from probes.cli.main import build_parser, main
-from probes.cli.options import flag_of, options_from_file
+from probes.cli.flags import flag_of, options_from_file
 from probes.data.dataset import BUCKETS, V1_DATASET_DIR, spread_limit
 from probes.reporting import plots
 from probes.scoring.stats import bootstrap_ratio, no_ci_note, summarise
@@ -206,9 +207,9 @@ def test_every_option_reaches_the_analysis(name: str, entry: str, monkeypatch, t
 def test_session_options_reach_the_session(name: str, monkeypatch, tmp_path) -> None:
     seen = _capture_session(monkeypatch)
     # the invented filter values select nothing in the real dataset, and the items are checked before the model
-    dataset = base._dataset(str(V1_DATASET_DIR))
-    monkeypatch.setattr(base, "_dataset", lambda root: dataset)
-    monkeypatch.setattr(base, "select_items", lambda dataset, options: dataset.items[:1])
+    dataset = run_context._dataset(str(V1_DATASET_DIR))
+    monkeypatch.setattr(run_context, "_dataset", lambda root: dataset)
+    monkeypatch.setattr(run_context, "select_items", lambda dataset, options: dataset.items[:1])
     cls = CLASSES[name]
     values = _values(cls, tmp_path, skip=("backend", "remote"))  # the native session (other backends: below)
     with pytest.raises(_Loaded):
@@ -228,18 +229,18 @@ def test_backend_options_reach_the_backend(monkeypatch) -> None:
 
     monkeypatch.setattr(probes.backends, "get_backend", get_backend)
     with pytest.raises(_Loaded):
-        base.open_session(CLASSES["sweep"](backend="nnsight", remote=True, dtype="float16", device="cuda:0", device_map="auto",
+        run_context.open_session(CLASSES["sweep"](backend="nnsight", remote=True, dtype="float16", device="cuda:0", device_map="auto",
                                            allow_pickle=True, trust_remote_code=True), "m")
     assert seen == {"name": "nnsight", "model": "m", "remote": True, "dtype": "float16", "device": "cuda:0", "device_map": "auto",
                     "allow_pickle": True, "trust_remote_code": True}
     with pytest.raises(OptionError, match="remote.*needs backend='nnsight'"):
-        base.open_session(CLASSES["sweep"](remote=True), "m")
+        run_context.open_session(CLASSES["sweep"](remote=True), "m")
 
 
 def test_session_options_reach_the_session_from_python(monkeypatch) -> None:
     seen = _capture_session(monkeypatch)
     with pytest.raises(_Loaded):
-        base.open_session(CLASSES["sweep"](dtype="float16", device="cuda:0", device_map="balanced", allow_pickle=True,
+        run_context.open_session(CLASSES["sweep"](dtype="float16", device="cuda:0", device_map="balanced", allow_pickle=True,
                                            trust_remote_code=True), "m")
     assert seen == {"model": "m", "dtype": "float16", "device": "cuda:0", "device_map": "balanced",
                     "allow_pickle": True, "trust_remote_code": True, "prefix_cache": 8}
@@ -471,7 +472,7 @@ def test_the_pipeline_selects_items_with_the_resolved_options(monkeypatch) -> No
         seen.append(options)
         raise _Captured
 
-    monkeypatch.setattr(base, "select_items", select)
+    monkeypatch.setattr(run_context, "select_items", select)
     with pytest.raises(_Captured):
         main(["sweep", "--quick", "--items", "T_ok:retail:3", "--k-max", "3"])
     (options,) = seen
@@ -657,13 +658,13 @@ def test_embedder_choice_is_printed_and_recorded(tiny_qwen3_dir, tmp_path, capsy
     from probes.reporting.results import load_results
 
     make_embedder.cache_clear()
-    base._retriever.cache_clear()
+    run_context._retriever.cache_clear()
     result = probes.analyses.run("sweep", model=str(tiny_qwen3_dir), embedder="lexical", relevance="lexical", item_ids=["retail-wrong-0001"],
                                  k_max=0, configs=["base"], split="all", out=tmp_path / "py", figure=False)
     assert "embedder: lexical-hashing (--embedder lexical)" in capsys.readouterr().err
-    assert result.out_dir == tmp_path / "py" / base.model_label(tiny_qwen3_dir)
+    assert result.out_dir == tmp_path / "py" / run_context.model_label(tiny_qwen3_dir)
     make_embedder.cache_clear()
-    base._retriever.cache_clear()
+    run_context._retriever.cache_clear()
     assert main(["sweep", "--model", str(tiny_qwen3_dir), "--embedder", "lexical", "--relevance", "lexical", "--item", "retail-wrong-0001",
                  "--k-max", "0", "--configs", "base", "--split", "all", "--out", str(tmp_path / "cli"), "--no-figure"]) == 0
     assert "embedder: lexical-hashing (--embedder lexical)" in capsys.readouterr().err

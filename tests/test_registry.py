@@ -39,7 +39,7 @@ from probes.reporting import plots
 from probes.reporting.results import load_results
 
 
-@register("planted", order=85)
+@register("planted", order=90)
 class Planted(Analysis):
     """Planted: the Base margin of each item at k = 0."""
 
@@ -85,7 +85,7 @@ def planted(tmp_path, monkeypatch):
 
 
 def test_a_planted_module_is_listed_in_the_help_without_being_imported(planted, capsys) -> None:
-    assert "planted" in probes.analyses.ANALYSES and list(probes.ANALYSES)[-1] == "planted"  # order 85: after paired
+    assert "planted" in probes.analyses.ANALYSES and list(probes.ANALYSES)[-1] == "planted"  # order 90: after forks
     with pytest.raises(SystemExit) as code:
         main(["--help"])
     assert code.value.code == 0
@@ -117,7 +117,7 @@ def test_a_planted_analysis_runs_in_probes_run_report_and_load(planted, tiny_qwe
 
 
 def test_a_planted_module_with_a_taken_name_is_refused(planted) -> None:
-    (planted / "planted.py").write_text(PLANTED.replace('@register("planted", order=85)', '@register("sweep")'))
+    (planted / "planted.py").write_text(PLANTED.replace('@register("planted", order=90)', '@register("sweep", order=90)'))
     with pytest.raises(ValueError, match="analysis 'sweep' is registered twice: in probes.analyses.sweep and probes.analyses.planted"):
         probes.analyses.catalogue()
 
@@ -125,9 +125,9 @@ def test_a_planted_module_with_a_taken_name_is_refused(planted) -> None:
 def test_a_duplicate_registration_is_refused() -> None:
     with pytest.raises(ValueError, match=r"@register\('sweep'\): .*Other clashes with probes.analyses.sweep.Sweep"):
         probes.analyses.get("sweep")  # registered
-        register("sweep")(type("Other", (Analysis,), {"__doc__": "Other."}))
+        register("sweep", order=10)(type("Other", (Analysis,), {"__doc__": "Other."}))
     with pytest.raises(TypeError, match="is not a subclass of probes.analyses.base.Analysis"):
-        register("loose")(type("Loose", (), {}))
+        register("loose", order=999)(type("Loose", (), {}))
     assert "loose" not in probes.analyses._registered
 
 
@@ -235,3 +235,37 @@ def test_each_figure_lives_with_the_analysis_that_draws_it() -> None:
     assert misplaced_figures({**sources, "probes.reporting.plots": shared}) == ["probes.reporting.plots.fig21_planted"]
     sweep = sources["probes.analyses.sweep"].replace("plots.save_figure(fig02_retrieval_trap(", "plots.save_figure(another_figure(")
     assert misplaced_figures({**sources, "probes.analyses.sweep": sweep}) == ["probes.analyses.sweep.fig02_retrieval_trap"]
+
+
+def figure_block_faults(source: str) -> list[str]:
+    """What in a module's source breaks the resume digest's rule: every figure function after the figure
+    block's marker, and nothing that shapes rows (a class, collect) inside it."""
+    from probes.analyses.run_context import FIGURE_BLOCK
+
+    marker = FIGURE_BLOCK.decode()
+    head, _, block = source.partition(marker)
+    faults = [f"figure before the marker: {n.name}" for n in ast.parse(head).body
+              if isinstance(n, ast.FunctionDef) and FIGURE_FUNCTION.match(n.name)]
+    if block:
+        tail = ast.parse(textwrap.dedent(marker.lstrip("\n") + block))
+        faults += [f"class in the figure block: {n.name}" for n in tail.body if isinstance(n, ast.ClassDef)]
+    return faults
+
+
+def test_figure_code_is_left_out_of_the_resume_digest() -> None:
+    """An analysis's figures close its module, after the marker the digest cuts at: editing a figure keeps
+    results resumable, editing anything before it does not."""
+    from probes.analyses.run_context import row_source
+
+    sources = package_sources()
+    drawing = [m for m, s in sources.items() if m.startswith("probes.analyses.") and FIGURE_FUNCTION.search(s)]
+    assert len(drawing) >= 12
+    assert {m: figure_block_faults(sources[m]) for m in drawing if figure_block_faults(sources[m])} == {}
+    sweep = sources["probes.analyses.sweep"].encode()
+    restyled = sweep.replace(b"def fig02_retrieval_trap(", b"def fig02_retrieval_trap(  ", 1)
+    assert restyled != sweep and row_source(restyled) == row_source(sweep)
+    rescored = sweep.replace(b"class Sweep(", b"class Sweep( ", 1)
+    assert row_source(rescored) != row_source(sweep)
+    # the check fails on a figure above the marker and on a class below it
+    planted = "def fig99_early(t):\n    return t\n" + sources["probes.analyses.sweep"] + "\nclass Late:\n    pass\n"
+    assert figure_block_faults(planted) == ["figure before the marker: fig99_early", "class in the figure block: Late"]

@@ -344,7 +344,7 @@ class _Stop(Exception):
 
 
 def _stop_at_session(monkeypatch: pytest.MonkeyPatch) -> dict:
-    import probes.analyses.base
+    import probes.analyses.run_context
 
     seen = {}
 
@@ -352,7 +352,7 @@ def _stop_at_session(monkeypatch: pytest.MonkeyPatch) -> dict:
         seen.update(k_max=args.k_max, seed=args.seed)
         raise _Stop
 
-    monkeypatch.setattr(probes.analyses.base, "open_session", stop)
+    monkeypatch.setattr(probes.analyses.run_context, "open_session", stop)
     return seen
 
 
@@ -373,12 +373,12 @@ def test_prompted_format_on_the_organism_warns(tmp_path: Path, monkeypatch: pyte
 
 def test_ctrl_c_says_how_to_resume_and_debug_shows_the_traceback(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture) -> None:
-    import probes.analyses.base
+    import probes.analyses.jobs
 
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(probes.analyses.base, "score_record", interrupt)
+    monkeypatch.setattr(probes.analyses.jobs, "score_record", interrupt)
     capsys.readouterr()
     assert main(sweep(model, tmp_path / "out")) == 130
     err = capsys.readouterr().err

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-import probes.analyses.base
+import probes.analyses.jobs
 from probes.analyses.sweep import Sweep
 from probes.cli.main import main
 from probes.reporting.results import ResultsConfigMismatch, load_results
@@ -42,7 +42,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: 
 
     # Kill after 7 prompts have been written, then tear the file's last line as a kill mid-write would.
     calls = {"score": 0}
-    real_score = probes.analyses.base.score_record
+    real_score = probes.analyses.jobs.score_record
     with killed_after_appends(7):
         _sweep(tiny_qwen3_dir, tmp_path / "resumed").run()
     path = tmp_path / "resumed" / tiny_qwen3_dir.name / "sweep.jsonl"
@@ -55,7 +55,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: 
         calls["score"] += 1
         return real_score(*args, **kwargs)
 
-    monkeypatch.setattr(probes.analyses.base, "score_record", counting_score)
+    monkeypatch.setattr(probes.analyses.jobs, "score_record", counting_score)
     assert _sweep(tiny_qwen3_dir, tmp_path / "resumed").run().status == 0
     resumed = _table(path)
     assert resumed["key"].is_unique

@@ -10,6 +10,16 @@ docstring's first paragraph is its help. The catalogue (name, module, help, orde
 modules' source with :mod:`ast`, so listing the analyses (``basm-probes --help``, :data:`ANALYSES`)
 imports none of them (they load torch, pandas and matplotlib); :func:`get` imports a module when
 its analysis is first used and checks that it registered the class the catalogue promised.
+
+An installed distribution adds analyses through an entry point of the group ``basm_probes.analyses``
+(``my_analysis = "my_package.my_analysis"``: a module whose source carries ``@register``); its
+module is catalogued the same way, from its source. :func:`probes.cli.checks.check_analysis`
+tests that a class keeps the contract.
+
+Report order is explicit and unique: every ``@register`` gives ``order=`` (an integer that places
+the analysis in ``report`` and in the listings; the paper's analyses use 10, 20, ... 80), and an
+order taken by another analysis is an error, at registration and in the catalogue, so the report's
+sequence never depends on name ties or import order.
 """
 
 from __future__ import annotations
@@ -19,7 +29,12 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import os
 import pkgutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +47,7 @@ if TYPE_CHECKING:
 REPORT = "report"  # not an analysis: the function over all of them
 # Loaded by name, as the analysis modules are: the report module imports this registry.
 REPORT_MODULE = "probes.analyses.report"
-UNORDERED = 1000  # the order of an analysis registered without one: after the paper's, by name
+ENTRY_POINT_GROUP = "basm_probes.analyses"  # analyses of other distributions: entry points naming their modules
 
 T = TypeVar("T", bound=type)
 _registered: dict[str, type] = {}  # name -> class, filled as the analysis modules are imported
@@ -56,12 +71,15 @@ class Entry:
     order: int
 
 
-def register(name: str, *, order: int = UNORDERED):
+def register(name: str, *, order: int):
     """Class decorator: register an :class:`~probes.analyses.base.Analysis` subclass under ``name``
     (the CLI subcommand, ``probes.run``'s first argument, its results file stem). ``order`` places
-    it in ``report`` (and in the listings); the paper's analyses use 10, 20, ... 80.
+    it in ``report`` (and in the listings): an integer no other analysis uses; the paper's analyses
+    use 10, 20, ... 80.
 
     The arguments must be literals: the catalogue reads them from the source without importing it.
+    The class must be an ``Analysis`` whose own options are ``option(...)`` fields of a
+    ``@dataclass(kw_only=True)`` (an undecorated field would silently be no option).
     """
 
     def decorate(cls: T) -> T:
@@ -71,16 +89,47 @@ def register(name: str, *, order: int = UNORDERED):
             raise TypeError(f"@register({name!r}): {cls!r} is not a subclass of probes.analyses.base.Analysis")
         if name == REPORT:
             raise ValueError(f"@register({name!r}): the name is taken by the report command")
+        check_order(name, order)
+        check_options_class(name, cls)
         known = _registered.get(name)
         # re-importing the same module (importlib.reload) re-registers its class; another class is a clash
         if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"@register({name!r}): {cls.__module__}.{cls.__qualname__} clashes with "
                              f"{known.__module__}.{known.__qualname__}, registered under that name already")
+        taken = {other.order: other_name for other_name, other in _registered.items() if other_name != name}
+        taken |= {entry.order: entry.name for entry in catalogue().values() if entry.name != name}
+        if order in taken:
+            raise ValueError(f"@register({name!r}, order={order}): order {order} is taken by {taken[order]!r}; "
+                             f"each analysis has its own (taken: {', '.join(map(str, sorted(taken)))})")
         cls.name, cls.order = name, order
         _registered[name] = cls
         return cls
 
     return decorate
+
+
+def check_order(name: str, order: Any) -> None:
+    """``order`` is an integer (a bool is not)."""
+    if isinstance(order, bool) or not isinstance(order, int):
+        raise TypeError(f"@register({name!r}): order must be an integer (its place in report), got {order!r}")
+
+
+def check_options_class(name: str, cls: type) -> None:
+    """Every option of ``cls`` is an ``option(...)`` field of a ``kw_only`` dataclass; a field declared
+    on a class without ``@dataclass(kw_only=True)`` (or a plain annotated attribute) would be no option
+    at all (no flag, not in :func:`options`, ignored as a keyword), so it is an error naming the field."""
+    where = f"@register({name!r}): {cls.__module__}.{cls.__qualname__}"
+    fix = "decorate the class with @dataclass(kw_only=True) under @register and declare each option with option(...)"
+    loose = [attr for attr, value in vars(cls).items() if isinstance(value, dataclasses.Field)]
+    loose += [attr for attr, kind in inspect.get_annotations(cls).items()
+              if "ClassVar" not in str(kind) and attr not in cls.__dataclass_fields__]  # type: ignore[attr-defined]
+    if loose:
+        raise TypeError(f"{where} is not a dataclass: {', '.join(map(repr, dict.fromkeys(loose)))} would be no option; {fix}")
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not f.kw_only:
+            raise TypeError(f"{where}: field {f.name!r} is positional: {fix}")
+        if "help" not in f.metadata:
+            raise TypeError(f"{where}: field {f.name!r} is no option (no help, flag or check): declare it with option(...)")
 
 
 def _literal(node: ast.expr) -> Any:
@@ -107,7 +156,12 @@ def _entries_of(module: str, source: str, path: str) -> list[Entry]:
             if not doc:
                 raise ValueError(f"{path}: {node.name} has no docstring (its first paragraph is the analysis's help)")
             summary = " ".join(doc.split("\n\n")[0].split())  # the first paragraph, on one line
-            entries.append(Entry(_literal(deco.args[0]), module, node.name, summary, keywords.get("order", UNORDERED)))
+            name = _literal(deco.args[0])
+            if "order" not in keywords:
+                raise ValueError(f"{path}: @register({name!r}) on {node.name} needs order=N, its place in report (an integer no other "
+                                 "analysis uses)")
+            check_order(name, keywords["order"])
+            entries.append(Entry(name, module, node.name, summary, keywords["order"]))
     return entries
 
 
@@ -118,9 +172,41 @@ def _entries_in(module: str, path: str, mtime_ns: int) -> tuple[Entry, ...]:
     return tuple(_entries_of(module, source, path)) if "register(" in source else ()
 
 
+@functools.lru_cache(maxsize=8)
+def _entry_points(environment: tuple[tuple[str, int], ...]) -> tuple[importlib.metadata.EntryPoint, ...]:
+    """The entry points of :data:`ENTRY_POINT_GROUP` (scanning the installed distributions takes ~10 ms:
+    read again when ``sys.path`` or one of its folders changes)."""
+    return tuple(dict.fromkeys(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)))
+
+
+def _path_state() -> tuple[tuple[str, int], ...]:
+    return tuple((entry, os.stat(entry).st_mtime_ns if os.path.isdir(entry) else 0) for entry in sys.path)
+
+
+def _plugin_entries() -> list[Entry]:
+    """The analyses of other distributions' entry points, read from their modules' source (finding a
+    module in a package imports that package's ``__init__``, not the module)."""
+    entries: list[Entry] = []
+    for point in _entry_points(_path_state()):
+        label = f"entry point {point.name} = {point.value!r} (group {ENTRY_POINT_GROUP})"
+        try:
+            spec = importlib.util.find_spec(point.module)
+        except ImportError as error:
+            raise ValueError(f"{label}: cannot find module {point.module!r}: {error}") from error
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            raise ValueError(f"{label}: module {point.module!r} is not an installed .py source file")
+        path = Path(spec.origin)
+        found = _entries_in(point.module, str(path), path.stat().st_mtime_ns)
+        if not found or (point.attr and point.attr not in {entry.cls for entry in found}):
+            raise ValueError(f"{label}: {point.attr or point.module} carries no @register(...) in {path}")
+        entries += [entry for entry in found if not point.attr or entry.cls == point.attr]
+    return entries
+
+
 def catalogue() -> dict[str, Entry]:
-    """Every analysis of this package's modules (``__path__``: a folder added to it is searched too),
-    by name, in report order; read from the source, nothing imported."""
+    """Every analysis of this package's modules (``__path__``: a folder added to it is searched too)
+    and of the installed entry points (:data:`ENTRY_POINT_GROUP`), by name, in report order; read from
+    the source, nothing imported. A name or an order declared twice is an error naming both."""
     found: dict[str, Entry] = {}
     for info in pkgutil.iter_modules(__path__):
         spec = info.module_finder.find_spec(info.name, None)  # type: ignore[call-arg]
@@ -128,10 +214,20 @@ def catalogue() -> dict[str, Entry]:
             continue
         path = Path(spec.origin)
         for entry in _entries_in(f"{__name__}.{info.name}", str(path), path.stat().st_mtime_ns):
-            if entry.name in found:
-                raise ValueError(f"analysis {entry.name!r} is registered twice: in {found[entry.name].module} and {entry.module}")
-            found[entry.name] = entry
-    return dict(sorted(found.items(), key=lambda item: (item[1].order, item[0])))
+            _add(found, entry)
+    for entry in _plugin_entries():
+        _add(found, entry)
+    return dict(sorted(found.items(), key=lambda item: item[1].order))
+
+
+def _add(found: dict[str, Entry], entry: Entry) -> None:
+    if entry.name in found:
+        raise ValueError(f"analysis {entry.name!r} is registered twice: in {found[entry.name].module} and {entry.module}")
+    same = next((other for other in found.values() if other.order == entry.order), None)
+    if same is not None:
+        raise ValueError(f"analyses {same.name!r} ({same.module}) and {entry.name!r} ({entry.module}) share order={entry.order}: "
+                         "each analysis has its own place in report")
+    found[entry.name] = entry
 
 
 def unknown_message(name: str, known: Sequence[str], what: str = "analysis") -> str:
@@ -215,4 +311,4 @@ class RegisteredNames(Sequence):
 ANALYSES = RegisteredNames()
 
 
-__all__ = ["ANALYSES", "Entry", "RegisteredNames", "UnknownAnalysis", "catalogue", "get", "make", "options", "options_of", "register", "run"]
+__all__ = ["ANALYSES", "ENTRY_POINT_GROUP", "Entry", "RegisteredNames", "UnknownAnalysis", "catalogue", "get", "make", "options", "options_of", "register", "run"]

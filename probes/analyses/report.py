@@ -96,7 +96,7 @@ def differences_from_paper(c: Comparison, model: str, variant: str) -> str:
     return "; ".join(reasons)
 
 
-def comparison_table(comparisons: list[Comparison], model: str = "", variant: str = "tool_choice") -> str:
+def comparison_table(comparisons: list[Comparison], model: str, variant: str) -> str:
     lines = ["| quantity | ours | paper | unit | not like-for-like because | note |", "|---|---|---|---|---|---|"]
     lines += [f"| {c.quantity} | {_fmt(c.ours, c.unit)} | {_fmt(c.paper, c.unit)} | {c.unit} | "
               f"{differences_from_paper(c, model, variant) if c.paper is not None else '—'} | {c.note} |" for c in comparisons]
@@ -142,7 +142,7 @@ def claims_markdown(table: pd.DataFrame) -> str:
 
 
 def write_report(out_dir: Path, header: list[str], sections: list[ReportSection], failed: list[str], fig03: list[Path],
-                 *, figures: bool = True, figures_dir: Path | None = None, model: str = "", variant: str = "tool_choice") -> Path:
+                 *, figures: bool = True, figures_dir: Path | None = None, model: str, variant: str) -> Path:
     comparisons = [c for s in sections for c in s.comparisons]
     claims = claims_table([c for s in sections for c in s.claims])
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,7 @@ class SweepSummary:
     k0_prompts_identical: bool
     k0_max_spread: float  # largest |margin difference| between configurations at k = 0 (logits)
     note: str
-    variant: str = "tool_choice"
+    variant: str
     n_abstain_items: int = 0  # items without a correct tool (no tool-choice margin)
     differences: pd.DataFrame | None = None  # bucket, contrast, k, value, low, high, n, n_items, n_nan, note
     per_item: pd.DataFrame | None = None  # bucket, item_id, task_group, k, tempting_shown, contrast, delta

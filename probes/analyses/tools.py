@@ -10,7 +10,7 @@ options as keywords, so it runs the same from Python and from the command line::
     >>> record = tools.show(item="retail-wrong-0003", k=2)
 
 ``basm-probes build|show|shortcuts|audit|card|bfcl-import`` derive their flags from these classes
-(:func:`probes.cli.options.add_options`) and call these functions; nothing here knows about argparse.
+(:func:`probes.cli.flags.add_options`) and call these functions; nothing here knows about argparse.
 """
 
 from __future__ import annotations

@@ -43,12 +43,12 @@ def _tool_command(options_class: str, run: Callable[[Any], int], module: str = "
         return getattr(importlib.import_module(module), options_class)
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        from probes.cli.options import add_options
+        from probes.cli.flags import add_options
 
         add_options(parser, options_cls())
 
     def runner(args: argparse.Namespace) -> int:
-        from probes.cli.options import options_from_args
+        from probes.cli.flags import options_from_args
 
         return run(options_from_args(args, options_cls()))
 
@@ -147,12 +147,12 @@ def _analysis_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], No
     ``probes.analyses.run(NAME, **options)``. The class is imported when its command is used."""
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        from probes.cli.options import add_options
+        from probes.cli.flags import add_options
 
         add_options(parser, analyses.options_of(name))
 
     def run(args: argparse.Namespace) -> int:
-        from probes.cli.options import options_from_args
+        from probes.cli.flags import options_from_args
 
         return analyses.run(name, **options_from_args(args, analyses.options_of(name))).status
 

@@ -48,7 +48,7 @@ from probes.analyses import ratios as ratios_mod
 from probes.analyses import sweep as sweep_mod
 from probes.analyses.base import Analysis, AnalysisError, RunContext, open_context
 from probes.core.files import write_text
-from probes.scoring.score import EPSILON
+from probes.scoring.score import DEFAULT_VARIANT, EPSILON
 from probes.engine.session import ProbeSession
 from probes.organism import ORGANISM_DIR
 from probes.reporting.markdown import markdown_table
@@ -206,7 +206,7 @@ def validate(
 ) -> Validation:
     """Run the analyses behind the five claims (results resume from ``out``) and test the claims."""
     started = time.perf_counter()
-    common = {"model": model, "split": "eval", "out": out, "embedder": embedder, "seed": seed, "margin_variant": "tool_choice",
+    common = {"model": model, "split": "eval", "out": out, "embedder": embedder, "seed": seed, "margin_variant": DEFAULT_VARIANT,
               "limit": limit or None, "overwrite": overwrite, "k_max": DEPTH}
     sweep = context_for(sweep_mod.Sweep(**common, buckets=["T_wrong"], configs=["proc", "basm"]), None)
     session = sweep.session
@@ -220,7 +220,7 @@ def validate(
     heads_claim_, rank = heads_claim(heads, top, draws, seed)
     claims.append(heads_claim_)
     config = {"model": sweep.model_path, "split": "eval", "limit": limit, "k": DEPTH, "embedder": sweep.builder.retriever.embedder.name,
-              "margin_variant": "tool_choice", "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "min_span_mass": heads.options.min_span_mass, "alpha": ALPHA,
+              "margin_variant": DEFAULT_VARIANT, "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "min_span_mass": heads.options.min_span_mass, "alpha": ALPHA,
               "n_items": {"T_wrong": len(sweep.items), "T_ok+T_wrong": len(heads.items)}}
     return Validation(claims, rank, config, time.perf_counter() - started)
 

@@ -4,7 +4,8 @@ Every option field of an options class (an :class:`~probes.analyses.base.Analysi
 options, a dataset tool's: :mod:`probes.analyses.tools`) becomes one flag (``k_max`` → ``--k-max``;
 ``repeat`` options are repeated flags, ``names`` options comma-separated, ``positional`` ones
 positional arguments). Flags default to "not given", so the class's own defaults apply, exactly as
-in Python. This is the one option system: every subcommand's flags are made here.
+in Python. Every subcommand's flags are made here, from the one option system
+(:mod:`probes.analyses.option_system`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from probes.analyses.base import OptionError, check_option, flag_of, option_fields
+from probes.analyses.option_system import OptionError, check_option, flag_of, option_fields
 
 OPTIONS_FILE = "options_file"
 
