@@ -585,10 +585,11 @@ def test_line_and_error_bar_figures_say_no_ci() -> None:
     from probes.analyses.heads import fig09_candidate_heads
     from probes.analyses.knockout import fig06_knockout_controls
     from probes.analyses.sweep import fig02_retrieval_trap
+    from probes.scoring.score import DEFAULT_VARIANT
 
     sweep = pd.DataFrame({"bucket": "T_wrong", "config": "basm", "k": [0, 1], "value": [1.0, 2.0],
                           "low": [math.nan] * 2, "high": [math.nan] * 2, "n": [1, 1]})
-    assert "no CI (1 group)" in _texts(fig02_retrieval_trap(sweep, "note"))
+    assert "no CI (1 group)" in _texts(fig02_retrieval_trap(sweep, "note", DEFAULT_VARIANT))
     rates = pd.DataFrame({"mode": "lenient", "format": "native", "config": "basm", "k": [0, 1], "bucket": "T_wrong", "rate": "wrong_call",
                           "value": [0.5, 0.25], "low": [0.5, 0.0], "high": [0.5, 0.5], "n": [3, 6], "n_groups": [1, 2], "count": 1})
     fig = fig11_call_rates(rates, "note")

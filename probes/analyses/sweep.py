@@ -193,7 +193,7 @@ CONTRAST_LABELS = {"trap": "trap: Proc. Skill − Base", "suppression": "suppres
 CONTRAST_COLORS = {"trap": plots.CONFIG_COLORS["proc"], "suppression": plots.CONFIG_COLORS["basm"]}
 
 
-def fig02_retrieval_trap(table: pd.DataFrame, note: str, variant: str = "tool_choice", *,
+def fig02_retrieval_trap(table: pd.DataFrame, note: str, variant: str, *,
                          differences: pd.DataFrame | None = None) -> plt.Figure:
     """Wrong-tool margin vs k per configuration, one panel per bucket (T_wrong first), and with
     ``differences`` a last panel of the paired differences on T_wrong (the claims: trap and
