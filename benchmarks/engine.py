@@ -115,12 +115,12 @@ def _fast_calls(n: int, model_dir: Path) -> dict[str, object]:
     """Warmed-up zero-argument callables for the fast methods, sharing one set of weights per kind."""
     from transformers import AutoModelForCausalLM
 
-    from probes.engine.session import ProbeSession
+    from probes.engine.session import EngineSession
 
     ids, rows, spans, conds = _setup(n)
     wids, wrows, wspans, wconds = _setup(64)
     sdpa = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
-    sess = ProbeSession(model_dir)
+    sess = EngineSession(model_dir)
 
     def plain(inp: list[int]) -> object:
         with torch.inference_mode():

@@ -324,7 +324,7 @@ def _summary(values: list[float | None]) -> dict[str, float | None]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from probes.analyses.knockout import knockout_scorer
     from probes.scoring.score import MARGINS, score_record
-    from probes.engine.session import ATTN_IMPLEMENTATION, ProbeSession
+    from probes.engine.session import ATTN_IMPLEMENTATION, EngineSession
     from probes.prompts.tokenizers import load_tokenizer
 
     clock = Clock(args.budget_s)
@@ -356,7 +356,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     records = dataset_records(builder, args.records)
     lengths = [len(r.input_ids) for r in records]
     print(f"{len(records)} records, {min(lengths)}..{max(lengths)} tokens", flush=True)
-    session = ProbeSession(model, tokenizer=tokenizer)  # switches the model to the probe attention
+    session = EngineSession(model, tokenizer=tokenizer)  # switches the model to the probe attention
 
     def plain_sdpa(ids: list[int]) -> Any:
         with torch.inference_mode():
@@ -482,7 +482,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"max |Δmargin| {out['max_abs_margin_diff']:.1e}", flush=True)
         return out
 
-    plain_session = ProbeSession(model, tokenizer=tokenizer, prefix_cache=0)
+    plain_session = EngineSession(model, tokenizer=tokenizer, prefix_cache=0)
     item_ids = list(dict.fromkeys(r.item_id for r in records))
     first = builder.dataset.select(ids=item_ids[:1])[0]
     if (item_out := with_and_without_reuse("sweep_item", sweep_prompts(builder, first, args.sweep_k_max))) is not None:

@@ -4,7 +4,7 @@
 
 The job list is ``sweep``'s (T_wrong eval items; per item k = 0..4 × base, proc, app, basm, in that
 order; the k = 0 prompt scored once, as ``cached_scorer`` does: 13 prompts per item), scored with
-``probes.analyses.base.score_record`` (baseline, ``margins=("margin",)``), once by a session without
+``probes.scoring.score.score_record`` (baseline, ``margins=("margin",)``), once by a session without
 reuse (``prefix_cache=0``) and once by a session with the default reuse, both on the same weights.
 Per item the two run back to back, alternating which goes first, after a warm-up on two prompts.
 
@@ -93,13 +93,13 @@ def bench(name: str, model_dir: Path, n_items: int, k_max: int, configs: list[st
     from transformers import AutoModelForCausalLM
 
     from probes.engine.prefix_cache import PrefixReuseCounter
-    from probes.engine.session import ProbeSession, install_attention
+    from probes.engine.session import EngineSession, install_attention
     from probes.scoring.score import score_record
 
     items = sweep_records(model_dir, n_items + 1, k_max, configs)
     items[0] = items[0][:2]  # warm-up
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=install_attention(), dtype=torch.float32)
-    sessions = {"plain": ProbeSession(model, prefix_cache=0), "reuse": ProbeSession(model)}
+    sessions = {"plain": EngineSession(model, prefix_cache=0), "reuse": EngineSession(model)}
     times = {"plain": [], "reuse": []}
     prompt_times: list[float] = []
     max_diff = 0.0

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from probes.analyses.knockout import knockout_scorer
     from probes.engine.prefix_cache import PREFIX_BLOCK
-    from probes.engine.session import Knockout, ProbeSession, install_attention
+    from probes.engine.session import Knockout, EngineSession, install_attention
     from probes.prompts.tokenizers import load_tokenizer
     from probes.scoring.score import score_record, scored_tokens
     from probes.scoring.margins import candidates_from_record
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = real_shape_model(args.layers, args.tiny)
     model.set_attn_implementation(install_attention())
     n_params = sum(p.numel() for p in model.parameters())
-    session = ProbeSession(model, tokenizer=tokenizer)
+    session = EngineSession(model, tokenizer=tokenizer)
     cfg = model.config
     print(f"model: random Qwen3{' (tiny)' if args.tiny else '-0.6B shape'}, {cfg.num_hidden_layers} layers, d_model {cfg.hidden_size}, "
           f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} heads, vocab {cfg.vocab_size}, {n_params / 1e9:.2f} B parameters, "
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"  sweep item: prefix tokens to compute with reuse {blocked} in {PREFIX_BLOCK}-token blocks, {floor} at the "
           f"token-level floor (distinct trie nodes); = {blocked / median_prompt.n_tokens:.2f} and "
           f"{floor / median_prompt.n_tokens:.2f} median prompts", flush=True)
-    plain = ProbeSession(model, tokenizer=tokenizer, prefix_cache=0)
+    plain = EngineSession(model, tokenizer=tokenizer, prefix_cache=0)
     for name, sess in (("sweep item, reuse", session), ("sweep item, no reuse", plain)):
         if name in args.skip:
             continue

@@ -22,7 +22,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ProbeSession": "probes.session",
+    "ProbeSession": "probes.facade",
     "Knockout": "probes.engine.session",
     "PromptBuilder": "probes.prompts.builder",
     "load_dataset": "probes.data.dataset",

@@ -19,7 +19,7 @@ from probes.analyses.ratios import Ratios
 from probes.analyses.report import ReportOptions, run_report
 from probes.analyses.suppression import Suppression
 from probes.analyses.sweep import Sweep
-from probes.engine.session import ProbeSession
+from probes.engine.session import EngineSession
 from probes.reporting.results import load_results
 
 torch.set_num_threads(1)
@@ -48,7 +48,7 @@ def check_rows(path: Path, analysis: str) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------- tiny random Qwen3
 def test_sweep_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
-    session = ProbeSession(tiny_qwen3_dir)
+    session = EngineSession(tiny_qwen3_dir)
     result = Sweep(model=tiny_qwen3_dir, limit=1, k_max=2, out=tmp_path, **FAST).run(session)
     assert result.status == 0 and result.out_dir == tmp_path / tiny_qwen3_dir.name
     rows = check_rows(result.out_dir / "sweep.jsonl", "sweep")
@@ -144,11 +144,11 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     # itself is checked against an eager 4D-mask forward in tests/test_measures.py).
     from probes.scoring.score import score_record
     from probes.data.dataset import load_dataset
-    from probes.engine.session import Knockout, ProbeSession
+    from probes.engine.session import Knockout, EngineSession
     from probes.prompts.builder import BuildSettings, PromptBuilder
     from probes.data.retrieval import Retriever, make_embedder
 
-    session = ProbeSession(tiny_qwen3_dir)
+    session = EngineSession(tiny_qwen3_dir)
     dataset = load_dataset("basm_probe")
     builder = PromptBuilder(session.tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=2))
     record = builder.build(dataset.select(ids=[T_WRONG_ITEM])[0], "basm", 2, "native")
@@ -166,7 +166,7 @@ def test_knockout_priming_controls_run_the_same_conditions(tiny_qwen3_dir: Path,
     from probes.scoring.score import score_record
     from probes.data.dataset import V2_DATASET_DIR, load_dataset
     from probes.data.retrieval import Retriever, make_embedder
-    from probes.engine.session import Knockout, ProbeSession
+    from probes.engine.session import Knockout, EngineSession
     from probes.prompts.builder import BuildSettings, PromptBuilder
 
     # a non-organism model's defaults: basm_probe_v2 and the semantic gate (MiniLM)
@@ -186,7 +186,7 @@ def test_knockout_priming_controls_run_the_same_conditions(tiny_qwen3_dir: Path,
     assert set(table["config"]) == {"basm", "basm-anon", "basm-names"} and set(table["knockout"]) == {"boundary", "random"}
     assert "knockout_priming" not in plain.tables
 
-    session = ProbeSession(tiny_qwen3_dir)
+    session = EngineSession(tiny_qwen3_dir)
     dataset = load_dataset(V2_DATASET_DIR)
     builder = PromptBuilder(session.tokenizer, dataset, Retriever(make_embedder("minilm")), BuildSettings(k_max=1, relevance="semantic"))
     record = builder.build(dataset.select(ids=[T_WRONG_ITEM])[0], "basm-anon", 1, "native")
@@ -250,7 +250,7 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
 
 def test_missing_default_model_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import probes.analyses.run_context as run_context
-    from probes.analyses.base import AnalysisError, default_model
+    from probes.analyses.run_context import AnalysisError, default_model
 
     monkeypatch.setattr(run_context, "ORGANISM_DIR", tmp_path / "absent")
     with pytest.raises(AnalysisError, match="--model"):
@@ -261,9 +261,9 @@ def test_missing_default_model_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
 @pytest.mark.slow
 def test_all_analyses_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
     """Every analysis on a real pretrained model, one or two prompts each (≈ 20 s per prompt on CPU)."""
-    from probes.engine.session import ProbeSession
+    from probes.engine.session import EngineSession
 
-    session = ProbeSession(smollm2_dir)  # loaded once, shared by every analysis
+    session = EngineSession(smollm2_dir)  # loaded once, shared by every analysis
     common = {"model": smollm2_dir, "out": tmp_path, "k_max": 1, **FAST}
     assert Sweep(item_ids=[T_WRONG_ITEM], configs=["proc", "basm"], **common).run(session).status == 0
     assert Ratios(item_ids=[T_WRONG_ITEM], configs=["basm"], **common).run(session).status == 0

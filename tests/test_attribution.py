@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.analyses import base, jobs
+from probes.analyses import jobs, run_context
 from probes.analyses.attribution import Attribution
 from probes.data.dataset import load_dataset, resolve_dataset
 from probes.data.retrieval import tools_in_text
 from probes.reporting.results import ResultsConfigMismatch, load_results
-from probes.scoring import attribution as est
+from probes.scoring import skill_masking as est
 
 FAST = {"dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical", "split": "all"}
 CHEAP_STATS = {"resamples": 200, "permutations": 20, "subsamples": 2, "simulations": 20}
@@ -197,7 +197,7 @@ def test_masked_library_is_the_retrieval_rerun(tiny_qwen3_dir: Path, tmp_path: P
     analysis = Attribution(model=tiny_qwen3_dir, out=tmp_path, item_ids=["retail-wrong-0001"], k_max=3, masks=6, figure=False,
                            **CHEAP_STATS, **FAST)
     result = analysis.run(verbose=False)
-    ctx = base.open_context(analysis)
+    ctx = run_context.open_context(analysis)
     item = ctx.items[0]
     masks = result.rows.attrs["meta"]["config"]["masks"]
     for row in result.rows.itertuples():

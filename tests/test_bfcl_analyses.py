@@ -18,7 +18,7 @@ from probes.analyses.knockout import KnockoutAnalysis
 from probes.analyses.linear import Linear
 from probes.analyses.sweep import Sweep
 from probes.data.dataset import ABSTAIN, bundled_dataset
-from probes.session import ProbeSession
+from probes.facade import ProbeSession
 from probes.organism import ORGANISM_DIR
 
 BFCL = {"dataset": "bfcl", "too_long": "skip", "figure": False}

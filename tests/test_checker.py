@@ -308,7 +308,7 @@ def test_revise_completes_the_next_candidate_or_abstains() -> None:
 
 def test_complete_call_forces_the_tool_name(tiny_qwen3_dir: Path, v1_dataset) -> None:
     from probes.analyses.calls import complete_call, generation_prompt
-    from probes.session import ProbeSession
+    from probes.facade import ProbeSession
 
     session = ProbeSession(tiny_qwen3_dir)
     item = next(i for i in v1_dataset.items if i.bucket == "T_wrong")
@@ -446,7 +446,7 @@ def test_checker_and_repair_resume(tiny_qwen3_dir: Path, tmp_path: Path, monkeyp
 def test_candidate_path_logprobs_agree_with_the_path_margin(tiny_qwen3_dir: Path, v1_dataset) -> None:
     from probes.analyses.calls import ranked_actions
     from probes.scoring.score import score_record
-    from probes.session import ProbeSession
+    from probes.facade import ProbeSession
 
     session = ProbeSession(tiny_qwen3_dir)
     item = next(i for i in v1_dataset.items if i.bucket == "T_wrong")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import pkgutil
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,7 +244,7 @@ def test_the_package_modules_shadow_no_registry_name_and_register_only_analyses(
     assert _shadowing([*probes.analyses.__path__, str(tmp_path)]) == {"options"}
     modules = {info.name for info in pkgutil.iter_modules(probes.analyses.__path__)}
     registering = {entry.module.rsplit(".", 1)[1] for entry in probes.analyses.catalogue().values()}
-    assert {"base", "option_system", "run_context", "jobs", "parallel", "report", "tools", "explore"} <= modules - registering
+    assert {"base", "option_system", "run_context", "jobs", "parallel", "report", "dataset_tools", "development_attribution", "explore"} <= modules - registering
 
 
 # ---------------------------------------------------------------------------- check_analysis

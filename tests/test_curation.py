@@ -13,11 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.analyses import curation, jobs
-from probes.analyses.curation import Curate, MaskEval
+from probes.analyses import curate, jobs
+from probes.analyses.curate import Curate
+from probes.analyses.mask_eval import MaskEval
 from probes.core.chat import Reply
 from probes.data.dataset import load_dataset
-from probes.scoring import curation as cur
+from probes.scoring import curation_rules as cur
 
 FAST = {"dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical"}
 SPLIT, HARMFUL = "retail.lookup_order", "retail.cancel_order"
@@ -100,7 +101,7 @@ def test_gate_rejects_a_split_that_lowers_the_development_score(variant_effect: 
     monkeypatch.setattr(jobs, "score_record", planted_scorer([], variant_effect))
     # a rewriting chat model whose reply ψ refuses: the deterministic variants are used, and the choice recorded
     refusing = type("Refusing", (), {"label": "stub-chat", "__call__": lambda self, messages: Reply("no JSON here")})()
-    monkeypatch.setattr(curation, "chat_generator", lambda model, device: refusing)
+    monkeypatch.setattr(curate, "chat_generator", lambda model, device: refusing)
     result = Curate(model=tiny_qwen3_dir, out=tmp_path, rewriter="stub-chat", **OPTIONS).run(verbose=False)
     fallback = result.summary.decisions.query("step == 'split' and action == 'deterministic variants instead'")
     assert fallback["skill"].tolist() == [SPLIT] and fallback["reason"].iloc[0].startswith("stub-chat's variants: not JSON")

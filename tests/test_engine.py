@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from probes.engine.hooks import HOOK_EMBED, HOOK_PATTERN, HOOK_RESID_POST, HOOK_Z, Recorder, hook_point
 from probes.scoring.score import score_record
-from probes.engine.session import ATTN_IMPLEMENTATION, BASELINE, ContinuationTree, Knockout, ProbeSession, span_positions
+from probes.engine.session import ATTN_IMPLEMENTATION, BASELINE, ContinuationTree, Knockout, EngineSession, span_positions
 from probes.prompts.record import Candidate, PromptRecord
 from reference import knockout_masks, masked_eager_forward
 
@@ -38,8 +38,8 @@ def _ids(seed: int = 0, n: int = N) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def sessions(model_root: Path) -> dict[str, ProbeSession]:
-    return {arch: ProbeSession(model_root / arch) for arch in ("qwen3", "llama")}
+def sessions(model_root: Path) -> dict[str, EngineSession]:
+    return {arch: EngineSession(model_root / arch) for arch in ("qwen3", "llama")}
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +228,7 @@ def test_registered_attention_is_sdpa_outside_probes(qwen3_dir, sessions):
 
 def test_session_from_loaded_model(qwen3_dir, sessions):
     """An already loaded model gets the probe attention installed and behaves identically."""
-    sess = ProbeSession(AutoModelForCausalLM.from_pretrained(qwen3_dir), tokenizer=sessions["qwen3"].tokenizer)
+    sess = EngineSession(AutoModelForCausalLM.from_pretrained(qwen3_dir), tokenizer=sessions["qwen3"].tokenizer)
     assert sess.model.config._attn_implementation == ATTN_IMPLEMENTATION
     ids = _ids(11)
     a = sess.run(ids, QUERY_ROWS, SPANS, CONDITIONS[:1])

@@ -16,7 +16,7 @@ import torch
 
 import probes
 from probes.analyses import explore as E
-from probes.analyses.base import AnalysisError
+from probes.analyses.run_context import AnalysisError
 from probes.data.schema import BOUNDARY_SLOTS
 from probes.engine.session import Knockout, span_positions
 from probes.prompts.record import PromptRecord
@@ -248,5 +248,5 @@ def test_the_command_line_flags_are_the_options():
     args = build_parser("explore").parse_args(["explore", "--out", "r", "--records", "3", "--precision", "uint8", "--max-mb", "5"])
     options = E.ExploreOptions(**options_from_args(args, E.ExploreOptions))
     assert (str(options.out), options.records, options.precision, options.max_mb, options.screenshots) == ("r", 3, "uint8", 5.0, None)
-    with pytest.raises(probes.analyses.base.OptionError, match="precision"):
+    with pytest.raises(probes.analyses.option_system.OptionError, match="precision"):
         E.ExploreOptions(precision="float8")

@@ -18,10 +18,10 @@ from probes.engine.generate import stop_token_ids
 from probes.engine.logits import entropy
 from probes.engine.prefix_cache import PREFIX_BLOCK
 from probes.reporting.results import ResultsConfigMismatch, load_results
-from probes.scoring import forks as est
+from probes.scoring import fork_estimators as est
 from probes.scoring.margins import candidates_from_record, shared_prefix
 from probes.scoring.stats import auc
-from probes.session import ProbeSession
+from probes.facade import ProbeSession
 from interrupt import killed_after_appends
 
 torch.set_num_threads(1)

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from probes.analyses.base import AnalysisError, open_context
+from probes.analyses.run_context import AnalysisError, open_context
 from probes.analyses.heads import (
     MATCH_POOL,
     MATCH_TOLERANCE,

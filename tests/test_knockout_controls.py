@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM
 from probes.analyses import knockout as K
 from probes.data.dataset import load_dataset
 from probes.data.retrieval import Retriever, make_embedder
-from probes.engine.session import BASELINE, ProbeSession, span_positions
+from probes.engine.session import BASELINE, EngineSession, span_positions
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.scoring import controls as C
 from probes.scoring.claims import Claim, absence_claim, claims_table, effect_claim
@@ -42,7 +42,7 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def setup(tiny_qwen3_dir: Path):
     torch.set_num_threads(1)
-    session = ProbeSession(tiny_qwen3_dir)
+    session = EngineSession(tiny_qwen3_dir)
     builders = {}
     for name, relevance in (("basm_probe", "lexical"), ("basm_probe_v2", "lexical")):
         dataset = load_dataset(name)
@@ -165,7 +165,7 @@ def test_knockout_scorer_takes_the_prompt_prefix_from_the_cache_and_equals_a_run
     job = SimpleNamespace(config="basm", item=SimpleNamespace(id=record.item_id))
     out = {}
     for cache in (0, 8):
-        probe = ProbeSession(session.model, tokenizer=session.tokenizer, prefix_cache=cache)
+        probe = EngineSession(session.model, tokenizer=session.tokenizer, prefix_cache=cache)
         ctx = SimpleNamespace(options=options, dataset=builder.dataset, session=probe, variant="tool_choice", _score_cache={})
         out[cache] = (K.knockout_scorer(ctx, [(0,), (1,)])(record, job), probe.prefix_reuse)
     (cold, cold_counter), (warm, warm_counter) = out[0], out[8]

@@ -196,7 +196,7 @@ def test_no_import_cycles_through_lazy_imports() -> None:
     """No cycle even counting the imports inside functions: a lazy import hides a cycle from the
     interpreter, not from the design (the engine once reached up to the analyses this way)."""
     graph = import_graph(PACKAGE_DIR, every_import)
-    assert graph["probes.session"] >= {"probes.engine.session", "probes.prompts.builder", "probes.scoring.score", "probes.scoring.controls"}
+    assert graph["probes.facade"] >= {"probes.engine.session", "probes.prompts.builder", "probes.scoring.score", "probes.scoring.controls"}
     found = cycles(graph)
     assert not found, "import cycles (module level and inside functions): " + "; ".join(" -> ".join(cycle) for cycle in found)
 
@@ -204,11 +204,11 @@ def test_no_import_cycles_through_lazy_imports() -> None:
 # ---------------------------------------------------------------------------- the layers
 # Bottom up: a module imports only its own layer and the layers below it (docs/architecture.md).
 # core: what every layer shares (no package import, no torch); backends: alternative engines built
-# on the engine; session: the notebook facade (probes.session: the engine's session with the prompt
+# on the engine; session: the notebook facade (probes.facade: the engine's session with the prompt
 # and score helpers); probes: the package root, whose lazy names (``_EXPORTS``) load the layers
 # below it on first use.
 LAYERS = ("probes.core", "probes.data", "probes.prompts", "probes.engine", "probes.backends", "probes.scoring", "probes.reporting",
-          "probes.session", "probes.analyses", "probes", "probes.cli")
+          "probes.facade", "probes.analyses", "probes", "probes.cli")
 ORGANISM = "probes.organism"  # apart: it may import any layer but the CLI, and nothing but the CLI imports it
 CLI = "probes.cli"
 
@@ -258,7 +258,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 def test_no_layer_imports_a_layer_above() -> None:
     graph = layer_graph()
     assert {layer_of(m) for m in graph} == {*LAYERS, ORGANISM}  # every module has its layer, and every layer a module
-    assert graph["probes"] >= {"probes.session", "probes.analyses"} and graph["probes.data.extract_llm"] >= {"probes.core.chat"}
+    assert graph["probes"] >= {"probes.facade", "probes.analyses"} and graph["probes.data.extract_llm"] >= {"probes.core.chat"}
     offenders = upward_imports(graph)
     assert not offenders, f"{len(offenders)} imports run up the layers: {offenders}"
     assert not cycles(graph)
@@ -300,8 +300,8 @@ def test_the_layer_check_reads_imports_inside_functions(tmp_path) -> None:
 def test_the_notebook_session_is_the_engine_session_with_the_helpers() -> None:
     """``probes.ProbeSession`` is the facade: an engine session (so every analysis takes it) that
     carries ``prompt`` / ``score``; the engine's own session has neither."""
-    from probes.engine.session import ProbeSession as EngineSession
-    from probes.session import ProbeSession
+    from probes.engine.session import EngineSession
+    from probes.facade import ProbeSession
 
     assert probes.ProbeSession is ProbeSession and issubclass(ProbeSession, EngineSession)
     assert not any(hasattr(EngineSession, name) for name in ("prompt", "score", "default_dataset"))
@@ -388,7 +388,7 @@ SCRIPTS = {
         MAPS = (AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping)
         assert NAME == "basm_probe"
         assert [NAME in m for m in MAPS] == [False, False], "registered on import"
-        session = s.ProbeSession(ORGANISM_DIR)
+        session = s.EngineSession(ORGANISM_DIR)
         assert [NAME in m for m in MAPS] == [True, True], "not registered by opening a session"
         assert session.model.config._attn_implementation == NAME
         for m in MAPS:  # unregistered again: install_attention alone registers it, twice gives the same
@@ -440,11 +440,11 @@ def test_the_attention_function_is_registered_when_a_session_opens(scripts) -> N
 def test_the_notebook_api_and_the_cli_give_the_same_rows(tmp_path, capsys) -> None:
     from probes.analyses.sweep import Sweep
     from probes.cli.main import main
-    from probes.engine.session import ProbeSession
+    from probes.engine.session import EngineSession
     from probes.organism import ORGANISM_DIR, ORGANISM_NAME
     from probes.reporting.results import load_results
 
-    session = ProbeSession(ORGANISM_DIR)
+    session = EngineSession(ORGANISM_DIR)
     api = Sweep(limit=1, k_max=1, buckets=["T_wrong"], embedder="lexical", configs=["proc", "basm"], figure=False,
                 out=tmp_path / "api").run(session)
     assert main(["sweep", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--embedder", "lexical",

@@ -198,7 +198,7 @@ def test_fold_groups_option_reaches_the_header_settings():
     """``--fold-groups`` is one option of ``linear`` and ``shortcuts`` (CLI = library), and the probe
     settings recorded in the results header carry it."""
     from probes.analyses.linear import Linear, asdict_settings
-    from probes.analyses.tools import ShortcutsOptions
+    from probes.analyses.dataset_tools import ShortcutsOptions
     from probes.cli.main import build_parser
     from probes.cli.flags import options_from_args
 
@@ -208,8 +208,8 @@ def test_fold_groups_option_reaches_the_header_settings():
     assert asdict_settings(ProbeSettings(fold_groups="scenario"))["fold_groups"] == "scenario"
     with pytest.raises(SystemExit):
         parser.parse_args(["linear", "--fold-groups", "domain"])
-    from probes.analyses.base import OptionError
-    from probes.analyses.tools import shortcuts
+    from probes.analyses.option_system import OptionError
+    from probes.analyses.dataset_tools import shortcuts
 
     with pytest.raises(OptionError, match="--fold-groups scenario: scenario-disjoint folds need the item field 'scenario'"):
         shortcuts(dataset="basm_probe", fold_groups="scenario", tokenizer="none")

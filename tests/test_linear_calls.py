@@ -155,9 +155,9 @@ def test_generation_through_probe_attention_equals_sdpa(tiny_qwen3_dir):
     """HF generate on the session's model (probe attention registered) = a plain sdpa model."""
     from transformers import AutoModelForCausalLM
 
-    from probes.engine.session import ProbeSession
+    from probes.engine.session import EngineSession
 
-    session = ProbeSession(tiny_qwen3_dir)
+    session = EngineSession(tiny_qwen3_dir)
     reference = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, attn_implementation="sdpa").eval()
     prompt = session.tokenizer("<|im_start|>user\nhello, which tool?<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     stops = stop_token_ids(session.model, session.tokenizer)

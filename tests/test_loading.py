@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from probes.engine.session import ProbeSession
+from probes.engine.session import EngineSession
 from probes.engine.loading import ModelLoadError, PromptTooLongError, check_context_length, load_model, resolve_model_dir
 
 
@@ -78,7 +78,7 @@ def test_missing_gguf(tmp_path):
 
 
 def test_prompt_longer_than_context(qwen3_dir):
-    sess = ProbeSession(qwen3_dir)
+    sess = EngineSession(qwen3_dir)
     assert sess.max_context == 256
     check_context_length(256, sess.model)
     with pytest.raises(PromptTooLongError, match="300 tokens but the model's context is 256"):
@@ -88,7 +88,7 @@ def test_prompt_longer_than_context(qwen3_dir):
 
 
 def test_bf16_load_smoke(qwen3_dir):
-    sess = ProbeSession(qwen3_dir, dtype="bfloat16")
+    sess = EngineSession(qwen3_dir, dtype="bfloat16")
     assert next(sess.model.parameters()).dtype == torch.bfloat16
     res = sess.run(list(range(3, 40)), [30, 36], {"s": list(range(5, 10))}, record_rows=True)
     c = res.conditions[0]
@@ -114,7 +114,7 @@ def test_smollm2_gguf_converts_once_and_scores_a_sweep(smollm2_gguf, smollm2_dir
     written = {path.name: path.stat().st_mtime_ns for path in smollm2_dir.iterdir()}
     assert convert_gguf(smollm2_gguf) == smollm2_dir
     assert {path.name: path.stat().st_mtime_ns for path in smollm2_dir.iterdir()} == written  # reused, not rewritten
-    session = ProbeSession(smollm2_dir)
+    session = EngineSession(smollm2_dir)
     assert session.model.config.model_type == "llama" and next(session.model.parameters()).dtype == torch.float32
     result = Sweep(model=smollm2_dir, out=tmp_path, item_ids=["retail-wrong-0001"], configs=["proc", "basm"], k_max=1, dataset="basm_probe",
                    embedder="lexical", relevance="lexical", split="all", figure=False).run(session, verbose=False)

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from probes.scoring.score import record_rng, score_record
 from probes.data.dataset import load_dataset
-from probes.engine.session import BASELINE, Knockout, ProbeSession, span_positions
+from probes.engine.session import BASELINE, Knockout, EngineSession, span_positions
 from probes.scoring.controls import anywhere_control, block_lengths, control_pool, draw_span, record_tool_names
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
@@ -33,7 +33,7 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def setup(tiny_qwen3_dir: Path):
     torch.set_num_threads(1)
-    session = ProbeSession(tiny_qwen3_dir)
+    session = EngineSession(tiny_qwen3_dir)
     dataset = load_dataset("basm_probe")
     builder = PromptBuilder(session.tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=2))
     eager = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, attn_implementation="eager").eval()

@@ -41,7 +41,7 @@ def test_committed_without_outputs(path):
 def test_notebook_executes_on_quick_setting(path, tiny_qwen3_dir, tmp_path, monkeypatch):
     from nbclient import NotebookClient
 
-    from probes.analyses.base import model_label
+    from probes.analyses.run_context import model_label
 
     monkeypatch.setenv("BASM_MODEL", str(tiny_qwen3_dir))
     monkeypatch.setenv("BASM_QUICK", "1")

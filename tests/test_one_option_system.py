@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import probes.analyses
-from probes.analyses import tools
+from probes.analyses import dataset_tools
 from probes.analyses.base import Analysis
 from probes.analyses.option_system import (
     QUICK,
@@ -29,12 +29,12 @@ from probes.cli.main import build_parser, main
 from probes.prompts.builder import DEFAULT_K_MAX, SWEEP_K_MAX, BuildSettings
 from probes.scoring.score import DEFAULT_VARIANT
 from probes.reporting.cards import GATE_DEPTH
-from probes.session import ProbeSession
+from probes.facade import ProbeSession
 
 PACKAGE = Path(probes.analyses.__file__).resolve().parent.parent
 ROOT = PACKAGE.parent
-TOOLS = {"build": tools.BuildOptions, "show": tools.ShowOptions, "shortcuts": tools.ShortcutsOptions, "audit": tools.AuditOptions,
-         "card": tools.CardOptions, "bfcl-import": tools.BFCLImportOptions}
+TOOLS = {"build": dataset_tools.BuildOptions, "show": dataset_tools.ShowOptions, "shortcuts": dataset_tools.ShortcutsOptions, "audit": dataset_tools.AuditOptions,
+         "card": dataset_tools.CardOptions, "bfcl-import": dataset_tools.BFCLImportOptions}
 SWEEPS = ("sweep", "linear", "calls", "paired")  # k = 0..K analyses
 AT_ONE_DEPTH = ("ratios", "suppression", "knockout", "heads")  # k (default k_max)
 
@@ -61,21 +61,21 @@ def test_shared_options_are_declared_once() -> None:
     declarations (help, type, choices, range), and so are their flags."""
     shared = [f.name for f in option_fields(ItemOptions)] + [f.name for f in option_fields(BuilderOptions)]
     assert {"dataset", "buckets", "split", "limit", "item_ids", "embedder", "gamma", "relevance", "beta", "k_max"} <= set(shared)
-    for cls in (tools.BuildOptions, tools.ShowOptions, *(probes.analyses.get(name) for name in probes.analyses.ANALYSES)):
+    for cls in (dataset_tools.BuildOptions, dataset_tools.ShowOptions, *(probes.analyses.get(name) for name in probes.analyses.ANALYSES)):
         for name in shared:
             if name not in {f.name for f in option_fields(cls)}:
-                assert cls is tools.ShowOptions and name in {f.name for f in option_fields(ItemOptions)} - {"dataset"}, (cls, name)
+                assert cls is dataset_tools.ShowOptions and name in {f.name for f in option_fields(ItemOptions)} - {"dataset"}, (cls, name)
                 continue
             mine, theirs = _field(cls, name), _field(RunOptions, name)
-            if cls in (tools.BuildOptions, tools.ShowOptions):
+            if cls in (dataset_tools.BuildOptions, dataset_tools.ShowOptions):
                 assert dict(mine.metadata) == dict(theirs.metadata), (cls.name, name)
                 assert name == "k_max" or mine.default == theirs.default, (cls.name, name)
             else:  # an analysis may redeclare a shared option to change its default (and say so in the help): nothing else
                 assert {k: v for k, v in mine.metadata.items() if k != "help"} == {k: v for k, v in theirs.metadata.items() if k != "help"}, \
                     (cls.name, name)
-    for cls in (tools.ShortcutsOptions, tools.CardOptions):  # the tokenizer option of the statistics: its help says what 'none' does
+    for cls in (dataset_tools.ShortcutsOptions, dataset_tools.CardOptions):  # the tokenizer option of the statistics: its help says what 'none' does
         assert {k: v for k, v in _field(cls, "tokenizer").metadata.items() if k != "help"} == \
-            {k: v for k, v in _field(tools.BuildOptions, "tokenizer").metadata.items() if k != "help"}
+            {k: v for k, v in _field(dataset_tools.BuildOptions, "tokenizer").metadata.items() if k != "help"}
 
 
 def test_each_depth_default_is_one_constant() -> None:
@@ -87,8 +87,8 @@ def test_each_depth_default_is_one_constant() -> None:
         assert cls().depth == DEFAULT_K_MAX and cls(k=1).depth == 1
     for name in SWEEPS:
         assert _field(probes.analyses.get(name), "k_max").default == SWEEP_K_MAX, name
-    assert _field(tools.BuildOptions, "k_max").default == BuildSettings.k_max == SWEEP_K_MAX
-    assert _field(tools.ShowOptions, "k").default == DEFAULT_K_MAX == GATE_DEPTH
+    assert _field(dataset_tools.BuildOptions, "k_max").default == BuildSettings.k_max == SWEEP_K_MAX
+    assert _field(dataset_tools.ShowOptions, "k").default == DEFAULT_K_MAX == GATE_DEPTH
     assert inspect.signature(ProbeSession.prompt).parameters["k"].default == DEFAULT_K_MAX
     assert "default: 4" in build_parser("build")._subparsers._group_actions[0].choices["build"].format_help().replace("\n", " ")
 
@@ -157,7 +157,7 @@ def test_each_knob_has_one_default_constant() -> None:
 def test_the_tools_run_from_python_as_from_the_command_line(tmp_path: Path) -> None:
     options = {"dataset": "basm_probe", "limit": 1, "k_max": 1, "configs": ["base", "basm"], "workers": 1, "embedder": "lexical",
                "relevance": "lexical"}
-    result = tools.build(**options, out=tmp_path / "python.jsonl")
+    result = dataset_tools.build(**options, out=tmp_path / "python.jsonl")
     assert result.status == 0 and result.n_records == 3 * 2 * 2 and result.options.k_max == 1
     argv = ["build", "--dataset", "basm_probe", "--limit", "1", "--k-max", "1", "--config", "base", "--config", "basm", "--workers", "1",
             "--embedder", "lexical", "--relevance", "lexical", "--out", str(tmp_path / "cli.jsonl")]
@@ -171,11 +171,11 @@ def test_the_tools_run_from_python_as_from_the_command_line(tmp_path: Path) -> N
 
 def test_tool_options_are_checked_by_the_one_validator(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(OptionError, match=r"build: option 'limit' \(--limit\) must be ≥ 1, got 0"):
-        tools.build(limit=0)
+        dataset_tools.build(limit=0)
     with pytest.raises(OptionError, match=r"show: option 'k' \(--k\) must be ≥ 0, got -1"):
-        tools.prompt_record(item="retail-ok-0001", k=-1)
+        dataset_tools.prompt_record(item="retail-ok-0001", k=-1)
     with pytest.raises(UnknownOption, match="did you mean 'k_max'"):
-        tools.build(kmax=1)
+        dataset_tools.build(kmax=1)
     for argv in (["build", "--beta", "-1"], ["build", "--k-max", "-1"], ["show", "retail-ok-0001", "--k", "-2"]):
         capsys.readouterr()
         assert main(argv) == 2

@@ -12,7 +12,7 @@ import pytest
 
 import probes
 import probes.analyses
-from probes.analyses.base import OptionError, RunOptions, header_options, option_fields
+from probes.analyses.option_system import OptionError, RunOptions, header_options, option_fields
 from probes.analyses.report import ReportOptions
 
 NO_MODEL = "/nonexistent/model"  # every check below must fire before the model is looked at

@@ -24,7 +24,9 @@ import probes.analyses.run_context as run_context
 import probes.analyses.report as report
 import probes.engine.session
 from probes.analyses import ANALYSES, REPORT
-from probes.analyses.base import QUICK, Analysis, AnalysisError, OptionError, ReportSection, option_fields, select_items
+from probes.analyses.base import Analysis, ReportSection
+from probes.analyses.option_system import OptionError, QUICK, option_fields
+from probes.analyses.run_context import AnalysisError, select_items
 from probes.analyses.report import IF_GIVEN, TO_ANALYSES, ReportOptions
 from probes.cli.main import build_parser, main
 from probes.cli.flags import flag_of, options_from_file
@@ -162,7 +164,7 @@ def _capture_session(monkeypatch) -> dict[str, Any]:
         seen.update(kwargs, model=str(model_or_dir))
         raise _Loaded
 
-    monkeypatch.setattr(probes.engine.session.ProbeSession, "__init__", init)
+    monkeypatch.setattr(probes.engine.session.EngineSession, "__init__", init)
     return seen
 
 

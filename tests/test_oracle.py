@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import probes
-from probes.analyses.base import OptionError
+from probes.analyses.option_system import OptionError
 from probes.analyses.knockout import KnockoutAnalysis, summarise_rows
 from probes.data.retrieval import Retriever, ScoredSkill, make_embedder, oracle_order
 from probes.data.schema import Skill

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from probes.engine.prefix_cache import PREFIX_BLOCK, Segment, blocks, reusable
-from probes.engine.session import ProbeSession
+from probes.engine.session import EngineSession
 
 VOCAB = 512
 
@@ -26,7 +26,7 @@ def model(tmp_path_factory: pytest.TempPathFactory):
     return AutoModelForCausalLM.from_pretrained(path).eval()
 
 
-def _logits(session: ProbeSession, ids: list[int]) -> torch.Tensor:
+def _logits(session: EngineSession, ids: list[int]) -> torch.Tensor:
     return session.run(ids, query_rows=[len(ids) - 3, len(ids) - 1]).conditions[0].logits
 
 
@@ -36,14 +36,14 @@ def test_warm_cold_and_uncached_prefixes_are_bit_identical(model, shared: int, n
     torch.set_num_threads(1)
     tokens = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(1)).tolist()
     earlier = tokens[:shared] + [1] * 50
-    warm = ProbeSession(model)
+    warm = EngineSession(model)
     _logits(warm, earlier)
     reused_before = warm.prefix_reuse.tokens_reused
     warm_logits = _logits(warm, tokens)
     # the warm run reused the shared full blocks, and nothing else
     assert warm.prefix_reuse.tokens_reused - reused_before == (min(shared, n - 3) // PREFIX_BLOCK) * PREFIX_BLOCK
-    cold_logits = _logits(ProbeSession(model), tokens)
-    uncached_logits = _logits(ProbeSession(model, prefix_cache=0), tokens)
+    cold_logits = _logits(EngineSession(model), tokens)
+    uncached_logits = _logits(EngineSession(model, prefix_cache=0), tokens)
     assert torch.equal(warm_logits, cold_logits)
     assert torch.equal(cold_logits, uncached_logits)
 

@@ -1,4 +1,4 @@
-"""Shared-prefix key/value reuse across prompts (probes.engine.prefix_cache, ProbeSession.run).
+"""Shared-prefix key/value reuse across prompts (probes.engine.prefix_cache, EngineSession.run).
 
 Bar: a sweep-like sequence of real prompt records (one item, k = 0 then proc/app/basm/basm-anon at
 k = 1..3, built by PromptBuilder) scored on a tiny random fp32 Qwen3 (the bundled organism's
@@ -18,7 +18,7 @@ import torch
 
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from probes.engine.session import Knockout, ProbeSession, span_positions
+from probes.engine.session import Knockout, EngineSession, span_positions
 from probes.engine.prefix_cache import PREFIX_BLOCK, PrefixKVCache, Segment, join
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.prompts.record import PromptRecord
@@ -57,7 +57,7 @@ def records(tiny_dir: Path, v1_dataset):
     return out
 
 
-def score(session: ProbeSession, record: PromptRecord):
+def score(session: EngineSession, record: PromptRecord):
     spans = {name: span_positions(record.spans.get(name, [])) for name in ("boundary", "procedure", "memory")}
     conditions = [
         Knockout.from_spans("boundary", record.spans.get("boundary", [])),
@@ -95,8 +95,8 @@ def assert_same(a, b, where: str) -> float:
 
 
 def test_sweep_sequence_with_reuse_equals_without(tiny_dir, records):
-    plain = ProbeSession(tiny_dir, prefix_cache=0)
-    reuse = ProbeSession(tiny_dir, prefix_cache=len(records))  # every earlier prompt stays cached
+    plain = EngineSession(tiny_dir, prefix_cache=0)
+    reuse = EngineSession(tiny_dir, prefix_cache=len(records))  # every earlier prompt stays cached
     largest = max(assert_same(score(reuse, record), score(plain, record), record.record_id) for record in records)
     assert plain.prefix_reuse.tokens_reused == 0
     # independent count: each prompt's prefix (up to its first query row) against every earlier one's,
@@ -122,8 +122,8 @@ def test_sweep_sequence_with_reuse_equals_without(tiny_dir, records):
 def test_reuse_from_a_longer_cached_prefix_and_a_repeat(tiny_dir, records):
     """A prompt whose whole prefix lies inside a cached one (its full blocks are reused), and the same
     prompt again (all of it is)."""
-    plain = ProbeSession(tiny_dir, prefix_cache=0)
-    reuse = ProbeSession(tiny_dir, prefix_cache=2)
+    plain = EngineSession(tiny_dir, prefix_cache=0)
+    reuse = EngineSession(tiny_dir, prefix_cache=2)
     long = records[-1]
     p = min(long.query_rows)
     short_ids = long.input_ids[: p - 40]

@@ -19,7 +19,9 @@ import torch
 import probes
 import probes.analyses
 from probes.analyses import UnknownAnalysis, register
-from probes.analyses.base import Analysis, OptionError, UnknownOption, check_session
+from probes.analyses.base import Analysis
+from probes.analyses.option_system import OptionError, UnknownOption
+from probes.analyses.run_context import check_session
 from probes.cli.main import main
 from probes.reporting import plots
 
@@ -34,7 +36,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, Job, ReportSection, cached_scorer, run_jobs
+from probes.analyses.base import Analysis, ReportSection
+from probes.analyses.jobs import Job, cached_scorer, run_jobs
 from probes.reporting import plots
 from probes.reporting.results import load_results
 

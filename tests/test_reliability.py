@@ -278,7 +278,7 @@ def test_results_are_strict_json_and_nan_reads_back(tmp_path: Path) -> None:
 def test_a_failing_build_leaves_the_previous_records_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
-    cli_main = importlib.import_module("probes.analyses.tools")  # the module of build's worker function
+    cli_main = importlib.import_module("probes.analyses.dataset_tools")  # the module of build's worker function
 
     out = tmp_path / "records.jsonl"
     argv = ["build", "--limit", "2", "--k-max", "1", "--config", "basm", "--workers", "1", "--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical", "--out", str(out)]

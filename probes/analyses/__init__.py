@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from probes.analyses.base import Analysis, AnalysisResult
-    from probes.engine.session import ProbeSession
+    from probes.engine.session import EngineSession
 
 REPORT = "report"  # not an analysis: the function over all of them
 # Loaded by name, as the analysis modules are: the report module imports this registry.
@@ -239,7 +239,7 @@ def unknown_message(name: str, known: Sequence[str], what: str = "analysis") -> 
 
 def make(cls: type, options: dict[str, Any]) -> Any:
     """``cls(**options)``, with an unknown keyword answered by the close matches and every valid option."""
-    from probes.analyses.base import OptionError, UnknownOption, flag_of, option_fields
+    from probes.analyses.option_system import OptionError, UnknownOption, flag_of, option_fields
 
     known = [f.name for f in option_fields(cls)]
     for key in options:
@@ -275,18 +275,18 @@ def options_of(name: str) -> type:
 def options(name: str) -> dict[str, str]:
     """The keyword options of analysis ``name`` (or ``"report"``) and their help, e.g.
     ``probes.options("sweep")``."""
-    from probes.analyses.base import option_fields
+    from probes.analyses.option_system import option_fields
 
     return {f.name: f.metadata["help"] for f in option_fields(options_of(name))}
 
 
-def run(name: str, session: ProbeSession | None = None, **options: Any) -> AnalysisResult:
+def run(name: str, session: EngineSession | None = None, **options: Any) -> AnalysisResult:
     """Run the analysis ``name`` (or ``"report"``) with keyword ``options`` on ``session`` (loaded
     from ``model`` when None); the CLI's ``basm-probes NAME`` does exactly this.
 
     Each analysis has its own options: ``probes.options("sweep")`` lists them with their help,
     ``help(probes.analyses.get("sweep"))`` shows the class, ``basm-probes sweep --help`` the flags.
-    An unknown option is an :class:`~probes.analyses.base.OptionError` naming the valid ones; an
+    An unknown option is an :class:`~probes.analyses.option_system.OptionError` naming the valid ones; an
     option that contradicts the given ``session`` (``dtype``, ``device``, ``backend``...) is one too.
     """
     if name == REPORT:

@@ -16,7 +16,7 @@ trap's configuration); identical prompts of an item are scored once and the shar
 prefix is reused by the engine. The outcomes are the Eq. 1 tool-choice margin (``margin``,
 wrong − correct: positive prefers a wrong tool), the call log-odds (``call_logodds``) and the
 binary correctness of the two-way choice (``correct_choice`` = 1[margin < 0], the deterministic
-analogue of the seed's binary outcome). The estimators are :mod:`probes.scoring.attribution`'s:
+analogue of the seed's binary outcome). The estimators are :mod:`probes.scoring.skill_masking`'s:
 C[j, i] (seed Eq. 1), the variance bound (Eq. 2) next to the empirical per-cell variance, C̄ and H
 (Eqs. 3–4, with the interquartile range as the robust heterogeneity), bootstrap sign stability over
 masks, and a power table against K: simulated for the seed's binary outcome and for the margin at
@@ -37,14 +37,16 @@ import pandas as pd
 import seaborn as sns
 
 from probes.analyses import register
-from probes.analyses.base import (Analysis, Job, OptionError, ReportSection, RunContext, RunOptions, Scorer, cached_scorer, k_max_option, option,
-                                  provenance, run_jobs)
+from probes.analyses.base import Analysis, ReportSection
+from probes.analyses.jobs import Job, Scorer, cached_scorer, run_jobs
+from probes.analyses.option_system import OptionError, RunOptions, k_max_option, option
+from probes.analyses.run_context import RunContext, provenance
 from probes.data.configs import CONFIGS
 from probes.prompts.builder import SWEEP_K_MAX
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
-from probes.scoring import attribution as est
+from probes.scoring import skill_masking as est
 
 NAME = "attribution"
 FIGURES = ("fig13_attribution_matrix", "fig14_attribution_statistics")
@@ -125,7 +127,7 @@ def mask_scorer(ctx: RunContext) -> Scorer:
 
 def design(ctx: RunContext, table: pd.DataFrame, items, pool: str, skills: tuple[str, ...],
            masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
-    """The arrays of :mod:`probes.scoring.attribution` for ``items`` (one domain): outcomes ``[K, I]``
+    """The arrays of :mod:`probes.scoring.skill_masking` for ``items`` (one domain): outcomes ``[K, I]``
     from ``table`` (masks × item ids), inclusion ``[K, J, I]`` and ``defined`` ``[J, I]`` over the
     skills any of the items can see (their indices into ``skills``: the last value)."""
     index = {s: j for j, s in enumerate(skills)}

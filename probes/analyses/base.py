@@ -2,7 +2,7 @@
 
 An analysis is a class whose keyword-only fields are its options, stored as given (as in
 scikit-learn): ``Sweep(k_max=4, buckets=["T_wrong"])``. Calling :meth:`Analysis.run` on a loaded
-:class:`~probes.engine.session.ProbeSession` (or letting it load ``model``) goes through one
+:class:`~probes.engine.session.EngineSession` (or letting it load ``model``) goes through one
 pipeline, the same for every analysis::
 
     collect(ctx) -> rows  →  summarise(ctx, rows) -> summary  →  tables / figures  →  section (report)
@@ -26,54 +26,11 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-# Besides what this module uses, the names the analyses, the organism and the explorer import from here:
-# they were defined here before the module was split by job and stay importable from it (public API).
-from probes.analyses.jobs import Job, Scorer, cached_scorer, run_jobs
-from probes.analyses.option_system import (
-    BACKEND_NAMES,
-    QUICK,
-    REQUIRED,
-    SPLIT_CHOICES,
-    BuilderOptions,
-    BuildsPrompts,
-    DatasetOption,
-    ItemOptions,
-    OptionError,
-    Options,
-    RunOptions,
-    UnknownOption,
-    check_option,
-    depth_option,
-    flag_of,
-    fold_groups_option,
-    header_options,
-    k_max_option,
-    option,
-    option_fields,
-    parse_items,
-    shared,
-)
+from probes.analyses.option_system import RunOptions
 from probes.analyses.parallel import world
-from probes.analyses.run_context import (
-    AnalysisError,
-    RunContext,
-    check_depths,
-    check_gate_embedder,
-    check_oracle,
-    check_session,
-    code_digest,
-    default_model,
-    model_label,
-    open_context,
-    open_session,
-    provenance,
-    require_session,
-    select_items,
-    session_runs,
-    split_label,
-)
-from probes.engine.session import ProbeSession
+from probes.analyses.run_context import RunContext, open_context
 from probes.core.files import write_csv
+from probes.engine.session import EngineSession
 from probes.scoring.claims import Claim, claims_table
 
 
@@ -147,7 +104,7 @@ class Analysis(RunOptions):
     order: ClassVar[int] = 0  # set by @register: its place in report and in the listings
 
     # -- the pipeline
-    def run(self, session: ProbeSession | None = None, *, verbose: bool = True) -> AnalysisResult:
+    def run(self, session: EngineSession | None = None, *, verbose: bool = True) -> AnalysisResult:
         """Collect rows (resuming from ``out``), summarise, write the tables and figures."""
         ctx = open_context(self, session)
         rows, summary, tables = self.compute(ctx)

@@ -36,8 +36,10 @@ import pandas as pd
 
 from probes.analyses import register
 from probes.prompts.builder import SWEEP_K_MAX
-from probes.analyses.base import (Analysis, Comparison, Job, ReportSection, RunContext, RunOptions, header_options, k_max_option, option,
-                                  provenance, run_jobs)
+from probes.analyses.base import Analysis, Comparison, ReportSection
+from probes.analyses.jobs import Job, run_jobs
+from probes.analyses.option_system import RunOptions, header_options, k_max_option, option
+from probes.analyses.run_context import RunContext, provenance
 from probes.analyses.parallel import open_store
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, config_label
 from probes.data.dataset import ABSTAIN

@@ -39,12 +39,12 @@ import numpy as np
 import pandas as pd
 
 from probes import analyses as registry
-from probes.analyses.base import (AnalysisError, Options, RunContext, RunOptions, default_model, model_label, open_context, option,
-                                  option_fields, shared)
+from probes.analyses.option_system import Options, RunOptions, option, option_fields, shared
+from probes.analyses.run_context import AnalysisError, RunContext, default_model, model_label, open_context
 from probes.analyses.knockout import control_of, deciding_run, deltas_per_record, knocked_configs, layer_windows, record_knockouts
 from probes.core.files import write_text
 from probes.data.schema import BOUNDARY_SLOTS
-from probes.engine.session import ProbeSession
+from probes.engine.session import EngineSession
 from probes.prompts.record import PromptRecord
 from probes.reporting.finished import FinishedRun, load, read_table
 from probes.scoring.controls import tool_names_of
@@ -84,7 +84,7 @@ class ExploreOptions(Options):
                                             f"playwright and {CHROMIUM})", type=Path)
 
 
-def explore(session: ProbeSession | None = None, **options: Any) -> Path:
+def explore(session: EngineSession | None = None, **options: Any) -> Path:
     """Write ``OUT/<model>/explore.html`` from the results there (``sweep``, ``knockout``, ``heads``;
     the figures, ``claims.csv`` and ``report.md``'s header when present); keyword ``options``:
     :class:`ExploreOptions`. ``session``: the loaded model (else loaded as the run recorded it)."""
@@ -92,7 +92,7 @@ def explore(session: ProbeSession | None = None, **options: Any) -> Path:
 
 
 # ----------------------------------------------------------------------------- records
-def run_context(run: FinishedRun, options: ExploreOptions, model: str | Path, session: ProbeSession | None) -> RunContext:
+def run_context(run: FinishedRun, options: ExploreOptions, model: str | Path, session: EngineSession | None) -> RunContext:
     """The context an analysis ran in, rebuilt from its results header (its builder, dataset and
     items), on ``session`` (else loaded with the run's dtype on ``options.device``)."""
     cls = registry.get(run.name)
@@ -280,7 +280,7 @@ def render(data: dict[str, Any]) -> str:
     return env.get_template(TEMPLATE).render(data=data, payload=payload)
 
 
-def write_explore(options: ExploreOptions, session: ProbeSession | None = None, figures_dir: Path | None = None) -> Path:
+def write_explore(options: ExploreOptions, session: EngineSession | None = None, figures_dir: Path | None = None) -> Path:
     """:func:`explore` on checked options; ``figures_dir``: where the run's figures are (default OUT/<model>/figures)."""
     start = time.perf_counter()
     model = options.model if options.model is not None else (session.model.name_or_path if session is not None else default_model())

@@ -13,7 +13,7 @@ Per fork and path (one row per fork, columns ``skip_*`` and ``invoke_*``):
   the first token of the tool name; :attr:`ConditionResult.entropy`); ``entropy_open`` at the row
   that opens the call (native);
 - ``entropy_tools``: entropy of the choice among the shown tools, their whole-name probabilities
-  renormalised over the tools (:func:`probes.scoring.forks.candidate_entropy`);
+  renormalised over the tools (:func:`probes.scoring.fork_estimators.candidate_entropy`);
 - ``margin``: Eq. 1 restricted to the tools (``margin_tool_choice``, each wrong/correct pair where
   the names diverge; NaN for items whose correct action is abstention) and ``call_logodds``;
 - the greedy call (``calls``' generation and parser: ``strict`` / ``lenient`` action, outcome,
@@ -43,8 +43,10 @@ import pandas as pd
 import seaborn as sns
 
 from probes.analyses import register
-from probes.analyses.base import (Analysis, Comparison, Job, OptionError, ReportSection, RunContext, RunOptions, header_options,
-                                  k_max_option, option, run_jobs)
+from probes.analyses.base import Analysis, Comparison, ReportSection
+from probes.analyses.jobs import Job, run_jobs
+from probes.analyses.option_system import OptionError, RunOptions, header_options, k_max_option, option
+from probes.analyses.run_context import RunContext
 from probes.analyses.calls import MAX_NEW_TOKENS, generate_call, provenance_without_margin
 from probes.data.configs import CONFIGS, config_label
 from probes.engine.generate import stop_token_ids
@@ -54,7 +56,7 @@ from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
-from probes.scoring import forks as est
+from probes.scoring import fork_estimators as est
 from probes.scoring import margins as margins_mod
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.score import deciding_depth, row_fields
@@ -181,7 +183,7 @@ def paired_table(rows: pd.DataFrame, *, resamples: int, seed: int) -> pd.DataFra
 
 def ranking_tables(rows: pd.DataFrame, *, resamples: int, permutations: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per configuration × k × score × label: the AUROC table and the precision-at-budget curve
-    (:mod:`probes.scoring.forks`). Forks whose label is undefined are left out (counted)."""
+    (:mod:`probes.scoring.fork_estimators`). Forks whose label is undefined are left out (counted)."""
     aurocs, curves = [], []
     for (config, k), frame in rows.groupby(["config", "k"], sort=True):
         for label in LABELS:

@@ -48,7 +48,10 @@ import pandas as pd
 import seaborn as sns
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
+from probes.analyses.base import Analysis, Comparison, ReportSection
+from probes.analyses.jobs import Job, cached_scorer, run_jobs
+from probes.analyses.option_system import depth_option, option
+from probes.analyses.run_context import AnalysisError, RunContext, provenance
 from probes.analyses.ratios import head_alphas
 from probes.data.dataset import ABSTAIN, ORGANISM_DIR, Item, is_organism, spread_limit
 from probes.engine.session import Knockout

@@ -85,9 +85,12 @@ import numpy as np
 import pandas as pd
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
+from probes.analyses.base import Analysis, Comparison, ReportSection
+from probes.analyses.jobs import Job, cached_scorer, run_jobs
+from probes.analyses.option_system import depth_option, option
+from probes.analyses.run_context import RunContext, provenance
 from probes.data.configs import PRIMING_CONFIGS
-from probes.engine.session import ConditionResult, Knockout, ProbeSession, span_positions
+from probes.engine.session import ConditionResult, Knockout, EngineSession, span_positions
 from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
@@ -119,7 +122,7 @@ SHOWN_FAMILY = f"{NAME} (defining skill shown)"
 
 
 # ----------------------------------------------------------------------------- dose
-def deciding_run(session: ProbeSession, record: PromptRecord) -> tuple[ConditionResult, int, int]:
+def deciding_run(session: EngineSession, record: PromptRecord) -> tuple[ConditionResult, int, int]:
     """(the unmodified condition, the deciding row, its depth into the correct name) from one engine
     call whose last query row is the deciding row (the row predicting the first token where the correct
     name parts from a wrong one; the decision row for abstention items), its full softmax row recorded
@@ -136,7 +139,7 @@ def deciding_run(session: ProbeSession, record: PromptRecord) -> tuple[Condition
     return session.run(ids, query, record_rows=True).conditions[0], row, depth
 
 
-def deciding_attention(session: ProbeSession, record: PromptRecord) -> np.ndarray:
+def deciding_attention(session: EngineSession, record: PromptRecord) -> np.ndarray:
     """[layer, head, n_tokens] the unmodified softmax row of the deciding row (:func:`deciding_run`)
     over the prompt's tokens."""
     return deciding_run(session, record)[0].rows[:, :, -1, : record.n_tokens].float().numpy()

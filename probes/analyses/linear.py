@@ -52,8 +52,10 @@ from sklearn.preprocessing import StandardScaler
 
 from probes.analyses import register
 from probes.prompts.builder import SWEEP_K_MAX
-from probes.analyses.base import (Analysis, AnalysisError, Comparison, Job, ReportSection, RunContext, fold_groups_option, k_max_option, option,
-                                  provenance, run_jobs)
+from probes.analyses.base import Analysis, Comparison, ReportSection
+from probes.analyses.jobs import Job, run_jobs
+from probes.analyses.option_system import fold_groups_option, k_max_option, option
+from probes.analyses.run_context import AnalysisError, RunContext, provenance
 from probes.analyses.parallel import on_rank_zero
 from probes.prompts.record import PromptRecord
 from probes.reporting import plots

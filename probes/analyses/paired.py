@@ -20,7 +20,9 @@ import pandas as pd
 
 from probes.analyses import register
 from probes.prompts.builder import SWEEP_K_MAX
-from probes.analyses.base import Analysis, Comparison, ReportSection, RunContext, k_max_option, option
+from probes.analyses.base import Analysis, Comparison, ReportSection
+from probes.analyses.option_system import k_max_option, option
+from probes.analyses.run_context import RunContext
 from probes.analyses.calls import (
     CLAIM_FAMILY,
     MAX_NEW_TOKENS,

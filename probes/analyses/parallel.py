@@ -3,7 +3,7 @@
 ``torchrun --nproc_per_node N -m probes.cli sweep ...`` (or a script that calls
 ``Analysis.run()`` under ``torchrun``, on one node or several) starts N processes with ``RANK``,
 ``WORLD_SIZE`` and ``LOCAL_RANK`` set. Every analysis then runs the same pipeline on every rank;
-only the scoring of jobs (:func:`probes.analyses.base.run_jobs`) is split:
+only the scoring of jobs (:func:`probes.analyses.jobs.run_jobs`) is split:
 
 - rank 0 opens the results file (checking its configuration, merging the shard files a killed run
   left behind), then every rank reads which keys it holds;
@@ -101,7 +101,7 @@ def rank_device(device: str, w: World) -> str:
 
 class ShardedStore:
     """A results file written by the ranks of a parallel run (the interface of
-    :class:`~probes.reporting.results.ResultsStore` that :func:`~probes.analyses.base.run_jobs` uses).
+    :class:`~probes.reporting.results.ResultsStore` that :func:`~probes.analyses.jobs.run_jobs` uses).
 
     ``path`` is the results file; only rank 0 opens it for writing. ``append`` goes to this rank's
     shard file; ``done`` holds the keys of the results file and of the shard.

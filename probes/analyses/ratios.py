@@ -39,7 +39,7 @@ cluster bootstrap over task groups, its p from the cluster-robust t (G − 1 df)
 the group-paired differences of log2|B| and log2|P| (``length``). **Controls**: per group, BASM's
 shift minus a control's shift (headline stratum).
 
-ε = :data:`probes.analyses.base.EPSILON` (1e-6), stated in every output.
+ε = :data:`probes.scoring.score.EPSILON` (1e-6), stated in every output.
 """
 
 from __future__ import annotations
@@ -58,7 +58,10 @@ from scipy import stats as scipy_stats
 
 from probes.reporting import plots
 from probes.analyses import register
-from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
+from probes.analyses.base import Analysis, Comparison, ReportSection
+from probes.analyses.jobs import Job, cached_scorer, run_jobs
+from probes.analyses.option_system import depth_option, option
+from probes.analyses.run_context import RunContext, provenance
 from probes.reporting.markdown import cell, markdown_table
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.score import ATTENTION_ROWS, EPSILON

@@ -43,7 +43,10 @@ import pandas as pd
 import seaborn as sns
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, Job, ReportSection, RunContext, depth_option, option, provenance, run_jobs
+from probes.analyses.base import Analysis, ReportSection
+from probes.analyses.jobs import Job, run_jobs
+from probes.analyses.option_system import depth_option, option
+from probes.analyses.run_context import RunContext, provenance
 from probes.analyses.calls import MAX_NEW_TOKENS, call_row, generation_prompt, load_judge
 from probes.analyses.parallel import open_store
 from probes.data.bfcl import ItemEnvironments, is_bfcl_import

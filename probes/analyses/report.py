@@ -8,7 +8,7 @@ reproduces exactly what the analysis's own run computes, and reuses its resumabl
 same folder (``OUT/<model>/``).
 
 An analysis module that cannot be imported is an error before anything runs; an analysis that
-fails (:class:`~probes.analyses.base.AnalysisError`) is reported in ``report.md`` and on the
+fails (:class:`~probes.analyses.run_context.AnalysisError`) is reported in ``report.md`` and on the
 console, and makes the status non-zero.
 """
 
@@ -28,20 +28,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from probes import analyses as registry
-from probes.analyses.base import (
-    Analysis,
+from probes.analyses.base import Analysis, AnalysisResult, Comparison, ReportSection
+from probes.analyses.option_system import RunOptions, SPLIT_CHOICES, option, option_fields
+from probes.analyses.run_context import (
     AnalysisError,
-    AnalysisResult,
-    Comparison,
-    ReportSection,
-    RunOptions,
-    SPLIT_CHOICES,
     default_model,
     model_label,
     open_context,
     open_session,
-    option,
-    option_fields,
     provenance,
     require_session,
     split_label,
@@ -53,7 +47,7 @@ from probes.analyses.parallel import rank_device, world
 from probes.analyses.ratios import eta_panels
 from probes.analyses.suppression import margin_bars
 from probes.core.files import write_csv, write_text
-from probes.engine.session import ProbeSession
+from probes.engine.session import EngineSession
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import environment
@@ -196,7 +190,7 @@ class ReportOptions(RunOptions):
                            flag="--no-explore")
 
 
-def report(session: ProbeSession | None = None, **options: Any) -> AnalysisResult:
+def report(session: EngineSession | None = None, **options: Any) -> AnalysisResult:
     """Run the chosen registered analyses on one model (``session``, or loaded from ``model``) and
     write their figures, ``report.md`` and ``claims.csv`` next to the paper's numbers; keyword
     ``options``: ``probes.options("report")``. Returns the comparisons with the paper as rows and
@@ -204,7 +198,7 @@ def report(session: ProbeSession | None = None, **options: Any) -> AnalysisResul
     return run_report(registry.make(ReportOptions, options), session)
 
 
-def run_report(options: ReportOptions, session: ProbeSession | None = None) -> AnalysisResult:
+def run_report(options: ReportOptions, session: EngineSession | None = None) -> AnalysisResult:
     """:func:`report` on checked options."""
     start = time.perf_counter()
     names = list(options.analyses or registry.ANALYSES)

@@ -25,7 +25,7 @@ from probes.analyses.parallel import ShardedStore, open_store, rank_device, worl
 from probes.data.dataset import BUCKETS, ORGANISM_DIR, ORGANISM_NAME, Item, ProbeDataset, is_organism, load_dataset, resolve_dataset
 from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import model_fingerprint
-from probes.engine.session import ProbeSession
+from probes.engine.session import EngineSession
 from probes.prompts.builder import PromptBuilder, resolve_study
 from probes.prompts.context import SkippedItem, partition_by_context
 from probes.reporting.results import ResultsStore, check_inside
@@ -68,7 +68,7 @@ class RunContext:
 
     name: str
     options: Any  # the resolved Analysis (see Analysis.resolved)
-    session: ProbeSession
+    session: EngineSession
     dataset: ProbeDataset
     items: tuple[Item, ...]
     builder: PromptBuilder
@@ -120,7 +120,7 @@ class RunContext:
 # The modules that draw, plot or report results only, or that no analysis runs (the dataset tools, formerly
 # in the CLI); every other module shapes the rows.
 _PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "analyses/explore.py", "analyses/report.py",
-                 "analyses/tools.py", "organism")
+                 "analyses/dataset_tools.py", "organism")
 
 
 # An analysis module ends with the figures it draws, after a line starting with this marker; they
@@ -204,7 +204,7 @@ def check_depths(dataset: ProbeDataset, items: Sequence[Item], **depths: int | N
             raise OptionError(f"{name} ({flag}) {k}: item {smallest.id} has only {size} skills to retrieve; use {size} or less")
 
 
-def open_session(options: Any, model: str | Path) -> ProbeSession:
+def open_session(options: Any, model: str | Path) -> EngineSession:
     """Load ``model`` with every session option on the chosen backend (the one place analyses
     and ``report`` build their session)."""
     common = {"dtype": options.dtype, "device": options.device, "device_map": options.device_map,
@@ -212,13 +212,13 @@ def open_session(options: Any, model: str | Path) -> ProbeSession:
     if options.remote and options.backend != "nnsight":
         raise OptionError(f"option 'remote' (--remote) needs backend='nnsight', got backend={options.backend!r}")
     if options.backend == "native":
-        return ProbeSession(model, **common, prefix_cache=options.prefix_cache)
+        return EngineSession(model, **common, prefix_cache=options.prefix_cache)
     from probes.backends import get_backend
 
     return get_backend(options.backend, model, **common, **({"remote": True} if options.remote else {}))
 
 
-def session_runs(session: ProbeSession) -> dict[str, str]:
+def session_runs(session: EngineSession) -> dict[str, str]:
     """What a loaded session runs: its dtype, device and backend, as the options name them."""
     return {"dtype": str(session.model.dtype).removeprefix("torch."), "device": str(session.model.device),
             "backend": getattr(session, "name", "native")}
@@ -231,7 +231,7 @@ def require_session(session: Any) -> None:
                           f"{str(session)[:80]!r}; to load a model by its path, pass model=PATH")
 
 
-def check_session(options: RunOptions, session: ProbeSession) -> None:
+def check_session(options: RunOptions, session: EngineSession) -> None:
     """A session option given (not its default) that contradicts the given ``session`` is an error:
     the run would record one thing and measure another."""
     runs = session_runs(session)
@@ -249,7 +249,7 @@ def check_session(options: RunOptions, session: ProbeSession) -> None:
                           "(the session's are recorded), or load a session with them (or pass no session)")
 
 
-def open_context(analysis: RunOptions, session: ProbeSession | None = None) -> RunContext:
+def open_context(analysis: RunOptions, session: EngineSession | None = None) -> RunContext:
     """Resolve the options of ``analysis`` (an :class:`~probes.analyses.base.Analysis`), load the model
     (unless ``session`` is given), the dataset and the builder.
 

@@ -24,7 +24,10 @@ import numpy as np
 import pandas as pd
 
 from probes.analyses import register
-from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, depth_option, option, provenance, run_jobs
+from probes.analyses.base import Analysis, Comparison, ReportSection
+from probes.analyses.jobs import Job, cached_scorer, run_jobs
+from probes.analyses.option_system import depth_option, option
+from probes.analyses.run_context import RunContext, provenance
 from probes.data.configs import CONFIGS, PRIMING_CONFIGS
 from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table

@@ -33,7 +33,10 @@ import pandas as pd
 
 from probes.analyses import register
 from probes.prompts.builder import SWEEP_K_MAX
-from probes.analyses.base import Analysis, Comparison, Job, ReportSection, RunContext, cached_scorer, k_max_option, option, provenance, run_jobs
+from probes.analyses.base import Analysis, Comparison, ReportSection
+from probes.analyses.jobs import Job, cached_scorer, run_jobs
+from probes.analyses.option_system import k_max_option, option
+from probes.analyses.run_context import RunContext, provenance
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, PAPER_CONFIGS, PRIMING_CONFIGS
 from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table

@@ -1,6 +1,6 @@
 """Probe backends: the same ``run`` contract (``probes.backends.base.Backend``) on three engines.
 
-- ``native``: ``probes.engine.session.ProbeSession`` (registered attention function, cached branching).
+- ``native``: ``probes.engine.session.EngineSession`` (registered attention function, cached branching).
 - ``nnsight``: ``probes.backends.nnsight.NNsightBackend`` (an nnsight trace; local or NDIF).
 - ``transformerlens``: ``probes.backends.transformerlens.TransformerLensBackend`` (TransformerBridge hooks).
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 # name -> "module:class", imported on use so that a missing optional package only breaks its backend
 BACKENDS: dict[str, str] = {
-    "native": "probes.engine.session:ProbeSession",
+    "native": "probes.engine.session:EngineSession",
     "nnsight": "probes.backends.nnsight:NNsightBackend",
     "transformerlens": "probes.backends.transformerlens:TransformerLensBackend",
 }

@@ -5,7 +5,7 @@ A *backend* is any object with the engine's ``run`` signature (:class:`Backend`)
     run(input_ids, query_rows, spans=None, conditions=(), candidates=None,
         record_rows=False, record_residual=False, recorders=()) -> ProbeResult
 
-returning the same :class:`~probes.engine.session.ProbeResult` as ``ProbeSession.run`` (the ``native``
+returning the same :class:`~probes.engine.session.ProbeResult` as ``EngineSession.run`` (the ``native``
 backend): per condition (the unmodified baseline is condition 0) the fp32 logits at rows
 ``min(query_rows) .. n-1``, span attention mass per (layer, head, query row), candidate token
 log-probabilities with their span masses, optionally the full query rows and the residual stream
@@ -24,7 +24,7 @@ scores a record unchanged on any backend.
 A knockout edits the softmax output at the knocked (layer, head, query row) cells: the blocked
 keys' probabilities are set to 0 and the row is renormalised, which is the softmax with those
 scores at ``-inf`` (the native engine's definition). Rows, keys and continuation rows follow
-``Knockout`` exactly as the native engine applies them (see ``ProbeSession.run``).
+``Knockout`` exactly as the native engine applies them (see ``EngineSession.run``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from probes.engine.session import (BASELINE, ConditionResult, Knockout, ProbeRes
 
 @runtime_checkable
 class Backend(Protocol):
-    """What a probe needs from a backend (``ProbeSession`` is one)."""
+    """What a probe needs from a backend (``EngineSession`` is one)."""
 
     n_layers: int
     n_heads: int
@@ -149,7 +149,7 @@ class ForwardBackend(abc.ABC):
         record_residual: bool = False,
         recorders: Sequence[Recorder] = (),
     ) -> ProbeResult:
-        """Same contract as ``ProbeSession.run`` (see the module docstring for how it is computed)."""
+        """Same contract as ``EngineSession.run`` (see the module docstring for how it is computed)."""
         ids = [int(x) for x in (input_ids.flatten().tolist() if isinstance(input_ids, torch.Tensor) else input_ids)]
         spans = dict(spans or {})
         candidates = {k: (int(a), [int(t) for t in toks]) for k, (a, toks) in (candidates or {}).items()}

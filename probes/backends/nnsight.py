@@ -76,7 +76,7 @@ class NNsightBackend(ForwardBackend):
     ``model``: a local model directory (loaded with eager attention through ``probes.engine.loading``),
     an already built ``nnsight.LanguageModel`` / ``TransformersModel`` (e.g. from a notebook; a
     local one is switched to eager attention in place), or, with ``remote=True``, a hub repo id.
-    ``dtype``/``device``/``device_map``/``allow_pickle``/``trust_remote_code``: as ``ProbeSession``
+    ``dtype``/``device``/``device_map``/``allow_pickle``/``trust_remote_code``: as ``EngineSession``
     (local directories only).
     """
 

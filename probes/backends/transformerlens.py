@@ -28,7 +28,7 @@ class TransformerLensBackend(ForwardBackend):
     ``model``: a local model directory, or an already built ``TransformerBridge`` (e.g. from a
     notebook). A directory is loaded through ``probes.engine.loading`` (local files only) into its *own*
     HF model, which ``boot_transformers`` rewrites in place; ``dtype``/``device``/``device_map``/
-    ``allow_pickle``/``trust_remote_code`` as ``ProbeSession``.
+    ``allow_pickle``/``trust_remote_code`` as ``EngineSession``.
     """
 
     name = "transformerlens"

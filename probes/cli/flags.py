@@ -1,7 +1,7 @@
 """Command-line flags derived from a command's keyword options, and the TOML options file.
 
 Every option field of an options class (an :class:`~probes.analyses.base.Analysis`, ``report``'s
-options, a dataset tool's: :mod:`probes.analyses.tools`) becomes one flag (``k_max`` → ``--k-max``;
+options, a dataset tool's: :mod:`probes.analyses.dataset_tools`) becomes one flag (``k_max`` → ``--k-max``;
 ``repeat`` options are repeated flags, ``names`` options comma-separated, ``positional`` ones
 positional arguments). Flags default to "not given", so the class's own defaults apply, exactly as
 in Python. Every subcommand's flags are made here, from the one option system

@@ -32,7 +32,7 @@ def register(name: str, help_text: str, add_arguments: Callable[[argparse.Argume
 
 
 # ---------------------------------------------------------------------------- build, show, shortcuts, card
-def _tool_command(options_class: str, run: Callable[[Any], int], module: str = "probes.analyses.tools",
+def _tool_command(options_class: str, run: Callable[[Any], int], module: str = "probes.analyses.dataset_tools",
                   ) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
     """The flags (derived from the options class ``<module>.<options_class>``, as an analysis's are)
     and the runner of a tool command; the module is imported when the command is used."""
@@ -56,25 +56,25 @@ def _tool_command(options_class: str, run: Callable[[Any], int], module: str = "
 
 
 def _build(options: dict[str, Any]) -> int:
-    from probes.analyses import tools
+    from probes.analyses import dataset_tools
 
-    result = tools.build(**options)
+    result = dataset_tools.build(**options)
     result.print_summary()
     return result.status
 
 
 def _show(options: dict[str, Any]) -> int:
-    from probes.analyses import tools
+    from probes.analyses import dataset_tools
 
-    tools.show(**options)
+    dataset_tools.show(**options)
     return 0
 
 
 def _shortcuts(options: dict[str, Any]) -> int:
-    from probes.analyses import tools
+    from probes.analyses import dataset_tools
     from probes.scoring.shortcuts import best_shortcut
 
-    table = tools.shortcuts(**options)
+    table = dataset_tools.shortcuts(**options)
     print(table.round(3).to_string(index=False))
     best = best_shortcut(table)
     print("best no-model shortcut on eval: " + "; ".join(f"{k} {v['value']:.3f} ({v['shortcut']})" for k, v in best.items()))
@@ -84,9 +84,9 @@ def _shortcuts(options: dict[str, Any]) -> int:
 
 
 def _audit(options: dict[str, Any]) -> int:
-    from probes.analyses import tools
+    from probes.analyses import dataset_tools
 
-    table = tools.audit(**options)
+    table = dataset_tools.audit(**options)
     if not len(table):
         print("no audited labels in this dataset (or none with these actions)")
         return 0
@@ -100,9 +100,9 @@ def _audit(options: dict[str, Any]) -> int:
 
 
 def _card(options: dict[str, Any]) -> int:
-    from probes.analyses import tools
+    from probes.analyses import dataset_tools
 
-    print(f"wrote {tools.card(**options)}")
+    print(f"wrote {dataset_tools.card(**options)}")
     return 0
 
 
@@ -112,9 +112,9 @@ register("show", "Print one prompt with its procedure and boundary spans highlig
 
 # ---------------------------------------------------------------------------- bfcl-import
 def _bfcl_import(options: dict[str, Any]) -> int:
-    from probes.analyses import tools
+    from probes.analyses import dataset_tools
 
-    print(tools.bfcl_import(**options).summary())
+    print(dataset_tools.bfcl_import(**options).summary())
     return 0
 
 
@@ -217,7 +217,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _known_errors() -> tuple[type[BaseException], ...]:
     """Errors whose message says what went wrong, where and what to do (no traceback needed).
     Imported when an error happens: these modules load torch."""
-    from probes.analyses.base import AnalysisError, OptionError
+    from probes.analyses.option_system import OptionError
+    from probes.analyses.run_context import AnalysisError
     from probes.analyses.parallel import ParallelError
     from probes.data.dataset import DatasetError
     from probes.engine.loading import ModelLoadError, PromptTooLongError
@@ -246,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         message = f"{error.strerror}: {error.filename}" if isinstance(error, OSError) and error.filename else str(error)
         print(f"basm-probes {args.command}: error: {message}\n(rerun with --debug for the traceback)", file=sys.stderr)
-        from probes.analyses.base import AnalysisError, OptionError
+        from probes.analyses.option_system import OptionError
+        from probes.analyses.run_context import AnalysisError
 
         return USAGE_ERRORS if isinstance(error, OptionError | AnalysisError) else 1
 

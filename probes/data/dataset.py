@@ -262,7 +262,7 @@ class ProbeDataset:
     ) -> tuple[Item, ...]:
         """Filter items; ``limit_per_bucket`` keeps N items of each bucket: with ``spread``,
         round-robin over task groups (:func:`spread_limit`; what every analysis's ``--limit``
-        does, through :func:`probes.analyses.base.select_items`), else the first N in file order (fixtures:
+        does, through :func:`probes.analyses.run_context.select_items`), else the first N in file order (fixtures:
         usually a single task group). The result is in file order.
 
         ``split_kind``: ``"template"`` filters ``split`` on the item field ``split`` (task groups,
@@ -308,7 +308,7 @@ def spread_limit(items: Sequence[Item], limit: int) -> list[Item]:
     Items of one task group share a template, and CIs resample task groups: the first N items
     in file order are usually a single group, whose CI has zero width. This is the one
     implementation of ``--limit``: every analysis selects its items through
-    :func:`probes.analyses.base.select_items`, i.e. ``ProbeDataset.select(..., spread=True)``.
+    :func:`probes.analyses.run_context.select_items`, i.e. ``ProbeDataset.select(..., spread=True)``.
     """
     if limit < 0:
         raise ValueError(f"limit must be ≥ 0, got {limit}")

@@ -272,7 +272,7 @@ def load_model(
 
     ``model``: a model directory, a name in the local HF cache, or a ``.gguf`` file.
     ``dtype``: float32 | bfloat16 | float16 | auto. ``device_map="auto"`` spreads the model over
-    the available GPUs (then ``device`` is ignored). ``ProbeSession`` passes
+    the available GPUs (then ``device`` is ignored). ``EngineSession`` passes
     ``attn_implementation="basm_probe"``.
     """
     if dtype not in DTYPES:

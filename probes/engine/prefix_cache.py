@@ -1,7 +1,7 @@
-"""Shared-prefix key/value reuse across prompts for :class:`probes.engine.session.ProbeSession`.
+"""Shared-prefix key/value reuse across prompts for :class:`probes.engine.session.EngineSession`.
 
 The prompts of one item under different configurations and depths share a long token prefix (the
-system turn with the tool catalog, then the first skills of the memory block). ``ProbeSession.run``
+system turn with the tool catalog, then the first skills of the memory block). ``EngineSession.run``
 computes the keys and values of ``input_ids[:p]`` (``p`` = the first query row) in one fast-path
 forward and branches every condition from them; rows before ``p`` are never recorded and never
 knocked out (a knockout edits query rows only), so their keys and values depend on the tokens
@@ -42,7 +42,7 @@ def blocks(start: int, end: int, block: int = PREFIX_BLOCK) -> list[tuple[int, i
 
 @dataclass
 class PrefixReuseCounter:
-    """Prompt tokens of ``ProbeSession.run`` calls: reused from the cache vs run through the model.
+    """Prompt tokens of ``EngineSession.run`` calls: reused from the cache vs run through the model.
 
     ``tokens_computed`` counts each prompt position once (prefix extension plus the branch rows
     from the first query row on), not once per condition or candidate branch element.

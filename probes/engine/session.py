@@ -13,7 +13,7 @@ unregistered implementations). Models call it with the final ``q, k, v`` (after 
 RoPE), so it works for every causal LM that uses transformers' attention interface (Qwen3,
 Qwen2, Llama, ...). Outside a probe call it *is* sdpa.
 
-``ProbeSession.run`` evaluates one prompt under many conditions:
+``EngineSession.run`` evaluates one prompt under many conditions:
 
 1. **Prefix.** ``input_ids[:p]`` with ``p = min(query_rows)`` runs once through sdpa, in fixed
    blocks of ``PREFIX_BLOCK`` tokens (so a row's numbers never depend on the cache's contents). A knockout
@@ -44,7 +44,7 @@ Qwen2, Llama, ...). Outside a probe call it *is* sdpa.
    requested layers / (layer, head) pairs, so the blocked keys are *removed* from the softmax
    (the row renormalises over the rest).
 
-``ProbeSession.forward`` is the single-pass reference path: the whole sequence goes through sdpa,
+``EngineSession.forward`` is the single-pass reference path: the whole sequence goes through sdpa,
 then only the query rows are recomputed exactly (recorded; and substituted in the output where a
 knockout applies). It is used for validation and for the benchmark.
 
@@ -537,7 +537,7 @@ def _branch_forward(
 
 def install_attention() -> str:
     """Register :func:`probe_attention_forward` with transformers under :data:`ATTN_IMPLEMENTATION`
-    (idempotent; called by :class:`ProbeSession`, never at import). Returns the name to pass as
+    (idempotent; called by :class:`EngineSession`, never at import). Returns the name to pass as
     ``attn_implementation``."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, probe_attention_forward)
     # Without a registered mask function transformers builds no causal mask for custom names.
@@ -662,7 +662,7 @@ class ProbeResult:
 # --------------------------------------------------------------------------------------------
 
 
-class ProbeSession:
+class EngineSession:
     """A model loaded for probing. See the module docstring for the algorithm.
 
     ``model_or_dir``: a local model directory, a name in the local HF cache, a ``.gguf`` file, or

@@ -46,10 +46,11 @@ from probes.analyses import heads as heads_mod
 from probes.analyses import knockout as knockout_mod
 from probes.analyses import ratios as ratios_mod
 from probes.analyses import sweep as sweep_mod
-from probes.analyses.base import Analysis, AnalysisError, RunContext, open_context
+from probes.analyses.base import Analysis
+from probes.analyses.run_context import AnalysisError, RunContext, open_context
 from probes.core.files import write_text
 from probes.scoring.score import DEFAULT_VARIANT, EPSILON
-from probes.engine.session import ProbeSession
+from probes.engine.session import EngineSession
 from probes.organism import ORGANISM_DIR
 from probes.reporting.markdown import markdown_table
 from probes.scoring.claims import ALPHA, Claim, claims_table, effect_claim
@@ -188,7 +189,7 @@ class Validation:
         return markdown_table(self.table[["name", "statement", "estimate", "low", "high", "n", "p", "p_floor", "p_holm", "verdict", "note"]])
 
 
-def context_for(analysis: Analysis, session: ProbeSession | None) -> RunContext:
+def context_for(analysis: Analysis, session: EngineSession | None) -> RunContext:
     """The run context of one analysis of the validation (its rows resume from ``out``)."""
     return open_context(analysis, session)
 

@@ -156,7 +156,7 @@ def _parse_row(line: bytes) -> dict[str, Any]:
     return decode_row(row)
 
 
-# How the analyses form keys from a row's fields (probes.analyses.base.run_jobs; calls' paired rows).
+# How the analyses form keys from a row's fields (probes.analyses.jobs.run_jobs; calls' paired rows).
 _KEY_RECIPES: tuple[tuple[tuple[str, ...], Callable[[dict[str, Any]], str]], ...] = (
     (("record_id", "condition"), lambda row: f"{row['record_id']}|{row['condition']}"),
     (("item_id", "k", "format", "identical_prompt"), lambda row: f"{row['item_id']}|k{row['k']}|{row['format']}"),

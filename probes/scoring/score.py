@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes.engine.session import Knockout, ProbeSession, span_positions
+from probes.engine.session import Knockout, EngineSession, span_positions
 from probes.prompts.record import PromptRecord
 from probes.scoring import margins as margins_mod
 
@@ -87,7 +87,7 @@ def row_fields(record: PromptRecord) -> dict[str, Any]:
 
 
 def score_record(
-    session: ProbeSession,
+    session: EngineSession,
     record: PromptRecord,
     conditions: Sequence[Knockout] = (),
     *,

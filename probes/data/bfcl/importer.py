@@ -52,7 +52,7 @@ def import_bfcl(
     ``llm_retries`` times. Raises :class:`NoSkillKept`, writing nothing, when no skill passes ψ.
 
     The measured ``CARD.md`` is not written here (it needs the scoring layer): ``basm-probes
-    bfcl-import`` (:func:`probes.analyses.tools.bfcl_import`) writes it next; a previous import's card
+    bfcl-import`` (:func:`probes.analyses.dataset_tools.bfcl_import`) writes it next; a previous import's card
     is removed, not left stale. The committed ``datasets/bfcl/`` is that command's output with every default.
 
     ``out`` is written into a temporary folder that replaces it at the end

@@ -1,7 +1,7 @@
 """The session users hold: :class:`ProbeSession`, the probe engine plus the notebook conveniences.
 
 ``probes.ProbeSession`` is this class. It *is* an engine session
-(:class:`probes.engine.session.ProbeSession`, a subclass: ``run``, ``forward``, the model and its
+(:class:`probes.engine.session.EngineSession`, a subclass: ``run``, ``forward``, the model and its
 tokenizer, accepted by every analysis and by ``probes.run``) and adds what a notebook reaches for
 on the object it already holds, TransformerLens-style:
 
@@ -24,8 +24,7 @@ from typing import Any
 import pandas as pd
 
 from probes.data.dataset import load_dataset
-from probes.engine.session import Knockout
-from probes.engine.session import ProbeSession as EngineSession
+from probes.engine.session import EngineSession, Knockout
 from probes.prompts.builder import DEFAULT_K_MAX, SWEEP_K_MAX, BuildSettings, make_builder, resolve_study
 from probes.prompts.record import PromptRecord
 from probes.scoring.controls import random_control
@@ -37,7 +36,7 @@ __all__ = ["Knockout", "ProbeSession"]
 class ProbeSession(EngineSession):
     """A model loaded for probing, with the notebook conveniences :meth:`prompt` and :meth:`score`.
 
-    Opens exactly as the engine's :class:`probes.engine.session.ProbeSession` (same arguments; see
+    Opens exactly as the engine's :class:`probes.engine.session.EngineSession` (same arguments; see
     it for the algorithm), and is one wherever an engine session is taken.
     """
 

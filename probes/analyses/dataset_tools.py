@@ -1,13 +1,13 @@
 """The dataset tools: ``build``, ``show``, ``shortcuts``, ``audit``, ``card`` and ``bfcl-import``, as options classes and library functions.
 
-Each tool is an options class made of the same :func:`~probes.analyses.base.option` fields as the
-analyses (the item filters of :class:`~probes.analyses.base.ItemOptions`, the builder's settings of
-:class:`~probes.analyses.base.BuilderOptions`, declared once there) and a function that takes those
+Each tool is an options class made of the same :func:`~probes.analyses.option_system.option` fields as the
+analyses (the item filters of :class:`~probes.analyses.option_system.ItemOptions`, the builder's settings of
+:class:`~probes.analyses.option_system.BuilderOptions`, declared once there) and a function that takes those
 options as keywords, so it runs the same from Python and from the command line::
 
-    >>> from probes.analyses import tools
-    >>> result = tools.build(dataset="basm_probe", limit=2, k_max=2, configs=["basm"], out="records.jsonl")
-    >>> record = tools.show(item="retail-wrong-0003", k=2)
+    >>> from probes.analyses import dataset_tools
+    >>> result = dataset_tools.build(dataset="basm_probe", limit=2, k_max=2, configs=["basm"], out="records.jsonl")
+    >>> record = dataset_tools.show(item="retail-wrong-0003", k=2)
 
 ``basm-probes build|show|shortcuts|audit|card|bfcl-import`` derive their flags from these classes
 (:func:`probes.cli.flags.add_options`) and call these functions; nothing here knows about argparse.
@@ -28,25 +28,22 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from probes.analyses.base import (
-    REQUIRED,
+from probes.analyses.option_system import (
     BuilderOptions,
     DatasetOption,
     ItemOptions,
     OptionError,
     Options,
-    check_depths,
-    check_gate_embedder,
-    check_oracle,
+    REQUIRED,
     depth_option,
     flag_of,
     fold_groups_option,
     k_max_option,
     option,
     option_fields,
-    select_items,
     shared,
 )
+from probes.analyses.run_context import check_depths, check_gate_embedder, check_oracle, select_items
 from probes.core.chat import BATCH_SIZE, MAX_NEW_TOKENS
 from probes.data.configs import CONFIGS
 from probes.data.bfcl import CATEGORIES as BFCL_CATEGORIES

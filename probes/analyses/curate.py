@@ -1,34 +1,20 @@
-"""``curate`` and ``mask-eval`` (seed 003 §2.2–2.3): repair a skill library from its attribution matrix.
+"""``curate`` (seed 003 §2.2): repair a skill library from its attribution matrix.
 
-Both analyses split the selected items by their split field (``--split-kind``): the *development*
-items (split ``train``) decide everything, the *held-out* items (split ``eval``, other task groups)
-only measure. On the development items both score the attribution masks of ``attribution`` (the
-``library`` pool: retrieval re-run on the masked library) and compute the benefit matrix
-b[j, i] = −C[j, i] of the wrong-tool margin (:mod:`probes.scoring.curation`).
-
-``curate`` sorts the skills into regimes by C̄ and H, then splits heterogeneous skills into two
-conditional variants (each pair kept only if ψ accepts both and the development gate passes),
-retires negligible ones, merges near-duplicates by embedding cosine (keeping the best by C̄), each
-step gated, and writes the curated library as a dataset folder (``--library-out``) with a README of
-every decision. The held-out items are scored under the original and the curated library.
-
-``mask-eval`` predicts, for each held-out item, every skill's effect from its k nearest development
-items (Eq. 5–6), drops the skills predicted to hurt (Eq. 7) and compares, on the held-out items, the
-full library, the per-item mask, the reverse mask (the same number of the most helpful skills
-dropped) and a random mask of the same size.
-
-Every prompt beyond the masks is scored once and keyed by what it shows (``shown:<digest>`` of the
-shown skills' text), so the thresholds only choose among rows: a rerun with other thresholds
-reuses every row it can.
+On the development items (:mod:`probes.analyses.development_attribution`), ``curate`` sorts the
+skills into regimes by C̄ and H, then splits heterogeneous skills into two conditional variants (each
+pair kept only if ψ accepts both and the development gate passes), retires negligible ones, merges
+near-duplicates by embedding cosine (keeping the best by C̄), each step gated, and writes the curated
+library as a dataset folder (``--library-out``) with a README of every decision. The held-out items
+are scored under the original and the curated library.
 """
+
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,134 +22,24 @@ from typing import Any, ClassVar
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from probes.analyses import register
-from probes.analyses.attribution import Attribution, design, draw, included_sets, mask_jobs, mask_scorer, shown
-from probes.analyses.base import (Analysis, ItemOptions, Job, OptionError, ReportSection, RunContext, RunOptions, cached_scorer,
-                                  k_max_option, option, provenance, run_jobs, shared)
+from probes.analyses.base import ReportSection
+from probes.analyses.development_attribution import (DEVELOPMENT, DevelopmentAttribution, Margins, benefit_cells, on_library, partition,
+                                                     recorded_margins, scoring_margins)
+from probes.analyses.option_system import RunOptions, option
+from probes.analyses.run_context import RunContext, provenance
 from probes.core.files import write_csv
 from probes.data.dataset import DatasetError, Item, ProbeDataset, load_dataset
 from probes.data.retrieval import skill_text
 from probes.engine.generate import ChatGenerator
 from probes.data.schema import BOUNDARY_SLOTS, LibraryReport, SkillValidationError, validate_skill
-from probes.prompts.builder import DEFAULT_K_MAX
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
-from probes.scoring import attribution as est
-from probes.scoring import curation as cur
+from probes.scoring import skill_masking as est
+from probes.scoring import curation_rules as cur
 from probes.scoring.stats import paired_differences, summarise as ci_summary
-
-POOL = "library"  # a curated or masked library is retrieved from: the attribution pool that re-runs retrieval
-DEVELOPMENT, HELD_OUT = "train", "eval"
-POLICIES: tuple[str, ...] = ("full", "mask", "reverse", "random")  # the full library, Eq. 7's mask, the two controls
-
-
-# ---------------------------------------------------------------------------- shared by both
-def partition(ctx: RunContext) -> tuple[list[Item], list[Item]]:
-    """The development (split ``train``) and held-out (split ``eval``) items of the run."""
-    field = "split" if ctx.options.split_kind == "template" else "split_scenario"
-    dev = [item for item in ctx.items if getattr(item, field) == DEVELOPMENT]
-    held = [item for item in ctx.items if getattr(item, field) == HELD_OUT]
-    if not dev:
-        raise OptionError(f"{ctx.name}: no development items (split {DEVELOPMENT!r}) among the {len(ctx.items)} selected; "
-                          "select --split all (the default) or train")
-    return dev, held
-
-
-def benefit_cells(ctx: RunContext, rows: pd.DataFrame, items: Sequence[Item], skills: tuple[str, ...], masks: np.ndarray) -> pd.DataFrame:
-    """The benefit b = −C of the margin (attribution's Eq. 1 over the mask rows), one row per defined
-    (skill, development item) cell: skill, item_id, b."""
-    sub = rows[rows["condition"].str.startswith(f"{POOL}:m")]
-    table = sub.pivot_table(index="mask", columns="item_id", values="margin", aggfunc="first", dropna=False).reindex(index=range(len(masks)))
-    out = []
-    by_domain: dict[str, list[Item]] = {}
-    for item in items:
-        by_domain.setdefault(item.domain, []).append(item)
-    for domain_items in by_domain.values():
-        o, inc, defined, cols = design(ctx, table, domain_items, POOL, skills, masks)
-        c = est.causal_scores(o, inc, defined)
-        j, i = np.nonzero(np.isfinite(c))
-        out.append(pd.DataFrame({"skill": [skills[cols[x]] for x in j], "item_id": [domain_items[x].id for x in i], "b": -c[j, i]}))
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["skill", "item_id", "b"])
-
-
-def shown_condition(dataset: ProbeDataset, skill_ids: Sequence[str]) -> str:
-    """The row condition of a prompt by what it shows: a digest of the shown skills' text, in order."""
-    text = json.dumps([dataset.skills[s].to_json() for s in skill_ids], sort_keys=True)
-    return "shown:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-Request = tuple[Item, tuple[str, ...]]  # an item and the skills its prompt shows
-Margins = Callable[[RunContext, Sequence[Request]], list[float]]
-
-
-def scoring_margins(store) -> Margins:
-    """Score the requests not in ``store`` yet (resumable) and return every request's margin."""
-    def margins(ctx: RunContext, requests: Sequence[Request]) -> list[float]:
-        jobs = list({job.keys()[0]: job for job in (request_job(ctx, item, seen) for item, seen in requests)}.values())
-        score = cached_scorer(ctx, lambda record, job: (), margins=("margin",))
-
-        def scorer(record, job):
-            rows = score(record, job)
-            for row in rows:
-                row.update(condition=job.conditions[0], shown=list(job.skills))
-            return rows
-
-        run_jobs(ctx, store, sorted(jobs, key=lambda job: job.item.id), scorer)
-        return recorded_margins(load_results(store.path))(ctx, requests)
-    return margins
-
-
-def recorded_margins(rows: pd.DataFrame) -> Margins:
-    """The requests' margins read from ``rows`` (a missing one is an error: the run did not score it)."""
-    by_key = rows.drop_duplicates("key").set_index("key")["margin"] if len(rows) else pd.Series(dtype=float)
-
-    def margins(ctx: RunContext, requests: Sequence[Request]) -> list[float]:
-        keys = [request_job(ctx, item, seen).keys()[0] for item, seen in requests]
-        missing = [key for key in keys if key not in by_key.index]
-        if missing:
-            raise RuntimeError(f"{ctx.name}: {len(missing)} prompts were never scored (e.g. {missing[0]}); rerun the analysis")
-        return [float(by_key[key]) for key in keys]
-    return margins
-
-
-def request_job(ctx: RunContext, item: Item, seen: tuple[str, ...]) -> Job:
-    return Job(item, ctx.options.config, len(seen), ctx.fmt, (shown_condition(ctx.dataset, seen),), skills=seen)
-
-
-def on_library(ctx: RunContext, item: Item, library: Iterable[str]) -> tuple[str, ...]:
-    """The top k of retrieval re-run on ``library`` (what the item's prompt shows with that library)."""
-    return shown(ctx, item, frozenset(library), POOL)
-
-
-@dataclass(kw_only=True)
-class DevelopmentAttribution(Analysis):
-    """Base of ``curate`` and ``mask-eval``: the attribution masks on the development items."""
-
-    k_max: int | None = k_max_option(DEFAULT_K_MAX)
-    split: str = shared(ItemOptions, "split", default="all", help="items: the development ones (split train) decide, the held-out "
-                        "ones (split eval) only measure; default all (both)")
-    masks: int = shared(Attribution, "masks")
-    inclusion: float = shared(Attribution, "inclusion")
-    config: str = shared(Attribution, "config")
-
-    def development(self, ctx: RunContext) -> tuple[list[Item], list[Item], tuple[str, ...], np.ndarray, Any]:
-        """Score the attribution masks of the development items (resumable); returns the items, the
-        skills and masks, and the store (opened once: every row of the run goes to it)."""
-        dev, held = partition(ctx)
-        if not 0.0 < self.inclusion < 1.0:
-            raise OptionError(f"{self.name}: inclusion (--inclusion) must be in (0, 1), got {self.inclusion}")
-        skills, masks = draw(ctx, self.masks, self.inclusion)
-        store = ctx.store(configs=[self.config], masks=[sorted(s) for s in included_sets(skills, masks)])
-        run_jobs(ctx, store, mask_jobs(ctx, dev, skills, masks, self.config, (POOL,)), mask_scorer(ctx))
-        return dev, held, skills, masks, store
-
-    def matrix(self, ctx: RunContext, rows: pd.DataFrame) -> tuple[list[Item], list[Item], pd.DataFrame]:
-        dev, held = partition(ctx)
-        skills, masks = draw(ctx, self.masks, self.inclusion)
-        return dev, held, benefit_cells(ctx, rows, dev, skills, masks)
 
 
 # ---------------------------------------------------------------------------- curate
@@ -428,121 +304,7 @@ def write_curated(ctx: RunContext, plan: Plan, out: Path) -> Path:
     return out
 
 
-# ---------------------------------------------------------------------------- mask-eval
-@dataclass
-class MaskingSummary:
-    items: pd.DataFrame  # item_id, bucket, task_group, policy, n_dropped, dropped, fallback, tempting_dropped, margin, wrong_choice
-    policies: pd.DataFrame  # outcome, bucket, policy, value, low, high, n, ...
-    contrasts: pd.DataFrame  # outcome, bucket, contrast, value, low, high, n, ...
-    needed: pd.DataFrame  # T_ok / T_repair items whose tempting skill the mask dropped: margin change mask − full
-    masking: pd.DataFrame  # bucket, n_items, fallback share, mean dropped, share with a mask
-    note: str
-
-
-@register("mask-eval", order=84)
-@dataclass(kw_only=True)
-class MaskEval(DevelopmentAttribution):
-    """Seed 003 §2.3: per-item skill masking on held-out task groups against the full library, a reverse and a random mask."""
-
-    # the policies only choose among rows keyed by what a prompt shows: a rerun with other values reuses them
-    value_neutral: ClassVar[frozenset[str]] = RunOptions.value_neutral | {"neighbours", "temperature", "threshold", "protected", "min_skills"}
-
-    neighbours: int = option(cur.SEED_NEIGHBOURS, "k nearest development items of Eq. 6 (the seed's 8)", type=int, minimum=1)
-    temperature: float = option(cur.SOFTMAX_TEMPERATURE, "τ of Eq. 5's softmax over cosines (the seed states none; a priori)",
-                                type=float, minimum=0.0)
-    threshold: float = option(round(cur.MASK_THRESHOLD, 4), "drop a skill when Ĉ < −threshold (logits; the seed's −0.10 pass rate "
-                              "as a margin: 2·logit(0.55))", type=float, minimum=0.0)
-    protected: tuple[str, ...] = option(cur.PROTECTED_PREFIXES, "skill id prefixes never dropped (the seed's tpl-, shr-, api-)",
-                                        flag="--protect", repeat=True)
-    min_skills: int | None = option(None, "fewest skills a masked library keeps, else the full library (default: k_max, so the "
-                                    "prompt still shows k skills)", type=int, minimum=1)
-
-    def collect(self, ctx: RunContext) -> pd.DataFrame:
-        if not partition(ctx)[1]:
-            raise OptionError(f"mask-eval: no held-out items (split {HELD_OUT!r}) among the selected; select --split all")
-        dev, held, skills, masks, store = self.development(ctx)
-        plans = self.masks_for(ctx, dev, held, benefit_cells(ctx, load_results(store.path), dev, skills, masks))
-        scoring_margins(store)(ctx, [(p["item"], p["shown"]) for p in plans])
-        return load_results(store.path)
-
-    def masks_for(self, ctx: RunContext, dev: list[Item], held: list[Item], cells: pd.DataFrame) -> list[dict[str, Any]]:
-        """Each held-out item's four libraries (Eqs. 5–7 and the two controls) and what its prompt shows under each."""
-        if not 0.0 < self.temperature:
-            raise OptionError(f"mask-eval: temperature (--temperature) must be > 0, got {self.temperature}")
-        benefit = cells.pivot_table(index="skill", columns="item_id", values="b", aggfunc="first").reindex(columns=[i.id for i in dev])
-        embed = ctx.builder.retriever.embedder.embed
-        dev_vectors = embed([item.state_text for item in dev])
-        held_vectors = embed([item.state_text for item in held])
-        minimum = self.min_skills if self.min_skills is not None else ctx.options.k_max
-        plans = []
-        for item, vector in zip(held, held_vectors):
-            library = [s.id for s in ctx.dataset.library_for(item)]
-            weights = cur.neighbour_weights(dev_vectors, vector, min(self.neighbours, len(dev)), self.temperature)
-            c_hat, evidence = cur.predicted_effects(benefit.reindex(index=library).to_numpy(float), weights)
-            mask = cur.risk_minimising_mask(library, c_hat, self.threshold, self.protected, minimum)
-            n = len(mask.dropped)
-            rng = np.random.default_rng([ctx.options.seed, 5, *item.id.encode()])
-            chosen_by = (cur.Mask(tuple(library), (), False), mask, cur.reverse_drop(library, c_hat, n, self.protected),
-                         cur.random_drop(library, n, self.protected, rng))
-            for policy, chosen in zip(POLICIES, chosen_by, strict=True):
-                plans.append({"item": item, "policy": policy, "dropped": chosen.dropped, "fallback": mask.fallback,
-                              "shown": on_library(ctx, item, chosen.kept), "c_hat": dict(zip(library, c_hat)),
-                              "evidence": float(np.nanmean(evidence)) if len(evidence) else np.nan})
-        return plans
-
-    def summarise(self, ctx: RunContext, rows: pd.DataFrame) -> MaskingSummary:
-        dev, held, cells = self.matrix(ctx, rows)
-        plans = self.masks_for(ctx, dev, held, cells)
-        margins = recorded_margins(rows)(ctx, [(p["item"], p["shown"]) for p in plans])
-        items = pd.DataFrame([{"item_id": p["item"].id, "bucket": p["item"].bucket, "task_group": p["item"].task_group,
-                               "policy": p["policy"], "n_dropped": len(p["dropped"]), "dropped": list(p["dropped"]),
-                               "fallback": p["fallback"], "tempting_dropped": p["item"].tempting_skill in p["dropped"],
-                               "shown": list(p["shown"]), "evidence": p["evidence"], "margin": m} for p, m in zip(plans, margins)])
-        items["wrong_choice"] = np.where(items["margin"].notna(), (items["margin"] >= 0).astype(float), np.nan)
-        contrasts = {"mask − full": ("mask", "full"), "mask − reverse": ("mask", "reverse"), "mask − random": ("mask", "random")}
-        policies, deltas = [], []
-        for value in ("margin", "wrong_choice"):
-            policies.append(ci_summary(items, ["bucket", "policy"], value).assign(outcome=value))
-            delta = paired_differences(items, contrasts, pair=["item_id", "task_group", "bucket"], side="policy", value=value)
-            deltas.append(ci_summary(delta, ["bucket", "contrast"], "delta").assign(outcome=value))
-        mask_rows = items[items["policy"] == "mask"]
-        full = items[items["policy"] == "full"].set_index("item_id")["margin"]
-        needed_items = mask_rows[mask_rows["tempting_dropped"] & mask_rows["bucket"].isin(["T_ok", "T_repair"])]
-        needed = ci_summary(needed_items.assign(delta=needed_items["margin"].to_numpy() - full.reindex(needed_items["item_id"]).to_numpy()),
-                            ["bucket"], "delta") if len(needed_items) else pd.DataFrame(columns=["bucket", "value", "low", "high", "n", "n_items"])
-        masking = mask_rows.groupby("bucket", sort=False).agg(n_items=("item_id", "size"), fallback=("fallback", "mean"),
-                                                             active=("n_dropped", lambda n: float((n > 0).mean())),
-                                                             mean_dropped=("n_dropped", "mean"),
-                                                             tempting_dropped=("tempting_dropped", "mean")).reset_index()
-        note = (f"{provenance(ctx)} · development {len(dev)}, held-out {len(held)} items · masks K = {self.masks}, f = {self.inclusion} · "
-                f"k = {self.neighbours} neighbours, τ = {self.temperature}, drop at Ĉ < −{self.threshold} logits")
-        return MaskingSummary(items, pd.concat(policies, ignore_index=True), pd.concat(deltas, ignore_index=True), needed, masking, note)
-
-    def tables(self, summary: MaskingSummary) -> dict[str, pd.DataFrame]:
-        return {"mask_eval_policies": summary.policies, "mask_eval_contrasts": summary.contrasts, "mask_eval_masking": summary.masking,
-                "mask_eval_needed": summary.needed, "mask_eval_items": summary.items}
-
-    def figures(self, summary: MaskingSummary, out_dir: Path) -> list[Path]:
-        plots.style()
-        return plots.save_figure(fig16_masking_policies(summary.policies, summary.note), out_dir, "fig16_masking_policies")
-
-    def section(self, ctx: RunContext, summary: MaskingSummary, figures: list[Path]) -> ReportSection:
-        body = ("Held-out items (task groups never used to decide), the wrong-tool margin and the wrong two-way choice "
-                "1[margin ≥ 0] (not greedy calls) per policy, 95% CIs over task groups:\n\n"
-                f"{markdown_table(summary.policies)}\n\nPaired differences:\n\n{markdown_table(summary.contrasts)}\n\n"
-                f"Masking per bucket (share of items with a mask, fallback share, skills dropped):\n\n{markdown_table(summary.masking)}\n\n"
-                "T_ok / T_repair items whose tempting skill (the one they need) the mask dropped, margin change mask − full:\n\n"
-                f"{markdown_table(summary.needed)}")
-        return ReportSection("mask-eval", "Seed 003 — per-item skill masking on held-out items (`mask-eval`)", figures, body, [], summary)
-
-    def print_summary(self, summary: MaskingSummary) -> None:
-        cols = ["outcome", "bucket", "policy", "value", "low", "high", "n"]
-        print(summary.policies[cols].round(3).to_string(index=False))
-        print(summary.contrasts[["outcome", "bucket", "contrast", "value", "low", "high", "n"]].round(3).to_string(index=False))
-        print(summary.masking.round(3).to_string(index=False))
-
-
-# --- Figs. 15 and 16, drawn by Curate.figures and MaskEval.figures
+# --- Fig. 15, drawn by Curate.figures
 REGIME_COLORS = {"heterogeneous": "#d95f02", "beneficial": "#1b9e77", "negligible": "#7570b3", "harmful": "#e7298a", "unmeasured": "0.6"}
 
 
@@ -568,33 +330,5 @@ def fig15_curation_regimes(skills: pd.DataFrame, decisions: pd.DataFrame, hetero
     ax.set_ylabel(f"H(j) ({'interquartile range' if h == 'h_iqr' else 'range'} over items, logits)")
     ax.set_title(f"Curation regimes (dashed: τ_split = {tau_split:.2f}; dotted: ±τ_retire = {tau_retire:.2f})")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    plots.footnote(fig, note)
-    return fig
-
-
-def fig16_masking_policies(policies: pd.DataFrame, note: str) -> plt.Figure:
-    """Held-out items: the mean wrong-tool margin and the wrong-choice rate per policy (full library,
-    per-item mask, reverse mask, random mask) and bucket, with 95% CIs over task groups.
-
-    policies: outcome, bucket, policy, value, low, high."""
-    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
-    order = [p for p in ("full", "mask", "reverse", "random") if p in set(policies["policy"])]
-    colors = dict(zip(order, sns.color_palette("colorblind", len(order))))
-    for ax, (outcome, title) in zip(axes, (("margin", "mean wrong-tool margin (logits)"), ("wrong_choice", "wrong two-way choice rate"))):
-        sub = policies[policies["outcome"] == outcome]
-        buckets = [b for b in plots.BUCKET_ORDER if b in set(sub["bucket"])]
-        width = 0.8 / len(order)
-        for p, policy in enumerate(order):
-            cells = sub[sub["policy"] == policy].set_index("bucket").reindex(buckets)
-            x = np.arange(len(buckets)) + (p - (len(order) - 1) / 2) * width
-            value = cells["value"].to_numpy(float)
-            err = np.vstack([value - cells["low"].to_numpy(float), cells["high"].to_numpy(float) - value])
-            ax.bar(x, value, width, color=colors[policy], label=policy)
-            ax.errorbar(x, value, yerr=np.nan_to_num(err), fmt="none", ecolor="k", lw=0.8, capsize=2)
-        ax.set_xticks(np.arange(len(buckets)), [plots.bucket_label(b) for b in buckets])
-        ax.axhline(0.0, color="0.3", lw=0.8)
-        ax.set_title(title)
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Per-item skill masking on held-out task groups", y=1.02)
     plots.footnote(fig, note)
     return fig
