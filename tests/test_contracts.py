@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import pkgutil
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 import probes.analyses
 from probes.analyses import ENTRY_POINT_GROUP, register
 from probes.analyses.base import Analysis
-from probes.analyses.option_system import option
+from probes.analyses.option_system import OptionError, option
 from probes.cli import checks
 from probes.cli.checks import AnalysisContractError, check_analysis, check_claims, check_figures, check_option_round_trip
 from probes.cli.main import main
@@ -173,7 +174,7 @@ from dataclasses import dataclass
 
 from probes.analyses import register
 from probes.analyses.base import Analysis
-from probes.analyses.option_system import option
+from probes.analyses.option_system import OptionError, option
 
 
 @register("external", order=905)
@@ -409,3 +410,20 @@ def test_check_analysis_fails_missing_figures_and_malformed_claims(tmp_path) -> 
             check_claims(sweep, [bad])
     with pytest.raises(AnalysisContractError, match="a name used twice in its family"):
         check_claims(sweep, [good, good])
+
+
+def test_an_analysis_of_the_shown_skills_refuses_depth_zero_before_loading(monkeypatch) -> None:
+    """ratios, knockout and heads measure the spans of the shown skills: at k = 0 there are none, so the
+    depth is refused with the flag to change, before a model is loaded (it was a KeyError after scoring)."""
+    from probes.analyses import run_context
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the depth was checked")
+
+    monkeypatch.setattr(run_context, "open_session", no_model)
+    needing = sorted(name for name in probes.analyses.ANALYSES if probes.analyses.get(name).min_depth == 1)
+    assert needing == ["heads", "knockout", "ratios"]
+    for name, depth, flag in [("ratios", {"k_max": 0}, "k_max (--k-max) 0"), ("knockout", {"k": 0}, "k (--k) 0"),
+                              ("heads", {"k_max": 0}, "k_max (--k-max) 0")]:
+        with pytest.raises(OptionError, match=rf"^{name}: {re.escape(flag)}: .* need k ≥ 1 .*use --k 1 or more"):
+            probes.run(name, limit=1, embedder="lexical", figure=False, **depth)

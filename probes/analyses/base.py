@@ -102,6 +102,9 @@ class Analysis(RunOptions):
     """
 
     order: ClassVar[int] = 0  # set by @register: its place in report and in the listings
+    # The smallest retrieval depth it can measure: 1 for an analysis that reads the spans of the shown
+    # skills (at k = 0 there is no boundary or procedure span to attend to or knock out).
+    min_depth: ClassVar[int] = 0
 
     # -- the pipeline
     def run(self, session: EngineSession | None = None, *, verbose: bool = True) -> AnalysisResult:

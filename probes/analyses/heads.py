@@ -40,7 +40,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -558,6 +558,8 @@ SHOWN_RANKING = ["layer", "head", "log2_ok", "log2_wrong", "shift", "log2_wrong_
 @dataclass(kw_only=True)
 class Heads(Analysis):
     """Figs. 8/9: per-head log2(boundary/procedure) attention, a split-half head ranking and its causal check."""
+
+    min_depth: ClassVar[int] = 1
 
     buckets: tuple[str, ...] | None = option(("T_ok", "T_wrong"), "keep only these buckets", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")

@@ -78,7 +78,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -594,6 +594,8 @@ def caption(summary: KnockoutSummary) -> str:
 @dataclass(kw_only=True)
 class KnockoutAnalysis(Analysis):
     """Figs. 3c/d, 6, 7: same-prompt knockout of the deciding rows' attention to the boundary span, with controls."""
+
+    min_depth: ClassVar[int] = 1
 
     buckets: tuple[str, ...] | None = option(("T_wrong", "T_ok"), "keep only these buckets", flag="--bucket",
                                              repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")

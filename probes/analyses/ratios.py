@@ -48,7 +48,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -391,6 +391,8 @@ def aggregate_note(options: Any) -> str:
 class Ratios(Analysis):
     """Figs. 3a/4: length-normalised boundary/procedure attention ratio η per bucket and configuration,
     and its group-paired shifts between buckets by stratum, with a length control."""
+
+    min_depth: ClassVar[int] = 1
 
     configs: tuple[str, ...] = option(DEFAULT_CONFIGS, f"configurations with a boundary (or control) span (default: {','.join(DEFAULT_CONFIGS)})",
                                       names=tuple(CONFIGS), minimum=1)

@@ -204,6 +204,15 @@ def check_depths(dataset: ProbeDataset, items: Sequence[Item], **depths: int | N
             raise OptionError(f"{name} ({flag}) {k}: item {smallest.id} has only {size} skills to retrieve; use {size} or less")
 
 
+def check_min_depth(options: Any) -> None:
+    """The depth an analysis runs at (``k``, else ``k_max``) against the smallest it can measure."""
+    minimum = getattr(type(options), "min_depth", 0)
+    if options.depth is not None and options.depth < minimum:
+        given = "k (--k)" if getattr(options, "k", None) is not None else "k_max (--k-max)"
+        raise OptionError(f"{options.name}: {given} {options.depth}: it measures the spans of the shown skills, which "
+                          f"need k ≥ {minimum} (at k = 0 no skill is shown); use --k {minimum} or more")
+
+
 def open_session(options: Any, model: str | Path) -> EngineSession:
     """Load ``model`` with every session option on the chosen backend (the one place analyses
     and ``report`` build their session)."""
@@ -278,6 +287,7 @@ def open_context(analysis: RunOptions, session: EngineSession | None = None) -> 
                               f"a domain ({', '.join(dataset.domains)}) or a count; the form is BUCKET:DOMAIN:COUNT, e.g. T_wrong:retail:10")
     items = select_items(dataset, options)
     check_depths(dataset, items, k_max=options.k_max, k=getattr(options, "k", None))
+    check_min_depth(options)
     check_oracle(options)
     if options.format == "prompted" and is_organism(model):
         print("warning: the bundled organism was trained on the native format only; format prompted measures "
