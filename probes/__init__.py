@@ -21,6 +21,14 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# The package's layers, bottom up: a module imports only its own layer and the layers below it; the
+# package root is the layer of its lazy names alone. The organism stands apart: it may import any layer
+# but the CLI, and only the CLI imports it. tests/test_layout.py checks every import against these;
+# docs/architecture.py writes them into docs/architecture.md.
+LAYERS = ("probes.core", "probes.data", "probes.prompts", "probes.engine", "probes.backends", "probes.scoring",
+          "probes.reporting", "probes.facade", "probes.analyses", "probes", "probes.cli")
+ORGANISM_LAYER = "probes.organism"
+
 _EXPORTS = {
     "ProbeSession": "probes.facade",
     "Knockout": "probes.engine.session",
