@@ -51,13 +51,15 @@ MOVES: dict[str, str] = {
     "test_margins.py": "scoring", "test_measures.py": "scoring", "test_checker.py": "scoring", "test_toolcalls.py": "scoring",
     "test_stats.py": "scoring", "test_shortcuts.py": "scoring", "test_knockout_controls.py": "scoring",
     # probes.reporting
-    "test_cards.py": "reporting", "test_card_v2.py": "reporting", "test_card_bfcl.py": "reporting", "test_explore.py": "reporting",
+    "test_cards.py": "reporting", "test_card_v2.py": "reporting", "test_card_bfcl.py": "reporting",
     # probes.analyses
     "test_analyses.py": "analyses", "test_attribution.py": "analyses", "test_curation.py": "analyses", "test_forks.py": "analyses",
     "test_heads.py": "analyses", "test_linear.py": "analyses", "test_linear_calls.py": "analyses",
     "test_ratios_shifts.py": "analyses", "test_registry.py": "analyses", "test_resume.py": "analyses",
     "test_bfcl_analyses.py": "analyses", "test_distributed.py": "analyses", "test_options.py": "analyses",
     "test_option_values.py": "analyses", "test_one_option_system.py": "analyses",
+    "test_explore.py": "analyses",  # the page builder is probes.analyses.explore
+    "test_contracts.py": "analyses",  # register()'s contracts and check_analysis over every registered analysis
     # probes.cli
     "test_cli_build.py": "cli",
     # probes.organism

@@ -188,7 +188,7 @@ def bfcl_import(tmp_path_factory: pytest.TempPathFactory):
     from probes.data import bfcl
 
     out = tmp_path_factory.mktemp("bfcl")
-    report = bfcl.import_bfcl(out=out, categories=bfcl.CATEGORIES, skill_fraction=0.5, seed=0)  # no CARD.md: tests/test_cards.py regenerates it from the committed folder
+    report = bfcl.import_bfcl(out=out, categories=bfcl.CATEGORIES, skill_fraction=0.5, seed=0)  # no CARD.md: tests/reporting/test_cards.py regenerates it from the committed folder
     rows = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
     return out, report, rows
 

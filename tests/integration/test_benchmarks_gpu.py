@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-GPU_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+GPU_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from probes.organism.train.examples import make_builder
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
 
-ORGANISM = Path(__file__).resolve().parents[1] / "probes" / "organism" / "weights"
+ORGANISM = Path(__file__).resolve().parents[2] / "probes" / "organism" / "weights"
 COLLIDING_ITEM = "retail-ok-0001"  # get_order_details vs get_stock_info: both start with "get" under Qwen3
 TOL = 1e-5
 # The path margin sums the log-probabilities of every token of both names, so the rounding of each term

@@ -25,7 +25,7 @@ from probes.prompts.spans import SpanReport, check_spans
 from probes.data.retrieval import Retriever, make_embedder
 from probes.data.schema import SkillValidationError, validate_skill
 
-COMMITTED = Path(__file__).resolve().parent.parent / "datasets" / "bfcl"
+COMMITTED = Path(__file__).resolve().parents[2] / "datasets" / "bfcl"
 COMMITTED_CATEGORIES = bfcl.CATEGORIES  # all four multi-turn categories
 
 pytest.importorskip("bfcl_eval", reason="needs the BFCL data: pip install --no-deps bfcl-eval")
@@ -64,7 +64,7 @@ def test_locate_names_the_package_when_missing(tmp_path, data_dir):
 
 def test_committed_dataset_is_the_importer_output(imported):
     """Every file of the default import but CARD.md, byte for byte (the session's import skips the card,
-    minutes on two cores: tests/test_cards.py regenerates the committed CARD.md from these files exactly)."""
+    minutes on two cores: tests/reporting/test_cards.py regenerates the committed CARD.md from these files exactly)."""
     out, _, _ = imported
     for name in ["items.jsonl", "audit.jsonl", "skill_sources.json", *(f"domains/{p.name}" for p in (out / "domains").glob("*.json"))]:
         assert (out / name).read_bytes() == (COMMITTED / name).read_bytes(), f"datasets/bfcl/{name} is stale: regenerate it"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 # Not after a word character, "-", "/" or ".": "basm-probes", "src/probes.x" and "x.probes" are not names.

@@ -1,6 +1,6 @@
 """The committed datasets/bfcl/CARD.md. Its exact regeneration is ``slow``: 2,436 items need 10,317
 MiniLM embeddings and every shortcut rule per category (about 3 minutes on one core). README's test
-command regenerates the v1 and v2 cards whole (tests/test_cards.py, tests/test_card_v2.py), and here
+command regenerates the v1 and v2 cards whole (tests/reporting/test_cards.py, tests/reporting/test_card_v2.py), and here
 the BFCL card's model-free sections exactly and its per-category strata on a subset."""
 
 import pytest

@@ -141,7 +141,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     assert rows.attrs["meta"]["config"]["knockout_rows"] == "path"
 
     # The analysis's rows are the library scorer's rows for the same record and conditions (the scorer
-    # itself is checked against an eager 4D-mask forward in tests/test_measures.py).
+    # itself is checked against an eager 4D-mask forward in tests/scoring/test_measures.py).
     from probes.scoring.score import score_record
     from probes.data.dataset import load_dataset
     from probes.engine.session import Knockout, EngineSession

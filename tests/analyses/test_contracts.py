@@ -139,7 +139,7 @@ def test_an_order_taken_by_another_analysis_is_refused_at_registration(clean_reg
 
 
 PLANTED = '''
-"""Planted (tests/test_contracts.py)."""
+"""Planted (tests/analyses/test_contracts.py)."""
 
 from probes.analyses import register
 from probes.analyses.base import Analysis
@@ -167,7 +167,7 @@ def test_the_catalogue_refuses_a_missing_or_shared_order(order, message, tmp_pat
 
 # ---------------------------------------------------------------------------- entry points
 EXTERNAL = '''
-"""An analysis of another distribution (tests/test_contracts.py)."""
+"""An analysis of another distribution (tests/analyses/test_contracts.py)."""
 
 from dataclasses import dataclass
 
@@ -286,7 +286,7 @@ def test_every_registered_analysis_passes_check_analysis(name, tmp_path) -> None
 
 
 INCOMPLETE = '''
-"""Planted (tests/test_contracts.py)."""
+"""Planted (tests/analyses/test_contracts.py)."""
 
 from probes.analyses import register
 from probes.analyses.base import Analysis
@@ -308,7 +308,7 @@ class Incomplete(Analysis):
 
 # A planted analysis whose collect appends a row under a new key on every run: a resume that is none.
 RESUMES_NOTHING = '''
-"""Planted (tests/test_contracts.py)."""
+"""Planted (tests/analyses/test_contracts.py)."""
 
 import itertools
 from pathlib import Path

@@ -91,7 +91,7 @@ def test_memory_random_spans_stay_in_the_memory_block_outside_b(setup):
     """Property test over many real records: the earlier pools' random control (``memory``: outside
     B and P; ``memory+procedure``: outside B) is inside the memory block, of |B| positions where the
     block has room; the anywhere control stays before the call and off B and token 0. (The default
-    neutral pool is checked in tests/test_knockout_controls.py.)"""
+    neutral pool is checked in tests/scoring/test_knockout_controls.py.)"""
     _, dataset, builder, _ = setup
     items = dataset.select(split="eval", buckets=["T_wrong", "T_ok", "T_repair"])[::7]
     checked = short = short_with_p = 0

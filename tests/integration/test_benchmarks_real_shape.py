@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 PER_PROMPT_ROWS = ("sweep", "baseline, every margin", "ratios / heads map", "knockout (12)", "knockout (12), prefix warm",
                    "knockout (default)", "heads causal", "linear", "sweep item, reuse", "sweep item, no reuse")
 

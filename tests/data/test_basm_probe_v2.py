@@ -17,7 +17,7 @@ import pytest
 from probes.data.dataset import ABSTAIN
 from probes.scoring.shortcuts import hidden_place_rows, shortcut_table
 
-V2_DIR = Path(__file__).resolve().parent.parent / "datasets" / "basm_probe_v2"
+V2_DIR = Path(__file__).resolve().parents[2] / "datasets" / "basm_probe_v2"
 
 
 @pytest.fixture(scope="module")

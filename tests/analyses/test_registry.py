@@ -25,10 +25,10 @@ from probes.analyses.run_context import check_session
 from probes.cli.main import main
 from probes.reporting import plots
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 PLANTED = '''
-"""A planted analysis: one module, nothing else edited (tests/test_registry.py)."""
+"""A planted analysis: one module, nothing else edited (tests/analyses/test_registry.py)."""
 
 from pathlib import Path
 

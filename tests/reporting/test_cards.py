@@ -12,7 +12,7 @@ from probes.data.dataset import load_dataset
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
 
-DATASETS = Path(__file__).resolve().parent.parent / "datasets"
+DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 import torch
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 EXPECTED = {"01_retrieval_depth_sweep.ipynb", "02_knockout.ipynb", "03_head_heatmaps.ipynb"}
 
 torch.set_num_threads(1)
