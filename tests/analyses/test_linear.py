@@ -213,3 +213,16 @@ def test_fold_groups_option_reaches_the_header_settings():
 
     with pytest.raises(OptionError, match="--fold-groups scenario: scenario-disjoint folds need the item field 'scenario'"):
         shortcuts(dataset="basm_probe", fold_groups="scenario", tokenizer="none")
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_linear_residuals_are_keyed_by_the_weights() -> None:
+    from probes.analyses.linear import feature_key
+    from probes.prompts.record import PromptRecord
+
+    record = PromptRecord(record_id="i|base|k0|native", item_id="i", bucket="T_ok", split="eval", domain="d", task_group="g", config="base",
+                          k=0, format="native", tokenizer="t", text="abc", input_ids=[1, 2, 3], n_tokens=3, decision_index=2, open_index=None,
+                          query_rows=[2], spans={}, spans_kind={"boundary": "boundary"}, skills=[], candidates=[], collision=False,
+                          correct_action="x", wrong_tools=[], tempting_skill="s", tempting_rank=None, tempting_shown_rank=None,
+                          retrieval={"mode": "ranked"})
+    assert feature_key(record, "weightsA|float32") != feature_key(record, "weightsB|float32")

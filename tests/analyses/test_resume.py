@@ -1,20 +1,25 @@
 """An interrupted ``sweep`` resumes: no recomputation of finished prompts, no duplicate rows, and
-the final table equals that of an uninterrupted run."""
+the final table equals that of an uninterrupted run; changed weights, edited items or a bogus row
+stop a resume."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import probes.analyses.jobs
 from probes.analyses.sweep import Sweep
 from probes.cli.main import main
 from probes.reporting.results import ResultsConfigMismatch, load_results
 from interrupt import killed_after_appends
+from runs import edit_in_place_keep_mtime, fails, rows_file, sweep
+
 
 torch.set_num_threads(1)
 
@@ -96,3 +101,50 @@ def test_resume_with_other_options_refuses(tiny_qwen3_dir: Path, tmp_path: Path,
     result = _sweep(tiny_qwen3_dir, tmp_path, margin_variant="path", overwrite=True, **options).run()
     assert result.status == 0
     assert load_results(result.out_dir / "sweep.jsonl").attrs["meta"]["config"]["margin_variant"] == "path"
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_changed_weights_stop_a_resume(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    weights = load_file(model / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1.0
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    assert re.search(r"fingerprint\.weights.*--overwrite", fails(sweep(model, out), capsys))
+    before = rows_file(out).read_bytes()
+    assert main(sweep(model, out, "--overwrite")) == 0
+    assert rows_file(out).read_bytes() != before
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_edited_items_stop_a_resume(model: Path, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out, dataset=dataset)) == 0
+    (item_id,) = set(load_results(rows_file(out))["item_id"])
+    items = dataset / "items.jsonl"
+    lines = [json.loads(line) for line in items.read_text().splitlines()]
+    for raw in lines:
+        if raw["id"] == item_id:
+            raw["user"] += " Please hurry."
+    items.write_text("".join(json.dumps(raw) + "\n" for raw in lines))
+    assert "fingerprint.dataset" in fails(sweep(model, out, dataset=dataset), capsys)
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_resume_of_a_sweep_with_a_bogus_row_is_refused(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    with rows_file(out).open("a") as handle:
+        handle.write('{"key": "bogus|key"}\n')
+    assert "sweep.jsonl:6: not a results row" in fails(sweep(model, out), capsys)
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_a_tensor_changed_in_place_with_its_mtime_restored_stops_a_resume(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert main(sweep(model, out)) == 0
+    before = rows_file(out).read_bytes()
+    edit_in_place_keep_mtime(model / "model.safetensors")
+    assert re.search(r"fingerprint\.weights.*--overwrite", fails(sweep(model, out), capsys))
+    assert rows_file(out).read_bytes() == before

@@ -1,4 +1,5 @@
-"""Backend parity: native engine, nnsight and TransformerLens give the same measurements.
+"""Backend parity: native engine, nnsight and TransformerLens give the same measurements (remote=True:
+test_ndif.py; the analyses' ``backend=`` option: analyses/test_backend_option.py).
 
 Matrix (fp32): a tiny random Qwen3 with the real Qwen3 tokenizer and chat template (a native record
 whose correct and wrong names share their first token, so α is read in a continuation row), a tiny
@@ -25,26 +26,27 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from probes.reporting.results import load_results
-from probes.scoring.margins import candidates_from_record
-from probes.scoring.score import EPSILON, score_record, scored_tokens
 from probes.backends import BACKENDS, get_backend
 from probes.data.dataset import load_dataset
+from probes.data.retrieval import Retriever, make_embedder
 from probes.engine.hooks import HOOK_PATTERN, HOOK_Z, Recorder
 from probes.engine.session import Knockout, span_positions
-from probes.prompts.record import PromptRecord
 from probes.organism.train.examples import make_builder
 from probes.prompts.builder import BuildSettings, PromptBuilder
-from probes.data.retrieval import Retriever, make_embedder
+from probes.prompts.record import PromptRecord
+from probes.scoring.margins import candidates_from_record
+from probes.scoring.score import EPSILON, score_record, scored_tokens
+from reference import TOL
+
 
 ORGANISM = Path(__file__).resolve().parents[2] / "probes" / "organism" / "weights"
 COLLIDING_ITEM = "retail-ok-0001"  # get_order_details vs get_stock_info: both start with "get" under Qwen3
-TOL = 1e-5
+
+
 # The path margin sums the log-probabilities of every token of both names, so the rounding of each term
 # adds up: 2 × TOL. Measured 1.01e-5 on the organism's memory-heads knockout since the native engine scores
 # continuations through a token trie (tree-masked rows, another summation order than nnsight's forward).
@@ -305,101 +307,3 @@ def test_backends_refuse_what_the_engine_refuses(models, backends):
         backend.run([5, 6, 7], [1], candidates={"x": (0, [4])})
     with pytest.raises(ValueError, match="unknown backend"):
         get_backend("vllm", models["organism"][0])
-
-
-# --------------------------------------------------------------------------------------------
-# remote=True: a local stand-in of NDIF's HTTP interface; no network is touched.
-# --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def ndif(monkeypatch: pytest.MonkeyPatch):
-    """Replace nnsight's one HTTP getter; ``answers`` maps a path to a dict or an exception."""
-    import httpx
-    from nnsight import CONFIG, ndif as ndif_mod
-
-    answers: dict[str, object] = {}
-    calls: list[str] = []
-
-    def fake_get(path: str, timeout=None, headers=None) -> dict:
-        calls.append(path)
-        answer = answers.get(path, httpx.ConnectError("[Errno -3] Temporary failure in name resolution"))
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    monkeypatch.setattr(ndif_mod, "_get", fake_get)
-    monkeypatch.setattr(CONFIG.API, "APIKEY", "test-key")
-    return answers, calls, CONFIG
-
-
-def _remote(repo: str = "Qwen/Qwen3-8B"):
-    return get_backend("nnsight", repo, remote=True)
-
-
-def test_remote_fails_at_once_offline_unauthorised_or_not_hosted(ndif, monkeypatch):
-    from probes.backends.nnsight import NDIFUnavailableError
-
-    answers, calls, config = ndif
-    t0 = time.perf_counter()
-    with pytest.raises(NDIFUnavailableError, match="cannot reach NDIF"):
-        _remote()
-    assert time.perf_counter() - t0 < 1.0 and calls == ["/whoami"]
-
-    answers["/whoami"] = {"email": None, "tags": []}
-    answers["/status"] = {"deployments": {}}
-    with pytest.raises(NDIFUnavailableError, match="does not recognise the configured API key"):
-        _remote()
-
-    answers["/whoami"] = {"email": "a@b.c", "tags": []}
-    answers["/status"] = {"deployments": {"x": {"repo_id": "meta-llama/Llama-3.1-8B", "application_state": "RUNNING"},
-                                          "y": {"repo_id": "Qwen/Qwen3-8B", "application_state": "DEPLOYING"}}}
-    with pytest.raises(NDIFUnavailableError, match=r"not running 'Qwen/Qwen3-8B' now \(running: meta-llama/Llama-3.1-8B\)"):
-        _remote()
-
-    monkeypatch.setattr(config.API, "APIKEY", None)
-    with pytest.raises(NDIFUnavailableError, match="needs an NDIF API key"):
-        _remote()
-
-
-def test_remote_preflight_passes_when_the_model_runs(ndif):
-    from probes.backends.nnsight import ndif_preflight
-
-    answers, calls, _ = ndif
-    answers["/whoami"] = {"email": "a@b.c", "tags": []}
-    answers["/status"] = {"deployments": {"y": {"repo_id": "Qwen/Qwen3-8B", "application_state": "RUNNING"}}}
-    ndif_preflight("Qwen/Qwen3-8B")
-    assert calls == ["/whoami", "/status"]
-
-
-# ---------------------------------------------------------------------------- the analyses on each backend
-@pytest.mark.parametrize("backend", ["nnsight", "transformerlens"])
-def test_sweep_knockout_heads_run_on_each_backend_with_the_native_rows(backend, tmp_path):
-    """``backend=`` runs sweep, knockout and heads end to end on the bundled organism, and every
-    numeric column of their rows equals the native engine's within the fp32 tolerance."""
-    from probes.analyses.heads import Heads
-    from probes.analyses.knockout import KnockoutAnalysis
-    from probes.analyses.sweep import Sweep
-
-    pytest.importorskip({"nnsight": "nnsight", "transformerlens": "transformer_lens"}[backend])
-    pair = ["retail-wrong-0001", "retail-ok-0001"]
-    runs = {
-        "sweep": lambda **o: Sweep(item_ids=pair[:1], k_max=1, configs=["proc", "basm"], **o),
-        "knockout": lambda **o: KnockoutAnalysis(item_ids=pair, k=1, random_draws=1, **o),
-        "heads": lambda **o: Heads(item_ids=[*pair, "retail-wrong-0004", "retail-ok-0004"], k=1, top_n=2, random_draws=1, **o),
-    }
-    for name, make in runs.items():
-        common = dict(embedder="lexical", split="all", figure=False)
-        native = make(out=tmp_path / "native", **common).run(verbose=False)
-        other = make(out=tmp_path / backend, backend=backend, **common).run(verbose=False)
-        assert other.status == 0 and other.options.backend == backend, name
-        files = sorted(p.name for p in native.out_dir.glob("*.jsonl"))
-        assert files == sorted(p.name for p in other.out_dir.glob("*.jsonl")), name
-        for file in files:
-            a, b = (load_results(run.out_dir / file).sort_values("key").reset_index(drop=True) for run in (native, other))
-            assert list(a["key"]) == list(b["key"]), (name, file)
-            numeric = [c for c in a.columns if pd.api.types.is_float_dtype(a[c]) and c in b]
-            assert numeric, (name, file)
-            gap = np.nanmax(np.abs(a[numeric].to_numpy(float) - b[numeric].to_numpy(float)))
-            assert np.array_equal(a[numeric].isna().to_numpy(), b[numeric].isna().to_numpy()) and gap <= TOL, (name, file, gap)
-            print(f"{backend} {file}: max |Δ| {gap:.1e} over {len(numeric)} columns")

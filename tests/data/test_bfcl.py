@@ -1,4 +1,5 @@
-"""BFCL multi-turn importer: counts against the source files, miss_func rules, execution, rendering.
+"""BFCL multi-turn importer: counts against the source files, miss_func rules, execution, rendering, and
+an import never destroying an existing dataset.
 
 Independent computations: counts come from the raw BFCL JSON read here (call names by regex, not
 the importer's parser); observations are compared with BFCL's own executor
@@ -16,17 +17,21 @@ from pathlib import Path
 
 import pytest
 
+from probes.cli.main import main
 from probes.data import bfcl
 from probes.data.bfcl_exec import BFCLEnvironment, load_api_classes, parse_call
-from probes.prompts.context import partition_by_context
 from probes.data.dataset import ABSTAIN, DatasetError, load_dataset
-from probes.prompts.builder import PromptBuilder
-from probes.prompts.spans import SpanReport, check_spans
 from probes.data.retrieval import Retriever, make_embedder
 from probes.data.schema import SkillValidationError, validate_skill
+from probes.prompts.builder import PromptBuilder
+from probes.prompts.context import partition_by_context
+from probes.prompts.spans import SpanReport, check_spans
+from runs import fails
+
 
 COMMITTED = Path(__file__).resolve().parents[2] / "datasets" / "bfcl"
 COMMITTED_CATEGORIES = bfcl.CATEGORIES  # all four multi-turn categories
+
 
 pytest.importorskip("bfcl_eval", reason="needs the BFCL data: pip install --no-deps bfcl-eval")
 
@@ -655,3 +660,38 @@ def test_audit_field_round_trips_and_the_audit_command_lists_every_change(capsys
     assert main(["audit", "--dataset", str(COMMITTED)]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("bfcl-")]
     assert sorted(listed) == sorted([row["id"] for row in rows if row.get("audit")] + [json.loads(line)["id"] for line in dropped])
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_bfcl_import_never_destroys_an_existing_dataset(dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("bfcl_eval", reason="needs the BFCL data: pip install --no-deps bfcl-eval")
+    from probes.data.bfcl import folder
+
+    before = {p.relative_to(dataset): p.read_bytes() for p in dataset.rglob("*") if p.is_file()}
+    argv = ["bfcl-import", "--out", str(dataset), "--max-probe-entries", "2"]
+    assert "is not a previous BFCL import" in fails(argv, capsys, code=2)
+    assert {p.relative_to(dataset): p.read_bytes() for p in dataset.rglob("*") if p.is_file()} == before
+
+    out = tmp_path / "bfcl"
+    assert main(["bfcl-import", "--out", str(out), "--max-probe-entries", "2", "--no-card"]) == 0
+    (out / "CARD.md").write_text("a stale card\n")
+    (out / "NOTES.md").write_text("notes written later\n")
+    imported = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed mid-import")
+
+    monkeypatch.setattr(folder, "render_readme", killed)  # inside the write, its last file: nothing of the new import may land
+    with pytest.raises(RuntimeError, match="killed mid-import"):
+        main(["bfcl-import", "--out", str(out), "--max-probe-entries", "3", "--no-card"])
+    monkeypatch.undo()
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == imported
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bfcl.")]  # no staging folder left
+
+    assert main(["bfcl-import", "--out", str(out), "--max-probe-entries", "3", "--no-card"]) == 0  # over a previous import: allowed
+    assert (out / "NOTES.md").read_text() == "notes written later\n"  # and what the import does not write is kept
+    assert not (out / "CARD.md").exists()  # a card of the previous items is not left stale
+
+    assert main([*argv, "--overwrite", "--no-card"]) == 0
+    assert not (dataset / "generate.py").exists() and (dataset / "skill_sources.json").is_file()

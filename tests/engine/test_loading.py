@@ -1,18 +1,19 @@
-"""Local-only loading: precise errors, pickle policy, dtype, context length, and a GGUF of a real
+"""Local-only loading: precise errors (also for model files that are not what they say), pickle policy, dtype, context length, and a GGUF of a real
 pretrained model (SmolLM2) converted and scored."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from probes.engine.session import EngineSession
 from probes.engine.loading import ModelLoadError, PromptTooLongError, check_context_length, load_model, resolve_model_dir
+from probes.engine.session import EngineSession
 
 
 def test_loads_local_dir(qwen3_dir):
@@ -123,3 +124,22 @@ def test_smollm2_gguf_converts_once_and_scores_a_sweep(smollm2_gguf, smollm2_dir
     assert set(rows["k"]) == {0, 1} and set(rows["config"]) == {"proc", "basm"} and rows["key"].is_unique
     assert (rows["margin"].isna() == rows["correct_is_abstain"].astype(bool)).all()
     assert rows["margin"].notna().any() and np.isfinite(rows["margin"].dropna()).all()
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_model_files_that_are_not_what_they_say_raise_model_load_errors(tmp_path: Path, tiny_qwen3_dir: Path) -> None:
+    from probes.engine.loading import ModelLoadError, load_model
+
+    fake = tmp_path / "fake.gguf"
+    for data, match in ((b"GGUF" + (3).to_bytes(4, "little"), "struct.error"),
+                        (b"GGUF" + (3).to_bytes(4, "little") + (5).to_bytes(8, "little") * 2 + b"\xff" * 50, "damaged or not a GGUF"),
+                        (b"\x00" * 64, "GGUF magic")):
+        fake.write_bytes(data)
+        with pytest.raises(ModelLoadError, match=match) as raised:
+            load_model(fake)
+        assert str(fake) in str(raised.value)
+    pickled = Path(shutil.copytree(tiny_qwen3_dir, tmp_path / "pickled"))
+    (pickled / "model.safetensors").unlink()
+    (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04\x95 not a pickle of tensors")
+    with pytest.raises(ModelLoadError, match=r"pickle weights in .*pickled \(pytorch_model\.bin\): UnpicklingError"):
+        load_model(pickled, allow_pickle=True)

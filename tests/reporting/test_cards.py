@@ -1,16 +1,21 @@
 """Dataset cards: the committed CARD.md files are what the code measures now, and the card's
-collision method agrees with the prompt builder's native records."""
+collision method agrees with the prompt builder's native records, and a full disk never truncates a card."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from probes.reporting.cards import CARD_NAME, GATE_DEPTH, collision_table, dataset_card, gate_table, rank1_skills, warm_retriever
 from probes.data.dataset import load_dataset
-from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.data.retrieval import Retriever, make_embedder
+from probes.prompts.builder import BuildSettings, PromptBuilder
+from probes.reporting.cards import CARD_NAME, GATE_DEPTH, collision_table, dataset_card, gate_table, rank1_skills, warm_retriever
+from runs import ROOT
+
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
@@ -70,3 +75,27 @@ def test_gate_share_is_what_the_builder_shows(qwen3, relevance):
             assert all(rank1[record.item_id] == next(s.skill_id for s in record.skills if s.rank == 1) for record in records)
     if relevance == "lexical":
         assert 0 < table["open_share"].min() < 1
+
+
+def _limit_writes_and_fake_card(size: int, dataset: Path) -> list[str]:
+    code = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size}, {size})); "
+            "import probes.reporting.cards as cards; cards.dataset_card = lambda *a, **k: '# card\\n' + 'measured line\\n' * 2000; "
+            f"from probes.cli.main import main; sys.exit(main(['card', {str(dataset)!r}, '--tokenizer', 'none']))")
+    return [sys.executable, "-c", code]
+
+
+@pytest.mark.usefixtures("private_cache")
+@pytest.mark.subprocess
+def test_a_full_disk_never_truncates_a_card(dataset: Path) -> None:
+    card = dataset / "CARD.md"
+    before = card.read_bytes()
+    assert len(before) > 4096
+    stale = dataset / f".CARD.{2 ** 22 + 12345}.tmp.md"  # left by a killed writer (a pid above pid_max: dead)
+    stale.write_bytes(b"")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(_limit_writes_and_fake_card(4096, dataset), env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert f"error: File too large: {card}" in run.stderr
+    assert card.read_bytes() == before
+    assert sorted(p.name for p in dataset.iterdir() if p.name.startswith(".")) == []  # neither the stale nor its own temporary

@@ -1,5 +1,5 @@
-"""The boundary checker G (Eq. 11), the repair hint h_t (Eq. 12), BFCL execution of model calls, and
-resume of ``calls --checker`` and ``repair``."""
+"""The boundary checker G (Eq. 11), the repair hint h_t (Eq. 12) and BFCL execution of model calls (the
+``repair`` analysis and resume of ``calls --checker``: analyses/test_repair.py)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,14 @@ from probes.data.dataset import Item
 from probes.data.schema import Skill, Tool, ToolCatalog, ToolUse
 from probes.scoring.checker import ChatJudge, DecisionState, ProposedCall, check_call, matching_skills, repair_hint
 
+
 torch.set_num_threads(1)
+
 
 CAT = Tool("cat", "Print a file.", {"type": "object", "properties": {"file_name": {"type": "string"}}, "required": ["file_name"],
                                      "additionalProperties": False})
+
+
 CD = Tool("cd", "Change directory.", {"type": "object", "properties": {"folder": {"type": "string"}}, "required": ["folder"]})
 CATALOG = ToolCatalog((CAT, CD))
 
@@ -411,38 +415,6 @@ def test_hostile_replies_are_refused(reply: str, bfcl_dataset, environments) -> 
     assert fs._current_dir.name == fs_before._current_dir.name  # nothing changed the state
 
 
-# ------------------------------------------------------------------------------------- resume
-def _options(model: Path, out: Path) -> dict:
-    return {"model": model, "limit": 1, "dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical", "out": out}
-
-
-def test_checker_and_repair_resume(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import probes.analyses.calls as calls
-    import probes.analyses.repair as repair
-
-    first = calls.Calls(**_options(tiny_qwen3_dir, tmp_path), buckets=["T_wrong"], k_max=1, configs=("basm",), checker=True,
-                        figure=False).run(verbose=False)
-    checked = first.summary.checker.rows
-    assert len(checked) == 2 and set(checked["lenient_verdict"].dropna()) <= {"pass", "block", "undecided"}
-    hinted = repair.Repair(**_options(tiny_qwen3_dir, tmp_path), k=1, figure=False).run(verbose=False)
-    rows = hinted.summary.rows
-    assert sorted(rows["condition"]) == sorted(repair.CONDITIONS)
-    hint, control = rows.set_index("condition").loc["hint"], rows.set_index("condition").loc["control"]
-    if hint["measured"]:
-        assert hint["n_prompt_tokens"] == control["n_prompt_tokens"]  # the control note is of equal length
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a finished row was recomputed")
-
-    monkeypatch.setattr(calls, "checker_rows", refuse)
-    monkeypatch.setattr(repair, "condition_row", refuse)
-    again = calls.Calls(**_options(tiny_qwen3_dir, tmp_path), buckets=["T_wrong"], k_max=1, configs=("basm",), checker=True,
-                        figure=False).run(verbose=False)
-    pd.testing.assert_frame_equal(again.summary.checker.rows, checked)
-    again_repair = repair.Repair(**_options(tiny_qwen3_dir, tmp_path), k=1, figure=False).run(verbose=False)
-    pd.testing.assert_frame_equal(again_repair.summary.rows, rows)
-
-
 def test_candidate_path_logprobs_agree_with_the_path_margin(tiny_qwen3_dir: Path, v1_dataset) -> None:
     from probes.analyses.calls import ranked_actions
     from probes.scoring.score import score_record
@@ -456,27 +428,3 @@ def test_candidate_path_logprobs_agree_with_the_path_margin(tiny_qwen3_dir: Path
     wrong = max(ranked[t] for t in record.wrong_tools if t in ranked)
     controls = max(ranked[a] for a in (record.correct_action, "<abstain>") if a in ranked)
     assert math.isclose(wrong - controls, path, abs_tol=1e-5)
-
-
-def test_repair_contrasts_and_claims_pair_conditions_by_item() -> None:
-    """h_t minus each other condition per item, then the mean of task-group means, against a hand computation;
-    an unmeasured row never enters a difference."""
-    from probes.analyses.repair import Repair, RepairSummary, repair_contrasts
-
-    margins = {  # item -> (task group, {condition: margin})
-        "a": ("g1", {"no_hint": 1.0, "retrieval": 0.5, "hint": -1.0, "control": 0.0}),
-        "b": ("g1", {"no_hint": 2.0, "retrieval": 1.0, "hint": 0.0, "control": 2.0}),
-        "c": ("g2", {"no_hint": 0.0, "retrieval": 0.0, "hint": -3.0, "control": -1.0}),
-    }
-    rows = pd.DataFrame([{"item_id": item, "task_group": group, "condition": cond, "margin": m, "repair_success": float(m < 0),
-                          "measured": True} for item, (group, conds) in margins.items() for cond, m in conds.items()]
-                        + [{"item_id": "d", "task_group": "g2", "condition": "hint", "margin": -9.0, "repair_success": 1.0, "measured": False}])
-    table = repair_contrasts(rows, seed=0).set_index(["contrast", "measure"])
-    # hint − control: g1 mean of (−1, −2) = −1.5, g2: −2; mean of group means −1.75
-    assert table.loc[("hint − control", "margin"), "value"] == pytest.approx(-1.75)
-    assert table.loc[("hint − no_hint", "margin"), "value"] == pytest.approx(((-2 - 2) / 2 - 3) / 2)
-    assert table.loc[("hint − retrieval", "repair_success"), "value"] == pytest.approx(((1 + 0) / 2 + 1) / 2)
-    assert (table["n_items"] == 3).all() and (table["n"] == 2).all()
-    claims = Repair().claims(RepairSummary(rows, pd.DataFrame(), "", repair_contrasts(rows), 0))
-    margin = next(c for c in claims if c.name == "hint_margin_vs_control")
-    assert margin.estimate == pytest.approx(-1.75) and margin.alternative == "less"

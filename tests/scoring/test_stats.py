@@ -1,4 +1,5 @@
-"""The one cluster bootstrap (probes.scoring.stats.bootstrap_mean): resampling unit and no zero-width CIs."""
+"""The one cluster bootstrap (probes.scoring.stats.bootstrap_mean): resampling unit and no zero-width CIs;
+no CI from one task group."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.scoring.stats import bootstrap_mean
+from probes.reporting import plots
+from probes.scoring.stats import bootstrap_mean, bootstrap_ratio, no_ci_note, summarise
 
 
 def test_one_group_has_no_ci_not_a_zero_width_one():
@@ -47,3 +49,21 @@ def test_paired_differences_pair_records_and_never_cross_items_with_other_groups
     claim = effect_claim("f", "c", "s", out["delta"].dropna(), out.dropna()["task_group"], alternative="less")
     assert claim.n == 3 and claim.estimate == pytest.approx(np.mean([np.mean([want["i00"], want["i01"]]),
                                                                      np.mean([want["i10"], want["i11"]]), want["i20"]]), abs=1e-12)
+
+
+def _rows(groups: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({"cell": "a", "task_group": groups, "margin": np.arange(len(groups), dtype=float)})
+
+
+def test_summarise_gives_no_ci_for_one_group() -> None:
+    one = summarise(_rows(["g1", "g1", "g1"]), ["cell"]).iloc[0]
+    assert one["n"] == 1 and one["value"] == 1.0
+    assert math.isnan(one["low"]) and math.isnan(one["high"]) and one["note"] == "no CI (1 group)"
+    two = summarise(_rows(["g1", "g1", "g2", "g2"]), ["cell"]).iloc[0]
+    assert two["n"] == 2 and two["low"] < two["high"] and two["note"] == ""
+    assert no_ci_note(1) == plots.no_ci_label(1) == "no CI (1 group)"
+
+
+def test_bootstrap_ratio_gives_no_ci_for_one_group() -> None:
+    value, low, high, n = bootstrap_ratio([1.0, 2.0], [1.0, 1.0], ["g", "g"])
+    assert n == 1 and value == 1.5 and math.isnan(low) and math.isnan(high)
