@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-
+import shutil
 from pathlib import Path
 
 # Idle OpenMP threads sleep instead of spinning. Set before torch loads its OpenMP runtime: a test that
@@ -27,6 +27,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
+
+from probes.data.dataset import V1_DATASET_DIR  # noqa: E402
 
 # Property tests draw the same examples on every run, so the suite's verdict never depends on the
 # draw; HYPOTHESIS_PROFILE=explore draws fresh ones (a counterexample found there becomes a unit test).
@@ -188,7 +190,7 @@ def bfcl_import(tmp_path_factory: pytest.TempPathFactory):
     from probes.data import bfcl
 
     out = tmp_path_factory.mktemp("bfcl")
-    report = bfcl.import_bfcl(out=out, categories=bfcl.CATEGORIES, skill_fraction=0.5, seed=0)  # no CARD.md: tests/test_cards.py regenerates it from the committed folder
+    report = bfcl.import_bfcl(out=out, categories=bfcl.CATEGORIES, skill_fraction=0.5, seed=0)  # no CARD.md: tests/reporting/test_cards.py regenerates it from the committed folder
     rows = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
     return out, report, rows
 
@@ -223,3 +225,23 @@ def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_tokenizer) ->
     Qwen3ForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache folder of the test's own (``BASM_PROBES_CACHE``): the weight-hash memo starts empty. Not autouse:
+    the shared cache also holds the SmolLM2 GGUF conversion, which would otherwise be redone per test."""
+    monkeypatch.setenv("BASM_PROBES_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def model(tiny_qwen3_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny model, free to be edited (its folder is named ``model``: runs.rows_file)."""
+    return Path(shutil.copytree(tiny_qwen3_dir, tmp_path / "model"))
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    """A private copy of the bundled v1 dataset, free to be edited."""
+    return Path(shutil.copytree(V1_DATASET_DIR, tmp_path / "dataset"))

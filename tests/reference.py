@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 
+
 def knockout_masks(n: int, active: torch.Tensor, key_positions: Sequence[int], query_rows: Sequence[int]) -> list[torch.Tensor]:
     """One mask [1, head, n, n] per layer: causal, plus -inf at (query row, blocked key) where ``active[layer, head]``."""
     causal = torch.full((n, n), float("-inf")).triu(1)
@@ -41,3 +42,8 @@ def masked_eager_forward(model: torch.nn.Module, ids: Sequence[int], masks: Sequ
     finally:
         for h in handles:
             h.remove()
+
+
+# Backend parity (backends/test_backends.py) and the analyses on each backend (analyses/test_backend_option.py):
+# the backends compute each forward by different code, so only fp32 rounding differs.
+TOL = 1e-5

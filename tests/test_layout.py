@@ -1,7 +1,7 @@
 """The package layout holds: no import cycles, no layer imports a layer above it, nothing imports the
 CLI, importing the package (or a subpackage) loads no torch, the plots module leaves the matplotlib
-backend alone, the attention function is registered only when a session opens, and the notebook API
-computes exactly what the command line does."""
+backend alone, the attention function is registered only when a session opens, the notebook API
+computes exactly what the command line does; and tests/ is laid out like the package."""
 
 from __future__ import annotations
 
@@ -207,9 +207,8 @@ def test_no_import_cycles_through_lazy_imports() -> None:
 # on the engine; session: the notebook facade (probes.facade: the engine's session with the prompt
 # and score helpers); probes: the package root, whose lazy names (``_EXPORTS``) load the layers
 # below it on first use.
-LAYERS = ("probes.core", "probes.data", "probes.prompts", "probes.engine", "probes.backends", "probes.scoring", "probes.reporting",
-          "probes.facade", "probes.analyses", "probes", "probes.cli")
-ORGANISM = "probes.organism"  # apart: it may import any layer but the CLI, and nothing but the CLI imports it
+LAYERS = probes.LAYERS  # defined once in the package root (docs/architecture.py writes them into the docs)
+ORGANISM = probes.ORGANISM_LAYER  # apart: it may import any layer but the CLI, and nothing but the CLI imports it
 CLI = "probes.cli"
 
 
@@ -218,7 +217,7 @@ def layer_of(module: str) -> str:
     for layer in (ORGANISM, *LAYERS):
         if module == layer or (layer != "probes" and module.startswith(layer + ".")):
             return layer
-    raise ValueError(f"{module} belongs to no layer: add its subpackage to LAYERS in tests/test_layout.py (and docs/architecture.md)")
+    raise ValueError(f"{module} belongs to no layer: add its subpackage to probes.LAYERS")
 
 
 def lazy_names(init: Path) -> set[str]:
@@ -315,12 +314,17 @@ def cli_imports(path: Path, module: str) -> list[str]:
     """Where ``path`` imports probes.cli (anywhere: module level or inside functions, by import
     statement or by a module name given to importlib)."""
     tree = ast.parse(path.read_text(), str(path))
+    # a module name in a string imports when it is handed to a call (importlib) or is a value of a lazy
+    # name map (``_EXPORTS``); a name in a tuple of layers or in a docstring does not
+    loaded = {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call) for arg in node.args}
+    loaded |= {id(value) for node in ast.walk(tree) if isinstance(node, ast.Dict) for value in node.values}
     found = []
     for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Import | ast.ImportFrom):
             names = imported_modules(node, module, path.name == "__init__.py")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and CLI_NAME.fullmatch(node.value):
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and CLI_NAME.fullmatch(node.value)
+              and id(node) in loaded):
             names = [node.value]
         if any(n == "probes.cli" or n.startswith(("probes.cli.", "probes.cli:")) for n in names):
             found.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{node.lineno}")
@@ -335,10 +339,12 @@ def test_nothing_outside_the_cli_imports_the_cli(tmp_path) -> None:
     probe = tmp_path / "probe.py"
     for source in ("import probes.cli.main", "from probes.cli import main", "from probes import cli",
                    "def f():\n    from probes.cli.options import add_options",
-                   "import importlib\nimportlib.import_module('probes.cli.options')", "from ..cli import main"):
+                   "import importlib\nimportlib.import_module('probes.cli.flags')", "from ..cli import main",
+                   "_EXPORTS = {'main': 'probes.cli.main'}"):
         probe.write_text(source + "\n")
         assert cli_imports(probe, "probes.analyses.probe"), source
-    probe.write_text('"""See probes.cli.main for the flags."""\nimport probes.client\nfrom probes import analyses\n')
+    probe.write_text('"""See probes.cli.main for the flags."""\nimport probes.client\nfrom probes import analyses\n'
+                     'LAYERS = ("probes.analyses", "probes.cli")\n')
     assert not cli_imports(probe, "probes.analyses.probe")
 
 
@@ -515,3 +521,96 @@ def test_one_min_ci_groups_constant() -> None:
                and any(isinstance(t, ast.Name) and t.id == "MIN_CI_GROUPS" for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))]
     assert len(defined) == 1 and defined[0].startswith("probes.scoring.stats:"), defined
     assert plots.MIN_CI_GROUPS is stats.MIN_CI_GROUPS
+
+
+# ---------------------------------------------------------------------------- the tests' own layout
+# tests/ mirrors the package: a test file lives in the folder of the layer whose module it tests and imports
+# from that layer; two folders are not layers: what the docs state (names resolve, notebooks run) and the
+# installed package and benchmark scripts run as processes. Only this file, about the whole package, sits at
+# the top. No __init__.py: pytest's default import mode imports each test file by its name, so names are unique.
+TESTS_DIR = Path(__file__).resolve().parent
+CROSS_CUTTING = ("docs", "integration")
+TOP_LEVEL_TESTS = ("test_layout.py",)
+
+
+def misplaced_tests(tests_dir: Path, package_dir: Path) -> list[str]:
+    """What breaks the layout of ``tests_dir`` against the layers (subpackages) of ``package_dir``."""
+    layers = sorted(p.name for p in package_dir.iterdir() if (p / "__init__.py").is_file())
+    package = package_dir.name
+    problems = [f"{path.name}: a test file goes in the folder of the layer it tests ({', '.join(layers)})"
+                for path in sorted(tests_dir.glob("test_*.py")) if path.name not in TOP_LEVEL_TESTS]
+    problems += [f"{path.relative_to(tests_dir)}: no __init__.py under tests/ (test files are imported by name)"
+                 for path in sorted(tests_dir.rglob("__init__.py"))]
+    for folder in sorted(p for p in tests_dir.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))):
+        if folder.name not in layers and folder.name not in CROSS_CUTTING:
+            problems.append(f"{folder.name}/: neither a layer of {package}/ ({', '.join(layers)}) nor one of {', '.join(CROSS_CUTTING)}")
+    seen: dict[str, Path] = {}
+    for path in sorted(tests_dir.rglob("test_*.py")):
+        relative = path.relative_to(tests_dir)
+        if path.name in seen:
+            problems.append(f"{seen[path.name]} and {relative}: test file names must be unique (pytest imports them by name)")
+        seen.setdefault(path.name, relative)
+        if len(relative.parts) > 2:
+            problems.append(f"{relative}: one folder per layer, no deeper")
+        elif len(relative.parts) == 2 and relative.parts[0] in layers:
+            layer = f"{package}.{relative.parts[0]}"
+            imported = {name for node in every_import(ast.parse(path.read_text(encoding="utf-8")))
+                        for name in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])}
+            siblings = {name for name in imported if (path.parent / f"{name}.py").is_file()}  # test_card_v2 uses test_cards' check
+            if not siblings and not any(name == layer or name.startswith(layer + ".") for name in imported):
+                problems.append(f"{relative}: imports nothing from {layer}, the layer of its folder")
+    return problems
+
+
+def test_the_tests_are_laid_out_like_the_package() -> None:
+    assert misplaced_tests(TESTS_DIR, PACKAGE_DIR) == []
+
+
+def test_the_test_layout_check_catches_each_planted_misplacement(tmp_path) -> None:
+    package, tests = tmp_path / "pkg", tmp_path / "tests"
+    for layer in ("scoring", "analyses"):
+        (package / layer).mkdir(parents=True)
+        (package / layer / "__init__.py").write_text("")
+    (tests / "scoring").mkdir(parents=True)
+    (tests / "scoring" / "test_stats.py").write_text("from pkg.scoring import stats\n")
+    (tests / "docs").mkdir()
+    (tests / "docs" / "test_names.py").write_text("")
+    (tests / "test_layout.py").write_text("")
+    assert misplaced_tests(tests, package) == []
+    planted = {
+        "test_flat.py": "test_flat.py: a test file goes in the folder of the layer it tests",
+        "misc/test_misc.py": "misc/: neither a layer of pkg/",
+        "analyses/test_stats.py": "analyses/test_stats.py and scoring/test_stats.py: test file names must be unique",
+        "scoring/test_runs.py": "scoring/test_runs.py: imports nothing from pkg.scoring",
+        "scoring/deep/test_deep.py": "scoring/deep/test_deep.py: one folder per layer",
+        "analyses/__init__.py": "analyses/__init__.py: no __init__.py",
+    }
+    for name, message in planted.items():
+        path = tests / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("from pkg.analyses import run\n")
+        found = misplaced_tests(tests, package)
+        assert len(found) == 1 and found[0].startswith(message), (name, found)
+        path.unlink()
+        if not any(path.parent.iterdir()) and path.parent != tests:
+            path.parent.rmdir()
+
+
+# ---------------------------------------------------------------------------- one module name per job
+SHARED_MODULE_NAMES = {"__init__", "base"}  # base: each layer's contract (probes.analyses.base, probes.backends.base)
+
+
+def repeated_module_names(names: list[str]) -> dict[str, list[str]]:
+    """Module names (the last dotted part) used by more than one module, beside the allowed ones."""
+    by_name: dict[str, list[str]] = {}
+    for module in names:
+        by_name.setdefault(module.rpartition(".")[2], []).append(module)
+    return {name: sorted(found) for name, found in by_name.items() if len(found) > 1 and name not in SHARED_MODULE_NAMES}
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A search result says its layer and job: ``forks`` is the analysis, ``fork_estimators`` its estimators."""
+    files = [p for p in PACKAGE_DIR.rglob("*.py") if p.name != "__init__.py"]
+    names = [".".join(p.relative_to(PACKAGE_DIR.parent).with_suffix("").parts) for p in files]
+    assert len(names) > 80 and repeated_module_names(names) == {}
+    assert repeated_module_names([*names, "probes.scoring.forks"]) == {"forks": ["probes.analyses.forks", "probes.scoring.forks"]}

@@ -61,7 +61,7 @@ TO_ANALYSES: tuple[str, ...] = ("checker",)
 
 def forwarded(report: ReportOptions, cls: type[Analysis]) -> dict[str, Any]:
     """The options of ``report`` that the analysis ``cls`` receives: every shared option (so none is
-    accepted and then dropped; tests/test_options.py checks each arrives), ``k_max`` and
+    accepted and then dropped; tests/analyses/test_report.py checks each arrives), ``k_max`` and
     ``buckets`` and ``split`` only when given, and :data:`TO_ANALYSES` where ``cls`` has them."""
     shared = {f.name for f in option_fields(RunOptions)}
     out = {name: getattr(report, name) for name in shared if name not in IF_GIVEN}

@@ -1,5 +1,5 @@
 """``check_analysis(cls)``: does an analysis keep the contract every analysis shares? (As scikit-learn's
-``check_estimator``: a new analysis's test calls it, and ``tests/test_contracts.py`` calls it on every
+``check_estimator``: a new analysis's test calls it, and ``tests/analyses/test_contracts.py`` calls it on every
 registered one.)
 
 It checks, in order, each with an :class:`AnalysisContractError` naming the analysis and what broke:

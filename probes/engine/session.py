@@ -668,7 +668,7 @@ class EngineSession:
     ``model_or_dir``: a local model directory, a name in the local HF cache, a ``.gguf`` file, or
     an already loaded causal LM (its attention implementation is switched to ``basm_probe``).
     ``prefix_cache``: how many prompt prefixes ``run`` keeps for reuse by later prompts (0: none;
-    every output is bit-identical to the no-reuse run, tests/test_prefix_reuse.py).
+    every output is bit-identical to the no-reuse run, tests/engine/test_prefix_reuse.py).
     """
 
     def __init__(

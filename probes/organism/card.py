@@ -59,7 +59,7 @@ def _not_recovered(claims: list[dict[str, Any]]) -> str:
                       f"Holm-adjusted p {_number(c['p_holm'], '.3g')}: {c['verdict']}" + (f" ({c['note']})" if c.get("note") else "")
                       for c in failed)
     return (f"**Not recovered ({len(failed)} of {len(claims)}), as measured; nothing was tuned to make them hold:**\n\n{lines}\n\n"
-            "Use the organism as ground truth only for the claims that hold; `tests/test_organism_validate.py` marks the "
+            "Use the organism as ground truth only for the claims that hold; `tests/organism/test_organism_validate.py` marks the "
             "others as strict expected failures, so a change that makes one hold, or one that holds fail, stops the tests.")
 
 
@@ -278,7 +278,7 @@ group-paired T_ok → T_wrong shift on tool-correct items read at the decision r
 boundary ∪ procedure attention is chosen on the train split (`basm-probes heads --floor-from train`),
 heads are ranked on tool-correct items of half of the eval task groups and tested on the other half
 against random heads that pass the same floor, matched on their attention to B.
-`tests/test_organism_validate.py` checks every claim against this table, and `basm-probes organism card`
+`tests/organism/test_organism_validate.py` checks every claim against this table, and `basm-probes organism card`
 regenerates it (and this card).
 
 {table}
@@ -299,7 +299,7 @@ probe engine.
 * Held-out items share scenarios with training items (different templates and fillers): generalisation
   is template-level, not scenario-level.
 * Retraining with the same seed on the same software reproduces these weights bit-for-bit on CPU with
-  the same thread count (`tests/test_organism_validate.py` checks the first steps' losses); other BLAS
+  the same thread count (`tests/organism/test_organism_validate.py` checks the first steps' losses); other BLAS
   builds, thread counts or a GPU give numerically different weights, and how far their validation
   statistics move has not been measured.
 

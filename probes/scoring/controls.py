@@ -5,7 +5,7 @@ and the procedure span P, control position sets drawn here, and the notebook fac
 ``ProbeSession.score(record, knockouts=["random"])`` draws its ``random`` control with
 :func:`random_control`. Every draw takes a generator seeded by (seed, record, draw name)
 (:func:`probes.scoring.score.record_rng`), so draws do not depend on run order; the functions are
-deterministic given it (tests/test_knockout_controls.py and the organism validation depend on
+deterministic given it (tests/scoring/test_knockout_controls.py and the organism validation depend on
 the exact draws).
 
 - pools (bool masks over the record's tokens): :func:`neutral_pool` (the memory block outside B,

@@ -1,7 +1,7 @@
 """The README of an imported BFCL dataset folder (``datasets/bfcl/README.md``): source, rules, counts
 per category and bucket, skills kept and rejected. Written by :func:`probes.data.bfcl.import_bfcl`
 from its :class:`~probes.data.bfcl.ImportReport` and the importer's fixed rules; the text is compared
-with the committed README by tests/test_bfcl.py."""
+with the committed README by tests/data/test_bfcl.py."""
 
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def _deterministic_skills_text() -> list[str]:
         "Tool-level anchors: one candidate per tool called in the skill-source base trajectories (f_ext,",
         "`probes.data.bfcl.extract_skill`, deterministic). Every slot item is built from the tool's own executed",
         "source trajectories (calls, argument values, observations, errors, requests); no sentence is shared by more",
-        "than two skills once the anchor's name is masked (tests/test_bfcl.py). Goal = the tool's own description",
+        "than two skills once the anchor's name is masked (tests/data/test_bfcl.py). Goal = the tool's own description",
         "sentence. Procedure (τ⁺): each supported predecessor, the argument values seen per parameter, the most",
         "frequent call with the observation it returned, and one example request. A predecessor P of tool T is named",
         "only when P is the call right before T in the same turn *with a dependency* (executed without P, T failed; or",

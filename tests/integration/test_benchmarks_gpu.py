@@ -1,0 +1,71 @@
+"""benchmarks/gpu.py on a tiny Qwen3 shape on the CPU (fp32: CPU bf16 is slow and the parity can
+then be tight; real Qwen3 tokenizer, one dataset record): every section runs and reports, the engine's knockout logits agree with ten eager
+forwards under explicit 4D masks, and the time budget skips steps with a recorded reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+GPU_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_bench():
+    torch.set_num_threads(1)
+    spec = importlib.util.spec_from_file_location("benchmarks_gpu", GPU_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_run_reports_every_section(gpu_bench, tmp_path):
+    out = tmp_path / "gpu.json"
+    assert gpu_bench.main(["--tiny", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["skipped"] == {}, report["skipped"]
+    (record,) = report["records"]["per_record"]
+    assert record["n_tokens"] > 1000  # a real dataset prompt under the real Qwen3 tokenizer
+    for method in ("sdpa", "engine_baseline", "engine_10ko"):
+        assert record[method]["time_s"] > 0 and record[method]["peak_mib"] is None  # no memory on the CPU
+    assert report["eager_attn"]["n_tokens"] == record["n_tokens"] and report["eager_attn"]["time_s"] > 0
+    assert report["mask_4d"]["forwards"] == 10
+    parity = report["parity"]
+    assert len(parity["per_knockout"]) == 10
+    assert report["dtype"] == "float32" and parity["max_abs_logit"] > 0.1
+    assert parity["max_abs_diff"] <= 1e-5
+    assert [r["n_tokens"] for r in report["long"]] == [256, 512]
+    # the analyses' paths: the knockout scorer (12 conditions), a sweep item and the attribution
+    # masks, each with and without prefix reuse: the same margins (bit for bit: fixed prefix blocks)
+    (knockout,) = report["knockout_analysis"]
+    assert knockout["conditions"] == 12 and knockout["forwards"] > 0
+    item = report["sweep_item"]
+    assert item["prompts"] == 4  # tiny: k = 0..1
+    assert item["reuse"]["time_s"] > 0 and item["no_reuse"]["time_s"] > 0 and item["max_abs_margin_diff"] == 0.0
+    # the attribution analysis' own jobs (3 masks × 1 item × both pools) against independent calls
+    attribution = report["attribution"]
+    assert (attribution["jobs"], attribution["items"], attribution["pools"]) == (6, 1, ["topk", "library"])
+    assert attribution["run"]["time_s"] > 0 and attribution["calls"]["time_s"] > 0 and attribution["max_abs_margin_diff"] == 0.0
+
+
+def test_budget_skips_with_reasons(gpu_bench, tmp_path):
+    out = tmp_path / "gpu.json"
+    assert gpu_bench.main(["--tiny", "--budget-s", "0", "--json", str(out)]) == 0
+    skipped = json.loads(out.read_text())["skipped"]
+    assert set(skipped) == {"records[0:]", "eager_attn", "mask_4d", "knockout_analysis[0:]", "sweep_item",
+                            "attribution", "long n=256", "long n=512"}
+    assert all("s left" in why for why in skipped.values())
+
+
+def test_memory_table_counts_qwen3_parameters(gpu_bench):
+    """Parameter counts from the architecture against the closed form of a Qwen3 block."""
+    for row, shape in zip(gpu_bench.memory_table(), gpu_bench.QWEN3_SHAPES.values()):
+        h, i, L, q, kv, d, v = (shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                      "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"))
+        block = h * q * d * 2 + h * kv * d * 2 + 3 * h * i + 2 * h + 2 * d  # q,o + k,v + MLP + 2 norms + q/k norms
+        assert row["parameters"] == L * block + 2 * v * h + h  # untied embeddings and head, final norm
+    assert [round(r["parameters"] / 1e9, 2) for r in gpu_bench.memory_table()] == [8.19, 14.77, 32.76]

@@ -1,0 +1,73 @@
+"""Helpers shared by the tests that run ``basm-probes`` on a private copy of the tiny model (conftest's ``model``
+and ``dataset``): a fast sweep's argv, its results file, a failing run's message, the error catalogue of
+docs/error_catalogue.py, and a stop where the session would open."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from probes.cli.main import main
+from probes.data.dataset import V1_DATASET_DIR
+
+
+FAST = ["--embedder", "lexical", "--relevance", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base,basm", "--no-figure"]
+
+
+def fails(argv: list[str], capsys: pytest.CaptureFixture, code: int = 1) -> str:
+    """Run the CLI, expect exit ``code`` and a short message without a traceback; return stderr."""
+    capsys.readouterr()
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error: " in err
+    return err
+
+
+def sweep(model: Path, out: Path, *extra: str, dataset: Path = V1_DATASET_DIR) -> list[str]:
+    return ["sweep", "--model", str(model), "--dataset", str(dataset), "--out", str(out), *FAST, *extra]
+
+
+def rows_file(out: Path) -> Path:
+    """The sweep's results file: rows live under OUT/<model label>/, and the ``model`` fixture's folder is named ``model``."""
+    return out / "model" / "sweep.jsonl"
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_catalogue():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("error_catalogue", ROOT / "docs" / "error_catalogue.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+CATALOGUE = load_catalogue()
+
+
+class StopAtSession(Exception):
+    pass
+
+
+def stop_at_session(monkeypatch: pytest.MonkeyPatch) -> dict:
+    import probes.analyses.run_context
+
+    seen = {}
+
+    def stop(args, model):
+        seen.update(k_max=args.k_max, seed=args.seed)
+        raise StopAtSession
+
+    monkeypatch.setattr(probes.analyses.run_context, "open_session", stop)
+    return seen
+
+
+def edit_in_place_keep_mtime(path: Path) -> None:
+    before = path.stat()
+    CATALOGUE.edit_tensor_keep_mtime(path)
+    assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
