@@ -121,6 +121,7 @@ _OPENER = re.compile(r"<tool_call>|\[TOOL_CALLS\]|<function=|```|^[ \t]*`?(?:\[[
 _FENCE_LABEL = re.compile(r"```([\w-]*)[ \t]*\n?")  # a one-line fence (```json {...} ```) has its body on the label's line
 _FUNCTION_TAG = re.compile(r"<function=([^>\s]+)>")
 _FUNCTION_CLOSE = re.compile(r"\s*</function>")
+_OBJECT_KEY = re.compile(r'\{[ \t\r\n]*"')  # a JSON object that opens with a key (JSON's whitespace only)
 _MISTRAL_ARGS = re.compile(r"\s*([A-Za-z_][\w.-]*)\[ARGS\]")
 _FENCE_SYNTAX = {"json": "fenced_json", "tool_call": "fenced_tool_call", "python": "fenced_python", "py": "fenced_python", "": "fenced"}
 
@@ -431,6 +432,8 @@ def _json_at(text: str, start: int, syntax: str, *, explicit: bool, walks: _Walk
     """The JSON call(s) starting at ``text[start]`` (``{`` or ``[``), and where they end; none when
     the value there is not call-shaped. ``explicit``: inside a call container (a bare name is then
     a call whose arguments never came); ``walks``: the scan's earlier walks over ``text``."""
+    if not explicit and text[start] == "{" and not _OBJECT_KEY.match(text, start):
+        return [], start + 1  # an object without a first key decodes to {} at most: no call (a long run of "{" stays linear)
     value, end, error = _decode(text, start, walks)
     if value is None:
         return [], start + 1
@@ -623,8 +626,7 @@ def _python_at(text: str, start: int, syntax: str, walks: _Walks) -> tuple[list[
     """Python call syntax at ``text[start]`` (``f(...)`` or ``[f(...), ...]``, optionally in single
     backticks) filling the rest of its line; a call cut off by the end of the text is an attempt
     that did not complete."""
-    open_at = start if text[start] == "[" else text.index("(", start)
-    close = walks.python[open_at] if open_at in walks.python else _closing(text, open_at, walks.python)
+    close = _closing(text, start if text[start] == "[" else text.index("(", start), walks.python)
     if close == _NOT_PYTHON:
         return [], start + 1
     if close is None:  # ran to the end: cut by the token budget, or prose with an unclosed "("
@@ -745,6 +747,8 @@ def _closing(text: str, open_at: int, nested: dict[int, int | None]) -> int | No
     (Python rejects it, so the call cannot parse; it also keeps walks from different starts apart,
     which keeps them linear). ``nested`` receives the same answer for every bracket opened inside.
     Raises :class:`_TooDeep` past MAX_NESTING open brackets."""
+    if open_at in nested:
+        return nested[open_at]
     opened: list[int] = []
     quote, escaped = None, False
     i, n = open_at, len(text)
