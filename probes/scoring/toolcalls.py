@@ -65,7 +65,9 @@ So ``abstain`` means the same in both modes: the reply contains no call of any s
 
 **Bounds.** Parsing takes time linear in the reply's length: each JSON value and each Python call
 is walked once (a value or call nested in one already walked reuses that walk), and a cleaned reply
-is read only up to two stated bounds. A reply longer than :data:`MAX_REPLY_CHARS` characters is not
+is read only up to two stated bounds. (One cost stays proportional to the nesting: a Python call
+attempt on a later line inside a multi-line one that did not parse is parsed by ``ast`` again, so a
+chain of k such lines costs k parses, k at most MAX_NESTING.) A reply longer than :data:`MAX_REPLY_CHARS` characters is not
 read; a call attempt with more than :data:`MAX_NESTING` brackets open at once ends the reading (the
 attempts before it stand). Either way the unread text is one attempt of syntax :data:`UNREAD`, no
 name, and ``error`` saying why ("reply longer than 100000 characters", "nesting deeper than 64"), so
