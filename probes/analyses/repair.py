@@ -26,7 +26,9 @@ On an imported BFCL dataset every item's conversation is replayed in BFCL's own 
 ``--steps`` decisions per condition: after a failed step the next decision gets the condition's memory
 rebuilt for the new failure. Every executed call and observation is recorded. Model text is never
 evaluated: calls come from the literal-only tool-call parser and run through the public-method
-dispatch of :class:`probes.data.bfcl_exec.BFCLEnvironment` (:func:`execute_reply`).
+dispatch of :class:`probes.data.bfcl_exec.BFCLEnvironment` (:func:`execute_reply`), each call in a
+child process under a time and a memory limit (``BFCLEnvironment.execute_limited``: a call past one
+is observed as ``"error: call exceeded the 5 s time limit"`` and leaves the state unchanged).
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def execute_reply(env: BFCLEnvironment, reply: ParsedReply) -> dict[str, Any] | 
     if not call.complete or call.arguments is None:
         return {"name": call.name, "arguments": None, "executed": False, "observation": f"refused: {call.error or 'incomplete call'}",
                 "error": True}
-    observation = env.execute(Call(f"{call.name}(...)", call.name, tuple(call.positional), dict(call.arguments)))
+    observation = env.execute_limited(Call(f"{call.name}(...)", call.name, tuple(call.positional), dict(call.arguments)))
     return {"name": call.name, "arguments": call.as_dict()["arguments"], "executed": True, "observation": observation,
             "error": is_error_observation(observation)}
 

@@ -17,6 +17,14 @@ The difference: BFCL ``eval``-s the call string after prefixing method names wit
 names; here the call is parsed with :mod:`ast` (keyword and positional arguments must be Python
 literals, which every multi-turn ground-truth call is) and the bound method is called directly.
 
+Model-proposed calls (``repair``) run through :meth:`BFCLEnvironment.execute_limited`: in a forked
+child process with :data:`CALL_SECONDS` of time and :data:`CALL_MEMORY_BYTES` of memory beyond what
+the process already holds, the environment's state sent back after the call. A call past a limit is
+killed; its observation says which limit (``"error: call exceeded the 5 s time limit"``,
+``"error: call exceeded the 2048 MiB memory limit"``) and the state stays as it was before it. Every
+execution restores the process-wide numeric context afterwards (``decimal``'s context, ``mpmath``'s
+precision), which ``square_root`` and ``logarithm`` set: a later call, or item, never inherits it.
+
 The class files are loaded from their file paths (:func:`load_api_classes`); only ``bfcl_eval``'s
 ``long_context.py`` data module is registered under its dotted name, because the class files
 import it by that name. Nothing else of ``bfcl_eval`` is imported (its pins clash with ours).
@@ -25,11 +33,16 @@ import it by that name. Nothing else of ``bfcl_eval`` is imported (its pins clas
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
+import decimal
 import importlib.util
 import inspect
 import json
+import multiprocessing
+import resource
 import sys
+from collections.abc import Iterator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +65,10 @@ API_CLASS_FILES: dict[str, str] = {
 STATELESS_CLASSES: frozenset[str] = frozenset({"MathAPI"})
 FORBIDDEN_CALLS: frozenset[str] = frozenset({"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"})
 _PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
+# Limits on one model-proposed call (execute_limited). BFCL's own calls take milliseconds and a few MB;
+# power(base=7, exponent=30000000) took 96 s and logarithm(..., precision=300000) 97 s before them.
+CALL_SECONDS = 5.0
+CALL_MEMORY_BYTES = 2 * 1024**3
 
 
 class BFCLExecutionError(ValueError):
@@ -194,14 +211,44 @@ class BFCLEnvironment:
 
     def execute(self, call: Call) -> str:
         """Run ``call`` and return BFCL's observation string (errors included, as BFCL records them)."""
+        with _numeric_context_kept():
+            try:
+                if call.name in FORBIDDEN_CALLS:
+                    raise Exception(f"Function call {call.name} is not allowed.")
+                if call.name not in self.methods:
+                    raise NameError(f"name '{call.name}' is not defined")
+                return format_result(self.methods[call.name](*call.args, **call.kwargs))
+            except MemoryError:
+                raise  # the process's memory, not the call's error (execute_limited reports its limit)
+            except Exception as error:  # noqa: BLE001 - BFCL records every exception as an observation
+                return f"Error during execution: {error}"
+
+    def execute_limited(self, call: Call, *, seconds: float = CALL_SECONDS, memory_bytes: int = CALL_MEMORY_BYTES) -> str:
+        """:meth:`execute` in a forked child under a time and a memory limit (module docstring); the
+        child's state after the call replaces this one's. Past a limit: the observation names it and
+        the state is unchanged."""
+        fork = multiprocessing.get_context("fork")  # the child starts with this state, nothing to send
+        receive, send = fork.Pipe(duplex=False)
+        child = fork.Process(target=_execute_in_child, args=(self, call, memory_bytes, send), daemon=True)
+        child.start()
+        send.close()
         try:
-            if call.name in FORBIDDEN_CALLS:
-                raise Exception(f"Function call {call.name} is not allowed.")
-            if call.name not in self.methods:
-                raise NameError(f"name '{call.name}' is not defined")
-            return format_result(self.methods[call.name](*call.args, **call.kwargs))
-        except Exception as error:  # noqa: BLE001 - BFCL records every exception as an observation
-            return f"Error during execution: {error}"
+            if not receive.poll(seconds):
+                return f"error: call exceeded the {seconds:g} s time limit"
+            try:
+                outcome, value = receive.recv()
+            except EOFError:
+                child.join()
+                return f"error: the call's process ended without a result (exit code {child.exitcode})"
+        finally:
+            child.kill()
+            child.join()
+            receive.close()
+        if outcome == "memory":
+            return f"error: call exceeded the {memory_bytes / 1024**2:g} MiB memory limit"
+        observation, self.instances = value
+        self._map_methods()
+        return observation
 
     def snapshot(self) -> "BFCLEnvironment":
         """An independent copy of the current state (to try a perturbed call without touching this one)."""
@@ -209,3 +256,31 @@ class BFCLEnvironment:
         clone.instances = copy.deepcopy(self.instances)
         clone._map_methods()
         return clone
+
+
+def _execute_in_child(env: BFCLEnvironment, call: Call, memory_bytes: int, send: Any) -> None:
+    """The child of :meth:`BFCLEnvironment.execute_limited`: its address space may grow by
+    ``memory_bytes`` (the limit counts what the fork already maps); sends the observation and state."""
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + memory_bytes, resource.RLIM_INFINITY))
+    try:
+        observation = env.execute(call)
+    except MemoryError:
+        send.send(("memory", None))
+        return
+    send.send(("observed", (observation, env.instances)))
+
+
+@contextlib.contextmanager
+def _numeric_context_kept() -> Iterator[None]:
+    """Restore ``decimal``'s context and ``mpmath``'s precision (when it is loaded) on leaving."""
+    context = decimal.getcontext().copy()
+    mpmath = sys.modules.get("mpmath")  # math_api imports it when the classes load
+    precision = mpmath.mp.prec if mpmath is not None else None
+    try:
+        yield
+    finally:
+        decimal.setcontext(context)
+        if mpmath is not None:
+            mpmath.mp.prec = precision

@@ -63,6 +63,18 @@ So ``abstain`` means the same in both modes: the reply contains no call of any s
 :func:`outcome` classifies the action against an item (:data:`OUTCOMES`): ``correct_tool``,
 ``wrong_tool``, ``other_tool`` (in the shown catalog), ``unknown_tool`` (not in it), or the status.
 
+**Bounds.** Parsing takes time linear in the reply's length: each JSON value and each Python call
+is walked once (a value or call nested in one already walked reuses that walk), and a cleaned reply
+is read only up to two stated bounds. (One cost stays proportional to the nesting: a Python call
+attempt on a later line inside a multi-line one that did not parse is parsed by ``ast`` again, so a
+chain of k such lines costs k parses, k at most MAX_NESTING.) A reply longer than :data:`MAX_REPLY_CHARS` characters is not
+read; a call attempt with more than :data:`MAX_NESTING` brackets open at once ends the reading (the
+attempts before it stand). Either way the unread text is one attempt of syntax :data:`UNREAD`, no
+name, and ``error`` saying why ("reply longer than 100000 characters", "nesting deeper than 64"), so
+such a reply is a ``parse_failure`` unless a readable call came before it. In a Python call a
+backslash outside a string that does not continue the line ends the attempt where it stands (no
+Python parser accepts it).
+
 **Refusals** (``ParsedReply.refusal``) are read from the prose outside call attempts by the phrase
 list :data:`REFUSAL_PATTERNS` (first person declines, "None of the available functions ...", "no
 suitable tool"; apologies alone are not refusals). It is a column of its own and never changes an
@@ -87,6 +99,11 @@ SHAPES: tuple[str, ...] = ("name_arguments", "name_parameters", "openai_function
 MODES: tuple[str, ...] = ("strict", "lenient")
 TOOL_OUTCOMES: tuple[str, ...] = ("correct_tool", "wrong_tool", "other_tool", "unknown_tool")
 OUTCOMES: tuple[str, ...] = (*TOOL_OUTCOMES, "off_template_call", "abstain", "parse_failure")
+# Bounds that keep parsing linear in the reply's length (module docstring: bounds). A reply past them
+# is one failed attempt (syntax UNREAD) with the reason, never a hang and never a silent truncation.
+MAX_REPLY_CHARS = 100_000  # a reply of 512 new tokens is a few thousand characters
+MAX_NESTING = 64  # brackets open at once in a JSON value or a Python call; tool arguments nest a few
+UNREAD = "unread"  # the syntax of an attempt that was not read: the reply too long, or nested too deep
 
 REFUSAL_PATTERNS: tuple[str, ...] = (
     r"\bnone of the (?:available |provided |given )?(?:functions|tools)\b",
@@ -105,6 +122,8 @@ _END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>", "<|eot_id|>", "<|
 _OPENER = re.compile(r"<tool_call>|\[TOOL_CALLS\]|<function=|```|^[ \t]*`?(?:\[[ \t]*)?[A-Za-z_][\w.]*\(|[{\[]", re.M)
 _FENCE_LABEL = re.compile(r"```([\w-]*)[ \t]*\n?")  # a one-line fence (```json {...} ```) has its body on the label's line
 _FUNCTION_TAG = re.compile(r"<function=([^>\s]+)>")
+_FUNCTION_CLOSE = re.compile(r"\s*</function>")
+_OBJECT_KEY = re.compile(r'\{[ \t\r\n]*"')  # a JSON object that opens with a key (JSON's whitespace only)
 _MISTRAL_ARGS = re.compile(r"\s*([A-Za-z_][\w.-]*)\[ARGS\]")
 _FENCE_SYNTAX = {"json": "fenced_json", "tool_call": "fenced_tool_call", "python": "fenced_python", "py": "fenced_python", "": "fenced"}
 
@@ -224,6 +243,8 @@ def parse_reply(text: str, *, template: str, catalog: Collection[str] | None = N
         raise ValueError(f"template must be one of {tuple(TEMPLATES)}, got {template!r}")
     spec = TEMPLATES[template]
     clean = clean_generation(text)
+    if len(clean) > MAX_REPLY_CHARS:
+        return ParsedReply(clean, template, (_unread(f"reply longer than {MAX_REPLY_CHARS} characters"),), False, False)
     found, spans = _scan(clean)
     prose = "".join(clean[a:b] for a, b in _gaps(spans, len(clean)))
     # a whole-reply template (BFCL) holds calls only, and its runtime reads them only when all of them parse
@@ -272,26 +293,68 @@ def _gaps(spans: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
 
 
 # ------------------------------------------------------------------------------------- the scan
+class _TooDeep(Exception):
+    """A call attempt nests more than MAX_NESTING brackets: reading stops there."""
+
+    def __init__(self) -> None:
+        super().__init__(f"nesting deeper than {MAX_NESTING}")
+
+
+def _unread(reason: str) -> ToolCall:
+    return ToolCall(None, None, UNREAD, None, False, error=reason)
+
+
+class _Unlined(str):
+    """A reply whose JSON errors do not count their line: ``JSONDecodeError`` counts the lines from
+    the document's start to the error, so one failed decode per ``{`` / ``[`` of a long reply would be
+    quadratic (only the message is used here)."""
+
+    def count(self, *args: Any) -> int:
+        return 0
+
+    def rfind(self, *args: Any) -> int:
+        return -1
+
+
+@dataclass
+class _Walks:
+    """What the walks over one text found, so that a value or call nested in one already walked is
+    answered from it instead of walked again (this keeps the scan linear): ``json`` maps the index of
+    a ``{`` / ``[`` to its :func:`_close_prefix` result, ``python`` the index of a Python bracket to
+    :func:`_closing`'s."""
+
+    json: dict[int, tuple[list[str], int, bool]]
+    python: dict[int, int | None]
+
+
 def _scan(text: str, fence: str | None = None) -> tuple[list[ToolCall], list[tuple[int, int]]]:
     """Call attempts in ``text`` left to right, and the spans they cover. ``fence``: the syntax that
-    bare JSON and Python calls take inside a fence."""
+    bare JSON and Python calls take inside a fence. An attempt nested too deeply is the last one:
+    the rest of ``text`` is one unread attempt."""
     calls: list[ToolCall] = []
     spans: list[tuple[int, int]] = []
+    walks = _Walks({}, {})
+    text = _Unlined(text)
     pos = 0
     while (m := _OPENER.search(text, pos)) is not None:
         token = m.group()
-        if token == "<tool_call>":
-            found, end = _tagged(text, m.end())
-        elif token == "[TOOL_CALLS]":
-            found, end = _mistral(text, m.end())
-        elif token == "<function=":
-            found, end = _function_tag(text, m.start())
-        elif token == "```":
-            found, end = _fenced(text, m.start())
-        elif token in ("{", "["):
-            found, end = _json_at(text, m.start(), fence or "bare_json", explicit=fence == "fenced_tool_call")
-        else:
-            found, end = _python_at(text, m.start() + len(token) - len(token.lstrip(" \t`")), fence or "python")
+        try:
+            if token == "<tool_call>":
+                found, end = _tagged(text, m.end())
+            elif token == "[TOOL_CALLS]":
+                found, end = _mistral(text, m.end())
+            elif token == "<function=":
+                found, end = _function_tag(text, m.start())
+            elif token == "```":
+                found, end = _fenced(text, m.start())
+            elif token in ("{", "["):
+                found, end = _json_at(text, m.start(), fence or "bare_json", explicit=fence == "fenced_tool_call", walks=walks)
+            else:
+                found, end = _python_at(text, m.start() + len(token) - len(token.lstrip(" \t`")), fence or "python", walks)
+        except _TooDeep as error:
+            calls.append(_unread(str(error)))
+            spans.append((m.start(), len(text)))
+            break
         if found:
             calls += found
             spans.append((m.start(), end))
@@ -301,8 +364,10 @@ def _scan(text: str, fence: str | None = None) -> tuple[list[ToolCall], list[tup
 
 def _tagged(text: str, start: int) -> tuple[list[ToolCall], int]:
     """``<tool_call>`` body up to ``</tool_call>`` (without it: up to the next tag, or the end)."""
-    ends = [i for i in (text.find("</tool_call>", start), text.find("<tool_call>", start)) if i >= 0]
-    stop = min(ends, default=len(text))
+    next_open = text.find("<tool_call>", start)
+    next_open = len(text) if next_open < 0 else next_open
+    close = text.find("</tool_call>", start, next_open)  # searched up to the next tag only: linear over many tags
+    stop = next_open if close < 0 else close
     found, used = _json_body(text[start:stop], "tool_call_tag")
     if found[0].name is None:  # not a JSON call (a fence in the tag, say): a runtime fails, but the tool may be readable
         found += _scan(text[start:stop])[0]
@@ -313,14 +378,13 @@ def _tagged(text: str, start: int) -> tuple[list[ToolCall], int]:
 
 def _mistral(text: str, start: int) -> tuple[list[ToolCall], int]:
     """``[TOOL_CALLS]`` followed by JSON call(s), or by ``name[ARGS]{...}``."""
-    rest = text[start:]
-    named = _MISTRAL_ARGS.match(rest)
+    named = _MISTRAL_ARGS.match(text, start)
     if named is None:
         body_end = text.find("[TOOL_CALLS]", start)
         body = text[start: body_end if body_end >= 0 else len(text)]
         found, used = _json_body(body, "mistral")
         return found, start + max(used, 1)
-    args_at = start + named.end()
+    args_at = named.end()
     value, end, error = _decode(text, args_at) if text.startswith("{", args_at) else (None, args_at, "no JSON arguments after [ARGS]")
     arguments, complete, error = _arguments(value, error)
     return [ToolCall(named.group(1), arguments, "mistral", "name_args", complete, error=error)], end
@@ -334,8 +398,8 @@ def _function_tag(text: str, start: int) -> tuple[list[ToolCall], int]:
     at = tag.end()
     value, end, error = _decode(text, at) if text.startswith("{", at) else (None, at, "no JSON arguments in <function=...>")
     arguments, complete, error = _arguments(value, error)
-    close = text.find("</function>", end)
-    end = close + len("</function>") if close >= 0 and not text[end:close].strip() else end
+    close = _FUNCTION_CLOSE.match(text, end)
+    end = close.end() if close is not None else end
     return [ToolCall(tag.group(1), arguments, "function_tag", "name_args", complete, error=error)], end
 
 
@@ -366,11 +430,13 @@ def _json_body(body: str, syntax: str) -> tuple[list[ToolCall], int]:
     return [ToolCall(None, None, syntax, None, False, error=f"no JSON call object in {syntax}")], len(body)
 
 
-def _json_at(text: str, start: int, syntax: str, *, explicit: bool) -> tuple[list[ToolCall], int]:
+def _json_at(text: str, start: int, syntax: str, *, explicit: bool, walks: _Walks | None = None) -> tuple[list[ToolCall], int]:
     """The JSON call(s) starting at ``text[start]`` (``{`` or ``[``), and where they end; none when
     the value there is not call-shaped. ``explicit``: inside a call container (a bare name is then
-    a call whose arguments never came)."""
-    value, end, error = _decode(text, start)
+    a call whose arguments never came); ``walks``: the scan's earlier walks over ``text``."""
+    if not explicit and text[start] == "{" and not _OBJECT_KEY.match(text, start):
+        return [], start + 1  # an object without a first key decodes to {} at most: no call (a long run of "{" stays linear)
+    value, end, error = _decode(text, start, walks)
     if value is None:
         return [], start + 1
     items, in_list = (value, True) if isinstance(value, list) else ([value], False)
@@ -431,18 +497,21 @@ def _arguments(value: Any, error: str | None) -> tuple[dict[str, Any] | None, bo
 _DECODER = json.JSONDecoder(strict=False)  # models write raw newlines inside strings
 
 
-def _decode(text: str, start: int) -> tuple[Any, int, str | None]:
+def _decode(text: str, start: int, walks: _Walks | None = None) -> tuple[Any, int, str | None]:
     """The JSON value at ``text[start]``: (value, end, None); or, when it does not decode, the
     value of its longest well-formed prefix closed up, where reading stopped, and why; value None
-    when not even that decodes."""
+    when not even that decodes. Raises :class:`_TooDeep` for a value nested deeper than MAX_NESTING."""
     try:
         value, end = _DECODER.raw_decode(text, start)
+        # only a value with that many brackets can nest that deep (counting them is cheap, walking it is not)
+        if str.count(text, "[", start, end) + str.count(text, "{", start, end) > MAX_NESTING and _nesting(value) > MAX_NESTING:
+            raise _TooDeep()
         return value, end, None
     except json.JSONDecodeError as exc:
         error = exc.msg
-    except RecursionError:
+    except RecursionError:  # nested past the interpreter's limit: _close_prefix stops at MAX_NESTING
         error = "nested too deeply"
-    closings, stop, truncated = _close_prefix(text, start)
+    closings, stop, truncated = _close_prefix(text, start, {} if walks is None else walks.json)
     for closed in closings:
         try:
             return _DECODER.decode(closed), stop, "truncated JSON" if truncated else f"malformed JSON ({error})"
@@ -451,18 +520,33 @@ def _decode(text: str, start: int) -> tuple[Any, int, str | None]:
     return None, stop, error
 
 
-def _close_prefix(text: str, start: int) -> tuple[list[str], int, bool]:
+def _nesting(value: Any) -> int:
+    """How many containers deep a decoded JSON value is (a scalar 0)."""
+    deepest, level = 0, [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            level.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _close_prefix(text: str, start: int, nested: dict[int, tuple[list[str], int, bool]]) -> tuple[list[str], int, bool]:
     """A JSON container cut off or broken: its longest prefix that ends on a complete value (or an
     opened container), with the open string and brackets closed. Returns (closings to try, longest
     first: a value string cut off is closed where it was cut, else ended before it; the index where
-    reading stopped; truncated: reading reached the end of ``text``)."""
-    stack: list[list[str]] = []  # [bracket, what it expects next: key / colon / value / comma]
-    safe: tuple[int, str] | None = None
+    reading stopped; truncated: reading reached the end of ``text``). ``nested`` receives the same
+    result for every container opened inside (a walk from there would repeat this one's steps).
+    Raises :class:`_TooDeep` past MAX_NESTING open brackets. ``text[start]`` is ``{`` or ``[``."""
+    if start in nested:
+        return nested[start]
+    stack: list[list[Any]] = []  # [bracket, what it expects next: key / colon / value / comma, where it opened]
+    closing = ""  # what closes the open brackets, innermost first
+    safe: int | None = None  # where the longest well-formed prefix ends (the stack has not changed since)
     i, n = start, len(text)
     truncated = False
-
-    def closers() -> str:
-        return "".join("}" if bracket == "{" else "]" for bracket, _ in reversed(stack))
+    cut_string: str | None = None  # a value string cut off by the end of the text: its body up to the cut
 
     while i < n:
         c = text[i]
@@ -476,28 +560,35 @@ def _close_prefix(text: str, start: int) -> tuple[list[str], int, bool]:
                 j += 1
             if j == n:  # cut inside a string: a value string can be closed, a key cannot
                 if expect == "value" and stack:
-                    body = text[start:n - 1] if escaped else text[start:n]
-                    return [body + '"' + closers()] + ([text[start:safe[0]] + safe[1]] if safe else []), n, True
-                truncated = True
+                    cut_string = text[:n - 1] if escaped else text
+                    i = n
+                else:
+                    truncated = True
                 break
             i = j + 1
             if expect == "key":
                 stack[-1][1] = "colon"
             else:
                 stack[-1][1] = "comma"
-                safe = (i, closers())
+                safe = i
         elif c in "{[" and expect == "value":
+            if len(stack) == MAX_NESTING:
+                raise _TooDeep()
             if stack:
                 stack[-1][1] = "comma"
-            stack.append([c, "key" if c == "{" else "value"])
-            safe = (i + 1, closers())
+            stack.append([c, "key" if c == "{" else "value", i])
+            closing = ("}" if c == "{" else "]") + closing
+            safe = i + 1
             i += 1
         elif c in "}]" and stack and stack[-1][0] == ("{" if c == "}" else "[") and expect in ("comma", "key", "value"):
-            stack.pop()
+            opened = stack.pop()[2]
             i += 1
+            # the container that opened there, walked alone, ends here on the same prefix
+            nested[opened] = [text[opened:safe] + closing[0]], i, False
+            closing = closing[1:]
             if not stack:
                 break
-            safe = (i, closers())
+            safe = i
         elif c == ":" and expect == "colon":
             stack[-1][1] = "value"
             i += 1
@@ -517,20 +608,29 @@ def _close_prefix(text: str, start: int) -> tuple[list[str], int, bool]:
                 break
             i = j
             stack[-1][1] = "comma"
-            safe = (i, closers())
+            safe = i
         else:
             break
     else:
         truncated = bool(stack)
-    return ([text[start:safe[0]] + safe[1]] if safe else []), i, truncated
+    # every container still open stops where this walk stopped; its closings are this walk's, from it on
+    for level, (_, _, opened) in enumerate(stack):
+        closers = closing[:len(stack) - level]
+        closings = [text[opened:safe] + closers]
+        if cut_string is not None:
+            closings.insert(0, cut_string[opened:] + '"' + closers)
+        nested[opened] = closings, i, truncated or cut_string is not None
+    return nested[start]
 
 
 # ------------------------------------------------------------------------------------- Python
-def _python_at(text: str, start: int, syntax: str) -> tuple[list[ToolCall], int]:
+def _python_at(text: str, start: int, syntax: str, walks: _Walks) -> tuple[list[ToolCall], int]:
     """Python call syntax at ``text[start]`` (``f(...)`` or ``[f(...), ...]``, optionally in single
     backticks) filling the rest of its line; a call cut off by the end of the text is an attempt
     that did not complete."""
-    close = _closing(text, start if text[start] == "[" else text.index("(", start))
+    close = _closing(text, start if text[start] == "[" else text.index("(", start), walks.python)
+    if close == _NOT_PYTHON:
+        return [], start + 1
     if close is None:  # ran to the end: cut by the token budget, or prose with an unclosed "("
         node = _cut_call(text[start:])
         if node is None:
@@ -552,8 +652,8 @@ def _is_calls(node: ast.expr | None) -> bool:
 def _python_calls(node: ast.expr, source: str, syntax: str) -> list[ToolCall]:
     in_list = not isinstance(node, ast.Call)
     out = []
-    for element in (node.elts if in_list else [node]):
-        text = ast.get_source_segment(source, element) or source
+    elements = node.elts if in_list else [node]
+    for element, text in zip(elements, _source_segments(source, elements)):
         try:
             call = call_from_node(element, text)
         except BFCLExecutionError as error:
@@ -561,6 +661,24 @@ def _python_calls(node: ast.expr, source: str, syntax: str) -> list[ToolCall]:
             continue
         out.append(ToolCall(call.name, dict(call.kwargs), syntax, "python_call", True, in_list, call.args))
     return out
+
+
+def _source_segments(source: str, nodes: Sequence[ast.expr]) -> list[str]:
+    """``ast.get_source_segment(source, node) or source`` for each node, with the line offsets
+    computed once (``get_source_segment`` splits the whole source again for every node). The nodes
+    may come from ``source`` closed up (a call cut off): a position past a line's end is its end."""
+    starts = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", source)]
+    columns: dict[int, list[int]] = {}  # a line's character index at each UTF-8 byte offset, and at its end
+
+    def offset(line: int, byte: int) -> int:
+        if line not in columns:
+            text = source[starts[line - 1]: starts[line] if line < len(starts) else len(source)]
+            columns[line] = [k for k, ch in enumerate(text) for _ in ch.encode()] + [len(text)]
+        table = columns[line]
+        return starts[line - 1] + table[min(byte, len(table) - 1)]
+
+    return [source[offset(node.lineno, node.col_offset): offset(node.end_lineno, node.end_col_offset)] or source  # type: ignore[arg-type]
+            for node in nodes]
 
 
 def _parse_expression(source: str) -> ast.expr | None:
@@ -622,10 +740,21 @@ def _unclosed(source: str) -> tuple[str | None, int | None, int | None]:
     return (quote or "") + closers, last, string_at if quote else None
 
 
-def _closing(text: str, open_at: int) -> int | None:
-    """The index after the bracket closing ``text[open_at]`` (quotes respected), None if it never closes."""
-    depth, quote, escaped = 0, None, False
-    for i in range(open_at, len(text)):
+_NOT_PYTHON = -1  # what _closing returns for a backslash outside a string that continues no line
+
+
+def _closing(text: str, open_at: int, nested: dict[int, int | None]) -> int | None:
+    """The index after the bracket closing ``text[open_at]`` (quotes respected), None if it never
+    closes, :data:`_NOT_PYTHON` at a backslash outside a string that is not a line continuation
+    (Python rejects it, so the call cannot parse; it also keeps walks from different starts apart,
+    which keeps them linear). ``nested`` receives the same answer for every bracket opened inside.
+    Raises :class:`_TooDeep` past MAX_NESTING open brackets."""
+    if open_at in nested:
+        return nested[open_at]
+    opened: list[int] = []
+    quote, escaped = None, False
+    i, n = open_at, len(text)
+    while i < n:
         ch = text[i]
         if quote:
             if escaped:
@@ -637,11 +766,20 @@ def _closing(text: str, open_at: int) -> int | None:
         elif ch in "\"'":
             quote = ch
         elif ch in "([{":
-            depth += 1
+            if len(opened) == MAX_NESTING:
+                raise _TooDeep()
+            opened.append(i)
         elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
+            nested[opened.pop()] = i + 1
+            if not opened:
                 return i + 1
+        elif ch == "\\":
+            if not text.startswith(("\n", "\r"), i + 1):
+                nested.update(dict.fromkeys(opened, _NOT_PYTHON))
+                return _NOT_PYTHON
+            i += 1  # the line break it continues
+        i += 1
+    nested.update(dict.fromkeys(opened, None))
     return None
 
 
