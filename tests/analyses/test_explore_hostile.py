@@ -15,7 +15,7 @@ import torch
 
 import probes
 from probes.analyses import explore as E
-from probes.data.dataset import V1_DATASET_DIR
+from probes.data.dataset import V1_DATASET_DIR, DatasetError
 
 HOSTILE = "<!--<script>"
 ITEM = f"retail-wrong-0001{HOSTILE}"
@@ -109,3 +109,16 @@ def test_the_page_renders_hostile_ids_paths_and_tool_names_in_a_browser(hostile_
     assert page.evaluate("() => DATA.records.length") == len(data["records"])
     assert not errors, errors
     context.close()
+
+
+def test_explore_after_a_sweep_on_an_item_id_with_the_separator_names_the_item(tmp_path, tiny_qwen3_dir):
+    """A sweep's results whose dataset item id was then edited to hold "|" (which joins a record id's parts):
+    explore refuses the dataset, naming the item, where it split the record id into too many parts."""
+    root = tmp_path / "data"
+    shutil.copytree(V1_DATASET_DIR, root)
+    session = probes.ProbeSession(tiny_qwen3_dir)
+    probes.run("sweep", session, dataset=root, item_ids=["retail-wrong-0001"], model=tiny_qwen3_dir, out=tmp_path / "out", **RUN)
+    items = root / "items.jsonl"
+    items.write_text(items.read_text().replace('"id": "retail-wrong-0001"', '"id": "retail|wrong-0001"'))
+    with pytest.raises(DatasetError, match=r"items.jsonl:\d+: item id 'retail\|wrong-0001' holds '\|', which joins the parts of a record id"):
+        probes.explore(session, out=tmp_path / "out", model=tiny_qwen3_dir)
