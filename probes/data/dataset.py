@@ -467,12 +467,12 @@ def load_dataset(root: str | Path, *, strict: bool = True) -> ProbeDataset:
     for item in items:
         _check_item_references(item, dataset, f"{lines[item.id]} (item {item.id})")
     refuse_chat_tokens(dataset, dataset.chat_tokens(COMMON_CHAT_TOKENS), COMMON_SOURCE,
-                           lambda found: f"{lines[found.owner]} (item {found.owner})" if found.kind == "item" else str(domain_files[found.owner]))
+                       lambda found: f"{lines[found.owner]} (item {found.owner})" if found.kind == "item" else str(domain_files[found.owner]))
     return dataset
 
 
 def refuse_chat_tokens(dataset: ProbeDataset, found: Sequence[FoundToken], source: str,
-                           where: Callable[[FoundToken], str] | None = None) -> None:
+                       where: Callable[[FoundToken], str] | None = None) -> None:
     """Raise a :class:`DatasetError` naming the first control string ``found`` in ``dataset`` (of
     ``source``) at ``where(found)`` (default: the dataset folder and the item or domain), and how
     many more there are."""
