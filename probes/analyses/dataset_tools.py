@@ -45,6 +45,7 @@ from probes.analyses.option_system import (
 )
 from probes.analyses.run_context import check_depths, check_gate_embedder, check_oracle, select_items
 from probes.core.chat import BATCH_SIZE, MAX_NEW_TOKENS
+from probes.core.text import visible
 from probes.data.configs import CONFIGS
 from probes.data.bfcl import CATEGORIES as BFCL_CATEGORIES
 from probes.data.bfcl import EXTRACTORS
@@ -227,30 +228,37 @@ def prompt_record(**options: Any) -> PromptRecord:
 
 
 def print_record(record: PromptRecord) -> None:
-    """One prompt record on the console: the text with P and B highlighted, the candidates, the retrieved skills."""
+    """One prompt record on the console: the text with P and B highlighted, the candidates, the retrieved skills.
+    Every text is printed :func:`~probes.core.text.visible` and as plain text (rich markup such as
+    ``[red]`` in an item or a tool name is printed, not applied)."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
+    def plain(value: Any) -> Text:
+        return Text(visible(str(value)))
+
     styles = {"procedure": "bold green", "boundary": "bold magenta"}
-    text = Text(record.text)
-    offsets = record.offsets
-    for name, style in styles.items():
-        for lo, hi in record.spans.get(name, []):
-            text.stylize(style, offsets[lo][0], offsets[hi - 1][1])
+    styled = [(int(record.offsets[lo][0]), int(record.offsets[hi - 1][1]), style)
+              for name, style in styles.items() for lo, hi in record.spans.get(name, [])]  # character ranges
+    cuts = sorted({0, len(record.text), *(edge for lo, hi, _ in styled for edge in (lo, hi))})
+    text = Text()
+    for a, b in zip(cuts, cuts[1:]):  # the prompt cut where a span starts or ends, each piece made visible
+        style = next((style for lo, hi, style in reversed(styled) if lo <= a and b <= hi), None)  # B over P where they meet
+        text.append(visible(record.text[a:b]), style=style)
     console = Console()
-    console.rule(f"{record.record_id}  ({record.n_tokens} tokens, {record.bucket}, correct: {record.correct_action})")
+    console.rule(plain(f"{record.record_id}  ({record.n_tokens} tokens, {record.bucket}, correct: {record.correct_action})"))
     console.print(text)
     console.print(Text.assemble(("procedure span P", styles["procedure"]), "   ", (f"boundary span B ({record.spans_kind['boundary']})", styles["boundary"])))
     table = Table(title=f"candidates (decision row {record.decision_index}, open row {record.open_index})")
     for column in ("role", "action", "anchor", "token ids", "collides with"):
         table.add_column(column)
     for candidate in record.candidates:
-        table.add_row(candidate.role, candidate.action, str(candidate.anchor_index), str(candidate.token_ids), ", ".join(candidate.collides_with))
+        table.add_row(*map(plain, (candidate.role, candidate.action, candidate.anchor_index, candidate.token_ids, ", ".join(candidate.collides_with))))
     console.print(table)
     skills = ", ".join(f"{s.rank}. {s.skill_id} ({s.score:.3f}{', boundary' if s.boundary_exposed else ''})" for s in record.skills)
-    console.print(f"retrieved: {skills or '—'}  | embedder: {record.retrieval['embedder']} | retrieval: {record.retrieval_mode} | "
-                  f"tempting skill {record.tempting_skill}: Eq. 8 rank {record.tempting_rank}, shown rank {record.tempting_shown_rank}")
+    console.print(plain(f"retrieved: {skills or '—'}  | embedder: {record.retrieval['embedder']} | retrieval: {record.retrieval_mode} | "
+                        f"tempting skill {record.tempting_skill}: Eq. 8 rank {record.tempting_rank}, shown rank {record.tempting_shown_rank}"))
 
 
 def show(**options: Any) -> PromptRecord:

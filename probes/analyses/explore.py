@@ -43,9 +43,10 @@ from probes.analyses.option_system import Options, RunOptions, option, option_fi
 from probes.analyses.run_context import AnalysisError, RunContext, default_model, model_label, open_context
 from probes.analyses.knockout import control_of, deciding_run, deltas_per_record, knocked_configs, layer_windows, record_knockouts
 from probes.core.files import write_text
+from probes.core.text import visible
 from probes.data.schema import BOUNDARY_SLOTS
 from probes.engine.session import EngineSession
-from probes.prompts.record import PromptRecord
+from probes.prompts.record import PromptRecord, record_parts
 from probes.reporting.finished import FinishedRun, load, read_table
 from probes.scoring.controls import tool_names_of
 
@@ -272,12 +273,33 @@ def figure_uris(figures_dir: Path) -> list[dict[str, str]]:
 
 
 # ----------------------------------------------------------------------------- the page
+def shown(value: Any) -> Any:
+    """``value`` (the page's data) with every string made :func:`~probes.core.text.visible`: the page
+    draws hidden code points (a right-to-left override, a zero-width space) as marks."""
+    if isinstance(value, str):
+        return visible(value)
+    if isinstance(value, dict):
+        return {shown(k): shown(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [shown(v) for v in value]
+    return value
+
+
+def script_json(data: Any) -> str:
+    """``data`` as JSON that cannot end or change the ``<script>`` element holding it: every ``<``, ``>``
+    and ``&`` written as a ``\\u`` escape (so no ``</script>``, ``<!--`` or ``<script`` from an item id or a
+    path), and, by ``ensure_ascii``, every other non-ASCII character too (U+2028 and U+2029 included)."""
+    text = json.dumps(data, allow_nan=False, separators=(",", ":"), ensure_ascii=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def render(data: dict[str, Any]) -> str:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("probes.reporting", "templates"), autoescape=jinja2.select_autoescape(["j2"]),
+    """The page: the template around ``data``, every text of it :func:`shown`; the template escapes what it
+    writes into HTML, and the data script is :func:`script_json`."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("probes.reporting", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined)
-    # "</" never appears inside the script element that carries the data
-    payload = json.dumps(data, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
-    return env.get_template(TEMPLATE).render(data=data, payload=payload)
+    data = shown(data)
+    return env.get_template(TEMPLATE).render(data=data, payload=script_json(data))
 
 
 def write_explore(options: ExploreOptions, session: EngineSession | None = None, figures_dir: Path | None = None) -> Path:
@@ -310,12 +332,12 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
     items = {item.id: item for ctx in contexts.values() for item in ctx.items}
     records, left_out = [], []
     for name, record_id in chosen:
-        item_id, config, k, fmt = record_id.split("|")
+        item_id, config, k, fmt = record_parts(record_id)
         if len(records) >= options.records:
             left_out.append(record_id)
             continue
         ctx = contexts[name]
-        record = ctx.builder.build(items[item_id], config, int(k.removeprefix("k")), fmt)
+        record = ctx.builder.build(items[item_id], config, k, fmt)
         knocks = knocked is not None and name == "knockout" and config in knocked_configs(kopts.priming)
         view = record_view(ctx, record, options, runs[name].rows, knocked if knocks else None, kopts if knocks else None)
         size = len(json.dumps(view, separators=(",", ":")).encode())

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probes import analyses
+from probes.core.text import visible
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,10 @@ def _audit(options: dict[str, Any]) -> int:
         print("no audited labels in this dataset (or none with these actions)")
         return 0
     for number, rule in enumerate(dict.fromkeys(table["rule"]), start=1):
-        print(f"rule {number}: {rule}")
+        print(visible(f"rule {number}: {rule}"))
     rules = {rule: number for number, rule in enumerate(dict.fromkeys(table["rule"]), start=1)}
-    for row in table.itertuples():
-        print(f"{row.id}\t{row.bucket}\t{row.category}\t{row.action}\trule {rules[row.rule]}\t{row.reason}")
+    for row in table.itertuples():  # the dataset's own text: its hidden code points shown as marks
+        print(visible(f"{row.id}\t{row.bucket}\t{row.category}\t{row.action}\trule {rules[row.rule]}\t{row.reason}"))
     print(", ".join(f"{action} {count}" for action, count in table["action"].value_counts().sort_index().items()))
     return 0
 
@@ -246,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug or not isinstance(error, _known_errors()):
             raise
         message = f"{error.strerror}: {error.filename}" if isinstance(error, OSError) and error.filename else str(error)
-        print(f"basm-probes {args.command}: error: {message}\n(rerun with --debug for the traceback)", file=sys.stderr)
+        # visible: a message quotes items, paths and ids, whose hidden code points would reorder or restyle the terminal
+        print(f"basm-probes {args.command}: error: {visible(message)}\n(rerun with --debug for the traceback)", file=sys.stderr)
         from probes.analyses.option_system import OptionError
         from probes.analyses.run_context import AnalysisError
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from probes.data.chat_tokens import COMMON_CHAT_TOKENS, COMMON_SOURCE, FoundToken, texts_of
 from probes.data.schema import LibraryReport, Skill, ToolCatalog, build_library, tools_from_json
 
 BUCKETS: tuple[str, ...] = ("T_ok", "T_wrong", "T_repair")
@@ -113,6 +115,8 @@ _ITEM_FIELDS = (
 
 
 OPTIONAL_FIELDS = ("split_scenario", "scenario", "category", "match_id", "audit")  # left out of a row (and of digests) when None
+# joins a record id's parts (probes.prompts.record.record_id), which results and the explore page split again
+RECORD_ID_SEPARATOR = "|"
 _STRING_FIELDS = ("id", "bucket", "split", "domain", "task_group", "user", "tempting_skill")
 _NAME_LIST_FIELDS = ("catalog_domains", "unavailable_tools", "wrong_tools", "state_cues")
 
@@ -157,6 +161,9 @@ def _parse_item(raw: Any, where: str) -> Item:
     for name in _STRING_FIELDS:
         if not isinstance(raw[name], str) or not raw[name]:
             raise DatasetError(f"{where}: field {name!r} must be a non-empty string, got {raw[name]!r:.40}")
+    if RECORD_ID_SEPARATOR in raw["id"]:
+        raise DatasetError(f"{where}: item id {raw['id']!r} holds {RECORD_ID_SEPARATOR!r}, which joins the parts of a record id "
+                           f"(item{RECORD_ID_SEPARATOR}config{RECORD_ID_SEPARATOR}k{RECORD_ID_SEPARATOR}format): rename the item without it")
     for name in _NAME_LIST_FIELDS:
         if not isinstance(raw[name], list) or not all(isinstance(v, str) for v in raw[name]):
             raise DatasetError(f"{where}: field {name!r} must be a list of strings, got {raw[name]!r:.60}")
@@ -224,6 +231,35 @@ class ProbeDataset:
     root: Path
     domains: Mapping[str, Domain]
     items: tuple[Item, ...]
+
+    def texts(self) -> Iterator[tuple[str, str, str, str]]:
+        """(kind, owner, field, text) of every text of the dataset: each item's fields (kind "item", owner
+        its id), each domain's tools and skills (kind "domain", owner the domain name), keys included."""
+        for item in self.items:
+            for field, text in texts_of(vars(item), ""):
+                yield "item", item.id, field, text
+        for name, domain in self.domains.items():
+            for tool in domain.catalog:
+                for field, text in texts_of({"name": tool.name, "description": tool.description, "parameters": tool.parameters}, ""):
+                    yield "domain", name, f"tools[{tool.name!r}].{field}", text
+            for skill in domain.library.skills:
+                for field, text in texts_of(skill.to_json(), ""):
+                    yield "domain", name, f"skills[{skill.id!r}].{field}", text
+
+    @cached_property
+    def all_text(self) -> str:
+        """Every text of the dataset (:meth:`texts`) joined by NUL: the one string a search for control
+        strings screens before it walks the texts one by one."""
+        return "\0".join(text for *_, text in self.texts())
+
+    def chat_tokens(self, pattern: re.Pattern[str]) -> list[FoundToken]:
+        """Every place a text of the dataset holds a match of ``pattern`` (the first match of each text;
+        :mod:`probes.data.chat_tokens`). The texts are walked only when :attr:`all_text` holds a
+        match: a clean dataset costs one search per pattern."""
+        if not pattern.search(self.all_text):
+            return []
+        return [FoundToken(kind, owner, field, match.group()) for kind, owner, field, text in self.texts()
+                if (match := pattern.search(text))]
 
     @cached_property
     def skills(self) -> dict[str, Skill]:
@@ -388,6 +424,7 @@ def load_dataset(root: str | Path, *, strict: bool = True) -> ProbeDataset:
         raise DatasetError(f"{root} is not a probe dataset: expected {domain_dir}/ and {items_path} "
                            f"(or a bundled dataset name: {', '.join(BUNDLED_DATASETS)})")
     domains: dict[str, Domain] = {}
+    domain_files: dict[str, Path] = {}
     for path in sorted(domain_dir.glob("*.json")):
         text = path.read_bytes()
         for line_number, raw_line in enumerate(text.split(b"\n"), start=1):
@@ -407,6 +444,7 @@ def load_dataset(root: str | Path, *, strict: bool = True) -> ProbeDataset:
         if strict and library.rejected:
             raise DatasetError(f"{path}: {library.summary()}")
         domains[name] = Domain(name, raw.get("description", ""), catalog, library, hashlib.sha256(path.read_bytes()).hexdigest())
+        domain_files[name] = path
     items = []
     lines: dict[str, str] = {}  # item id -> "file:line", for the reference checks
     for line_number, raw_line in enumerate(items_path.read_bytes().splitlines(), start=1):
@@ -428,7 +466,22 @@ def load_dataset(root: str | Path, *, strict: bool = True) -> ProbeDataset:
         raise DatasetError(f"{items_path}: duplicate item ids {duplicate_ids[:5]}")
     for item in items:
         _check_item_references(item, dataset, f"{lines[item.id]} (item {item.id})")
+    refuse_chat_tokens(dataset, dataset.chat_tokens(COMMON_CHAT_TOKENS), COMMON_SOURCE,
+                       lambda found: f"{lines[found.owner]} (item {found.owner})" if found.kind == "item" else str(domain_files[found.owner]))
     return dataset
+
+
+def refuse_chat_tokens(dataset: ProbeDataset, found: Sequence[FoundToken], source: str,
+                       where: Callable[[FoundToken], str] | None = None) -> None:
+    """Raise a :class:`DatasetError` naming the first control string ``found`` in ``dataset`` (of
+    ``source``) at ``where(found)`` (default: the dataset folder and the item or domain), and how
+    many more there are."""
+    if not found:
+        return
+    first = found[0]
+    at = where(first) if where else f"{dataset.root} ({first.kind} {first.owner})"
+    more = f" ({len(found) - 1} more texts of this dataset hold control strings)" if len(found) > 1 else ""
+    raise DatasetError(first.message(at, source) + more)
 
 
 def task_groups(items: Sequence[Item]) -> list[str]:

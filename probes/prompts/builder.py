@@ -36,12 +36,14 @@ from transformers import PreTrainedTokenizerBase
 from probes.core.chat import TemplateSupport
 from probes.prompts.record import Candidate, PromptRecord, SkillEntry, SlotSpan, Spans, record_id
 from probes.data.configs import MemoryConfig, get_config
-from probes.data.dataset import ABSTAIN, Item, ProbeDataset, default_study, is_organism
+from probes.data.chat_tokens import token_pattern
+from probes.data.dataset import ABSTAIN, Item, ProbeDataset, default_study, is_organism, refuse_chat_tokens
 from probes.data.retrieval import RETRIEVAL_MODES, Retriever, ScoredSkill, check_relevance, make_embedder, oracle_order
 from probes.data.schema import BOUNDARY_SLOTS, SLOT_LABELS, ToolCatalog
 from probes.prompts.lengths import cut_to_tokens, length_trials
 from probes.prompts.priming import ToolMentionRewriter
 from probes.prompts.spans import tokens_overlapping
+from probes.prompts.tokenizers import special_token_strings
 
 FORMATS: tuple[str, ...] = ("native", "prompted")
 NATIVE_FORCED_PREFIX = '<tool_call>\n{"name": "'
@@ -158,6 +160,8 @@ class PromptBuilder:
         self.settings = settings
         self.tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", "")
         self.template = TemplateSupport(tokenizer)
+        if (pattern := token_pattern(special_token_strings(tokenizer))) is not None:
+            refuse_chat_tokens(dataset, dataset.chat_tokens(pattern), f"a control token of the tokenizer {self.tokenizer_name!r}")
         self._backend = tokenizer.backend_tokenizer
         added = tokenizer.added_tokens_decoder
         plain = all(not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values())

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from probes.data.dataset import RECORD_ID_SEPARATOR
+
 Span = tuple[int, int]
 """A half-open token range ``[lo, hi)`` into ``input_ids``."""
 
@@ -192,5 +194,12 @@ CANDIDATE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Can
 
 
 def record_id(item_id: str, config: str, k: int, fmt: str) -> str:
-    """The one builder of a record's id: ``"{item_id}|{config}|k{k}|{format}"``."""
-    return f"{item_id}|{config}|k{k}|{fmt}"
+    """The one builder of a record's id: ``"{item_id}|{config}|k{k}|{format}"`` (item ids hold no ``|``:
+    the dataset refuses them at load)."""
+    return RECORD_ID_SEPARATOR.join((item_id, config, f"k{k}", fmt))
+
+
+def record_parts(record_id: str) -> tuple[str, str, int, str]:
+    """(item id, configuration, k, format) of a :func:`record_id`."""
+    item_id, config, k, fmt = record_id.split(RECORD_ID_SEPARATOR)
+    return item_id, config, int(k.removeprefix("k")), fmt

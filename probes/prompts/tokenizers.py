@@ -23,6 +23,15 @@ def qwen3_tokenizer_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
 
 
+def special_token_strings(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
+    """The strings ``tokenizer`` turns into single control tokens wherever they stand in a text: its
+    special tokens and its added tokens (Qwen3's ``<tool_call>``, ``<think>``, ``<|fim_prefix|>`` …;
+    added runs of whitespace, layout rather than control, left out). Dataset text holding one is refused
+    when a prompt builder is made (:mod:`probes.data.chat_tokens`)."""
+    added = (token.content for token in tokenizer.added_tokens_decoder.values())
+    return tuple(sorted({t for t in (*tokenizer.all_special_tokens, *added) if t.strip()}))
+
+
 def load_tokenizer(spec: str | Path) -> PreTrainedTokenizerBase:
     """``"qwen3"`` (the bundled real Qwen3 tokenizer) or a local tokenizer/model directory."""
     path = qwen3_tokenizer_dir() if str(spec) == QWEN3_TOKENIZER else Path(spec)

@@ -8,16 +8,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probes.core.text import visible
+
 
 def markdown_table(frame: pd.DataFrame, digits: int = 3) -> str:
-    """A GitHub markdown table (no extra dependency)."""
+    """A GitHub markdown table (no extra dependency); texts (item and skill ids, reasons) are written
+    :func:`~probes.core.text.visible`."""
 
     def fmt(v: Any) -> str:
         if isinstance(v, float | np.floating):
             return "nan" if not np.isfinite(v) else f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
-        return str(v).replace("|", "\\|")  # a literal pipe (|B|) would split the cell
+        return visible(str(v)).replace("|", "\\|")  # a literal pipe (|B|) would split the cell
 
-    head = "| " + " | ".join(map(str, frame.columns)) + " |"
+    head = "| " + " | ".join(visible(str(c)) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
     body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)]
     return "\n".join([head, rule, *body])
