@@ -220,12 +220,23 @@ def model_fingerprint(model_dir: str | Path, tokenizer: Any = None) -> dict[str,
     return {"weights": _files_digest(d, WEIGHT_FILES), "tokenizer": tok.hexdigest()[:16]}
 
 
-def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
-    """Dequantise a GGUF file into a cached HF folder (safetensors) once; return that folder."""
+def gguf_folder(path: str | Path) -> Path:
+    """The cached HF folder a GGUF file is converted into (named by the file's content hash)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist")
-    out = gguf_cache_dir() / file_sha256(path)
+    return gguf_cache_dir() / file_sha256(path)
+
+
+def model_folder(model: str | Path, *, allow_pickle: bool = False) -> Path:
+    """The folder ``model`` (a folder, a local-cache name or a ``.gguf`` file) loads from, checked, not loaded."""
+    return gguf_folder(model) if str(model).endswith(".gguf") else resolve_model_dir(model, allow_pickle=allow_pickle)
+
+
+def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
+    """Dequantise a GGUF file into a cached HF folder (safetensors) once; return that folder."""
+    out = gguf_folder(path)
+    path = Path(path).expanduser()
     if (out / "config.json").exists() and _has_safetensors(out):
         return out
     tmp = out.with_name(out.name + ".partial")
