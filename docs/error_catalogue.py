@@ -201,6 +201,15 @@ def _disk_full_at(limit: int, tmp: Path):
         yield
 
 
+def _llm_record(line: str) -> Callable[[Path], None]:
+    """A copy of the bundled dataset with a recorded LLM extractor run: one good reply, then ``line``."""
+    def setup(tmp: Path) -> None:
+        _dataset(lambda lines: lines)(tmp)
+        good = {"id": "retail.get_order_details", "model": "chat", "max_new_tokens": 8, "reply": "{}", "truncated": False}
+        (tmp / "data" / "llm_extraction.jsonl").write_text(json.dumps(good) + "\n" + line + "\n")
+    return setup
+
+
 def _card_and_stale_temporary(tmp: Path) -> None:
     """A dataset whose CARD.md is whole, next to the empty temporary file of a killed writer."""
     _dataset(lambda lines: lines)(tmp)
@@ -334,6 +343,14 @@ CASES: list[Case] = [
     Case("--seed 2**70", _sweep("--seed", str(2**70)), 2, f"option 'seed' (--seed) must be in [0, 4294967295], got {2**70}"),
     Case("TOML: k-max and k_max", _sweep("--options-file", "<tmp>/run.toml"), 2, "run.toml: keys 'k-max' and 'k_max' both set option 'k_max' (--k-max); keep one",
          _toml("k-max = 1\nk_max = 2\n")),
+    Case("card: a torn llm_extraction.jsonl line", ["card", "<tmp>/data", "--tokenizer", "none"], 1,
+         "<tmp>/data/llm_extraction.jsonl:2: not a JSON line (JSONDecodeError); a torn or edited line", _llm_record('{"id": "retail.get_ord')),
+    Case("card: a recorded id without a '.'", ["card", "<tmp>/data", "--tokenizer", "none"], 1,
+         "llm_extraction.jsonl:2: id 'get_order_details' is not DOMAIN.TOOL",
+         _llm_record('{"id": "get_order_details", "model": "chat", "max_new_tokens": 8, "reply": "{}", "truncated": false}')),
+    Case("card: a recorded id of an unknown domain", ["card", "<tmp>/data", "--tokenizer", "none"], 1,
+         "llm_extraction.jsonl:2: id 'atlantis.get_order_details': unknown domain 'atlantis'",
+         _llm_record('{"id": "atlantis.get_order_details", "model": "chat", "max_new_tokens": 8, "reply": "{}", "truncated": false}')),
 ]
 
 
