@@ -241,13 +241,14 @@ def require_session(session: Any) -> None:
 
 
 def session_folder(session: EngineSession) -> Path:
-    """The folder the session's model was loaded from (a GGUF: its converted folder); an error for a
-    model built in memory, whose weights no folder holds (nothing to fingerprint or to name the results by)."""
+    """The folder the session's model was loaded from (a GGUF: its converted folder), as the model names
+    it; an error for a model built in memory, whose weights no folder holds (nothing to fingerprint or to
+    name the results by)."""
     name = str(getattr(session.model, "name_or_path", "") or "")
     if not (name and Path(name).is_dir()):
         raise AnalysisError(f"the session's model has no folder (name_or_path {name!r}): its weights cannot be fingerprinted "
                             "nor its results named; save it (model.save_pretrained(DIR), with its tokenizer) and open the session from DIR")
-    return Path(name).resolve()
+    return Path(name)
 
 
 def model_conflict(options: RunOptions, session: EngineSession) -> str | None:
@@ -255,7 +256,7 @@ def model_conflict(options: RunOptions, session: EngineSession) -> str | None:
     loads from the session's own folder (paths resolved, links followed, a local-cache name to its
     snapshot, a .gguf to its converted folder). A copy elsewhere is another model here: the study
     defaults (dataset, gate) and the results folder follow the folder, not the bytes."""
-    loaded = session_folder(session)
+    loaded = session_folder(session).resolve()
     try:
         folder = model_folder(options.model, allow_pickle=options.allow_pickle).resolve()
     except ModelLoadError as error:
