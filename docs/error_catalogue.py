@@ -201,6 +201,15 @@ def _disk_full_at(limit: int, tmp: Path):
         yield
 
 
+def _llm_record(line: str) -> Callable[[Path], None]:
+    """A copy of the bundled dataset with a recorded LLM extractor run: one good reply, then ``line``."""
+    def setup(tmp: Path) -> None:
+        _dataset(lambda lines: lines)(tmp)
+        good = {"id": "retail.get_order_details", "model": "chat", "max_new_tokens": 8, "reply": "{}", "truncated": False}
+        (tmp / "data" / "llm_extraction.jsonl").write_text(json.dumps(good) + "\n" + line + "\n")
+    return setup
+
+
 def _card_and_stale_temporary(tmp: Path) -> None:
     """A dataset whose CARD.md is whole, next to the empty temporary file of a killed writer."""
     _dataset(lambda lines: lines)(tmp)
@@ -244,7 +253,7 @@ CASES: list[Case] = [
     Case("TOML: gamma = nan", _sweep("--options-file", "<tmp>/run.toml"), 2, "run.toml: sweep: option 'gamma' (--gamma) must be a finite number, got nan",
          _toml("gamma = nan\n")),
     Case("--items that names nothing", _sweep("--items", "::::"), 2, "option 'items' (--items) '::::' names no bucket, domain or count"),
-    Case("--items ''", _sweep("--items", ""), 2, "option 'items' (--items) '' names no bucket, domain or count"),
+    Case("--items ''", _sweep("--items", ""), 2, "option 'items' (--items) must not be empty"),
     Case("--configs ''", _sweep("--configs", ""), 2, "option 'configs' (--configs) needs at least 1 of"),
     Case("bfcl-import --max-probe-entries -1", ["bfcl-import", "--out", "<tmp>/new", "--max-probe-entries", "-1"], 2, "(--max-probe-entries) must be ≥ 1, got -1"),
     # datasets, checked with file and line before any model is loaded
@@ -348,6 +357,28 @@ CASES: list[Case] = [
          "items.jsonl:1: item id 'retail|ok-0001' holds '|', which joins the parts of a record id", _dataset(_first_item(id="retail|ok-0001"))),
     Case("explore after a sweep on an item id holding |", ["explore", "--out", "<tmp>/out", "--model", "<tmp>/model"], 1,
          "item id 'retail|wrong-0001' holds '|', which joins the parts of a record id", _separator_in_a_swept_item_id),
+    # issue 41, option ranges and inputs checked first (branch optcheck): refused before any work
+    Case("shortcuts --folds 0", ["shortcuts", "--folds", "0"], 2, "option 'folds' (--folds) must be ≥ 2, got 0"),
+    Case("shortcuts --folds 1", ["shortcuts", "--folds", "1"], 2, "option 'folds' (--folds) must be ≥ 2, got 1"),
+    Case("shortcuts --folds -3", ["shortcuts", "--folds", "-3"], 2, "option 'folds' (--folds) must be ≥ 2, got -3"),
+    Case("shortcuts --resamples 0", ["shortcuts", "--resamples", "0"], 2, "option 'resamples' (--resamples) must be ≥ 1, got 0"),
+    Case("shortcuts --resamples -5", ["shortcuts", "--resamples", "-5"], 2, "option 'resamples' (--resamples) must be ≥ 1, got -5"),
+    Case("attribution --alpha 2.0", ["attribution", "--model", NO_MODEL, "--alpha", "2.0"], 2, "option 'alpha' (--alpha) must be in (0, 1), got 2.0"),
+    Case("mask-eval --temperature 1e-320", ["mask-eval", "--model", NO_MODEL, "--temperature", "1e-320"], 2,
+         "option 'temperature' (--temperature) must be ≥ 0.001, got 1e-320"),
+    Case("mask-eval --protect ''", ["mask-eval", "--model", NO_MODEL, "--protect", ""], 2, "option 'protected' (--protect): an empty name in ['']"),
+    Case("--seed -1", _sweep("--seed", "-1"), 2, "option 'seed' (--seed) must be in [0, 4294967295], got -1"),
+    Case("--seed 2**70", _sweep("--seed", str(2**70)), 2, f"option 'seed' (--seed) must be in [0, 4294967295], got {2**70}"),
+    Case("TOML: k-max and k_max", _sweep("--options-file", "<tmp>/run.toml"), 2, "run.toml: keys 'k-max' and 'k_max' both set option 'k_max' (--k-max); keep one",
+         _toml("k-max = 1\nk_max = 2\n")),
+    Case("card: a torn llm_extraction.jsonl line", ["card", "<tmp>/data", "--tokenizer", "none"], 1,
+         "<tmp>/data/llm_extraction.jsonl:2: not a JSON line (JSONDecodeError); a torn or edited line", _llm_record('{"id": "retail.get_ord')),
+    Case("card: a recorded id without a '.'", ["card", "<tmp>/data", "--tokenizer", "none"], 1,
+         "llm_extraction.jsonl:2: id 'get_order_details' is not DOMAIN.TOOL",
+         _llm_record('{"id": "get_order_details", "model": "chat", "max_new_tokens": 8, "reply": "{}", "truncated": false}')),
+    Case("card: a recorded id of an unknown domain", ["card", "<tmp>/data", "--tokenizer", "none"], 1,
+         "llm_extraction.jsonl:2: id 'atlantis.get_order_details': unknown domain 'atlantis'",
+         _llm_record('{"id": "atlantis.get_order_details", "model": "chat", "max_new_tokens": 8, "reply": "{}", "truncated": false}')),
 ]
 
 

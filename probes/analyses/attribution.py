@@ -39,7 +39,7 @@ import seaborn as sns
 from probes.analyses import register
 from probes.analyses.base import Analysis, ReportSection
 from probes.analyses.jobs import Job, Scorer, cached_scorer, run_jobs
-from probes.analyses.option_system import OptionError, RunOptions, k_max_option, option
+from probes.analyses.option_system import RunOptions, k_max_option, option
 from probes.analyses.run_context import RunContext, provenance
 from probes.data.configs import CONFIGS
 from probes.prompts.builder import SWEEP_K_MAX
@@ -160,7 +160,8 @@ class Attribution(Analysis):
 
     k_max: int | None = k_max_option(SWEEP_K_MAX)
     masks: int = option(12, "K: random skill masks (the seed's 12)", type=int, minimum=2)
-    inclusion: float = option(0.4, "f: each skill's inclusion probability in a mask (the seed's 0.4)", type=float, minimum=0.0)
+    inclusion: float = option(0.4, "f: each skill's inclusion probability in a mask (the seed's 0.4)", type=float, minimum=0.0,
+                              maximum=1.0, exclusive=True, why="at 0 or 1 every mask is the same: no skill's effect is estimable")
     pools: tuple[str, ...] = option(POOLS, "candidate pools: topk (the item's top-k skills, masked) and library (retrieval re-run "
                                     "on the masked library)", names=POOLS, minimum=1)
     config: str = option("proc", "memory configuration the skills are shown in", choices=tuple(n for n, c in CONFIGS.items() if c.slots))
@@ -168,7 +169,8 @@ class Attribution(Analysis):
     permutations: int = option(200, "permutations of each per-cell test (power table)", type=int, minimum=1)
     subsamples: int = option(20, "draws of K masks out of the run's per K of the measured power table", type=int, minimum=1)
     simulations: int = option(1000, "simulated cells per K of the simulated power table", type=int, minimum=1)
-    alpha: float = option(0.05, "level of the per-cell permutation test", type=float, minimum=0.0)
+    alpha: float = option(0.05, "level of the per-cell permutation test", type=float, minimum=0.0, maximum=1.0, exclusive=True,
+                          why="a test level; at 1 every cell is detected, power 1 at every K")
 
     def resolved(self) -> Attribution:
         """``--quick`` keeps one pool (the library one where asked): half the prompts of both."""
@@ -178,8 +180,6 @@ class Attribution(Analysis):
         return options
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        if not 0.0 < self.inclusion < 1.0:
-            raise OptionError(f"{NAME}: inclusion (--inclusion) must be in (0, 1), got {self.inclusion}")
         skills, masks = draw(ctx, self.masks, self.inclusion)
         store = ctx.store(configs=[self.config], masks=[sorted(s) for s in included_sets(skills, masks)])
         run_jobs(ctx, store, mask_jobs(ctx, ctx.items, skills, masks, self.config, ctx.options.pools), mask_scorer(ctx))

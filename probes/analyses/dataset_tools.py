@@ -38,9 +38,11 @@ from probes.analyses.option_system import (
     depth_option,
     flag_of,
     fold_groups_option,
+    folds_option,
     k_max_option,
     option,
     option_fields,
+    seed_option,
     shared,
 )
 from probes.analyses.run_context import check_depths, check_gate_embedder, check_oracle, select_items
@@ -72,8 +74,8 @@ class TokenizerOption(Options):
 class BootstrapOptions(Options):
     """The task-group bootstrap of ``shortcuts`` and ``card``."""
 
-    resamples: int = option(DEFAULT_RESAMPLES, "task-group bootstrap resamples", type=int)
-    seed: int = option(0, "seed of the bootstrap (and of the folds)", type=int)
+    resamples: int = option(DEFAULT_RESAMPLES, "task-group bootstrap resamples", type=int, minimum=1)
+    seed: int = seed_option("seed of the bootstrap (and of the folds)")
 
 
 def _study(options: Any) -> Any:
@@ -102,7 +104,7 @@ class BuildOptions(ItemOptions, BuilderOptions, TokenizerOption):
                                              choices=sorted(CONFIGS), group="probe")
     formats: tuple[str, ...] | None = option(None, "decision formats (default: native)", flag="--format", repeat=True,
                                              choices=FORMATS, group="probe")
-    workers: int = option(min(2, multiprocessing.cpu_count()), "worker processes (forked)", type=int)
+    workers: int = option(min(2, multiprocessing.cpu_count()), "worker processes (forked)", type=int, minimum=1)
     out: str | Path = option(Path("results/records.jsonl"), "JSON Lines output", type=Path)
 
 
@@ -279,7 +281,7 @@ class ShortcutsOptions(DatasetOption, TokenizerOption, BootstrapOptions):
                                         help="probe dataset folder or bundled name (default: the bundled basm_probe_v2)")
     tokenizer: str = shared(TokenizerOption, "tokenizer", help=f"tokenizer of the token-length rule ('{NO_TOKENIZER}': words only)")
     split_kind: str = shared(ItemOptions, "split_kind")
-    folds: int = option(DEFAULT_FOLDS, "grouped folds of the bag-of-words classifier (groups: --fold-groups)", type=int)
+    folds: int = folds_option(DEFAULT_FOLDS, "grouped folds of the bag-of-words classifier (groups: --fold-groups)", "run")
     fold_groups: str = fold_groups_option("run")
     out: str | Path | None = option(None, "write the table as CSV here", type=Path)
 
@@ -356,8 +358,9 @@ class BFCLImportOptions(Options):
     bfcl_dir: str | Path | None = option(None, "BFCL data folder (default: the installed bfcl-eval package's)", type=Path)
     categories: tuple[str, ...] = option(BFCL_CATEGORIES, "comma-separated multi-turn categories of the probe items",
                                          names=BFCL_CATEGORIES, minimum=1)
-    skill_fraction: float = option(0.5, "share of entries whose trajectories feed skill extraction", type=float)
-    seed: int = option(0, "seed of the entry split", type=int)
+    skill_fraction: float = option(0.5, "share of entries whose trajectories feed skill extraction", type=float, minimum=0.0, maximum=1.0,
+                                   exclusive=True, why="both the skill-source and the probe entries must be some")
+    seed: int = seed_option("seed of the entry split")
     max_probe_entries: int | None = option(None, "keep only the first N probe entries (a small sample)", type=int, minimum=1)
     card: bool = option(True, "do not write CARD.md (its shortcut tables take minutes on two cores); a previous one is removed, "
                         "not left stale", type=bool, flag="--no-card")

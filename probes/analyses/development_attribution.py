@@ -130,8 +130,6 @@ class DevelopmentAttribution(Analysis):
         """Score the attribution masks of the development items (resumable); returns the items, the
         skills and masks, and the store (opened once: every row of the run goes to it)."""
         dev, held = partition(ctx)
-        if not 0.0 < self.inclusion < 1.0:
-            raise OptionError(f"{self.name}: inclusion (--inclusion) must be in (0, 1), got {self.inclusion}")
         skills, masks = draw(ctx, self.masks, self.inclusion)
         store = ctx.store(configs=[self.config], masks=[sorted(s) for s in included_sets(skills, masks)])
         run_jobs(ctx, store, mask_jobs(ctx, dev, skills, masks, self.config, (POOL,)), mask_scorer(ctx))

@@ -569,7 +569,8 @@ class Heads(Analysis):
     floor_from: str = option("train", "where the span-mass floor comes from: train (chosen on the train split's task groups outside "
                              "this run, by a rule fixed in advance) or given (--min-span-mass, fixed a priori)", choices=FLOOR_SOURCES)
     min_span_mass: float = option(MIN_SPAN_MASS, "span-mass floor: rank only heads whose deciding row puts this much attention on "
-                                  "boundary ∪ procedure (with --floor-from train: one more candidate floor)", type=float, minimum=0.0)
+                                  "boundary ∪ procedure (with --floor-from train: one more candidate floor)", type=float, minimum=0.0,
+                                  maximum=1.0, why="a share of a row's attention: above 1 no head is ranked")
     floor_limit: int | None = option(None, "--floor-from train: train items per bucket that choose the floor (default: as many as the "
                                      "run's largest bucket)", type=int, minimum=1, group="items")
     causal: bool = option(True, "run the knockout check of the ranking (--no-causal: skip it, and the floor's choice on train)",

@@ -611,7 +611,8 @@ class KnockoutAnalysis(Analysis):
     mass_tolerance: float = option(DEFAULT_MASS_TOLERANCE, "relative band within which a mass-matched draw must match B's "
                                    "deciding-row attention mass", type=float, minimum=0.0)
     sesoi: float = option(DEFAULT_SESOI, "smallest effect of interest (logits): a control is claimed neutral only when TOST "
-                          "places its shift within ±sesoi", type=float, minimum=0.0)
+                          "places its shift within ±sesoi", type=float, minimum=0.0, exclusive=True,
+                          why="no shift lies within ±0: TOST could never claim a control neutral")
     priming: bool = option(False, f"also knock out on the lexical-priming controls ({', '.join(PRIMING_CONFIGS)}): tool names in "
                            "the boundary items anonymised, or only the names kept", type=bool)
     knockout_rows: str = option("path", "rows blocked: path (every row from the open row to the decision row and the candidate "

@@ -54,7 +54,7 @@ from probes.analyses import register
 from probes.prompts.builder import SWEEP_K_MAX
 from probes.analyses.base import Analysis, Comparison, ReportSection
 from probes.analyses.jobs import Job, run_jobs
-from probes.analyses.option_system import fold_groups_option, k_max_option, option
+from probes.analyses.option_system import fold_groups_option, folds_option, k_max_option, option
 from probes.analyses.run_context import AnalysisError, RunContext, provenance
 from probes.analyses.parallel import on_rank_zero
 from probes.prompts.record import PromptRecord
@@ -422,9 +422,10 @@ class Linear(Analysis):
                                              flag="--bucket", repeat=True, choices=("T_ok", "T_wrong", "T_repair"), group="items")
     configs: tuple[str, ...] = option(PAPER_CONFIGS, f"comma-separated memory configurations (default: {','.join(PAPER_CONFIGS)})",
                                       names=tuple(CONFIGS), minimum=1)
-    folds: int = option(DEFAULT_FOLDS, "grouped CV folds (lowered to the groups per class)", type=int, minimum=2, group="linear probe")
+    folds: int = folds_option(DEFAULT_FOLDS, "grouped CV folds (lowered to the groups per class)", "linear probe")
     fold_groups: str = fold_groups_option("linear probe")
-    C: float = option(DEFAULT_C, "inverse L2 strength of the logistic regression", type=float, minimum=0.0, group="linear probe")
+    C: float = option(DEFAULT_C, "inverse L2 strength of the logistic regression", type=float, minimum=0.0, exclusive=True,
+                      why="scikit-learn's logistic regression needs C > 0", group="linear probe")
     permutations: int = option(DEFAULT_PERMUTATIONS, "label permutations within task groups, shared by all layers; p ≥ 1/(1 + N)",
                                type=int, minimum=1, group="linear probe")
     resamples: int = option(DEFAULT_RESAMPLES, "task-group bootstrap resamples of the AUC CI", type=int, minimum=1, group="linear probe")

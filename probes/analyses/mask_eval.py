@@ -56,7 +56,8 @@ class MaskEval(DevelopmentAttribution):
 
     neighbours: int = option(cur.SEED_NEIGHBOURS, "k nearest development items of Eq. 6 (the seed's 8)", type=int, minimum=1)
     temperature: float = option(cur.SOFTMAX_TEMPERATURE, "τ of Eq. 5's softmax over cosines (the seed states none; a priori)",
-                                type=float, minimum=0.0)
+                                type=float, minimum=cur.MIN_TEMPERATURE, why="below it the weights are the nearest neighbour's already, "
+                                "and τ → 0 turns them into NaN")
     threshold: float = option(round(cur.MASK_THRESHOLD, 4), "drop a skill when Ĉ < −threshold (logits; the seed's −0.10 pass rate "
                               "as a margin: 2·logit(0.55))", type=float, minimum=0.0)
     protected: tuple[str, ...] = option(cur.PROTECTED_PREFIXES, "skill id prefixes never dropped (the seed's tpl-, shr-, api-)",
@@ -74,8 +75,6 @@ class MaskEval(DevelopmentAttribution):
 
     def masks_for(self, ctx: RunContext, dev: list[Item], held: list[Item], cells: pd.DataFrame) -> list[dict[str, Any]]:
         """Each held-out item's four libraries (Eqs. 5–7 and the two controls) and what its prompt shows under each."""
-        if not 0.0 < self.temperature:
-            raise OptionError(f"mask-eval: temperature (--temperature) must be > 0, got {self.temperature}")
         benefit = cells.pivot_table(index="skill", columns="item_id", values="b", aggfunc="first").reindex(columns=[i.id for i in dev])
         embed = ctx.builder.retriever.embedder.embed
         dev_vectors = embed([item.state_text for item in dev])

@@ -21,6 +21,7 @@ from probes.data.dataset import BUCKETS, SPLIT_KINDS, ProbeDataset
 from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RETRIEVAL_MODES, Retriever
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, BuildSettings, PromptBuilder, make_builder
 from probes.scoring.score import DEFAULT_VARIANT, MARGIN_VARIANTS
+from probes.scoring.stats import MIN_FOLDS
 
 # --quick: a small item subset so that `report --quick` finishes in minutes on 2 CPU cores. The
 # limit is spread over task groups (ProbeDataset.select): 4 items per bucket = 4 task groups, the
@@ -28,6 +29,9 @@ from probes.scoring.score import DEFAULT_VARIANT, MARGIN_VARIANTS
 QUICK = {"limit": 4, "k_max": DEFAULT_K_MAX, "random_draws": 2}
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)  # the backend option's choices: the backends' registry, named once
 SPLIT_CHOICES = ("train", "eval", "all")
+# Every seed reaches numpy's legacy RandomState through scikit-learn's fold splitter (random_state),
+# which takes 0 ≤ seed < 2**32 (numpy's Generator and torch take more): checked before any work.
+SEED_MAX = 2**32 - 1
 
 
 class OptionError(ValueError):
@@ -50,6 +54,9 @@ def option(
     names: Sequence[str] | None = None,
     group: str = "run",
     minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive: bool = False,
+    why: str | None = None,
     positional: bool = False,
 ) -> Any:
     """A keyword option of an analysis or command (a dataclass field with what the CLI and the validator need).
@@ -58,7 +65,10 @@ def option(
     ``names``: a list given as comma-separated names from ``names`` (``--configs base,proc``; a
     live sequence such as :data:`probes.analyses.ANALYSES` is read when checked);
     ``flag``: the CLI flag when it is not ``--field-name`` (``--no-figure`` for a True default);
-    ``minimum``: the smallest value of a number, the fewest names of a list.
+    ``minimum``: the smallest value of a number, the fewest names of a list; ``maximum``: the largest
+    value of a number; ``exclusive``: both bounds are themselves refused (``minimum=0, maximum=1,
+    exclusive=True``: a probability in (0, 1)); ``why``: what the range protects, said when it refuses.
+    A string, a path and every name of a list must not be empty (a path ``""`` would be the current folder).
     ``positional``: a positional argument of the command (``show ITEM``); ``default`` :data:`REQUIRED`
     makes the option required.
     """
@@ -66,7 +76,7 @@ def option(
         default = tuple(default)
     meta = {"help": help, "type": type, "choices": tuple(choices) if choices is not None else None, "flag": flag,
             "repeat": repeat, "names": tuple(names) if isinstance(names, list) else names, "group": group, "minimum": minimum,
-            "positional": positional}
+            "maximum": maximum, "exclusive": exclusive, "why": why, "positional": positional}
     return field(metadata=meta) if default is REQUIRED else field(default=default, metadata=meta)
 
 
@@ -86,6 +96,17 @@ def k_max_option(default: int | None) -> Any:
     """The ``k_max`` option (``--k-max``) with ``default``: :data:`~probes.prompts.builder.DEFAULT_K_MAX`
     (the analyses at one depth) or :data:`~probes.prompts.builder.SWEEP_K_MAX` (the depth sweeps, ``build``)."""
     return option(default, "largest retrieval depth K", type=int, minimum=0, group="probe")
+
+
+def seed_option(help: str, group: str = "run") -> Any:
+    """A ``seed`` option (``--seed``), default 0, in 0..:data:`SEED_MAX`."""
+    return option(0, help, type=int, minimum=0, maximum=SEED_MAX, group=group,
+                  why="numpy's RandomState, which scikit-learn's folds use, takes 0 ≤ seed < 2**32")
+
+
+def folds_option(default: int, help: str, group: str) -> Any:
+    """A ``folds`` option (``--folds``) of grouped cross-validation: at least :data:`~probes.scoring.stats.MIN_FOLDS`."""
+    return option(default, help, type=int, minimum=MIN_FOLDS, group=group, why="one fold leaves no training data, so no out-of-fold score")
 
 
 def fold_groups_option(group: str) -> Any:
@@ -115,6 +136,29 @@ def flag_of(f: dataclasses.Field) -> str:
     return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
+def _number(bound: float) -> str:
+    return f"{bound:g}" if isinstance(bound, float) else str(bound)
+
+
+def value_range(f: dataclasses.Field) -> str | None:
+    """The range of number option ``f`` as its refusal states it (``≥ 0``, ``> 0``, ``in (0, 1)``), or None."""
+    low, high, exclusive = f.metadata["minimum"], f.metadata["maximum"], f.metadata["exclusive"]
+    if low is not None and high is not None:
+        return f"in {'(' if exclusive else '['}{_number(low)}, {_number(high)}{')' if exclusive else ']'}"
+    if low is not None:
+        return f"{'>' if exclusive else '≥'} {_number(low)}"
+    if high is not None:
+        return f"{'<' if exclusive else '≤'} {_number(high)}"
+    return None
+
+
+def _in_range(f: dataclasses.Field, value: float) -> bool:
+    low, high, exclusive = f.metadata["minimum"], f.metadata["maximum"], f.metadata["exclusive"]
+    if exclusive:
+        return (low is None or value > low) and (high is None or value < high)
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
 def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "") -> Any:
     """``value`` checked (and normalised: lists become tuples, paths stay as given) against the
     option's type, choices and range; a precise :class:`OptionError` otherwise."""
@@ -128,6 +172,8 @@ def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "
         values = [value] if isinstance(value, str) else value
         if isinstance(values, str) or not isinstance(values, Sequence) or not all(isinstance(v, str) for v in values):
             raise OptionError(f"{label} must be a list of strings, got {value!r}")
+        if "" in values:  # an empty name matches nothing, or (a prefix) everything
+            raise OptionError(f"{label}: an empty name in {list(values)!r}; give each name, e.g. {flag_of(f)} NAME")
         known = meta["names"] or meta["choices"]
         if known is not None and (unknown := [v for v in values if v not in known]):
             raise OptionError(f"{label}: unknown {unknown}; known: {', '.join(known)}")
@@ -143,13 +189,16 @@ def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "
             raise OptionError(f"{label} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
         if not math.isfinite(value):  # NaN would pass every range check and then close every gate silently
             raise OptionError(f"{label} must be a finite number, got {value!r}")
-        if meta["minimum"] is not None and value < meta["minimum"]:
-            raise OptionError(f"{label} must be ≥ {meta['minimum']}, got {value!r}")
+        if not _in_range(f, value):
+            raise OptionError(f"{label} must be {value_range(f)}, got {value!r}" + (f" ({meta['why']})" if meta["why"] else ""))
     elif kind is Path:
         if not isinstance(value, str | Path):
             raise OptionError(f"{label} must be a path, got {value!r}")
     elif not isinstance(value, str):
         raise OptionError(f"{label} must be a string, got {value!r}")
+    if isinstance(value, str) and not value:  # a path "" would be the current folder
+        default = "" if f.default is REQUIRED else "leave it out, or " if f.default is None else f"leave it out for its default ({f.default}), or "
+        raise OptionError(f"{label} must not be empty; {default}give {'a path (. for the current folder)' if kind is Path else 'a value'}")
     if meta["choices"] is not None and value not in meta["choices"]:
         raise OptionError(f"{label} must be one of {', '.join(map(str, meta['choices']))}, got {value!r}")
     return value
@@ -301,7 +350,7 @@ class RunOptions(Options, BuildsPrompts):
     beta: int = shared(BuilderOptions, "beta")
     retrieval: str = shared(BuilderOptions, "retrieval")
     oracle_rank: int = shared(BuilderOptions, "oracle_rank")
-    seed: int = option(0, "seed of every random draw", type=int, group="probe")
+    seed: int = seed_option("seed of every random draw", group="probe")
     # items
     dataset: str | Path | None = shared(ItemOptions, "dataset")
     buckets: tuple[str, ...] | None = shared(ItemOptions, "buckets")

@@ -24,7 +24,7 @@ from probes.analyses.option_system import OptionError, RunOptions, header_option
 from probes.analyses.parallel import ShardedStore, open_store, rank_device, world
 from probes.data.dataset import BUCKETS, ORGANISM_DIR, ORGANISM_NAME, Item, ProbeDataset, is_organism, load_dataset, resolve_dataset
 from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
-from probes.engine.loading import model_fingerprint
+from probes.engine.loading import ModelLoadError, model_fingerprint, model_folder
 from probes.engine.session import EngineSession
 from probes.prompts.builder import PromptBuilder, resolve_study
 from probes.prompts.context import SkippedItem, partition_by_context
@@ -240,11 +240,35 @@ def require_session(session: Any) -> None:
                           f"{str(session)[:80]!r}; to load a model by its path, pass model=PATH")
 
 
+def session_folder(session: EngineSession) -> Path:
+    """The folder the session's model was loaded from (a GGUF: its converted folder), as the model names
+    it; an error for a model built in memory, whose weights no folder holds (nothing to fingerprint or to
+    name the results by)."""
+    name = str(getattr(session.model, "name_or_path", "") or "")
+    if not (name and Path(name).is_dir()):
+        raise AnalysisError(f"the session's model has no folder (name_or_path {name!r}): its weights cannot be fingerprinted "
+                            "nor its results named; save it (model.save_pretrained(DIR), with its tokenizer) and open the session from DIR")
+    return Path(name)
+
+
+def model_conflict(options: RunOptions, session: EngineSession) -> str | None:
+    """Why ``model=`` is not the weights of ``session`` (None when it is). The same model: ``model``
+    loads from the session's own folder (paths resolved, links followed, a local-cache name to its
+    snapshot, a .gguf to its converted folder). A copy elsewhere is another model here: the study
+    defaults (dataset, gate) and the results folder follow the folder, not the bytes."""
+    loaded = session_folder(session).resolve()
+    try:
+        folder = model_folder(options.model, allow_pickle=options.allow_pickle).resolve()
+    except ModelLoadError as error:
+        return f"model={str(options.model)!r} is not the session's model {loaded} ({error})"
+    return None if folder == loaded else f"model={str(options.model)!r} ({folder}) is not the session's model {loaded}"
+
+
 def check_session(options: RunOptions, session: EngineSession) -> None:
     """A session option given (not its default) that contradicts the given ``session`` is an error:
-    the run would record one thing and measure another."""
+    the run would record one thing and measure another. ``model`` must be the session's own (:func:`model_conflict`)."""
     runs = session_runs(session)
-    conflicts = []
+    conflicts = [conflict] if options.model is not None and (conflict := model_conflict(options, session)) else []
     for name, actual in runs.items():
         given = getattr(options, name)
         if given == type(options).__dataclass_fields__[name].default or (name == "dtype" and given == "auto"):
@@ -263,16 +287,18 @@ def open_context(analysis: RunOptions, session: EngineSession | None = None) -> 
     (unless ``session`` is given), the dataset and the builder.
 
     The prompt builder uses the tokenizer of the model under study, so spans and candidates are
-    in the model's own token space. With a ``session``, ``model`` names its weights (recorded in
-    the results); it defaults to the session's own folder.
+    in the model's own token space. With a ``session``, ``model`` may name only the session's own
+    weights (:func:`model_conflict`: it names the results folder); it defaults to the session's folder.
     """
     require_session(session)
     options = analysis.resolved()
+    if session is not None:  # before the study (dataset, gate) is chosen by the model
+        check_session(options, session)
     torch.manual_seed(options.seed)
     if options.model is not None:
         model: str | Path = options.model
     elif session is not None:
-        model = session.model.name_or_path or default_model()
+        model = session_folder(session)
     else:
         model = default_model()
     dataset_name, relevance = resolve_study(model, options.dataset, options.relevance)
@@ -296,7 +322,6 @@ def open_context(analysis: RunOptions, session: EngineSession | None = None) -> 
     if session is None:  # each rank of a parallel run on its node's GPU; the option as given is recorded
         session = open_session(dataclasses.replace(options, device=rank_device(options.device, ranks)), model)
     else:  # record what the given session actually runs, not the option defaults (the ranks' GPUs as one device type)
-        check_session(options, session)
         runs = session_runs(session)
         options = dataclasses.replace(options, dtype=runs["dtype"], device=session.model.device.type if ranks.size > 1 else runs["device"])
     if session.tokenizer is None:

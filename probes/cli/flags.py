@@ -65,7 +65,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def options_from_file(path: Path, cls: type) -> dict[str, Any]:
-    """The options of a TOML file, checked as the keyword options are; unknown keys are errors."""
+    """The options of a TOML file, checked as the keyword options are; unknown keys are errors, and so
+    are two keys of one option (``k-max`` and ``k_max``, ``bucket`` and ``buckets``): neither may win silently."""
     try:
         with Path(path).open("rb") as handle:
             table = tomllib.load(handle)
@@ -75,11 +76,14 @@ def options_from_file(path: Path, cls: type) -> dict[str, Any]:
         raise OptionError(f"--options-file {path}: not valid TOML: {error}") from error
     fields = {f.name: f for f in option_fields(cls)}
     fields |= {flag_of(f).lstrip("-").replace("-", "_"): f for f in option_fields(cls)}  # e.g. `bucket`, `item`, `no_figure`
-    out = {}
+    out, keys = {}, {}
     for key, value in table.items():
         f = fields.get(key.replace("-", "_"))
         if f is None:
             raise OptionError(f"{path}: unknown option {key!r} for {cls.name}; known: {', '.join(f.name for f in option_fields(cls))}")
+        if f.name in keys:
+            raise OptionError(f"{path}: keys {keys[f.name]!r} and {key!r} both set option {f.name!r} ({flag_of(f)}); keep one")
+        keys[f.name] = key
         if key.replace("-", "_") != f.name and f.metadata["type"] is bool and flag_of(f).startswith("--no-"):
             value = not value if isinstance(value, bool) else value  # `no-figure = true` means figure = false
         out[f.name] = check_option(cls.name, f, value, where=f"{path}: ")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from probes.core.chat import OnBatch, Reply
+from probes.data.dataset import DatasetError
 from probes.data.schema import SLOTS, Skill, SkillValidationError, Tool, ToolCatalog, validate_skill
 
 # What each slot holds, as the prompt states it (keyed by the schema's slots, in their order).
@@ -136,10 +137,50 @@ class RecordingGenerator:
         return self.generator.replies(conversations, on_batch=record)
 
 
+RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {"id": str, "model": str, "max_new_tokens": int, "reply": str, "truncated": bool}
+
+
+def read_record(path: Path, catalogs: Mapping[str, ToolCatalog]) -> list[dict[str, object]]:
+    """The rows of a recorded extractor run (:class:`RecordingGenerator`'s JSONL), each checked before
+    any is replayed: a JSON object with :data:`RECORD_FIELDS` of their types, whose id is
+    ``DOMAIN.TOOL`` with a domain of ``catalogs`` and a tool of its catalog; a :class:`DatasetError`
+    naming the file, the line and the id otherwise."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise DatasetError(f"{path}: not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start})") from error
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as error:
+            raise DatasetError(f"{where}: not a JSON line ({type(error).__name__}); a torn or edited line of the recorded run: "
+                               "remove it, or record the run again") from error
+        if not isinstance(row, dict):
+            raise DatasetError(f"{where}: a recorded reply must be a JSON object, got {type(row).__name__}")
+        wrong = [f"{key!r} ({kind.__name__})" for key, kind in RECORD_FIELDS.items()
+                 if not isinstance(row.get(key), kind) or (kind is int and isinstance(row.get(key), bool))]
+        if wrong:
+            raise DatasetError(f"{where}: a recorded reply needs the fields {', '.join(wrong)}")
+        skill_id = row["id"]
+        domain, dot, name = skill_id.partition(".")
+        if not (dot and domain and name):
+            raise DatasetError(f"{where}: id {skill_id!r} is not DOMAIN.TOOL (e.g. retail.get_order_details)")
+        if domain not in catalogs:
+            raise DatasetError(f"{where}: id {skill_id!r}: unknown domain {domain!r}; the dataset's domains: {', '.join(sorted(catalogs))}")
+        if name not in catalogs[domain]:
+            raise DatasetError(f"{where}: id {skill_id!r}: domain {domain!r} has no tool {name!r}")
+        rows.append(row)
+    return rows
+
+
 def replay_record(rows: Iterable[Mapping[str, object]], catalogs: Mapping[str, ToolCatalog]) -> Extraction:
     """ψ and the anchor checks (:func:`check_reply`) applied again to recorded replies, in order: a
     skill id is kept at its first accepted reply, else discarded with the reason of its last one.
-    ``catalogs``: domain → the catalog its skills were checked against."""
+    ``catalogs``: domain → the catalog its skills were checked against; ``rows``: as :func:`read_record` returns them."""
     replies: dict[str, list[Mapping[str, object]]] = {}
     for row in rows:
         replies.setdefault(str(row["id"]), []).append(row)

@@ -15,6 +15,7 @@ import os
 import pickle
 import re
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,31 @@ def _memo_key(path: Path, st: os.stat_result, sampled: str) -> str:
     return f"{path.resolve()}|{st.st_dev}:{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{sampled[:32]}"
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _read_memo(index: Path) -> dict[str, str]:
+    """The memo's entries that are SHA-256 hex digests: any other value is hashed again, never used as a
+    fingerprint; a memo that is not a JSON object (torn, edited, nested past the parser's depth) is
+    rebuilt. Either is said on stderr, since the memo is then rewritten without it."""
+    try:
+        memo = json.loads(index.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: 200,000 "[" overflow the parser's stack
+        memo, problem = {}, f"unreadable or not JSON ({type(error).__name__})"
+    else:
+        if not isinstance(memo, dict):
+            memo, problem = {}, f"a JSON {type(memo).__name__}, not an object"
+        else:
+            kept = {key: value for key, value in memo.items() if isinstance(value, str) and _SHA256_HEX.fullmatch(value)}
+            if len(kept) == len(memo):
+                return kept
+            memo, problem = kept, f"{len(memo) - len(kept)} of its entries are not SHA-256 hex digests"
+    print(f"warning: hash memo {index}: {problem}; those files are hashed again and the memo rewritten", file=sys.stderr)
+    return memo
+
+
 def file_sha256(path: Path) -> str:
     """SHA-256 of a file's whole content, memoised in the sidecar :func:`hash_cache_path` under
     :func:`_memo_key` (inode, size, mtime, ctime and sampled blocks), so large weights are read in
@@ -155,13 +181,8 @@ def file_sha256(path: Path) -> str:
     with open(path, "rb") as handle:  # one open: the stat and the samples describe the same file
         st = os.fstat(handle.fileno())
         key = _memo_key(path, st, _sampled_digest(handle, st.st_size))
-        try:
-            memo: dict[str, str] = json.loads(index.read_text())
-            if not isinstance(memo, dict):
-                raise ValueError
-        except (OSError, ValueError):  # absent, unreadable or torn: rebuild
-            memo = {}
-        if isinstance(memo.get(key), str):
+        memo = _read_memo(index)
+        if key in memo:
             return memo[key]
         handle.seek(0)
         h = hashlib.sha256()
@@ -199,12 +220,23 @@ def model_fingerprint(model_dir: str | Path, tokenizer: Any = None) -> dict[str,
     return {"weights": _files_digest(d, WEIGHT_FILES), "tokenizer": tok.hexdigest()[:16]}
 
 
-def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
-    """Dequantise a GGUF file into a cached HF folder (safetensors) once; return that folder."""
+def gguf_folder(path: str | Path) -> Path:
+    """The cached HF folder a GGUF file is converted into (named by the file's content hash)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist")
-    out = gguf_cache_dir() / file_sha256(path)
+    return gguf_cache_dir() / file_sha256(path)
+
+
+def model_folder(model: str | Path, *, allow_pickle: bool = False) -> Path:
+    """The folder ``model`` (a folder, a local-cache name or a ``.gguf`` file) loads from, checked, not loaded."""
+    return gguf_folder(model) if str(model).endswith(".gguf") else resolve_model_dir(model, allow_pickle=allow_pickle)
+
+
+def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
+    """Dequantise a GGUF file into a cached HF folder (safetensors) once; return that folder."""
+    out = gguf_folder(path)
+    path = Path(path).expanduser()
     if (out / "config.json").exists() and _has_safetensors(out):
         return out
     tmp = out.with_name(out.name + ".partial")

@@ -33,7 +33,6 @@ The card is regenerated and compared with the committed file by ``tests/reportin
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -231,8 +230,13 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
     """The card text of the dataset in ``dataset_dir``. ``tokenizer``: ``"qwen3"`` (the real Qwen3
     tokenizer), a local tokenizer folder, or ``None`` (no token lengths, no collision section; the
     card says so). ``resamples``/``seed``: of the bootstrap CIs. Deterministic for fixed arguments."""
+    from probes.data.extract_llm import read_record
+
     dataset_dir = Path(dataset_dir)
     dataset = load_dataset(dataset_dir)
+    # every input read and checked before the minutes of statistics: a torn record line stops the card at once
+    record = read_record(dataset_dir / LLM_RECORD, {name: domain.catalog for name, domain in dataset.domains.items()}) \
+        if (dataset_dir / LLM_RECORD).is_file() else None
     loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
     tokenizer_label = "none" if tokenizer is None else ("Qwen3 (probes.prompts.tokenizers.load_tokenizer('qwen3'))" if str(tokenizer) == "qwen3" else Path(tokenizer).name)
     kinds = ["template"] + (["scenario"] if all(item.split_scenario is not None for item in dataset.items) else [])
@@ -282,18 +286,18 @@ def dataset_card(dataset_dir: str | Path, *, tokenizer: str | Path | None = DEFA
                   "`<tool_call>\\n{\"name\": \"`. Decision set: two of {correct tool, wrong tools} collide (first-token margin undefined); "
                   "record: the correct or a wrong tool collides with any other shown tool (a native record's `collision` field).", "",
                   _markdown(frame), "", f"Colliding decision-set pairs (items): {listed}.", ""]
-    if (dataset_dir / LLM_RECORD).is_file():
-        lines += llm_record_section(dataset, dataset_dir / LLM_RECORD)
+    if record is not None:
+        lines += llm_record_section(dataset, record)
     return "\n".join(lines)
 
 
-def llm_record_section(dataset: ProbeDataset, path: Path) -> list[str]:
+def llm_record_section(dataset: ProbeDataset, rows: list[dict[str, Any]]) -> list[str]:
     """What ψ keeps of a recorded LLM extractor run (``llm_extraction.jsonl``, written by
-    :class:`probes.data.extract_llm.RecordingGenerator`): every reply checked again against the
-    dataset's catalogs (:func:`~probes.data.extract_llm.replay_record`), discarded candidates per reason."""
+    :class:`probes.data.extract_llm.RecordingGenerator`, read by :func:`~probes.data.extract_llm.read_record`):
+    every reply checked again against the dataset's catalogs (:func:`~probes.data.extract_llm.replay_record`),
+    discarded candidates per reason."""
     from probes.data.extract_llm import replay_record
 
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     extraction = replay_record(rows, {name: domain.catalog for name, domain in dataset.domains.items()})
     models = sorted({(Path(str(row["model"])).name, row["max_new_tokens"]) for row in rows})
     prompted = len(extraction.kept) + len(extraction.rejected)

@@ -57,6 +57,10 @@ TAU_RETIRE = rate_difference_in_logits(SEED_HARM_THRESHOLD)  # 0.401 logits
 MASK_THRESHOLD = TAU_RETIRE
 TAU_MERGE = 0.90  # the seed states no value; a priori "near-identical text", never tuned here
 SOFTMAX_TEMPERATURE = 0.1  # the seed states no value; a priori: a cosine gap of 0.1 weighs e times more
+# The smallest τ: at 1e-3 a cosine gap of 0.01 already weighs e^10 times more (the nearest neighbour
+# alone), so a smaller τ changes no weight but lets float32 cosine rounding (~1e-7) move them, and
+# τ → 0 overflows cos/τ to inf, the weights to NaN and every mask to the full library.
+MIN_TEMPERATURE = 1e-3
 
 
 def regimes(c_bar: pd.Series, heterogeneity: pd.Series, tau_split: float, tau_retire: float) -> pd.Series:
@@ -183,8 +187,8 @@ def merge_clusters(ids: Sequence[str], embeddings: np.ndarray, tau_merge: float)
 def neighbour_weights(development: np.ndarray, test: np.ndarray, k: int, temperature: float) -> np.ndarray:
     """w(t) of Eq. 5: softmax(cos(e_t, e_i) / τ) over the k development items nearest by cosine
     (unit-norm embeddings; ties by index), zero elsewhere. development ``[M, d]``, test ``[d]`` → ``[M]``."""
-    if k < 1 or temperature <= 0:
-        raise ValueError(f"need k ≥ 1 and a temperature > 0, got k={k}, temperature={temperature}")
+    if k < 1 or not temperature >= MIN_TEMPERATURE:
+        raise ValueError(f"need k ≥ 1 and a temperature ≥ {MIN_TEMPERATURE:g}, got k={k}, temperature={temperature}")
     cosines = development @ test
     nearest = np.argsort(-cosines, kind="stable")[:k]
     logits = cosines[nearest] / temperature

@@ -273,6 +273,9 @@ def group_bootstrap_auc(y: np.ndarray, scores: np.ndarray, groups: Sequence[str]
     return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
 
 
+MIN_FOLDS = 2  # one fold would leave no training data: every out-of-fold score would be missing
+
+
 def grouped_folds(y: np.ndarray, groups: Sequence[str], n_splits: int = 5, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Task-disjoint stratified folds (train, test) index arrays.
 
@@ -282,6 +285,8 @@ def grouped_folds(y: np.ndarray, groups: Sequence[str], n_splits: int = 5, seed:
     on ``y`` only through each group's class counts, so labels permuted within groups get the
     same folds.
     """
+    if n_splits < MIN_FOLDS:
+        raise ValueError(f"n_splits must be ≥ {MIN_FOLDS} (one fold leaves no training data), got {n_splits}")
     y = np.asarray(y)
     groups = np.asarray(groups)
     per_class = min(len(set(groups[y == c])) for c in (0, 1)) if len(set(y.tolist())) == 2 else 0
