@@ -209,6 +209,16 @@ def _card_and_stale_temporary(tmp: Path) -> None:
 
 GGUF_V3 = b"GGUF" + (3).to_bytes(4, "little")
 DATA = ["--dataset", "<tmp>/data"]
+def _curate(*extra: str) -> list[str]:
+    return ["curate", "--model", NO_MODEL, "--out", "<tmp>/out", "--embedder", "lexical", "--relevance", "lexical", *extra]
+
+
+def _unrelated_folder(tmp: Path) -> None:
+    """A folder of someone's files where curate is told to write its library."""
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("not basm-probes output\n")
+
+
 CASES: list[Case] = [
     # options, checked before any model is loaded
     Case("negative depth", _sweep("--k-max", "-1"), 2, "option 'k_max' (--k-max) must be ≥ 0, got -1"),
@@ -320,6 +330,12 @@ CASES: list[Case] = [
          "<tmp>/data is not empty and is not a previous BFCL import; nothing was written", _dataset(lambda lines: lines)),
     Case("card: the disk fills while CARD.md is written", ["card", "<tmp>/data", "--tokenizer", "none"], 1,
          "No space left on device: <tmp>/data/CARD.md", _card_and_stale_temporary, lambda tmp: _disk_full_at(4096, tmp)),
+    # issue 41, one writer: where curate writes its library (refused before a model is loaded)
+    Case("curate: --library-out onto a folder of unrelated files", _curate("--library-out", "<tmp>/mine"), 2,
+         "<tmp>/mine is not empty and is not a previous curated library; nothing was written", _unrelated_folder),
+    Case("curate: an empty --library-out", _curate("--library-out", ""), 2, "--library-out is empty"),
+    Case("curate: --library-out is the source dataset", _curate("--dataset", "<tmp>/data", "--library-out", "<tmp>/data", "--overwrite"), 2,
+         "--library-out <tmp>/data is the source dataset <tmp>/data", _dataset(lambda lines: lines)),
 ]
 
 

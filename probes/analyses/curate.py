@@ -321,15 +321,15 @@ def write_curated(ctx: RunContext, plan: Plan) -> Path:
         for name, domain in plan.ctx.dataset.domains.items():
             raw = json.loads((ctx.dataset.root / "domains" / f"{name}.json").read_text(encoding="utf-8"))
             raw["skills"] = [s.to_json() for s in domain.library.skills if s.id in plan.final]
-            library.write_text(f"domains/{name}.json", json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
+            library.write(f"domains/{name}.json", json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
         lines = []
         for line in (ctx.dataset.root / "items.jsonl").read_text(encoding="utf-8").splitlines():
             if line.strip():
                 raw = json.loads(line)
                 raw["tempting_skill"] = plan.renamed.get(raw["tempting_skill"], raw["tempting_skill"])
                 lines.append(json.dumps(raw, ensure_ascii=False))
-        library.write_text("items.jsonl", "\n".join(lines) + "\n")
-        library.write_csv("decisions.csv", plan.decisions)
+        library.write("items.jsonl", "\n".join(lines) + "\n")
+        library.write_table("decisions.csv", plan.decisions)
         counts = plan.skills["regime"].value_counts().to_dict()
         accepted = plan.decisions[plan.decisions["accepted"].astype(bool)]
         readme = [f"{README_TITLE}`{ctx.dataset.root.name}` (seed 003 §2.2, `basm-probes curate`)", "",
@@ -342,7 +342,7 @@ def write_curated(ctx: RunContext, plan: Plan) -> Path:
                   *[f"| {r.step} | {r.skill} | {r.action} | {r.reason} |" for r in accepted.itertuples()]]
         if accepted.empty:
             readme.append("| — | — | no change passed the gate: the library is the original | — |")
-        library.write_text("README.md", "\n".join(readme) + "\n")
+        library.write("README.md", "\n".join(readme) + "\n")
         try:
             load_dataset(stage)
         except DatasetError as error:

@@ -139,7 +139,6 @@ def write_report(out_dir: Path, header: list[str], sections: list[ReportSection]
                  *, figures: bool = True, figures_dir: Path | None = None, model: str, variant: str) -> Path:
     comparisons = [c for s in sections for c in s.comparisons]
     claims = claims_table([c for s in sections for c in s.claims])
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(claims, out_dir / "claims.csv")
     rel = os.path.relpath(figures_dir, out_dir) if figures_dir is not None else "figures"
     parts = ["# basm-probes report", "", *header, "", "## Claims", "", CLAIMS_INTRO, "", claims_markdown(claims), "",
@@ -161,7 +160,6 @@ def write_report(out_dir: Path, header: list[str], sections: list[ReportSection]
         parts += ["", s.markdown, ""]
     if failed:
         parts += ["## Failed", "", *[f"- {line}" for line in failed], ""]
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.md"
     write_text(path, "\n".join(parts))
     return path

@@ -40,13 +40,13 @@ def write_folder(report: ImportReport, skills: Skills, items: ProbeItems, *, ove
         folder = OutputRoot(stage)
 
         def write(name: str, text: str) -> None:
-            report.sizes[name] = folder.write_text(name, text).stat().st_size
+            report.sizes[name] = folder.write(name, text).stat().st_size
 
         for domain, content in skills.domain_files.items():
             write(f"domains/{domain}.json", json.dumps(content, indent=1) + "\n")
         write("items.jsonl", "".join(json.dumps(row) + "\n" for row in items.rows))
-        folder.write_text(AUDIT_FILE, "".join(json.dumps(row.to_json()) + "\n" for row in items.dropped))
+        folder.write(AUDIT_FILE, "".join(json.dumps(row.to_json()) + "\n" for row in items.dropped))
         if skills.extraction is not None:  # else none: a stale one of an earlier LLM import is not carried over
-            folder.write_text("skill_rejections.json", json.dumps([rejection.to_json() for rejection in skills.extraction.rejected], indent=1) + "\n")
-        folder.write_text("skill_sources.json", json.dumps(skills.sources, indent=1) + "\n")
-        folder.write_text(README, render_readme(report))
+            folder.write("skill_rejections.json", json.dumps([rejection.to_json() for rejection in skills.extraction.rejected], indent=1) + "\n")
+        folder.write("skill_sources.json", json.dumps(skills.sources, indent=1) + "\n")
+        folder.write(README, render_readme(report))
