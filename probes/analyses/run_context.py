@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from probes.analyses.option_system import OptionError, RunOptions, header_options, parse_items
-from probes.core.files import check_inside
+from probes.core.files import OutputRoot, check_inside
 from probes.analyses.parallel import ShardedStore, open_store, rank_device, world
 from probes.data.dataset import BUCKETS, ORGANISM_DIR, ORGANISM_NAME, Item, ProbeDataset, is_organism, load_dataset, resolve_dataset
 from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
@@ -78,6 +78,11 @@ class RunContext:
     model_fingerprint: dict[str, str]
     skipped: tuple[SkippedItem, ...] = ()  # items left out by too_long="skip", with the reason
     _score_cache: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)  # item -> prompt digest -> rows
+
+    @property
+    def output(self) -> OutputRoot:
+        """Where this run writes (``OUT/<model>``): every output through it (:mod:`probes.core.files`)."""
+        return OutputRoot(self.out_dir, overwrite=self.options.overwrite)
 
     @property
     def variant(self) -> str:

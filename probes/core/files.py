@@ -351,11 +351,12 @@ class OutputRoot:
         stage.mkdir()
         try:
             yield stage
-            for entry in sorted(stage.iterdir()):
+            written = sorted(stage.iterdir())
+            for entry in written:  # every check before the first move: all of it lands, or none
                 if entry.is_symlink() or not entry.is_file():
                     raise OutputRefused(f"{entry}: a writer left something other than a file; nothing of it was moved into {folder}")
-            for entry in sorted(stage.iterdir()):
                 check_target(folder / entry.name)
+            for entry in written:
                 os.replace(entry, folder / entry.name)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
