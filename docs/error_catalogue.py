@@ -188,15 +188,31 @@ def _disk_full_at(limit: int, tmp: Path):
     import errno
     from unittest import mock
 
-    real = Path.write_text
+    from probes.core import files
 
-    def write_text(self: Path, data: str, *args: object, **kwargs: object) -> int:
-        if str(self).startswith(str(tmp)) and len(data) > limit:
-            real(self, data[:limit], *args, **kwargs)
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, data, *args, **kwargs)
+    real = files._exclusive_text
 
-    with mock.patch.object(Path, "write_text", write_text), \
+    class Full:  # the handle the one writer fills, cut at ``limit`` characters
+        def __init__(self, handle, under_tmp: bool) -> None:
+            self.handle, self.left = handle, limit if under_tmp else float("inf")
+
+        def write(self, data):
+            if len(data) > self.left:
+                self.handle.write(data[: int(self.left)])
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.left -= len(data)
+            return self.handle.write(data)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.handle.__exit__(*exc)
+
+    def exclusive(path: Path, binary: bool = False):
+        return Full(real(path, binary), str(path).startswith(str(tmp)))
+
+    with mock.patch.object(files, "_exclusive_text", exclusive), \
             mock.patch("probes.reporting.cards.dataset_card", lambda *a, **k: "# Dataset card\n" + "measured line\n" * 1500):
         yield
 

@@ -61,9 +61,9 @@ class ResultsCorrupt(ValueError):
 
 
 class ResultsNotOurs(ResultsCorrupt, OutputRefused):
-    """A results path holds something that is not a results file of ours (a symbolic link, a folder,
-    a file without our header): it is never written through, and replaced only with ``--overwrite``
-    (a link: never)."""
+    """A results path holds a file that is not a results file of ours (no results header): replaced
+    only with ``--overwrite``. (A link or a folder there is refused by the writer itself,
+    :class:`~probes.core.files.OutputRefused`, never written through, not even with ``--overwrite``.)"""
 
 
 def environment() -> dict[str, Any]:
