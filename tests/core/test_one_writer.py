@@ -4,7 +4,7 @@ walks the package's source (``ast``) and fails on any other write.
 What counts as a write (a call outside ``probes/core/files.py``):
 - ``X.write_text(...)`` / ``X.write_bytes(...)`` (``Path``'s; an :class:`~probes.core.files.OutputRoot`
   names its own ``write`` / ``write_binary`` / ``write_table`` / ``write_figure``);
-- ``open(...)`` / ``X.open(...)`` with a mode holding ``w``, ``a``, ``x`` or ``+`` (reads are free);
+- ``open(...)`` / ``X.open(...)`` / ``io.open(...)`` with a mode holding ``w``, ``a``, ``x`` or ``+`` (reads are free);
 - ``os.open`` (only the writer needs flag-level control), and ``os``'s ``replace``, ``rename``, ``remove``,
   ``unlink``, ``truncate``, ``ftruncate``, ``makedirs``, ``mkdir``, ``rmdir``, ``symlink``, ``link``;
 - ``X.savefig``, ``X.to_csv`` / ``X.to_json`` / ``X.to_parquet`` given a target (without one they return text),
@@ -17,9 +17,6 @@ What counts as a write (a call outside ``probes/core/files.py``):
   ``X.replace(target)`` with one argument that is not a string literal (``Series.rename("n")``, ``str.replace(a, b)``
   and ``dataclasses.replace(x, **changes)`` are not writes).
 Not counted: ``tempfile`` scratch folders (deleted, never an output; what is written inside them is counted).
-
-``NOT_YET_MIGRATED`` lists the call sites still to move, each with its reason; it may only shrink: an
-entry that no longer occurs fails too, so it is removed when its site is migrated.
 """
 
 from __future__ import annotations
@@ -39,11 +36,6 @@ SHUTIL_WRITES = {"copy", "copy2", "copyfile", "copytree", "move", "rmtree"}
 SAVERS = {"savefig", "tofile"}
 TABLE_WRITERS = {"to_csv", "to_json", "to_parquet"}
 NUMPY_SAVES = {"save", "savez", "savez_compressed", "savetxt"}
-
-# (file under probes/, the write as found_writes names it): why it is not through the writer yet
-NOT_YET_MIGRATED: dict[tuple[str, str], str] = {
-}
-
 
 def _mode(call: ast.Call, position: int) -> str | None:
     """The mode literal of an open call (``position``: its positional index), or None."""
@@ -109,7 +101,7 @@ def found_writes(source: str) -> list[str]:
             found.append(f".{name}")
         elif name in TABLE_WRITERS and (n_args or any(k.arg == "path_or_buf" for k in node.keywords)):
             found.append(f".{name}")
-        elif name == "open" and _writes_mode(_mode(node, 0)):
+        elif name == "open" and _writes_mode(_mode(node, 1 if owner in ("io", "codecs") else 0)):  # io.open(path, mode), Path.open(mode)
             found.append(".open")
         elif name in ("rename", "replace") and n_args == 1 and not node.keywords and not (
                 isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
@@ -128,11 +120,9 @@ def package_writes() -> Counter[tuple[str, str]]:
 
 def test_every_write_goes_through_the_writer() -> None:
     writes = package_writes()
-    stray = sorted(f"probes/{rel}: {write} (×{n})" for (rel, write), n in writes.items() if (rel, write) not in NOT_YET_MIGRATED)
+    stray = sorted(f"probes/{rel}: {write} (×{n})" for (rel, write), n in writes.items())
     assert not stray, ("files written outside probes/core/files.py; write through probes.core.files.OutputRoot "
                        "(write, write_binary, write_table, write_figure, folder, atomic):\n" + "\n".join(stray))
-    gone = sorted(f"probes/{rel}: {write}" for rel, write in NOT_YET_MIGRATED if (rel, write) not in writes)
-    assert not gone, "migrated: remove from NOT_YET_MIGRATED:\n" + "\n".join(gone)
 
 
 PLANTED = '''
@@ -148,7 +138,7 @@ def figures(summary, out_dir: Path) -> list[Path]:
 @pytest.mark.parametrize(("source", "expected"), [
     (PLANTED, [".write_text"]),
     ("open(p, 'w').write(t)\nopen(p).read()\nopen(p, mode='ab')", ["open", "open"]),
-    ("p.open('a')\np.open('rb')\nwith p.open(mode='x') as h: pass", [".open", ".open"]),
+    ("p.open('a')\np.open('rb')\nwith p.open(mode='x') as h: pass\nio.open(p, 'w')\nio.open(p)", [".open", ".open", ".open"]),
     ("fig.savefig(p)\nframe.to_csv(p, index=False)\nframe.to_csv(index=False)\njson.dump(x, h)\njson.dumps(x)", [".savefig", ".to_csv", "json.dump"]),
     ("shutil.rmtree(d)\nfrom shutil import copytree\nos.replace(a, b)\nos.open(p, os.O_WRONLY)", ["shutil.rmtree", "from shutil import copytree", "os.replace", "os.open"]),
     ("p.unlink()\np.mkdir(parents=True)\ntmp.replace(p)\ntmp.rename(p)", [".unlink", ".mkdir", ".replace", ".rename"]),
