@@ -188,15 +188,31 @@ def _disk_full_at(limit: int, tmp: Path):
     import errno
     from unittest import mock
 
-    real = Path.write_text
+    from probes.core import files
 
-    def write_text(self: Path, data: str, *args: object, **kwargs: object) -> int:
-        if str(self).startswith(str(tmp)) and len(data) > limit:
-            real(self, data[:limit], *args, **kwargs)
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, data, *args, **kwargs)
+    real = files._exclusive_text
 
-    with mock.patch.object(Path, "write_text", write_text), \
+    class Full:  # the handle the one writer fills, cut at ``limit`` characters
+        def __init__(self, handle, under_tmp: bool) -> None:
+            self.handle, self.left = handle, limit if under_tmp else float("inf")
+
+        def write(self, data):
+            if len(data) > self.left:
+                self.handle.write(data[: int(self.left)])
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.left -= len(data)
+            return self.handle.write(data)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.handle.__exit__(*exc)
+
+    def exclusive(path: Path, binary: bool = False):
+        return Full(real(path, binary), str(path).startswith(str(tmp)))
+
+    with mock.patch.object(files, "_exclusive_text", exclusive), \
             mock.patch("probes.reporting.cards.dataset_card", lambda *a, **k: "# Dataset card\n" + "measured line\n" * 1500):
         yield
 
@@ -229,6 +245,16 @@ def _separator_in_a_swept_item_id(tmp: Path) -> None:
 
 GGUF_V3 = b"GGUF" + (3).to_bytes(4, "little")
 DATA = ["--dataset", "<tmp>/data"]
+def _curate(*extra: str) -> list[str]:
+    return ["curate", "--model", NO_MODEL, "--out", "<tmp>/out", "--embedder", "lexical", "--relevance", "lexical", *extra]
+
+
+def _unrelated_folder(tmp: Path) -> None:
+    """A folder of someone's files where curate is told to write its library."""
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("not basm-probes output\n")
+
+
 CASES: list[Case] = [
     # options, checked before any model is loaded
     Case("negative depth", _sweep("--k-max", "-1"), 2, "option 'k_max' (--k-max) must be ≥ 0, got -1"),
@@ -379,6 +405,12 @@ CASES: list[Case] = [
     Case("card: a recorded id of an unknown domain", ["card", "<tmp>/data", "--tokenizer", "none"], 1,
          "llm_extraction.jsonl:2: id 'atlantis.get_order_details': unknown domain 'atlantis'",
          _llm_record('{"id": "atlantis.get_order_details", "model": "chat", "max_new_tokens": 8, "reply": "{}", "truncated": false}')),
+    # issue 41, one writer: where curate writes its library (refused before a model is loaded)
+    Case("curate: --library-out onto a folder of unrelated files", _curate("--library-out", "<tmp>/mine"), 2,
+         "<tmp>/mine is not empty and is not a previous curated library; nothing was written", _unrelated_folder),
+    Case("curate: an empty --library-out", _curate("--library-out", ""), 2, "option 'library_out' (--library-out) must not be empty"),
+    Case("curate: --library-out is the source dataset", _curate("--dataset", "<tmp>/data", "--library-out", "<tmp>/data", "--overwrite"), 2,
+         "--library-out <tmp>/data is the source dataset <tmp>/data", _dataset(lambda lines: lines)),
 ]
 
 

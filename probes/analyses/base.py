@@ -29,7 +29,6 @@ import pandas as pd
 from probes.analyses.option_system import RunOptions
 from probes.analyses.parallel import world
 from probes.analyses.run_context import RunContext, open_context
-from probes.core.files import write_csv
 from probes.engine.session import EngineSession
 from probes.scoring.claims import Claim, claims_table
 
@@ -112,7 +111,7 @@ class Analysis(RunOptions):
         ctx = open_context(self, session)
         rows, summary, tables = self.compute(ctx)
         writer = world().rank == 0  # in a parallel run every rank returns the rows; rank 0 draws and prints
-        figures = self.figures(summary, ctx.out_dir / "figures") if ctx.options.figure and writer else []
+        figures = self.figures(summary, ctx.output.path("figures")) if ctx.options.figure and writer else []
         if verbose and writer:
             self.print_summary(summary)
             if figures:
@@ -129,7 +128,7 @@ class Analysis(RunOptions):
         if claims:  # Holm within each family of this analysis (report.md corrects over all of its claims the same way)
             tables[f"{self.name}_claims"] = claims_table(claims)
         for table_name, table in tables.items() if world().rank == 0 else ():
-            write_csv(table, ctx.out_dir / f"{table_name}.csv")
+            ctx.output.write_table(f"{table_name}.csv", table)
         return rows, summary, tables
 
     # -- the contract (implemented by each analysis)

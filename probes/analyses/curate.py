@@ -27,10 +27,10 @@ from probes.analyses import register
 from probes.analyses.base import ReportSection
 from probes.analyses.development_attribution import (DEVELOPMENT, DevelopmentAttribution, Margins, benefit_cells, on_library, partition,
                                                      recorded_margins, scoring_margins)
-from probes.analyses.option_system import RunOptions, option
+from probes.analyses.option_system import OptionError, RunOptions, option
 from probes.analyses.run_context import RunContext, provenance
-from probes.core.files import write_csv
-from probes.data.dataset import DatasetError, Item, ProbeDataset, load_dataset
+from probes.core.files import OutputRefused, OutputRoot
+from probes.data.dataset import CARD_NAME, DatasetError, Item, ProbeDataset, load_dataset, resolve_dataset
 from probes.data.retrieval import skill_text
 from probes.engine.generate import ChatGenerator
 from probes.data.schema import BOUNDARY_SLOTS, LibraryReport, SkillValidationError, validate_skill
@@ -75,7 +75,18 @@ class Curate(DevelopmentAttribution):
                                          "when ψ accepts both, else the deterministic variants (the reason recorded)", type=Path)
     library_out: str | Path | None = option(None, "folder of the curated dataset (default OUT/<model>/curated-<dataset>)", type=Path)
 
+    def resolved(self) -> Curate:
+        """An explicit ``--library-out`` checked before any model is loaded (:func:`library_folder`)."""
+        options = super().resolved()
+        if self.library_out is not None:
+            try:
+                library_folder(options, None if self.dataset is None else resolve_dataset(self.dataset))
+            except OutputRefused as refused:
+                raise OptionError(f"curate: {refused}") from None
+        return options
+
     def collect(self, ctx: RunContext) -> pd.DataFrame:
+        library_folder(ctx.options, ctx.dataset.root, ctx.out_dir)  # before scoring: a folder it may not replace stops the run now
         dev, held, skills, masks, store = self.development(ctx)
         rows = load_results(store.path)
         plan = curate_library(ctx, dev, benefit_cells(ctx, rows, dev, skills, masks), scoring_margins(store), self)
@@ -104,8 +115,7 @@ class Curate(DevelopmentAttribution):
                                            side="library", value=value)
                 parts += [summary, ci_summary(delta.rename(columns={"contrast": "library"}), ["bucket", "library"], "delta").assign(outcome=value)]
             held_out = pd.concat(parts, ignore_index=True)
-        out_dir = Path(self.library_out) if self.library_out is not None else ctx.out_dir / f"curated-{Path(ctx.options.dataset).name}"
-        library_dir = write_curated(ctx, plan, out_dir)
+        library_dir = write_curated(ctx, plan)
         counts = plan.skills["regime"].value_counts().reindex(list(cur.REGIMES), fill_value=0).to_dict()
         note = (f"{provenance(ctx)} · development items {len(dev)}, held-out {len(held)} · masks K = {self.masks}, f = {self.inclusion} · "
                 f"τ_split {self.tau_split}, τ_retire {self.tau_retire} (logits, H = {self.heterogeneity}), τ_merge {self.tau_merge}")
@@ -268,39 +278,75 @@ def union_dataset(dataset: ProbeDataset, extra: Sequence[Any]) -> ProbeDataset:
     return ProbeDataset(dataset.root, domains, dataset.items)
 
 
-def write_curated(ctx: RunContext, plan: Plan, out: Path) -> Path:
-    """The curated library as a dataset folder (domains/, items.jsonl with tempting skills renamed, README.md),
-    checked by loading it back."""
-    (out / "domains").mkdir(parents=True, exist_ok=True)
-    for name, domain in plan.ctx.dataset.domains.items():
-        raw = json.loads((ctx.dataset.root / "domains" / f"{name}.json").read_text(encoding="utf-8"))
-        raw["skills"] = [s.to_json() for s in domain.library.skills if s.id in plan.final]
-        (out / "domains" / f"{name}.json").write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    lines = []
-    for line in (ctx.dataset.root / "items.jsonl").read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            raw = json.loads(line)
-            raw["tempting_skill"] = plan.renamed.get(raw["tempting_skill"], raw["tempting_skill"])
-            lines.append(json.dumps(raw, ensure_ascii=False))
-    (out / "items.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    write_csv(plan.decisions, out / "decisions.csv")
-    counts = plan.skills["regime"].value_counts().to_dict()
-    accepted = plan.decisions[plan.decisions["accepted"].astype(bool)]
-    readme = [f"# Curated library of `{ctx.dataset.root.name}` (seed 003 §2.2, `basm-probes curate`)", "",
-              f"Model: {ctx.model_path}. Decided on {len(partition(ctx)[0])} development items (split {DEVELOPMENT!r}) only.",
-              f"Skills: {len(plan.original)} → {len(plan.final)}. Regimes: {counts}.", "",
-              "Every change below passed the development gate (mean margin no higher, no fewer correct two-way choices);",
-              "`decisions.csv` lists every decision, rejected ones with their reason. Items whose tempting skill was split",
-              "or merged away name its replacement (the scoped variant, the merge survivor).", "",
-              "| step | skill | action | reason |", "|---|---|---|---|",
-              *[f"| {r.step} | {r.skill} | {r.action} | {r.reason} |" for r in accepted.itertuples()]]
-    if accepted.empty:
-        readme.append("| — | — | no change passed the gate: the library is the original | — |")
-    (out / "README.md").write_text("\n".join(readme) + "\n", encoding="utf-8")
-    try:
-        load_dataset(out)
-    except DatasetError as error:
-        raise RuntimeError(f"the curated dataset at {out} does not load: {error}") from error
+CURATED_FILES = ("domains", "items.jsonl", "decisions.csv", "README.md", CARD_NAME)  # what a rerun replaces (a stale card too)
+WHAT = "curated library"  # how a refused --library-out names it
+README_TITLE = "# Curated library of "
+
+
+def is_curated_library(folder: Path) -> bool:
+    """``folder`` was written by ``curate``: its ``decisions.csv`` and its README (a regular file, not a link) with our title."""
+    readme = folder / "README.md"
+    if readme.is_symlink() or not readme.is_file() or not (folder / "decisions.csv").is_file():
+        return False
+    with readme.open(encoding="utf-8", errors="replace") as handle:
+        return handle.readline().startswith(README_TITLE)
+
+
+def library_folder(options: Curate, source: Path | None, out_dir: Path | None = None) -> tuple[OutputRoot, Path]:
+    """The root and folder the curated library is written to, refused (:class:`OutputRefused`) when it is
+    empty, the source dataset (or inside it, or holding it), or a non-empty folder that is not a previous
+    curated library without ``--overwrite``. Default: ``OUT/<model>/curated-<dataset>`` (needs ``out_dir``)."""
+    if options.library_out is not None:
+        root = OutputRoot(options.library_out, overwrite=options.overwrite, flag="--library-out")
+        folder = root.path()
+    else:
+        root = OutputRoot(options.out, overwrite=options.overwrite)
+        folder = root.path(out_dir / f"curated-{Path(options.dataset).name}")
+    if source is not None:
+        mine, theirs = folder.resolve(), Path(source).resolve()
+        if mine == theirs or theirs in mine.parents or mine in theirs.parents:
+            raise OutputRefused(f"--library-out {folder} {'is' if mine == theirs else 'overlaps'} the source dataset {source}; "
+                                "the curated library would replace the dataset it is read from: use another folder")
+    root.check_folder(folder, is_previous=is_curated_library, what=WHAT)
+    return root, folder
+
+
+def write_curated(ctx: RunContext, plan: Plan) -> Path:
+    """The curated library as a dataset folder (domains/, items.jsonl with tempting skills renamed,
+    decisions.csv, README.md), staged and checked by loading it back before it replaces the folder
+    (:func:`library_folder`): links in a previous library are replaced, never written through."""
+    root, out = library_folder(ctx.options, ctx.dataset.root, ctx.out_dir)
+    with root.folder(out, is_previous=is_curated_library, what=WHAT, generated=CURATED_FILES) as stage:
+        library = OutputRoot(stage)
+        for name, domain in plan.ctx.dataset.domains.items():
+            raw = json.loads((ctx.dataset.root / "domains" / f"{name}.json").read_text(encoding="utf-8"))
+            raw["skills"] = [s.to_json() for s in domain.library.skills if s.id in plan.final]
+            library.write(f"domains/{name}.json", json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
+        lines = []
+        for line in (ctx.dataset.root / "items.jsonl").read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                raw = json.loads(line)
+                raw["tempting_skill"] = plan.renamed.get(raw["tempting_skill"], raw["tempting_skill"])
+                lines.append(json.dumps(raw, ensure_ascii=False))
+        library.write("items.jsonl", "\n".join(lines) + "\n")
+        library.write_table("decisions.csv", plan.decisions)
+        counts = plan.skills["regime"].value_counts().to_dict()
+        accepted = plan.decisions[plan.decisions["accepted"].astype(bool)]
+        readme = [f"{README_TITLE}`{ctx.dataset.root.name}` (seed 003 §2.2, `basm-probes curate`)", "",
+                  f"Model: {ctx.model_path}. Decided on {len(partition(ctx)[0])} development items (split {DEVELOPMENT!r}) only.",
+                  f"Skills: {len(plan.original)} → {len(plan.final)}. Regimes: {counts}.", "",
+                  "Every change below passed the development gate (mean margin no higher, no fewer correct two-way choices);",
+                  "`decisions.csv` lists every decision, rejected ones with their reason. Items whose tempting skill was split",
+                  "or merged away name its replacement (the scoped variant, the merge survivor).", "",
+                  "| step | skill | action | reason |", "|---|---|---|---|",
+                  *[f"| {r.step} | {r.skill} | {r.action} | {r.reason} |" for r in accepted.itertuples()]]
+        if accepted.empty:
+            readme.append("| — | — | no change passed the gate: the library is the original | — |")
+        library.write("README.md", "\n".join(readme) + "\n")
+        try:
+            load_dataset(stage)
+        except DatasetError as error:
+            raise RuntimeError(f"the curated dataset for {out} does not load: {error}") from error
     return out
 
 

@@ -174,7 +174,7 @@ def build_records(builder: PromptBuilder, items: Sequence[Item], configs: Sequen
 def build(**options: Any) -> BuildResult:
     """Build the prompt records of the selected items × configurations × k = 0..k_max × formats and write
     them to ``out`` (JSON Lines, replaced whole at the end); options: :class:`BuildOptions`."""
-    from probes.core.files import atomic_path
+    from probes.core.files import atomic_text
 
     start = time.perf_counter()
     o = _study(_make(BuildOptions, options))
@@ -187,7 +187,7 @@ def build(**options: Any) -> BuildResult:
     formats = list(o.formats or ["native"])
     result = BuildResult(o, Path(o.out), items, configs, formats, builder.retriever.embedder.name, 0, SpanReport())
     # into a temporary file renamed at the end: a killed or failing build leaves the old out whole
-    with atomic_path(result.out) as tmp, tmp.open("w") as handle:
+    with atomic_text(result.out) as handle:
         for records, item_report in build_records(builder, items, configs, list(range(o.k_max + 1)), formats, workers=o.workers):
             result.report.exact += item_report.exact
             result.report.whitespace_edges += item_report.whitespace_edges

@@ -42,7 +42,7 @@ from probes import analyses as registry
 from probes.analyses.option_system import Options, RunOptions, option, option_fields, shared
 from probes.analyses.run_context import AnalysisError, RunContext, default_model, model_label, open_context
 from probes.analyses.knockout import control_of, deciding_run, deltas_per_record, knocked_configs, layer_windows, record_knockouts
-from probes.core.files import write_text
+from probes.core.files import make_folder, write_text
 from probes.core.text import visible
 from probes.data.schema import BOUNDARY_SLOTS
 from probes.engine.session import EngineSession
@@ -383,7 +383,7 @@ def screenshot_views(page_path: Path, out_dir: Path, views: tuple[str, ...] = ("
         raise AnalysisError(f"screenshots: {reason}")
     from playwright.sync_api import sync_playwright
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(out_dir)
     paths = []
     with sync_playwright() as p:
         browser = launch(p)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,7 @@ from scipy.special import expit
 from sklearn.preprocessing import StandardScaler
 
 from probes.analyses import register
+from probes.core.files import OutputRoot, remove_tree
 from probes.prompts.builder import SWEEP_K_MAX
 from probes.analyses.base import Analysis, Comparison, ReportSection
 from probes.analyses.jobs import Job, run_jobs
@@ -272,11 +272,11 @@ class FeatureCache:
     """``.npy`` residuals by :func:`feature_key` in one folder (written atomically)."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = OutputRoot(root)
+        self.root.make_folder()
 
     def path(self, key: str) -> Path:
-        return self.root / f"{key}.npy"
+        return self.root.path(f"{key}.npy")
 
     def __contains__(self, key: str) -> bool:
         return self.path(key).is_file()
@@ -285,9 +285,8 @@ class FeatureCache:
         return np.load(self.path(key))
 
     def save(self, key: str, value: np.ndarray) -> None:
-        tmp = self.root / f".{key}.tmp.npy"
-        np.save(tmp, np.asarray(value, dtype=np.float32))
-        tmp.replace(self.path(key))
+        with self.root.atomic(f"{key}.npy") as tmp:
+            np.save(tmp, np.asarray(value, dtype=np.float32))
 
 
 # ------------------------------------------------------------------------------------- the analysis
@@ -447,7 +446,7 @@ class Linear(Analysis):
                           limit_mode="spread over task groups")  # first: it takes the lock on the output
         root = ctx.out_dir / "linear_features"
         if ctx.options.overwrite:  # --overwrite discards every result, cached residuals too (rank 0 alone, before any rank writes)
-            on_rank_zero(lambda: shutil.rmtree(root) if root.is_dir() else None)
+            on_rank_zero(lambda: remove_tree(root))
         cache = FeatureCache(root)
         model = f"{ctx.model_fingerprint['weights']}|{ctx.options.dtype}"
         jobs = [Job(item, config, k, ctx.fmt, ("residual",))

@@ -46,7 +46,7 @@ from probes.analyses.knockout import basm_deltas, caption, knockout_labels, knoc
 from probes.analyses.parallel import rank_device, world
 from probes.analyses.ratios import eta_panels
 from probes.analyses.suppression import margin_bars
-from probes.core.files import write_csv, write_text
+from probes.core.files import check_inside, write_csv, write_text
 from probes.engine.session import EngineSession
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
@@ -139,7 +139,6 @@ def write_report(out_dir: Path, header: list[str], sections: list[ReportSection]
                  *, figures: bool = True, figures_dir: Path | None = None, model: str, variant: str) -> Path:
     comparisons = [c for s in sections for c in s.comparisons]
     claims = claims_table([c for s in sections for c in s.claims])
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(claims, out_dir / "claims.csv")
     rel = os.path.relpath(figures_dir, out_dir) if figures_dir is not None else "figures"
     parts = ["# basm-probes report", "", *header, "", "## Claims", "", CLAIMS_INTRO, "", claims_markdown(claims), "",
@@ -161,7 +160,6 @@ def write_report(out_dir: Path, header: list[str], sections: list[ReportSection]
         parts += ["", s.markdown, ""]
     if failed:
         parts += ["## Failed", "", *[f"- {line}" for line in failed], ""]
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.md"
     write_text(path, "\n".join(parts))
     return path
@@ -214,7 +212,7 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
     writer = world().rank == 0  # in a parallel run every rank collects; rank 0 draws and writes the report
     if session is None:  # each rank of a parallel run on its node's GPU
         session = open_session(dataclasses.replace(options, device=rank_device(options.device, world())), model)
-    out_dir = Path(options.out) / model_label(model)
+    out_dir = check_inside(Path(options.out) / model_label(model), options.out)  # a link out of --out is never followed
     sections: dict[str, ReportSection] = {}
     failed: list[str] = []
     note = ""
@@ -222,7 +220,7 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
     studies: set[tuple[str, str]] = set()  # (dataset, r_B) as each analysis resolved them: the defaults depend on the model
     with tempfile.TemporaryDirectory(prefix="basm-report-figures-") as scratch:
         # figure=False: the sections still draw, into a folder that is discarded
-        figures_dir = (Path(options.figures_dir) if options.figures_dir is not None else out_dir / "figures") if options.figure else Path(scratch)
+        figures_dir = (Path(options.figures_dir) if options.figures_dir is not None else check_inside(out_dir / "figures", out_dir)) if options.figure else Path(scratch)
         for name, cls in classes.items():
             t0 = time.perf_counter()
             try:

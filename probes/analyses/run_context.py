@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from probes.analyses.option_system import OptionError, RunOptions, header_options, parse_items
+from probes.core.files import OutputRoot, check_inside
 from probes.analyses.parallel import ShardedStore, open_store, rank_device, world
 from probes.data.dataset import BUCKETS, ORGANISM_DIR, ORGANISM_NAME, Item, ProbeDataset, is_organism, load_dataset, resolve_dataset
 from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
@@ -28,7 +29,7 @@ from probes.engine.loading import ModelLoadError, model_fingerprint, model_folde
 from probes.engine.session import EngineSession
 from probes.prompts.builder import PromptBuilder, resolve_study
 from probes.prompts.context import SkippedItem, partition_by_context
-from probes.reporting.results import ResultsStore, check_inside
+from probes.reporting.results import ResultsStore
 from probes.scoring.score import EPSILON
 
 
@@ -77,6 +78,11 @@ class RunContext:
     model_fingerprint: dict[str, str]
     skipped: tuple[SkippedItem, ...] = ()  # items left out by too_long="skip", with the reason
     _score_cache: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)  # item -> prompt digest -> rows
+
+    @property
+    def output(self) -> OutputRoot:
+        """Where this run writes (``OUT/<model>``): every output through it (:mod:`probes.core.files`)."""
+        return OutputRoot(self.out_dir, overwrite=self.options.overwrite)
 
     @property
     def variant(self) -> str:

@@ -37,6 +37,7 @@ from probes.analyses.base import Analysis, AnalysisResult, ReportSection
 from probes.analyses.option_system import OptionError, RunOptions, flag_of, header_options, option_fields
 from probes.analyses.run_context import open_context
 from probes.cli.flags import add_options, options_from_args, options_from_file
+from probes.core.files import OutputRoot
 from probes.reporting.results import load_results
 from probes.scoring.claims import Claim, claims_table
 
@@ -140,7 +141,7 @@ def _outcome(cls: type, given: Mapping[str, Any] | None, error: Exception | None
 def check_option_round_trip(cls: type, folder: Path) -> None:
     """Each option, at a value other than its default, resolves the same through the API, the flags
     and the TOML options file (the file is written under ``folder``)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = OutputRoot(folder)
     for f in option_fields(cls):
         if f.metadata.get("positional"):
             continue
@@ -152,8 +153,7 @@ def check_option_round_trip(cls: type, folder: Path) -> None:
             flags = _outcome(cls, options_from_args(parser.parse_args(_argv(f, value)), cls))
         except (argparse.ArgumentError, OptionError) as error:
             flags = _outcome(cls, None, error)
-        path = folder / f"{f.name}.toml"
-        path.write_text(f"{f.name} = {_toml(value)}\n", encoding="utf-8")
+        path = folder.write(f"{f.name}.toml", f"{f.name} = {_toml(value)}\n")
         try:
             toml = _outcome(cls, options_from_file(path, cls))
         except (OptionError, tomllib.TOMLDecodeError) as error:

@@ -221,12 +221,13 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from probes.analyses.option_system import OptionError
     from probes.analyses.run_context import AnalysisError
     from probes.analyses.parallel import ParallelError
+    from probes.core.files import OutputRefused
     from probes.data.dataset import DatasetError
     from probes.engine.loading import ModelLoadError, PromptTooLongError
     from probes.reporting.results import ResultsConfigMismatch, ResultsCorrupt, ResultsLocked
 
     return (OptionError, AnalysisError, DatasetError, ModelLoadError, PromptTooLongError, ResultsConfigMismatch,
-            ResultsCorrupt, ResultsLocked, ParallelError, OSError)
+            ResultsCorrupt, ResultsLocked, ParallelError, OutputRefused, OSError)
 
 
 USAGE_ERRORS = 2  # exit code of a bad option (as argparse's own); other known errors exit 1

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from probes.core.chat import OnBatch, Reply
+from probes.core.files import append_text, write_text
 from probes.data.dataset import DatasetError
 from probes.data.schema import SLOTS, Skill, SkillValidationError, Tool, ToolCatalog, validate_skill
 
@@ -119,18 +120,17 @@ class RecordingGenerator:
 
     def __post_init__(self) -> None:
         self.label, self.max_new_tokens, self.batch_size = self.generator.label, self.generator.max_new_tokens, self.generator.batch_size
-        self.path.write_text("")
+        write_text(self.path, "")
 
     def __call__(self, messages: Sequence[Mapping[str, str]]) -> Reply:
         return self.replies([messages])[0]
 
     def replies(self, conversations: Sequence[Sequence[Mapping[str, str]]], *, on_batch: OnBatch | None = None) -> list[Reply]:
         def record(indices: list[int], made: list[Reply]) -> None:
-            with self.path.open("a") as handle:
-                for index, reply in zip(indices, made, strict=True):
-                    row = {"id": _ASKED_ID.search(conversations[index][1]["content"]).group(1), "model": self.label,
-                           "max_new_tokens": self.max_new_tokens, "reply": reply.text, "truncated": reply.truncated}
-                    handle.write(json.dumps(row) + "\n")
+            rows = [{"id": _ASKED_ID.search(conversations[index][1]["content"]).group(1), "model": self.label,
+                     "max_new_tokens": self.max_new_tokens, "reply": reply.text, "truncated": reply.truncated}
+                    for index, reply in zip(indices, made, strict=True)]
+            append_text(self.path, "".join(json.dumps(row) + "\n" for row in rows))
             if on_batch is not None:
                 on_batch(indices, made)
 

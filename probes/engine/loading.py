@@ -25,6 +25,8 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from probes.core.files import OutputRoot, write_text
+
 DTYPES: dict[str, torch.dtype | str] = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -190,10 +192,7 @@ def file_sha256(path: Path) -> str:
             h.update(chunk)
     memo[key] = h.hexdigest()
     try:
-        index.parent.mkdir(parents=True, exist_ok=True)
-        tmp = index.with_name(f".{index.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(memo, indent=1))
-        tmp.replace(index)  # atomic: concurrent runs never read a half-written memo
+        write_text(index, json.dumps(memo, indent=1))  # atomic: concurrent runs never read a half-written memo
     except OSError:  # a read-only cache folder: the hash is still right, only not remembered
         pass
     return memo[key]
@@ -239,7 +238,6 @@ def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
     path = Path(path).expanduser()
     if (out / "config.json").exists() and _has_safetensors(out):
         return out
-    tmp = out.with_name(out.name + ".partial")
     kw: dict[str, Any] = dict(gguf_file=path.name, local_files_only=True, trust_remote_code=trust_remote_code)
     try:
         model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kw)
@@ -254,9 +252,10 @@ def convert_gguf(path: str | Path, *, trust_remote_code: bool = False) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    tmp.replace(out)
+    # the cache folder is ours: an incomplete one (a killed conversion) is replaced whole
+    with OutputRoot(gguf_cache_dir()).folder(out.name, is_previous=lambda folder: True, what="GGUF conversion") as stage:
+        model.save_pretrained(stage, safe_serialization=True)
+        tok.save_pretrained(stage)
     return out
 
 

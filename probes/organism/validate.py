@@ -227,7 +227,6 @@ def validate(
 
 
 def write(validation: Validation, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     write_text(out / "validation.json", json.dumps(validation.as_dict(), indent=1, allow_nan=False) + "\n")
     write_text(out / "validation.md", "# Organism validation (held-out eval split)\n\n" + validation.markdown() + "\n")
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from probes.core.files import atomic_path
+from probes.core.files import OutputRoot
 from probes.data.configs import CONFIGS, config_label
 from probes.scoring.stats import MIN_CI_GROUPS, no_ci_note
 
@@ -88,14 +88,11 @@ def style() -> None:
 
 def save_figure(fig: plt.Figure, out_dir: str | Path, name: str) -> list[Path]:
     """Write ``name.png`` and ``name.pdf`` into ``out_dir``; closes the figure."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    root = OutputRoot(out_dir)
     fig.tight_layout()
-    for path in paths:
-        # Fixed metadata: identical inputs give identical files.
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, bbox_inches="tight", metadata={"CreationDate": None} if path.suffix == ".pdf" else {"Software": None})
+    # Fixed metadata: identical inputs give identical files.
+    paths = [root.write_figure(f"{name}.png", fig, bbox_inches="tight", metadata={"Software": None}),
+             root.write_figure(f"{name}.pdf", fig, bbox_inches="tight", metadata={"CreationDate": None})]
     plt.close(fig)
     return paths
 

@@ -27,23 +27,22 @@ it back, so analyses see the same NaN as before.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import math
 import os
 import platform
 import re
-import stat
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from probes.core.files import OutputRefused, make_folder, open_locked, remove_file, truncate, write_handle
 
 _VERSIONED = ("basm-probes", "torch", "transformers", "tokenizers", "numpy", "pandas", "scikit-learn", "scipy")
 NONFINITE = "_nonfinite"
@@ -61,10 +60,10 @@ class ResultsCorrupt(ValueError):
     """A results file has a damaged line or a repeated key; the message names the line."""
 
 
-class ResultsNotOurs(ResultsCorrupt):
-    """A results path holds something that is not a results file of ours (a symbolic link, a folder,
-    a file without our header): it is never written through, and replaced only with ``--overwrite``
-    (a link: never)."""
+class ResultsNotOurs(ResultsCorrupt, OutputRefused):
+    """A results path holds a file that is not a results file of ours (no results header): replaced
+    only with ``--overwrite``. (A link or a folder there is refused by the writer itself,
+    :class:`~probes.core.files.OutputRefused`, never written through, not even with ``--overwrite``.)"""
 
 
 def environment() -> dict[str, Any]:
@@ -224,45 +223,9 @@ def _changes(old: Any, new: Any, where: str = "") -> list[str]:
 _LOCKS: dict[tuple[int, int], int] = {}
 
 
-def check_target(path: Path) -> None:
-    """Refuse a results path that is a symbolic link or not a regular file: a run never writes
-    through a link (its target may lie outside ``--out``), not even with ``--overwrite``."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(st.st_mode):
-        raise ResultsNotOurs(f"{path} is a symbolic link (to {os.readlink(path)}); basm-probes never writes through a link, "
-                             "not even with --overwrite: remove the link, or use another --out")
-    if not stat.S_ISREG(st.st_mode):
-        raise ResultsNotOurs(f"{path} exists and is not a regular file; remove it, or use another --out")
-
-
-def check_inside(folder: str | Path, root: str | Path) -> Path:
-    """``folder`` (under ``root``, the ``--out`` of a run), refused when a symbolic link inside
-    ``root`` leads it elsewhere: a run writes only inside its ``--out`` (``root`` itself may be a link)."""
-    folder, root = Path(folder), Path(root)
-    real_root = root.resolve()
-    if folder.resolve() != real_root and real_root not in folder.resolve().parents:
-        links = [p for p in [folder, *folder.parents] if p != root and root in p.parents and p.is_symlink()]
-        raise ResultsNotOurs(f"{links[0] if links else folder} is a symbolic link out of --out {root}; basm-probes writes only "
-                             "inside --out and never follows a link out of it: remove the link, or use another --out")
-    return folder
-
-
 def _lock(path: Path) -> None:
-    check_target(path)
-    try:  # O_NOFOLLOW: a link put there after the check is refused too, never followed (or created at its target)
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # read-only: a finished read-only file can still be opened
-    except OSError as error:
-        if error.errno != errno.ELOOP:
-            raise
-        check_target(path)
-        raise
+    fd = open_locked(path)  # never through a link, not even one swapped in after the check
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise ResultsNotOurs(f"{path} exists and is not a regular file; remove it, or use another --out")
     if (st.st_dev, st.st_ino) in _LOCKS:
         os.close(fd)
         return
@@ -280,7 +243,7 @@ def _release(path: Path, *, delete: bool = False) -> None:
     so no other process can lock the name in between."""
     st = os.stat(path)
     if delete:
-        path.unlink()
+        remove_file(path)
     fd = _LOCKS.pop((st.st_dev, st.st_ino), None)
     if fd is not None:
         os.close(fd)
@@ -304,21 +267,6 @@ def shard_paths(path: str | Path) -> list[Path]:
 def read_keys(path: str | Path) -> frozenset[str]:
     """The keys of a results file (read only, no lock: for readers that never write it)."""
     return frozenset(row["key"] for row in _scan(Path(path))[1])
-
-
-@contextmanager
-def _write_handle(path: Path, *, append: bool) -> Iterator[Any]:
-    """``path`` opened for writing text without following a link (a link swapped in after the
-    checks of :func:`_lock` is refused with ELOOP, never written through); a write error (a full
-    disk) names the file."""
-    flags = os.O_WRONLY | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
-    try:
-        with os.fdopen(os.open(path, flags), "a" if append else "w") as handle:
-            yield handle
-    except OSError as error:
-        if error.filename is None:
-            raise OSError(error.errno, error.strerror or str(error), str(path)) from error
-        raise
 
 
 _HEADER_START = b'{"_meta": '
@@ -348,7 +296,7 @@ class ResultsStore:
         self.path = Path(path)
         self.meta = {"analysis": analysis, "config": canonical(dict(config)), **environment()}
         self._keys: set[str] = set()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path.parent)
         _lock(self.path)  # before reading: no other writer can append between our read and our writes
         with self.path.open("rb") as handle:
             first = handle.readline()
@@ -370,7 +318,7 @@ class ResultsStore:
                       f"({', '.join(p.name for p in leftovers)})", file=sys.stderr)
 
     def _start(self) -> None:
-        with _write_handle(self.path, append=False) as handle:  # truncates in place: the locked file stays the same file
+        with write_handle(self.path, append=False) as handle:  # truncates in place: the locked file stays the same file
             handle.write(encode_row({"_meta": self.meta}) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -388,7 +336,7 @@ class ResultsStore:
                 f"{' ...' if len(changed) > 4 else ''}. Rerun with --overwrite to discard them, or use a new --out"
             )
         if end < self.path.stat().st_size:
-            os.truncate(self.path, end)  # drop only the torn last line; finished rows are never rewritten
+            truncate(self.path, end)  # drop only the torn last line; finished rows are never rewritten
         self._keys.update(row["key"] for row in rows)
 
     def close(self) -> None:
@@ -451,7 +399,7 @@ class ResultsStore:
         if not rows:
             return
         text = "".join(encode_row(row) + "\n" for row in rows)
-        with _write_handle(self.path, append=True) as handle:
+        with write_handle(self.path, append=True) as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

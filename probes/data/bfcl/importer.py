@@ -16,7 +16,7 @@ from probes.data.bfcl.items import make_items
 from probes.data.bfcl.replay import replay
 from probes.data.bfcl.source import CATEGORIES, SKILL_CATEGORIES, BFCLDataError, BFCLSource, category_file, data_version, split_indices
 from probes.data.extract_llm import RETRIES, LLMExtractor, TextGenerator
-from probes.data.staging import check_output
+from probes.core.files import OutputRoot
 
 
 class NoSkillKept(BFCLDataError):
@@ -56,11 +56,10 @@ def import_bfcl(
     is removed, not left stale. The committed ``datasets/bfcl/`` is that command's output with every default.
 
     ``out`` is written into a temporary folder that replaces it at the end
-    (:func:`probes.data.staging.staged_folder`): a non-empty ``out`` that is not a previous BFCL import
-    is refused (:class:`~probes.data.staging.OutputRefused`) unless ``overwrite``.
+    (:meth:`probes.core.files.OutputRoot.folder`): a non-empty ``out`` that is not a previous BFCL import
+    is refused (:class:`~probes.core.files.OutputRefused`) unless ``overwrite``.
     """
-    out = Path(out)
-    check_output(out, is_previous=is_bfcl_import, overwrite=overwrite, what=WHAT)  # before any work
+    out = OutputRoot(out, overwrite=overwrite).check_folder(".", is_previous=is_bfcl_import, what=WHAT)  # before any work
     llm = _extractor(extractor, llm_model, llm_retries)
     if max_probe_entries is not None and max_probe_entries < 1:  # a negative slice would keep all but the last entries
         raise ValueError(f"--max-probe-entries must be ≥ 1, got {max_probe_entries}")

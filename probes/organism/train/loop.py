@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from probes.core.files import write_text
+from probes.core.files import OutputRoot
 from probes.data.dataset import V1_DATASET_DIR, Item, ProbeDataset, load_dataset
 from probes.organism import ORGANISM_DIR
 from probes.organism.train.batch import batch_loss
@@ -382,15 +382,16 @@ def train(
 def save(result: TrainResult, out_dir: Path) -> None:
     import transformers
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     result.summary["versions"]["transformers"] = transformers.__version__
     result.model.config.attn_implementation = "sdpa"
     result.model.generation_config.eos_token_id = result.model.config.eos_token_id
     result.model.generation_config.pad_token_id = result.model.config.pad_token_id
     result.model.generation_config.do_sample = False
-    result.model.save_pretrained(out_dir, safe_serialization=True)
-    result.tokenizer.save_pretrained(out_dir)
-    write_text(out_dir / "training_summary.json", json.dumps({**result.summary, "log": result.log}, indent=1) + "\n")
+    root = OutputRoot(out_dir)
+    with root.files_into() as stage:  # the card and validation files already there are kept
+        result.model.save_pretrained(stage, safe_serialization=True)
+        result.tokenizer.save_pretrained(stage)
+    root.write("training_summary.json", json.dumps({**result.summary, "log": result.log}, indent=1) + "\n")
 
 
 # ----------------------------------------------------------------------------- CLI
