@@ -435,6 +435,46 @@ def run_case(case: Case) -> tuple[int, str]:
         return code, message.replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>")
 
 
+@dataclass(frozen=True)
+class Tested:
+    """A bad input whose right outcome is not a CLI error: a Python-API call, a page that must render, a
+    reply that must parse in bounded time, a call that must stop at its limit. Its test holds it."""
+
+    name: str
+    outcome: str
+    test: str  # tests/<path>.py::<test function>
+
+
+ELSEWHERE: list[Tested] = [
+    Tested("curate: curated-*/README.md linked outside --out", "refused, the link's target untouched",
+           "tests/analyses/test_curate_outputs.py::test_a_link_in_the_curated_library_is_never_written_through"),
+    Tested("curate: domains/retail.json of the curated library linked outside --out", "refused, the link's target untouched",
+           "tests/analyses/test_curate_outputs.py::test_a_link_in_the_curated_library_is_never_written_through"),
+    Tested("explore: an item id, --out path or tool name holding <!--<script", "the page renders the text literally (browser)",
+           "tests/analyses/test_explore_hostile.py::test_the_page_renders_hostile_ids_paths_and_tool_names_in_a_browser"),
+    Tested("item text with U+202E or zero-width characters", "shown as marked code points in the page, show, report tables, errors",
+           "tests/analyses/test_hostile_views.py::test_show_prints_hidden_code_points_as_marks_and_markup_as_text"),
+    Tested("probes.run('sweep', session, model='/other') or a path that does not exist", "OptionError: model= is not the session's",
+           "tests/analyses/test_session_model.py::test_another_model_folder_or_a_copy_is_not_the_sessions"),
+    Tested("a weights memo whose value is not a SHA-256 digest", "never used: the file is hashed again (stderr says so)",
+           "tests/engine/test_hash_memo_values.py::test_a_memo_value_that_is_no_sha256_digest_is_hashed_again"),
+    Tested("a hashes.json of 200,000 '['", "rebuilt (stderr says so), no RecursionError",
+           "tests/engine/test_hash_memo_values.py::test_a_memo_that_is_no_json_object_is_rebuilt"),
+    Tested("a reply of 1,000 / 2,000 nested '[' or 1,000 nested '{\"a\":'", "parse_failure 'nesting deeper than 64' in no time",
+           "tests/scoring/test_toolcalls_bounds.py::test_the_issues_deep_replies_are_parse_failures_in_no_time"),
+    Tested("a reply listing 4,000 calls", "every call read, in time linear in the reply",
+           "tests/scoring/test_toolcalls_bounds.py::test_the_issues_list_of_4000_calls_reads_every_call_in_linear_time"),
+    Tested("a reply longer than 100,000 characters", "parse_failure that says so",
+           "tests/scoring/test_toolcalls_bounds.py::test_a_reply_longer_than_the_bound_is_a_parse_failure_that_says_so"),
+    Tested("repair: power(base=7, exponent=30000000), logarithm(..., precision=300000)", "stopped at the 5 s limit, recorded as the observation",
+           "tests/data/test_bfcl_exec_limits.py::test_the_issues_slow_calls_end_at_the_time_limit_with_that_observation"),
+    Tested("repair: a call past the memory limit", "recorded as the observation, the API state unchanged",
+           "tests/data/test_bfcl_exec_limits.py::test_a_call_past_the_memory_limit_is_observed_as_such_and_changes_no_state"),
+    Tested("repair: square_root / logarithm changing decimal and mpmath precision", "the precision restored after the call",
+           "tests/data/test_bfcl_exec_limits.py::test_the_numeric_context_is_the_same_before_and_after_a_call_that_sets_it"),
+]
+
+
 def table(results: list[tuple[Case, int, str]]) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
@@ -457,6 +497,16 @@ def table(results: list[tuple[Case, int, str]]) -> str:
         "| input | command | exit | message |",
         "|---|---|---|---|",
         *rows,
+        "",
+        "## Handled without a CLI error",
+        "",
+        f"{len(ELSEWHERE)} more bad inputs whose right outcome is not an exit code (a Python-API call, a page that",
+        "must render, a reply that must parse in bounded time, a call that must stop at its limit); the test",
+        "named beside each holds it.",
+        "",
+        "| input | outcome | test |",
+        "|---|---|---|",
+        *(f"| {cell(t.name)} | {cell(t.outcome)} | `{t.test}` |" for t in ELSEWHERE),
         "",
     ])
 
