@@ -245,3 +245,19 @@ def model(tiny_qwen3_dir: Path, tmp_path: Path) -> Path:
 def dataset(tmp_path: Path) -> Path:
     """A private copy of the bundled v1 dataset, free to be edited."""
     return Path(shutil.copytree(V1_DATASET_DIR, tmp_path / "dataset"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (Playwright driving Debian's chromium) for the explore page's tests, or a skip
+    that names how to install one."""
+    from probes.analyses import explore
+
+    if reason := explore.browser_missing():
+        pytest.skip(f"no headless browser: {reason}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = explore.launch(p)
+        yield b
+        b.close()

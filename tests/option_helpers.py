@@ -6,7 +6,6 @@ options arrive (``capture_analysis``) or where the session would open (``capture
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import probes.engine.session
 from probes.analyses import ANALYSES, REPORT
 from probes.analyses.base import Analysis
 from probes.analyses.option_system import option_fields
+from probes.cli.checks import toml_value
 from probes.cli.flags import flag_of
 
 
@@ -90,16 +90,6 @@ def argv_of(cls: type[Analysis], values: dict[str, Any]) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, tuple | list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))  # a JSON string is a TOML basic string
 
 
 def write_toml(path: Path, table: dict[str, Any]) -> Path:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import tomllib
 from collections.abc import Mapping
@@ -117,14 +118,15 @@ def _argv(f: dataclasses.Field, value: Any) -> list[str]:
     return [flag, str(value)]
 
 
-def _toml(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """An option value as a TOML value (the options file's form of it)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, tuple | list):
-        return "[" + ", ".join(_toml(item) for item in value) + "]"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    return json.dumps(str(value))  # a JSON string is a TOML basic string (escapes included)
 
 
 def _outcome(cls: type, given: Mapping[str, Any] | None, error: Exception | None = None) -> Any:
@@ -153,7 +155,7 @@ def check_option_round_trip(cls: type, folder: Path) -> None:
             flags = _outcome(cls, options_from_args(parser.parse_args(_argv(f, value)), cls))
         except (argparse.ArgumentError, OptionError) as error:
             flags = _outcome(cls, None, error)
-        path = folder.write(f"{f.name}.toml", f"{f.name} = {_toml(value)}\n")
+        path = folder.write(f"{f.name}.toml", f"{f.name} = {toml_value(value)}\n")
         try:
             toml = _outcome(cls, options_from_file(path, cls))
         except (OptionError, tomllib.TOMLDecodeError) as error:

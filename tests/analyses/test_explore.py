@@ -143,18 +143,6 @@ def test_page_is_self_contained_and_capped(explored, capsys):
 
 
 # ----------------------------------------------------------------------------- in a real browser
-@pytest.fixture(scope="module")
-def browser():
-    if reason := E.browser_missing():
-        pytest.skip(f"no headless browser: {reason}")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = E.launch(p)
-        yield b
-        b.close()
-
-
 def dom_weights(page) -> np.ndarray:
     return np.array(page.eval_on_selector_all("#tokens .tok", "els => els.map(e => Number(e.dataset.w))"))
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import probes
-from probes.analyses import explore as E
+from probes.analyses.explore import explore
 from probes.data.dataset import V1_DATASET_DIR, DatasetError
 
 HOSTILE = "<!--<script>"
@@ -56,7 +56,7 @@ def hostile_page(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_dir: Path)
     out = tmp / f"out{HOSTILE}"
     session = probes.ProbeSession(tiny_qwen3_dir)
     probes.run("sweep", session, dataset=hostile_dataset(tmp), item_ids=[ITEM], model=tiny_qwen3_dir, out=out, **RUN)
-    page = probes.explore(session, out=out, model=tiny_qwen3_dir)
+    page = explore(session, out=out, model=tiny_qwen3_dir)
     return page, json.loads(data_script(page)), out
 
 
@@ -74,18 +74,6 @@ def test_hostile_text_is_stored_literally_and_hidden_code_points_as_marks(hostil
 
 
 # ----------------------------------------------------------------------------- in a real browser
-@pytest.fixture(scope="module")
-def browser():
-    if reason := E.browser_missing():
-        pytest.skip(f"no headless browser: {reason}")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = E.launch(p)
-        yield b
-        b.close()
-
-
 def test_the_page_renders_hostile_ids_paths_and_tool_names_in_a_browser(hostile_page, browser):
     page_path, data, out = hostile_page
     context = browser.new_context(offline=True, viewport={"width": 1400, "height": 900})
@@ -121,4 +109,4 @@ def test_explore_after_a_sweep_on_an_item_id_with_the_separator_names_the_item(t
     items = root / "items.jsonl"
     items.write_text(items.read_text().replace('"id": "retail-wrong-0001"', '"id": "retail|wrong-0001"'))
     with pytest.raises(DatasetError, match=r"items.jsonl:\d+: item id 'retail\|wrong-0001' holds '\|', which joins the parts of a record id"):
-        probes.explore(session, out=tmp_path / "out", model=tiny_qwen3_dir)
+        explore(session, out=tmp_path / "out", model=tiny_qwen3_dir)
