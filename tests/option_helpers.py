@@ -17,8 +17,7 @@ import probes.engine.session
 from probes.analyses import ANALYSES, REPORT
 from probes.analyses.base import Analysis
 from probes.analyses.option_system import option_fields
-from probes.cli.checks import toml_value
-from probes.cli.flags import flag_of
+from probes.cli.checks import flag_argv, toml_value
 
 
 COMMANDS = [*ANALYSES, REPORT]  # every registered analysis, and report
@@ -78,17 +77,8 @@ def argv_of(cls: type[Analysis], values: dict[str, Any]) -> list[str]:
     argv: list[str] = []
     for name, value in values.items():
         f = option_field(cls, name)
-        flag = flag_of(f)
-        if f.metadata["type"] is bool:
-            assert value != f.default
-            argv.append(flag)
-        elif f.metadata["repeat"]:
-            for v in value:
-                argv += [flag, v]
-        elif f.metadata["names"] is not None:
-            argv += [flag, ",".join(value)]
-        else:
-            argv += [flag, str(value)]
+        assert f.metadata["type"] is not bool or value != f.default  # a switch can only flip its default
+        argv += flag_argv(f, value)
     return argv
 
 

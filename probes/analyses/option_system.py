@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from probes.backends import BACKENDS
-from probes.data.dataset import BUCKETS, SPLIT_KINDS, ProbeDataset
+from probes.data.dataset import BUCKETS, FOLD_GROUPS, SPLIT_KINDS, ProbeDataset
 from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RETRIEVAL_MODES, Retriever
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, BuildSettings, PromptBuilder, make_builder
 from probes.scoring.score import DEFAULT_VARIANT, MARGIN_VARIANTS
@@ -112,8 +112,6 @@ def folds_option(default: int, help: str, group: str) -> Any:
 def fold_groups_option(group: str) -> Any:
     """The ``fold_groups`` option (``--fold-groups``) of grouped cross-validation (``linear``, ``shortcuts``):
     :func:`probes.data.dataset.fold_groups`."""
-    from probes.data.dataset import FOLD_GROUPS
-
     return option(FOLD_GROUPS[0], "groups of the CV folds: task_group (a test item's template never in training) or scenario "
                   "(its whole scenario, every template, never in training; needs the item field scenario, e.g. basm_probe_v2)",
                   choices=FOLD_GROUPS, group=group)

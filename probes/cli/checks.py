@@ -107,7 +107,9 @@ def sample_value(f: dataclasses.Field) -> Any:
     return "sample"
 
 
-def _argv(f: dataclasses.Field, value: Any) -> list[str]:
+def flag_argv(f: dataclasses.Field, value: Any) -> list[str]:
+    """The command-line tokens that give option ``f`` the value ``value`` (a switch flips its default;
+    a repeat option repeats its flag; names are comma-separated)."""
     flag, meta = flag_of(f), f.metadata
     if meta["type"] is bool:
         return [flag]  # the switch flips the default
@@ -152,7 +154,7 @@ def check_option_round_trip(cls: type, folder: Path) -> None:
         parser = argparse.ArgumentParser(prog=cls.name, exit_on_error=False)
         add_options(parser, cls)
         try:
-            flags = _outcome(cls, options_from_args(parser.parse_args(_argv(f, value)), cls))
+            flags = _outcome(cls, options_from_args(parser.parse_args(flag_argv(f, value)), cls))
         except (argparse.ArgumentError, OptionError) as error:
             flags = _outcome(cls, None, error)
         path = folder.write(f"{f.name}.toml", f"{f.name} = {toml_value(value)}\n")
