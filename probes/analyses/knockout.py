@@ -462,7 +462,8 @@ def knockout_claims(per: pd.DataFrame, points: pd.DataFrame, rows: pd.DataFrame,
         c = basm_wide(per, bucket, "correct_margin")
         if len(c) and "boundary" in c:
             claims.append(absence_claim("knockout-selectivity", f"{bucket} correct", f"the boundary knockout leaves the {bucket} "
-                                        f"correct-tool margin within ±{sesoi:g}", c["boundary"], c["task_group"], sesoi=sesoi, seed=seed))
+                                        f"correct-tool margin within ±{sesoi:g}", c["boundary"], c["task_group"], sesoi=sesoi,
+                                        exploratory=True, seed=seed))
     return claims
 
 

@@ -338,7 +338,7 @@ def shift_tables(rows: pd.DataFrame, headline_row: str, k: int, seed: int,
                                    "n_target": int(differences["n_target"].sum()), "n_reference": int(differences["n_reference"].sum()),
                                    "same_records_as": seen.get(used, "") if claim.n else "", "headline": headline})
                     if row == headline_row and config == HEADLINE_CONFIG and (stratum == HEADLINE or (claim.n and used not in seen)):
-                        claims.append(claim if stratum == HEADLINE else replace(claim, family=STRATA_FAMILY))
+                        claims.append(claim if stratum == HEADLINE else replace(claim, family=STRATA_FAMILY, exploratory=True))
                     seen.setdefault(used, stratum.name)
                     if stratum in LENGTH_STRATA:
                         fit = length_adjusted(selected, target, resamples=resamples, seed=seed)
@@ -348,7 +348,7 @@ def shift_tables(rows: pd.DataFrame, headline_row: str, k: int, seed: int,
                             claims.append(Claim(STRATA_FAMILY, f"length-adjusted shift {target} · {plots.label(config)} · {stratum.name}",
                                                 f"{shift_statement(config, target, stratum, row, k)}, adjusted for log2|B| and log2|P| "
                                                 "within task groups", fit["adjusted"], fit["low"], fit["high"], fit["n"], fit["p"], unit=UNIT,
-                                                note="p: cluster-robust t (G − 1 df); CI: cluster bootstrap"))
+                                                note="p: cluster-robust t (G − 1 df); CI: cluster bootstrap", exploratory=True))
             if HEADLINE_CONFIG not in set(records["config"]):
                 continue
             basm = paired[HEADLINE_CONFIG, HEADLINE.name]

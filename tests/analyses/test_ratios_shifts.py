@@ -220,7 +220,7 @@ def test_planted_abstention_items_alone_create_the_pooled_shift() -> None:
     table = claims_table(summary.claims).set_index("name")
     assert table.loc["shift T_wrong · BASM · tool-correct · decision row", "verdict"] != "holds"
     assert table.loc["shift T_wrong · BASM · tool-correct · decision row", "family"] == "ratios"
-    assert table.loc["shift T_wrong · BASM · pooled", "verdict"] == "holds"
+    assert table.loc["shift T_wrong · BASM · pooled", "verdict"] == "exploratory: significant after Holm, not a confirmatory claim"
     assert table.loc["shift T_wrong · BASM · pooled", "family"] == "ratios-strata"
     # the pooled η (ratio of means) mixes the populations too: every item above the tool-correct ones
     by_answer = summary.eta_by_answer.set_index(["row", "population"]).loc["deciding"]
