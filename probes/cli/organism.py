@@ -57,13 +57,14 @@ def validate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def validate(args: argparse.Namespace) -> int:
     from probes.organism.validate import validate, write
+    from probes.scoring.claims import holds
 
     validation = validate(args.model, args.out, limit=args.limit, embedder=args.embedder, seed=args.seed, top=args.top,
                           draws=args.draws, overwrite=args.overwrite)
     write(validation, args.out)
     verdicts = validation.verdicts()
     print(validation.table[["name", "estimate", "low", "high", "n", "p", "p_holm", "verdict"]].round(4).to_string(index=False))
-    print(f"{sum(v == 'holds' for v in verdicts.values())}/{len(verdicts)} claims hold after Holm over the validation "
+    print(f"{sum(holds(v) for v in verdicts.values())}/{len(verdicts)} claims hold after Holm over the validation "
           f"({validation.seconds:.0f} s); written to {args.out / 'validation.md'}")
     return 0 if validation.holds else 1
 

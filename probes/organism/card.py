@@ -14,8 +14,8 @@ import pandas as pd
 from probes.core.files import write_text
 from probes.organism.heldout import heldout_report
 from probes.organism.train.supervision import head_key
-from probes.organism.validate import Validation, validate
-from probes.reporting.markdown import markdown_table
+from probes.organism.validate import CONTROL, Validation, validate
+from probes.reporting.markdown import descriptive, markdown_table
 
 DISCLAIMER = (
     "**This is a synthetic organism for validating the instrument, not evidence about Qwen3.** It has "
@@ -35,7 +35,7 @@ def _fmt(x: float) -> str:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| config | bucket | k | n | accuracy | wrong-tool call rate | margin Eq. 1 (mean [95% CI]) |",
+        "| config | bucket | k | n | accuracy | wrong-tool call rate | path margin with abstention (mean [95% CI]) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -113,13 +113,30 @@ def _planted_heads_rank(cfg: dict[str, Any], ranking: list[dict[str, Any]]) -> s
             f"on the ranking half of the task groups, among the heads that read B ∪ P): the planted {places}.")
 
 
-VALIDATION_COLUMNS = ["name", "statement", "estimate", "low", "high", "n", "p", "p_floor", "p_holm", "verdict", "note"]
+VALIDATION_COLUMNS = ["name", "kind", "statement", "estimate", "low", "high", "n", "unit", "p", "p_floor", "p_holm", "verdict", "note"]
+HELDOUT_KNOCKOUTS = ("boundary", "procedure")  # the plain-HF cross-check's spans; its control is the validation's (CONTROL)
+
+
+def control_claim(claims: list[dict[str, Any]]) -> dict[str, Any]:
+    """The validation's claim on the knockout control's own shift (the card never states a stored number for it)."""
+    found = [c for c in claims if c["name"] == CONTROL]
+    if not found:
+        raise ValueError(f"validation.json has no {CONTROL!r} claim (it predates the control's test): rerun `basm-probes organism card`")
+    return found[0]
+
+
+def control_sentence(c: dict[str, Any]) -> str:
+    """The knockout control's own shift, as the validation measured it."""
+    return (f"The control is the validation's (`{CONTROL}` below: knockouts at every deciding row, by the probe engine): "
+            f"knocking out |B| positions of the neutral pool moves the margin by {_number(c['estimate'])} [{_number(c['low'])}, "
+            f"{_number(c['high'])}] over {c['n']} task groups; {c['verdict']}.")
 
 
 def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], validation: dict[str, Any]) -> None:
     """The model card from the training summary, the held-out check and ``validation.json``'s content
     (so a card can be rewritten from the committed files, without rerunning anything)."""
     validation_claims, ranking = validation["claims"], validation.get("head_ranking", [])
+    control = control_claim(validation_claims)
     table = markdown_table(pd.DataFrame(validation_claims, columns=VALIDATION_COLUMNS).astype({c: float for c in
                                                                                                 ("estimate", "low", "high", "p", "p_floor", "p_holm")}))
     cfg = summary["train_config"]
@@ -133,9 +150,17 @@ def write_card(out_dir: Path, summary: dict[str, Any], heldout: dict[str, Any], 
     seen = summary["examples_seen_per_config_bucket"]
     seen_lines = ", ".join(f"{key}: {n}" for key, n in seen.items())
     eta_line = "; ".join(f"{b}: {m:.2f} [{lo:.2f}, {hi:.2f}]" for b, (m, lo, hi) in sorted(eta.items()))
-    ko_lines = "\n".join(
-        f"| {name} | {_fmt(ko[name][0])} [{_fmt(ko[name][1])}, {_fmt(ko[name][2])}] |" for name in ("boundary", "procedure", "random")
-    )
+    ko_lines = "\n".join(f"| {name} | {_fmt(ko[name][0])} [{_fmt(ko[name][1])}, {_fmt(ko[name][2])}] |" for name in HELDOUT_KNOCKOUTS)
+    heldout_text = f"""{_table(heldout['table'])}
+
+Same-prompt knockout of decision-row attention (open and decision rows, all layers and heads; basm, k = 2,
+eval T_wrong, n = {heldout.get('n_knockout', '')}; baseline path margin {_fmt(ko['base_margin'][0])}). Δm = m_knockout − m_basm, mean [95% CI]:
+
+| knocked-out span | Δ path margin |
+|---|---|
+{ko_lines}
+
+η (Eq. 2) at the decision row, median over the {cfg['num_layers'] * cfg['num_heads']} heads, mean over items (basm, k = 2): {eta_line}."""
     text = f"""---
 license: apache-2.0
 library_name: transformers
@@ -247,34 +272,34 @@ Examples seen per (configuration | bucket): {seen_lines}.
 
 {heldout.get('n_eval_items', '')} eval items; accuracy is the argmax over all candidate actions (every catalog tool + abstain), scored
 as in `probes.scoring.margins` (tool: log P(forced prefix | open row) + log P(name | decision row); abstain:
-log(1 − P(`<tool_call>` | open row))). Margin = Eq. 1 on those scores, max over wrong − max over
-{{correct, abstain}}; means are means of task-group means, CIs resample task groups. Computed by `probes.organism.heldout` at training time.
+log(1 − P(`<tool_call>` | open row))). The margin is the **path margin with abstention** (`path` in
+`probes.scoring.margins`, every tool name being one token here): max over wrong − max over {{correct, abstain}}
+of those path log-probabilities. It is not Eq. 1 (first-token logits of the wrong tools against the correct
+tool and the abstention tokens at one row) nor the probes' headline `tool_choice` margin, and it mixes the tool
+choice with the willingness to open a call. Means are means of task-group means, CIs resample task groups.
+Computed by `probes.organism.heldout` (rerun by `basm-probes organism card`). These tables describe the
+organism; they are cross-checks, not claims (the claims are the validation's, below).
 
-{_table(heldout['table'])}
+{descriptive(heldout_text)}
 
-Same-prompt knockout of decision-row attention (open and decision rows, all layers and heads; basm, k = 2,
-eval T_wrong, n = {heldout.get('n_knockout', '')}; baseline margin {_fmt(ko['base_margin'][0])}). Δm = m_knockout − m_basm, mean [95% CI]:
-
-| knocked-out span | Δ margin |
-|---|---|
-{ko_lines}
-
-η (Eq. 2) at the decision row, median over the {cfg['num_layers'] * cfg['num_heads']} heads, mean over items (basm, k = 2): {eta_line}.
+{control_sentence(control)}
 
 ## Validation: what the probes recover
 
 `basm-probes organism validate` runs the probe analyses (sweep, knockout, ratios, heads) on every eval
 item of T_wrong and T_ok at k = 2 and tests each targeted effect with a 95% cluster-bootstrap CI over
 task groups and a one-sided sign-flip permutation test; the p-values are Holm-adjusted over all the
-validation's claims, and a claim holds iff its CI lies above 0 and its adjusted p < 0.05
-(`docs/statistics.md`). Margins: Eq. 1 restricted to the tools (`--margin-variant tool_choice`: wrong vs
+validation's claims, and an effect claim holds iff its CI lies above 0 and its adjusted p < 0.05, the
+control's equivalence claim iff both its one-sided tests reject after adjustment (`docs/statistics.md`). Margins: Eq. 1 restricted to the tools (`--margin-variant tool_choice`: wrong vs
 correct tool, in logits; items whose correct action is abstention have none and are left out).
 Knockouts block B from every row from the one that opens the call to the decision row. The random
 controls draw from the neutral pool (the memory block outside B, P, their section labels and every line
 naming a tool): |B| positions of it, a count-matched pair (n random positions of B against n of the
 pool) and, where the pool holds that much attention, positions matching B's attention mass at the
-deciding row; the dose comparison is the slope of Δm on the attention mass removed. η is the
-group-paired T_ok → T_wrong shift on tool-correct items read at the decision row. Heads: the floor on
+deciding row; the dose comparison is the slope of Δm on the attention mass removed. The pool is not
+assumed neutral: its own shift is a claim (`{CONTROL}`, equivalence within ±{control['sesoi']:g} logits by two
+one-sided tests). η is the group-paired T_ok → T_wrong shift of log2 η (unit: log2 η, not logits) on
+tool-correct items read at the decision row. Heads: the floor on
 boundary ∪ procedure attention is chosen on the train split (`basm-probes heads --floor-from train`),
 heads are ranked on tool-correct items of half of the eval task groups and tested on the other half
 against random heads that pass the same floor, matched on their attention to B.

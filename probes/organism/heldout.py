@@ -6,23 +6,23 @@ plus a small same-prompt knockout and attention-ratio check written directly aga
 
 Scores follow ``probes.scoring.margins`` (native format, log-probability form): a tool ``y`` scores
 ``log P(forced prefix | open row) + log P(y | decision row)``; abstaining scores
-``log(1 − P(<tool_call> | open row))``. The margin is Eq. 1 over those scores:
-``max_wrong − max(correct, abstain)``. Tool names are single tokens of the organism's tokenizer,
+``log(1 − P(<tool_call> | open row))``. The margin is the path margin with abstention over those
+scores (``path`` in :mod:`probes.scoring.margins`; not Eq. 1, which compares first-token logits at one
+row): ``max_wrong − max(correct, abstain)``. Tool names are single tokens of the organism's tokenizer,
 so first-token sets never collide.
 
 Why this module scores candidates itself rather than through the one record scorer
 (:func:`probes.scoring.score.score_record`): it is the engine's independent cross-check, so its
 forward passes and knockouts are plain transformers calls (no probe engine); its accuracy is the
 argmax over every candidate action (every catalog tool and abstention), which the scorer does not
-compute; and its margin is Eq. 1 over first-token log-probabilities with abstention at the open
-row, a quantity none of the scorer's margin variants is (``path`` sums every continuation token,
+compute; and its margin is the path margin over the first name token with abstention at the open
+row (``path`` sums every continuation token, the same on this tokenizer's one-token names;
 ``first_token`` leaves abstention out, ``eq1`` is undefined in the native format). The tool-only
 first-token margin (``tool_margin``) is the scorer's own :func:`probes.scoring.margins.first_token_margin`.
 """
 
 from __future__ import annotations
 
-import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,7 +54,7 @@ class Scored:
     k: int
     correct: str
     predicted: str
-    margin: float  # Eq. 1, log-prob form
+    margin: float  # the path margin with abstention (log-probabilities of the first name token)
     tool_margin: float  # best wrong tool − correct tool, raw decision-row logits (nan for abstain items; margins.first_token_margin)
 
 
@@ -157,11 +157,10 @@ def _positions(spans: Sequence[Sequence[int]]) -> list[int]:
 
 
 @torch.no_grad()
-def knockout_check(model: Qwen3ForCausalLM, records: Sequence[PromptRecord], seed: int = 0) -> list[dict[str, Any]]:
+def knockout_check(model: Qwen3ForCausalLM, records: Sequence[PromptRecord]) -> list[dict[str, Any]]:
     """Same-prompt knockout of decision-row attention (rows open_index and decision_index, all layers
-    and heads) to the boundary span, the procedure span, and random same-size position sets drawn
-    from the memory block outside the boundary. Returns per-record margins per condition."""
-    rng = random.Random(seed)
+    and heads) to the boundary span and the procedure span. Returns per-record margins per condition.
+    (The control, |B| positions of the neutral pool, is the validation's: :func:`probes.organism.validate.control_claim`.)"""
     out = []
     for record in records:
         ids = record.input_ids
@@ -169,9 +168,7 @@ def knockout_check(model: Qwen3ForCausalLM, records: Sequence[PromptRecord], see
         rows = [record.open_index, record.decision_index]
         boundary = _positions(record.spans.get("boundary", []))
         procedure = _positions(record.spans.get("procedure", []))
-        memory = [p for p in range(min(p for p in boundary + procedure), max(boundary + procedure) + 1) if p not in set(boundary)]
-        random_set = sorted(rng.sample(memory, min(len(boundary), len(memory))))
-        conditions = {"none": [], "boundary": boundary, "procedure": procedure, "random": random_set}
+        conditions = {"none": [], "boundary": boundary, "procedure": procedure}
         masks = torch.stack([_mask(n, rows, blocked) for blocked in conditions.values()]).unsqueeze(1)
         input_ids = torch.tensor([ids] * len(conditions), device=model.device)
         masks = masks.to(model.device)
@@ -227,7 +224,7 @@ def heldout_report(
     wrong = [r for r in basm2 if r.bucket == "T_wrong"][:knockout_items]
     knock = knockout_check(model, wrong)
     summary: dict[str, Any] = {"table": table, "knockout": {}, "n_eval_items": len(items), "n_knockout": len(wrong)}
-    for name in ("boundary", "procedure", "random"):
+    for name in ("boundary", "procedure"):
         delta = [k[name] - k["none"] for k in knock]
         summary["knockout"][name] = group_ci(delta, [k["task_group"] for k in knock])
     summary["knockout"]["base_margin"] = group_ci([k["none"] for k in knock], [k["task_group"] for k in knock])

@@ -1,6 +1,6 @@
 """``basm-probes organism validate``: do the probes recover what was planted in the organism?
 
-Five claims, measured with the probe analyses themselves (:mod:`probes.analyses.sweep`, :mod:`probes.analyses.knockout`,
+The claims, measured with the probe analyses themselves (:mod:`probes.analyses.sweep`, :mod:`probes.analyses.knockout`,
 :mod:`probes.analyses.ratios`, :mod:`probes.analyses.heads`) on the held-out (eval) split, which is task-group
 disjoint from the organism's training items:
 
@@ -12,9 +12,11 @@ suppression    proc margin − basm margin at k = 2, on T_wrong                 
 knockout       Δm(boundary) − Δm(control), basm k = 2 T_wrong; controls: |B| positions of     knockout rows
                the neutral pool, the count-matched pair, the mass-matched pool, the dose
                slopes (per group) and the procedure span; plus Δm(boundary) > 0
+control        Δm(|B| positions of the neutral pool) within ±0.25 logits (TOST): the control    knockout rows
+               itself is tested, never assumed neutral
 eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_B / (ᾱ_P + ε)        ratios rows
                over all layers and heads, paired by task group, on tool-correct T_wrong
-               items read at the decision row (the ``ratios`` headline)
+               items read at the decision row (the ``ratios`` headline); unit log2 η, not logits
 heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k = 2 tool-correct heads rows
                T_wrong; the ``heads`` analysis's own test (:meth:`probes.analyses.heads.Heads.summarise`):
                span-mass floor chosen on the train split, heads ranked on half of the task groups,
@@ -24,8 +26,9 @@ heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k
 Each statistic is a mean over task groups (items of a group share a template, so they are not
 independent) with a 95% cluster-bootstrap CI (:func:`probes.scoring.stats.bootstrap_mean`) and a one-sided
 sign-flip permutation test over task groups (:func:`probes.scoring.claims.effect_claim`). The p-values are
-Holm-adjusted over every claim of the validation (one family); a claim holds iff its CI lies above 0
-and its adjusted p < :data:`ALPHA` (:func:`probes.scoring.claims.claims_table`). Margins are Eq. 1 restricted to the tools, in logits
+Holm-adjusted over every claim of the validation (one family); an effect claim holds iff its CI lies above 0
+and its adjusted p < :data:`ALPHA`, the control's absence claim iff both one-sided tests reject after
+adjustment (:func:`probes.scoring.claims.claims_table`). Margins are Eq. 1 restricted to the tools, in logits
 (``--margin-variant tool_choice``): items whose correct action is abstention have none and are left
 out. The random controls are those of :mod:`probes.analyses.knockout` (docs/statistics.md).
 """
@@ -53,26 +56,27 @@ from probes.scoring.score import DEFAULT_VARIANT, EPSILON
 from probes.engine.session import EngineSession
 from probes.organism import ORGANISM_DIR
 from probes.reporting.markdown import markdown_table
-from probes.scoring.claims import ALPHA, Claim, claims_table, effect_claim
+from probes.scoring.claims import ALPHA, Claim, absence_claim, claims_table, effect_claim, holds
 
 FAMILY = "organism validation"  # Holm over every claim of the validation
+CONTROL = "knockout control neutral"  # the neutral pool's own shift (the model card's knockout table reads it)
 DEPTH = 2  # the retrieval depth of every claim (the paper's focus)
 DEFAULT_TOP = 2  # heads knocked out in the ranked set and in each random set
 DEFAULT_DRAWS = 5  # random spans per record and random head sets
 
 
 def paired_claim(name: str, statement: str, a: pd.Series, b: pd.Series, groups: pd.Series, *, seed: int = 0,
-                 n_records: int | None = None) -> Claim:
+                 n_records: int | None = None, unit: str = "logits") -> Claim:
     """Claim ``mean(a − b) > 0`` over task groups (:func:`probes.scoring.claims.effect_claim`); ``a``,
-    ``b``, ``groups`` share one index (records); the record count goes into the claim's note."""
+    ``b``, ``groups`` share one index (records), in ``unit``; the record count goes into the claim's note."""
     frame = pd.DataFrame({"a": a, "b": b, "group": groups}).dropna()
     if frame.empty:
         raise ValueError(f"{name}: no records with both values")
     records = len(frame) if n_records is None else n_records
-    return effect_claim(FAMILY, name, statement, frame["a"] - frame["b"], frame["group"], seed=seed, note=f"{records} records")
+    return effect_claim(FAMILY, name, statement, frame["a"] - frame["b"], frame["group"], seed=seed, unit=unit, note=f"{records} records")
 
 
-# ----------------------------------------------------------------------------- the five claims
+# ----------------------------------------------------------------------------- the claims
 def margins_by(rows: pd.DataFrame, **where: Any) -> pd.Series:
     """Wrong-tool margin per item for the rows matching ``where`` (one row per item)."""
     sub = rows
@@ -128,6 +132,17 @@ def knockout_claims(rows: pd.DataFrame, seed: int) -> list[Claim]:
     return claims
 
 
+def control_claim(rows: pd.DataFrame, seed: int) -> Claim:
+    """The neutral pool's own shift, tested in every validation: knocking out |B| of its positions (the
+    control ``knockout>random`` compares B with) leaves the basm T_wrong margin within ±δ, the knockout
+    analysis's smallest effect of interest (TOST over task groups)."""
+    per, _, _, _ = knockout_mod.deltas_per_record(rows)
+    wide = knockout_mod.basm_wide(per, knockout_mod.CLAIM_BUCKET, knockout_mod.CLAIM_MEASURE)
+    sesoi = knockout_mod.DEFAULT_SESOI
+    return absence_claim(FAMILY, CONTROL, f"knocking out |B| positions of the neutral pool leaves the basm T_wrong margin within ±{sesoi:g}",
+                         wide["random"], wide["task_group"], sesoi=sesoi, seed=seed, note=f"{len(wide)} records")
+
+
 def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
     """The ``ratios`` headline (:data:`probes.analyses.ratios.HEADLINE`): under basm, the T_wrong − T_ok
     shift of per-record log2 η at the deciding row, on tool-correct T_wrong items read at the decision
@@ -138,7 +153,7 @@ def eta_claim(rows: pd.DataFrame, seed: int) -> Claim:
     groups = pd.Series(shifts.index, index=shifts.index)
     return paired_claim("eta", f"under basm at k = {DEPTH}, log2 η at the deciding row is higher in T_wrong than in T_ok "
                                f"({ratios_mod.HEADLINE.name} items; group-paired)",
-                        shifts["difference"], pd.Series(0.0, index=shifts.index), groups, seed=seed,
+                        shifts["difference"], pd.Series(0.0, index=shifts.index), groups, seed=seed, unit=ratios_mod.UNIT,
                         n_records=int(shifts["n_target"].sum() + shifts["n_reference"].sum()))
 
 
@@ -176,17 +191,17 @@ class Validation:
 
     @property
     def holds(self) -> bool:
-        return all(verdict == "holds" for verdict in self.verdicts().values())
+        return all(holds(verdict) for verdict in self.verdicts().values())
 
     def as_dict(self) -> dict[str, Any]:
-        claims = self.table.assign(holds=lambda t: t["verdict"] == "holds")
+        claims = self.table.assign(holds=lambda t: t["verdict"].map(holds))
         records = [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in row.items()}
                    for row in claims.to_dict(orient="records")]
         return {"claims": records, "holds": self.holds, "config": self.config,
                 "head_ranking": self.ranking.to_dict(orient="records"), "seconds": round(self.seconds, 1)}
 
     def markdown(self) -> str:
-        return markdown_table(self.table[["name", "statement", "estimate", "low", "high", "n", "p", "p_floor", "p_holm", "verdict", "note"]])
+        return markdown_table(self.table[["name", "statement", "estimate", "low", "high", "n", "unit", "p", "p_floor", "p_holm", "verdict", "note"]])
 
 
 def context_for(analysis: Analysis, session: EngineSession | None) -> RunContext:
@@ -205,7 +220,7 @@ def validate(
     draws: int = DEFAULT_DRAWS,
     overwrite: bool = False,
 ) -> Validation:
-    """Run the analyses behind the five claims (results resume from ``out``) and test the claims."""
+    """Run the analyses behind the claims (results resume from ``out``) and test the claims."""
     started = time.perf_counter()
     common = {"model": model, "split": "eval", "out": out, "embedder": embedder, "seed": seed, "margin_variant": DEFAULT_VARIANT,
               "limit": limit or None, "overwrite": overwrite, "k_max": DEPTH}
@@ -213,7 +228,8 @@ def validate(
     session = sweep.session
     claims = trap_and_suppression(sweep.options.collect(sweep), seed)  # ctx.options: the analysis, resolved
     knock = context_for(knockout_mod.KnockoutAnalysis(**common, buckets=["T_wrong"], random_draws=draws), session)
-    claims += knockout_claims(knock.options.collect(knock), seed)
+    knock_rows = knock.options.collect(knock)
+    claims += [*knockout_claims(knock_rows, seed), control_claim(knock_rows, seed)]
     both = ["T_ok", "T_wrong"]
     ratios = context_for(ratios_mod.Ratios(**common, buckets=both, configs=["basm"]), session)
     claims.append(eta_claim(ratios.options.collect(ratios), seed))

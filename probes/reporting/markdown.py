@@ -10,6 +10,15 @@ import pandas as pd
 
 from probes.core.text import visible
 
+# A document's descriptive part (tables that describe, not claims): tests/docs/test_readme_claims.py checks every
+# estimate with a CI outside these markers against docs/claims.csv. HTML comments: invisible where it is rendered.
+DESCRIPTIVE_OPEN, DESCRIPTIVE_CLOSE = "<!-- descriptive -->", "<!-- /descriptive -->"
+
+
+def descriptive(text: str) -> str:
+    """``text`` between the descriptive markers."""
+    return f"{DESCRIPTIVE_OPEN}\n{text}\n{DESCRIPTIVE_CLOSE}"
+
 
 def markdown_table(frame: pd.DataFrame, digits: int = 3) -> str:
     """A GitHub markdown table (no extra dependency); texts (item and skill ids, reasons) are written

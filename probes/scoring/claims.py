@@ -225,6 +225,12 @@ def claims_table(claims: Sequence[Claim], *, alpha: float = ALPHA) -> pd.DataFra
     return frame[COLUMNS + ["alternative"]]
 
 
+def holds(verdict: str) -> bool:
+    """A verdict that says the claim holds ("holds", "holds: equivalent to 0 within ±δ"); an exploratory
+    one never does."""
+    return verdict == "holds" or verdict.startswith("holds:")
+
+
 def renamed(claims: Sequence[Claim], family: str) -> list[Claim]:
     """``claims`` moved into ``family`` (e.g. a validation that corrects over all its claims)."""
     return [replace(c, family=family) for c in claims]

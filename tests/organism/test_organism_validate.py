@@ -17,12 +17,14 @@ import pytest
 import torch
 
 from probes.organism import ORGANISM_DIR
-from probes.organism.validate import ALPHA, validate
+from probes.analyses.ratios import UNIT as ETA_UNIT
+from probes.organism.validate import ALPHA, CONTROL, validate
+from probes.scoring.claims import holds
 
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
 
 CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>count-matched", "knockout>mass-matched",
-          "knockout dose", "knockout>procedure", "eta", "heads")
+          "knockout dose", "knockout>procedure", CONTROL, "eta", "heads")
 # Claims the probes do not recover, as measured (strict: a claim that starts to hold fails here until this is updated).
 NOT_RECOVERED = {"heads": "floor chosen on the train split (issue #32): the top-2 heads beat matched random heads by "
                           "+0.107 [-0.034, +0.247], p = 0.092",
@@ -47,6 +49,10 @@ def test_planted_effect_is_recovered_on_heldout_items(validation, name):
     print(f"\n{name}: {claim['estimate']:+.3f} [{claim['low']:+.3f}, {claim['high']:+.3f}] (n = {claim['n']}), "
           f"p = {claim['p']:.4g}, Holm p = {claim['p_holm']:.4g}: {claim['verdict']}")
     assert claim["n"] >= 10, "too few task groups for a CI"
+    assert (claim["unit"] == ETA_UNIT) == (name == "eta")  # η's shift is in log2 η, never called logits
+    if claim["kind"] == "absence":  # the control's own shift: equivalent to 0 within ±sesoi (TOST)
+        assert holds(claim["verdict"]) and -claim["sesoi"] < claim["low"] <= claim["high"] < claim["sesoi"]
+        return
     assert claim["low"] > 0, f"95% CI [{claim['low']}, {claim['high']}] does not exclude 0"
     assert claim["p_holm"] < ALPHA, f"Holm-adjusted permutation p = {claim['p_holm']}"
     assert claim["verdict"] == "holds"
@@ -66,6 +72,7 @@ def test_committed_validation_matches_a_fresh_run(validation):
         else:
             assert claim.estimate == pytest.approx(expected, abs=1e-4), claim.name
         assert claim.verdict == committed[claim.name]["verdict"], claim.name
+        assert claim.unit == committed[claim.name]["unit"], claim.name
 
 
 def test_sweep_without_model_runs_on_the_bundled_organism(tmp_path):
