@@ -25,8 +25,8 @@ import pandas as pd
 
 from probes.analyses import register
 from probes.analyses.base import ReportSection
-from probes.analyses.development_attribution import (DEVELOPMENT, DevelopmentAttribution, Margins, benefit_cells, on_library, partition,
-                                                     recorded_margins, scoring_margins)
+from probes.analyses.development_attribution import (DELTA_COLUMNS, DEVELOPMENT, DevelopmentAttribution, Margins, benefit_cells,
+                                                     held_out_claims, on_library, partition, recorded_margins, scoring_margins)
 from probes.analyses.option_system import OptionError, RunOptions, option
 from probes.analyses.run_context import RunContext, provenance
 from probes.core.files import OutputRefused, OutputRoot
@@ -39,7 +39,11 @@ from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
 from probes.scoring import skill_masking as est
 from probes.scoring import curation_rules as cur
+from probes.scoring.claims import Claim
 from probes.scoring.stats import paired_differences, summarise as ci_summary
+
+
+CONTRAST = "curated − original"
 
 
 # ---------------------------------------------------------------------------- curate
@@ -48,6 +52,7 @@ class CurationSummary:
     skills: pd.DataFrame  # skill, domain, c_bar, h_range, h_iqr, n_items, heterogeneity, regime
     decisions: pd.DataFrame  # step, skill, action, accepted, reason, margin_before, margin_after, correct_before, correct_after, n_items
     held_out: pd.DataFrame  # bucket, library, value, low, high, n, ... (margin) and the curated − original difference
+    deltas: pd.DataFrame  # per held-out item: item_id, task_group, bucket, contrast, delta, outcome (the difference held_out summarises)
     library_dir: Path | None
     counts: dict[str, int]
     note: str
@@ -99,6 +104,7 @@ class Curate(DevelopmentAttribution):
         dev, held, cells = self.matrix(ctx, rows)
         plan = curate_library(ctx, dev, cells, recorded_margins(rows), self)  # the same decisions, read from the rows
         held_out = pd.DataFrame()
+        per_item = []
         if held:
             margins = recorded_margins(rows)
             frames = []
@@ -111,18 +117,25 @@ class Curate(DevelopmentAttribution):
             parts = []
             for value in ("margin", "wrong_choice"):
                 summary = ci_summary(long, ["bucket", "library"], value).assign(outcome=value)
-                delta = paired_differences(long, {"curated − original": ("curated", "original")}, pair=["item_id", "task_group", "bucket"],
+                delta = paired_differences(long, {CONTRAST: ("curated", "original")}, pair=["item_id", "task_group", "bucket"],
                                            side="library", value=value)
+                per_item.append(delta.assign(outcome=value))
                 parts += [summary, ci_summary(delta.rename(columns={"contrast": "library"}), ["bucket", "library"], "delta").assign(outcome=value)]
             held_out = pd.concat(parts, ignore_index=True)
         library_dir = write_curated(ctx, plan)
         counts = plan.skills["regime"].value_counts().reindex(list(cur.REGIMES), fill_value=0).to_dict()
         note = (f"{provenance(ctx)} · development items {len(dev)}, held-out {len(held)} · masks K = {self.masks}, f = {self.inclusion} · "
                 f"τ_split {self.tau_split}, τ_retire {self.tau_retire} (logits, H = {self.heterogeneity}), τ_merge {self.tau_merge}")
-        return CurationSummary(plan.skills, plan.decisions, held_out, library_dir, counts, note)
+        return CurationSummary(plan.skills, plan.decisions, held_out, pd.concat(per_item, ignore_index=True) if per_item else pd.DataFrame(columns=DELTA_COLUMNS), library_dir, counts, note)
 
     def tables(self, summary: CurationSummary) -> dict[str, pd.DataFrame]:
         return {"curate_skills": summary.skills, "curate_decisions": summary.decisions, "curate_held_out": summary.held_out}
+
+    def claims(self, summary: CurationSummary) -> list[Claim]:
+        """The curated library lowers the held-out margin against the original (T_wrong margin: confirmatory,
+        family "curate"; the other buckets and the wrong-choice rate: exploratory). The development gate's
+        decisions are rules applied, not findings, and make no claim."""
+        return held_out_claims(summary.deltas, "curate", {CONTRAST: "the curated library, against the original,"})
 
     def figures(self, summary: CurationSummary, out_dir: Path) -> list[Path]:
         plots.style()

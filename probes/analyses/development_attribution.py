@@ -31,10 +31,19 @@ from probes.analyses.run_context import RunContext
 from probes.data.dataset import Item, ProbeDataset
 from probes.prompts.builder import DEFAULT_K_MAX
 from probes.reporting.results import load_results
+from probes.scoring import curation_rules as cur
 from probes.scoring import skill_masking as est
+from probes.scoring.claims import Claim, effect_claim
 
 POOL = "library"  # a curated or masked library is retrieved from: the attribution pool that re-runs retrieval
 DEVELOPMENT, HELD_OUT = "train", "eval"
+# The held-out claims, stated before any run: the one confirmatory cell per contrast is the wrong-tool margin on
+# T_wrong (where the imitation trap acts); every other bucket and the wrong-choice rate are exploratory strata.
+CONFIRMATORY = ("margin", "T_wrong")
+# δ per outcome: the seed's smallest effect it acts on (a 0.10 pass-rate change, §K.2), as a margin 2·logit(0.55)
+SESOI = {"margin": (cur.TAU_RETIRE, "logits"), "wrong_choice": (cur.SEED_HARM_THRESHOLD, "share")}
+DELTA_COLUMNS = ["item_id", "task_group", "bucket", "contrast", "delta", "outcome"]  # the held-out items' paired differences
+OUTCOME_LABELS = {"margin": "wrong-tool margin", "wrong_choice": "wrong two-way choice rate"}
 
 
 # ---------------------------------------------------------------------------- shared by both
@@ -113,6 +122,27 @@ def request_job(ctx: RunContext, item: Item, seen: tuple[str, ...]) -> Job:
 def on_library(ctx: RunContext, item: Item, library: Iterable[str]) -> tuple[str, ...]:
     """The top k of retrieval re-run on ``library`` (what the item's prompt shows with that library)."""
     return shown(ctx, item, frozenset(library), POOL)
+
+
+def held_out_claims(deltas: pd.DataFrame, family: str, contrasts: dict[str, str], *, alternative: str = "less",
+                    seed: int = 0) -> list[Claim]:
+    """One claim per (outcome, bucket, contrast) of the held-out items' paired differences ``deltas``
+    (columns outcome, bucket, contrast, task_group, delta; one row per item): the contrast moves the
+    outcome in ``alternative``'s direction (lower: fewer wrong choices), tested over task groups against
+    the outcome's δ (:data:`SESOI`). ``contrasts`` words each contrast ("the per-item mask against the
+    full library"). The :data:`CONFIRMATORY` cell is in ``family``; the rest are exploratory, in
+    ``family``-strata (so they do not dilute its Holm correction)."""
+    claims = []
+    direction = "lowers" if alternative == "less" else "raises"
+    for (outcome, bucket, contrast), sub in deltas.groupby(["outcome", "bucket", "contrast"], sort=False):
+        sub = sub[np.isfinite(sub["delta"].to_numpy(float))]  # an abstention item has no tool-choice margin
+        sesoi, unit = SESOI[outcome]
+        exploratory = (outcome, bucket) != CONFIRMATORY
+        claims.append(effect_claim(f"{family}-strata" if exploratory else family, f"{contrast} {outcome} {bucket}",
+                                   f"on held-out {bucket} items {contrasts[contrast]} {direction} the {OUTCOME_LABELS[outcome]}",
+                                   sub["delta"].to_numpy(float), sub["task_group"].to_numpy(), alternative=alternative, sesoi=sesoi,
+                                   unit=unit, exploratory=exploratory, seed=seed, note=f"{len(sub)} items"))
+    return claims
 
 
 @dataclass(kw_only=True)

@@ -20,8 +20,8 @@ import seaborn as sns
 
 from probes.analyses import register
 from probes.analyses.base import ReportSection
-from probes.analyses.development_attribution import (HELD_OUT, DevelopmentAttribution, benefit_cells, on_library, partition,
-                                                     recorded_margins, scoring_margins)
+from probes.analyses.development_attribution import (DELTA_COLUMNS, HELD_OUT, DevelopmentAttribution, benefit_cells, held_out_claims,
+                                                     on_library, partition, recorded_margins, scoring_margins)
 from probes.analyses.option_system import OptionError, RunOptions, option
 from probes.analyses.run_context import RunContext, provenance
 from probes.data.dataset import Item
@@ -29,10 +29,16 @@ from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
 from probes.scoring import curation_rules as cur
+from probes.scoring.claims import Claim
 from probes.scoring.stats import paired_differences, summarise as ci_summary
 
 
 POLICIES: tuple[str, ...] = ("full", "mask", "reverse", "random")  # the full library, Eq. 7's mask, the two controls
+CONTRASTS = {"mask − full": ("mask", "full"), "mask − reverse": ("mask", "reverse"), "mask − random": ("mask", "random")}
+CLAIM_WORDS = {"mask − full": "the per-item mask (Eq. 7), against the full library,",
+               "mask − reverse": "the per-item mask, against the reverse mask (as many of the most helpful skills dropped),",
+               "mask − random": "the per-item mask, against a random mask of its size,"}
+NEEDED = "mask − full, tempting skill dropped"  # the T_ok / T_repair items whose needed skill the mask dropped
 
 
 # ---------------------------------------------------------------------------- mask-eval
@@ -41,6 +47,7 @@ class MaskingSummary:
     items: pd.DataFrame  # item_id, bucket, task_group, policy, n_dropped, dropped, fallback, tempting_dropped, margin, wrong_choice
     policies: pd.DataFrame  # outcome, bucket, policy, value, low, high, n, ...
     contrasts: pd.DataFrame  # outcome, bucket, contrast, value, low, high, n, ...
+    deltas: pd.DataFrame  # per held-out item: item_id, task_group, bucket, contrast, delta, outcome (what contrasts summarises)
     needed: pd.DataFrame  # T_ok / T_repair items whose tempting skill the mask dropped: margin change mask − full
     masking: pd.DataFrame  # bucket, n_items, fallback share, mean dropped, share with a mask
     note: str
@@ -105,28 +112,40 @@ class MaskEval(DevelopmentAttribution):
                                "fallback": p["fallback"], "tempting_dropped": p["item"].tempting_skill in p["dropped"],
                                "shown": list(p["shown"]), "evidence": p["evidence"], "margin": m} for p, m in zip(plans, margins)])
         items["wrong_choice"] = np.where(items["margin"].notna(), (items["margin"] >= 0).astype(float), np.nan)
-        contrasts = {"mask − full": ("mask", "full"), "mask − reverse": ("mask", "reverse"), "mask − random": ("mask", "random")}
-        policies, deltas = [], []
+        policies, deltas, per_item = [], [], []
         for value in ("margin", "wrong_choice"):
             policies.append(ci_summary(items, ["bucket", "policy"], value).assign(outcome=value))
-            delta = paired_differences(items, contrasts, pair=["item_id", "task_group", "bucket"], side="policy", value=value)
+            delta = paired_differences(items, CONTRASTS, pair=["item_id", "task_group", "bucket"], side="policy", value=value)
             deltas.append(ci_summary(delta, ["bucket", "contrast"], "delta").assign(outcome=value))
+            per_item.append(delta.assign(outcome=value))
         mask_rows = items[items["policy"] == "mask"]
         full = items[items["policy"] == "full"].set_index("item_id")["margin"]
         needed_items = mask_rows[mask_rows["tempting_dropped"] & mask_rows["bucket"].isin(["T_ok", "T_repair"])]
-        needed = ci_summary(needed_items.assign(delta=needed_items["margin"].to_numpy() - full.reindex(needed_items["item_id"]).to_numpy()),
-                            ["bucket"], "delta") if len(needed_items) else pd.DataFrame(columns=["bucket", "value", "low", "high", "n", "n_items"])
+        needed_deltas = needed_items.assign(delta=needed_items["margin"].to_numpy() - full.reindex(needed_items["item_id"]).to_numpy(),
+                                            contrast=NEEDED, outcome="margin")[DELTA_COLUMNS]
+        needed = ci_summary(needed_deltas, ["bucket"], "delta") if len(needed_items) else pd.DataFrame(
+            columns=["bucket", "value", "low", "high", "n", "n_items"])
         masking = mask_rows.groupby("bucket", sort=False).agg(n_items=("item_id", "size"), fallback=("fallback", "mean"),
                                                              active=("n_dropped", lambda n: float((n > 0).mean())),
                                                              mean_dropped=("n_dropped", "mean"),
                                                              tempting_dropped=("tempting_dropped", "mean")).reset_index()
         note = (f"{provenance(ctx)} · development {len(dev)}, held-out {len(held)} items · masks K = {self.masks}, f = {self.inclusion} · "
                 f"k = {self.neighbours} neighbours, τ = {self.temperature}, drop at Ĉ < −{self.threshold} logits")
-        return MaskingSummary(items, pd.concat(policies, ignore_index=True), pd.concat(deltas, ignore_index=True), needed, masking, note)
+        return MaskingSummary(items, pd.concat(policies, ignore_index=True), pd.concat(deltas, ignore_index=True),
+                              pd.concat([*per_item, needed_deltas] if len(needed_deltas) else per_item, ignore_index=True), needed, masking, note)
 
     def tables(self, summary: MaskingSummary) -> dict[str, pd.DataFrame]:
         return {"mask_eval_policies": summary.policies, "mask_eval_contrasts": summary.contrasts, "mask_eval_masking": summary.masking,
                 "mask_eval_needed": summary.needed, "mask_eval_items": summary.items}
+
+    def claims(self, summary: MaskingSummary) -> list[Claim]:
+        """The mask lowers the held-out margin against the full library and both controls (T_wrong margin:
+        confirmatory, family "mask-eval"; the other buckets and the wrong-choice rate: exploratory), and,
+        exploratory, dropping a T_ok / T_repair item's needed skill raises its margin."""
+        deltas = summary.deltas
+        claims = held_out_claims(deltas[deltas["contrast"] != NEEDED], "mask-eval", CLAIM_WORDS)
+        return claims + held_out_claims(deltas[deltas["contrast"] == NEEDED], "mask-eval", {NEEDED: "dropping the skill they need"},
+                                        alternative="greater")
 
     def figures(self, summary: MaskingSummary, out_dir: Path) -> list[Path]:
         plots.style()
