@@ -51,7 +51,7 @@ from probes.engine.session import EngineSession
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import environment
-from probes.scoring.claims import claims_table
+from probes.scoring.claims import claims_table, holds
 
 # Shared options set on an analysis only when given to the report (else it keeps its own default).
 IF_GIVEN: tuple[str, ...] = ("k_max", "buckets", "split")
@@ -120,19 +120,39 @@ def mechanism_figure(sections: dict[str, ReportSection], figures_dir: Path, note
 
 CLAIMS_INTRO = (
     "Every claim this report makes, with its estimate, 95% CI over task groups, one-sided sign-flip permutation p "
-    "(`p_floor`: the smallest p its task groups allow) and the p adjusted by Holm within its family (`p_holm`, "
-    "`family_size` tests). An effect *holds* only when `p_holm` < 0.05 and its CI excludes 0 on the claimed side; an "
-    "absence claim (kind `absence`) holds only when two one-sided tests place it within ±`sesoi` (TOST). Anything else "
-    "is worded as not detected / not shown, with the power against `sesoi` where one is stated. The same table is "
-    "`claims.csv`; `docs/statistics.md` gives each analysis's estimand, resampling unit and controls.")
+    "(`p_floor`: the smallest p its task groups allow) and the p adjusted by Holm within its family (`p_holm`, over "
+    "`family_size` tests). An effect *holds* only when `p_holm` < 0.05 and its CI excludes 0 on the claimed side and, "
+    "where its family states a smallest effect of interest (`sesoi`, one δ per family, fixed before the run), a "
+    "minimum-effect test also places it beyond δ (`p_min_holm` < 0.05); shown but not beyond δ, it is *detectable*, "
+    "not holding. An absence claim (kind `absence`) holds only when two one-sided tests place it within ±`sesoi` "
+    "(TOST). A family whose Holm-adjusted floor (`p_floor` × `family_size`) is not below 0.05 is *untestable*: no "
+    "outcome could hold. Exploratory rows (`exploratory`: strata and checks not fixed before the run) are tested the "
+    "same way but never hold. Anything else is worded as not detected / not shown, with the power against `sesoi` "
+    "where one is stated. The same table is `claims.csv`; `docs/statistics.md` gives each analysis's estimand, "
+    "resampling unit and controls.")
 
-CLAIM_COLUMNS = ["family", "name", "kind", "statement", "estimate", "low", "high", "n", "p", "p_floor", "p_holm", "family_size", "verdict"]
+CLAIM_COLUMNS = ["family", "name", "kind", "statement", "estimate", "low", "high", "n", "unit", "p", "p_floor", "p_holm", "family_size",
+                 "sesoi", "p_min_holm", "exploratory", "verdict"]
+
+
+def claims_headline(table: pd.DataFrame) -> str:
+    """How many confirmatory claims hold (:func:`~probes.scoring.claims.holds`), and the exploratory rows
+    apart: a significant exploratory row is never counted as holding."""
+    exploratory = table["exploratory"].astype(bool)
+    confirmatory = table[~exploratory]
+    held = sum(holds(v) for v in confirmatory["verdict"])
+    untestable = int(confirmatory["verdict"].str.startswith("untestable").sum())
+    significant = int(table.loc[exploratory, "verdict"].str.startswith("exploratory: significant").sum())
+    return (f"**{held} of {len(confirmatory)} confirmatory claims hold** ({untestable} untestable with this run's task groups). "
+            f"{int(exploratory.sum())} exploratory rows are listed apart from that count ({significant} significant after Holm, "
+            "none a finding).")
 
 
 def claims_markdown(table: pd.DataFrame) -> str:
     if not len(table):
         return "No analysis of this report made a testable claim."
-    return markdown_table(table[CLAIM_COLUMNS])
+    shown = table[CLAIM_COLUMNS].assign(exploratory=table["exploratory"].astype(bool).map({True: "exploratory", False: ""}))
+    return claims_headline(table) + "\n\n" + markdown_table(shown)
 
 
 def write_report(out_dir: Path, header: list[str], sections: list[ReportSection], failed: list[str], fig03: list[Path],
