@@ -46,7 +46,9 @@ from probes.prompts.builder import SWEEP_K_MAX
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
+from probes.scoring import curation_rules as cur
 from probes.scoring import skill_masking as est
+from probes.scoring.claims import Claim, effect_claim
 
 NAME = "attribution"
 FIGURES = ("fig13_attribution_matrix", "fig14_attribution_statistics")
@@ -275,6 +277,20 @@ class Attribution(Analysis):
     def tables(self, summary: AttributionSummary) -> dict[str, pd.DataFrame]:
         return {f"{NAME}_skills": summary.skills, f"{NAME}_cells": summary.cells, f"{NAME}_power": summary.power,
                 f"{NAME}_noise": summary.noise, f"{NAME}_tempting": summary.tempting}
+
+    def claims(self, summary: AttributionSummary) -> list[Claim]:
+        """The planted check, per pool: on T_wrong items the tempting skill raises the wrong-tool margin
+        (C > 0, mean over task groups of its cells), tested against the seed's smallest acted-on effect
+        (0.10 pass rate, 2·logit(0.55) logits, as in ``curate`` and ``mask-eval``)."""
+        cells = summary.cells
+        wrong = cells[cells["tempting"] & (cells["bucket"] == "T_wrong") & (cells["outcome"] == "margin")]
+        claims = []
+        for pool, sub in wrong.groupby("pool", sort=False):
+            sub = sub[np.isfinite(sub["c"].to_numpy(float))]
+            claims.append(effect_claim(NAME, f"tempting skill C>0 ({pool})", f"on T_wrong items ({pool} pool) including the item's "
+                                       "tempting skill raises the wrong-tool margin (C of the margin > 0)", sub["c"].to_numpy(float),
+                                       sub["task_group"].to_numpy(), sesoi=cur.TAU_RETIRE, note=f"{len(sub)} items"))
+        return claims
 
     def figures(self, summary: AttributionSummary, out_dir: Path) -> list[Path]:
         plots.style()

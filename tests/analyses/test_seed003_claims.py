@@ -1,4 +1,4 @@
-"""curate's and mask-eval's findings are claims (issue 42, item 8): the held-out T_wrong margin contrast is
+"""attribution's planted check and curate's and mask-eval's findings are claims (issue 42, item 8): the held-out T_wrong margin contrast is
 confirmatory (its family's Holm correction is not diluted by the strata), every other bucket, the wrong-choice
 rate and mask-eval's "needed skill dropped" check are exploratory and never hold, and each outcome's δ is the
 seed's smallest acted-on effect (0.10 pass rate; 2·logit(0.55) logits of margin)."""
@@ -90,3 +90,19 @@ def test_mask_eval_writes_its_claims_with_the_three_controls(tiny_qwen3_dir: Pat
     row = confirmatory.set_index("name").loc["mask − full margin T_wrong"]
     assert row["estimate"] == pytest.approx((wrong["mask"] - wrong["full"]).groupby(wrong["task_group"]).mean().mean(), abs=1e-12)
     assert NEEDED not in set(confirmatory["name"].str.rsplit(" ", n=2).str[0])
+
+
+@pytest.mark.parametrize("c, verdict", [(1.0, "holds"), (0.14, "detectable, below the smallest effect of interest")])
+def test_attribution_states_its_planted_check_as_a_claim_per_pool(c: float, verdict: str) -> None:
+    from probes.analyses.attribution import Attribution, AttributionSummary
+
+    rows = [{"pool": pool, "outcome": outcome, "bucket": bucket, "tempting": tempting, "task_group": group, "item_id": f"{group}-{bucket}",
+             "c": (c + 0.02 * np.sin(g)) if (tempting and bucket == "T_wrong" and outcome == "margin") else -5.0}
+            for pool in ("topk", "library") for outcome in ("margin", "correct_choice") for bucket in ("T_ok", "T_wrong")
+            for tempting in (True, False) for g, group in enumerate(GROUPS)]
+    summary = AttributionSummary(pd.DataFrame(rows), *([None] * 4), 12, 0.4, "")
+    table = claims_table(Attribution.claims(None, summary)).set_index("name")
+    assert list(table.index) == ["tempting skill C>0 (topk)", "tempting skill C>0 (library)"]
+    assert (table["family"] == "attribution").all() and table["sesoi"].to_numpy() == pytest.approx([cur.TAU_RETIRE] * 2)
+    assert table["estimate"].to_numpy() == pytest.approx(c, abs=0.02)  # the other cells (−5) are not the planted check
+    assert all(v.startswith(verdict) for v in table["verdict"]), table["verdict"].tolist()
