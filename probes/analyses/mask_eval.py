@@ -3,7 +3,10 @@
 For each held-out item, ``mask-eval`` predicts every skill's effect from its k nearest development
 items (Eq. 5–6, :mod:`probes.analyses.development_attribution`), drops the skills predicted to hurt
 (Eq. 7) and compares, on the held-out items, the full library, the per-item mask, the reverse mask
-(the same number of the most helpful skills dropped) and a random mask of the same size.
+(the same number of the most helpful skills dropped) and a random mask of the same size. Its
+claims (:func:`~probes.analyses.development_attribution.held_out_claims`): the mask lowers the held-out
+T_wrong margin against each of the three (confirmatory); the other buckets, the wrong-choice rate and
+the items whose needed skill the mask dropped are exploratory.
 """
 
 
