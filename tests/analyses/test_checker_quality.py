@@ -170,3 +170,23 @@ def test_coverage_per_dataset_on_a_planted_library(dataset: Path) -> None:
     assert bundled.loc[(str(dataset), "applicability"), "parsed"] == bundled.loc[("basm_probe", "applicability"), "parsed"]
     # the share the issue reports: the grammar parses 18% of v1's applicability conditions
     assert round(bundled.loc[("basm_probe", "applicability"), "share_parsed"], 2) == 0.18
+
+
+def test_calls_checker_writes_the_boundary_tables_claims_and_statement(tiny_qwen3_dir: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    from probes.cli.main import main
+    from tests.runs import FAST
+
+    fast = [a for a in FAST if a != "--no-figure"]
+    assert main(["calls", "--model", str(tiny_qwen3_dir), "--dataset", "basm_probe", "--out", str(tmp_path), *fast, "--checker"]) == 0
+    printed = capsys.readouterr().out
+    out = tmp_path / tiny_qwen3_dir.name
+    quality = pd.read_csv(out / "calls_checker_quality.csv")
+    assert {"precision_low", "recall_high", "excluded_k0", "boundary_blocked"} <= set(quality.columns)
+    assert (quality["excluded_k0"] > 0).all()  # the k = 0 calls are counted, and left out
+    assert set(pd.read_csv(out / "calls_checker_rules.csv")["kind"]) <= {"boundary", "runnable"}
+    assert set(pd.read_csv(out / "calls_checker_coverage.csv")["dataset"]) == {"basm_probe", "basm_probe_v2", "bfcl"}
+    claims = pd.read_csv(out / "calls_claims.csv")
+    assert (claims["family"] == "checker").sum() == 6 and set(claims.loc[claims["family"] == "checker", "sesoi"]) == {calls.CHECKER_SESOI}
+    assert "What G's boundary rules achieve" in printed and "No judge ran" in printed and "18% of this dataset's applicability" in printed
+    assert (out / "figures" / f"{calls.CHECKER_FIGURE}.png").exists()
