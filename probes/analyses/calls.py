@@ -383,7 +383,7 @@ def pooled_ratio(hits: np.ndarray, totals: np.ndarray, groups: Sequence[str], *,
     return float(hits.sum() / totals.sum()), low, high, used
 
 
-QUALITY_COLUMNS = ["mode", "config", "calls", "bad", "bad_share", "boundary_blocked", "block_share", "boundary_blocked_bad",
+QUALITY_COLUMNS = ["mode", "config", "calls", "bad", "bad_share", "boundary_blocked", "block_share", "boundary_blocked_bad", "blocked_groups",
                    "precision", "precision_low", "precision_high", "recall", "recall_low", "recall_high", "n_groups",
                    "boundary_undecided", "boundary_undecided_bad", "boundary_passed", "boundary_passed_bad", "no_boundary_rule",
                    "judged", "excluded_k0", "excluded_unknown_tool", "note"]
@@ -399,7 +399,8 @@ def checker_quality(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DE
     pooled ratio with a 95% CI over task groups (:func:`pooled_ratio`); a random blocker with the same
     block rate has precision ``bad_share`` and recall ``block_share``. Calls whose boundary rules stayed
     undecided (``boundary_undecided``; blocked only under ``--on-undecided block``) are neither detections
-    nor passes; ``no_boundary_rule``: no retrieved skill had a rule about the tool."""
+    nor passes; ``no_boundary_rule``: no retrieved skill had a rule about the tool; ``blocked_groups``: the
+    task groups the detections come from."""
     out = []
     for mode in MODES:
         called = rows[rows[f"{mode}_verdict"].notna()]
@@ -416,6 +417,7 @@ def checker_quality(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DE
             out.append({"mode": mode, "config": config, "calls": len(known), "bad": int(bad.sum()),
                         "bad_share": bad.mean() if len(known) else math.nan, "boundary_blocked": int(detected.sum()),
                         "block_share": detected.mean() if len(known) else math.nan, "boundary_blocked_bad": int((bad & detected).sum()),
+                        "blocked_groups": len(set(np.asarray(groups)[detected].tolist())),
                         "precision": precision[0], "precision_low": precision[1], "precision_high": precision[2],
                         "recall": recall[0], "recall_low": recall[1], "recall_high": recall[2], "n_groups": n_groups,
                         "boundary_undecided": int((verdict == "undecided").sum()), "boundary_undecided_bad": int((bad & (verdict == "undecided")).sum()),
@@ -539,15 +541,23 @@ def checker_table(rates: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+def ratio_text(value: float, low: float, high: float, n_groups: int) -> str:
+    """A precision or recall as text: value [low, high]; the value with why it has no CI; or, where every
+    task-group resample gives the same value, that said instead of a CI of zero width."""
+    if not math.isfinite(value):
+        return "—"
+    if low == high:
+        return f"{value:.2f} (every task-group resample gives {value:.2f})"
+    return ci_text(value, low, high, n_groups, ".2f")
+
+
 def boundary_table(quality: pd.DataFrame) -> pd.DataFrame:
     """The boundary-only precision and recall (:func:`checker_quality`) as text cells: value [low, high],
     or the value with why it has no CI."""
-    def cell(r: pd.Series, name: str) -> str:
-        value, low, high = r[name], r[f"{name}_low"], r[f"{name}_high"]
-        return "—" if not math.isfinite(value) else ci_text(value, low, high, r["n_groups"], ".2f")
-
-    table = quality.assign(precision=quality.apply(cell, axis=1, name="precision"), recall=quality.apply(cell, axis=1, name="recall"))
-    return table[["mode", "config", "calls", "bad", "boundary_blocked", "boundary_blocked_bad", "precision", "bad_share", "recall",
+    cells = {name: [ratio_text(v, lo, hi, n) for v, lo, hi, n in zip(quality[name], quality[f"{name}_low"], quality[f"{name}_high"],
+                                                                          quality["n_groups"])] for name in ("precision", "recall")}
+    table = quality.assign(**cells)
+    return table[["mode", "config", "calls", "bad", "boundary_blocked", "boundary_blocked_bad", "blocked_groups", "precision", "bad_share", "recall",
                   "block_share", "boundary_undecided", "boundary_undecided_bad", "no_boundary_rule", "n_groups", "excluded_k0",
                   "excluded_unknown_tool"]].round(3)
 
@@ -558,13 +568,17 @@ def checker_statement(summary: "CheckerSummary", mode: str = "lenient") -> str:
     quality = summary.quality[summary.quality["mode"] == mode]
     lines = [f"What G's boundary rules achieve ({mode} reading; avoidance and applicability rules only; calls of catalog tools at "
              f"k ≥ 1: k = 0 shows no skill and is left out):"]
+    def groups(n: int) -> str:
+        return f"{n} task group{'' if n == 1 else 's'}"
+
     for r in quality.itertuples():
         if not r.calls:
             lines.append(f"- {config_label(r.config)}: no call to check at k ≥ 1.")
             continue
-        recall = "recall undefined (no bad call)" if not r.bad else f"recall {ci_text(r.recall, r.recall_low, r.recall_high, r.n_groups, '.2f')}"
+        recall = "recall undefined (no bad call)" if not r.bad else f"recall {ratio_text(r.recall, r.recall_low, r.recall_high, r.n_groups)}"
         precision = "no precision (no boundary block)" if not r.boundary_blocked else \
-            f"precision {ci_text(r.precision, r.precision_low, r.precision_high, r.n_groups, '.2f')} (bad share {r.bad_share:.2f})"
+            f"precision {ratio_text(r.precision, r.precision_low, r.precision_high, r.n_groups)} (bad share {r.bad_share:.2f}; " \
+            f"{r.boundary_blocked_bad} of {r.boundary_blocked} blocks on bad calls, from {groups(r.blocked_groups)} of {r.n_groups})"
         lines.append(f"- {config_label(r.config)}: blocked {r.boundary_blocked_bad} of {r.bad} bad calls ({recall}; a random "
                      f"blocker at the same rate: {r.block_share:.2f}), {precision}; {r.boundary_undecided_bad} bad calls left "
                      f"undecided ({'blocked' if summary.on_undecided == 'block' else 'they run'} under --on-undecided "

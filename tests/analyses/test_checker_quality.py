@@ -112,6 +112,12 @@ def test_no_ci_below_two_task_groups_and_it_says_so() -> None:
     quality = _quality(rows)
     assert quality["recall"] == 0.5 and math.isnan(quality["recall_low"]) and math.isnan(quality["precision_high"])
     assert quality["note"] == "no CI (1 group)" and "no CI (1 group)" in calls.boundary_table(calls.checker_quality(pd.DataFrame(rows))).iloc[-1]["recall"]
+    # two groups that agree: the CI has zero width, and the text says why instead of showing [1.00, 1.00]
+    agree = [_row(g, g, decision=_decision(boundary=("block",))) for g in "ab"]
+    quality = _quality(agree)
+    assert quality["precision_low"] == quality["precision_high"] == 1.0 and "zero width" in quality["note"]
+    cell = calls.boundary_table(calls.checker_quality(pd.DataFrame(agree))).iloc[-1]["precision"]
+    assert cell == "1.00 (every task-group resample gives 1.00)"
 
 
 def test_paired_with_minus_without_claims_on_planted_rows() -> None:
