@@ -196,3 +196,21 @@ def test_calls_checker_writes_the_boundary_tables_claims_and_statement(tiny_qwen
     assert (claims["family"] == "checker").sum() == 6 and set(claims.loc[claims["family"] == "checker", "sesoi"]) == {calls.CHECKER_SESOI}
     assert "What G's boundary rules achieve" in printed and "No judge ran" in printed and "18% of this dataset's applicability" in printed
     assert (out / "figures" / f"{calls.CHECKER_FIGURE}.png").exists()
+
+
+def test_statement_says_what_g_achieves_and_whether_a_judge_ran() -> None:
+    from probes.scoring.checker import grammar_coverage
+
+    rows = pd.DataFrame([_row("a", "x", decision=_decision(boundary=("block",))), _row("b", "y", decision=_decision(boundary=("undecided",))),
+                         _row("b", "z", decision=_decision(schema="block"))])
+    coverage = grammar_coverage([]).assign(dataset="planted").fillna(0.0)
+    summary = calls.CheckerSummary(rows, calls.checker_rates(rows, resamples=20), calls.checker_quality(rows, resamples=50),
+                                   calls.checker_rule_counts(rows), coverage, "note", "planted", "revise", "allow", None)
+    text = calls.checker_statement(summary)
+    assert "BASM: blocked 1 of 3 bad calls" in text and "1 bad calls left undecided (they run under --on-undecided allow)" in text
+    assert "schema 1" in text and "No judge ran" in text and "go to the judge or stay undecided" in text
+    judged = calls.CheckerSummary(*[getattr(summary, f) for f in ("rows", "rates", "quality", "rules", "coverage", "note", "dataset",
+                                                                  "on_block", "on_undecided")], "judge-model")
+    assert "Judge: judge-model decided 0" in calls.checker_statement(judged)
+    section = calls.checker_section(summary)
+    assert text in section and "reported without a claim" in section and "| planted | risk |" in section
