@@ -25,7 +25,8 @@ the correct-call rate of Fig. 11 and the "solved" of Fig. 12. The raw generation
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,17 +43,19 @@ from probes.analyses.option_system import RunOptions, header_options, k_max_opti
 from probes.analyses.run_context import RunContext, provenance
 from probes.analyses.parallel import open_store
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS, config_label
-from probes.data.dataset import ABSTAIN
+from probes.data.dataset import ABSTAIN, BUNDLED_DATASETS, bundled_dataset, load_dataset
+from probes.data.schema import Skill
 from probes.engine.generate import greedy_generate, stop_token_ids
 from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
-from probes.scoring.checker import ChatJudge, Decision, DecisionState, Judge, check_call, grammar_coverage, proposed
+from probes.scoring.checker import (BOUNDARY_RULES, RULES, RUNNABLE_RULES, ChatJudge, Decision, DecisionState, Judge, boundary_verdict,
+                                    check_call, combined_verdict, grammar_coverage, proposed)
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.margins import candidate_path_logprobs, candidates_from_record
 from probes.scoring.score import row_fields
-from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean, paired_differences
+from probes.scoring.stats import DEFAULT_SEED, MIN_CI_GROUPS, bootstrap_mean, ci_text, cluster_bootstrap, no_ci_note, paired_differences
 from probes.scoring.toolcalls import MODES, OUTCOMES, is_solved, mode_description, outcome, parse_reply
 
 MAX_NEW_TOKENS = 48
@@ -211,9 +214,6 @@ def revise(ranked: Sequence[tuple[str, float]], blocked: str, complete: Any, dec
     return (action if allowed else ABSTAIN), {**tried, "reason": f"G: {decision.verdict}"}
 
 
-RUNNABLE_RULES: tuple[str, ...] = ("known_tool", "complete", "schema")
-
-
 def runnable(decision: Decision) -> bool:
     """A runtime could run the call: G's catalog, completeness and schema checks all pass."""
     return all(c.verdict == "pass" for c in decision.checks if c.rule in RUNNABLE_RULES)
@@ -311,71 +311,224 @@ def score_checker(ctx: RunContext, store: Any, generations: pd.DataFrame, config
 CHECKER_RATES: dict[str, tuple[str, str | None]] = {"wrong_call": RATES["wrong_call"], "correct_call": RATES["correct_call"],
                                                     "correct_runnable": ("correct runnable call rate", None),
                                                     "abstained": RATES["abstained"], "blocked": ("blocked rate", "blocked")}
+CHECKER_SIDES: dict[str, str] = {"without": "before", "with": "after"}  # G's side -> the rows' column suffix
+
+
+def checker_values(frame: pd.DataFrame, mode: str, checker: str, rate: str) -> pd.Series:
+    """True per row where the row counts towards ``rate`` (:data:`CHECKER_RATES`) in ``mode``, ``checker``
+    without or with G. ``correct_runnable``: solved by a call a runtime could run (G's catalog,
+    completeness and schema checks pass) or by a correct abstention."""
+    suffix = CHECKER_SIDES[checker]
+    outcomes, solved = frame[f"{mode}_outcome_{suffix}"], frame[f"{mode}_solved_{suffix}"].astype(bool)
+    if rate == "correct_runnable":
+        return solved & (frame[f"{mode}_runnable_{suffix}"].astype(bool) | (outcomes == "abstain"))
+    counted = CHECKER_RATES[rate][1]
+    return solved if counted is None else outcomes == counted
 
 
 def checker_rates(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DEFAULT_SEED) -> pd.DataFrame:
-    """Per mode × G (without / with) × format × config × k × bucket × rate: mean with a 95% bootstrap
-    CI over task groups (the blocked rate only with G and ``on_block report``). ``correct_runnable``:
-    solved by a call a runtime could run (G's catalog, completeness and schema checks pass; a
-    correct abstention counts): the fair baseline for the correct-call rate with G, which lets no
+    """Per mode × G (without / with) × format × config × k × bucket × rate (:func:`checker_values`): mean
+    with a 95% bootstrap CI over task groups (the blocked rate only with G and ``on_block report``).
+    ``correct_runnable`` is the fair baseline for the correct-call rate with G, which lets no
     unrunnable call through."""
     out = []
     keys = ["format", "config", "k", "bucket"]
     for key, frame in rows.groupby(keys, sort=True):
         for mode in MODES:
-            for checker, suffix in (("without", "before"), ("with", "after")):
-                outcomes, solved = frame[f"{mode}_outcome_{suffix}"], frame[f"{mode}_solved_{suffix}"].astype(bool)
-                for rate, (_, counted) in CHECKER_RATES.items():
+            for checker in CHECKER_SIDES:
+                for rate in CHECKER_RATES:
                     if rate == "blocked" and checker == "without":
                         continue
-                    values = (solved if counted is None else outcomes == counted)
-                    if rate == "correct_runnable":  # the correct tool in a call a runtime could run (or a correct abstention)
-                        values = solved & (frame[f"{mode}_runnable_{suffix}"].astype(bool) | (outcomes == "abstain"))
-                    values = values.astype(float).to_numpy()
+                    values = checker_values(frame, mode, checker, rate).astype(float).to_numpy()
                     est = bootstrap_mean(values, frame["task_group"].tolist(), resamples=resamples, seed=seed)
                     out.append({"mode": mode, "checker": checker, **dict(zip(keys, key)), "rate": rate, "value": est.value,
                                 "low": est.low, "high": est.high, "n": len(frame), "n_groups": est.n_units, "count": int(values.sum())})
     return pd.DataFrame(out, columns=["mode", "checker", *keys, "rate", "value", "low", "high", "n", "n_groups", "count"])
 
 
-def checker_quality(rows: pd.DataFrame) -> pd.DataFrame:
-    """G against the items' labels, per mode × config: among the calls G decided on (the reply's
-    action is a tool call), a *bad* call is one that is not the item's correct action. Precision =
-    bad among blocked; recall = blocked among bad (undecided calls count as not blocked under
-    ``on_undecided allow``); undecided calls are counted on their own, never as passed. A blocked
-    correct call is a false positive against the labels even when a runtime could not run it, so
-    ``blocked_correct_unrunnable`` (catalog, completeness or schema failed) and
-    ``blocked_correct_runnable`` (blocked by a boundary rule only) split those."""
+# G's boundary checking is measured at k ≥ 1 only: k = 0 shows no skill, so no boundary rule can apply there
+# (Base's calls would all be "passed" and flatter precision).
+BOUNDARY_K_MIN = 1
+
+
+def decision_boundary_verdicts(rows: pd.DataFrame, mode: str) -> pd.Series:
+    """Per row: G's verdict from its boundary rules alone (:func:`probes.scoring.checker.boundary_verdict`;
+    ``none``: no boundary rule applied), None where the reply made no call."""
+    return rows[f"{mode}_decision"].map(lambda d: boundary_verdict(d["checks"]) if isinstance(d, dict) else None)
+
+
+def _known_tool(decision: Any) -> bool:
+    return isinstance(decision, dict) and any(c["rule"] == "known_tool" and c["verdict"] == "pass" for c in decision["checks"])
+
+
+def pooled_ratio(hits: np.ndarray, totals: np.ndarray, groups: Sequence[str], *, resamples: int = 2000,
+                 seed: int = DEFAULT_SEED) -> tuple[float, float, float, int]:
+    """Σ hits / Σ totals over the rows (a precision or a recall: pooled counts, as the table's counts
+    beside it) with a 95% percentile CI from resampling task groups
+    (:func:`probes.scoring.stats.cluster_bootstrap`). Returns (value, low, high, resamples used):
+    resamples whose drawn groups hold no total are undefined and left out (their number is the
+    difference to ``resamples``); no CI (NaN) below two task groups or without a total."""
+    hits, totals = np.asarray(hits, dtype=float), np.asarray(totals, dtype=float)
+    if totals.sum() == 0:
+        return math.nan, math.nan, math.nan, 0
+    used = 0
+
+    def ratio(idx: np.ndarray) -> float:
+        nonlocal used
+        total = totals[idx].sum()
+        used += bool(total)
+        return hits[idx].sum() / total if total else math.nan
+
+    low, high = cluster_bootstrap(ratio, groups, resamples=resamples, seed=seed)
+    return float(hits.sum() / totals.sum()), low, high, used
+
+
+QUALITY_COLUMNS = ["mode", "config", "calls", "bad", "bad_share", "boundary_blocked", "block_share", "boundary_blocked_bad", "blocked_groups",
+                   "precision", "precision_low", "precision_high", "recall", "recall_low", "recall_high", "n_groups",
+                   "boundary_undecided", "boundary_undecided_bad", "boundary_passed", "boundary_passed_bad", "no_boundary_rule",
+                   "judged", "excluded_k0", "excluded_unknown_tool", "note"]
+
+
+def checker_quality(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DEFAULT_SEED) -> pd.DataFrame:
+    """G's boundary checking against the items' labels, per mode × config, over the calls at k ≥ 1 of a
+    tool the prompt's catalog shows (k = 0 shows no skill; a call of another tool is the catalog
+    check's: both are counted in ``excluded_*``, never in the rates). *bad*: the call is not the item's
+    correct action. A *boundary detection* is a block by a boundary rule (avoidance, applicability);
+    a block by the catalog, completeness or schema checks is not one (:func:`checker_rule_counts`
+    counts those). Precision = bad among detections, recall = detections among bad calls, each a
+    pooled ratio with a 95% CI over task groups (:func:`pooled_ratio`); a random blocker with the same
+    block rate has precision ``bad_share`` and recall ``block_share``. Calls whose boundary rules stayed
+    undecided (``boundary_undecided``; blocked only under ``--on-undecided block``) are neither detections
+    nor passes; ``no_boundary_rule``: no retrieved skill had a rule about the tool; ``blocked_groups``: the
+    task groups the detections come from."""
     out = []
     for mode in MODES:
         called = rows[rows[f"{mode}_verdict"].notna()]
         for config, frame in called.groupby("config", sort=True):
-            bad = ~frame[f"{mode}_solved_before"].astype(bool)
-            blocked = frame[f"{mode}_blocked"].astype(bool)
-            verdict = frame[f"{mode}_verdict"]
-            tp = int((bad & blocked).sum())
-            runnable_ = frame[f"{mode}_runnable_before"].astype(bool)
-            out.append({"mode": mode, "config": config, "calls": len(frame), "bad": int(bad.sum()), "blocked": int(blocked.sum()),
-                        "passed": int((verdict == "pass").sum()), "undecided": int((verdict == "undecided").sum()),
-                        "blocked_bad": tp, "precision": tp / int(blocked.sum()) if blocked.any() else float("nan"),
-                        "recall": tp / int(bad.sum()) if bad.any() else float("nan"),
-                        "blocked_correct_unrunnable": int((~bad & blocked & ~runnable_).sum()),
-                        "blocked_correct_runnable": int((~bad & blocked & runnable_).sum()),
-                        "undecided_bad": int((bad & (verdict == "undecided")).sum()), "judged": int(frame[f"{mode}_judged"].sum())})
-    return pd.DataFrame(out, columns=["mode", "config", "calls", "bad", "blocked", "passed", "undecided", "blocked_bad",
-                                      "precision", "recall", "blocked_correct_unrunnable", "blocked_correct_runnable",
-                                      "undecided_bad", "judged"])
+            at_k = frame[frame["k"] >= BOUNDARY_K_MIN]
+            known = at_k[at_k[f"{mode}_decision"].map(_known_tool)]
+            bad = ~known[f"{mode}_solved_before"].astype(bool).to_numpy()
+            verdict = decision_boundary_verdicts(known, mode).to_numpy()
+            detected = verdict == "block"
+            groups = known["task_group"].tolist()
+            precision = pooled_ratio(bad & detected, detected, groups, resamples=resamples, seed=seed)
+            recall = pooled_ratio(bad & detected, bad, groups, resamples=resamples, seed=seed)
+            n_groups = len(set(groups))
+            out.append({"mode": mode, "config": config, "calls": len(known), "bad": int(bad.sum()),
+                        "bad_share": bad.mean() if len(known) else math.nan, "boundary_blocked": int(detected.sum()),
+                        "block_share": detected.mean() if len(known) else math.nan, "boundary_blocked_bad": int((bad & detected).sum()),
+                        "blocked_groups": len(set(np.asarray(groups)[detected].tolist())),
+                        "precision": precision[0], "precision_low": precision[1], "precision_high": precision[2],
+                        "recall": recall[0], "recall_low": recall[1], "recall_high": recall[2], "n_groups": n_groups,
+                        "boundary_undecided": int((verdict == "undecided").sum()), "boundary_undecided_bad": int((bad & (verdict == "undecided")).sum()),
+                        "boundary_passed": int((verdict == "pass").sum()), "boundary_passed_bad": int((bad & (verdict == "pass")).sum()),
+                        "no_boundary_rule": int((verdict == "none").sum()), "judged": int(known[f"{mode}_judged"].sum()),
+                        "excluded_k0": len(frame) - len(at_k), "excluded_unknown_tool": len(at_k) - len(known),
+                        "note": _quality_note(precision, recall, n_groups, resamples)})
+    return pd.DataFrame(out, columns=QUALITY_COLUMNS)
+
+
+def _quality_note(precision: tuple[float, float, float, int], recall: tuple[float, float, float, int], n_groups: int,
+                  resamples: int) -> str:
+    """Why a CI is missing, of zero width, or over fewer resamples than drawn."""
+    if n_groups < MIN_CI_GROUPS:
+        return no_ci_note(n_groups)
+    notes = []
+    for name, (value, low, high, used), total in (("precision", precision, "boundary block"), ("recall", recall, "bad call")):
+        if not math.isfinite(value):
+            notes.append(f"{name}: no {total}")
+        elif low == high:
+            notes.append(f"{name}: zero width, every resample gives {value:.2f}")
+        if math.isfinite(value) and used < resamples:
+            notes.append(f"{name} CI over the {used} of {resamples} resamples that drew a {total}")
+    return "; ".join(notes)
+
+
+RULE_COUNT_COLUMNS = ["mode", "config", "kind", "rule", "calls", "blocked", "blocked_bad", "blocked_correct", "blocked_alone",
+                      "undecided", "judged"]
 
 
 def checker_rule_counts(rows: pd.DataFrame) -> pd.DataFrame:
-    """Checks per mode × rule × verdict × decided_by, over every decision."""
-    counts: dict[tuple[str, str, str, str], int] = {}
+    """G's rules apart, per mode × config × rule, over every call at k ≥ 1 (the unknown tools' included):
+    ``kind`` boundary (avoidance, applicability: boundary checking) or runnable (catalog, completeness,
+    schema: whether a runtime could run the call; their blocks are not boundary detections); the calls
+    the rule checked, blocked (bad: not the item's correct action), blocked as the only blocking rule,
+    left undecided, and its checks a judge decided. A call blocked by several rules counts under each."""
+    counts: dict[tuple[str, str, str], dict[str, int]] = {}
     for mode in MODES:
-        for decision in rows[f"{mode}_decision"].dropna():
+        called = rows[rows[f"{mode}_verdict"].notna() & (rows["k"] >= BOUNDARY_K_MIN)]
+        for config, decision, solved in zip(called["config"], called[f"{mode}_decision"], called[f"{mode}_solved_before"].astype(bool)):
+            by_rule: dict[str, list[dict[str, Any]]] = {}
             for check in decision["checks"]:
-                key = (mode, check["rule"], check["verdict"], check["decided_by"])
-                counts[key] = counts.get(key, 0) + 1
-    return pd.DataFrame([(*key, n) for key, n in sorted(counts.items())], columns=["mode", "rule", "verdict", "decided_by", "checks"])
+                by_rule.setdefault(check["rule"], []).append(check)
+            verdicts = {rule: combined_verdict(c["verdict"] for c in checks) for rule, checks in by_rule.items()}
+            blocking = [rule for rule, verdict in verdicts.items() if verdict == "block"]
+            for rule, verdict in verdicts.items():
+                cell = counts.setdefault((mode, config, rule), dict.fromkeys(RULE_COUNT_COLUMNS[4:], 0))
+                cell["calls"] += 1
+                cell["blocked"] += verdict == "block"
+                cell["blocked_bad"] += verdict == "block" and not solved
+                cell["blocked_correct"] += verdict == "block" and solved
+                cell["blocked_alone"] += blocking == [rule]
+                cell["undecided"] += verdict == "undecided"
+                cell["judged"] += sum(c["decided_by"] == "judge" for c in by_rule[rule])
+    order = {rule: i for i, rule in enumerate(RULES)}
+    keys = sorted(counts, key=lambda key: (MODES.index(key[0]), key[1], order[key[2]]))
+    return pd.DataFrame([{"mode": mode, "config": config, "kind": "boundary" if rule in BOUNDARY_RULES else "runnable", "rule": rule,
+                          **counts[(mode, config, rule)]} for mode, config, rule in keys], columns=RULE_COUNT_COLUMNS)
+
+
+def boundary_only(rows: pd.DataFrame, mode: str, on_undecided: str) -> pd.DataFrame:
+    """``rows`` with G's side of ``mode`` as if only its boundary rules could block: a call no boundary rule
+    blocks (under ``on_undecided``) keeps its outcome without G; a blocked one keeps its outcome with G
+    (the revision as run)."""
+    verdict = decision_boundary_verdicts(rows, mode)
+    kept = ~((verdict == "block") | ((verdict == "undecided") & (on_undecided == "block")))
+    out = rows.copy()
+    for column in ("outcome", "solved", "runnable"):
+        out[f"{mode}_{column}_after"] = out[f"{mode}_{column}_after"].where(~kept, out[f"{mode}_{column}_before"])
+    return out
+
+
+# The paired claims on G (family "checker"): G is BASM's checker (Eq. 11), so they are made on BASM's records at
+# k ≥ 1, chosen before any run, with one smallest effect of interest for the family: one call in ten.
+CHECKER_FAMILY = "checker"
+CHECKER_CLAIM_CONFIG = "basm"
+CHECKER_SESOI = 0.10  # rate
+
+
+def checker_claims(rows: pd.DataFrame, *, on_block: str, on_undecided: str, seed: int = DEFAULT_SEED) -> list[Claim]:
+    """G with − without on the same records (item × k, task groups as units), per mode, under BASM at
+    k ≥ 1: (1) on T_wrong, G lowers the wrong-tool execution rate (the outcome G exists to prevent);
+    (2) its boundary rules alone do (calls blocked only by the catalog, completeness or schema checks
+    counted as run: :func:`boundary_only`), the tested form of boundary recall; (3) over every bucket,
+    G lowers the correct runnable call rate (what it costs). Each one-sided (less), with the family's
+    δ = :data:`CHECKER_SESOI`."""
+    basm = rows[(rows["config"] == CHECKER_CLAIM_CONFIG) & (rows["k"] >= BOUNDARY_K_MIN)]
+    wrong = basm[basm["bucket"] == "T_wrong"]
+    policy = f"blocked calls: {on_block} · undecided: {on_undecided}"
+    claims = []
+    for mode in MODES:
+        for name, frame, rate, statement in (
+                ("wrong_call_with_g", wrong, "wrong_call",
+                 f"on T_wrong at k ≥ 1 under {config_label(CHECKER_CLAIM_CONFIG)}, G lowers the {mode} wrong-tool execution rate "
+                 f"(with − without G, paired by record)"),
+                ("wrong_call_boundary_rules", boundary_only(wrong, mode, on_undecided), "wrong_call",
+                 f"on T_wrong at k ≥ 1 under {config_label(CHECKER_CLAIM_CONFIG)}, G's boundary rules alone (avoidance, applicability) "
+                 f"lower the {mode} wrong-tool execution rate (calls blocked only by the catalog, completeness or schema checks "
+                 f"counted as run; paired by record)"),
+                ("correct_runnable_with_g", basm, "correct_runnable",
+                 f"at k ≥ 1 under {config_label(CHECKER_CLAIM_CONFIG)} (every bucket), G lowers the {mode} correct runnable call rate "
+                 f"(its cost; with − without G, paired by record)")):
+            if not len(frame):
+                continue
+            delta = (checker_values(frame, mode, "with", rate).astype(float) - checker_values(frame, mode, "without", rate).astype(float))
+            claims.append(effect_claim(
+                CHECKER_FAMILY, f"{mode}_{name}", statement, delta.to_numpy(), frame["task_group"].tolist(), alternative="less",
+                sesoi=CHECKER_SESOI, unit="rate", seed=seed,
+                note=f"{len(frame)} records of {frame['item_id'].nunique()} items, k = {', '.join(map(str, sorted(set(frame['k']))))} "
+                     f"(k = 0 shows no skill) · {policy} · δ = {CHECKER_SESOI:g} for the family, stated before the run"))
+    return claims
 
 
 def checker_table(rates: pd.DataFrame) -> pd.DataFrame:
@@ -388,25 +541,123 @@ def checker_table(rates: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+def ratio_text(value: float, low: float, high: float, n_groups: int) -> str:
+    """A precision or recall as text: value [low, high]; the value with why it has no CI; or, where every
+    task-group resample gives the same value, that said instead of a CI of zero width."""
+    if not math.isfinite(value):
+        return "—"
+    if low == high:
+        return f"{value:.2f} (every task-group resample gives {value:.2f})"
+    return ci_text(value, low, high, n_groups, ".2f")
+
+
+def boundary_table(quality: pd.DataFrame) -> pd.DataFrame:
+    """The boundary-only precision and recall (:func:`checker_quality`) as text cells: value [low, high],
+    or the value with why it has no CI."""
+    cells = {name: [ratio_text(v, lo, hi, n) for v, lo, hi, n in zip(quality[name], quality[f"{name}_low"], quality[f"{name}_high"],
+                                                                          quality["n_groups"])] for name in ("precision", "recall")}
+    table = quality.assign(**cells)
+    return table[["mode", "config", "calls", "bad", "boundary_blocked", "boundary_blocked_bad", "blocked_groups", "precision", "bad_share", "recall",
+                  "block_share", "boundary_undecided", "boundary_undecided_bad", "no_boundary_rule", "n_groups", "excluded_k0",
+                  "excluded_unknown_tool"]].round(3)
+
+
+def checker_statement(summary: "CheckerSummary", mode: str = "lenient") -> str:
+    """What G achieves, in words: its boundary rules' detections, recall and precision per configuration
+    (``mode``), the other rules' blocks apart, whether a judge ran, and the grammar's coverage."""
+    quality = summary.quality[summary.quality["mode"] == mode]
+    lines = [f"What G's boundary rules achieve ({mode} reading; avoidance and applicability rules only; calls of catalog tools at "
+             f"k ≥ 1: k = 0 shows no skill and is left out):"]
+    def groups(n: int) -> str:
+        return f"{n} task group{'' if n == 1 else 's'}"
+
+    for r in quality.itertuples():
+        if not r.calls:
+            lines.append(f"- {config_label(r.config)}: no call to check at k ≥ 1.")
+            continue
+        recall = "recall undefined (no bad call)" if not r.bad else f"recall {ratio_text(r.recall, r.recall_low, r.recall_high, r.n_groups)}"
+        precision = "no precision (no boundary block)" if not r.boundary_blocked else \
+            f"precision {ratio_text(r.precision, r.precision_low, r.precision_high, r.n_groups)} (bad share {r.bad_share:.2f}; " \
+            f"{r.boundary_blocked_bad} of {r.boundary_blocked} blocks on bad calls, from {groups(r.blocked_groups)} of {r.n_groups})"
+        lines.append(f"- {config_label(r.config)}: blocked {r.boundary_blocked_bad} of {r.bad} bad calls ({recall}; a random "
+                     f"blocker at the same rate: {r.block_share:.2f}), {precision}; {r.boundary_undecided_bad} bad calls left "
+                     f"undecided ({'blocked' if summary.on_undecided == 'block' else 'they run'} under --on-undecided "
+                     f"{summary.on_undecided}), {r.no_boundary_rule} of {r.calls} calls met no boundary rule.")
+    rules = summary.rules[(summary.rules["mode"] == mode) & (summary.rules["kind"] == "runnable")]
+    other = ", ".join(f"{rule} {int(n)}" for rule, n in rules.groupby("rule", sort=False)["blocked"].sum().items() if n)
+    lines.append(f"Blocks by the catalog, completeness and schema checks (whether a runtime could run the call; not boundary "
+                 f"checking, not counted above; k ≥ 1, every configuration): {other or 'none'}.")
+    judged = int(quality["judged"].sum())
+    lines.append(f"Judge: {summary.judge} decided {judged} boundary conditions the grammar left undecided." if summary.judge else
+                 "No judge ran (none runs unless --judge names a local chat model): every condition outside the grammar stayed undecided.")
+    own = summary.coverage[summary.coverage["dataset"] == summary.dataset].set_index("field")
+    if len(own):
+        lines.append(f"The grammar parses {own.loc['applicability', 'share_parsed']:.0%} of this dataset's applicability conditions and "
+                     f"{own.loc['avoidance', 'share_parsed']:.0%} of its avoidance rules, no risk cue; unparsed conditions go to the judge "
+                     f"or stay undecided (per dataset: {CHECKER_NAME}_coverage.csv).")
+    return "\n".join(lines)
+
+
 def checker_section(summary: "CheckerSummary") -> str:
     """The report's paragraph on G."""
+    coverage = summary.coverage[["dataset", "field", "conditions", "parsed", "two_way", "share_parsed", "share_two_way"]]
     return (f"**Boundary checker G (Eq. 11).** Each greedy call is checked against the catalog, its JSON Schema and the avoidance "
             f"rules and applicability conditions of the retrieved skills that name its tool; conditions outside the stated grammar "
             f"are undecided, never passed. {summary.note.splitlines()[0]}.\n\n{markdown_table(checker_table(summary.rates))}\n\n"
-            f"G against the labels (bad = not the item's correct action; undecided counted apart):\n\n{markdown_table(summary.quality)}"
-            f"\n\nChecks by rule and verdict:\n\n{markdown_table(summary.rules)}\n\nThe grammar's coverage of the dataset's skills "
-            f"(conditions written in a form it reads; two-way: a form that can both pass and block):\n\n"
-            f"{markdown_table(summary.coverage[['field', 'conditions', 'parsed', 'two_way', 'share_parsed', 'share_two_way']])}")
+            f"{checker_statement(summary)}\n\nG's boundary rules against the labels (bad = not the item's correct action; k ≥ 1; "
+            f"calls of catalog tools; precision and recall pooled over records with 95% CIs over task groups; bad_share and "
+            f"block_share: a random blocker's precision and recall; undecided counted apart; strict and lenient):\n\n"
+            f"{markdown_table(boundary_table(summary.quality))}\n\nPrecision and recall are reported without a claim: a test "
+            f"against a random blocker needs task groups that hold a boundary block and both bad and correct calls (`blocked_groups`: "
+            f"the task groups the blocks come from); the tested form of boundary recall is the claim that the boundary "
+            f"rules alone lower the wrong-tool execution rate (family `{CHECKER_FAMILY}`, δ = {CHECKER_SESOI:g}).\n\n"
+            f"Blocks by rule (runnable: the catalog, completeness and schema checks, not boundary checking; k ≥ 1):\n\n"
+            f"{markdown_table(summary.rules)}\n\nThe grammar's coverage per bundled dataset (conditions written in a form it "
+            f"reads; two-way: a form that can both pass and block; the rest go to the judge or stay undecided):\n\n"
+            f"{markdown_table(coverage)}")
+
+
+def coverage_libraries(ctx: RunContext) -> dict[str, list[Skill]]:
+    """The skill libraries whose grammar coverage a checker run reports: every bundled dataset, and the run's
+    own dataset under its folder when it is not one of them."""
+    own = ctx.dataset.root.resolve()
+    libraries = {}
+    for name in BUNDLED_DATASETS:
+        dataset = ctx.dataset if bundled_dataset(name).resolve() == own else load_dataset(name)
+        libraries[name] = list(dataset.skills.values())
+    if own not in {bundled_dataset(name).resolve() for name in BUNDLED_DATASETS}:
+        libraries[str(ctx.dataset.root)] = list(ctx.dataset.skills.values())
+    return libraries
+
+
+def dataset_name(ctx: RunContext) -> str:
+    """The run's dataset as :func:`coverage_libraries` names it."""
+    own = ctx.dataset.root.resolve()
+    return next((name for name in BUNDLED_DATASETS if bundled_dataset(name).resolve() == own), str(ctx.dataset.root))
+
+
+def dataset_coverage(libraries: Mapping[str, Sequence[Skill]]) -> pd.DataFrame:
+    """:func:`probes.scoring.checker.grammar_coverage` per dataset (name -> its skills), one table with a
+    ``dataset`` column; a form no field of a dataset uses counts 0."""
+    frames = [grammar_coverage(skills).assign(dataset=name) for name, skills in libraries.items()]
+    table = pd.concat(frames, ignore_index=True)
+    forms = [c for c in table.columns if c.startswith("form_")]
+    table[forms] = table[forms].fillna(0).astype(int)
+    return table[["dataset", *[c for c in table.columns if c != "dataset"]]]
 
 
 @dataclass
 class CheckerSummary:
     rows: pd.DataFrame
     rates: pd.DataFrame
-    quality: pd.DataFrame
-    rules: pd.DataFrame
-    coverage: pd.DataFrame  # the grammar's coverage of the dataset's skills (grammar_coverage)
+    quality: pd.DataFrame  # boundary-only precision and recall (checker_quality)
+    rules: pd.DataFrame  # blocks by rule, boundary and runnable apart (checker_rule_counts)
+    coverage: pd.DataFrame  # the grammar's coverage per dataset (dataset_coverage)
     note: str
+    dataset: str  # the run's dataset, as named in coverage
+    on_block: str
+    on_undecided: str
+    judge: str | None  # the judge model, None: no judge ran
 
 
 # ------------------------------------------------------------------------------------- the analyses
@@ -569,10 +820,11 @@ class Calls(Analysis):
         if self.checker:
             checked = self.collect_checker(ctx, rows)
             judge = f"judge {self.judge}" if self.judge else "no judge"
-            checker = CheckerSummary(checked, checker_rates(checked, seed=seed), checker_quality(checked), checker_rule_counts(checked),
-                                     grammar_coverage(list(ctx.dataset.skills.values())),
+            checker = CheckerSummary(checked, checker_rates(checked, seed=seed), checker_quality(checked, seed=seed), checker_rule_counts(checked),
+                                     dataset_coverage(coverage_libraries(ctx)),
                                      f"{provenance_without_margin(ctx)} · G (Eq. 11) on the greedy call · blocked: {self.on_block} · "
-                                     f"undecided: {self.on_undecided} · {judge}\nmean ± 95% bootstrap CI over task groups")
+                                     f"undecided: {self.on_undecided} · {judge}\nmean ± 95% bootstrap CI over task groups",
+                                     dataset_name(ctx), self.on_block, self.on_undecided, self.judge)
         return CallsSummary(rows, call_rates(rows, seed=seed), syntax_counts(rows), note, seed, checker)
 
     def tables(self, summary: CallsSummary) -> dict[str, pd.DataFrame]:
@@ -586,7 +838,8 @@ class Calls(Analysis):
         plots.style()
         paths = plots.save_figure(fig11_call_rates(summary.rates, summary.note), out_dir, FIGURE)
         if summary.checker is not None:
-            paths += plots.save_figure(fig19_checker_outcomes(summary.checker.rates, summary.checker.note), out_dir, CHECKER_FIGURE)
+            paths += plots.save_figure(fig19_checker_outcomes(summary.checker.rates, summary.checker.quality, summary.checker.note),
+                                       out_dir, CHECKER_FIGURE)
         return paths
 
     def section(self, ctx: RunContext, summary: CallsSummary, figures: list[Path]) -> ReportSection:
@@ -608,15 +861,14 @@ class Calls(Analysis):
 
     def claims(self, summary: CallsSummary) -> list[Claim]:
         """Fig. 11's claim in each mode: on T_wrong at the deepest k, the wrong-call rate under BASM is
-        below Proc. Skill, paired by item (per-item differences, task groups as units)."""
+        below Proc. Skill, paired by item (per-item differences, task groups as units); with the checker,
+        G's paired claims (:func:`checker_claims`)."""
         rows = summary.rows
         k = deepest_k(rows, "T_wrong")
         configs = set(rows["config"])
-        if k is None or not {"basm", "proc"} <= configs:
-            return []
-        deepest = rows[(rows["bucket"] == "T_wrong") & (rows["k"] == k)]
-        claims = []
-        for mode in MODES:
+        claims: list[Claim] = []
+        deepest = rows[(rows["bucket"] == "T_wrong") & (rows["k"] == k)] if k is not None and {"basm", "proc"} <= configs else rows.iloc[:0]
+        for mode in MODES if len(deepest) else ():
             hits = deepest.assign(hit=rate_values(deepest, mode, "wrong_call").astype(float))
             diff = paired_differences(hits, {"basm − proc": ("basm", "proc")}, pair=["item_id", "task_group", "format"], value="hit").dropna(subset=["delta"])
             if not len(diff):
@@ -626,6 +878,9 @@ class Calls(Analysis):
                 f"on T_wrong at k = {k}, the {mode} wrong-call rate under {config_label('basm')} is below {config_label('proc')} (paired by item)",
                 diff["delta"], diff["task_group"], alternative="less", unit="rate", seed=summary.seed,
                 note=f"{len(diff)} items; {mode}: {mode_description(mode, sorted(set(deepest['format'])))}"))
+        if summary.checker is not None:
+            checker = summary.checker
+            claims += checker_claims(checker.rows, on_block=checker.on_block, on_undecided=checker.on_undecided, seed=summary.seed)
         return claims
 
     def print_summary(self, summary: CallsSummary) -> None:
@@ -634,7 +889,8 @@ class Calls(Analysis):
         print(summary.syntax.groupby(["syntax", "shape", "template_format"])["replies"].sum().to_string())
         if summary.checker is not None:
             print(checker_table(summary.checker.rates).to_string(index=False))
-            print(summary.checker.quality.round(3).to_string(index=False))
+            print(boundary_table(summary.checker.quality).to_string(index=False))
+            print(checker_statement(summary.checker))
 
 
 # --- Figs. 11 and 19, drawn by Calls.figures
@@ -708,18 +964,21 @@ CHECKER_RATE_LABELS: dict[str, str] = {"wrong_call": "wrong call", "correct_call
                                        "blocked": "blocked"}
 
 
-def fig19_checker_outcomes(rates: pd.DataFrame, note: str) -> plt.Figure:
+def fig19_checker_outcomes(rates: pd.DataFrame, quality: pd.DataFrame, note: str) -> plt.Figure:
     """Call outcomes without and with the boundary checker G (Eq. 11), lenient mode, at the deepest
     k: one panel per bucket, bar groups per rate, one bar pair per configuration (light: without G,
-    dark: with G), 95% CI bars over task groups.
+    dark: with G), 95% CI bars over task groups; and a last panel with what G's boundary rules alone
+    achieve at k ≥ 1 (:func:`checker_quality`): precision and recall per configuration with their CIs,
+    each beside a random blocker's (grey ticks: the bad share and the block share).
 
     rates: mode, checker, format, config, k, bucket, rate, value, low, high, n, n_groups, count.
+    quality: checker_quality's columns.
     """
     data = rates[(rates["mode"] == "lenient") & (rates["k"] == rates["k"].max())]
     buckets = plots.ordered(data["bucket"], ("T_wrong", "T_ok", "T_repair"))
     configs = plots.ordered(data["config"], plots.CONFIG_ORDER)
     kinds = [r for r in CHECKER_RATE_LABELS if r in set(data["rate"])]
-    fig, axes = plt.subplots(1, len(buckets), figsize=(4.4 * len(buckets), 3.4), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(buckets) + 1, figsize=(4.4 * (len(buckets) + 1), 3.4), sharey=True, squeeze=False)
     width = 0.8 / (2 * len(configs))
     for col, bucket in enumerate(buckets):
         ax = axes[0][col]
@@ -736,9 +995,37 @@ def fig19_checker_outcomes(rates: pd.DataFrame, note: str) -> plt.Figure:
         n_items = int(sub["n"].max()) if len(sub) else 0
         ax.set_title(f"{plots.bucket_label(bucket)}  ({n_items} items, {int(sub['n_groups'].max()) if len(sub) else 0} groups)")
     axes[0][0].set_ylabel("rate (lenient)")
+    boundary_panel(axes[0][-1], quality[quality["mode"] == "lenient"], configs)
     handles = [plt.Rectangle((0, 0), 1, 1, color=plots.color(c), label=plots.label(c)) for c in configs]
     handles += [plt.Rectangle((0, 0), 1, 1, color="0.4", alpha=a, label=f"{w} G") for w, a in (("without", 0.45), ("with", 1.0))]
-    axes[0][-1].legend(handles=handles, loc="best", fontsize=7.5)
-    fig.suptitle(f"Greedy call outcomes without and with the boundary checker G (Eq. 11), k = {int(data['k'].max())}", y=1.02)
-    plots.footnote(fig, f"{note}\nn per bar: {plots.n_text(data, 'items')}")
+    axes[0][-2].legend(handles=handles, loc="best", fontsize=7.5)
+    fig.suptitle(f"Greedy call outcomes without and with the boundary checker G (Eq. 11), k = {int(data['k'].max())}; "
+                 f"its boundary rules alone at k ≥ 1", y=1.02)
+    lenient = quality[quality["mode"] == "lenient"]
+    plots.footnote(fig, f"{note}\nn per bar: {plots.n_text(data, 'items')}\nlast panel: calls of catalog tools at k ≥ 1 "
+                        f"({int(lenient['calls'].sum())} calls; k = 0 shows no skill and is left out); detections = blocks by an "
+                        f"avoidance or applicability rule only (the catalog, completeness and schema blocks are not)\npooled "
+                        f"ratios with 95% CIs over task groups; hollow: no CI")
     return fig
+
+
+def boundary_panel(ax: plt.Axes, quality: pd.DataFrame, configs: Sequence[str]) -> None:
+    """Boundary-only precision (circles) and recall (squares) per configuration with CI bars, hollow without
+    a CI; a grey tick at a random blocker's value (bad share, block share)."""
+    for i, config in enumerate(configs):
+        row = quality[quality["config"] == config]
+        for offset, name, chance, marker in ((-0.15, "precision", "bad_share", "o"), (0.15, "recall", "block_share", "s")):
+            if not len(row) or not np.isfinite(row[name].iloc[0]):
+                continue
+            point = pd.DataFrame({"value": row[name].to_numpy(), "low": row[f"{name}_low"].to_numpy(),
+                                  "high": row[f"{name}_high"].to_numpy(), "n_groups": row["n_groups"].to_numpy()})
+            ok = plots.has_ci(point)[0]
+            ax.errorbar([i + offset], point["value"], yerr=plots.ci_errors(point), fmt=marker, ms=5, capsize=2,
+                        color=plots.color(config), mfc=plots.color(config) if ok else "white")
+            ax.plot([i + offset - 0.08, i + offset + 0.08], [row[chance].iloc[0]] * 2, color="0.5", lw=1.2)
+    ax.set_xticks(np.arange(len(configs)), [plots.label(c) for c in configs], fontsize=7, rotation=25, ha="right")
+    ax.set_xlim(-0.6, len(configs) - 0.4)
+    ax.set_title("G's boundary rules, k ≥ 1 (lenient)")
+    ax.legend(handles=[plt.Line2D([], [], color="0.3", marker="o", ls="", label="precision"),
+                       plt.Line2D([], [], color="0.3", marker="s", ls="", label="recall"),
+                       plt.Line2D([], [], color="0.5", lw=1.2, label="random blocker")], loc="best", fontsize=7)

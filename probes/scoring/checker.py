@@ -52,10 +52,13 @@ or all required, and a missing event must not block a call that another conditio
 
 Anything else (most of the authored sets' natural language: "Do not call T for personal nudges")
 is ``undecided`` — never ``pass``; :func:`grammar_coverage` counts how much of a library is in the
-grammar. An optional judge (:class:`ChatJudge`, any local chat model through
-:class:`probes.engine.generate.ChatGenerator`) may decide undecided checks; its prompt, model and
-reply are kept in the check. The decision's verdict is ``block`` if any check blocks, else
-``undecided`` if any check is undecided, else ``pass``.
+grammar (no form reads a skill's risk cues). An optional judge (:class:`ChatJudge`, any local chat
+model through :class:`probes.engine.generate.ChatGenerator`) may decide undecided checks; its prompt,
+model and reply are kept in the check; none runs unless one is named. The decision's verdict is
+``block`` if any check blocks, else ``undecided`` if any check is undecided, else ``pass``. Only a
+block by a boundary rule (:data:`BOUNDARY_RULES`: avoidance, applicability) is boundary checking;
+the catalog, completeness and schema checks (:data:`RUNNABLE_RULES`) say whether a runtime could run
+the call at all (:func:`boundary_verdict` reads the first kind alone).
 
 **h_t** (:func:`repair_hint`): after a failed call, the recovery notes F(s) of the retrieved skills
 whose tools include the failed tool, kept when their condition matches the error observation
@@ -73,7 +76,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -85,6 +88,10 @@ from probes.data.schema import Skill, ToolCatalog
 
 VERDICTS: tuple[str, ...] = ("pass", "block", "undecided")
 RULES: tuple[str, ...] = ("known_tool", "complete", "schema", "avoidance", "applicability")
+# G's rules in two kinds: whether a runtime could run the call at all, and the skills' boundary rules. Only a
+# block by a boundary rule is boundary checking; risk cues have no form (G never reads them) and recovery notes are h_t's.
+RUNNABLE_RULES: tuple[str, ...] = ("known_tool", "complete", "schema")
+BOUNDARY_RULES: tuple[str, ...] = ("avoidance", "applicability")
 HINT_HEADER = "# Repair hint\nA recovery note for the failed call:\n"
 
 _NAME = r"[A-Za-z_][\w.]*"
@@ -278,8 +285,7 @@ class Decision:
 
     @property
     def verdict(self) -> str:
-        verdicts = {c.verdict for c in self.checks}
-        return "block" if "block" in verdicts else "undecided" if "undecided" in verdicts else "pass"
+        return combined_verdict(c.verdict for c in self.checks)
 
     @property
     def blocking(self) -> tuple[Check, ...]:
@@ -288,6 +294,20 @@ class Decision:
     def as_dict(self) -> dict[str, Any]:
         return {"tool": self.tool, "matched_skills": list(self.matched_skills), "verdict": self.verdict,
                 "checks": [c.as_dict() for c in self.checks]}
+
+
+def combined_verdict(verdicts: Iterable[str]) -> str:
+    """``block`` if any check blocks, else ``undecided`` if any is undecided, else ``pass`` (also of no check)."""
+    verdicts = set(verdicts)
+    return "block" if "block" in verdicts else "undecided" if "undecided" in verdicts else "pass"
+
+
+def boundary_verdict(checks: Iterable[Mapping[str, Any]]) -> str:
+    """G's verdict from its boundary rules alone (:data:`BOUNDARY_RULES`), on a decision's checks as written to
+    the rows (:meth:`Decision.as_dict`): ``block`` / ``undecided`` / ``pass``, or ``none`` when no boundary
+    rule applied (no retrieved skill names the tool, or none of its rules does)."""
+    verdicts = [c["verdict"] for c in checks if c["rule"] in BOUNDARY_RULES]
+    return combined_verdict(verdicts) if verdicts else "none"
 
 
 class Judge(Protocol):
@@ -606,15 +626,20 @@ def proposed(call: Any) -> ProposedCall | None:
     return ProposedCall(call.name, arguments, tuple(call.positional), call.complete, call.error)
 
 
+COVERAGE_FIELDS: tuple[tuple[str, str], ...] = (("applicability", "applicability"), ("avoidance", "avoidance_rules"),
+                                                ("risk", "risk_cues"), ("recovery", "recovery_notes"))
+
+
 def grammar_coverage(skills: Sequence[Skill]) -> pd.DataFrame:
-    """Per field (applicability, avoidance, recovery): the skills' conditions, how many are written in a
-    form of the grammar (``parsed``; the rest is free text, always undecided), how many in a form that
-    can both pass and block (``two_way``; the others give one verdict, e.g. pass for a rule's
-    alternative tool) and how many per form."""
+    """Per boundary field (applicability, avoidance, risk, recovery): the skills' conditions, how many are
+    written in a form of the grammar (``parsed``; the rest is free text: undecided unless a judge
+    decides it), how many in a form that can both pass and block (``two_way``; the others give one
+    verdict, e.g. pass for a rule's alternative tool) and how many per form. Risk cues have no form:
+    G never reads them (``parsed`` 0)."""
     out = []
-    for kind, attribute in (("applicability", "applicability"), ("avoidance", "avoidance_rules"), ("recovery", "recovery_notes")):
+    for kind, attribute in COVERAGE_FIELDS:
         texts = [text for skill in skills for text in getattr(skill, attribute)]
-        forms = [condition_forms(kind, text) for text in texts]
+        forms = [() if kind == "risk" else condition_forms(kind, text) for text in texts]
         two_way = sum(any(_FORM[(kind, name)].two_way for name in names) for names in forms)
         row = {"field": kind, "conditions": len(texts), "parsed": sum(bool(f) for f in forms), "two_way": two_way}
         row["share_parsed"] = row["parsed"] / len(texts) if texts else float("nan")

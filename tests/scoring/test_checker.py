@@ -196,9 +196,10 @@ def test_grammar_coverage_counts_by_hand(bfcl_dataset) -> None:
     assert condition_forms("applicability", "The user is happy.") == ()
     with pytest.raises(ValueError, match="kind"):
         condition_forms("risk", "x")
-    # BFCL's generated boundary fields are written in the grammar throughout
-    bfcl = grammar_coverage(list(bfcl_dataset.skills.values()))
-    assert (bfcl["parsed"] == bfcl["conditions"]).all() and (bfcl["conditions"] > 0).all()
+    # BFCL's generated boundary fields are written in the grammar throughout; no form reads a risk cue
+    bfcl = grammar_coverage(list(bfcl_dataset.skills.values())).set_index("field")
+    read = bfcl.drop(index="risk")
+    assert (read["parsed"] == read["conditions"]).all() and (bfcl["conditions"] > 0).all() and bfcl.loc["risk", "parsed"] == 0
 
 
 def test_matching_skills_by_tool_or_goal() -> None:
@@ -229,29 +230,6 @@ def test_judge_stub_decides_undecided_and_is_recorded() -> None:
     assert {c.rule: c.verdict for c in no.checks}["avoidance"] == "pass" and no.verdict == "block"  # applicability violated
     unsure = check_call(call, _state(), [prose], judge=stub("Maybe"))
     assert unsure.verdict == "undecided" and all(c.decided_by != "judge" for c in unsure.checks)
-
-
-def test_quality_never_counts_undecided_as_passed() -> None:
-    from probes.analyses.calls import checker_quality
-
-    rows = pd.DataFrame({"config": ["basm"] * 5, "task_group": list("abcde"),
-                         **{f"{m}_{c}": v for m in ("strict", "lenient") for c, v in (
-                             ("verdict", ["block", "pass", "undecided", "undecided", None]),
-                             ("blocked", [True, False, False, False, False]),
-                             ("solved_before", [False, True, False, True, False]),
-                             ("runnable_before", [False, True, True, True, False]),
-                             ("judged", [0, 0, 0, 0, 0]))}})
-    quality = checker_quality(rows).set_index("mode").loc["lenient"]
-    # by hand: 4 calls (the None row made none); bad = rows 0 and 2; blocked = row 0
-    assert (quality["calls"], quality["bad"], quality["blocked"], quality["passed"], quality["undecided"]) == (4, 2, 1, 1, 2)
-    assert quality["precision"] == 1.0 and quality["recall"] == 0.5 and quality["undecided_bad"] == 1
-    assert (quality["blocked_correct_unrunnable"], quality["blocked_correct_runnable"]) == (0, 0)
-    # a correct call blocked: unrunnable (schema) or by a boundary rule only
-    blocked_correct = rows.assign(lenient_blocked=[True, True, False, False, False], lenient_runnable_before=[False, False, True, True, False])
-    again = checker_quality(blocked_correct).set_index("mode").loc["lenient"]
-    assert (again["blocked_correct_unrunnable"], again["blocked_correct_runnable"], again["precision"]) == (1, 0, 0.5)
-    runnable_blocked = blocked_correct.assign(lenient_runnable_before=[False, True, True, True, False])
-    assert checker_quality(runnable_blocked).set_index("mode").loc["lenient", "blocked_correct_runnable"] == 1
 
 
 def test_checker_rates_count_correct_runnable_calls_by_hand() -> None:
