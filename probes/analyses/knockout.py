@@ -440,6 +440,7 @@ def control_draws(rows: pd.DataFrame, deltas: pd.DataFrame, merged: dict[str, st
     mass they removed against B's (median over records of mass_draws / mass_B), the whole pool's mass
     against B's, which knockout it is identical to (:func:`identical_knockouts`), and its own Δm
     (BASM, T_wrong, margin; counted draws) with whether its CI contains 0."""
+    rows = rows[rows["boundary_size"] > 0]  # records without B are excluded from every comparison: from the counts too
     rows = rows.assign(control=rows["condition"].map(control_of))
     draws = rows[rows["control"].isin([c for _, c in DRAWS.values()]) & (rows["config"] == "basm")]
     out = []
@@ -480,8 +481,8 @@ def control_text(control: str, controls: pd.DataFrame, merged: dict[str, str]) -
             whole = "the whole pool" if control == "random" else "all the room there is"
             share = "on every draw" if row.n_short == row.n_draws else f"on {int(row.n_short)} of {int(row.n_draws)} draws"
             text += f" ({whole} where it holds fewer: {share}, mean coverage {row.mean_coverage:.2f} of |B|)"
-    elif control == "count_pool":
-        text = "n random positions of the control pool (n = min(|B|, |pool|))"
+    elif control in ("count_pool", "count_boundary"):
+        text = f"n random positions of {'the control pool' if control == 'count_pool' else 'B'} (n = min(|B|, |pool|))"
     elif control in MATCHED:
         text = ("positions of the control pool holding B's deciding-row attention mass" if control == "mass_matched"
                 else "positions of B holding the mass of the |B| pool positions")
@@ -491,7 +492,7 @@ def control_text(control: str, controls: pd.DataFrame, merged: dict[str, str]) -
         text = control
     aliases = aliases_of(control, merged)
     if aliases:
-        text += f"; identical to {', '.join(aliases)} on every record (the same positions): one knockout, tested once"
+        text += f"; identical to {', '.join(aliases)} on every record (the same positions), tested once"
     return text
 
 
@@ -625,8 +626,9 @@ def comparisons_table(claims: Sequence[Claim], info: pd.DataFrame) -> pd.DataFra
 
 
 def mixing_note(controls: pd.DataFrame, claims: Sequence[Claim]) -> str:
-    """Where the headline control (``random``) is not shown neutral (its own shift's CI excludes 0, or
-    its TOST equivalence does not hold), the sentence saying that "B > pool" mixes two effects; else ""."""
+    """Where the headline control (``random``) is not shown neutral (its own shift is detected, its CI
+    excluding 0, or its TOST equivalence does not hold), the sentence saying that "B > pool" mixes two
+    effects; else ""."""
     if "random" not in set(controls["control"]):
         return ""
     row = controls.set_index("control").loc["random"]
@@ -635,10 +637,11 @@ def mixing_note(controls: pd.DataFrame, claims: Sequence[Claim]) -> str:
     detected = isinstance(row.ci_contains_0, (bool, np.bool_)) and not row.ci_contains_0
     if not detected and verdict.startswith("holds"):
         return ""
-    own = f"{row.value:+.3f} [{row.low:+.3f}, {row.high:+.3f}]" if np.isfinite(row.low) else f"{row.value:+.3f} (no CI)"
-    return (f"the neutral control is not shown neutral: its own shift is {own} ({'CI excludes 0' if detected else 'CI contains 0'}; "
-            f"equivalence: {verdict}), so \"B > pool\" ({HEADLINE}) mixes two effects, B's and the pool's own; "
-            f"read it with B against 0 and the equal-mass comparisons")
+    own = f"{row.value:+.3f} [{row.low:+.3f}, {row.high:+.3f}]" if np.isfinite(row.low) else f"{row.value:+.3f}"
+    ci = "detected: its CI excludes 0" if detected else "its CI contains 0" if np.isfinite(row.low) else "no CI"
+    return (f"the neutral control moves the margin itself: its own shift is {own} ({ci}; TOST equivalence: {verdict}), "
+            f"so \"B > pool\" ({HEADLINE}) mixes two effects, B's and the pool's own; read it beside B against 0 and the "
+            f"equal-mass comparison")
 
 
 def gap_recovery(rows: pd.DataFrame, per: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
@@ -726,7 +729,8 @@ def priming_table(summary: KnockoutSummary) -> pd.DataFrame:
 def shown_headline(summary: KnockoutSummary) -> pd.DataFrame:
     """The BASM T_wrong wrong-tool-margin shifts of the boundary knockout and its controls, per ``shown`` group."""
     d = summary.shown
-    keep = d[(d["config"] == "basm") & (d["bucket"] == CLAIM_BUCKET) & (d["measure"] == CLAIM_MEASURE) & d["knockout"].isin(KNOCKOUT_LABELS)]
+    keep = d[(d["config"] == "basm") & (d["bucket"] == CLAIM_BUCKET) & (d["measure"] == CLAIM_MEASURE) & d["knockout"].isin(KNOCKOUT_LABELS)
+             & ~d["knockout"].isin(summary.merged)]
     return keep[["shown", "knockout", "value", "low", "high", "n", "n_items", "note"]].reset_index(drop=True)
 
 
@@ -744,7 +748,7 @@ def knockout_labels(summary: KnockoutSummary) -> dict[str, str]:
             continue
         aliases = aliases_of(r.control, summary.merged)
         if aliases:
-            labels[r.control] += " = " + " = ".join(KNOCKOUT_LABELS[a] for a in aliases) + " (identical)"
+            labels[r.control] += f" (= {', '.join(aliases)}: identical)"
         if r.control in MATCHED:
             labels[r.control] += f", {int(r.n_matched_records)} of {int(r.n_records)} records matched"
         if r.control not in RANDOM_CONTROLS:
@@ -1004,22 +1008,27 @@ def _dose_panel(ax: plt.Axes, points: pd.DataFrame, equal_mass: pd.DataFrame | N
     ax.axhline(0.0, color="0.3", lw=0.8)
     ax.set_xlabel("deciding-row attention mass removed")
     ax.set_ylabel("Δ wrong-tool margin (logits)")
-    ax.set_title("Δm against the mass removed")
+    title = "Δm against the mass removed"
     if equal_mass is not None and len(equal_mass):
         r = equal_mass.iloc[0]
         ci = f" [{r.low:+.2f}, {r.high:+.2f}]" if np.isfinite(r.low) else ""
-        text = (f"at equal mass, B − pool: {r.estimate:+.2f}{ci} logits, {int(r.n_records)} of {int(r.records)} records matched: {r.verdict}"
+        text = (f"at equal mass, B − pool: {r.estimate:+.3f}{ci} logits ({int(r.n_records)} of {int(r.records)} records matched): {r.verdict}"
                 if r.n_records else "at equal mass: no record has a B-side match (B holds less mass than the pool draw)")
-        ax.text(0.5, -0.32, text, transform=ax.transAxes, ha="center", va="top", fontsize=7, wrap=True)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7)
+        title += "\n" + "\n".join(textwrap.wrap(text, 70))
+    ax.set_title(title, fontsize=8)
+    ax.legend(loc="upper left", fontsize=7)
 
 
 def fig06_title(summary: KnockoutSummary) -> str:
     """Fig. 6's title: what the controls knocked out, from how their draws came out (coverage, matching,
     merges; :func:`control_text`), never a fixed phrase."""
-    shown = [c for c in summary.controls["control"] if c not in summary.merged and c in KNOCKOUT_LABELS]
-    parts = [f"{c}: {control_text(c, summary.controls, summary.merged)}" for c in shown]
-    return "\n".join(textwrap.wrap("Removing deciding-row → boundary attention, against " + ("; ".join(parts) or "no control"), 170))
+    drawn = [c for c in summary.controls["control"] if c not in summary.merged]
+    controls = [f"{c}: {control_text(c, summary.controls, summary.merged)}" for c in drawn if c in RANDOM_CONTROLS]
+    b_side = [f"{c}: {control_text(c, summary.controls, summary.merged)}" for c in drawn if c in B_FAMILY]
+    text = "Removing deciding-row → boundary attention, against " + ("; ".join(controls) or "no control")
+    if b_side:
+        text += ". B's side matched: " + "; ".join(b_side)
+    return "\n".join(textwrap.wrap(text, 190))
 
 
 def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, windows: pd.DataFrame | None, note: str, *,
@@ -1030,14 +1039,14 @@ def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, window
     windows (with ``windows`` rows). ``title``: :func:`fig06_title`."""
     panels = ["bars", "legend"] + (["dose"] if dose is not None and len(dose) else []) + (["windows"] if windows is not None and len(windows) else [])
     widths = {"bars": 5.0, "legend": 3.6, "dose": 5.0, "windows": 4.0}
-    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths[p] for p in panels) + 1, 4.4),
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths[p] for p in panels) + 1, 5.2),
                              gridspec_kw={"width_ratios": [widths[p] for p in panels]}, squeeze=False)
     axes = dict(zip(panels, axes[0]))
     knockout_panel(axes["bars"], deltas, None, labels)
     axes["bars"].set_title(f"{plots.bucket_label('T_wrong')}: same-prompt knockout")
     handles, names = axes["bars"].get_legend_handles_labels()
     axes["legend"].axis("off")
-    axes["legend"].legend(handles, names, loc="upper left", fontsize=7.5, frameon=False)
+    axes["legend"].legend(handles, ["\n".join(textwrap.wrap(n, 48)) for n in names], loc="upper left", fontsize=7.5, frameon=False)
     if recovery is not None and len(recovery):
         text = "\n".join(f"{plots.MEASURE_LABELS[r.measure]}:\n  {100 * r.value:.1f}% [{100 * r.low:.0f}, {100 * r.high:.0f}] of the Proc.–BASM gap recovered"
                          if ok else f"{plots.MEASURE_LABELS[r.measure]}:\n  {100 * r.value:.1f}% of the Proc.–BASM gap recovered ({plots.no_ci_label(n)})"
@@ -1047,7 +1056,7 @@ def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, window
         _dose_panel(axes["dose"], dose, equal_mass)
     if "windows" in axes:
         _window_panel(axes["windows"], windows)
-    fig.suptitle(title, y=1.02 + 0.03 * title.count("\n"))
+    fig.suptitle(title, fontsize=10, y=1.0 + 0.025 * title.count("\n"))
     fig.tight_layout()
     plots.footnote(fig, note)
     return fig
