@@ -448,10 +448,11 @@ def control_draws(rows: pd.DataFrame, deltas: pd.DataFrame, merged: dict[str, st
         def column(name: str, default: Any = np.nan) -> pd.Series:  # fields a control's draws do not write are absent
             return sub[name] if name in sub else pd.Series(default, index=sub.index)
 
-        sub = sub.assign(counted=counted(sub))
+        sub = sub.assign(counted=counted(sub), mass=column("knockout_mass"), b_mass=column("boundary_mass"),
+                         pool_mass=column("control_pool_mass"))
         kept = sub[sub["counted"]]
-        ratio = kept.groupby("record_id")["knockout_mass"].mean() / kept.groupby("record_id")["boundary_mass"].first()
-        pool = sub.groupby("record_id")[["control_pool_mass", "boundary_mass"]].first() if "control_pool_mass" in sub else None
+        ratio = kept.groupby("record_id")["mass"].mean() / kept.groupby("record_id")["b_mass"].first()
+        pool = sub.groupby("record_id")[["pool_mass", "b_mass"]].first()
         shift = deltas[(deltas["config"] == "basm") & (deltas["bucket"] == CLAIM_BUCKET) & (deltas["measure"] == CLAIM_MEASURE)
                        & (deltas["knockout"] == control)]
         value, low, high = (float(shift[c].iloc[0]) for c in ("value", "low", "high")) if len(shift) else (np.nan,) * 3
@@ -463,8 +464,7 @@ def control_draws(rows: pd.DataFrame, deltas: pd.DataFrame, merged: dict[str, st
                     "n_split": int(column("control_split", False).fillna(False).astype(bool).sum()),
                     "mean_procedure_share": float(column("control_procedure_share").astype(float).mean()),
                     "mass_ratio": float(ratio.median()) if len(ratio) else np.nan,
-                    "pool_mass_ratio": float((pool["control_pool_mass"] / pool["boundary_mass"]).median())
-                    if pool is not None and control in POOL_FAMILY else np.nan,
+                    "pool_mass_ratio": float((pool["pool_mass"] / pool["b_mass"]).median()) if control in POOL_FAMILY else np.nan,
                     "value": value, "low": low, "high": high,
                     "ci_contains_0": bool(low <= 0 <= high) if np.isfinite(low) and np.isfinite(high) else np.nan})
     return pd.DataFrame(out, columns=CONTROL_COLUMNS)
