@@ -173,7 +173,8 @@ class Validation:
                 "head_ranking": self.ranking.to_dict(orient="records"), "seconds": round(self.seconds, 1)}
 
     def markdown(self) -> str:
-        return markdown_table(self.table[["name", "statement", "estimate", "low", "high", "n", "p", "p_floor", "p_holm", "verdict", "note"]])
+        return markdown_table(self.table[["name", "statement", "estimate", "low", "high", "n", "p", "p_floor", "p_holm", "sesoi",
+                                          "p_min_holm", "verdict", "note"]])
 
 
 def context_for(analysis: Analysis, session: EngineSession | None) -> RunContext:
