@@ -824,9 +824,10 @@ class KnockoutAnalysis(Analysis):
     random_pool: str = option("neutral", "where the random controls draw: neutral (the memory block outside B, P, their section "
                               "labels and every line naming a tool), memory (outside B and P) or memory+procedure (outside B)",
                               choices=RANDOM_POOLS)
-    controls: tuple[str, ...] = option(CONTROLS, "comma-separated random controls: neutral (|B| pool positions), count (n random "
-                                       "positions of B vs of the pool), mass (pool positions holding B's attention mass), anywhere "
-                                       "(|B| positions anywhere before the call)", names=CONTROLS)
+    controls: tuple[str, ...] = option(CONTROLS, "comma-separated random controls: neutral (|B| pool positions, and B positions holding "
+                                       "their attention mass: the equal-mass comparison), count (n random positions of B vs of the pool), "
+                                       "mass (pool positions holding B's attention mass), anywhere (|B| positions anywhere before the "
+                                       "call)", names=CONTROLS)
     mass_tolerance: float = option(DEFAULT_MASS_TOLERANCE, "relative band within which a mass-matched draw must match B's "
                                    "deciding-row attention mass", type=float, minimum=0.0)
     sesoi: float = option(DEFAULT_SESOI, "smallest effect of interest (logits): a control is claimed neutral only when TOST "
