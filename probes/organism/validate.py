@@ -10,8 +10,9 @@ claim          statistic (per record, then compared)                            
 trap           proc margin at k = 2 − proc margin at k = 0, on T_wrong                       sweep rows
 suppression    proc margin − basm margin at k = 2, on T_wrong                                sweep rows
 knockout       Δm(boundary) − Δm(control), basm k = 2 T_wrong; controls: |B| positions of     knockout rows
-               the neutral pool, the count-matched pair, the mass-matched pool, the dose
-               slopes (per group) and the procedure span; plus Δm(boundary) > 0
+               the neutral pool, the count-matched pair, the mass-matched pool (matched draws),
+               B positions at the pool draw's mass (equal-mass, matched draws) and the
+               procedure span; plus Δm(boundary) > 0; each against δ = 0.25 logits
 control        Δm(|B| positions of the neutral pool) within ±0.25 logits (TOST): the control    knockout rows
                itself is tested, never assumed neutral
 eta            log2 η(T_wrong) − log2 η(T_ok) under basm at k = 2, η = ᾱ_B / (ᾱ_P + ε)        ratios rows
@@ -28,7 +29,9 @@ independent) with a 95% cluster-bootstrap CI (:func:`probes.scoring.stats.bootst
 sign-flip permutation test over task groups (:func:`probes.scoring.claims.effect_claim`). The p-values are
 Holm-adjusted over every claim of the validation (one family); an effect claim holds iff its CI lies above 0
 and its adjusted p < :data:`ALPHA`, the control's absence claim iff both one-sided tests reject after
-adjustment (:func:`probes.scoring.claims.claims_table`). Margins are Eq. 1 restricted to the tools, in logits
+adjustment (:func:`probes.scoring.claims.claims_table`); the knockout claims state
+the knockout analysis's smallest effect of interest δ and hold only when a minimum-effect test also
+places them above it. Margins are Eq. 1 restricted to the tools, in logits
 (``--margin-variant tool_choice``): items whose correct action is abstention have none and are left
 out. The random controls are those of :mod:`probes.analyses.knockout` (docs/statistics.md).
 """
@@ -97,39 +100,23 @@ def trap_and_suppression(rows: pd.DataFrame, seed: int) -> list[Claim]:
     ]
 
 
+# the knockout analysis's comparisons (family "knockout") the validation tests, under the validation's names
+KNOCKOUT_CLAIMS = {"boundary": "knockout>0", knockout_mod.HEADLINE: "knockout>random", "count-matched": "knockout>count-matched",
+                   "mass-matched": "knockout>mass-matched", "equal-mass": "knockout equal-mass", "boundary>procedure": "knockout>procedure"}
+
+
 def knockout_claims(rows: pd.DataFrame, seed: int) -> list[Claim]:
-    """B against 0 and against each control of the knockout analysis, per record on the same records
-    (:func:`probes.analyses.knockout.deltas_per_record`): the neutral pool's |B| positions, the
-    count-matched pair, the mass-matched pool (records whose draws match B's mass), the dose slopes
-    (per task group) and P."""
-    per, points, _, _ = knockout_mod.deltas_per_record(rows)
-    per = per[(per["config"] == "basm") & (per["bucket"] == "T_wrong") & (per["measure"] == "margin")]
-    wide = per.pivot_table(index=["item_id", "task_group"], columns="knockout", values="delta", aggfunc="first")
-    wide = wide.reset_index().set_index("item_id")
-    groups = wide["task_group"]
-    zero = pd.Series(0.0, index=wide.index)
-    claims = [
-        paired_claim("knockout>0", "boundary knockout raises the basm T_wrong margin", wide["boundary"], zero, groups, seed=seed),
-        paired_claim("knockout>random", "boundary knockout raises it more than |B| random positions of the neutral pool (the memory "
-                     "block outside B, P, their section labels and every line naming a tool)", wide["boundary"], wide["random"], groups, seed=seed),
-        paired_claim("knockout>count-matched", "n random positions of B raise it more than n random positions of that pool "
-                     "(n = min(|B|, |pool|))", wide["count_boundary"], wide["count_pool"], groups, seed=seed),
-    ]
-    matched = rows[(rows["config"] == "basm") & rows["condition"].str.startswith("mass_")].groupby("item_id")["control_matched"].all()
-    ok = pd.Series(wide.index.map(matched), index=wide.index).fillna(False).astype(bool)
-    statement = "boundary knockout raises it more than pool positions holding B's attention mass"
-    matched_note = f"{int(ok.sum())} of {len(ok)} records have draws matching B's mass (elsewhere the whole pool holds less attention than B)"
-    # always listed: where no record can be matched the claim is "not tested", never silently dropped
-    claims.append(effect_claim(FAMILY, "knockout>mass-matched", statement, (wide["boundary"] - wide["mass_matched"])[ok], groups[ok],
-                               seed=seed, note=matched_note))
-    dose = points[(points["config"] == "basm") & (points["bucket"] == "T_wrong") & (points["measure"] == "margin")]
-    slopes = knockout_mod.slope_differences(dose)
-    claims.append(paired_claim("knockout dose", "per unit of deciding-row attention removed, B's positions raise it more than the "
-                               "pool's (slope difference per task group)", slopes, pd.Series(0.0, index=slopes.index),
-                               pd.Series(slopes.index, index=slopes.index), seed=seed))
-    claims.append(paired_claim("knockout>procedure", "boundary knockout raises it more than the procedure-span knockout",
-                               wide["boundary"], wide["procedure"], groups, seed=seed))
-    return claims
+    """B against 0 and against each control, built by the knockout analysis itself
+    (:func:`probes.analyses.knockout.summarise_rows`: identical controls merged, mass-matched controls
+    on their matched draws only, every effect tested against the knockout's δ,
+    :data:`probes.analyses.knockout.DEFAULT_SESOI`), moved into the validation's family under the
+    names of :data:`KNOCKOUT_CLAIMS`."""
+    summary = knockout_mod.summarise_rows(rows, seed=seed, sesoi=knockout_mod.DEFAULT_SESOI)
+    chosen = {c.name: c for c in summary.claims if c.family == "knockout" and c.name in KNOCKOUT_CLAIMS}
+    missing = sorted(set(KNOCKOUT_CLAIMS) - set(chosen))
+    if missing:
+        raise AnalysisError(f"knockout claims: the knockout run made no {missing} claim (every control must run)")
+    return [replace(chosen[name], family=FAMILY, name=KNOCKOUT_CLAIMS[name]) for name in KNOCKOUT_CLAIMS]
 
 
 def control_claim(rows: pd.DataFrame, seed: int) -> Claim:
@@ -201,7 +188,8 @@ class Validation:
                 "head_ranking": self.ranking.to_dict(orient="records"), "seconds": round(self.seconds, 1)}
 
     def markdown(self) -> str:
-        return markdown_table(self.table[["name", "statement", "estimate", "low", "high", "n", "unit", "p", "p_floor", "p_holm", "verdict", "note"]])
+        return markdown_table(self.table[["name", "statement", "estimate", "low", "high", "n", "unit", "p", "p_floor", "p_holm", "sesoi",
+                                          "p_min_holm", "verdict", "note"]])
 
 
 def context_for(analysis: Analysis, session: EngineSession | None) -> RunContext:

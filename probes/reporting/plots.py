@@ -47,6 +47,7 @@ CONDITION_COLORS: dict[str, tuple[float, float, float]] = {
     "random": (0.55, 0.55, 0.55),
     "count_pool": (0.7, 0.7, 0.7),
     "mass_matched": PALETTE[8],
+    "mass_boundary": PALETTE[6],
     "random_anywhere": (0.85, 0.85, 0.85),
     "procedure": PALETTE[3],
 }

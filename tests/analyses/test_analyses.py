@@ -127,7 +127,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     check_figure(out, "fig06_knockout_controls")
     check_figure(out, "fig07_knockout_selectivity")
     basm = rows[(rows["config"] == "basm") & (rows["item_id"] == T_WRONG_ITEM)].set_index("condition")
-    draws = {f"{prefix}{i}" for prefix in ("random_", "bsub_", "psub_", "mass_", "anywhere_") for i in range(2)}
+    draws = {f"{prefix}{i}" for prefix in ("random_", "bmass_", "bsub_", "psub_", "mass_", "anywhere_") for i in range(2)}
     assert set(basm.index) == {"baseline", "boundary", "procedure", "boundary@L0-0", "boundary@L1-1", *draws}
     b_size = basm.loc["boundary", "knockout_size"]
     for control in ("random_0", "anywhere_0"):
@@ -178,7 +178,7 @@ def test_knockout_priming_controls_run_the_same_conditions(tiny_qwen3_dir: Path,
     assert set(rows["config"]) == {"basm", "basm-anon", "basm-names", "proc"}
     conditions = {config: set(rows[rows["config"] == config]["condition"]) for config in ("basm", "basm-anon", "basm-names")}
     assert conditions["basm"] == conditions["basm-anon"] == conditions["basm-names"] == {
-        "baseline", "boundary", "random_0", "bsub_0", "psub_0", "mass_0", "anywhere_0", "procedure"}
+        "baseline", "boundary", "random_0", "bmass_0", "bsub_0", "psub_0", "mass_0", "anywhere_0", "procedure"}
     columns = ["key", "margin", "broad_margin", "correct_margin", "call_logodds"]
     pd.testing.assert_frame_equal(plain.rows[plain.rows["config"].isin(["basm", "proc"])][columns].reset_index(drop=True),
                                   rows[rows["config"].isin(["basm", "proc"])][columns].reset_index(drop=True))

@@ -24,12 +24,15 @@ from probes.scoring.claims import holds
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
 
 CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>count-matched", "knockout>mass-matched",
-          "knockout dose", "knockout>procedure", CONTROL, "eta", "heads")
+          "knockout equal-mass", "knockout>procedure", CONTROL, "eta", "heads")
 # Claims the probes do not recover, as measured (strict: a claim that starts to hold fails here until this is updated).
 NOT_RECOVERED = {"heads": "floor chosen on the train split (issue #32): the top-2 heads beat matched random heads by "
                           "+0.107 [-0.034, +0.247], p = 0.092",
                  "knockout>mass-matched": "not testable on the organism: its neutral pool holds 8% of B's deciding-row attention "
-                                          "at the median, so no control draw matches B's mass (0 of 63 records)"}
+                                          "at the median, so no control draw matches B's mass (0 of 63 records)",
+                 "knockout>count-matched": "below the smallest effect of interest δ = 0.25: +0.163 [+0.078, +0.246] (issue #42)",
+                 "knockout equal-mass": "at the pool's mass (8% of B's) B's positions move the margin +0.018 [+0.004, +0.031] more "
+                                        "than the pool's: detectable, below δ = 0.25 (issue #42)"}
 @pytest.fixture(scope="module")
 def summary() -> dict:
     return json.loads((ORGANISM_DIR / "training_summary.json").read_text())

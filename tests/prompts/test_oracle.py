@@ -163,7 +163,8 @@ def _knockout_rows(seed: int = 0) -> pd.DataFrame:
             for condition, shift in (("baseline", 0.0), ("boundary", 0.8 if r == 0 else 0.1), ("random_0", rng.normal(0, 0.05)),
                                      ("procedure", 0.2)):
                 rows.append({**common, "record_id": f"{item}|basm|k2|native", "config": "basm", "condition": condition,
-                             "margin": base + shift, "broad_margin": base + shift, "knockout_mass": 0.1})
+                             "margin": base + shift, "broad_margin": base + shift, "knockout_mass": 0.1,
+                             "knockout_digest": condition})  # what each knockout blocks: four different sets
     return pd.DataFrame(rows)
 
 

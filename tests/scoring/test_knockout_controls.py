@@ -9,7 +9,8 @@
   deciding row (explicit 4D mask, tests/reference.py), and against Eq. 2's α · |B| of the scorer.
 - A planted dose case where any position's knockout moves the margin in proportion to the
   attention it held: the count-matched comparison calls B special, the mass-matched one does not,
-  and the figure refuses to call that control neutral.
+  and the figure refuses to call that control neutral (the equal-mass comparison from B's side:
+  tests/analyses/test_knockout_equal_mass.py).
 - The claims table: Holm by hand; a null family where one unadjusted p is below 0.05 and no
   adjusted one is; TOST equivalence holds for a small effect and not for one beyond the bound.
 """
@@ -29,7 +30,7 @@ from transformers import AutoModelForCausalLM
 from probes.analyses import knockout as K
 from probes.data.dataset import load_dataset
 from probes.data.retrieval import Retriever, make_embedder
-from probes.engine.session import BASELINE, EngineSession, span_positions
+from probes.engine.session import BASELINE, EngineSession, Knockout, span_positions
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.scoring import controls as C
 from probes.scoring.claims import Claim, absence_claim, claims_table, effect_claim
@@ -171,7 +172,7 @@ def test_knockout_scorer_takes_the_prompt_prefix_from_the_cache_and_equals_a_run
     (cold, cold_counter), (warm, warm_counter) = out[0], out[8]
     p = min(record.query_rows)
     assert cold_counter.tokens_reused == 0 and warm_counter.tokens_reused == p and warm_counter.prompts == 2
-    assert [r["condition"] for r in warm] == [r["condition"] for r in cold] and len(warm) == 1 + 1 + 2 * 4 + 1 + 2
+    assert [r["condition"] for r in warm] == [r["condition"] for r in cold] and len(warm) == 1 + 1 + 2 * 5 + 1 + 2
     for a, b in zip(warm, cold):
         for key, value in b.items():
             if isinstance(value, float) and np.isfinite(value):
@@ -214,7 +215,7 @@ def _planted_rows(groups: int = 10, per_group: int = 3, draws: int = 3, slope: f
                 mass = float(weights[positions].sum())
                 m = m0 + (slope * mass + rng.normal(0, noise) if positions else 0.0)
                 rows.append({**base, "condition": name, "margin": m, "broad_margin": m, "correct_margin": 0.0, "call_logodds": 0.0,
-                             "knockout_mass": mass, **info})
+                             "knockout_mass": mass, "knockout_digest": K.knockout_digest(Knockout(name, tuple(positions))), **info})
     return pd.DataFrame(rows)
 
 
@@ -226,14 +227,12 @@ def test_planted_mass_effect_fools_the_count_match_but_not_the_mass_match():
     # mass-matched: the same mass removed, the same shift; B is not special
     assert claims.loc["mass-matched", "estimate"] == pytest.approx(0.0, abs=0.1)
     assert not claims.loc["mass-matched", "verdict"].startswith("holds")
-    # per unit mass both families move the margin alike: the dose comparison finds nothing either
-    assert not claims.loc["dose", "verdict"].startswith("holds")
     # the mass-matched control itself moves the margin: never called neutral
     control = summary.controls.set_index("control").loc["mass_matched"]
     assert control["value"] > 0.5 and not control["ci_contains_0"]
     assert "moves m: CI ∌ 0" in K.knockout_labels(summary)["mass_matched"] and "TOST" not in K.knockout_labels(summary)["mass_matched"]
     assert not claims.loc["mass_matched neutral", "verdict"].startswith("holds")
-    assert int(control["n_mass_matched"]) == 30
+    assert int(control["n_matched_records"]) == 30
 
 
 # ----------------------------------------------------------------------------- claims
