@@ -51,6 +51,7 @@ from probes.analyses.run_context import AnalysisError, RunContext, open_context
 from probes.core.files import write_text
 from probes.scoring.score import DEFAULT_VARIANT, EPSILON
 from probes.engine.session import EngineSession
+from probes.engine.threads import keeps_caller_threads
 from probes.organism import ORGANISM_DIR
 from probes.reporting.markdown import markdown_table
 from probes.scoring.claims import ALPHA, Claim, claims_table, effect_claim
@@ -194,6 +195,7 @@ def context_for(analysis: Analysis, session: EngineSession | None) -> RunContext
     return open_context(analysis, session)
 
 
+@keeps_caller_threads  # the analyses compute on the run's thread count (open_context); the caller's is back on return
 def validate(
     model: str | Path = ORGANISM_DIR,
     out: str | Path = Path("results") / "organism_validate",
