@@ -49,7 +49,8 @@ def forward(args: argparse.Namespace) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    print("| parameters | busy | threads | load before | forward (ms, median) |\n|---|---|---|---|---|")
+    print("| parameters | busy | load before | " + " | ".join(f"{t} thread{'s' * (t != 1)}: wall ms (CPU ms)" for t in args.threads)
+          + " |\n|---|---|---|" + "---|" * len(args.threads))
     for hidden, layers, mlp, vocab in SHAPES:
         torch.manual_seed(0)
         config = Qwen3Config(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=mlp, vocab_size=vocab,
@@ -59,18 +60,19 @@ def forward(args: argparse.Namespace) -> None:
         parameters = sum(p.numel() for p in model.parameters())
         ids = torch.randint(0, vocab, (1, TOKENS))
         for n_busy in args.busy:
-            with busy(n_busy):
-                for threads in args.threads:
-                    torch.set_num_threads(threads)
-                    before = load()
-                    with torch.no_grad():
-                        model(ids)  # warm-up
-                        times = []
-                        for _ in range(args.repeats):
-                            start = time.perf_counter()
-                            model(ids)
-                            times.append(time.perf_counter() - start)
-                    print(f"| {parameters:,} | {n_busy} | {threads} | {before:.1f} | {1000 * statistics.median(times):.1f} |", flush=True)
+            with busy(n_busy), torch.no_grad():
+                before = load()
+                times: dict[int, list[tuple[float, float]]] = {t: [] for t in args.threads}
+                for repeat in range(args.repeats + 1):  # the counts alternate, so a change of load hits each alike
+                    for threads in args.threads:
+                        torch.set_num_threads(threads)
+                        wall, cpu = time.perf_counter(), time.process_time()
+                        model(ids)
+                        if repeat:  # the first round warms up
+                            times[threads].append((time.perf_counter() - wall, time.process_time() - cpu))
+                cells = [f"{1000 * statistics.median(w for w, _ in times[t]):.0f} ({1000 * statistics.median(c for _, c in times[t]):.0f})"
+                         for t in args.threads]
+                print(f"| {parameters:,} | {n_busy} | {before:.1f} | " + " | ".join(cells) + " |", flush=True)
 
 
 def sweep(args: argparse.Namespace) -> None:

@@ -7,9 +7,26 @@ thread count is therefore part of a run's configuration: the analyses record it 
 and refuse to resume a file under another count (:mod:`probes.reporting.results`).
 
 Why ``auto`` is not torch's default. Torch starts one thread per core, and its OpenMP threads wait for
-each other at the end of every parallel region; when other processes hold the cores, a descheduled
-thread stalls the rest at each of the many small regions of a small model's forward pass.
-:data:`AUTO_RULE` states the rule and the measurements it rests on.
+each other (spinning) at the end of every parallel region; when other processes hold the cores, a
+descheduled thread stalls the rest at each of the many small regions of a small model's forward pass.
+Measured on this project's 2-core machine, shared with other jobs (``benchmarks/threads.py``):
+
+- ``basm-probes sweep`` (the organism, 984,320 parameters, 1,680 prompts), one other job beside it
+  (load average ≈ 3): 1 thread 68.8 s wall (43.8 s CPU); 2 threads, which is torch's default there,
+  620.5 s wall (332.5 s CPU, the rest spinning). With two busy processes added (load 7–13): 1 thread
+  405 s wall (50.5 s CPU, the run got an eighth of a core); 2 threads stopped after 10 min at 108 of
+  1,680 prompts (projected 1.5 h).
+- One forward pass of 256 tokens, random Qwen3 shapes, load average ≈ 10, wall (CPU) per pass:
+  0.98 M parameters 110 ms (26) on 1 thread, 929 ms (267) on 2; 5.2 M 241 (68) / 2998 (888);
+  33.6 M 1106 (317) / 6971 (2083); 102 M 2979 (830) / 11458 (3691).
+
+Two threads lost at every size measured, by 4–12×, while on a quiet machine they gain at most 2× (the
+organism's sweep: 24–46 s with torch's default, README, against about 44 s of CPU on one thread). The
+rule (:data:`AUTO_RULE`): one thread below :data:`ONE_THREAD_BELOW` parameters, the largest size
+measured; above it, models whose matrix products are large enough for threads to pay on a quiet
+machine, the cores this process may run on, divided by the ranks on its node and never more than
+torch's own count (which ``OMP_NUM_THREADS`` sets: a machine shared with other jobs caps it there).
+The count never follows the load of the moment: it is recorded, and a resume must find the same.
 """
 
 from __future__ import annotations
@@ -23,13 +40,10 @@ from typing import Any, TypeVar
 import torch
 
 AUTO = "auto"
-# Below this many parameters one thread is the fastest count on a quiet and on a busy 2-core CPU alike
-# (measured, see AUTO_RULE); at or above it a model's matrix products are large enough for more threads to pay.
-ONE_THREAD_BELOW = 20_000_000
+ONE_THREAD_BELOW = 100_000_000  # about the largest model measured above (102 M; one thread was faster at every size)
 AUTO_RULE = (
-    f"auto: 1 thread for a model under {ONE_THREAD_BELOW:,} parameters, else the cores this process may run on "
-    "divided by the ranks on its node (never the load of the moment: the count is recorded and must be the same "
-    "when the run resumes)"
+    f"auto: 1 thread for a model under {ONE_THREAD_BELOW:,} parameters, else the cores this process may run on divided "
+    "by the ranks on its node, at most torch's own count (OMP_NUM_THREADS)"
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,7 +59,7 @@ def auto_threads(parameters: int, ranks_on_node: int = 1) -> int:
     one of ``ranks_on_node`` processes of a parallel run on this node (:data:`AUTO_RULE`)."""
     if parameters < ONE_THREAD_BELOW:
         return 1
-    return max(1, usable_cores() // max(1, ranks_on_node))
+    return max(1, min(torch.get_num_threads(), usable_cores() // max(1, ranks_on_node)))
 
 
 def set_threads(count: int) -> None:

@@ -77,13 +77,16 @@ def test_the_options_file_sets_threads(text: str, value, tmp_path: Path, monkeyp
 
 
 # ---------------------------------------------------------------------------- the auto rule
-def test_auto_is_one_thread_below_the_measured_size_else_the_cores_over_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_is_one_thread_below_the_measured_size_else_the_cores_over_the_ranks_within_torchs_count(monkeypatch) -> None:
     monkeypatch.setattr(threads, "usable_cores", lambda: 8)
+    monkeypatch.setattr(threads.torch, "get_num_threads", lambda: 6)  # OMP_NUM_THREADS=6, or the caller's count
     assert threads.auto_threads(threads.ONE_THREAD_BELOW - 1) == 1
-    assert threads.auto_threads(threads.ONE_THREAD_BELOW) == 8
+    assert threads.auto_threads(threads.ONE_THREAD_BELOW) == 6  # torch's own count caps the 8 cores
     assert threads.auto_threads(threads.ONE_THREAD_BELOW, ranks_on_node=3) == 2
     assert threads.auto_threads(threads.ONE_THREAD_BELOW, ranks_on_node=16) == 1
-    assert str(threads.ONE_THREAD_BELOW // 1_000_000) in threads.AUTO_RULE.replace(",", "")[:60]
+    monkeypatch.setattr(threads.torch, "get_num_threads", lambda: 1)  # OMP_NUM_THREADS=1: one thread at any size
+    assert threads.auto_threads(10 * threads.ONE_THREAD_BELOW) == 1
+    assert f"under {threads.ONE_THREAD_BELOW:,} parameters" in threads.AUTO_RULE
 
 
 class TwoRanks(World):
@@ -159,6 +162,26 @@ def test_the_report_states_the_count_and_gives_the_callers_back(model: Path, tmp
     text = (result.out_dir / "report.md").read_text()
     assert "1 torch thread (threads 1)" in text
     assert header_threads(result.out_dir / "sweep.jsonl") == 1
+
+
+def test_explore_recomputes_on_the_runs_recorded_count_and_gives_the_callers_back(model: Path, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import probes.analyses.explore as explore
+
+    assert main(sweep(model, tmp_path, "--threads", "2")) == 0
+    seen = []
+    open_context = explore.open_context
+
+    def spy(analysis, session=None):
+        ctx = open_context(analysis, session)
+        seen.append((analysis.threads, ctx.threads, torch.get_num_threads()))
+        return ctx
+
+    monkeypatch.setattr(explore, "open_context", spy)
+    torch.set_num_threads(1)
+    explore.explore(out=tmp_path, model=model)
+    assert seen == [(2, 2, 2)]  # the run's 2, not auto's 1 for the tiny model
+    assert torch.get_num_threads() == 1
 
 
 # ---------------------------------------------------------------------------- a parallel run
