@@ -411,6 +411,10 @@ CASES: list[Case] = [
     Case("curate: an empty --library-out", _curate("--library-out", ""), 2, "option 'library_out' (--library-out) must not be empty"),
     Case("curate: --library-out is the source dataset", _curate("--dataset", "<tmp>/data", "--library-out", "<tmp>/data", "--overwrite"), 2,
          "--library-out <tmp>/data is the source dataset <tmp>/data", _dataset(lambda lines: lines)),
+    # issue 42 item 10 and issue 45 item 1, torch's thread count (branch threads): checked, recorded, never mixed on resume
+    Case("--threads 0", _sweep("--threads", "0"), 2, "option 'threads' (--threads) must be ≥ 1 or auto, got 0"),
+    Case("results: resumed on another thread count", _sweep("--threads", "2", model="<tmp>/model"), 1,
+         "They were computed on 1 torch thread and this run uses 2", _results(lambda lines: lines)),
 ]
 
 

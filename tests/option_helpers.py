@@ -36,6 +36,7 @@ EXPLICIT: dict[str, Any] = {
     "k": 3,  # not any analysis's default, and deep enough for the invented oracle_rank (2): a shallower depth is refused under --retrieval oracle
     "judge": "x-judge-model",  # calls --checker: a local chat model for undecided conditions
     "protected": ("tpl-", "x-"),  # mask-eval: skill id prefixes never masked
+    "threads": 2,  # a count; the default is the word auto
 }
 
 

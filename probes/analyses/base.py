@@ -30,6 +30,7 @@ from probes.analyses.option_system import RunOptions
 from probes.analyses.parallel import world
 from probes.analyses.run_context import RunContext, open_context
 from probes.engine.session import EngineSession
+from probes.engine.threads import keeps_caller_threads
 from probes.scoring.claims import Claim, claims_table
 
 
@@ -106,6 +107,7 @@ class Analysis(RunOptions):
     min_depth: ClassVar[int] = 0
 
     # -- the pipeline
+    @keeps_caller_threads  # the run computes on its own thread count (open_context); the caller's is back on return
     def run(self, session: EngineSession | None = None, *, verbose: bool = True) -> AnalysisResult:
         """Collect rows (resuming from ``out``), summarise, write the tables and figures."""
         ctx = open_context(self, session)

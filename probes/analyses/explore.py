@@ -46,6 +46,7 @@ from probes.core.files import make_folder, write_text
 from probes.core.text import visible
 from probes.data.schema import BOUNDARY_SLOTS
 from probes.engine.session import EngineSession
+from probes.engine.threads import keeps_caller_threads
 from probes.prompts.record import PromptRecord, record_parts
 from probes.reporting.finished import FinishedRun, load, read_table
 from probes.scoring.controls import tool_names_of
@@ -103,6 +104,8 @@ def run_context(run: FinishedRun, options: ExploreOptions, model: str | Path, se
         recorded = {k: v for k, v in recorded.items() if k not in ("dtype", "device", "device_map", "backend")}
     else:
         recorded["device"] = options.device
+    if "threads" in run.config:  # the count the run computed on (recorded as resolved, not among the options)
+        recorded["threads"] = run.config["threads"]
     analysis = registry.make(cls, {**recorded, "model": model, "out": options.out})
     return open_context(analysis, session)
 
@@ -302,6 +305,7 @@ def render(data: dict[str, Any]) -> str:
     return env.get_template(TEMPLATE).render(data=data, payload=script_json(data))
 
 
+@keeps_caller_threads  # the runs' contexts set their thread count (open_context); the caller's is back on return
 def write_explore(options: ExploreOptions, session: EngineSession | None = None, figures_dir: Path | None = None) -> Path:
     """:func:`explore` on checked options; ``figures_dir``: where the run's figures are (default OUT/<model>/figures)."""
     start = time.perf_counter()

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from probes.backends import BACKENDS
 from probes.data.dataset import BUCKETS, FOLD_GROUPS, SPLIT_KINDS, ProbeDataset
 from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RETRIEVAL_MODES, Retriever
+from probes.engine.threads import AUTO, AUTO_RULE
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, BuildSettings, PromptBuilder, make_builder
 from probes.scoring.score import DEFAULT_VARIANT, MARGIN_VARIANTS
 from probes.scoring.stats import MIN_FOLDS
@@ -58,6 +59,7 @@ def option(
     exclusive: bool = False,
     why: str | None = None,
     positional: bool = False,
+    words: Sequence[str] = (),
 ) -> Any:
     """A keyword option of an analysis or command (a dataclass field with what the CLI and the validator need).
 
@@ -70,13 +72,13 @@ def option(
     exclusive=True``: a probability in (0, 1)); ``why``: what the range protects, said when it refuses.
     A string, a path and every name of a list must not be empty (a path ``""`` would be the current folder).
     ``positional``: a positional argument of the command (``show ITEM``); ``default`` :data:`REQUIRED`
-    makes the option required.
+    makes the option required. ``words``: the words a number option takes besides its numbers (``threads``: auto).
     """
     if isinstance(default, list):
         default = tuple(default)
     meta = {"help": help, "type": type, "choices": tuple(choices) if choices is not None else None, "flag": flag,
             "repeat": repeat, "names": tuple(names) if isinstance(names, list) else names, "group": group, "minimum": minimum,
-            "maximum": maximum, "exclusive": exclusive, "why": why, "positional": positional}
+            "maximum": maximum, "exclusive": exclusive, "why": why, "positional": positional, "words": tuple(words)}
     return field(metadata=meta) if default is REQUIRED else field(default=default, metadata=meta)
 
 
@@ -183,12 +185,15 @@ def check_option(analysis: str, f: dataclasses.Field, value: Any, where: str = "
         if not isinstance(value, bool):
             raise OptionError(f"{label} must be true or false, got {value!r}")
     elif kind in (int, float):
+        if value in meta["words"]:
+            return value
+        words = "".join(f" or {word}" for word in meta["words"])
         if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
-            raise OptionError(f"{label} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+            raise OptionError(f"{label} must be {'an integer' if kind is int else 'a number'}{words}, got {value!r}")
         if not math.isfinite(value):  # NaN would pass every range check and then close every gate silently
-            raise OptionError(f"{label} must be a finite number, got {value!r}")
+            raise OptionError(f"{label} must be a finite number{words}, got {value!r}")
         if not _in_range(f, value):
-            raise OptionError(f"{label} must be {value_range(f)}, got {value!r}" + (f" ({meta['why']})" if meta["why"] else ""))
+            raise OptionError(f"{label} must be {value_range(f)}{words}, got {value!r}" + (f" ({meta['why']})" if meta["why"] else ""))
     elif kind is Path:
         if not isinstance(value, str | Path):
             raise OptionError(f"{label} must be a path, got {value!r}")
@@ -237,10 +242,11 @@ class Options:
     name: ClassVar[str] = ""
     # Options that cannot change a row's value: where results and figures go, how a model may be
     # loaded (its content is fingerprinted), the prefix cache (bit-identical either way), and the
-    # shorthands recorded through what they resolve to (quick, items: limit, k_max, buckets, domains).
-    # Every other option is in the results header (header_options), so a resume under another value is refused.
+    # shorthands recorded through what they resolve to (quick, items: limit, k_max, buckets, domains; threads: the count
+    # actually used, RunContext.config). Every other option is in the results header (header_options), so a resume
+    # under another value is refused.
     value_neutral: ClassVar[frozenset[str]] = frozenset({"model", "out", "overwrite", "figure", "quick", "items", "allow_pickle",
-                                                         "trust_remote_code", "prefix_cache"})
+                                                         "trust_remote_code", "prefix_cache", "threads"})
 
     def __post_init__(self) -> None:
         for f in option_fields(type(self)):  # validated and normalised once, as given
@@ -365,6 +371,9 @@ class RunOptions(Options, BuildsPrompts):
     overwrite: bool = option(False, "discard existing results instead of resuming", type=bool)
     quick: bool = option(False, f"small run: {QUICK['limit']} items (task groups) per bucket, k ≤ {QUICK['k_max']}", type=bool)
     figure: bool = option(True, "draw the figures (--no-figure: write rows and tables only)", type=bool, flag="--no-figure")
+    threads: int | str = option(AUTO, f"torch CPU threads: a count, or {AUTO_RULE}. Values differ in the last bits between "
+                                "thread counts, so the count is recorded and a resume under another one is refused",
+                                type=int, minimum=1, words=(AUTO,))
 
     def resolved(self) -> RunOptions:
         """These options with ``items``, ``quick`` and the analysis's default buckets applied."""

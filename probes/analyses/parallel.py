@@ -40,7 +40,7 @@ WAIT = timedelta(days=7)
 
 @dataclass(frozen=True)
 class World:
-    """This process's place in the run: ``rank`` of ``size`` processes, ``local_rank`` on its node."""
+    """This process's place in the run: ``rank`` of ``size`` processes, ``local_rank`` of ``local_size`` on its node."""
 
     rank: int = 0
     size: int = 1
@@ -51,12 +51,24 @@ class World:
         if self.size > 1:
             dist.barrier(group=self.group)
 
+    @property
+    def local_size(self) -> int:
+        """The processes of this run on this node (torchrun's ``LOCAL_WORLD_SIZE``; 1 when not set)."""
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.size > 1 else 1
+
     def total(self, n: int) -> int:
         """``n`` summed over the ranks."""
+        return self._reduce(n, "SUM")
+
+    def smallest(self, n: int) -> int:
+        """The smallest of the ranks' ``n``."""
+        return self._reduce(n, "MIN")
+
+    def _reduce(self, n: int, op: str) -> int:
         if self.size == 1:
             return n
         count = torch.tensor([n], dtype=torch.int64)
-        dist.all_reduce(count, group=self.group)
+        dist.all_reduce(count, op=getattr(dist.ReduceOp, op), group=self.group)
         return int(count.item())
 
 

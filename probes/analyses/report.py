@@ -48,6 +48,7 @@ from probes.analyses.ratios import eta_panels
 from probes.analyses.suppression import margin_bars
 from probes.core.files import check_inside, write_csv, write_text
 from probes.engine.session import EngineSession
+from probes.engine.threads import keeps_caller_threads
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import environment
@@ -208,6 +209,7 @@ class ReportOptions(RunOptions):
                            flag="--no-explore")
 
 
+@keeps_caller_threads  # every analysis computes on the run's thread count (open_context); the caller's is back on return
 def report(session: EngineSession | None = None, **options: Any) -> AnalysisResult:
     """Run the chosen registered analyses on one model (``session``, or loaded from ``model``) and
     write their figures, ``report.md`` and ``claims.csv`` next to the paper's numbers; keyword
@@ -238,6 +240,7 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
     note = ""
     embedders: set[str] = set()
     studies: set[tuple[str, str]] = set()  # (dataset, r_B) as each analysis resolved them: the defaults depend on the model
+    threads: set[int] = set()  # the torch thread counts the analyses computed on (one: each resolves the same option on the same model)
     with tempfile.TemporaryDirectory(prefix="basm-report-figures-") as scratch:
         # figure=False: the sections still draw, into a folder that is discarded
         figures_dir = (Path(options.figures_dir) if options.figures_dir is not None else check_inside(out_dir / "figures", out_dir)) if options.figure else Path(scratch)
@@ -256,6 +259,7 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
             note = note or provenance(ctx, items=False)
             embedders.add(ctx.builder.retriever.embedder.name)
             studies.add((str(ctx.options.dataset), str(ctx.options.relevance)))
+            threads.add(ctx.threads)
             if writer:
                 print(f"[report] {name}: {time.perf_counter() - t0:.0f} s, figures: "
                       f"{', '.join(p.name for p in sections[name].figures if p.suffix == '.png') if options.figure else '(no figures)'}")
@@ -265,7 +269,7 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
     if not writer:
         path = out_dir / "report.md"
     else:
-        path = write_report(out_dir, header(options, resolved, model, embedders, studies, time.perf_counter() - start), list(sections.values()),
+        path = write_report(out_dir, header(options, resolved, model, embedders, studies, threads, time.perf_counter() - start), list(sections.values()),
                             failed, fig03, figures=options.figure, figures_dir=figures_dir, model=str(model), variant=options.margin_variant)
         n_figures = len(list(figures_dir.glob("*.png"))) if options.figure else 0
         print(f"[report] wrote {path} and {n_figures} figures in {time.perf_counter() - start:.0f} s")
@@ -281,9 +285,12 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
     return AnalysisResult(options, resolved, table, sections, {"report_comparisons": table}, [path, *files], out_dir, 1 if failed else 0)
 
 
-def header(given: ReportOptions, a: ReportOptions, model: Any, embedders: set[str], studies: set[tuple[str, str]], wall: float) -> list[str]:
+def header(given: ReportOptions, a: ReportOptions, model: Any, embedders: set[str], studies: set[tuple[str, str]], threads: set[int],
+           wall: float) -> list[str]:
     env = environment()
-    session_opts = [f"device map {a.device_map}"] * (a.device_map is not None)
+    counts = " / ".join(map(str, sorted(threads))) or "—"
+    session_opts = [f"{counts} torch thread{'' if threads == {1} else 's'} (threads {a.threads})"]
+    session_opts += [f"device map {a.device_map}"] * (a.device_map is not None)
     session_opts += ["pickle weights allowed"] * a.allow_pickle + ["remote code trusted"] * a.trust_remote_code
     return [
         f"- **model**: `{model}` ({', '.join([a.dtype, a.device, *session_opts])})",

@@ -22,11 +22,12 @@ import torch
 
 from probes.analyses.option_system import OptionError, RunOptions, header_options, parse_items
 from probes.core.files import OutputRoot, check_inside
-from probes.analyses.parallel import ShardedStore, open_store, rank_device, world
+from probes.analyses.parallel import ShardedStore, World, open_store, rank_device, world
 from probes.data.dataset import BUCKETS, ORGANISM_DIR, ORGANISM_NAME, Item, ProbeDataset, is_organism, load_dataset, resolve_dataset
 from probes.data.retrieval import RetrievalWeights, Retriever, make_embedder
 from probes.engine.loading import ModelLoadError, model_fingerprint, model_folder
 from probes.engine.session import EngineSession
+from probes.engine.threads import AUTO, auto_threads, set_threads
 from probes.prompts.builder import PromptBuilder, resolve_study
 from probes.prompts.context import SkippedItem, partition_by_context
 from probes.reporting.results import ResultsStore
@@ -76,6 +77,7 @@ class RunContext:
     model_path: str
     out_dir: Path
     model_fingerprint: dict[str, str]
+    threads: int  # torch's CPU thread count this run computes on (run_threads), recorded in the results header
     skipped: tuple[SkippedItem, ...] = ()  # items left out by too_long="skip", with the reason
     _score_cache: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)  # item -> prompt digest -> rows
 
@@ -102,7 +104,7 @@ class RunContext:
         return {
             "model": self.model_path,
             "fingerprint": {**self.model_fingerprint, "dataset": self.dataset.content_digest(self.items), "code": code_digest()},
-            "dtype": a.dtype, "device": a.device, "format": a.format, "margin_variant": a.margin_variant,
+            "dtype": a.dtype, "device": a.device, "threads": self.threads, "format": a.format, "margin_variant": a.margin_variant,
             "epsilon": EPSILON, "k_max": a.k_max, "seed": a.seed,
             "builder": {"embedder": self.builder.retriever.embedder.name, "gamma": a.gamma, "relevance": a.relevance, "beta": a.beta,
                         "retrieval": self.builder.settings.retrieval_mode},
@@ -288,6 +290,14 @@ def check_session(options: RunOptions, session: EngineSession) -> None:
                           "(the session's are recorded), or load a session with them (or pass no session)")
 
 
+def run_threads(threads: int | str, session: EngineSession, ranks: World) -> int:
+    """The torch thread count of a run: ``threads`` as given, or what ``auto`` resolves to for the session's model
+    (:func:`probes.engine.threads.auto_threads`); in a parallel run the smallest of the ranks' counts, so that every
+    rank computes on the one count that the shared results header records."""
+    count = auto_threads(sum(p.numel() for p in session.model.parameters()), ranks.local_size) if threads == AUTO else threads
+    return ranks.smallest(count)
+
+
 def open_context(analysis: RunOptions, session: EngineSession | None = None) -> RunContext:
     """Resolve the options of ``analysis`` (an :class:`~probes.analyses.base.Analysis`), load the model
     (unless ``session`` is given), the dataset and the builder.
@@ -332,6 +342,8 @@ def open_context(analysis: RunOptions, session: EngineSession | None = None) -> 
         options = dataclasses.replace(options, dtype=runs["dtype"], device=session.model.device.type if ranks.size > 1 else runs["device"])
     if session.tokenizer is None:
         raise AnalysisError(f"{model}: no tokenizer next to the weights")
+    threads = run_threads(options.threads, session, ranks)
+    set_threads(threads)  # before anything computes (the embedder too); the API entries give the caller's count back
     builder = options.make_builder(session.tokenizer, dataset, retriever=_retriever(options.embedder), tokenizer_name=str(model))
     builder.warm(items)
     skipped: tuple[SkippedItem, ...] = ()
@@ -348,7 +360,7 @@ def open_context(analysis: RunOptions, session: EngineSession | None = None) -> 
     model_path = str(Path(str(model)).resolve()) if Path(str(model)).exists() else str(model)
     fingerprint = model_fingerprint(session.model.name_or_path or model, session.tokenizer)  # the folder actually loaded (GGUF: converted)
     out_dir = check_inside(Path(options.out) / model_label(model), options.out)  # a link out of --out is never followed
-    return RunContext(analysis.name, options, session, dataset, tuple(items), builder, model_path, out_dir, fingerprint, skipped)
+    return RunContext(analysis.name, options, session, dataset, tuple(items), builder, model_path, out_dir, fingerprint, threads, skipped)
 
 
 def split_label(options: Any) -> str:

@@ -39,10 +39,11 @@ from probes.analyses.option_system import OptionError, RunOptions, flag_of, head
 from probes.analyses.run_context import open_context
 from probes.cli.flags import add_options, options_from_args, options_from_file
 from probes.core.files import OutputRoot
+from probes.engine.threads import keeps_caller_threads
 from probes.reporting.results import load_results
 from probes.scoring.claims import Claim, claims_table
 
-HEADER = {"model", "fingerprint", "dtype", "device", "format", "k_max", "seed", "builder", "dataset", "items", "options"}  # RunContext.config
+HEADER = {"model", "fingerprint", "dtype", "device", "threads", "format", "k_max", "seed", "builder", "dataset", "items", "options"}  # RunContext.config
 PIPELINE = ("collect", "summarise", "tables", "figures", "section")  # what every analysis implements
 # The tiny run: one item per bucket, one skill shown (k = 0 shows no memory block, which the analyses
 # at one depth measure), the lexical embedder (no embedding model to load).
@@ -182,6 +183,7 @@ def _results_files(out_dir: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(out_dir.glob("*.jsonl"))}
 
 
+@keeps_caller_threads  # its open_context sets the run's thread count; the caller's is back on return
 def check_run(cls: type, out: Path, **options: Any) -> AnalysisResult:
     """A tiny run, its outputs, and a resumed second run (see the module docstring)."""
     given = {**TINY, **options, "out": out}

@@ -37,6 +37,15 @@ def _names(known: Sequence[str], what: str) -> Any:
     return parse
 
 
+def _number_or_word(kind: type, words: Sequence[str]) -> Any:
+    """The flag type of a number option that also takes ``words`` (``--threads 2``, ``--threads auto``)."""
+    def parse(value: str) -> Any:
+        return value if value in words else kind(value)
+
+    parse.__name__ = f"{'integer' if kind is int else 'number'} or {' or '.join(words)}"  # argparse's "invalid ... value"
+    return parse
+
+
 def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
     """One flag per option of ``cls``, in groups, each defaulting to "not given"."""
     groups: dict[str, Any] = {}
@@ -57,6 +66,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
             kw.update(action="append", choices=meta["choices"])
         elif meta["names"] is not None:
             kw["type"] = _names(meta["names"], f.name.replace("_", " "))
+        elif meta["words"]:
+            kw["type"] = _number_or_word(meta["type"], meta["words"])
         else:
             kw.update(type=meta["type"] if meta["type"] in (int, float) else str, choices=meta["choices"])
         group.add_argument(flag_of(f), **kw)

@@ -57,6 +57,7 @@ from probes.analyses.run_context import AnalysisError, RunContext, open_context
 from probes.core.files import write_text
 from probes.scoring.score import DEFAULT_VARIANT, EPSILON
 from probes.engine.session import EngineSession
+from probes.engine.threads import keeps_caller_threads
 from probes.organism import ORGANISM_DIR
 from probes.reporting.markdown import markdown_table
 from probes.scoring.claims import ALPHA, Claim, absence_claim, claims_table, effect_claim, holds
@@ -197,6 +198,7 @@ def context_for(analysis: Analysis, session: EngineSession | None) -> RunContext
     return open_context(analysis, session)
 
 
+@keeps_caller_threads  # the analyses compute on the run's thread count (open_context); the caller's is back on return
 def validate(
     model: str | Path = ORGANISM_DIR,
     out: str | Path = Path("results") / "organism_validate",

@@ -219,6 +219,17 @@ def _changes(old: Any, new: Any, where: str = "") -> list[str]:
     return [] if old == new else [f"{where} ({json.dumps(old, default=str)[:40]} → {json.dumps(new, default=str)[:40]})"]
 
 
+def _thread_fix(recorded: Any, current: Mapping[str, Any]) -> str:
+    """The sentence a refusal adds when the rows were computed on another torch thread count (a header's
+    ``config.threads``, :mod:`probes.engine.threads`): the count that resumes them; "" otherwise."""
+    before, now = recorded.get("threads") if isinstance(recorded, dict) else None, current.get("threads")
+    if before == now or before is None:
+        return ""
+    return (f"They were computed on {before} torch thread{'s' * (before != 1)} and this run uses {now}: torch sums in another "
+            f"order on another thread count, so the values would differ in the last digits and the file would mix them. "
+            f"Rerun with --threads {before} (threads={before}) to resume them on their count. ")
+
+
 # Locks this process holds, by file identity: a process is one writer, and may reopen its own file.
 _LOCKS: dict[tuple[int, int], int] = {}
 
@@ -333,7 +344,8 @@ class ResultsStore:
         if changed:
             raise ResultsConfigMismatch(
                 f"{self.path} holds {len(rows)} rows computed with a different setup; changed: {'; '.join(changed[:4])}"
-                f"{' ...' if len(changed) > 4 else ''}. Rerun with --overwrite to discard them, or use a new --out"
+                f"{' ...' if len(changed) > 4 else ''}. {_thread_fix(header.get('config'), self.meta['config'])}"
+                "Rerun with --overwrite to discard them, or use a new --out"
             )
         if end < self.path.stat().st_size:
             truncate(self.path, end)  # drop only the torn last line; finished rows are never rewritten
@@ -366,7 +378,8 @@ class ResultsStore:
             if changed:
                 raise ResultsConfigMismatch(
                     f"{shard} (a shard of {self.path.name}) holds {len(rows)} rows computed with a different setup; changed: "
-                    f"{'; '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}. Delete it, or rerun with --overwrite")
+                    f"{'; '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}. {_thread_fix(header.get('config'), self.meta['config'])}"
+                    "Delete it, or rerun with --overwrite")
             for row in rows:
                 line = encode_row(row)
                 seen = mine.get(row["key"]) or (found[row["key"]][0] if row["key"] in found else None)

@@ -120,8 +120,8 @@ def _wrong(f: dataclasses.Field) -> tuple[Any, str]:
         return [3], "must be a list of strings, got [3]"
     if meta["type"] is bool:
         return "yes", "must be true or false, got 'yes'"
-    if meta["type"] is int:
-        return "2", "must be an integer, got '2'"
+    if meta["type"] is int:  # a number option that takes words says so (threads: "or auto")
+        return "2", f"must be an integer{''.join(f' or {word}' for word in meta['words'])}, got '2'"
     if meta["type"] is float:
         return "x", "must be a number, got 'x'"
     if meta["type"] is Path:

@@ -107,7 +107,7 @@ def test_report_section_error_is_printed_and_fails(monkeypatch, tmp_path, capsys
         raise AnalysisError("boom: no rows")
 
     ctx = SimpleNamespace(builder=SimpleNamespace(retriever=SimpleNamespace(embedder=SimpleNamespace(name="e"))),
-                          options=SimpleNamespace(dataset="d", relevance="lexical"), out_dir=tmp_path / "m")
+                          options=SimpleNamespace(dataset="d", relevance="lexical"), out_dir=tmp_path / "m", threads=1)
     monkeypatch.setattr(report, "open_session", lambda options, model: object())
     monkeypatch.setattr(report, "open_context", lambda analysis, session: ctx)
     monkeypatch.setattr(report, "provenance", lambda ctx, **_: "")
