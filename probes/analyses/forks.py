@@ -247,23 +247,27 @@ def headline_rows(summary: ForksSummary) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------- claims
-ENTROPY_FAMILY = "forks-entropy"
+ENTROPY_FAMILY = "forks-entropy"  # the seed's direction (Fig. 3: invoke above skip), chosen before the run
+ENTROPY_EXPLORATORY_FAMILY = "forks-entropy-exploratory"  # the opposite direction, seen on the organism first
 RANKING_FAMILY = "forks-ranking"  # chosen before the run: the headline score and label (the seed's Appendix E ranking)
 RANKING_EXPLORATORY_FAMILY = "forks-ranking-exploratory"  # the other scores and labels: tested, adjusted, never "holds"
 
 
 def entropy_claims(rows: pd.DataFrame, k: int, seed: int) -> list[Claim]:
     """Seed Fig. 3 at depth ``k`` per configuration: the invoke path's entropy (over the vocabulary,
-    and over the shown tools) is above the skip path's, paired by fork (sign flips over task groups)."""
+    and over the shown tools) is above the skip path's, paired by fork (sign flips over task groups;
+    family ``forks-entropy``); and the opposite direction, below, which the organism showed before it
+    was tested (family ``forks-entropy-exploratory``: never "holds")."""
     out = []
     for config in sorted(set(rows["config"])):
         sub = rows[(rows["config"] == config) & (rows["k"] == k)]
         for quantity in ("entropy", "entropy_tools"):
             diff = (sub[f"invoke_{quantity}"].astype(float) - sub[f"skip_{quantity}"].astype(float)).to_numpy()
-            out.append(effect_claim(ENTROPY_FAMILY, f"{quantity} invoke above skip, {config} k={k}",
-                                    f"at k = {k} under {config_label(config)}, the invoke path's {PAIRED[quantity]} is above the "
-                                    f"skip path's (paired by fork)", diff, sub["task_group"], unit="nats", seed=seed,
-                                    note=f"{len(sub)} forks"))
+            for family, side, alternative in ((ENTROPY_FAMILY, "above", "greater"), (ENTROPY_EXPLORATORY_FAMILY, "below", "less")):
+                out.append(effect_claim(family, f"{quantity} invoke {side} skip, {config} k={k}",
+                                        f"at k = {k} under {config_label(config)}, the invoke path's {PAIRED[quantity]} is {side} the "
+                                        f"skip path's (paired by fork)", diff, sub["task_group"], alternative=alternative, unit="nats",
+                                        seed=seed, note=f"{len(sub)} forks", exploratory=family == ENTROPY_EXPLORATORY_FAMILY))
     return out
 
 
@@ -383,7 +387,7 @@ class Forks(Analysis):
         return ReportSection(NAME, "Seed 002 — invoke/skip forks and decision entropy (`forks`)", figures, body, comparisons, summary)
 
     def claims(self, summary: ForksSummary) -> list[Claim]:
-        """Seed Fig. 3's entropy direction (family ``forks-entropy``) and Appendix E's ranking
+        """Seed Fig. 3's entropy direction (families ``forks-entropy``, ``forks-entropy-exploratory``) and Appendix E's ranking
         (``forks-ranking``: the headline AUROC, the skip path's vocabulary entropy for a differing greedy
         call, per configuration; ``forks-ranking-exploratory``: the other scores and labels), each at the
         deepest k (:func:`entropy_claims`, :func:`ranking_claims`)."""

@@ -321,7 +321,7 @@ def auc_interval(y: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, re
         return AucInterval(math.nan, math.nan, skipped, f"no CI: {' and '.join(short)} (each class needs ≥ {MIN_CLASS_GROUPS})")
     if (share := one_class_probability(y, groups)) > MAX_SKIPPED_SHARE:
         return AucInterval(math.nan, math.nan, skipped, f"no CI: a resample of the task groups holds one class only with probability "
-                                                         f"{share:.3f} (> {MAX_SKIPPED_SHARE:g}; {skipped} of {resamples} skipped)")
+                                                         f"{share:.4f} (> {MAX_SKIPPED_SHARE:g}; {skipped} of {resamples} skipped)")
     alpha = (1 - confidence) / 2
     return AucInterval(float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha)), skipped, "")
 

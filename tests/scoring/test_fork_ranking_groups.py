@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.analyses.forks import (ENTROPY_FAMILY, HEADLINE_LABEL, RANKING_EXPLORATORY_FAMILY, RANKING_FAMILY, Forks, ForksSummary,
+from probes.analyses.forks import (ENTROPY_EXPLORATORY_FAMILY, ENTROPY_FAMILY, HEADLINE_LABEL, RANKING_EXPLORATORY_FAMILY, RANKING_FAMILY, Forks, ForksSummary,
                                    ranking_tables, with_outcomes)
 from probes.scoring import fork_estimators as est
 from probes.scoring.claims import claims_table
@@ -91,7 +91,7 @@ def test_a_ci_resting_on_too_few_valid_resamples_is_refused() -> None:
     assert one_class_probability(rare, groups) == pytest.approx((28 / 30) ** 30)
     interval = auc_interval(rare, scores, groups, resamples=2000, seed=0)
     assert math.isnan(interval.low) and abs(interval.n_skipped / 2000 - (28 / 30) ** 30) < 0.03
-    assert interval.refused == (f"no CI: a resample of the task groups holds one class only with probability 0.126 "
+    assert interval.refused == (f"no CI: a resample of the task groups holds one class only with probability 0.1262 "
                                 f"(> {MAX_SKIPPED_SHARE:g}; {interval.n_skipped} of 2000 skipped)")
     common = np.isin(groups, [f"g{i}" for i in range(6)]) & (np.arange(60) % 2 == 0)
     given = auc_interval(common, scores, groups, resamples=2000, seed=0)
@@ -124,7 +124,7 @@ def test_aurocs_and_entropy_directions_are_claims() -> None:
     auroc, budget = ranking_tables(rows, resamples=300, permutations=500, seed=0)
     summary = ForksSummary(rows, pd.DataFrame(), pd.DataFrame(), auroc, budget, "", 1, 0)
     table = claims_table(Forks().claims(summary)).set_index("name")
-    assert set(table["family"]) == {ENTROPY_FAMILY, RANKING_FAMILY, RANKING_EXPLORATORY_FAMILY}
+    assert set(table["family"]) == {ENTROPY_FAMILY, ENTROPY_EXPLORATORY_FAMILY, RANKING_FAMILY, RANKING_EXPLORATORY_FAMILY}
     headline = table.loc[f"AUROC entropy → {HEADLINE_LABEL}, basm k=1"]
     assert headline["family"] == RANKING_FAMILY and headline["null"] == 0.5 and headline["unit"] == "AUC"
     assert headline["estimate"] > 0.9 and headline["verdict"] == "holds" and headline["family_size"] == 2
@@ -133,5 +133,7 @@ def test_aurocs_and_entropy_directions_are_claims() -> None:
     assert exploratory["exploratory"].all() and not exploratory["verdict"].str.startswith("holds").any()
     assert table.loc["entropy invoke above skip, proc k=1", "family"] == ENTROPY_FAMILY
     assert table.loc["entropy invoke above skip, proc k=1", "verdict"] == "holds"
+    below = table.loc["entropy invoke below skip, proc k=1"]
+    assert below["family"] == ENTROPY_EXPLORATORY_FAMILY and below["alternative"] == "less" and below["verdict"].startswith("exploratory: not")
     # call_sign never differs (equal call log-odds): one class, no AUROC, not tested
     assert table.loc["AUROC entropy → call_sign, proc k=1", "verdict"].startswith("not tested")
