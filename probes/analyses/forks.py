@@ -24,8 +24,8 @@ The summary answers the seed's questions on our items, with 95% CIs over task gr
 call log-odds) and how often skill access helps, hurts or does not change the greedy outcome;
 **Fig. 3** whether invoke paths carry higher entropy than skip paths (paired by fork; claims);
 **Appendix E** whether ranking decision points by the skip path's predictive entropy finds the
-disagreements better than random ranking (AUROC with a permutation null) and a precision-at-budget
-curve against the random and all-points baselines. ``docs/statistics.md`` states the estimators.
+disagreements better than random ranking (AUROC with a null that permutes the labels within task
+groups; claims) and a precision-at-budget curve against the random and all-points baselines. ``docs/statistics.md`` states the estimators.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ LABELS: dict[str, str] = {"call_lenient": "greedy call differs (lenient: any cal
                           "margin_sign": "sign of the Eq. 1 tool-choice margin differs",
                           "call_sign": "sign of the call log-odds differs (call vs abstain)"}
 HEADLINE_LABEL = "call_lenient"
+HEADLINE_SCORE = "entropy"  # with HEADLINE_LABEL: the ranking claimed before the run (family forks-ranking)
 SCORES: dict[str, str] = {"entropy": "skip-path entropy over the vocabulary", "entropy_tools": "skip-path entropy over the shown tools"}
 EFFECTS: tuple[str, ...] = ("helped", "unchanged", "hurt")
 SEED_FIG1B = {"helped": 14.0, "unchanged": 78.0, "hurt": 8.0}  # seed 002 Fig. 1b, % of paired trajectories
@@ -237,12 +238,58 @@ def headline_rows(summary: ForksSummary) -> pd.DataFrame:
             "helped (lenient)": pick(s, quantity="helped_lenient", **where), "hurt (lenient)": pick(s, quantity="hurt_lenient", **where),
             "H skip": pick(p, "skip", quantity="entropy", **where), "H invoke": pick(p, "invoke", quantity="entropy", **where),
             "H invoke − skip": pick(p, "difference", quantity="entropy", **where), "p (invoke > skip)": pick(p, "p_greater", quantity="entropy", **where),
-            "AUROC (H skip → call differs)": pick(a, "auroc", score="entropy", label=HEADLINE_LABEL, **where),
-            "AUROC p (vs random)": pick(a, "p_permutation", score="entropy", label=HEADLINE_LABEL, **where),
+            "AUROC (H skip → call differs)": pick(a, "auroc", score=HEADLINE_SCORE, label=HEADLINE_LABEL, **where),
+            "AUROC p (within-group permutation)": pick(a, "p_permutation", score=HEADLINE_SCORE, label=HEADLINE_LABEL, **where),
             "forks": int(pick(s, "n_items", quantity="disagree_call_lenient", **where)),
             "task groups": int(pick(s, "n", quantity="disagree_call_lenient", **where)),
         })
     return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------------------------- claims
+ENTROPY_FAMILY = "forks-entropy"  # the seed's direction (Fig. 3: invoke above skip), chosen before the run
+ENTROPY_EXPLORATORY_FAMILY = "forks-entropy-exploratory"  # the opposite direction, seen on the organism first
+RANKING_FAMILY = "forks-ranking"  # chosen before the run: the headline score and label (the seed's Appendix E ranking)
+RANKING_EXPLORATORY_FAMILY = "forks-ranking-exploratory"  # the other scores and labels: tested, adjusted, never "holds"
+
+
+def entropy_claims(rows: pd.DataFrame, k: int, seed: int) -> list[Claim]:
+    """Seed Fig. 3 at depth ``k`` per configuration: the invoke path's entropy (over the vocabulary,
+    and over the shown tools) is above the skip path's, paired by fork (sign flips over task groups;
+    family ``forks-entropy``); and the opposite direction, below, which the organism showed before it
+    was tested (family ``forks-entropy-exploratory``: never "holds")."""
+    out = []
+    for config in sorted(set(rows["config"])):
+        sub = rows[(rows["config"] == config) & (rows["k"] == k)]
+        for quantity in ("entropy", "entropy_tools"):
+            diff = (sub[f"invoke_{quantity}"].astype(float) - sub[f"skip_{quantity}"].astype(float)).to_numpy()
+            for family, side, alternative in ((ENTROPY_FAMILY, "above", "greater"), (ENTROPY_EXPLORATORY_FAMILY, "below", "less")):
+                out.append(effect_claim(family, f"{quantity} invoke {side} skip, {config} k={k}",
+                                        f"at k = {k} under {config_label(config)}, the invoke path's {PAIRED[quantity]} is {side} the "
+                                        f"skip path's (paired by fork)", diff, sub["task_group"], alternative=alternative, unit="nats",
+                                        seed=seed, note=f"{len(sub)} forks", exploratory=family == ENTROPY_EXPLORATORY_FAMILY))
+    return out
+
+
+def ranking_claims(auroc: pd.DataFrame, k: int) -> list[Claim]:
+    """Appendix E at depth ``k``: "AUROC > 0.5" (null 0.5) for each configuration × score × label of
+    ``auroc`` (:func:`ranking_tables`). The p is the within-task-group permutation p, its floor the
+    table's ``p_floor``; ``n`` counts the task groups holding a disagreement (the units the CI
+    resamples for positives). Where the table refuses a CI the claim is not tested (p NaN; the reason
+    in the note): without a CI over task groups nothing says the ranking generalises beyond one group."""
+    out = []
+    for r in auroc[auroc["k"] == k].itertuples():
+        headline = r.score == HEADLINE_SCORE and r.label == HEADLINE_LABEL
+        tested = np.isfinite(r.auroc) and not r.ci_note
+        note = (f"{r.n_positive} of {r.n} forks disagree in {r.n_groups_positive} of {r.n_groups} task groups; null: labels permuted "
+                f"within task groups; {r.n_skipped} bootstrap resamples held one class only (skipped)"
+                + (f"; {r.ci_note}" if r.ci_note else ""))
+        out.append(Claim(RANKING_FAMILY if headline else RANKING_EXPLORATORY_FAMILY, f"AUROC {r.score} → {r.label}, {r.config} k={k}",
+                         f"at k = {k} under {config_label(r.config)}, ranking decision points by the {SCORES[r.score]} finds the "
+                         f"forks where {LABELS[r.label]} better than chance (AUROC > 0.5)",
+                         r.auroc, r.low, r.high, int(r.n_groups_positive), r.p_permutation if tested else np.nan,
+                         p_floor=r.p_floor, unit="AUC", null=0.5, note=note, exploratory=not headline))
+    return out
 
 
 # ------------------------------------------------------------------------------------- the analysis
@@ -315,8 +362,9 @@ class Forks(Analysis):
 
     def section(self, ctx: RunContext, summary: ForksSummary, figures: list[Path]) -> ReportSection:
         k = summary.k_max
-        auroc = summary.auroc[(summary.auroc["k"] == k)][["config", "score", "label", "auroc", "low", "high", "null_low", "null_high",
-                                                          "p_permutation", "n", "n_positive", "n_groups"]]
+        auroc = summary.auroc[(summary.auroc["k"] == k)][["config", "score", "label", "auroc", "low", "high", "n_skipped", "ci_note",
+                                                          "null_low", "null_high", "p_permutation", "p_floor", "n", "n_positive",
+                                                          "n_groups", "n_groups_positive"]]
         paired = summary.paired[summary.paired["k"] == k][["config", "quantity", "skip", "invoke", "difference", "low", "high", "p_greater",
                                                            "n", "n_items"]]
         body = (f"Each decision point forked at depth k: the prompt with the k retrieved skills shown (invoke) against the same prompt "
@@ -325,7 +373,11 @@ class Forks(Analysis):
                 f"of task-group means with 95% bootstrap CIs over task groups.\n\n{markdown_table(headline_rows(summary))}\n\n"
                 f"Invoke against skip, paired by fork (seed Fig. 3; p: one-sided sign flips over task groups):\n\n"
                 f"{markdown_table(paired)}\n\nRanking the decision points by the skip path's entropy (seed Appendix E): AUROC for "
-                f"each kind of disagreement, its CI over task groups, and the 2.5–97.5% range of random rankings:\n\n"
+                f"each kind of disagreement; its 95% CI resamples task groups (`n_skipped`: resamples holding one class only, left "
+                f"out; no CI when fewer than 2 task groups hold a disagreement or a non-disagreement, or when a resample holds one class "
+                f"only with probability above 10%); "
+                f"the null permutes the labels within task groups (each group keeps its count of disagreements, so a score that "
+                f"only tells groups apart is not a ranking), with its 2.5–97.5% range and p (floor `p_floor`):\n\n"
                 f"{markdown_table(auroc)}\n\nLabels: {'; '.join(f'`{k}` {v}' for k, v in LABELS.items())}. Scores: "
                 f"{'; '.join(f'`{k}` {v}' for k, v in SCORES.items())}.")
         comparisons = [Comparison(f"seed 002 Fig. 1b: skill access {effect} the greedy outcome, {config_label(config)} (k = {k})",
@@ -335,19 +387,11 @@ class Forks(Analysis):
         return ReportSection(NAME, "Seed 002 — invoke/skip forks and decision entropy (`forks`)", figures, body, comparisons, summary)
 
     def claims(self, summary: ForksSummary) -> list[Claim]:
-        """Seed Fig. 3's claim at the deepest k per configuration: the invoke path's entropy (over the
-        vocabulary, and over the shown tools) is above the skip path's, paired by fork."""
-        rows, k = summary.rows, summary.k_max
-        out = []
-        for config in sorted(set(rows["config"])):
-            sub = rows[(rows["config"] == config) & (rows["k"] == k)]
-            for quantity in ("entropy", "entropy_tools"):
-                diff = (sub[f"invoke_{quantity}"].astype(float) - sub[f"skip_{quantity}"].astype(float)).to_numpy()
-                out.append(effect_claim(NAME, f"{quantity} invoke above skip, {config} k={k}",
-                                        f"at k = {k} under {config_label(config)}, the invoke path's {PAIRED[quantity]} is above the "
-                                        f"skip path's (paired by fork)", diff, sub["task_group"], unit="nats", seed=summary.seed,
-                                        note=f"{len(sub)} forks"))
-        return out
+        """Seed Fig. 3's entropy direction (families ``forks-entropy``, ``forks-entropy-exploratory``) and Appendix E's ranking
+        (``forks-ranking``: the headline AUROC, the skip path's vocabulary entropy for a differing greedy
+        call, per configuration; ``forks-ranking-exploratory``: the other scores and labels), each at the
+        deepest k (:func:`entropy_claims`, :func:`ranking_claims`)."""
+        return entropy_claims(summary.rows, summary.k_max, summary.seed) + ranking_claims(summary.auroc, summary.k_max)
 
     def print_summary(self, summary: ForksSummary) -> None:
         print(headline_rows(summary).round(3).to_string(index=False))
@@ -426,8 +470,8 @@ def fig18_forks_ranking(budget: pd.DataFrame, auroc: pd.DataFrame, k: int, label
             a = auroc[(auroc["config"] == config) & (auroc["k"] == k) & (auroc["score"] == score) & (auroc["label"] == label_name)]
             if len(a):
                 r = a.iloc[0]
-                titles.append(f"AUROC ({text.split('(')[1][:-1]}) {r['auroc']:.2f} [{r['low']:.2f}, {r['high']:.2f}], "
-                              f"random p = {r['p_permutation']:.2g}")
+                ci = f"[{r['low']:.2f}, {r['high']:.2f}]" if np.isfinite(r["low"]) else "(no CI)"
+                titles.append(f"AUROC ({text.split('(')[1][:-1]}) {r['auroc']:.2f} {ci}, within-group permutation p = {r['p_permutation']:.2g}")
         n = int(first["n"].iloc[0]) if len(first) else 0
         positives = int(first["n_positive"].iloc[0]) if len(first) else 0
         ax.set_title(f"{plots.label(config)}, k = {k}: {positives} of {n} forks disagree\n" + "\n".join(titles), fontsize=8.5)

@@ -65,7 +65,7 @@ from probes.scoring.claims import Claim
 from probes.scoring.score import row_fields
 from probes.data.configs import CONFIGS, PAPER_CONFIGS
 from probes.data.dataset import fold_groups
-from probes.scoring.stats import auc, group_bootstrap_auc, grouped_folds  # noqa: F401  (auc: part of this module's probe API)
+from probes.scoring.stats import auc, group_bootstrap_auc, grouped_folds, permute_within_groups, permuted_labels  # noqa: F401  (auc, permute_within_groups: part of this module's probe API)
 
 POSITIVE, NEGATIVE = "T_ok", "T_wrong"  # applicable (1) vs inapplicable (0)
 PROBE_BUCKETS: tuple[str, ...] = (POSITIVE, NEGATIVE)
@@ -161,22 +161,6 @@ def out_of_fold_scores(X: np.ndarray, Y: np.ndarray, folds: Sequence[tuple[np.nd
             W, b = fit_logistic(u[:, keep] * s[keep], rows[block, train], C)
             scores[block, test] = W @ test_coords.T + b[:, None]
     return scores.reshape(Y.shape)
-
-
-def permute_within_groups(y: np.ndarray, groups: Sequence[str], rng: np.random.Generator) -> np.ndarray:
-    """Labels shuffled inside each task group (group composition preserved)."""
-    y = np.asarray(y).copy()
-    groups = np.asarray(groups)
-    for g in dict.fromkeys(groups.tolist()):
-        index = np.flatnonzero(groups == g)
-        y[index] = y[rng.permutation(index)]
-    return y
-
-
-def permuted_labels(y: np.ndarray, groups: Sequence[str], n: int, seed: int = 0) -> np.ndarray:
-    """``[n, len(y)]`` label permutations within task groups, drawn once and shared by every layer."""
-    rng = np.random.default_rng([seed, 1])
-    return np.stack([permute_within_groups(y, groups, rng) for _ in range(n)])
 
 
 def _interval(values: np.ndarray) -> tuple[float, float, float]:

@@ -20,6 +20,14 @@ positive = the failed tool is preferred over the repair tool) and the greedy nex
 tool-call parser; ``repair_success`` = it is the item's repair action). Items where no note matched
 have no hint and no control row values (counted in the report).
 
+Claims (family ``repair``, paired by item, sign flips over task groups): h_t works only where it
+beats **both** baselines, the equal-length control note and the no-hint prompt (two effect claims per
+measure; the margin's against δ = 0.25 logits, knockout's smallest effect of interest, since both are
+shifts of the same Eq. 1 margin), and the control note is tested for being inert (TOST: control − no
+hint within ±δ). A control note that itself moves the margin makes "h_t beats the control" a
+comparison against a baseline that moved; the summary words which comparisons hold
+(:func:`repair_statements`).
+
 On an imported BFCL dataset every item's conversation is replayed in BFCL's own API classes
 (:class:`probes.data.bfcl.ItemEnvironments`), so the failed call's observation is the real one
 (``observation_matches``: it equals the stored one), and the model's calls are executed there up to
@@ -50,6 +58,7 @@ from probes.analyses.jobs import Job, run_jobs
 from probes.analyses.option_system import depth_option, option
 from probes.analyses.run_context import RunContext, provenance
 from probes.analyses.calls import MAX_NEW_TOKENS, call_row, generation_prompt, load_judge
+from probes.analyses.knockout import DEFAULT_SESOI
 from probes.analyses.parallel import open_store
 from probes.data.bfcl import ItemEnvironments, is_bfcl_import
 from probes.data.bfcl_exec import BFCLEnvironment, Call, is_error_observation
@@ -64,7 +73,7 @@ from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
 from probes.scoring.checker import HINT_HEADER, DecisionState, Hint, ProposedCall, names_tool, repair_hint
 from probes.scoring.score import score_record
-from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.claims import Claim, absence_claim, claims_table, effect_claim
 from probes.scoring.stats import DEFAULT_SEED, bootstrap_mean, paired_differences, summarise
 from probes.scoring.toolcalls import ParsedReply, parse_reply
 
@@ -223,15 +232,15 @@ def repair_rates(rows: pd.DataFrame, *, resamples: int = 2000, seed: int = DEFAU
     return pd.DataFrame(out, columns=["condition", "measure", "bucket", "value", "low", "high", "n", "n_groups"])
 
 
-# h_t against each other condition, paired by item: h_t helps only where it beats the control note
+# h_t against each other condition, and the control note against no hint (is it inert?), paired by item
 CONTRASTS: dict[str, tuple[str, str]] = {"hint − control": ("hint", "control"), "hint − no_hint": ("hint", "no_hint"),
-                                         "hint − retrieval": ("hint", "retrieval")}
+                                         "hint − retrieval": ("hint", "retrieval"), "control − no_hint": ("control", "no_hint")}
 PAIRED_MEASURES: tuple[str, ...] = ("repair_success", "margin")
 
 
 def repair_contrasts(rows: pd.DataFrame, *, seed: int = DEFAULT_SEED) -> pd.DataFrame:
-    """Per contrast of :data:`CONTRASTS` × measure: the mean per-item difference (h_t minus the other
-    condition, both measured on the item) with a 95% bootstrap CI over task groups."""
+    """Per contrast of :data:`CONTRASTS` × measure: the mean per-item difference (both conditions
+    measured on the item) with a 95% bootstrap CI over task groups."""
     out = []
     measured = rows[rows["measured"].astype(bool)]
     for measure in PAIRED_MEASURES:
@@ -244,6 +253,81 @@ def repair_contrasts(rows: pd.DataFrame, *, seed: int = DEFAULT_SEED) -> pd.Data
     return pd.concat(out, ignore_index=True)[columns] if out else pd.DataFrame(columns=columns)
 
 
+# the smallest margin effect of interest: the one knockout states for the same Eq. 1 margin (logits), not re-chosen here
+SESOI = DEFAULT_SESOI
+BASELINES: dict[str, str] = {"control": "the equal-length control note", "no_hint": "the no-hint prompt"}
+# measure -> (the side h_t should move it to, unit, smallest effect of interest: the margin's δ; none stated for the rate)
+CLAIMED: dict[str, tuple[str, str, float]] = {"margin": ("less", "logits", SESOI), "repair_success": ("greater", "rate", float("nan"))}
+INERT_CLAIM = "control_margin_vs_no_hint"
+
+
+def _paired(rows: pd.DataFrame, measure: str, a: str, b: str) -> pd.DataFrame:
+    """Per item ``measure[a] − measure[b]`` (both measured) with its task group."""
+    return paired_differences(rows.assign(**{measure: rows[measure].astype(float)}), {f"{a} − {b}": (a, b)},
+                              pair=["item_id", "task_group"], side="condition", value=measure).dropna(subset=["delta"])
+
+
+def repair_claims(rows: pd.DataFrame, seed: int = DEFAULT_SEED) -> list[Claim]:
+    """Family ``repair``, paired by item: per measure, h_t beats the control note and h_t beats the
+    no-hint prompt (two effect claims; "h_t works" needs both); and the control note leaves the margin
+    within ±:data:`SESOI` of the no-hint prompt (TOST)."""
+    rows = rows[rows["measured"].astype(bool)]
+    out = []
+    for measure, (alternative, unit, sesoi) in CLAIMED.items():
+        if measure not in rows or rows[measure].isna().all():
+            continue
+        direction = "lowers the margin toward the repair tool" if measure == "margin" else "raises greedy repair success"
+        for baseline, what in BASELINES.items():
+            deltas = _paired(rows, measure, "hint", baseline)
+            if len(deltas):
+                out.append(effect_claim(NAME, f"hint_{measure}_vs_{baseline}", f"the repair hint h_t (Eq. 12) {direction} against {what} "
+                                        f"(paired by item)", deltas["delta"], deltas["task_group"], alternative=alternative,
+                                        sesoi=sesoi, unit=unit, seed=seed, note=f"{len(deltas)} items"))
+        if measure == "margin" and len(deltas := _paired(rows, measure, "control", "no_hint")):
+            out.append(absence_claim(NAME, INERT_CLAIM, f"the control note is inert: control − no hint leaves the margin within ±{SESOI:g} "
+                                     f"logits (TOST)", deltas["delta"], deltas["task_group"], sesoi=SESOI, seed=seed,
+                                     note=f"{len(deltas)} items"))
+    return out
+
+
+def _ci(row: pd.Series) -> str:
+    return f"{row['estimate']:+.2f}" + (f" [{row['low']:+.2f}, {row['high']:+.2f}]" if np.isfinite(row["low"]) else " (no CI)")
+
+
+def repair_statements(table: pd.DataFrame) -> list[str]:
+    """What holds, in words, from the claims table of :func:`repair_claims`: per measure, "h_t works"
+    only when both effect claims hold; otherwise which baseline h_t beats and which it is not shown
+    to beat (with that claim's estimate and verdict); and whether the control note is inert or itself
+    moves the margin."""
+    rows = table.set_index("name")
+    holds = {name: str(verdict).startswith("holds") for name, verdict in rows["verdict"].items()}  # absence: "holds: equivalent …"
+    out = []
+    for measure in CLAIMED:
+        names = {baseline: f"hint_{measure}_vs_{baseline}" for baseline in BASELINES if f"hint_{measure}_vs_{baseline}" in rows.index}
+        if not names:
+            continue
+        beaten = [b for b, name in names.items() if holds[name]]
+        missed = [f"{BASELINES[b]} (h_t − {b.replace('_', ' ')} {_ci(rows.loc[name])}: {rows.loc[name, 'verdict']})"
+                  for b, name in names.items() if not holds[name]]
+        label = measure.replace("_", " ")
+        if len(beaten) == len(BASELINES):
+            text = f"{label}: h_t works: it beats both the control note and the no-hint prompt"
+        elif beaten:
+            text = f"{label}: h_t beats {BASELINES[beaten[0]]} but is not shown to beat {missed[0]}; 'h_t works' does not hold"
+        else:
+            text = f"{label}: h_t is not shown to beat {' nor '.join(missed)}; 'h_t works' does not hold"
+        if measure == "margin" and INERT_CLAIM in rows.index:
+            c = rows.loc[INERT_CLAIM]
+            if holds[INERT_CLAIM]:
+                text += f"; the control note is inert (control − no hint {_ci(c)} logits, within ±{c['sesoi']:g} by TOST)"
+            else:  # "moves" only where the CI excludes 0; else the note is merely not shown inert
+                side = "toward the failed tool" if c["low"] > 0 else "toward the repair tool" if c["high"] < 0 else ""
+                text += (f"; {f'the control note itself moves the margin {side}' if side else 'the control note is not shown inert'}: "
+                         f"control − no hint {_ci(c)} logits, not shown within ±{c['sesoi']:g} (TOST)")
+        out.append(text)
+    return out
+
+
 @dataclass
 class RepairSummary:
     rows: pd.DataFrame
@@ -251,6 +335,7 @@ class RepairSummary:
     note: str
     contrasts: pd.DataFrame
     seed: int = DEFAULT_SEED
+    statements: tuple[str, ...] = ()  # what holds, in words (repair_statements)
 
 
 @register("repair", order=75)
@@ -301,7 +386,8 @@ class Repair(Analysis):
         if "observation_matches" in rows:
             note += f" · BFCL: real observation equals the stored one for {int(hinted['observation_matches'].sum())} of {n_items}; ≤ {self.steps} steps"
         seed = ctx.options.seed
-        return RepairSummary(rows, repair_rates(rows, seed=seed), note, repair_contrasts(rows, seed=seed), seed)
+        statements = tuple(repair_statements(claims_table(repair_claims(rows, seed))))
+        return RepairSummary(rows, repair_rates(rows, seed=seed), note, repair_contrasts(rows, seed=seed), seed, statements)
 
     def tables(self, summary: RepairSummary) -> dict[str, pd.DataFrame]:
         return {f"{NAME}_summary": summary.rates, f"{NAME}_contrasts": summary.contrasts}
@@ -313,31 +399,21 @@ class Repair(Analysis):
     def section(self, ctx: RunContext, summary: RepairSummary, figures: list[Path]) -> ReportSection:
         body = (f"After a failed call (T_repair), the next decision under no hint, full re-retrieval, the repair hint h_t of Eq. 12 "
                 f"(recovery notes whose condition matches the error) and an equal-length control note. {summary.note.splitlines()[0]}."
-                f"\n\n{markdown_table(summary.rates)}\n\nh_t against each other condition, per-item differences "
-                f"(margin: negative = h_t moves the decision toward the repair tool; 95% CI over task groups):\n\n"
-                f"{markdown_table(summary.contrasts)}")
+                f"\n\n{markdown_table(summary.rates)}\n\nh_t against each other condition and the control note against no "
+                f"hint, per-item differences (margin: negative = toward the repair tool; 95% CI over task groups):\n\n"
+                f"{markdown_table(summary.contrasts)}\n\nWhat holds (h_t works only where it beats both the control note and "
+                f"the no-hint prompt; margin effects against δ = {SESOI:g} logits, the smallest effect of interest knockout "
+                f"states for the same margin; claims in `{NAME}_claims.csv`):\n\n"
+                + "\n".join(f"- {line}" for line in summary.statements))
         return ReportSection(NAME, "Eq. 12 — repair loop (`repair`)", figures, body, [], summary)
 
     def claims(self, summary: RepairSummary) -> list[Claim]:
-        """Eq. 12's claim against the equal-length control note, paired by item: h_t lowers the margin
-        (wrong − repair tool) and raises greedy repair success."""
-        rows = summary.rows[summary.rows["measured"].astype(bool)]
-        out = []
-        for measure, alternative, unit in (("margin", "less", "logits"), ("repair_success", "greater", "rate")):
-            if measure not in rows or rows[measure].isna().all():
-                continue
-            deltas = paired_differences(rows.assign(**{measure: rows[measure].astype(float)}), {"hint − control": ("hint", "control")},
-                                        pair=["item_id", "task_group"], side="condition", value=measure).dropna(subset=["delta"])
-            if not len(deltas):
-                continue
-            direction = "lowers the margin toward the wrong tool" if measure == "margin" else "raises greedy repair success"
-            out.append(effect_claim(NAME, f"hint_{measure}_vs_control", f"the repair hint h_t (Eq. 12) {direction} against an "
-                                    f"equal-length control note (paired by item)", deltas["delta"], deltas["task_group"],
-                                    alternative=alternative, unit=unit, seed=summary.seed, note=f"{len(deltas)} items"))
-        return out
+        """:func:`repair_claims` of the rows: h_t against each baseline per measure, and the control note's TOST."""
+        return repair_claims(summary.rows, summary.seed)
 
     def print_summary(self, summary: RepairSummary) -> None:
         print(summary.note)
+        print("\n".join(summary.statements))
         print(summary.rates.round(3).to_string(index=False))
         print(summary.contrasts.round(3).to_string(index=False))
 

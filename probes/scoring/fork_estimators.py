@@ -8,7 +8,8 @@
                            invoke and skip disagree (precision) and the share of all disagreements
                            they find (recall).
 ``ranking_auroc``          AUROC of the score for the disagreements (scikit-learn), its 95% CI over
-                           task groups and the permutation null of a random ranking.
+                           task groups (refused when it would rest on one group) and a permutation
+                           null that keeps every task group's count of disagreements.
 ``budget_curve``           precision at every budget against the random ranking (its expectation, the
                            prevalence, and its permutation band) and the all-points baseline.
 """
@@ -22,10 +23,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
 from probes.engine.logits import check_finite
-from probes.scoring.stats import DEFAULT_SEED, auc, cluster_bootstrap, group_bootstrap_auc
+from probes.scoring.stats import DEFAULT_SEED, auc_interval, cluster_bootstrap, permuted_labels
 
 BUDGETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # fractions of the decision points forked
 
@@ -64,27 +66,53 @@ def precision_at_budget(labels: np.ndarray, order: np.ndarray, fraction: float) 
     return float(top.mean()), float(top.sum() / positives) if positives else math.nan
 
 
+def within_group_arrangements(labels: np.ndarray, groups: Sequence[str]) -> int:
+    """Distinct labellings reachable by permuting ``labels`` within task groups: Π_g C(n_g, positives_g)."""
+    labels, groups = np.asarray(labels, dtype=bool), np.asarray(groups)
+    return math.prod(math.comb(int((groups == g).sum()), int(labels[groups == g].sum())) for g in dict.fromkeys(groups.tolist()))
+
+
 def ranking_auroc(labels: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, resamples: int, permutations: int,
                   seed: int = DEFAULT_SEED) -> dict[str, Any]:
-    """AUROC of ``scores`` for ``labels`` (scikit-learn's ``roc_auc_score``), a 95% CI from resampling
-    task groups, and the null of a random ranking: ``permutations`` shuffles of the scores over the
-    points, their mean and 2.5/97.5% quantiles and the one-sided p = (1 + #null ≥ observed) /
-    (1 + permutations). One class only: every value NaN."""
+    """AUROC of ``scores`` for ``labels`` (scikit-learn's ``roc_auc_score``) with a 95% CI over task
+    groups and a permutation p.
+
+    **Null: labels permuted within task groups** (every group keeps its forks and its count of
+    disagreements). Shuffling across groups would call a score that only tells task groups apart
+    (groups with more disagreements also having higher entropy) a ranking of the disagreements; the
+    within-group null keeps that group composition, so the p measures how the score orders the
+    disagreements beyond it. ``permutations`` labellings (:func:`probes.scoring.stats.permuted_labels`):
+    their mean AUROC and 2.5/97.5% quantiles, and the one-sided p = (1 + #null ≥ observed) /
+    (1 + permutations). ``p_floor``: the smallest p reachable, max(1 / (1 + permutations),
+    1 / arrangements) with arrangements = Π_g C(n_g, positives_g) (one fork per group: 1, untestable).
+
+    **CI** (:func:`probes.scoring.stats.auc_interval`): percentiles of the AUROC over resamples of
+    task groups; ``n_skipped`` counts the resamples that held one class only (no AUROC, left out);
+    no CI (NaN, the reason in ``ci_note``) when fewer than 2 task groups hold a disagreement (or a
+    non-disagreement) or when a resample holds one class only with probability above 10%
+    (exact: :func:`probes.scoring.stats.one_class_probability`).
+
+    One class only: every value NaN."""
     labels = np.asarray(labels, dtype=bool)
     scores = np.asarray(scores, dtype=float)
-    out = {"auroc": math.nan, "low": math.nan, "high": math.nan, "null_mean": math.nan, "null_low": math.nan,
-           "null_high": math.nan, "p_permutation": math.nan, "n": len(labels), "n_positive": int(labels.sum()),
-           "n_groups": len(set(groups))}
+    groups = np.asarray(groups)
+    out = {"auroc": math.nan, "low": math.nan, "high": math.nan, "n_skipped": 0, "ci_note": "", "null_mean": math.nan,
+           "null_low": math.nan, "null_high": math.nan, "p_permutation": math.nan, "p_floor": math.nan, "n": len(labels),
+           "n_positive": int(labels.sum()), "n_groups": len(set(groups.tolist())),
+           "n_groups_positive": len(set(groups[labels].tolist()))}
     if len(labels) == 0 or labels.all() or not labels.any():
-        return out
+        return {**out, "ci_note": "no AUROC: one class only"}
     if not np.isfinite(scores).all():
         raise ValueError("ranking scores must be finite")
     observed = float(roc_auc_score(labels, scores))
-    low, high = group_bootstrap_auc(labels, scores, groups, resamples=resamples, seed=seed)
-    rng = np.random.default_rng([seed, 2])
-    null = np.array([auc(labels, rng.permutation(scores)) for _ in range(permutations)])
-    out.update(auroc=observed, low=low, high=high, null_mean=float(null.mean()), null_low=float(np.quantile(null, 0.025)),
-               null_high=float(np.quantile(null, 0.975)), p_permutation=float((1 + (null >= observed - 1e-12).sum()) / (1 + permutations)))
+    interval = auc_interval(labels, scores, groups, resamples=resamples, seed=seed)
+    ranks = rankdata(scores)  # the null moves the labels, not the scores: rank once, sum the positives' ranks per labelling
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    null = (permuted_labels(labels, groups, permutations, seed) @ ranks - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+    out.update(auroc=observed, low=interval.low, high=interval.high, n_skipped=interval.n_skipped, ci_note=interval.refused,
+               null_mean=float(null.mean()), null_low=float(np.quantile(null, 0.025)), null_high=float(np.quantile(null, 0.975)),
+               p_permutation=float((1 + (null >= observed - 1e-12).sum()) / (1 + permutations)),
+               p_floor=max(1 / (1 + permutations), 1 / within_group_arrangements(labels, groups)))
     return out
 
 

@@ -243,19 +243,19 @@ def auc(y: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def group_bootstrap_auc(y: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, resamples: int, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
-    """Percentile CI of the pooled AUC (positive class y = 1) when task groups are resampled with
-    replacement: the same draws and the same interval as :func:`cluster_bootstrap` of :func:`auc`
-    (checked in the tests), computed in closed form instead of re-ranking every resample. With
-    ``W[i, j]`` = Σ over positives of group i and negatives of group j of 1[s⁺ > s⁻] + ½·1[s⁺ = s⁻],
-    a resample with group multiplicities c has AUC = cᵀWc / ((c·n⁺)(c·n⁻)); resamples without
-    both classes are skipped."""
+def group_bootstrap_auc_draws(y: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, resamples: int, seed: int = 0) -> tuple[np.ndarray, int]:
+    """The pooled AUC (positive class y = 1) of every resample of task groups drawn with replacement
+    that holds both classes, and the number of resamples skipped because they held one class only:
+    the same draws as :func:`cluster_bootstrap` of :func:`auc` (checked in the tests), computed in
+    closed form instead of re-ranking every resample. With ``W[i, j]`` = Σ over positives of group i
+    and negatives of group j of 1[s⁺ > s⁻] + ½·1[s⁺ = s⁻], a resample with group multiplicities c has
+    AUC = cᵀWc / ((c·n⁺)(c·n⁻)). Fewer than two groups: no draws, none skipped."""
     y = np.asarray(y).astype(bool)
     scores = np.asarray(scores, dtype=float)
     groups = np.asarray(groups)
     order = list(dict.fromkeys(groups.tolist()))
-    if len(order) < 2:
-        return float("nan"), float("nan")
+    if len(order) < MIN_CI_GROUPS:
+        return np.empty(0), 0
     index = np.array([order.index(g) for g in groups])
     pos, neg = np.flatnonzero(y), np.flatnonzero(~y)
     wins = (scores[pos][:, None] > scores[neg][None, :]) + 0.5 * (scores[pos][:, None] == scores[neg][None, :])
@@ -267,10 +267,79 @@ def group_bootstrap_auc(y: np.ndarray, scores: np.ndarray, groups: Sequence[str]
     denominator = (counts @ n_pos) * (counts @ n_neg)
     valid = denominator > 0
     values = np.einsum("ri,ij,rj->r", counts[valid], W, counts[valid]) / denominator[valid]
+    return values, int((~valid).sum())
+
+
+def group_bootstrap_auc(y: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, resamples: int, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of the pooled AUC when task groups are resampled with replacement
+    (:func:`group_bootstrap_auc_draws`); resamples without both classes are left out, uncounted
+    (:func:`auc_interval` counts them and refuses a CI resting on too few)."""
+    values, _ = group_bootstrap_auc_draws(y, scores, groups, resamples=resamples, seed=seed)
     if not len(values):
         return float("nan"), float("nan")
     alpha = (1 - confidence) / 2
     return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
+
+
+MIN_CLASS_GROUPS = 2  # each class in at least this many task groups, or every resample's AUC rests on one group's items
+MAX_SKIPPED_SHARE = 0.10  # a resample lacking a class more often than this: the percentiles describe a conditional, not the data
+
+
+@dataclass(frozen=True)
+class AucInterval:
+    """A 95% CI of a pooled AUC over task groups, with the resamples it left out and, when no CI
+    is given (low = high = NaN), why."""
+
+    low: float
+    high: float
+    n_skipped: int  # resamples holding one class only (no AUC), left out of the percentiles
+    refused: str  # "" when a CI is given
+
+
+def one_class_probability(y: np.ndarray, groups: Sequence[str]) -> float:
+    """Probability that a resample of the G task groups (G draws with replacement) holds one class
+    only: ((G − G⁺)/G)^G + ((G − G⁻)/G)^G, with G⁺ (G⁻) the groups holding a positive (negative);
+    every group holds some class, so no resample lacks both."""
+    y, groups = np.asarray(y).astype(bool), np.asarray(groups)
+    n = len(set(groups.tolist()))
+    return sum(((n - len(set(groups[mask].tolist()))) / n) ** n for mask in (y, ~y)) if n else math.nan
+
+
+def auc_interval(y: np.ndarray, scores: np.ndarray, groups: Sequence[str], *, resamples: int, seed: int = 0,
+                 confidence: float = 0.95) -> AucInterval:
+    """The percentile CI of :func:`group_bootstrap_auc` with the count of resamples it skipped,
+    refused (NaN, with the reason) when fewer than :data:`MIN_CLASS_GROUPS` task groups hold a
+    positive or a negative (every resample's positives would come from one group: a [0.73, 1.0] CI
+    from one disagreement), or when a resample holds one class only with probability above
+    :data:`MAX_SKIPPED_SHARE` (:func:`one_class_probability`: exact, so the rule does not depend on
+    the draws)."""
+    y, groups = np.asarray(y).astype(bool), np.asarray(groups)
+    holding = {name: len(set(groups[mask].tolist())) for name, mask in (("a positive", y), ("a negative", ~y))}
+    values, skipped = group_bootstrap_auc_draws(y, scores, groups, resamples=resamples, seed=seed)
+    short = [f"{n} task group{'' if n == 1 else 's'} hold{'s' if n == 1 else ''} {name}" for name, n in holding.items() if n < MIN_CLASS_GROUPS]
+    if short:
+        return AucInterval(math.nan, math.nan, skipped, f"no CI: {' and '.join(short)} (each class needs ≥ {MIN_CLASS_GROUPS})")
+    if (share := one_class_probability(y, groups)) > MAX_SKIPPED_SHARE:
+        return AucInterval(math.nan, math.nan, skipped, f"no CI: a resample of the task groups holds one class only with probability "
+                                                         f"{share:.4f} (> {MAX_SKIPPED_SHARE:g}; {skipped} of {resamples} skipped)")
+    alpha = (1 - confidence) / 2
+    return AucInterval(float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha)), skipped, "")
+
+
+def permute_within_groups(y: np.ndarray, groups: Sequence[str], rng: np.random.Generator) -> np.ndarray:
+    """Labels shuffled inside each task group (group composition preserved)."""
+    y = np.asarray(y).copy()
+    groups = np.asarray(groups)
+    for g in dict.fromkeys(groups.tolist()):
+        index = np.flatnonzero(groups == g)
+        y[index] = y[rng.permutation(index)]
+    return y
+
+
+def permuted_labels(y: np.ndarray, groups: Sequence[str], n: int, seed: int = 0) -> np.ndarray:
+    """``[n, len(y)]`` label permutations within task groups, drawn once (a probe shares them across its layers)."""
+    rng = np.random.default_rng([seed, 1])
+    return np.stack([permute_within_groups(y, groups, rng) for _ in range(n)])
 
 
 MIN_FOLDS = 2  # one fold would leave no training data: every out-of-fold score would be missing

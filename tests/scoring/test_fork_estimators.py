@@ -34,9 +34,13 @@ def test_auroc_and_precision_at_budget_by_hand() -> None:
     result = est.ranking_auroc(labels, scores, groups, resamples=200, permutations=500, seed=0)
     assert result["auroc"] == pytest.approx(5 / 6) and auc(labels, scores) == pytest.approx(5 / 6)
     assert result["low"] <= 5 / 6 <= result["high"] and result["n_positive"] == 2 and result["n_groups"] == 5
-    assert result["null_low"] <= 0.5 <= result["null_high"] and abs(result["null_mean"] - 0.5) < 0.05
-    # of the 10 equally likely placements of the two positives among the ranks, two reach AUROC ≥ 5/6 (5/6 and 1)
-    assert result["p_permutation"] == pytest.approx(0.2, abs=0.06)
+    # one fork per task group: permuting labels within groups moves none, so the null is the observed AUROC
+    assert result["null_low"] == result["null_high"] == pytest.approx(5 / 6) and result["p_permutation"] == result["p_floor"] == 1.0
+    # in one task group the within-group null is the pooled one: of the 10 equally likely placements of the
+    # two positives among the ranks, two reach AUROC ≥ 5/6 (5/6 and 1); one group allows no CI
+    pooled = est.ranking_auroc(labels, scores, ["a"] * 5, resamples=200, permutations=500, seed=0)
+    assert pooled["p_permutation"] == pytest.approx(0.2, abs=0.06) and pooled["p_floor"] == pytest.approx(0.1)
+    assert abs(pooled["null_mean"] - 0.5) < 0.05 and pooled["ci_note"].startswith("no CI: 1 task group holds a positive")
     curve = est.budget_curve(labels, scores, groups, budgets=(0.2, 0.4, 0.6, 1.0), resamples=100, permutations=200, seed=0)
     assert curve["n_forked"].tolist() == [1, 2, 3, 5]
     np.testing.assert_allclose(curve["precision"], [1.0, 0.5, 2 / 3, 0.4])
