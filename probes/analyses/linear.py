@@ -409,10 +409,8 @@ def group_aucs(y: np.ndarray, scores: np.ndarray, groups: Sequence[str]) -> pd.S
 def group_table(raw: pd.DataFrame, items: dict[str, Any], shortcut: pd.Series) -> pd.DataFrame:
     """:data:`GROUP_COLUMNS` for every probed layer at the largest k of ``raw`` (the probe rows, with
     ``item_ids`` and ``oof_scores``): per task group the probe's within-group AUC and the best
-    shortcut's on the same items (NaN without a shortcut score)."""
-    if "oof_scores" not in raw:
-        raise AnalysisError("linear: linear_probe.jsonl rows lack the out-of-fold scores (written by an older version): "
-                            "rerun with --overwrite")
+    shortcut's on the same items (NaN without a shortcut score). Rows written before the scores were
+    kept never get here: the results header's code digest refuses them on resume."""
     top = raw[(raw["k"] == raw["k"].max()) & raw["auc"].notna()]
     out = []
     for row in top.itertuples():
@@ -433,9 +431,9 @@ def probe_claims(best: pd.DataFrame, groups: pd.DataFrame, shortcut: dict[str, A
       over layers (the max-over-layers null); CI: the AUC's bootstrap CI, held against 0.5;
     - *probe > shortcut*: mean over task groups of the best layer's within-group AUC minus the best
       shortcut's on the same items (paired), above 0 and (minimum-effect test) above δ. The layer is
-      chosen after looking, so p is Bonferroni-corrected over the probed layers; the shortcut is the
-      best of every rule, read in its better direction (both choices favour the shortcut's side less
-      than the probe's: the correction covers the probe's);
+      chosen after looking (which favours the probe), so p is Bonferroni-corrected over the probed
+      layers; the shortcut is the best of every rule, read in its better direction (which favours the
+      shortcut: the safe side);
     - *no vector*: every probed layer's mean within-group AUC within 0.5 ± δ (TOST per layer; the
       claim is their intersection, so its p is the largest, that layer's claim is the one shown)."""
     if not len(best):
@@ -459,8 +457,8 @@ def probe_claims(best: pd.DataFrame, groups: pd.DataFrame, shortcut: dict[str, A
                              note=(f"mean within-task-group AUC, probe − shortcut, paired by task group; p Bonferroni × {len(layers)} layers "
                                    f"(the layer was chosen after looking); the shortcut is the best of every rule, read in its better direction"
                                    if shortcut is not None else "no shortcut AUC on these items: nothing to compare with"))
-        bonferroni = lambda p: float(np.minimum(1.0, p * len(layers)))  # noqa: E731  (NaN stays NaN)
-        claims.append(replace(beats, p=bonferroni(beats.p), p_min_effect=bonferroni(beats.p_min_effect), p_floor=bonferroni(beats.p_floor)))
+        claims.append(replace(beats, **{field: float(np.minimum(1.0, getattr(beats, field) * len(layers)))  # Bonferroni; NaN stays NaN
+                                        for field in ("p", "p_min_effect", "p_floor")}))
         per_layer = [absence_claim(NAME, f"{r.config} k={r.k} no vector",
                                    f"under {r.config} at k = {r.k} no layer's probe reads applicability: the mean within-task-group AUC "
                                    f"lies within 0.5 ± {AUC_SESOI:g} at every one of {len(layers)} probed layers (shown: L{layer}, the least "

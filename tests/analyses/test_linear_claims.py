@@ -105,10 +105,3 @@ def test_no_vector_equivalence_holds_on_null_features_and_fails_on_a_planted_one
     assert row["verdict"].startswith("not shown") and "L1" in row["statement"]  # the intersection fails on the one strong layer
     assert row["estimate"] > AUC_SESOI
 
-
-def test_probe_rows_without_out_of_fold_scores_are_refused():
-    from probes.analyses.run_context import AnalysisError
-
-    old = pd.DataFrame([{"config": "basm", "k": 2, "layer": 0, "auc": 0.6, "item_ids": ["a", "b"]}])  # written before the scores were kept
-    with pytest.raises(AnalysisError, match="lack the out-of-fold scores.*--overwrite"):
-        group_table(old, {}, pd.Series(dtype=float))
