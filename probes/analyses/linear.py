@@ -297,6 +297,9 @@ class FeatureCache:
 
 # ------------------------------------------------------------------------------------- the analysis
 NAME = "linear"
+# Each question its own Holm family, all with δ = AUC_SESOI: "readable" (as before), "beats the best
+# shortcut", "no vector at any layer"; so adding a question never makes another one untestable.
+SHORTCUT_FAMILY, NO_VECTOR_FAMILY = f"{NAME}-shortcut", f"{NAME}-no-vector"
 FIGURE = "fig10_linear_probe"
 
 
@@ -424,17 +427,17 @@ def group_table(raw: pd.DataFrame, items: dict[str, Any], shortcut: pd.Series) -
 
 
 def probe_claims(best: pd.DataFrame, groups: pd.DataFrame, shortcut: dict[str, Any] | None, *, seed: int = 0) -> list[Claim]:
-    """Family "linear", per configuration at the largest k (``best``: :func:`best_layers`; ``groups``:
-    :func:`group_table`), δ = :data:`AUC_SESOI`:
+    """Per configuration at the largest k (``best``: :func:`best_layers`; ``groups``: :func:`group_table`),
+    δ = :data:`AUC_SESOI`, one family per question:
 
-    - *readable*: the best layer's AUC above the within-group label-permutation null, p family-wise
+    - *readable* (family "linear"): the best layer's AUC above the within-group label-permutation null, p family-wise
       over layers (the max-over-layers null); CI: the AUC's bootstrap CI, held against 0.5;
-    - *probe > shortcut*: mean over task groups of the best layer's within-group AUC minus the best
+    - *probe > shortcut* (:data:`SHORTCUT_FAMILY`): mean over task groups of the best layer's within-group AUC minus the best
       shortcut's on the same items (paired), above 0 and (minimum-effect test) above δ. The layer is
       chosen after looking (which favours the probe), so p is Bonferroni-corrected over the probed
       layers; the shortcut is the best of every rule, read in its better direction (which favours the
       shortcut: the safe side);
-    - *no vector*: every probed layer's mean within-group AUC within 0.5 ± δ (TOST per layer; the
+    - *no vector* (:data:`NO_VECTOR_FAMILY`): every probed layer's mean within-group AUC within 0.5 ± δ (TOST per layer; the
       claim is their intersection, so its p is the largest, that layer's claim is the one shown)."""
     if not len(best):
         return []
@@ -450,7 +453,7 @@ def probe_claims(best: pd.DataFrame, groups: pd.DataFrame, shortcut: dict[str, A
         at_best = mine[mine["layer"] == r.best_layer]
         name = shortcut["shortcut"] if shortcut is not None else "none"
         diff = at_best["probe_auc"] - at_best["shortcut_auc"]  # NaN without a shortcut: no unit, "not tested"
-        beats = effect_claim(NAME, f"{r.config} k={r.k} probe>shortcut",
+        beats = effect_claim(SHORTCUT_FAMILY, f"{r.config} k={r.k} probe>shortcut",
                              f"under {r.config} at k = {r.k} the best layer's probe (L{r.best_layer}) separates T_ok from T_wrong within "
                              f"task groups better than the best surface shortcut ({name}) on the same items", diff.to_numpy(float),
                              at_best["task_group"].to_numpy(), sesoi=AUC_SESOI, unit="AUC", seed=seed,
@@ -459,7 +462,7 @@ def probe_claims(best: pd.DataFrame, groups: pd.DataFrame, shortcut: dict[str, A
                                    if shortcut is not None else "no shortcut AUC on these items: nothing to compare with"))
         claims.append(replace(beats, **{field: float(np.minimum(1.0, getattr(beats, field) * len(layers)))  # Bonferroni; NaN stays NaN
                                         for field in ("p", "p_min_effect", "p_floor")}))
-        per_layer = [absence_claim(NAME, f"{r.config} k={r.k} no vector",
+        per_layer = [absence_claim(NO_VECTOR_FAMILY, f"{r.config} k={r.k} no vector",
                                    f"under {r.config} at k = {r.k} no layer's probe reads applicability: the mean within-task-group AUC "
                                    f"lies within 0.5 ± {AUC_SESOI:g} at every one of {len(layers)} probed layers (shown: L{layer}, the least "
                                    "clearly equivalent; estimate = AUC − 0.5)",
@@ -606,10 +609,11 @@ class Linear(Analysis):
                         + ", ".join(f"{r.config} k={r.k}" for r in below.itertuples()) + ". Such a probe result can be read off the "
                         "request's surface and is no evidence that the residual stream encodes applicability."
                         if len(below) else "Every best-layer probe result's CI lies above it."))
-        body += (f"\n\n**Claims** (family `linear`, smallest effect of interest δ = {AUC_SESOI:g} AUC, fixed before the run: an AUC of "
-                 f"{0.5 + AUC_SESOI:g} is the weakest readout called a vector). Per configuration at k = {k_max}: readable at the best layer; "
-                 f"the best layer beats the best shortcut by more than δ (within-task-group AUC, paired by task group, Bonferroni over the "
-                 f"layers); and \"no vector\": every layer's within-task-group AUC within 0.5 ± δ (TOST at each layer, all must hold). "
+        body += (f"\n\n**Claims** (smallest effect of interest δ = {AUC_SESOI:g} AUC, fixed before the run: an AUC of "
+                 f"{0.5 + AUC_SESOI:g} is the weakest readout called a vector). Per configuration at k = {k_max}, one Holm family per "
+                 f"question: readable at the best layer (`{NAME}`); the best layer beats the best shortcut by more than δ "
+                 f"(`{SHORTCUT_FAMILY}`: within-task-group AUC, paired by task group, Bonferroni over the layers); and \"no vector\" "
+                 f"(`{NO_VECTOR_FAMILY}`): every layer's within-task-group AUC within 0.5 ± δ (TOST at each layer, all must hold). "
                  f"Absence of a detected probe is not evidence of no vector; only the last claim holding is.")
         floors = p_floors(table)
         if floors:

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 from threadpoolctl import threadpool_limits
 
-from probes.analyses.linear import AUC_SESOI, NAME, ProbeSettings, best_layers, group_aucs, group_table, probe_claims, probe_layers
+from probes.analyses.linear import (AUC_SESOI, NAME, NO_VECTOR_FAMILY, SHORTCUT_FAMILY, ProbeSettings, best_layers, group_aucs, group_table,
+                                    probe_claims, probe_layers)
 from probes.scoring.claims import claims_table
 
 
@@ -54,14 +55,17 @@ def test_probe_beats_shortcut_claim_by_hand_on_planted_aucs():
     claims = probe_claims(_best(), groups, {"shortcut": "bag_of_words", "value": 0.7, "low": 0.6, "high": 0.8})
     [beats] = [c for c in claims if c.name == "basm k=2 probe>shortcut"]
     diff = probe - shortcut
-    assert beats.family == NAME and beats.unit == "AUC" and beats.sesoi == AUC_SESOI and beats.n == 6
+    assert beats.family == SHORTCUT_FAMILY and beats.unit == "AUC" and beats.sesoi == AUC_SESOI and beats.n == 6
     assert beats.estimate == pytest.approx(diff.mean())
     # Bonferroni over the three probed layers: the best layer was chosen after looking
     assert beats.p == pytest.approx(3 * _exact_p(diff)) and beats.p == pytest.approx(3 / 64)
     assert beats.p_min_effect == pytest.approx(3 * _exact_p(diff - AUC_SESOI))
     assert beats.p_floor == pytest.approx(3 / 64) and "bag_of_words" in beats.statement and "Bonferroni × 3" in beats.note
+    # one Holm family per question: the new claims never make "readable" untestable
     table = claims_table(claims).set_index("name")
-    assert table.loc["basm k=2 probe>shortcut", "family_size"] == 3
+    assert dict(zip(table.index, table["family"])) == {"basm k=2": NAME, "basm k=2 probe>shortcut": SHORTCUT_FAMILY,
+                                                        "basm k=2 no vector": NO_VECTOR_FAMILY}
+    assert (table["family_size"] == 1).all()
 
     # the shortcut as good as the probe: no claim; no shortcut at all: not tested, and the note says why
     tied = groups.assign(shortcut_auc=groups["probe_auc"])
@@ -96,7 +100,7 @@ def test_no_vector_equivalence_holds_on_null_features_and_fails_on_a_planted_one
     rng = np.random.default_rng(0)
     null = rng.normal(size=(len(y), 2, 4))
     row = _verdict(null, y, groups)
-    assert row["kind"] == "absence" and row["sesoi"] == AUC_SESOI and row["verdict"].startswith("holds")
+    assert row["family"] == NO_VECTOR_FAMILY and row["kind"] == "absence" and row["sesoi"] == AUC_SESOI and row["verdict"].startswith("holds")
     assert abs(row["estimate"]) < AUC_SESOI and "every one of 2 probed layers" in row["statement"]
 
     strong = null.copy()
