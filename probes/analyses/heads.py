@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -52,6 +52,7 @@ import seaborn as sns
 from probes.analyses import register
 from probes.analyses.base import Analysis, Comparison, ReportSection
 from probes.analyses.jobs import Job, cached_scorer, run_jobs
+from probes.analyses.knockout import DEFAULT_SESOI
 from probes.analyses.option_system import depth_option, option
 from probes.analyses.run_context import AnalysisError, RunContext, provenance
 from probes.analyses.ratios import head_alphas
@@ -62,7 +63,6 @@ from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
-from probes.analyses.knockout import DEFAULT_SESOI
 from probes.scoring.claims import ALPHA, Claim, effect_claim
 from probes.scoring.score import EPSILON
 from probes.scoring.stats import bootstrap_mean, no_ci_note
@@ -83,7 +83,7 @@ SESOI = DEFAULT_SESOI
 # "More than random heads" needs a random reference of at least this many distinct N-head sets: a top set
 # that beat every one of M of them would rank first of M + 1, p = 1/(M + 1), below α only for M ≥ ⌊1/α⌋.
 MIN_RANDOM_SETS = math.floor(1 / ALPHA)
-POOL_RULE = (f"the random-head pool must admit at least {MIN_RANDOM_SETS} distinct N-head sets (C(pool, N)): a top set beating every "
+POOL_RULE = (f"the matched draw must admit at least {MIN_RANDOM_SETS} distinct N-head sets from the random-head pool: a top set beating every "
              f"one of M random sets ranks first of M + 1, p = 1/(M + 1), below α = {ALPHA:g} only for M ≥ {MIN_RANDOM_SETS}")
 FLOOR_RULE = ("eligible floors: a full top-N set, matched random sets and a finite Δ on the other half; among them those whose "
               "B-mass match holds first, then the largest Δ = Δm(top) − Δm(random); ties → the higher floor")
@@ -213,18 +213,47 @@ def matched_random_sets(rank: pd.DataFrame, top: Sequence[Head], *, draws: int, 
     if len(candidates) < len(top):
         raise AnalysisError(f"matched random heads: {len(candidates)} floor-passing non-top heads read B, for {len(top)} top heads; "
                             "lower --top-n or the floor")
-    log_mass = {h: math.log(mass.loc[h]) for h in [*top, *candidates]}
-    pool = min(MATCH_POOL * len(top), len(candidates))
+    nearest, pool = matched_choices(rank, top, candidates)
     rng = np.random.default_rng(seed)
     sets = []
     for _ in range(draws):
         chosen: list[Head] = []
         for head in top:
-            free = [c for c in candidates if c not in chosen]
-            nearest = sorted(free, key=lambda c: (abs(log_mass[c] - log_mass[head]), c))[:pool]
-            chosen.append(nearest[int(rng.integers(len(nearest)))])
+            options = nearest(head, chosen)
+            chosen.append(options[int(rng.integers(len(options)))])
         sets.append(sorted(chosen))
     return sets, pool
+
+
+def matched_choices(rank: pd.DataFrame, top: Sequence[Head], candidates: Sequence[Head]) -> tuple[Callable[[Head, Sequence[Head]], list[Head]], int]:
+    """The matched draw's rule: ``nearest(head, chosen)`` lists the heads a random set may take for top
+    ``head`` once it holds ``chosen`` (the pool-width candidates not yet chosen nearest to ``head`` in log
+    B mass), and that width."""
+    mass = rank.set_index(["layer", "head"])["b_mass"]
+    log_mass = {h: math.log(mass.loc[h]) for h in [*top, *candidates]}
+    pool = min(MATCH_POOL * len(top), len(candidates))
+
+    def nearest(head: Head, chosen: Sequence[Head]) -> list[Head]:
+        free = [c for c in candidates if c not in chosen]
+        return sorted(free, key=lambda c: (abs(log_mass[c] - log_mass[head]), c))[:pool]
+
+    return nearest, pool
+
+
+def possible_sets(rank: pd.DataFrame, top: Sequence[Head], *, cap: int = MIN_RANDOM_SETS) -> int:
+    """How many distinct sets the matched draw (:func:`matched_random_sets`) can give, counted by
+    enumerating its choices up to ``cap`` (the count is min(true count, cap): enough to apply :data:`POOL_RULE`)."""
+    nearest, _ = matched_choices(rank, top, random_candidates(rank, top))
+    found: set[tuple[Head, ...]] = set()
+
+    def walk(chosen: list[Head]) -> bool:  # True once ``cap`` sets are found
+        if len(chosen) == len(top):
+            found.add(tuple(sorted(chosen)))
+            return len(found) >= cap
+        return any(walk([*chosen, head]) for head in nearest(top[len(chosen)], chosen))
+
+    walk([])
+    return len(found)
 
 
 def mean_mass(rank: pd.DataFrame, heads: Sequence[Head], column: str = "b_mass") -> float:
@@ -252,11 +281,12 @@ class Selection:
     note: str  # why the sets are smaller than asked, absent, or weakly matched ("" if none of these)
     match: bool | None = None  # the random sets' B mass within MATCH_TOLERANCE of the top set's (None: no sets)
     random_pool: int = 0  # heads a random set may hold (floor-passing non-top heads that read B)
+    possible_sets: int = 0  # distinct sets the matched draw can give (:func:`possible_sets`, counted up to MIN_RANDOM_SETS)
 
     @property
-    def possible_sets(self) -> int:
-        """Distinct N-head sets the random-head pool admits: C(random_pool, N)."""
-        return math.comb(self.random_pool, len(self.top)) if self.top else 0
+    def possible_text(self) -> str:
+        """:attr:`possible_sets` as a count, "≥ MIN_RANDOM_SETS" where the count stopped there."""
+        return f"≥ {MIN_RANDOM_SETS}" if self.possible_sets >= MIN_RANDOM_SETS else str(self.possible_sets)
 
     @property
     def distinct_sets(self) -> int:
@@ -267,9 +297,9 @@ class Selection:
     def pool_too_small(self) -> str:
         """Why the random reference is too small for "more than random heads" to be testable
         (:data:`POOL_RULE`), "" when it is large enough."""
-        if not self.top or self.possible_sets >= MIN_RANDOM_SETS:
+        if not self.sets or self.possible_sets >= MIN_RANDOM_SETS:
             return ""
-        return (f"the random-head pool holds {self.random_pool} heads (floor-passing non-top heads that read B), "
+        return (f"the random-head pool holds {self.random_pool} heads (floor-passing non-top heads that read B), the matched draw "
                 f"{self.possible_sets} possible {len(self.top)}-head sets ({self.distinct_sets} distinct among the draws); {POOL_RULE}")
 
     @property
@@ -313,7 +343,7 @@ def select_heads(rank_rows: pd.DataFrame, *, min_span_mass: float, top: int, dra
     if not match:  # too few floor-passing heads read B as much as the top heads: the comparison is not mass-matched
         notes.append(f"weak match: random sets' mean B mass {random_mass:.3g} vs top {top_mass:.3g}")
     sets = {f"top-{n}": best, **{f"random-{n} #{i}": heads for i, heads in enumerate(randoms)}}
-    return Selection(min_span_mass, rank, sets, pool, "; ".join(notes), match, len(candidates))
+    return Selection(min_span_mass, rank, sets, pool, "; ".join(notes), match, len(candidates), possible_sets(rank, best))
 
 
 # ----------------------------------------------------------------------------- causal check
@@ -393,8 +423,7 @@ def causal_table(rows: pd.DataFrame, selection: Selection, *, excluded: int, see
 
 
 FLOOR_COLUMNS = ["floor", "chosen", "eligible", "n_ranked", "n_top", "top", "top_b_mass", "random_b_mass", "match", "pool", "random_pool",
-                 "random_sets_possible",
-                 "value", "low", "high", "n", "n_items", "n_abstain_excluded", "n_no_boundary", "n_undefined", "ci_note", "note"]
+                 "random_sets_possible", "value", "low", "high", "n", "n_items", "n_abstain_excluded", "n_no_boundary", "n_undefined", "ci_note", "note"]
 
 
 def floor_rows(causal_rows: pd.DataFrame, floor: float) -> pd.DataFrame:
@@ -647,7 +676,7 @@ class Heads(Analysis):
             messages.append(f"span mass ≥ {floor:g}: {chosen.note}")
         if chosen.sets:
             messages.append(f"random heads: {len(chosen.random_names)} draws ({chosen.distinct_sets} distinct sets) from a pool of "
-                            f"{chosen.random_pool} floor-passing non-top heads that read B, {chosen.possible_sets} possible "
+                            f"{chosen.random_pool} floor-passing non-top heads that read B, {chosen.possible_text} possible "
                             f"{len(chosen.top)}-head sets; heads ranked just below the top N stay in the pool, as the test defines it"
                             + (f". Too small for the claim to be tested: {POOL_RULE}" if chosen.pool_too_small else ""))
         skipped = ("--no-causal" if not a.causal else "" if tested
@@ -698,7 +727,9 @@ class Heads(Analysis):
         if len(summary.causal):
             matched = "matched on B mass" if summary.selection.match else "drawn by B mass, **weak match** (see b_mass)"
             body += ("\n\nCausal check on the test half's tool-correct T_wrong items (Δ wrong-tool margin, boundary knockout in these heads "
-                     f"only; random sets of floor-passing heads {matched}):\n\n{markdown_table(summary.causal)}")
+                     f"only; random sets of floor-passing heads {matched}; random_pool: the heads they are drawn from, random_sets_possible: "
+                     f"the distinct sets the matched draw can give, counted up to {MIN_RANDOM_SETS}, random_sets_distinct: those drawn):"
+                     f"\n\n{markdown_table(summary.causal)}")
         if len(summary.floor.table):
             body += ("\n\nChoice of the floor on the train split (Δm(top) − Δm(random) on the train test half; the chosen row was "
                      f"picked by the rule: {FLOOR_RULE}):\n\n{markdown_table(summary.floor.table)}")
@@ -722,7 +753,7 @@ class Heads(Analysis):
                      f"{matched}, on the other half")
         left_out = summary.causal.iloc[0]
         note = (f"{len(sel.random_names)} random sets ({sel.distinct_sets} distinct) drawn from a random-head pool of {sel.random_pool} heads "
-                f"({sel.possible_sets} possible {n}-head sets), mean per record; {left_out.n_abstain_excluded} abstention-correct T_wrong items "
+                f"({sel.possible_text} possible {n}-head sets), mean per record; {left_out.n_abstain_excluded} abstention-correct T_wrong items "
                 f"excluded; {left_out.n_no_boundary} records without a boundary span and {left_out.n_undefined} with an undefined margin left out")
         claim = effect_claim("heads", f"top-{n}>random-{n}", statement, d["value"].to_numpy(float), d["task_group"].to_numpy(),
                              sesoi=SESOI, seed=summary.seed, note=note)
