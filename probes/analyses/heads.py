@@ -83,7 +83,7 @@ SESOI = DEFAULT_SESOI
 # "More than random heads" needs a random reference of at least this many distinct N-head sets: a top set
 # that beat every one of M of them would rank first of M + 1, p = 1/(M + 1), below α only for M ≥ ⌊1/α⌋.
 MIN_RANDOM_SETS = math.floor(1 / ALPHA)
-POOL_RULE = (f"the matched draw must admit at least {MIN_RANDOM_SETS} distinct N-head sets from the random-head pool: a top set beating every "
+POOL_RULE = (f"a test against random heads needs at least {MIN_RANDOM_SETS} distinct random sets: a top set beating every "
              f"one of M random sets ranks first of M + 1, p = 1/(M + 1), below α = {ALPHA:g} only for M ≥ {MIN_RANDOM_SETS}")
 FLOOR_RULE = ("eligible floors: a full top-N set, matched random sets and a finite Δ on the other half; among them those whose "
               "B-mass match holds first, then the largest Δ = Δm(top) − Δm(random); ties → the higher floor")
@@ -299,8 +299,8 @@ class Selection:
         (:data:`POOL_RULE`), "" when it is large enough."""
         if not self.sets or self.possible_sets >= MIN_RANDOM_SETS:
             return ""
-        return (f"the random-head pool holds {self.random_pool} heads (floor-passing non-top heads that read B), the matched draw "
-                f"{self.possible_sets} possible {len(self.top)}-head sets ({self.distinct_sets} distinct among the draws); {POOL_RULE}")
+        return (f"the random-head pool holds {self.random_pool} heads (floor-passing non-top heads that read B), from which the matched "
+                f"draw can give {self.possible_text} distinct {len(self.top)}-head sets ({self.distinct_sets} among the draws); {POOL_RULE}")
 
     @property
     def top_name(self) -> str | None:
