@@ -60,6 +60,7 @@ SEED_BASE_RATE, SEED_EFFECT = 0.5, 0.60
 # The same change of a two-way choice in logits: P(correct) = σ(−margin), so 0.2 → 0.8 is 2·logit(0.8) of margin.
 MARGIN_EFFECT = 2 * math.log(0.8 / 0.2)
 SIMULATED_K = (4, 6, 8, 12, 16, 20, 30, 40, 50)
+DESIGN_EFFECTS = {"margin": MARGIN_EFFECT, "correct_choice": SEED_EFFECT}  # the effects the power table is simulated at
 
 
 def mask_condition(pool: str, mask: int) -> str:
@@ -140,13 +141,35 @@ def design(ctx: RunContext, table: pd.DataFrame, items, pool: str, skills: tuple
     return o, masks[:, cols][:, :, None] & defined[None], defined, cols
 
 
+def tempting_power(tempting: pd.DataFrame, wrong: pd.DataFrame, noise: pd.DataFrame, alpha: float) -> pd.DataFrame:
+    """``tempting`` (per pool and outcome: the T_wrong items' tempting-skill cells ``wrong``) with the power
+    the per-cell test had (:func:`probes.scoring.skill_masking.cell_power`, mean over those cells, at the
+    outcome's measured noise ``sigma``) against the observed mean C (``power_at_mean``) and against
+    :data:`DESIGN_EFFECTS` (``power_at_design``; NaN for an outcome without one): the power the design
+    had for the effects actually seen, next to the one it was planned for."""
+    sigma = noise.set_index(["pool", "outcome"])["sigma"]
+    out = []
+    for row in tempting.itertuples(index=False):
+        cells = wrong[(wrong["pool"] == row.pool) & (wrong["outcome"] == row.outcome) & wrong["c"].notna()]
+        noise_sd = float(sigma.get((row.pool, row.outcome), np.nan))
+        design = DESIGN_EFFECTS.get(row.outcome, np.nan)
+
+        def power(effect: float) -> float:
+            values = est.cell_power(effect, noise_sd, cells["n_plus"], cells["n_minus"], alpha=alpha)
+            return float(np.nanmean(values)) if np.isfinite(values).any() else np.nan
+
+        out.append({**row._asdict(), "sigma": noise_sd, "power_at_mean": power(row.mean), "design_effect": design,
+                    "power_at_design": power(design)})
+    return pd.DataFrame(out, columns=[*tempting.columns, "sigma", "power_at_mean", "design_effect", "power_at_design"])
+
+
 @dataclass
 class AttributionSummary:
     cells: pd.DataFrame  # pool, outcome, domain, skill, item_id, bucket, task_group, tempting, c, n_plus, n_minus, var_bound, var_empirical, sign_stability, p_value
     skills: pd.DataFrame  # pool, outcome, skill, c_bar, h_range, h_iqr, n_items, sign_stability
     power: pd.DataFrame  # source, outcome, pool, K, power, effect, noise
     noise: pd.DataFrame  # pool, outcome, sigma (median over items of the outcome's s.d. across masks), n_items
-    tempting: pd.DataFrame  # pool, outcome, n, mean, share_positive: C of each T_wrong item's tempting skill
+    tempting: pd.DataFrame  # pool, outcome, n, mean, share_positive, sigma, power_at_mean, design_effect, power_at_design (tempting_power)
     n_masks: int
     inclusion: float
     note: str
@@ -240,6 +263,7 @@ class Attribution(Analysis):
         wrong = cells[cells["tempting"] & (cells["bucket"] == "T_wrong")]
         tempting = wrong.groupby(["pool", "outcome"], sort=False)["c"].agg(
             n="count", mean="mean", share_positive=lambda c: float((c.dropna() > 0).mean()) if c.notna().any() else np.nan).reset_index()
+        tempting = tempting_power(tempting, wrong, noise, self.alpha)
         note = (f"{provenance(ctx)} · masks K = {self.masks}, f = {self.inclusion}, config {self.config} · "
                 f"{self.resamples} bootstrap resamples, {self.permutations} permutations, α = {self.alpha}")
         return AttributionSummary(cells, stats, power, noise, tempting, self.masks, self.inclusion, note)
@@ -314,6 +338,9 @@ class Attribution(Analysis):
                 f"Median per-cell variance of C (margin, logits²): the seed's binary bound ¼(1/|M⁺| + 1/|M⁻|) (Eq. 2) next to the "
                 f"empirical one:\n\n{markdown_table(variance)}\n\nPlanted check: C of each T_wrong item's tempting skill "
                 f"(positive: the skill raises the wrong-tool margin):\n\n{markdown_table(summary.tempting)}\n\n"
+                f"power_at_mean: the power the per-cell test had (two-sided t approximation at α = {self.alpha:g}, each tempting "
+                "cell's own |M⁺| and |M⁻|, s.d. sigma; mean over the cells) for an effect of the observed mean C; power_at_design: "
+                "the same for the effect the power table is simulated at (design_effect).\n\n"
                 f"Power of the per-cell permutation test against K (`{NAME}_power.csv`):\n\n{markdown_table(power)}")
         return ReportSection(NAME, "Seed 003 — skill attribution by random masking (`attribution`)", figures, body, [], summary)
 

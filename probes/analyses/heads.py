@@ -25,6 +25,8 @@
    in the top-N ranked heads, versus ``--random-draws`` sets of N random heads drawn among the
    non-top heads that pass the floor, matched on their B mass α_B·|B| (the knockout removes B, not
    P; :func:`matched_random_sets`, drawn once with ``--seed``, the same sets for every record).
+   The random-head pool's size is reported; when it admits fewer distinct N-head sets than
+   :data:`MIN_RANDOM_SETS` the claim is "untestable" (:data:`POOL_RULE`), not "not detected".
    Δm = m_knockout − m_BASM for the wrong-tool margin; top − random per record; means with a 95%
    bootstrap CI over task groups. The head lists are part of the causal results' recorded
    configuration, so a changed ranking never mixes with old rows.
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,6 +52,7 @@ import seaborn as sns
 from probes.analyses import register
 from probes.analyses.base import Analysis, Comparison, ReportSection
 from probes.analyses.jobs import Job, cached_scorer, run_jobs
+from probes.analyses.knockout import DEFAULT_SESOI
 from probes.analyses.option_system import depth_option, option
 from probes.analyses.run_context import AnalysisError, RunContext, provenance
 from probes.analyses.ratios import head_alphas
@@ -60,7 +63,7 @@ from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
-from probes.scoring.claims import Claim, effect_claim
+from probes.scoring.claims import ALPHA, Claim, effect_claim
 from probes.scoring.score import EPSILON
 from probes.scoring.stats import bootstrap_mean, no_ci_note
 
@@ -75,6 +78,13 @@ FLOOR_SOURCES = ("train", "given")
 MATCH_POOL = 2  # a random head is drawn among the MATCH_POOL·N candidate heads nearest its top head in log B mass
 MATCH_TOLERANCE = 2.0  # random sets' mean B mass within this factor of the top set's, else the match is weak
 ABSTAIN_REASON = "correct action is abstention: no tool-choice margin, and not the population the heads are ranked on"
+# The family's smallest effect of interest: the knockout family's δ (logits of the same wrong-tool margin), fixed before any run.
+SESOI = DEFAULT_SESOI
+# "More than random heads" needs a random reference of at least this many distinct N-head sets: a top set
+# that beat every one of M of them would rank first of M + 1, p = 1/(M + 1), below α only for M ≥ ⌊1/α⌋.
+MIN_RANDOM_SETS = math.floor(1 / ALPHA)
+POOL_RULE = (f"a test against random heads needs at least {MIN_RANDOM_SETS} distinct random sets: a top set beating every "
+             f"one of M random sets ranks first of M + 1, p = 1/(M + 1), below α = {ALPHA:g} only for M ≥ {MIN_RANDOM_SETS}")
 FLOOR_RULE = ("eligible floors: a full top-N set, matched random sets and a finite Δ on the other half; among them those whose "
               "B-mass match holds first, then the largest Δ = Δm(top) − Δm(random); ties → the higher floor")
 
@@ -203,18 +213,47 @@ def matched_random_sets(rank: pd.DataFrame, top: Sequence[Head], *, draws: int, 
     if len(candidates) < len(top):
         raise AnalysisError(f"matched random heads: {len(candidates)} floor-passing non-top heads read B, for {len(top)} top heads; "
                             "lower --top-n or the floor")
-    log_mass = {h: math.log(mass.loc[h]) for h in [*top, *candidates]}
-    pool = min(MATCH_POOL * len(top), len(candidates))
+    nearest, pool = matched_choices(rank, top, candidates)
     rng = np.random.default_rng(seed)
     sets = []
     for _ in range(draws):
         chosen: list[Head] = []
         for head in top:
-            free = [c for c in candidates if c not in chosen]
-            nearest = sorted(free, key=lambda c: (abs(log_mass[c] - log_mass[head]), c))[:pool]
-            chosen.append(nearest[int(rng.integers(len(nearest)))])
+            options = nearest(head, chosen)
+            chosen.append(options[int(rng.integers(len(options)))])
         sets.append(sorted(chosen))
     return sets, pool
+
+
+def matched_choices(rank: pd.DataFrame, top: Sequence[Head], candidates: Sequence[Head]) -> tuple[Callable[[Head, Sequence[Head]], list[Head]], int]:
+    """The matched draw's rule: ``nearest(head, chosen)`` lists the heads a random set may take for top
+    ``head`` once it holds ``chosen`` (the pool-width candidates not yet chosen nearest to ``head`` in log
+    B mass), and that width."""
+    mass = rank.set_index(["layer", "head"])["b_mass"]
+    log_mass = {h: math.log(mass.loc[h]) for h in [*top, *candidates]}
+    pool = min(MATCH_POOL * len(top), len(candidates))
+
+    def nearest(head: Head, chosen: Sequence[Head]) -> list[Head]:
+        free = [c for c in candidates if c not in chosen]
+        return sorted(free, key=lambda c: (abs(log_mass[c] - log_mass[head]), c))[:pool]
+
+    return nearest, pool
+
+
+def possible_sets(rank: pd.DataFrame, top: Sequence[Head], *, cap: int = MIN_RANDOM_SETS) -> int:
+    """How many distinct sets the matched draw (:func:`matched_random_sets`) can give, counted by
+    enumerating its choices up to ``cap`` (the count is min(true count, cap): enough to apply :data:`POOL_RULE`)."""
+    nearest, _ = matched_choices(rank, top, random_candidates(rank, top))
+    found: set[tuple[Head, ...]] = set()
+
+    def walk(chosen: list[Head]) -> bool:  # True once ``cap`` sets are found
+        if len(chosen) == len(top):
+            found.add(tuple(sorted(chosen)))
+            return len(found) >= cap
+        return any(walk([*chosen, head]) for head in nearest(top[len(chosen)], chosen))
+
+    walk([])
+    return len(found)
 
 
 def mean_mass(rank: pd.DataFrame, heads: Sequence[Head], column: str = "b_mass") -> float:
@@ -241,6 +280,27 @@ class Selection:
     pool: int  # candidate heads each random head was drawn among (0: no sets)
     note: str  # why the sets are smaller than asked, absent, or weakly matched ("" if none of these)
     match: bool | None = None  # the random sets' B mass within MATCH_TOLERANCE of the top set's (None: no sets)
+    random_pool: int = 0  # heads a random set may hold (floor-passing non-top heads that read B)
+    possible_sets: int = 0  # distinct sets the matched draw can give (:func:`possible_sets`, counted up to MIN_RANDOM_SETS)
+
+    @property
+    def possible_text(self) -> str:
+        """:attr:`possible_sets` as a count, "≥ MIN_RANDOM_SETS" where the count stopped there."""
+        return f"≥ {MIN_RANDOM_SETS}" if self.possible_sets >= MIN_RANDOM_SETS else str(self.possible_sets)
+
+    @property
+    def distinct_sets(self) -> int:
+        """Distinct head sets among the random draws."""
+        return len({tuple(sorted(self.sets[name])) for name in self.random_names})
+
+    @property
+    def pool_too_small(self) -> str:
+        """Why the random reference is too small for "more than random heads" to be testable
+        (:data:`POOL_RULE`), "" when it is large enough."""
+        if not self.sets or self.possible_sets >= MIN_RANDOM_SETS:
+            return ""
+        return (f"the random-head pool holds {self.random_pool} heads (floor-passing non-top heads that read B), from which the matched "
+                f"draw can give {self.possible_text} distinct {len(self.top)}-head sets ({self.distinct_sets} among the draws); {POOL_RULE}")
 
     @property
     def top_name(self) -> str | None:
@@ -274,7 +334,7 @@ def select_heads(rank_rows: pd.DataFrame, *, min_span_mass: float, top: int, dra
         notes.append(f"{len(candidates)} floor-passing non-top heads read B, for {n} top heads: no random sets "
                      "(heads below the floor are never drawn)")
     if unread or len(candidates) < n:
-        return Selection(min_span_mass, rank, {}, 0, "; ".join(notes))
+        return Selection(min_span_mass, rank, {}, 0, "; ".join(notes), random_pool=len(candidates))
     randoms, pool = matched_random_sets(rank, best, draws=draws, seed=seed)
     if pool < MATCH_POOL * n:
         notes.append(f"random heads drawn among all {pool} floor-passing non-top heads (fewer than {MATCH_POOL * n})")
@@ -283,7 +343,7 @@ def select_heads(rank_rows: pd.DataFrame, *, min_span_mass: float, top: int, dra
     if not match:  # too few floor-passing heads read B as much as the top heads: the comparison is not mass-matched
         notes.append(f"weak match: random sets' mean B mass {random_mass:.3g} vs top {top_mass:.3g}")
     sets = {f"top-{n}": best, **{f"random-{n} #{i}": heads for i, heads in enumerate(randoms)}}
-    return Selection(min_span_mass, rank, sets, pool, "; ".join(notes), match)
+    return Selection(min_span_mass, rank, sets, pool, "; ".join(notes), match, len(candidates), possible_sets(rank, best))
 
 
 # ----------------------------------------------------------------------------- causal check
@@ -357,11 +417,13 @@ def causal_table(rows: pd.DataFrame, selection: Selection, *, excluded: int, see
     out.append(estimate_row(pooled, wide[randoms].mean(axis=1) - base, groups, seed=seed, b_mass=float(np.mean([mass[n] for n in randoms])),
                             heads=""))
     out.append(estimate_row(f"{top} − {pooled}", differences(wide, selection)["value"], groups, seed=seed, b_mass=float("nan"), heads=""))
-    return pd.DataFrame(out).assign(n_abstain_excluded=excluded, n_no_boundary=no_boundary, n_undefined=undefined)
+    return pd.DataFrame(out).assign(n_abstain_excluded=excluded, n_no_boundary=no_boundary, n_undefined=undefined,
+                                    random_pool=selection.random_pool, random_sets_possible=selection.possible_sets,
+                                    random_sets_distinct=selection.distinct_sets)
 
 
-FLOOR_COLUMNS = ["floor", "chosen", "eligible", "n_ranked", "n_top", "top", "top_b_mass", "random_b_mass", "match", "pool",
-                 "value", "low", "high", "n", "n_items", "n_abstain_excluded", "n_no_boundary", "n_undefined", "ci_note", "note"]
+FLOOR_COLUMNS = ["floor", "chosen", "eligible", "n_ranked", "n_top", "top", "top_b_mass", "random_b_mass", "match", "pool", "random_pool",
+                 "random_sets_possible", "value", "low", "high", "n", "n_items", "n_abstain_excluded", "n_no_boundary", "n_undefined", "ci_note", "note"]
 
 
 def floor_rows(causal_rows: pd.DataFrame, floor: float) -> pd.DataFrame:
@@ -387,7 +449,8 @@ def floor_table(selections: Sequence[Selection], causal_rows: pd.DataFrame | Non
     out = []
     for sel in selections:
         row = {"floor": sel.floor, "chosen": False, "n_ranked": int(sel.ranking["ranked"].sum()), "n_top": len(sel.top),
-               "top": heads_text(sel.top), "top_b_mass": mean_mass(sel.ranking, sel.top), "pool": sel.pool, "note": sel.note or skipped,
+               "top": heads_text(sel.top), "top_b_mass": mean_mass(sel.ranking, sel.top), "pool": sel.pool, "random_pool": sel.random_pool,
+               "random_sets_possible": sel.possible_sets, "note": sel.note or skipped,
                "random_b_mass": float(np.mean([mean_mass(sel.ranking, sel.sets[n]) for n in sel.random_names])) if sel.sets else np.nan,
                "match": "" if sel.match is None else "holds" if sel.match else "weak", "n_abstain_excluded": excluded}
         if sel.sets and causal_rows is not None:
@@ -611,6 +674,11 @@ class Heads(Analysis):
                     f"T_wrong items excluded ({ABSTAIN_REASON})"]
         if chosen.note:
             messages.append(f"span mass ≥ {floor:g}: {chosen.note}")
+        if chosen.sets:
+            messages.append(f"random heads: {len(chosen.random_names)} draws ({chosen.distinct_sets} distinct sets) from a pool of "
+                            f"{chosen.random_pool} floor-passing non-top heads that read B, {chosen.possible_text} possible "
+                            f"{len(chosen.top)}-head sets; heads ranked just below the top N stay in the pool, as the test defines it"
+                            + (f". Too small for the claim to be tested: {POOL_RULE}" if chosen.pool_too_small else ""))
         skipped = ("--no-causal" if not a.causal else "" if tested
                    else "no tool-correct T_wrong item in the test half (the split needs items of ≥ 2 task groups)")
         causal_rows, causal, diffs = None, pd.DataFrame(), None
@@ -659,7 +727,9 @@ class Heads(Analysis):
         if len(summary.causal):
             matched = "matched on B mass" if summary.selection.match else "drawn by B mass, **weak match** (see b_mass)"
             body += ("\n\nCausal check on the test half's tool-correct T_wrong items (Δ wrong-tool margin, boundary knockout in these heads "
-                     f"only; random sets of floor-passing heads {matched}):\n\n{markdown_table(summary.causal)}")
+                     f"only; random sets of floor-passing heads {matched}; random_pool: the heads they are drawn from, random_sets_possible: "
+                     f"the distinct sets the matched draw can give, counted up to {MIN_RANDOM_SETS}, random_sets_distinct: those drawn):"
+                     f"\n\n{markdown_table(summary.causal)}")
         if len(summary.floor.table):
             body += ("\n\nChoice of the floor on the train split (Δm(top) − Δm(random) on the train test half; the chosen row was "
                      f"picked by the rule: {FLOOR_RULE}):\n\n{markdown_table(summary.floor.table)}")
@@ -682,10 +752,12 @@ class Heads(Analysis):
                      f"floor {summary.floor.label}) raises the T_wrong wrong-tool margin more than in {n} random floor-passing heads "
                      f"{matched}, on the other half")
         left_out = summary.causal.iloc[0]
-        note = (f"{len(sel.random_names)} random sets, mean per record; {left_out.n_abstain_excluded} abstention-correct T_wrong items "
+        note = (f"{len(sel.random_names)} random sets ({sel.distinct_sets} distinct) drawn from a random-head pool of {sel.random_pool} heads "
+                f"({sel.possible_text} possible {n}-head sets), mean per record; {left_out.n_abstain_excluded} abstention-correct T_wrong items "
                 f"excluded; {left_out.n_no_boundary} records without a boundary span and {left_out.n_undefined} with an undefined margin left out")
-        return [effect_claim("heads", f"top-{n}>random-{n}", statement, d["value"].to_numpy(float), d["task_group"].to_numpy(),
-                             seed=summary.seed, note=note)]
+        claim = effect_claim("heads", f"top-{n}>random-{n}", statement, d["value"].to_numpy(float), d["task_group"].to_numpy(),
+                             sesoi=SESOI, seed=summary.seed, note=note)
+        return [replace(claim, untestable=sel.pool_too_small)]
 
     def print_summary(self, summary: HeadsSummary) -> None:
         print(summary.ranking[SHOWN_RANKING].head(10).round(3).to_string(index=False))

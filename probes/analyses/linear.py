@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
-from probes.scoring.claims import Claim
+from probes.scoring.claims import Claim, absence_claim, effect_claim
 from probes.scoring.score import row_fields
 from probes.data.configs import CONFIGS, PAPER_CONFIGS
 from probes.data.dataset import fold_groups
@@ -76,6 +76,11 @@ DEFAULT_RESAMPLES = 1000
 NEWTON_TOL = 1e-9  # Newton decrement² gᵀH⁻¹g ≈ 2 (f − f*): stop within ~5e-10 of the optimal objective
 NEWTON_MAX_ITER = 100
 LABEL_BLOCK = 256  # label rows fitted together (bounds the [rows, r, r] Hessians' memory)
+# The family's smallest effect of interest, in AUC units, fixed before any run: an AUC of 0.6 (a
+# random T_ok item outscores a random T_wrong one 60% of the time; Cohen's d ≈ 0.36 for normal
+# scores) is the weakest readout we would call a linear "vector". So "no vector" means every
+# layer's AUC within 0.5 ± δ (TOST), and "beats the shortcut" means by more than δ.
+AUC_SESOI = 0.1
 
 
 @dataclass(frozen=True)
@@ -170,7 +175,8 @@ def _interval(values: np.ndarray) -> tuple[float, float, float]:
 def probe_layers(features: np.ndarray, y: np.ndarray, groups: Sequence[str], settings: ProbeSettings = ProbeSettings(),
                  progress: Callable[[], Any] | None = None, fold_on: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """One row per layer of ``features [n, layers, d]``: AUC (with CI), the per-layer
-    shuffled-label null and p, and the max-over-layers null with each layer's family-wise p.
+    shuffled-label null and p, the max-over-layers null with each layer's family-wise p, and the
+    items' out-of-fold scores (``oof_scores``, in the order of ``y``; None where not probed).
     ``groups``: task groups (the bootstrap and permutation unit); ``fold_on``: the groups of the CV
     folds (default ``groups``; scenarios for scenario-disjoint folds, each task group inside one, so
     the within-task-group permutations keep every fold's composition). ``progress`` is called after
@@ -184,7 +190,7 @@ def probe_layers(features: np.ndarray, y: np.ndarray, groups: Sequence[str], set
     stats = ("auc", "low", "high", "null_mean", "null_low", "null_high", "p_perm", "maxnull_mean", "maxnull_low", "maxnull_high", "p_maxnull",
              "p_floor")
     if not folds:
-        return [{**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0, "note": f"no grouped CV by {settings.fold_groups}: fewer than 2 groups per class, or no split leaves both classes in every training fold"}
+        return [{**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0, "oof_scores": None, "note": f"no grouped CV by {settings.fold_groups}: fewer than 2 groups per class, or no split leaves both classes in every training fold"}
                 for _ in range(n_layers)]
     shuffled = permuted_labels(y, groups, settings.permutations, settings.seed)
     everything = np.vstack([y, shuffled])  # row 0: the observed labels
@@ -212,7 +218,7 @@ def probe_layers(features: np.ndarray, y: np.ndarray, groups: Sequence[str], set
     rows = []
     for layer in range(n_layers):
         if constant[layer]:
-            rows.append({**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0,
+            rows.append({**base, **dict.fromkeys(stats, float("nan")), "n_permutations": 0, "oof_scores": None,
                          "note": "features identical across items (input-independent at this row): not probed"})
             continue
         value, null = float(aucs[layer, 0]), aucs[layer, 1:]
@@ -222,7 +228,7 @@ def probe_layers(features: np.ndarray, y: np.ndarray, groups: Sequence[str], set
                      "p_perm": float((1 + np.sum(null >= value)) / (1 + len(null))),
                      "maxnull_mean": maxnull_mean, "maxnull_low": maxnull_low, "maxnull_high": maxnull_high,
                      "p_maxnull": float((1 + np.sum(max_null >= value)) / (1 + len(max_null))), "n_permutations": len(null),
-                     "p_floor": max(1 / (1 + len(null)), 1 / labelings), "note": few})
+                     "p_floor": max(1 / (1 + len(null)), 1 / labelings), "oof_scores": observed_scores[layer].tolist(), "note": few})
     return rows
 
 
@@ -275,6 +281,9 @@ class FeatureCache:
 
 # ------------------------------------------------------------------------------------- the analysis
 NAME = "linear"
+# Each question its own Holm family, all with δ = AUC_SESOI: "readable" (as before), "beats the best
+# shortcut", "no vector at any layer"; so adding a question never makes another one untestable.
+SHORTCUT_FAMILY, NO_VECTOR_FAMILY = f"{NAME}-shortcut", f"{NAME}-no-vector"
 FIGURE = "fig10_linear_probe"
 
 
@@ -314,7 +323,7 @@ def probe_all(ctx: RunContext, index: Any, cache: FeatureCache, settings: ProbeS
                 else:
                     memo[signature] = probe_layers(features, y, groups, settings, progress=lambda: bar.update(1), fold_on=fold_on)
                 store.append([{"key": key, "config": config, "k": k, "format": ctx.fmt, "layer": layer,
-                               "d_model": int(features.shape[2]), **memo[signature][layer]}
+                               "d_model": int(features.shape[2]), "item_ids": frame["item_id"].tolist(), **memo[signature][layer]}
                               for layer, key in enumerate(keys) if key not in store])
 
     on_rank_zero(write)
@@ -332,11 +341,16 @@ SUMMARY_COLUMNS = ["config", "k", "layer", "auc", "low", "high", "null_mean", "n
                    "n", "n_pos", "n_neg", "n_groups", "n_folds", "note"]
 
 
+GROUP_COLUMNS = ["config", "k", "layer", "task_group", "probe_auc", "shortcut_auc"]
+
+
 @dataclass
 class LinearSummary:
     table: Any  # SUMMARY_COLUMNS per (config, k, layer)
     note: str  # the figure's footnote
     shortcut: dict[str, Any] | None = None  # the best no-model shortcut AUC on the same split (probes.scoring.shortcuts)
+    groups: Any = None  # GROUP_COLUMNS at the largest k: within-task-group AUCs of the probe and of the best shortcut
+    seed: int = 0
 
 
 def best_shortcut_auc(ctx: RunContext) -> dict[str, Any] | None:
@@ -350,6 +364,99 @@ def best_shortcut_auc(ctx: RunContext) -> dict[str, Any] | None:
     table = shortcut_table(ctx.dataset, splits=(split,), split_kind=a.split_kind, fold_groups=a.fold_groups, resamples=a.resamples, seed=a.seed,
                            item_ids=[item.id for item in ctx.items])
     return best_shortcut(table, split=split_name(split, a.split_kind)).get("auc")
+
+
+def shortcut_item_scores(ctx: RunContext, best: dict[str, Any] | None) -> pd.Series:
+    """The per-item scores, by item id, of the shortcut :func:`best_shortcut_auc` chose, on the same
+    items, oriented T_ok-high as its AUC is (empty without a shortcut): the paired side of the probe −
+    shortcut claim."""
+    from probes.scoring.shortcuts import PAIR, shortcut_scores
+
+    if best is None:
+        return pd.Series(dtype=float)
+    a = ctx.options
+    split = None if a.split == "all" else a.split
+    ids = {item.id for item in ctx.items}
+    pair = [item for item in ctx.dataset.select(split=split, split_kind=a.split_kind) if item.id in ids and item.bucket in PAIR]
+    wrong_high = shortcut_scores(ctx.dataset, pair, split=split, split_kind=a.split_kind, fold_groups=a.fold_groups, seed=a.seed)[best["shortcut"]]
+    y_ok = np.array([item.bucket == POSITIVE for item in pair], dtype=int)
+    # best_shortcut reads a rule in whichever direction separates (AUC ≥ 0.5): orient the scores the same way
+    ok_high = -wrong_high if auc(y_ok, -wrong_high) >= 0.5 else wrong_high
+    return pd.Series(ok_high, index=[item.id for item in pair], dtype=float)
+
+
+def group_aucs(y: np.ndarray, scores: np.ndarray, groups: Sequence[str]) -> pd.Series:
+    """Within-task-group AUC of ``scores`` for y = 1 (T_ok) against y = 0, per task group (first-seen
+    order): the paired unit of the probe's claims. NaN for a group holding one class only."""
+    y, scores, groups = np.asarray(y), np.asarray(scores, dtype=float), np.asarray(groups)
+    order = list(dict.fromkeys(groups.tolist()))
+    return pd.Series([auc(y[groups == g], scores[groups == g]) for g in order], index=order, dtype=float)
+
+
+def group_table(raw: pd.DataFrame, items: dict[str, Any], shortcut: pd.Series) -> pd.DataFrame:
+    """:data:`GROUP_COLUMNS` for every probed layer at the largest k of ``raw`` (the probe rows, with
+    ``item_ids`` and ``oof_scores``): per task group the probe's within-group AUC and the best
+    shortcut's on the same items (NaN without a shortcut score). Rows written before the scores were
+    kept never get here: the results header's code digest refuses them on resume."""
+    top = raw[(raw["k"] == raw["k"].max()) & raw["auc"].notna()]
+    out = []
+    for row in top.itertuples():
+        ids = list(row.item_ids)
+        y = np.array([items[i].bucket == POSITIVE for i in ids], dtype=int)
+        groups = [items[i].task_group for i in ids]
+        probe, cut = group_aucs(y, np.asarray(row.oof_scores, dtype=float), groups), group_aucs(y, shortcut.reindex(ids).to_numpy(float), groups)
+        out.append(pd.DataFrame({"config": row.config, "k": int(row.k), "layer": int(row.layer), "task_group": probe.index,
+                                 "probe_auc": probe.to_numpy(), "shortcut_auc": cut.to_numpy()}))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=GROUP_COLUMNS)
+
+
+def probe_claims(best: pd.DataFrame, groups: pd.DataFrame, shortcut: dict[str, Any] | None, *, seed: int = 0) -> list[Claim]:
+    """Per configuration at the largest k (``best``: :func:`best_layers`; ``groups``: :func:`group_table`),
+    δ = :data:`AUC_SESOI`, one family per question:
+
+    - *readable* (family "linear"): the best layer's AUC above the within-group label-permutation null, p family-wise
+      over layers (the max-over-layers null); CI: the AUC's bootstrap CI, held against 0.5;
+    - *probe > shortcut* (:data:`SHORTCUT_FAMILY`): mean over task groups of the best layer's within-group AUC minus the best
+      shortcut's on the same items (paired), above 0 and (minimum-effect test) above δ. The layer is
+      chosen after looking (which favours the probe), so p is Bonferroni-corrected over the probed
+      layers; the shortcut is the best of every rule, read in its better direction (which favours the
+      shortcut: the safe side);
+    - *no vector* (:data:`NO_VECTOR_FAMILY`): every probed layer's mean within-group AUC within 0.5 ± δ (TOST per layer; the
+      claim is their intersection, so its p is the largest, that layer's claim is the one shown)."""
+    if not len(best):
+        return []
+    top = best[best["k"] == best["k"].max()]
+    claims = []
+    for r in top.itertuples():
+        claims.append(Claim(NAME, f"{r.config} k={r.k}", f"under {r.config} at k = {r.k} applicability is linearly readable at the best layer "
+                            f"(L{r.best_layer}; max-over-layers permutation null)", float(r.auc), float(r.low), float(r.high), int(r.n_groups),
+                            float(r.p_best_layer_maxnull), p_floor=float(r.p_floor), unit="AUC", null=0.5,
+                            note=f"null AUC at that layer {r.shuffled:.3f} [{r.null_low:.3f}, {r.null_high:.3f}]"))
+        mine = groups[(groups["config"] == r.config) & (groups["k"] == r.k)]
+        layers = sorted(mine["layer"].unique())
+        at_best = mine[mine["layer"] == r.best_layer]
+        name = shortcut["shortcut"] if shortcut is not None else "none"
+        diff = at_best["probe_auc"] - at_best["shortcut_auc"]  # NaN without a shortcut: no unit, "not tested"
+        beats = effect_claim(SHORTCUT_FAMILY, f"{r.config} k={r.k} probe>shortcut",
+                             f"under {r.config} at k = {r.k} the best layer's probe (L{r.best_layer}) separates T_ok from T_wrong within "
+                             f"task groups better than the best surface shortcut ({name}) on the same items", diff.to_numpy(float),
+                             at_best["task_group"].to_numpy(), sesoi=AUC_SESOI, unit="AUC", seed=seed,
+                             note=(f"mean within-task-group AUC, probe − shortcut, paired by task group; p Bonferroni × {len(layers)} layers "
+                                   f"(the layer was chosen after looking); the shortcut is the best of every rule, read in its better direction"
+                                   if shortcut is not None else "no shortcut AUC on these items: nothing to compare with"))
+        claims.append(replace(beats, **{field: float(np.minimum(1.0, getattr(beats, field) * len(layers)))  # Bonferroni; NaN stays NaN
+                                        for field in ("p", "p_min_effect", "p_floor")}))
+        per_layer = [absence_claim(NO_VECTOR_FAMILY, f"{r.config} k={r.k} no vector",
+                                   f"under {r.config} at k = {r.k} no layer's probe reads applicability: the mean within-task-group AUC "
+                                   f"lies within 0.5 ± {AUC_SESOI:g} at every one of {len(layers)} probed layers (shown: L{layer}, the least "
+                                   "clearly equivalent; estimate = AUC − 0.5)",
+                                   (mine.loc[mine["layer"] == layer, "probe_auc"] - 0.5).to_numpy(float),
+                                   mine.loc[mine["layer"] == layer, "task_group"].to_numpy(), sesoi=AUC_SESOI, unit="AUC", seed=seed,
+                                   note=f"intersection–union test over {len(layers)} layers: TOST per layer, p = the largest")
+                     for layer in layers]
+        if per_layer:
+            claims.append(max(per_layer, key=lambda c: c.p if math.isfinite(c.p) else math.inf))
+    return claims
 
 
 def figure_note(ctx: RunContext, table: Any) -> str:
@@ -452,9 +559,11 @@ class Linear(Analysis):
         """Probes of every (config, k, layer) on the collected features, and the summary table."""
         a = ctx.options
         settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed, fold_groups=a.fold_groups)
-        table = probe_all(ctx, rows, FeatureCache(ctx.out_dir / "linear_features"), settings)
-        table = table[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
-        return LinearSummary(table, figure_note(ctx, table), best_shortcut_auc(ctx))
+        raw = probe_all(ctx, rows, FeatureCache(ctx.out_dir / "linear_features"), settings)
+        table = raw[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
+        shortcut = best_shortcut_auc(ctx)
+        groups = group_table(raw, {item.id: item for item in ctx.dataset.items}, shortcut_item_scores(ctx, shortcut))
+        return LinearSummary(table, figure_note(ctx, table), shortcut, groups, a.seed)
 
     def tables(self, summary: LinearSummary) -> dict[str, pd.DataFrame]:
         return {f"{NAME}_summary": summary.table}
@@ -484,6 +593,12 @@ class Linear(Analysis):
                         + ", ".join(f"{r.config} k={r.k}" for r in below.itertuples()) + ". Such a probe result can be read off the "
                         "request's surface and is no evidence that the residual stream encodes applicability."
                         if len(below) else "Every best-layer probe result's CI lies above it."))
+        body += (f"\n\n**Claims** (smallest effect of interest δ = {AUC_SESOI:g} AUC, fixed before the run: an AUC of "
+                 f"{0.5 + AUC_SESOI:g} is the weakest readout called a vector). Per configuration at k = {k_max}, one Holm family per "
+                 f"question: readable at the best layer (`{NAME}`); the best layer beats the best shortcut by more than δ "
+                 f"(`{SHORTCUT_FAMILY}`: within-task-group AUC, paired by task group, Bonferroni over the layers); and \"no vector\" "
+                 f"(`{NO_VECTOR_FAMILY}`): every layer's within-task-group AUC within 0.5 ± δ (TOST at each layer, all must hold). "
+                 f"Absence of a detected probe is not evidence of no vector; only the last claim holding is.")
         floors = p_floors(table)
         if floors:
             body += "\n\n**p floor.** " + "; ".join(floors) + " (too few task groups for a smaller permutation p at any layer)."
@@ -493,18 +608,8 @@ class Linear(Analysis):
         return ReportSection(NAME, "Fig. 10 — residual-stream linear probe control (`linear`)", figures, body, comparisons, summary)
 
     def claims(self, summary: LinearSummary) -> list[Claim]:
-        """Per configuration at the largest k: applicability is linearly readable at the best layer (AUC
-        above the within-group label-permutation null, p family-wise over layers: the max-over-layers
-        null); family "linear". The CI is the AUC's bootstrap CI, held against 0.5."""
-        best = best_layers(summary.table)
-        if not len(best):
-            return []
-        top = best[best["k"] == best["k"].max()]
-        return [Claim(NAME, f"{r.config} k={r.k}", f"under {r.config} at k = {r.k} applicability is linearly readable at the best layer "
-                      f"(L{r.best_layer}; max-over-layers permutation null)", float(r.auc), float(r.low), float(r.high), int(r.n_groups),
-                      float(r.p_best_layer_maxnull), p_floor=float(r.p_floor), unit="AUC", null=0.5,
-                      note=f"null AUC at that layer {r.shuffled:.3f} [{r.null_low:.3f}, {r.null_high:.3f}]")
-                for r in top.itertuples()]
+        """:func:`probe_claims`: readable at the best layer, beats the best shortcut, no vector at any layer."""
+        return probe_claims(best_layers(summary.table), summary.groups, summary.shortcut, seed=summary.seed)
 
     def print_summary(self, summary: LinearSummary) -> None:
         for (config, k), frame in summary.table.groupby(["config", "k"], sort=True):

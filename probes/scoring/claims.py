@@ -18,7 +18,10 @@ within each family (Holm, through ``statsmodels``) and words a verdict that cann
   it *holds* only when both one-sided tests reject |X| ≥ δ after adjustment; otherwise it is
   "not shown", never "no effect";
 - an **exploratory** claim (strata, selectivity checks, anything not chosen before the run) is
-  tested and adjusted like the others but never "holds": its verdict starts "exploratory:".
+  tested and adjusted like the others but never "holds": its verdict starts "exploratory:";
+- a claim whose design cannot test it whatever the data (``untestable``: the reason, e.g. a random
+  reference of three possible head sets) says "untestable: <reason>", keeps its estimate and p, and
+  leaves its family's Holm correction (it is no test).
 
 A family whose Holm-adjusted floor (the smallest reachable p times the number of tested claims in
 the family, Holm's factor for its smallest p) is not below α is "untestable": no outcome could hold.
@@ -57,6 +60,8 @@ class Claim:
     ``sesoi`` only; NaN otherwise). ``p_min_effect``: the minimum-effect test's one-sided p that the
     effect exceeds ``sesoi`` on the claimed side (effect claims with a stated ``sesoi``).
     ``exploratory``: chosen after seeing data or one of many strata; never "holds".
+    ``untestable``: why the design cannot test the claim whatever the data ("" when it can); the
+    verdict says so and the claim leaves its family's Holm correction.
     """
 
     family: str
@@ -77,6 +82,7 @@ class Claim:
     null: float = 0.0  # the estimate's value under the null hypothesis (0.5 for an AUC)
     p_min_effect: float = math.nan
     exploratory: bool = False
+    untestable: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -166,6 +172,8 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 def verdict(row: pd.Series, alpha: float = ALPHA) -> str:
     """The wording a claim earns: "holds", or what was (not) shown, with the power where known;
     an exploratory claim's wording starts "exploratory:" and never says "holds"."""
+    if reason := row.get("untestable"):  # the design, not the data, rules the test out: say why
+        return f"untestable: {reason}"
     if not np.isfinite(row["p_holm"]):
         return "not tested: no records (see the note)" if int(row["n"]) == 0 else f"not tested: {int(row['n'])} task group"
     adjusted_floor = row["p_floor"] * max(int(row["family_size"]), 1)  # Holm multiplies the smallest p by the family size
@@ -218,9 +226,11 @@ def claims_table(claims: Sequence[Claim], *, alpha: float = ALPHA) -> pd.DataFra
             if len(deltas) > 1:
                 raise ValueError(f"claims family {family!r} states {len(deltas)} smallest effects of interest in {unit} "
                                  f"({deltas}): state one δ per family, before the run")
-        frame.loc[sub.index, "p_holm"] = holm(sub["p"].to_numpy())
-        frame.loc[sub.index, "p_min_holm"] = holm(sub["p_min_effect"].to_numpy())
-        frame.loc[sub.index, "family_size"] = int(np.isfinite(sub["p"].to_numpy(float)).sum())
+        tested = sub["untestable"] == ""  # a claim its design cannot test is no test: not in the correction
+        p, p_min = sub["p"].where(tested), sub["p_min_effect"].where(tested)
+        frame.loc[sub.index, "p_holm"] = holm(p.to_numpy())
+        frame.loc[sub.index, "p_min_holm"] = holm(p_min.to_numpy())
+        frame.loc[sub.index, "family_size"] = int(np.isfinite(p.to_numpy(float)).sum())
     frame["verdict"] = [verdict(row, alpha) for _, row in frame.iterrows()]
     return frame[COLUMNS + ["alternative"]]
 

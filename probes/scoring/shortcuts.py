@@ -379,6 +379,50 @@ def _rule_rows(shortcut: str, split: str, predicted: Sequence[str], items: Seque
                  "AUC of the rule's answer (T_wrong = 1) for T_wrong (positive) vs T_ok; = its balanced accuracy")]
 
 
+def rule_answers(pair: Sequence[Item], dataset: ProbeDataset) -> dict[str, tuple[list[str], str]]:
+    """Each yes/no rule's answer ("T_wrong" / "T_ok") for every item of ``pair``, with the rule's
+    note: the lexical overlap rules (:func:`overlap_rule`, with this module's words and with the
+    retriever's) and :data:`CATALOG_RULES`. The one place a rule becomes per-item answers, for the
+    table's rows and for :func:`shortcut_scores`."""
+    skill = [dataset.skills[item.tempting_skill] for item in pair]
+    answers = {
+        "overlap_rule": ([overlap_rule(item, s) for item, s in zip(pair, skill)],
+                         "T_wrong iff the request shares more content words with risk cues + avoidance rules than with applicability"),
+        "overlap_rule_retrieval_words": ([overlap_rule(item, s, words=retrieval_words) for item, s in zip(pair, skill)],
+                                         "overlap_rule with the retriever's words (probes.data.retrieval.content_words)")}
+    for rule, (fires, note) in CATALOG_RULES.items():
+        answers[rule] = (["T_wrong" if fires(item, dataset) else "T_ok" for item in pair], note)
+    return answers
+
+
+def train_pair(dataset: ProbeDataset, split: str | None, split_kind: str) -> list[Item]:
+    """The T_ok / T_wrong train items a classifier is fit on for the ``auc_fit_on_train`` rows: the
+    split kind's train split when the table reads ``eval``, none otherwise."""
+    return [item for item in dataset.select(split="train", split_kind=split_kind) if item.bucket in PAIR] if split == "eval" else []
+
+
+def shortcut_scores(dataset: ProbeDataset, pair: Sequence[Item], *, split: str | None, split_kind: str = "template",
+                    folds: int = DEFAULT_FOLDS, fold_groups: str = "task_group", seed: int = 0, tokenizer: Any = None,
+                    rank1: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
+    """Per-item scores of every no-model rule of :data:`SHORTCUT_RULES` on the T_ok / T_wrong items
+    ``pair`` of ``split``, oriented T_wrong-high (a rule's answer as 0/1, a request length, 1 − the
+    out-of-fold or fit-on-train P(T_ok) of a bag of words), keyed as :func:`best_shortcut` names
+    them ("<shortcut> (fit on train)" for the fit-on-train classifiers). The AUC of each equals the
+    AUC row :func:`shortcut_table` writes for it on the same items (checked in the tests); an item
+    no fold scored is NaN. For a paired comparison with a probe on the same items."""
+    scores = {"request_length_words": np.array([word_count(item.user) for item in pair], dtype=float)}
+    if tokenizer is not None:
+        scores["request_length_tokens"] = np.array([len(tokenizer(item.user, add_special_tokens=False)["input_ids"]) for item in pair], dtype=float)
+    for rule, (predicted, _) in rule_answers(pair, dataset).items():
+        scores[rule] = np.array([guess == "T_wrong" for guess in predicted], dtype=float)
+    train = train_pair(dataset, split, split_kind)
+    for shortcut, by_skill, skills, _ in bag_of_words_variants(rank1):
+        scores[shortcut] = 1 - bag_of_words(pair, folds=folds, seed=seed, by_skill=by_skill, fold_groups=fold_groups, skills=skills)[1]
+        if len({item.bucket for item in train}) == 2:
+            scores[f"{shortcut} (fit on train)"] = 1 - held_out_bag_of_words(train, pair, by_skill=by_skill, skills=skills)[1]
+    return scores
+
+
 def split_name(split: str | None, split_kind: str = "template") -> str:
     """How :func:`shortcut_table` names a split in its ``split`` column: ``eval``, ``all`` (``None``)
     or, for another split kind, ``scenario:eval``."""
@@ -463,16 +507,10 @@ def shortcut_table(
             if tokenizer is not None:
                 lengths = [len(tokenizer(item.user, add_special_tokens=False)["input_ids"]) for item in pair]
                 rows += length_rows(pair, name, lengths, "tokens", **common)
-            predicted = [overlap_rule(item, dataset.skills[item.tempting_skill]) for item in pair]
-            rows += _rule_rows("overlap_rule", name, predicted, pair,
-                               "T_wrong iff the request shares more content words with risk cues + avoidance rules than with applicability", **common)
-            predicted = [overlap_rule(item, dataset.skills[item.tempting_skill], words=retrieval_words) for item in pair]
-            rows += _rule_rows("overlap_rule_retrieval_words", name, predicted, pair,
-                               "overlap_rule with the retriever's words (probes.data.retrieval.content_words)", **common)
-            for rule, (fires, note) in CATALOG_RULES.items():
-                rows += _rule_rows(rule, name, ["T_wrong" if fires(item, dataset) else "T_ok" for item in pair], pair, note, **common)
+            for rule, (predicted, note) in rule_answers(pair, dataset).items():
+                rows += _rule_rows(rule, name, predicted, pair, note, **common)
             rows += hidden_place_rows(pair, dataset, name, **common)
-            train = [item for item in dataset.select(split="train", split_kind=split_kind) if item.bucket in PAIR] if split == "eval" else []
+            train = train_pair(dataset, split, split_kind)
             for variant in bag_of_words_variants(rank1):
                 rows += out_of_fold_rows(pair, name, variant, folds=folds, fold_groups=fold_groups, **common)
                 shortcut, by_skill, skills, _ = variant

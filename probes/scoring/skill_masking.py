@@ -11,7 +11,8 @@ item i saw under mask k (``defined[j, i]``: whether skill j is in item i's pool 
   interquartile range over items as the robust heterogeneity (see :func:`row_statistics`);
 - sign stability: the share of mask bootstrap resamples (the seed's 1,000) whose C keeps its sign;
 - power: a per-cell two-sided permutation test of C at level α, by simulation and by resampling the
-  masks of a run.
+  masks of a run, and (:func:`cell_power`) its t approximation at a cell's own |M⁺| and |M⁻|, for
+  any effect size (e.g. the effects a run observed).
 
 Every function takes a leading batch axis where resampling needs one; masks with a NaN outcome
 (a margin that is undefined for an item) count in neither group.
@@ -120,6 +121,24 @@ def permutation_pvalues(outcomes: np.ndarray, included: np.ndarray, defined: np.
     perm = causal_scores(shuffled, included, defined)
     extreme = (np.abs(perm) >= np.abs(c)[None] - 1e-12) | ~np.isfinite(perm)  # an undefined shuffle is no evidence
     return np.where(np.isfinite(c), (1 + extreme.sum(axis=0)) / (1 + n_permutations), np.nan)
+
+
+def cell_power(effect: float, sigma: float, n_plus: Sequence[int], n_minus: Sequence[int], *, alpha: float) -> np.ndarray:
+    """Per cell, the power of a two-sided two-sample t test at level ``alpha`` (statsmodels'
+    ``TTestIndPower``) to detect a difference ``effect`` between its ``n_plus`` masks with the skill
+    and ``n_minus`` without, at outcome s.d. ``sigma``: the t approximation of the per-cell
+    permutation test. NaN where a side holds fewer than two masks or the effect or s.d. is not usable."""
+    from statsmodels.stats.power import TTestIndPower
+
+    n_plus, n_minus = np.asarray(n_plus, dtype=float), np.asarray(n_minus, dtype=float)
+    power = np.full(len(n_plus), np.nan)
+    if not (np.isfinite(effect) and np.isfinite(sigma) and sigma > 0):
+        return power
+    for i, (plus, minus) in enumerate(zip(n_plus, n_minus)):
+        if plus >= 2 and minus >= 2:
+            power[i] = TTestIndPower().power(effect_size=abs(effect) / sigma, nobs1=plus, ratio=minus / plus, alpha=alpha,
+                                             alternative="two-sided")
+    return power
 
 
 def simulated_power(n_masks: Sequence[int], inclusion: float, effect: float, *, outcome: str, noise: float = 0.0,
