@@ -65,7 +65,7 @@ from probes.scoring.claims import Claim, absence_claim, effect_claim
 from probes.scoring.score import row_fields
 from probes.data.configs import CONFIGS, PAPER_CONFIGS
 from probes.data.dataset import fold_groups
-from probes.scoring.stats import auc, group_bootstrap_auc, grouped_folds, permute_within_groups, permuted_labels  # noqa: F401  (auc, permute_within_groups: part of this module's probe API)
+from probes.scoring.stats import auc, group_bootstrap_auc, grouped_folds, permuted_labels
 
 POSITIVE, NEGATIVE = "T_ok", "T_wrong"  # applicable (1) vs inapplicable (0)
 PROBE_BUCKETS: tuple[str, ...] = (POSITIVE, NEGATIVE)

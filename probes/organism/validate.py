@@ -155,10 +155,8 @@ def heads_claim(ctx: RunContext, top: int, draws: int, seed: int) -> tuple[Claim
     summary = heads.summarise(ctx, heads.collect(ctx))
     if summary.differences is None or len(summary.selection.top) != top:  # no result, or one about another N
         raise AnalysisError(f"heads claim: no top-{top} result ({'; '.join(summary.messages)})")
-    values = summary.differences
-    claim = paired_claim("heads", heads.claims(summary)[0].statement, values["value"], pd.Series(0.0, index=values.index),
-                         values["task_group"], seed=seed)
-    return claim, summary.ranking
+    # the analysis's own claim (its δ, power and any "untestable" reason kept), moved into the validation's family
+    return replace(heads.claims(summary)[0], family=FAMILY, name="heads"), summary.ranking
 
 
 # ----------------------------------------------------------------------------- running

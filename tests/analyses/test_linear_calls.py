@@ -20,7 +20,8 @@ from sklearn.metrics import roc_auc_score
 from threadpoolctl import threadpool_limits
 
 from probes.analyses.calls import Calls, CallsSummary, call_rates, syntax_counts, generation_prompt
-from probes.analyses.linear import Linear, ProbeSettings, auc, grouped_folds, permute_within_groups, probe_layers
+from probes.analyses.linear import Linear, ProbeSettings, auc, grouped_folds, probe_layers
+from probes.scoring.stats import permute_within_groups
 from probes.analyses.paired import PAIRED_STATUSES, PairedSummary, pair_rows, paired_status, paired_summary, Paired
 from probes.cli.main import main
 from probes.data.dataset import load_dataset
