@@ -289,14 +289,19 @@ organism; they are cross-checks, not claims (the claims are the validation's, be
 `basm-probes organism validate` runs the probe analyses (sweep, knockout, ratios, heads) on every eval
 item of T_wrong and T_ok at k = 2 and tests each targeted effect with a 95% cluster-bootstrap CI over
 task groups and a one-sided sign-flip permutation test; the p-values are Holm-adjusted over all the
-validation's claims, and an effect claim holds iff its CI lies above 0 and its adjusted p < 0.05, the
-control's equivalence claim iff both its one-sided tests reject after adjustment (`docs/statistics.md`). Margins: Eq. 1 restricted to the tools (`--margin-variant tool_choice`: wrong vs
+validation's claims, and an effect claim holds iff its CI lies above 0 and its adjusted p < 0.05 and, where
+the claim states a smallest effect of interest δ (the knockouts and heads: ±0.25 logits), a minimum-effect
+test also places it beyond δ (else it is "detectable, below the smallest effect of interest"); the
+control's equivalence claim holds iff both its one-sided tests reject after adjustment (`docs/statistics.md`).
+Margins: Eq. 1 restricted to the tools (`--margin-variant tool_choice`: wrong vs
 correct tool, in logits; items whose correct action is abstention have none and are left out).
 Knockouts block B from every row from the one that opens the call to the decision row. The random
 controls draw from the neutral pool (the memory block outside B, P, their section labels and every line
 naming a tool): |B| positions of it, a count-matched pair (n random positions of B against n of the
 pool) and, where the pool holds that much attention, positions matching B's attention mass at the
-deciding row; the dose comparison is the slope of Δm on the attention mass removed. The pool is not
+deciding row; the equal-mass comparison draws B positions holding the mass of each pool draw and compares
+the two knockouts at that mass (no slope is extrapolated past the mass the pool covers). Controls that
+block the same positions on every record are one knockout, tested once. The pool is not
 assumed neutral: its own shift is a claim (`{CONTROL}`, equivalence within ±{control['sesoi']:g} logits by two
 one-sided tests). η is the group-paired T_ok → T_wrong shift of log2 η (unit: log2 η, not logits) on
 tool-correct items read at the decision row. Heads: the floor on
