@@ -192,7 +192,8 @@ def misworded(stated: Sequence[Stated], table: pd.DataFrame) -> list[str]:
         if not len(rows) or any(holds(v) for v in rows["verdict"]):
             continue
         phrases = sorted({verdict_phrase(v) for v in rows["verdict"]})
-        if not any(p.lower() in s.sentence.lower() for p in phrases):
+        sentence = " ".join(s.sentence.split()).lower()  # a phrase may wrap over lines
+        if not any(p.lower() in sentence for p in phrases):
             out.append(f"{s}: verdict {' / '.join(repr(v) for v in rows['verdict'])}, but its sentence does not say "
                        f"{' or '.join(repr(p) for p in phrases)}")
     return out
