@@ -119,6 +119,8 @@ def test_a_claim_that_does_not_hold_worded_as_holding_is_caught(doc, table) -> N
     said = f"**Not detected**: B against the control, {shown(weak)}, p = {weak['p']:.2f}."
     assert not doc.misworded(doc.stated_estimates(said, "t"), table)
     assert not doc.misworded(doc.stated_estimates(f"It holds ({shown(table.iloc[0])}).", "t"), table)
+    wrapped = f"B against the control, {shown(weak)}: not\n  detected, p = {weak['p']:.2f}."  # the phrase wraps over a line
+    assert not doc.misworded(doc.stated_estimates(wrapped, "t"), table)
 
 
 def test_descriptive_numbers_are_skipped_and_a_broken_marker_is_an_error(doc, table) -> None:
