@@ -93,7 +93,8 @@ def assemble_model(models: str | Path, *, package: str = PART_PACKAGE, count: in
 
 
 # ------------------------------------------------------------------------------------- the runs
-DATASET = ("--dataset", "basm_probe", "--domain", "files")  # v1's files domain: 9 T_wrong eval items in 3 task groups
+DATASET = ("--dataset", "basm_probe")  # v1: its files domain holds 9 T_wrong eval items in 3 task groups
+FILES = ("--domain", "files")
 
 
 @dataclass(frozen=True)
@@ -113,21 +114,23 @@ class Step:
                 "--out", str(out / self.name)]
 
 
-def knockout_step(pool: str) -> Step:
-    return Step(f"knockout-{pool.replace('+', '-')}", "knockout", ("--bucket", "T_wrong", "--limit", "3", "--random-pool", pool),
+def knockout_step(pool: str, where: tuple[str, ...] = FILES, limit: int = 3, suffix: str = "") -> Step:
+    return Step(f"knockout-{pool.replace('+', '-')}{suffix}", "knockout", (*where, "--bucket", "T_wrong", "--limit", str(limit), "--random-pool", pool),
                 tables=("knockout_controls",))
 
 
-CHECKER = ("--checker", "--configs", "basm", "--on-block", "report", "--bucket", "T_wrong,T_ok", "--limit", "2")
-# In priority order: knockout and calls first (the issue's items 2 and 5), then the other pools, the judge, forks, repair.
+CHECKER = (*FILES, "--checker", "--configs", "basm", "--on-block", "report", "--bucket", "T_wrong,T_ok", "--limit", "2")
+# In priority order: knockout and calls first (the issue's items 2 and 5), then the other pools, the judge, a knockout
+# over 8 task groups of every domain (3 groups cannot reach p < 0.05 after Holm), forks, repair.
 STEPS = (
     knockout_step("neutral"),
-    Step("calls-checker", "calls", CHECKER, tables=("calls_checker_quality", "calls_checker_rules")),
+    Step("calls-checker", "calls", CHECKER, tables=("calls_checker_quality", "calls_checker_rules", "calls_checker_coverage")),
     knockout_step("memory"),
     knockout_step("memory+procedure"),
     Step("calls-checker-judge", "calls", CHECKER, reuses="calls-checker", judge=True, tables=("calls_checker_quality", "calls_checker_rules")),
-    Step("forks", "forks", ("--configs", "basm", "--bucket", "T_wrong", "--limit", "2"), tables=("forks_shares",)),
-    Step("repair", "repair", ("--bucket", "T_repair", "--limit", "2"), tables=("repair_summary",)),
+    knockout_step("neutral", where=(), limit=8, suffix="-8groups"),
+    Step("forks", "forks", (*FILES, "--configs", "basm", "--bucket", "T_wrong", "--limit", "2"), tables=("forks_shares",)),
+    Step("repair", "repair", (*FILES, "--bucket", "T_repair", "--limit", "2"), tables=("repair_summary",)),
 )
 
 
