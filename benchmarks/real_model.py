@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from probes.core.files import OutputRoot
 
@@ -123,7 +123,7 @@ def knockout_step(pool: str, where: tuple[str, ...] = FILES, limit: int = 3, suf
                 tables=("knockout_controls",))
 
 
-CHECKER = (*FILES, "--checker", "--configs", "basm", "--on-block", "report", "--bucket", "T_wrong,T_ok", "--limit", "2")
+CHECKER = (*FILES, "--checker", "--configs", "basm", "--on-block", "report", "--limit", "2")  # buckets: calls' default, T_wrong and T_ok
 # In priority order: knockout and calls first (the issue's items 2 and 5), then the other pools, the judge, a knockout
 # over 8 task groups of every domain (3 groups cannot reach p < 0.05 after Holm), forks, repair.
 STEPS = (
@@ -233,12 +233,13 @@ def checker_on_real_replies(path: Path) -> "pd.DataFrame":
     return pd.DataFrame(out)
 
 
-def step_summary(ran: Ran, folder: Path, forward_cpu_s: float) -> str:
+def step_summary(ran: Ran, folder: Path, forward_cpu_s: float | None) -> str:
     """One step's part of the summary: cost, then its claims and its chosen tables as written."""
     import pandas as pd
 
     lines = [f"## {ran.step.name} (`{ran.step.analysis}`)", "",
-             f"wall {ran.wall_s / 60:.1f} min · CPU {ran.cpu_s / 60:.1f} min = {ran.cpu_s / forward_cpu_s:.1f} forwards of the unit "
+             f"wall {ran.wall_s / 60:.1f} min · CPU {ran.cpu_s / 60:.1f} min = "
+             f"{'(unit not yet measured)' if forward_cpu_s is None else f'{ran.cpu_s / forward_cpu_s:.1f}'} forwards of the unit "
              f"prompt (CPU time over the unit forward's) · peak RSS "
              f"{ran.peak_rss_gb:.1f} GB · exit {ran.returncode}", ""]
     for stem in (f"{ran.step.analysis}_claims", *ran.step.tables):
@@ -284,26 +285,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = OutputRoot(args.out)
     started = time.perf_counter()
-    unit = subprocess.run([sys.executable, __file__, "--measure-forward", "--out", str(out.root), "--models", str(models)],
-                          check=True, stdout=subprocess.PIPE, text=True).stdout
-    forward = json.loads(unit.strip().splitlines()[-1])
-    head = [f"# {MODEL_FILE} on this machine", "",
-            f"unit: one plain forward of `{forward['record']}` ({forward['tokens']} tokens) on {forward['threads']} thread(s): "
-            f"{forward['forward_s']:.1f} s wall, {forward['forward_cpu_s']:.1f} s CPU, peak RSS {forward['peak_rss_gb']:.1f} GB · spans of the files domain's T_wrong prompts "
-            f"(basm, proc; k = 1, 2): {forward['spans']}, {forward['span_mismatches']} mismatches", ""]
-    parts = []
+    runs: list[tuple[Ran, Path]] = []
+
+    def write_summary(forward: dict[str, Any] | None) -> str:
+        unit = ("unit: not yet measured (it is measured after the analyses)" if forward is None else
+                f"unit: one plain forward of `{forward['record']}` ({forward['tokens']} tokens) on {forward['threads']} thread(s): "
+                f"{forward['forward_s']:.1f} s wall, {forward['forward_cpu_s']:.1f} s CPU, peak RSS {forward['peak_rss_gb']:.1f} GB · spans "
+                f"of the files domain's T_wrong prompts (basm, proc; k = 1, 2): {forward['spans']}, {forward['span_mismatches']} mismatches")
+        text = "\n".join([f"# {MODEL_FILE} on this machine", "", unit, "", f"total wall {(time.perf_counter() - started) / 60:.1f} min", "",
+                          *(step_summary(ran, folder, None if forward is None else forward["forward_cpu_s"]) for ran, folder in runs)])
+        out.write("summary.md", text)  # after every step: a stopped run keeps what it measured
+        return text
+
     for name in args.steps.split(","):
         step = by_name[name]
         if args.limit is not None:
             at = step.args.index("--limit")
             step = dataclasses.replace(step, args=(*step.args[:at + 1], str(args.limit), *step.args[at + 2:]))
-        ran = run_step(step, model, out)
-        parts.append(step_summary(ran, out.path(f"{step.name}/{model.stem}"), forward["forward_cpu_s"]))
-        text = "\n".join([*head, f"total wall so far {(time.perf_counter() - started) / 60:.1f} min", "", *parts])
-        out.write("summary.md", text)  # after every step: a stopped run keeps what it measured
-    print("\n" + text)
+        runs.append((run_step(step, model, out), out.path(f"{step.name}/{model.stem}")))
+        write_summary(None)
+    # the unit last: the analyses' results come first when time is short; measured once per --out
+    cached = out.path("unit_forward.json")
+    if not cached.is_file():
+        unit = subprocess.run([sys.executable, __file__, "--measure-forward", "--out", str(out.root), "--models", str(models)],
+                              check=True, stdout=subprocess.PIPE, text=True).stdout
+        out.write("unit_forward.json", unit.strip().splitlines()[-1])
+    print("\n" + write_summary(json.loads(cached.read_text())))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
