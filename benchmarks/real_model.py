@@ -123,7 +123,8 @@ def knockout_step(pool: str, where: tuple[str, ...] = FILES, limit: int = 3, suf
                 tables=("knockout_controls",))
 
 
-CHECKER = (*FILES, "--checker", "--configs", "basm", "--on-block", "report", "--limit", "1")  # buckets: calls' default, T_wrong and T_ok
+CHECKER = (*FILES, "--checker", "--configs", "basm", "--on-block", "report", "--k-max", "2", "--bucket", "T_wrong", "--bucket", "T_ok",
+           "--limit", "1")
 # In priority order: knockout and calls first (the issue's items 2 and 5), then the other pools, the judge, a knockout
 # over 8 task groups of every domain (3 groups cannot reach p < 0.05 after Holm), forks, repair.
 STEPS = (
