@@ -134,7 +134,7 @@ STEPS = (
     knockout_step("memory+procedure"),
     Step("calls-checker-judge", "calls", CHECKER, reuses="calls-checker", judge=True, tables=("calls_checker_quality", "calls_checker_rules")),
     knockout_step("neutral", where=(), limit=8, suffix="-8groups"),
-    Step("forks", "forks", (*FILES, "--configs", "basm", "--bucket", "T_wrong", "--limit", "2"), tables=("forks_shares",)),
+    Step("forks", "forks", (*FILES, "--configs", "basm", "--k-max", "2", "--bucket", "T_wrong", "--limit", "2"), tables=("forks_shares",)),
     Step("repair", "repair", (*FILES, "--bucket", "T_repair", "--limit", "2"), tables=("repair_summary",)),
 )
 
