@@ -180,7 +180,8 @@ class Ran:
 
 
 def run_step(step: Step, model: Path, out: OutputRoot) -> Ran:
-    """``step`` as a child process (its output goes to ours); one model process at a time."""
+    """``step`` as a child process (its output goes to ours); one model process at a time. Its cost is
+    added to ``OUT/<step>.cost.json`` (a resumed step's cost is the sum over the invocations)."""
     if step.reuses:
         source = out.path(f"{step.reuses}/{model.stem}/calls.jsonl")
         target = out.path(f"{step.name}/{model.stem}/calls.jsonl")
@@ -192,7 +193,22 @@ def run_step(step: Step, model: Path, out: OutputRoot) -> Ran:
     child = subprocess.Popen(argv)
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
-    return Ran(step, time.perf_counter() - start, usage.ru_utime + usage.ru_stime, child.returncode, usage.ru_maxrss / 1e6)
+    ran = Ran(step, time.perf_counter() - start, usage.ru_utime + usage.ru_stime, child.returncode, usage.ru_maxrss / 1e6)
+    before = recorded_cost(step, out)
+    if before is not None:
+        ran = Ran(step, ran.wall_s + before.wall_s, ran.cpu_s + before.cpu_s, ran.returncode, max(ran.peak_rss_gb, before.peak_rss_gb))
+    out.write(f"{step.name}.cost.json", json.dumps({"wall_s": ran.wall_s, "cpu_s": ran.cpu_s, "returncode": ran.returncode,
+                                                    "peak_rss_gb": ran.peak_rss_gb}))
+    return ran
+
+
+def recorded_cost(step: Step, out: OutputRoot) -> Ran | None:
+    """The cost recorded for ``step`` under ``out`` by earlier invocations (None: never run there)."""
+    path = out.path(f"{step.name}.cost.json")
+    if not path.is_file():
+        return None
+    cost = json.loads(path.read_text())
+    return Ran(step, cost["wall_s"], cost["cpu_s"], cost["returncode"], cost["peak_rss_gb"])
 
 
 def _file_chunks(path: Path) -> Iterator[bytes]:
@@ -286,15 +302,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = OutputRoot(args.out)
     started = time.perf_counter()
-    runs: list[tuple[Ran, Path]] = []
 
     def write_summary(forward: dict[str, Any] | None) -> str:
         unit = ("unit: not yet measured (it is measured after the analyses)" if forward is None else
                 f"unit: one plain forward of `{forward['record']}` ({forward['tokens']} tokens) on {forward['threads']} thread(s): "
                 f"{forward['forward_s']:.1f} s wall, {forward['forward_cpu_s']:.1f} s CPU, peak RSS {forward['peak_rss_gb']:.1f} GB · spans "
                 f"of the files domain's T_wrong prompts (basm, proc; k = 1, 2): {forward['spans']}, {forward['span_mismatches']} mismatches")
-        text = "\n".join([f"# {MODEL_FILE} on this machine", "", unit, "", f"total wall {(time.perf_counter() - started) / 60:.1f} min", "",
-                          *(step_summary(ran, folder, None if forward is None else forward["forward_cpu_s"]) for ran, folder in runs)])
+        recorded = [ran for ran in (recorded_cost(step, out) for step in STEPS) if ran is not None]  # every step run under --out
+        text = "\n".join([f"# {MODEL_FILE} on this machine", "", unit, "", f"this invocation: {(time.perf_counter() - started) / 60:.1f} min wall; "
+                          f"all steps: {sum(r.wall_s for r in recorded) / 60:.1f} min wall, {sum(r.cpu_s for r in recorded) / 60:.1f} min CPU", "",
+                          *(step_summary(ran, out.path(f"{ran.step.name}/{model.stem}"), None if forward is None else forward["forward_cpu_s"])
+                            for ran in recorded)])
         out.write("summary.md", text)  # after every step: a stopped run keeps what it measured
         return text
 
@@ -303,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.limit is not None:
             at = step.args.index("--limit")
             step = dataclasses.replace(step, args=(*step.args[:at + 1], str(args.limit), *step.args[at + 2:]))
-        runs.append((run_step(step, model, out), out.path(f"{step.name}/{model.stem}")))
+        run_step(step, model, out)
         write_summary(None)
     # the unit last: the analyses' results come first when time is short; measured once per --out
     cached = out.path("unit_forward.json")
