@@ -179,6 +179,12 @@ class Ran:
     peak_rss_gb: float
 
 
+def child_env() -> dict[str, str]:
+    """The children's environment: ``OMP_NUM_THREADS`` as given, else 1 (one core per model process on a
+    shared machine; the summary states it)."""
+    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
 def run_step(step: Step, model: Path, out: OutputRoot) -> Ran:
     """``step`` as a child process (its output goes to ours); one model process at a time. Its cost is
     added to ``OUT/<step>.cost.json`` (a resumed step's cost is the sum over the invocations)."""
@@ -190,7 +196,7 @@ def run_step(step: Step, model: Path, out: OutputRoot) -> Ran:
     argv = step.argv(model, out.root)
     print(f"\n=== {step.name}: {shlex.join(argv)}", flush=True)
     start = time.perf_counter()
-    child = subprocess.Popen(argv)
+    child = subprocess.Popen(argv, env=child_env())
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     ran = Ran(step, time.perf_counter() - start, usage.ru_utime + usage.ru_stime, child.returncode, usage.ru_maxrss / 1e6)
@@ -309,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{forward['forward_s']:.1f} s wall, {forward['forward_cpu_s']:.1f} s CPU, peak RSS {forward['peak_rss_gb']:.1f} GB · spans "
                 f"of the files domain's T_wrong prompts (basm, proc; k = 1, 2): {forward['spans']}, {forward['span_mismatches']} mismatches")
         recorded = [ran for ran in (recorded_cost(step, out) for step in STEPS) if ran is not None]  # every step run under --out
-        text = "\n".join([f"# {MODEL_FILE} on this machine", "", unit, "", f"this invocation: {(time.perf_counter() - started) / 60:.1f} min wall; "
+        text = "\n".join([f"# {MODEL_FILE} on this machine", "", unit, "", f"OMP_NUM_THREADS of the analyses: {child_env()['OMP_NUM_THREADS']}", "",
+                          f"this invocation: {(time.perf_counter() - started) / 60:.1f} min wall; "
                           f"all steps: {sum(r.wall_s for r in recorded) / 60:.1f} min wall, {sum(r.cpu_s for r in recorded) / 60:.1f} min CPU", "",
                           *(step_summary(ran, out.path(f"{ran.step.name}/{model.stem}"), None if forward is None else forward["forward_cpu_s"])
                             for ran in recorded)])
@@ -327,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cached = out.path("unit_forward.json")
     if not cached.is_file():
         unit = subprocess.run([sys.executable, __file__, "--measure-forward", "--out", str(out.root), "--models", str(models)],
-                              check=True, stdout=subprocess.PIPE, text=True).stdout
+                              check=True, stdout=subprocess.PIPE, text=True, env=child_env()).stdout
         out.write("unit_forward.json", unit.strip().splitlines()[-1])
     print("\n" + write_summary(json.loads(cached.read_text())))
     return 0
