@@ -31,7 +31,7 @@ def real_model():
         del sys.modules[spec.name]
 
 
-def test_smallest_real_model_run(real_model, tmp_path, capsys):
+def test_smallest_real_model_run(real_model, tmp_path):
     try:
         real_model.part_files()
     except real_model.ModelPartsError as error:
