@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -151,6 +151,14 @@ def write_bytes(path: str | Path, data: bytes) -> None:
     """A binary output, written atomically."""
     with atomic_path(path) as tmp, _exclusive_text(tmp, binary=True) as handle:
         handle.write(data)
+
+
+def write_chunks(path: str | Path, chunks: Iterable[bytes]) -> None:
+    """A binary output too large to hold in memory, written atomically as ``chunks`` yields it; an
+    error raised by ``chunks`` (a failed check at its end) leaves ``path`` as it was."""
+    with atomic_path(path) as tmp, _exclusive_text(tmp, binary=True) as handle:
+        for chunk in chunks:
+            handle.write(chunk)
 
 
 def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
@@ -305,6 +313,11 @@ class OutputRoot:
 
     def write_binary(self, target: str | Path, data: bytes) -> Path:
         write_bytes(path := self.path(target), data)
+        return path
+
+    def write_chunks(self, target: str | Path, chunks: Iterable[bytes]) -> Path:
+        """A large binary file streamed from ``chunks``, atomically (:func:`write_chunks`)."""
+        write_chunks(path := self.path(target), chunks)
         return path
 
     def write_table(self, target: str | Path, frame: pd.DataFrame) -> Path:
