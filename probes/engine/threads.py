@@ -12,8 +12,9 @@ descheduled thread stalls the rest at each of the many small regions of a small 
 Measured on this project's 2-core machine, shared with other jobs (``benchmarks/threads.py``):
 
 - ``basm-probes sweep`` (the organism, 984,320 parameters, 1,680 prompts; wall, with the CPU seconds the run
-  itself used): one other job beside it (load average ≈ 3): 1 thread 68.8 s (43.8 s CPU); 2 threads, which
-  is torch's default there, 620.5 s (332.5 s CPU: the rest is spinning). With two busy processes added
+  itself used), back to back with other jobs beside it: at load ≈ 3, 1 thread 68.8 s (43.8 s CPU), 2 threads
+  (torch's default there) 620.5 s (332.5 s CPU: the rest is spinning); at load 5–7, 114.4 s (43.9) against
+  537.7 s (394.1); at load ≈ 2, 43.5 s (40.2) against over 240 s (stopped). With two busy processes added
   (load 6–13): 1 thread 405, 426 and 470 s (50–52 s CPU: the run got about an eighth of a core); 2 threads
   stopped after 10 min at 108 of 1,680 prompts (projected 1.5 h).
 - One forward pass of 256 tokens, random Qwen3 shapes, load average ≈ 10, wall (CPU) per pass:
@@ -22,7 +23,7 @@ Measured on this project's 2-core machine, shared with other jobs (``benchmarks/
 
 Two threads lost at every size measured, by 4–12×, while on 2 quiet cores they can gain at most 2× (README's
 quiet-machine figures for the organism's sweep, 24–46 s, were taken on torch's default; one thread needs
-44–54 s of CPU for it). The rule (:data:`AUTO_RULE`): one thread below :data:`ONE_THREAD_BELOW` parameters,
+40–54 s of CPU for it). The rule (:data:`AUTO_RULE`): one thread below :data:`ONE_THREAD_BELOW` parameters,
 about the largest size measured; above it, where matrix products are large enough for threads to pay on a
 quiet machine, the cores this process may run on, divided by the ranks on its node and never more than
 torch's own count (which ``OMP_NUM_THREADS`` sets: a machine shared with other jobs caps it there).
