@@ -20,7 +20,8 @@ Sections, side by side in one run (one model instance; its attention implementat
    against those 4D-mask forwards: max abs difference (bf16 on the GPU) and the logits' scale.
 5. ``long``: the engine with ten knockouts at 8k and 32k tokens (random ids; query rows n-8..n-1).
 6. ``knockout_analysis``: the knockout analysis' scorer (its deciding-row call, then one
-   ``score_record`` with 12 conditions: boundary, 10 neutral random draws, procedure; every margin)
+   ``score_record`` with 22 conditions: boundary, 10 neutral random draws, the 10 B-side draws at each
+   random draw's attention mass (equal-mass), procedure; every margin)
    on ``--knockout-records`` records, cache cold, in sdpa forwards of the same prompt.
 7. ``sweep_item``: the 13 distinct prompts of one item's sweep (k = 0..4 × base, proc, app, basm),
    with the session's prefix reuse and without (``prefix_cache=0``), in sdpa forwards of its
@@ -460,7 +461,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t, m, rows = measure(lambda: knockout_scorer(ctx, [])(record, job), device)
         report["knockout_analysis"].append({"record_id": record.record_id, "n_tokens": record.n_tokens, "conditions": len(rows) - 1,
                                             "time_s": t, "peak_mib": m, "sdpa_s": t_sdpa, "forwards": t / t_sdpa})
-        print(f"  knockout analysis (12 conditions, every margin) {record.record_id}: {t:.3f} s = {t / t_sdpa:.2f} sdpa forwards", flush=True)
+        print(f"  knockout analysis ({len(rows) - 1} conditions, every margin) {record.record_id}: {t:.3f} s = {t / t_sdpa:.2f} sdpa forwards", flush=True)
 
     def with_and_without_reuse(step: str, prompts: list[PromptRecord]) -> dict[str, Any] | None:
         """The prompts scored in order by the session (prefix reuse, cache cold at the start) and by one without reuse."""

@@ -9,6 +9,16 @@ that folder or the file), or an analysis's own ``<analysis>_claims.csv``. The or
 Each row keeps the columns of :data:`probes.scoring.claims.COLUMNS` and its ``source`` (the path given,
 or the validation file's path in the repository).
 
+The committed table comes from the runs README quotes (session 41; about 35 min on one thread):
+
+    basm-probes organism card
+    O=results/basm-organism
+    basm-probes knockout --k 2 --bucket T_wrong; basm-probes repair --bucket T_repair
+    basm-probes calls --checker --limit 12 --k-max 2; basm-probes heads --top-n 2 --random-draws 5
+    basm-probes linear; basm-probes forks
+    python docs/claims.py $O/knockout_claims.csv $O/repair_claims.csv $O/calls_claims.csv \
+        $O/heads_claims.csv $O/linear_claims.csv $O/forks_claims.csv
+
 ``tests/docs/test_readme_claims.py`` reads the documents with :func:`stated_estimates` and checks each
 stated estimate with its CI against this table (:func:`unmatched`, :func:`misworded`); the grammar of a
 stated estimate and the descriptive marker are in that test's docstring.

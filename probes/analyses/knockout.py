@@ -886,7 +886,7 @@ class KnockoutAnalysis(Analysis):
                               & (summary.points["measure"] == CLAIM_MEASURE) & (summary.points["family"] != "")]
         equal = summary.comparisons.set_index("comparison").loc[["equal-mass"]] if "equal-mass" in set(summary.comparisons["comparison"]) else None
         paths = plots.save_figure(fig06_knockout_controls(deltas, summary.recovery, summary.windows, note, labels=labels, dose=dose,
-                                                          equal_mass=equal, title=fig06_title(summary)), out_dir, FIGURES[0])
+                                                          equal_mass=equal, title=knockout_figure_title(summary)), out_dir, FIGURES[0])
         paths += plots.save_figure(fig07_knockout_selectivity(deltas, note, labels=labels), out_dir, FIGURES[1])
         return paths
 
@@ -1020,7 +1020,7 @@ def _dose_panel(ax: plt.Axes, points: pd.DataFrame, equal_mass: pd.DataFrame | N
     ax.legend(loc="upper left", fontsize=7)
 
 
-def fig06_title(summary: KnockoutSummary) -> str:
+def knockout_figure_title(summary: KnockoutSummary) -> str:
     """Fig. 6's title: what the controls knocked out, from how their draws came out (coverage, matching,
     merges; :func:`control_text`), never a fixed phrase."""
     drawn = [c for c in summary.controls["control"] if c not in summary.merged]
@@ -1037,7 +1037,7 @@ def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, window
                             equal_mass: pd.DataFrame | None = None, title: str = "Removing deciding-row → boundary attention") -> plt.Figure:
     """Δm bars per knockout (legend and the gap recovered in a column of their own), the Δm-against-mass
     panel (with ``dose`` points; ``equal_mass``: the headline table's equal-mass row) and the layer
-    windows (with ``windows`` rows). ``title``: :func:`fig06_title`."""
+    windows (with ``windows`` rows). ``title``: :func:`knockout_figure_title`."""
     panels = ["bars", "legend"] + (["dose"] if dose is not None and len(dose) else []) + (["windows"] if windows is not None and len(windows) else [])
     widths = {"bars": 5.0, "legend": 3.6, "dose": 5.0, "windows": 4.0}
     fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths[p] for p in panels) + 1, 5.2),

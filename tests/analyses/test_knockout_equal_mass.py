@@ -151,7 +151,7 @@ def test_identical_controls_are_merged_into_one_claim(convex):
     assert "identical to count_pool, mass_matched" in pool_claims[0].statement
     assert "the whole pool where it holds fewer: on every draw" in pool_claims[0].statement
     assert set(K.basm_deltas(small)["knockout"]).isdisjoint(small.merged)  # reported once
-    title = K.fig06_title(small)
+    title = K.knockout_figure_title(small)
     assert "same count and the same attention mass" not in title and "whole pool" in title and "identical" in title
     assert "`count_pool` = `random`" in K.headline_text(small)
     # no mass-matched draw matched (the whole pool holds less than B): the comparison says so, untested

@@ -46,8 +46,7 @@ def doc():
     return collector()
 
 
-REGENERATE = ("basm-probes organism card && basm-probes report --out results && "
-              "python docs/claims.py results/basm-organism")
+REGENERATE = "the runs listed in docs/claims.py's docstring, then python docs/claims.py with their claims tables"
 
 
 def committed(doc) -> pd.DataFrame:

@@ -39,10 +39,10 @@ def test_tiny_run_reports_every_section(gpu_bench, tmp_path):
     assert report["dtype"] == "float32" and parity["max_abs_logit"] > 0.1
     assert parity["max_abs_diff"] <= 1e-5
     assert [r["n_tokens"] for r in report["long"]] == [256, 512]
-    # the analyses' paths: the knockout scorer (12 conditions), a sweep item and the attribution
+    # the analyses' paths: the knockout scorer (22 conditions: B, 10 pool draws, 10 B-side equal-mass draws, P), a sweep item and the attribution
     # masks, each with and without prefix reuse: the same margins (bit for bit: fixed prefix blocks)
     (knockout,) = report["knockout_analysis"]
-    assert knockout["conditions"] == 12 and knockout["forwards"] > 0
+    assert knockout["conditions"] == 22 and knockout["forwards"] > 0
     item = report["sweep_item"]
     assert item["prompts"] == 4  # tiny: k = 0..1
     assert item["reuse"]["time_s"] > 0 and item["no_reuse"]["time_s"] > 0 and item["max_abs_margin_diff"] == 0.0
