@@ -211,6 +211,7 @@ DRIVER = textwrap.dedent("""
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # a real 2-rank torchrun (23 s); the rule itself is test_the_ranks_compute_on_the_smallest_of_their_counts
 def test_the_ranks_of_a_parallel_run_compute_on_and_record_one_count(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
