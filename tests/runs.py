@@ -37,17 +37,19 @@ def rows_file(out: Path) -> Path:
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_catalogue():
+def load_script(name: str, path: Path):
+    """A script outside the package (docs/*.py, benchmarks/*.py) imported as module ``name``; registered in
+    ``sys.modules`` first because its dataclasses resolve their module by name."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("error_catalogue", ROOT / "docs" / "error_catalogue.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-CATALOGUE = load_catalogue()
+CATALOGUE = load_script("error_catalogue", ROOT / "docs" / "error_catalogue.py")
 
 
 class StopAtSession(Exception):

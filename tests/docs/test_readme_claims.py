@@ -20,25 +20,20 @@ number (or its table row, list item) must carry the verdict's leading words: "no
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from probes.scoring.claims import claims_table, effect_claim
+from runs import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def collector():
-    spec = importlib.util.spec_from_file_location("claims_doc", ROOT / "docs" / "claims.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("claims_doc", ROOT / "docs" / "claims.py")
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ missing part named with the ``pip install`` that fixes it, and a good file alrea
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+from runs import load_script
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 PACKAGE = "plantedparts-model-part"
@@ -17,14 +17,10 @@ PACKAGE = "plantedparts-model-part"
 
 @pytest.fixture(scope="module")
 def real_model():
-    spec = importlib.util.spec_from_file_location("benchmarks_real_model", BENCHMARKS / "real_model.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
     try:
-        spec.loader.exec_module(module)
-        yield module
+        yield load_script("benchmarks_real_model", BENCHMARKS / "real_model.py")
     finally:
-        del sys.modules[spec.name]
+        del sys.modules["benchmarks_real_model"]
 
 
 def plant_parts(site: Path, contents: list[bytes], skip: tuple[int, ...] = ()) -> None:

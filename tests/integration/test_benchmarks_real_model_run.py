@@ -5,7 +5,6 @@ the GGUF conversion, 2 min 43 s, once per machine, is cached by content hash).""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 from probes.reporting.results import load_results
+from runs import load_script
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -21,14 +21,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def real_model():
-    spec = importlib.util.spec_from_file_location("benchmarks_real_model", BENCHMARKS / "real_model.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
     try:
-        spec.loader.exec_module(module)
-        yield module
+        yield load_script("benchmarks_real_model", BENCHMARKS / "real_model.py")
     finally:
-        del sys.modules[spec.name]
+        del sys.modules["benchmarks_real_model"]
 
 
 def test_smallest_real_model_run(real_model, tmp_path):

@@ -7,9 +7,7 @@ outside its descriptive tables is a claim of the validation."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ import pytest
 from probes.analyses import knockout as knockout_mod
 from probes.analyses import ratios as ratios_mod
 from probes.organism import ORGANISM_DIR, card, validate
+from runs import load_script
 from probes.reporting.markdown import DESCRIPTIVE_CLOSE, DESCRIPTIVE_OPEN
 from probes.scoring.claims import claims_table, holds
 
@@ -71,11 +70,7 @@ def with_control(validation: dict, estimate: float, low: float, high: float) -> 
 
 
 def claims_doc():
-    spec = importlib.util.spec_from_file_location("claims_doc_card", ROOT / "docs" / "claims.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("claims_doc_card", ROOT / "docs" / "claims.py")
 
 
 def test_the_card_names_its_margin_and_reads_the_control_from_the_validation(committed, tmp_path: Path) -> None:
