@@ -267,7 +267,7 @@ class ContinuationTree:
 
 @dataclass
 class _ProbeState:
-    mode: Literal["prefix", "single", "branch"]
+    mode: Literal["prefix", "single", "branch", "row"]
     # Absolute position of the first token of this forward's input.
     q_offset: int = 0
     # Absolute positions of the query rows: [rows]
@@ -295,6 +295,9 @@ class _ProbeState:
     reused_kv: LayerKV = field(default_factory=dict)
     # prefix mode: keys/values of the positions this forward computed (q_offset on)
     new_kv: LayerKV = field(default_factory=dict)
+    # row: the attention of a one-row replay (probes.engine.decision_row), called with (module, q, k, v,
+    # scaling, sliding_window) in place of this module's attention
+    row_attention: Callable[..., torch.Tensor] | None = None
     _moved: dict[torch.device, _ProbeState] = field(default_factory=dict)
 
     def on(self, device: torch.device) -> _ProbeState:
@@ -450,6 +453,8 @@ def probe_attention_forward(
 
     layer = module.layer_idx
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if state.mode == "row":
+        return state.row_attention(module, query, key, value, scaling, sliding_window), None
     if state.mode == "single":
         return _single_forward(state, layer, module, query, key, value, attention_mask, dropout, scaling, sliding_window, kwargs)
     return _branch_forward(state, layer, query, key, value, scaling, sliding_window)
@@ -533,6 +538,16 @@ def _branch_forward(
         # the prefix and the prompt's own branch rows; the continuation rows come after them.
         _take_attention(state, layer, probs, lambda: o.to(query.dtype).transpose(1, 2), i0, i1)
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def row_attention(attention: Callable[..., torch.Tensor]) -> Iterator[None]:
+    """Inside this context every ``basm_probe`` attention call is ``attention(module, query, key, value,
+    scaling, sliding_window)`` (query: [batch, head, rows, d_head] after norms and RoPE; returns
+    [batch, rows, head, d_head]): the hook of the one-row replay (probes.engine.decision_row), which
+    computes the row's attention itself, over cached keys, with autograd on."""
+    with _activate(_ProbeState(mode="row", row_attention=attention)):
+        yield
 
 
 def install_attention() -> str:
