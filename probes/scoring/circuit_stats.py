@@ -15,10 +15,11 @@ resample); nothing here depends on it.
                              a grid that holds 0, the empty circuit, and 1, the full model).
 ``smallest_faithful_size``   the smallest size whose F reaches :data:`FAITHFUL_THRESHOLD`.
 ``layer_matched_circuits``   random circuits with C's per-layer edge counts, drawn among the edges of
-                             each layer that are not in C.
+                             each layer that are not in C; ``possible_matched_sets`` counts them.
 ``sufficiency_claim``        Shi et al. (NeurIPS 2024) sufficiency, p over task groups: C keeps more of
 ``partial_necessity_claim``  the behaviour than random circuits of its size; removing C moves the
-                             metric toward the empty circuit more than removing random circuits does.
+                             metric toward the empty circuit more than removing random circuits does;
+                             ``random_rank_p``: C's descriptive rank among the random circuits.
 ``minimality_table``         Shi et al.'s minimality, per circuit edge against random added edges.
 ``estimate_agreement``       AtP-type estimates against exact patching: rank and linear correlation,
                              the largest error, the edges beyond :data:`AGREEMENT_ABS_TOL` +
@@ -90,24 +91,24 @@ def _gap(m_empty: np.ndarray, m_full: np.ndarray) -> float:
 
 
 # ---------------------------------------------------------------------------- faithfulness
-def faithfulness_undefined(m_empty: Sequence[float], m_full: Sequence[float], *, floor: float = MIN_GAP) -> str:
+def faithfulness_undefined(m_empty: Sequence[float], m_full: Sequence[float]) -> str:
     """Why the faithfulness of every circuit of this pair is undefined ("" when it is defined):
-    |mean(m_M − m_∅)| below ``floor`` logits."""
+    |mean(m_M − m_∅)| below :data:`MIN_GAP` logits."""
     m_full = _array("m_full", m_full, 1)
     gap = _gap(_array("m_empty", m_empty, 1, rows=len(m_full)), m_full)
-    if abs(gap) < floor:
+    if abs(gap) < MIN_GAP:
         return (f"no faithfulness: the full model and the empty circuit differ by {gap:+.3g} logits on average "
-                f"(|gap| < {floor:g}): the ablation does not move the metric, there is nothing to explain")
+                f"(|gap| < {MIN_GAP:g}): the ablation does not move the metric, there is nothing to explain")
     return ""
 
 
-def faithfulness(m_circuit: Sequence[float], m_empty: Sequence[float], m_full: Sequence[float], *, floor: float = MIN_GAP) -> float:
+def faithfulness(m_circuit: Sequence[float], m_empty: Sequence[float], m_full: Sequence[float]) -> float:
     """MIB's faithfulness as a ratio of means over items: mean(m_C − m_∅) / mean(m_M − m_∅); NaN
     when :func:`faithfulness_undefined` gives a reason (it says which)."""
     m_full = _array("m_full", m_full, 1)
     m_empty = _array("m_empty", m_empty, 1, rows=len(m_full))
     m_circuit = _array("m_circuit", m_circuit, 1, rows=len(m_full))
-    if faithfulness_undefined(m_empty, m_full, floor=floor):
+    if faithfulness_undefined(m_empty, m_full):
         return math.nan
     return float(np.mean(m_circuit - m_empty) / _gap(m_empty, m_full))
 
@@ -212,6 +213,8 @@ def smallest_faithful_size(sizes: Sequence[int], f: Sequence[float], *,
         raise ValueError(f"sizes must increase strictly and match f one to one, got sizes {sizes.tolist()} and {len(f)} values")
     if not np.isfinite(f).any():
         return None, "faithfulness undefined at every size (the full model and the empty circuit do not differ)"
+    if not np.isfinite(f).all():
+        raise ValueError(f"faithfulness is undefined at sizes {sizes[~np.isfinite(f)].tolist()} only: rerun those sizes")
     reached = np.flatnonzero(f >= threshold)
     if not len(reached):
         return None, f"no size on the grid reaches faithfulness {threshold:g} (the largest is {np.nanmax(f):.3g})"
@@ -289,14 +292,23 @@ def _random_matrix(name: str, values: Any, rows: int) -> np.ndarray:
     return array
 
 
+def random_rank_p(f_circuit: float, f_random: Sequence[float]) -> float:
+    """The circuit's rank among R random circuits by pooled faithfulness, as a p:
+    (1 + #{r: F(R_r) ≥ F(C)}) / (1 + R); ties count against the circuit. Descriptive (over random
+    circuits, not task groups); its floor is 1 / (1 + R)."""
+    f_random = _array("f_random", f_random, 1)
+    if not math.isfinite(f_circuit) or not len(f_random):
+        raise ValueError(f"a rank needs a finite F(C) and ≥ 1 random circuit, got F(C) = {f_circuit} and {len(f_random)}")
+    return (1 + int((f_random >= f_circuit).sum())) / (1 + len(f_random))
+
+
 def sufficiency_claim(m_circuit: Sequence[float], m_random: np.ndarray, m_empty: Sequence[float], m_full: Sequence[float],
                       groups: Sequence[str], *, family: str = CIRCUIT_FAMILY, name: str = "sufficiency",
                       seed: int = DEFAULT_SEED) -> Claim:
     """Shi et al.'s sufficiency with p over task groups: the circuit alone keeps more of the behaviour
     than random layer-matched circuits of its size. Per item d = s·(m_C − mean_r m_R), s toward the full
     model; a sign-flip test over task-group means, δ = :data:`CIRCUIT_SESOI`. The note adds the
-    descriptive rank p = (1 + #{r: F(R_r) ≥ F(C)}) / (1 + R) of the pooled faithfulness (over random
-    circuits, not task groups; its floor is 1/(1 + R)). Untestable when the pair does not move the metric."""
+    descriptive :func:`random_rank_p` of the pooled faithfulness. Untestable when the pair does not move the metric."""
     m_full = _array("m_full", m_full, 1)
     m_empty = _array("m_empty", m_empty, 1, rows=len(m_full))
     m_circuit = _array("m_circuit", m_circuit, 1, rows=len(m_full))
@@ -309,9 +321,8 @@ def sufficiency_claim(m_circuit: Sequence[float], m_random: np.ndarray, m_empty:
     else:
         f_circuit = faithfulness(m_circuit, m_empty, m_full)
         f_random = np.array([faithfulness(m_random[:, r], m_empty, m_full) for r in range(n_random)])
-        rank_p = (1 + int((f_random >= f_circuit).sum())) / (1 + n_random)
         note = (f"F(C) = {f_circuit:.3f}, random circuits' F median {np.median(f_random):.3f} over {n_random}; rank p = "
-                f"{rank_p:.3g} (descriptive, floor {1 / (1 + n_random):.3g})")
+                f"{random_rank_p(f_circuit, f_random):.3g} (descriptive, floor {1 / (1 + n_random):.3g})")
     claim = effect_claim(family, name, "the circuit alone keeps more of the wrong-tool margin than random circuits of its size "
                          "drawn in the same layers (toward the full model)", values, groups, sesoi=CIRCUIT_SESOI,
                          note=f"d = s·(m_C − mean_r m_R), s = {s:+.0f} toward the full model; {note}", seed=seed)
@@ -349,7 +360,8 @@ def minimality_table(circuit: Sequence[int], f_circuit: float, f_without_edge: S
     F(C without circuit[j])); the reference Δ_r = F(C ∪ {r}) − F(C) over random non-circuit edges r of
     the circuit's layers (``f_with_random``). An edge passes when Δ_e exceeds the reference's
     ``quantile`` (numpy's linear interpolation). Shi et al.'s per-edge p: a binomial test that Δ_e
-    beats Δ_r less often than ``quantile`` of the time (small p: the edge is not minimal).
+    beats Δ_r less often than ``quantile`` of the time (small p: the edge is not minimal). Δ is signed
+    (Shi et al. compare the sizes of the two changes): an edge whose removal raises F is not needed.
 
     Returns the table (edge, delta, reference_quantile, beats_share, p, passes) and an exploratory
     claim "some circuit edges are not minimal": the failing share with its Clopper–Pearson CI (edges
@@ -376,7 +388,7 @@ def minimality_table(circuit: Sequence[int], f_circuit: float, f_without_edge: S
     failing = int((~table["passes"]).sum())
     n = len(table)
     interval = scipy_stats.binomtest(failing, n).proportion_ci(confidence_level=0.95, method="exact")
-    floor = min(1.0, n * (1 - quantile) ** len(reference))  # every random edge beaten by none: binomial P(0), Bonferroni
+    floor = min(1.0, n * (1 - quantile) ** len(reference))  # an edge beating no random edge: P(X = 0) = (1 − q)^R, × n
     claim = Claim(family, name, f"some circuit edges are not minimal: removing them lowers faithfulness by no more than "
                   f"the {quantile:g}-quantile of adding a random edge of the circuit's layers does",
                   failing / n, float(interval.low), float(interval.high), n, min(1.0, n * float(p.min())),

@@ -124,6 +124,15 @@ def test_smallest_faithful_size_is_the_first_size_reaching_the_threshold():
     assert size is None and "no size on the grid reaches faithfulness 0.8" in reason
     size, reason = cs.smallest_faithful_size(sizes, [np.nan] * 5)
     assert size is None and "undefined" in reason
+    with pytest.raises(ValueError, match=r"undefined at sizes \[10\] only"):
+        cs.smallest_faithful_size(sizes, [0.0, 0.5, np.nan, 0.9, 1.0])
+
+
+def test_random_rank_p_counts_ties_against_the_circuit():
+    assert cs.random_rank_p(0.9, [0.1, 0.2, 0.3]) == 1 / 4  # the floor 1/(1 + R)
+    assert cs.random_rank_p(0.5, [0.5, 0.6, 0.1]) == 3 / 4
+    with pytest.raises(ValueError, match="finite F"):
+        cs.random_rank_p(math.nan, [0.1])
 
 
 # ---------------------------------------------------------------------------- random circuits
