@@ -179,8 +179,8 @@ class DecisionRow:
     """One prompt's deciding row, ready to replay under interventions (module docstring).
 
     ``ids``: the prompt with the shared name prefix appended; its last position is the deciding row.
-    ``spans``: source span -> key positions (disjoint; positions ``0..d``); positions no span holds go
-    to ``other``. ``wrong_token`` / ``correct_token``: the metric's pair at that row.
+    ``spans``: source span -> key positions (disjoint; positions ``0..d``; a span may be empty); positions
+    no span holds go to ``other`` (the last span, always present). ``wrong_token`` / ``correct_token``: the metric's pair at that row.
     """
 
     def __init__(self, session: EngineSession, ids: Sequence[int], *, spans: Mapping[str, Sequence[int]],
@@ -524,7 +524,6 @@ def _span_index(spans: Mapping[str, Sequence[int]], n: int) -> tuple[tuple[str, 
         if clash.size:
             raise ValueError(f"span {name!r} overlaps span {names[of[clash[0]]]!r} at position {clash[0]}: source spans must be disjoint")
         of[pos] = j
-    if (of < 0).any():
-        names.append(OTHER)
-        of[of < 0] = len(names) - 1
+    names.append(OTHER)  # always present (possibly empty), so every row of a model has the same edges
+    of[of < 0] = len(names) - 1
     return tuple(names), of
