@@ -8,7 +8,7 @@ at its decision row, B its boundary span, the metric's pair the wrong and correc
   o_proj biases ≤ 1e-4 absolute, the metric ≤ 1e-5;
 - ``edge_knockout_effects`` equals ``DecisionRow.exact_edges(row.knocked_out(span), ...)`` for every head ≤ 1e-5.
 
-Measured maxima (printed by pytest -s): components ≤ 1.5e-6, metric ≤ 1.9e-6, edges ≤ 3.4e-6 (organism).
+Measured maxima (printed by pytest -s): DLA parts ≤ 1.4e-6, metric ≤ 1.9e-6, edges ≤ 3.3e-6 (all on the organism).
 Every refusal is planted: a rescaled block output (a post-norm-like block), a rescaled readout, a model
 that is not an HF decoder, bad heads, an empty span, a bad metric pair.
 """
