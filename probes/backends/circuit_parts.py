@@ -73,18 +73,18 @@ def decision_row_components(backend: Backend, ids: Sequence[int], *, wrong_token
     logit_difference(backend.model, wrong_token, correct_token)  # refuses a bad pair before the forward
     row = len(ids) - 1
     result = backend.run(ids, [row], record_residual=True, recorders=[HEAD_OUTPUTS]).conditions[0]
-    residual = result.residual.float()  # [L + 1, D]: the embedding, then each block's output
-    z = result.recorded[HEAD_OUTPUTS.name].float()  # [L, H, d_head]
+    residual = result.residual.float().cpu()  # [L + 1, D]: the embedding, then each block's output
+    z = result.recorded[HEAD_OUTPUTS.name].float().cpu()  # [L, H, d_head]
     mlp = []
     with torch.no_grad():
         for layer, block in enumerate(blocks):
             o_proj = block.self_attn.o_proj
             o_bias = getattr(o_proj, "bias", None)
-            attn_out = head_writes(block, z[layer]).sum(0) + (o_bias.float() if o_bias is not None else 0.0)
+            attn_out = head_writes(block, z[layer]).cpu().sum(0) + (o_bias.float().cpu() if o_bias is not None else 0.0)
             resid_mid = residual[layer] + attn_out
             derived = residual[layer + 1] - resid_mid
             weight = o_proj.weight
-            own = block.mlp(block.post_attention_layernorm(resid_mid.to(weight.dtype)[None, None]))[0, 0].float()
+            own = block.mlp(block.post_attention_layernorm(resid_mid.to(weight.device, weight.dtype)[None, None]))[0, 0].float().cpu()
             gap = float((derived - own).abs().max())
             if gap > SUM_TOLERANCE * max(1.0, float(residual[layer + 1].abs().max())):
                 raise ValueError(f"layer {layer}: the block output minus its input and attention output differs from its MLP "

@@ -159,7 +159,7 @@ def head_writes(block: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
     layer; o_proj's bias is not a head's)."""
     w = block.self_attn.o_proj.weight.float()  # [D, H * dh]
     n_heads, dh = z.shape
-    return torch.einsum("dhk,hk->hd", w.reshape(w.shape[0], n_heads, dh), z.float())
+    return torch.einsum("dhk,hk->hd", w.reshape(w.shape[0], n_heads, dh), z.float().to(w.device))
 
 
 def frozen_norm(norm: torch.nn.Module, x: torch.Tensor, unembed: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -184,18 +184,19 @@ def direct_logit_attribution(model: torch.nn.Module, wrong_token: int, correct_t
     the MLP outputs [L, D], the residual entering the final norm ``final`` [D] (its scale frozen) and the
     run's ``metric``. Refuses parts that do not sum to the metric within :data:`SUM_TOLERANCE` (relative)."""
     unembed, unembed_bias = logit_difference(model, wrong_token, correct_token)
-    scale, direction = frozen_norm(model.base_model.norm, final.float(), unembed)
+    dev = unembed.device  # the parts may come from another device (a backend's recordings are on the CPU)
+    scale, direction = frozen_norm(model.base_model.norm, final.float().to(dev), unembed)
     layers = model.base_model.layers
     heads = np.zeros(tuple(z.shape[:2]))
     bias = np.zeros(len(layers))
     mlps = np.zeros(len(layers))
     with torch.no_grad():
         for layer, block in enumerate(layers):
-            heads[layer] = (head_writes(block, z[layer]) @ direction).cpu().numpy()
+            heads[layer] = (head_writes(block, z[layer]).to(dev) @ direction).cpu().numpy()
             o_bias = getattr(block.self_attn.o_proj, "bias", None)
-            bias[layer] = float(o_bias.float() @ direction) if o_bias is not None else 0.0
-            mlps[layer] = float(mlp[layer].float() @ direction)
-        out = Components(float(embed.float() @ direction), heads, bias, mlps, unembed_bias, metric, scale)
+            bias[layer] = float(o_bias.float().to(dev) @ direction) if o_bias is not None else 0.0
+            mlps[layer] = float(mlp[layer].float().to(dev) @ direction)
+        out = Components(float(embed.float().to(dev) @ direction), heads, bias, mlps, unembed_bias, metric, scale)
     if abs(out.total - out.metric) > SUM_TOLERANCE * max(1.0, abs(out.metric)):
         raise ValueError(f"DLA parts sum to {out.total:.6f}, the metric is {out.metric:.6f}: this architecture's residual "
                          "stream is not the embedding plus per-head and MLP outputs read through the final norm and the "
