@@ -55,7 +55,7 @@ from probes.analyses.option_system import depth_option, option
 from probes.analyses.run_context import AnalysisError, RunContext, provenance
 from probes.data.dataset import ABSTAIN, Item
 from probes.engine.decision_row import DEFAULT_IG_STEPS, DecisionRow, Messages
-from probes.engine.session import span_positions
+from probes.engine.session import EngineSession, span_positions
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import tokens_overlapping
 from probes.reporting import plots
@@ -463,7 +463,7 @@ class CircuitSummary:
     heldout: pd.DataFrame
 
 
-@register("circuit", order=55)
+@register("circuit", order=90)
 @dataclass(kw_only=True)
 class CircuitAnalysis(Analysis):
     """Circuit at the deciding row: DLA, span-labelled edges by AtP/AtP*/EAP-IG, exact patching, faithfulness on held-out groups."""
@@ -487,6 +487,10 @@ class CircuitAnalysis(Analysis):
                               minimum=0.0, maximum=1.0, exclusive=True, why="a share of the full − empty gap", group="circuit")
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
+        if not isinstance(ctx.session, EngineSession):
+            raise AnalysisError(f"circuit --backend {ctx.options.backend}: the deciding-row replay (attribution and exact patching of "
+                                "span edges) runs on the native engine; DLA and the exact B-knockout edges through this backend are "
+                                "probes.backends.circuit_parts (decision_row_components, edge_knockout_effects), tested equal to native")
         items, abstain = tested(ctx.items)
         if not items:
             raise AnalysisError("circuit: no tool-correct T_wrong item selected (the circuit explains the tool-choice metric)")
