@@ -64,7 +64,7 @@ from probes.reporting.results import load_results
 from probes.scoring.margins import candidates_from_record, shared_prefix
 from probes.scoring.circuit_stats import (AGREEMENT_ABS_TOL, AGREEMENT_REL_TOL, estimate_agreement, faithfulness, faithfulness_curve, faithfulness_undefined,
                                     held_out_check, integrated_faithfulness, layer_matched_circuits, minimality_table,
-                                    partial_necessity_claim, planted_claim, planted_recovery, smallest_faithful_size, sufficiency_claim)
+                                    partial_necessity_claim, planted_claim, ORGANISM_FAMILY, planted_recovery, smallest_faithful_size, sufficiency_claim)
 from probes.scoring.score import record_rng, row_fields
 from probes.scoring.stats import bootstrap_mean
 
@@ -82,10 +82,11 @@ DEFAULT_THRESHOLD = 0.8
 DEFAULT_EXACT_TOP = 20
 DEFAULT_EXACT_RANDOM = 20
 DEFAULT_RANDOM_CIRCUITS = 20
-FIGURE = "fig20_circuit"
+FIGURE = "fig21_circuit"
 # The organism's planted heads that read B from the deciding row (its "verdict" heads: the risk cues and
 # avoidance rules); "gather" reads the request there and "dup" reads at the request's own rows, no deciding-row edge from B.
 PLANTED_FROM_B = ("verdict",)
+PLANTED_FAMILY = ORGANISM_FAMILY
 
 
 # ----------------------------------------------------------------------------- spans and rows
@@ -463,7 +464,7 @@ class CircuitSummary:
     heldout: pd.DataFrame
 
 
-@register("circuit", order=90)
+@register("circuit", order=86)
 @dataclass(kw_only=True)
 class CircuitAnalysis(Analysis):
     """Circuit at the deciding row: DLA, span-labelled edges by AtP/AtP*/EAP-IG, exact patching, faithfulness on held-out groups."""
@@ -472,7 +473,7 @@ class CircuitAnalysis(Analysis):
 
     buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (the circuit explains tool-correct T_wrong items; "
                                              "T_ok partners of pair 'bucket' come from the dataset)", flag="--bucket", repeat=True,
-                                             choices=("T_wrong",), group="items")
+                                             choices=("T_ok", "T_wrong", "T_repair"), group="items")
     k: int | None = depth_option()
     configs: tuple[str, ...] = option(("proc", "basm"), "comma-separated memory configurations", names=("proc", "basm", "app", "base"), minimum=1)
     pairs: tuple[str, ...] = option(PAIRS, "comma-separated counterfactual pairs: config (BASM vs Proc), bucket (T_wrong vs T_ok), "
@@ -626,7 +627,7 @@ class CircuitAnalysis(Analysis):
         plots.style()
         out = []
         for config in sorted({key[0] for key in summary.circuits}):
-            fig = fig20_circuit(summary, config)
+            fig = fig21_circuit(summary, config)
             if fig is not None:
                 out += plots.save_figure(fig, out_dir, f"{FIGURE}_{config}")
         return out
@@ -830,7 +831,7 @@ def section_markdown(summary: CircuitSummary) -> str:
 
 
 # --- Figures (they shape no row)
-def fig20_circuit(summary: CircuitSummary, config: str) -> plt.Figure | None:
+def fig21_circuit(summary: CircuitSummary, config: str) -> plt.Figure | None:
     """One configuration: DLA per head (layer × head), the headline pair's mean edge score per source span
     (layer × head, B outlined), and the held-out faithfulness curves with the random circuits' band."""
     key = (config, HEADLINE_PAIR) if (config, HEADLINE_PAIR) in summary.circuits else next(k for k in summary.circuits if k[0] == config)
