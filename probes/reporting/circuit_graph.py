@@ -153,13 +153,38 @@ def circuit_graph(edges: pd.DataFrame, nodes: pd.DataFrame, prompt: Mapping[str,
 
 def _non_finite(value: Any, where: str) -> str | None:
     """The JSON path of the first number in ``value`` that is not finite, or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return where
-    if isinstance(value, Mapping):
-        return next((p for k, v in value.items() if (p := _non_finite(v, f"{where}.{k}"))), None)
-    if isinstance(value, list | tuple):
-        return next((p for i, v in enumerate(value) if (p := _non_finite(v, f"{where}[{i}]"))), None)
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, item in items:
+        if isinstance(item, float):  # inline: a graph holds ~10^5–10^6 attention weights
+            if not math.isfinite(item):
+                return f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}"
+        elif isinstance(item, Mapping | list | tuple) and (found := _non_finite(item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}")):
+            return found
     return None
+
+
+WEIGHT_KEYWORDS = {"description", "type", "minimum", "maximum"}  # what _weight_extremes relies on the weight schema holding
+
+
+def _weight_extremes(attention: Any) -> tuple[Any, dict[str, list[int]]]:
+    """``attention`` with each head's weights cut to the ones the per-weight schema (a number within
+    [minimum, maximum]) can fail on: the first that is not a number, else the smallest and the largest
+    (every weight between them passes what they pass), and for each head the original index of each
+    kept weight. Validating ~10^6 weights one by one takes jsonschema seconds per graph."""
+    if not isinstance(attention, Mapping):
+        return attention, {}
+    cut, kept = {}, {}
+    for head, weights in attention.items():
+        if not isinstance(weights, list):
+            cut[head] = weights
+            continue
+        odd = next((i for i, w in enumerate(weights) if isinstance(w, bool) or not isinstance(w, int | float)), None)
+        kept[head] = [odd] if odd is not None else [] if not weights else [min(range(len(weights)), key=weights.__getitem__),
+                                                                             max(range(len(weights)), key=weights.__getitem__)]
+        cut[head] = [weights[i] for i in kept[head]]
+    return cut, kept
 
 
 def check_graph(graph: Mapping[str, Any]) -> dict[str, Any]:
@@ -168,9 +193,14 @@ def check_graph(graph: Mapping[str, Any]) -> dict[str, Any]:
     if where := _non_finite(graph, "graph"):
         raise GraphError(f"{where} is not a finite number: a circuit graph is strict JSON (write null, which the schema "
                          "allows only where a field's type includes null; circuit_graph() converts)")
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(graph))
+    attention, kept = _weight_extremes(graph.get("attention") if isinstance(graph, Mapping) else None)
+    cut = {**graph, "attention": attention} if kept else graph
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(cut))
     if error is not None:
-        where = "graph" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        path = list(error.absolute_path)
+        if len(path) == 3 and path[0] == "attention" and path[1] in kept:  # a kept weight: its index in the full list
+            path[2] = kept[path[1]][path[2]]
+        where = "graph" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
         raise GraphError(f"{where}: {error.message} (the circuit graph schema, {SCHEMA_FILE.name}; docs/circuit_graph.md)")
     prompt, meta = graph["prompt"], graph["meta"]
     n = len(prompt["tokens"])

@@ -59,6 +59,11 @@ def test_the_schema_ships_as_package_data():
     jsonschema.Draft202012Validator.check_schema(G.schema())
 
 
+def test_the_weights_schema_is_what_their_extremes_check_relies_on():
+    """A weight's schema of only a type and bounds: then the smallest and largest weights pass it iff all do."""
+    assert set(G.schema()["properties"]["attention"]["additionalProperties"]["items"]) == G.WEIGHT_KEYWORDS
+
+
 def _drop(key: str) -> Callable[[dict], None]:
     def edit(g: dict) -> None:
         del g["edges"][0][key]
@@ -81,7 +86,12 @@ BROKEN = {  # a planted fault → what the refusal says
     "null where a number must be finite": (_set(("nodes", 0, "dla"), None), r"graph\.nodes\[0\]\.dla: None is not of type 'number'"),
     "an unknown field": (_set(("edges", 0, "colour"), "red"), r"graph\.edges\[0\]: Additional properties are not allowed \('colour'"),
     "a newer version": (_set(("schema_version",), 2), r"graph\.schema_version: 1 was expected"),
-    "attention above 1": (_set(("attention", "L0H0", 0), 1.5), r"graph\.attention\.L0H0\[0\]: 1\.5 is greater than the maximum of 1"),
+    # the weights are validated by their extremes (_weight_extremes); the refusal names the weight's own index
+    "attention above 1": (_set(("attention", "L0H0", 4), 1.5), r"graph\.attention\.L0H0\[4\]: 1\.5 is greater than the maximum of 1"),
+    "attention below 0": (_set(("attention", "L1H1", 9), -0.25), r"graph\.attention\.L1H1\[9\]: -0\.25 is less than the minimum of 0"),
+    "attention not a number": (_set(("attention", "L0H1", 7), "0.5"), r"graph\.attention\.L0H1\[7\]: '0\.5' is not of type 'number'"),
+    "attention a boolean": (_set(("attention", "L0H1", 2), True), r"graph\.attention\.L0H1\[2\]: True is not of type 'number'"),
+    "attention not a list": (_set(("attention", "L0H1"), 0.5), r"graph\.attention\.L0H1: 0\.5 is not of type 'array'"),
     "an edge from no span": (_set(("edges", 0, "source"), "tools"), r"graph\.edges\[0\]: source 'tools' / span"),
     "an edge into no head": (_set(("edges", 0, "target"), "L7H0"), r"graph\.edges\[0\]: target 'L7H0' is not the head node"),
     "attention of the wrong length": (lambda g: g["attention"]["L0H1"].pop(), r"graph\.attention\.L0H1: 11 weights for 12 tokens"),
