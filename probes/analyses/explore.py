@@ -16,7 +16,8 @@ inline, no network):
   the circuit analysis; :mod:`probes.reporting.circuit_graph`) drawn as a graph: the source spans, the
   embedding, then per layer its heads and MLP (coloured by DLA); an edge per (head, source span),
   coloured by span, as wide as its |score|, the circuit's edges drawn solid and on top; a click on a
-  head shades the graph's prompt by that head's deciding-row attention.
+  head shades the graph's prompt by that head's deciding-row attention (stored quantised, as the
+  records' is).
 
 The attention is the engine's full softmax row at the deciding row
 (:func:`probes.analyses.knockout.deciding_run`, never an n × n pattern), recomputed for the records
@@ -276,6 +277,14 @@ def circuit_graphs_of(out_dir: Path, graphs: Sequence[Mapping[str, Any] | str | 
     return [check_graph(g) if isinstance(g, Mapping) else read_circuit_graph(g) for g in graphs]
 
 
+def circuit_view(graph: Mapping[str, Any], precision: str) -> dict[str, Any]:
+    """A circuit graph as the page stores it: its heads' attention [head, token] (heads in ``attention_heads``
+    order) quantised as the records' is (:func:`quantise`): a real model's graph holds layers × heads × tokens weights."""
+    heads = list(graph["attention"])
+    encoded, scale = quantise(np.array([graph["attention"][h] for h in heads], dtype=np.float64), precision)
+    return {**graph, "attention": encoded, "scale": scale, "attention_heads": heads}
+
+
 def provenance_lines(out_dir: Path, runs: dict[str, FinishedRun]) -> list[str]:
     """report.md's header lines, else each analysis's recorded configuration."""
     report = out_dir / "report.md"
@@ -347,7 +356,7 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
         "sweep": sweep_cells(runs["sweep"]) if "sweep" in runs else [],
         "knockout": knockout_cells(runs["knockout"]) if "knockout" in runs else [],
         "heads_view": heads_view(runs["heads"]) if "heads" in runs and "heads_ranking" in runs["heads"].tables else None,
-        "circuits": circuits,
+        "circuits": [circuit_view(g, options.precision) for g in circuits],
     }
     # the page is the template (~20 kB) around this data: each record's attention scales as layers × heads × tokens
     used = len(render({**data, "records": [], "records_total": 0, "left_out": 0, "layers": 0, "heads": 0}).encode())

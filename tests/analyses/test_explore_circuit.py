@@ -39,11 +39,26 @@ def page_data(page) -> dict:
     return json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page.read_text(), re.S).group(1))
 
 
+def unquantised(view: dict) -> dict:
+    """A graph as the page stores it, its attention decoded (a weight within half a uint16 step)."""
+    n = len(view["prompt"]["tokens"])
+    weights = E.dequantise(view["attention"], view["scale"], "uint16", (len(view["attention_heads"]), n))
+    graph = {k: v for k, v in view.items() if k not in ("scale", "attention_heads")}
+    return {**graph, "attention": dict(zip(view["attention_heads"], weights))}
+
+
 def test_the_page_embeds_the_folders_graphs_or_the_given_ones(circuit_page):
     basm, proc = circuit_page["graphs"]
-    assert circuit_page["found"]["circuits"] == [basm]
     data = page_data(circuit_page["page"])
-    assert data["circuits"] == [basm, proc] and data["records"] == [] and data["analyses"] == []
+    assert data["records"] == [] and data["analyses"] == []
+    for views, graphs in ((circuit_page["found"]["circuits"], [basm]), (data["circuits"], [basm, proc])):
+        assert len(views) == len(graphs)
+        for view, graph in zip(views, graphs):
+            stored = unquantised(view)
+            assert {k: v for k, v in stored.items() if k != "attention"} == {k: v for k, v in graph.items() if k != "attention"}
+            assert stored["attention"].keys() == graph["attention"].keys()
+            for head, weights in graph["attention"].items():
+                np.testing.assert_allclose(stored["attention"][head], weights, atol=0.5 / 65535 + 1e-12, rtol=0)
 
 
 def test_a_broken_graph_file_in_the_folder_is_refused_naming_it(circuit_page, tmp_path):
@@ -98,14 +113,14 @@ def test_the_circuit_view_in_a_headless_browser(circuit_page, browser):
     first = basm["edges"][0]["target"]
     assert page.get_attribute("#circuit-tokens", "data-head") == first
     np.testing.assert_allclose(page.eval_on_selector_all("#circuit-tokens .tok", "els => els.map(e => Number(e.dataset.w))"),
-                               basm["attention"][first], atol=1e-6)
+                               basm["attention"][first], atol=0.5 / 65535 + 1e-6)  # stored as uint16
     other = "L1H0" if first != "L1H0" else "L0H1"
     before = _alphas(page)
     page.click(f"#circuit-svg g.node[data-id='{other}']")
     assert page.get_attribute("#circuit-tokens", "data-head") == other
     assert page.get_attribute(f"#circuit-svg g.node[data-id='{other}']", "class").endswith("selected")
     weights = np.array(page.eval_on_selector_all("#circuit-tokens .tok", "els => els.map(e => Number(e.dataset.w))"))
-    np.testing.assert_allclose(weights, basm["attention"][other], atol=1e-6)
+    np.testing.assert_allclose(weights, basm["attention"][other], atol=0.5 / 65535 + 1e-6)
     after = _alphas(page)
     assert not np.allclose(before, after)
     top = max(basm["attention"][other][1:])
