@@ -360,6 +360,9 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
     }
     # the page is the template (~20 kB) around this data: each record's attention scales as layers × heads × tokens
     used = len(render({**data, "records": [], "records_total": 0, "left_out": 0, "layers": 0, "heads": 0}).encode())
+    if used > options.max_mb * 1e6:  # the figures and circuit graphs are never left out: the cap cannot hold them
+        raise AnalysisError(f"{out_dir}: the page without records (its figures and {len(circuits)} circuit graphs) takes {used / 1e6:.2f} MB, "
+                            f"over max_mb = {options.max_mb} MB: raise --max-mb")
     chosen = chosen_records(runs)
     items = {item.id: item for ctx in contexts.values() for item in ctx.items}
     records, left_out = [], []

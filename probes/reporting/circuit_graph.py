@@ -144,7 +144,7 @@ def circuit_graph(edges: pd.DataFrame, nodes: pd.DataFrame, prompt: Mapping[str,
     graph = {
         "schema_version": SCHEMA_VERSION,
         "meta": {k: _number(v) if k == "faithfulness" else _plain(v) for k, v in meta.items()},
-        "prompt": {"tokens": [str(t) for t in prompt["tokens"]], "spans": {str(k): [[int(a), int(b)] for a, b in v] for k, v in prompt["spans"].items()},
+        "prompt": {"tokens": [str(t) for t in prompt["tokens"]], "spans": {str(k): [[int(x) for x in r] for r in v] for k, v in prompt["spans"].items()},
                    "deciding_row": int(prompt["deciding_row"])},
         "nodes": graph_nodes, "edges": graph_edges, "attention": attention,
     }

@@ -19,6 +19,7 @@ from probes.core.files import OutputRoot
 from probes.reporting import circuit_graph as G
 
 MODEL = "tiny-qwen3"
+HOSTILE = " </script><!--<script>"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,8 @@ def circuit_page(tmp_path_factory):
     edges, nodes, prompt, meta = C.tables()
     basm = G.circuit_graph(edges, nodes, prompt, meta)
     path = G.write_circuit_graph(folder, G.graph_file("basm", "knockout"), basm)
-    proc = G.circuit_graph(edges, nodes, prompt, {**meta, "config": "proc", "faithfulness": None})
+    hostile = {**prompt, "tokens": [*prompt["tokens"][:-3], HOSTILE, *prompt["tokens"][-2:]]}  # a token that would end the data script
+    proc = G.circuit_graph(edges, nodes, hostile, {**meta, "config": "proc", "faithfulness": None})
     found = page_data(E.write_explore(E.ExploreOptions(out=out, model=MODEL)))  # the folder's graph files
     given = E.write_explore(E.ExploreOptions(out=out, model=MODEL), circuit_graphs=[path, proc])  # rewrites the page
     return {"found": found, "page": given, "graphs": [basm, proc]}
@@ -70,6 +72,9 @@ def test_a_broken_graph_file_in_the_folder_is_refused_naming_it(circuit_page, tm
         E.write_explore(E.ExploreOptions(out=tmp_path, model=MODEL))
     with pytest.raises(AnalysisError, match=r"no results of sweep, knockout, heads and no circuit_graph_\*\.json"):
         E.write_explore(E.ExploreOptions(out=tmp_path / "empty", model=MODEL))
+    graph = circuit_page["graphs"][0]
+    with pytest.raises(AnalysisError, match=r"the page without records \(its figures and 10 circuit graphs\) takes 0\.1\d+ MB, over max_mb = 0\.1"):
+        E.write_explore(E.ExploreOptions(out=tmp_path, model=MODEL, max_mb=0.1), circuit_graphs=[graph] * 10)
 
 
 def _alphas(page) -> np.ndarray:
@@ -136,6 +141,7 @@ def test_the_circuit_view_in_a_headless_browser(circuit_page, browser):
     assert page.locator("#circuit-svg path.edge").count() == basm["meta"]["circuit_size"]
     page.select_option("#circuit-select", "1")
     assert "proc" in page.inner_text("#circuit-info") and "faithfulness —" in page.inner_text("#circuit-info")
+    assert HOSTILE.strip() in page.inner_text("#circuit-tokens") and page.locator("script").count() == 2  # drawn as text
     page.click("button.tab[data-view=prompt]")
     assert "No prompt records" in page.inner_text("#tokens")
     assert not errors, errors
