@@ -52,13 +52,15 @@ from probes.analyses.base import Analysis, ReportSection
 from probes.analyses.heads import planted_heads, split_groups
 from probes.analyses.jobs import Job, run_jobs
 from probes.analyses.option_system import depth_option, option
-from probes.analyses.run_context import AnalysisError, RunContext, provenance
+from probes.analyses.parallel import world
+from probes.analyses.run_context import AnalysisError, RunContext, model_label, provenance
 from probes.data.dataset import ABSTAIN, Item
 from probes.engine.decision_row import DEFAULT_IG_STEPS, DecisionRow, Messages
 from probes.engine.session import EngineSession, span_positions
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import tokens_overlapping
 from probes.reporting import plots
+from probes.reporting.circuit_graph import circuit_graph, graph_file, write_circuit_graph
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
 from probes.scoring.margins import candidates_from_record, shared_prefix
@@ -592,7 +594,11 @@ class CircuitAnalysis(Analysis):
             for r in planted.itertuples():
                 if r.config == "basm" and r.pair == HEADLINE_PAIR:
                     claims.append(r.claim)
-        return CircuitSummary(edges, node_table(rows, a.seed), pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(),
+        nodes = node_table(rows, a.seed)
+        graphs = write_graphs(ctx, edges, nodes, chosen, pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(),
+                              heldout_items) if world().rank == 0 else []
+        messages += [f"circuit graph: {path}" for path in graphs]
+        return CircuitSummary(edges, nodes, pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(),
                               agreement, pd.concat(minimality, ignore_index=True) if minimality else pd.DataFrame(),
                               planted.drop(columns="claim") if len(planted) else planted, chosen, claims, messages,
                               circuit_note(ctx), rows, heldout_rows)
@@ -647,6 +653,51 @@ class CircuitAnalysis(Analysis):
         for r in summary.planted.itertuples() if len(summary.planted) else ():
             print(f"planted {r.planted_edges}: ranks among edges from B {r.ranks_among_B_edges}; {r.in_circuit} in the {r.config} × {r.pair} "
                   f"circuit of {r.circuit_size} (p = {r.p:.3g})")
+
+
+# ----------------------------------------------------------------------------- the graph files
+def write_graphs(ctx: RunContext, edges: pd.DataFrame, nodes: pd.DataFrame, chosen: Mapping[tuple[str, str], Circuit],
+                 curves: pd.DataFrame, heldout_items: Sequence[Item]) -> list[Path]:
+    """One circuit graph file per chosen circuit (probes.reporting.circuit_graph), its prompt the first held-out
+    item's, with every head's deciding-row attention."""
+    if not heldout_items or not chosen:
+        return []
+    item = heldout_items[0]
+    out = []
+    for config in sorted({key[0] for key in chosen}):
+        record = Job(item, config, ctx.options.depth, ctx.fmt, ()).build(ctx.builder)
+        row, d = binding_row(ctx.session, record, item, ctx.dataset.catalog_for(item).names)
+        condition = ctx.session.run(list(d.ids), [min(record.query_rows), row.row], record_rows=True).conditions[0]
+        weights = condition.rows[:, :, -1, : row.row + 1].float().numpy()
+        tokens = [ctx.session.tokenizer.decode([t]) for t in d.ids]
+        spans = {name: _ranges(np.flatnonzero(row.span_of == j)) for j, name in enumerate(row.spans)}
+        prompt = {"tokens": tokens, "spans": spans, "deciding_row": row.row,
+                  "attention": {f"{layer}.{head}": weights[layer, head].tolist() for layer in range(row.n_layers) for head in range(row.n_heads)}}
+        for key, c in chosen.items():
+            if key[0] != config:
+                continue
+            e = edges[(edges["config"] == key[0]) & (edges["pair"] == key[1])]
+            e = e.assign(score=e[ctx.options.score], atp_disagrees=e["estimate_disagrees"])
+            n = nodes[nodes["config"] == config].assign(pair=key[1])
+            n = n.assign(patch_total=n.get(f"patch_total_{key[1]}", np.nan), patch_direct=n.get(f"patch_direct_{key[1]}", np.nan))
+            at = curves[(curves["config"] == key[0]) & (curves["pair"] == key[1]) & (curves["half"] == "heldout")
+                        & (curves["ablation"] == HEADLINE_ABLATION)] if len(curves) else curves
+            at = at[at["chosen"].astype(bool)] if len(at) else at
+            meta = {"model": model_label(ctx.model_path), "config": key[0], "pair": key[1], "bucket": "T_wrong", "item_id": item.id,
+                    "score": ctx.options.score, "circuit_size": int(c.chosen), "ablation": HEADLINE_ABLATION,
+                    "faithfulness": float(at["faithfulness"].iloc[0]) if len(at) else math.nan}
+            out.append(write_circuit_graph(ctx.output, graph_file(*key), circuit_graph(e, n, prompt, meta)))
+    return out
+
+
+def _ranges(positions: np.ndarray) -> list[list[int]]:
+    """Sorted positions as half-open runs [[start, end), ...]."""
+    if not positions.size:
+        return []
+    breaks = np.flatnonzero(np.diff(positions) > 1)
+    starts = np.r_[positions[0], positions[breaks + 1]]
+    ends = np.r_[positions[breaks], positions[-1]] + 1
+    return [[int(a), int(b)] for a, b in zip(starts, ends)]
 
 
 # ----------------------------------------------------------------------------- tables
