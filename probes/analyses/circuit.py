@@ -645,11 +645,9 @@ class CircuitAnalysis(Analysis):
         for message in summary.messages:
             print(message)
         f = summary.faithfulness
-        if len(f):
-            at = f[(f["half"] == "heldout") & f["chosen"].fillna(False).astype(bool)]
-            for r in at.itertuples():
-                print(f"{r.config} × {r.pair} ({r.ablation}): {r.n_edges} edges, held-out faithfulness {r.faithfulness:.3f} "
-                      f"[{r.low:.3f}, {r.high:.3f}] (random {r.random_mean:.3f} [{r.random_low:.3f}, {r.random_high:.3f}]), integrated {r.integrated:.3f}")
+        for r in chosen_rows(f).itertuples():
+            print(f"{r.config} × {r.pair} ({r.ablation}): {r.n_edges} edges, held-out faithfulness {r.faithfulness:.3f} "
+                  f"[{r.low:.3f}, {r.high:.3f}] (random {r.random_mean:.3f} [{r.random_low:.3f}, {r.random_high:.3f}]), integrated {r.integrated:.3f}")
         for r in summary.planted.itertuples() if len(summary.planted) else ():
             print(f"planted {r.planted_edges}: ranks among edges from B {r.ranks_among_B_edges}; {r.in_circuit} in the {r.config} × {r.pair} "
                   f"circuit of {r.circuit_size} (p = {r.p:.3g})")
@@ -680,14 +678,20 @@ def write_graphs(ctx: RunContext, edges: pd.DataFrame, nodes: pd.DataFrame, chos
             e = e.assign(score=e[ctx.options.score], atp_disagrees=e["estimate_disagrees"])
             n = nodes[nodes["config"] == config].assign(pair=key[1])
             n = n.assign(patch_total=n.get(f"patch_total_{key[1]}", np.nan), patch_direct=n.get(f"patch_direct_{key[1]}", np.nan))
-            at = curves[(curves["config"] == key[0]) & (curves["pair"] == key[1]) & (curves["half"] == "heldout")
-                        & (curves["ablation"] == HEADLINE_ABLATION)] if len(curves) else curves
-            at = at[at["chosen"].astype(bool)] if len(at) else at
+            at = chosen_rows(curves)
+            at = at[(at["config"] == key[0]) & (at["pair"] == key[1]) & (at["ablation"] == HEADLINE_ABLATION)]
             meta = {"model": model_label(ctx.model_path), "config": key[0], "pair": key[1], "bucket": "T_wrong", "item_id": item.id,
                     "score": ctx.options.score, "circuit_size": int(c.chosen), "ablation": HEADLINE_ABLATION,
                     "faithfulness": float(at["faithfulness"].iloc[0]) if len(at) else math.nan}
             out.append(write_circuit_graph(ctx.output, graph_file(*key), circuit_graph(e, n, prompt, meta)))
     return out
+
+
+def chosen_rows(curves: pd.DataFrame) -> pd.DataFrame:
+    """The held-out faithfulness rows at each circuit's chosen size (none when no circuit was chosen)."""
+    if not len(curves) or "chosen" not in curves:
+        return curves.iloc[:0]
+    return curves[(curves["half"] == "heldout") & curves["chosen"].fillna(False).astype(bool)]
 
 
 def _ranges(positions: np.ndarray) -> list[list[int]]:
@@ -854,14 +858,12 @@ def section_markdown(summary: CircuitSummary) -> str:
              "mean and resample ablations are reported beside it, since faithfulness moves with the ablation.", ""]
     lines += [f"- {m}" for m in summary.messages]
     f = summary.faithfulness
-    if len(f):
-        at = f[(f["half"] == "heldout") & f["chosen"].fillna(False).astype(bool)]
-        if len(at):
-            cols = ["config", "pair", "ablation", "n_edges", "fraction", "faithfulness", "low", "high", "random_mean", "random_low",
-                    "random_high", "integrated"]
-            lines += ["", "**Held-out faithfulness at the size chosen on train** (ratio of means over items; CI over task groups; "
-                      "random: layer-matched circuits of the same size, 2.5–97.5 percentiles over draws):", "",
-                      markdown_table(at[[c for c in cols if c in at]].round(3))]
+    if len(at := chosen_rows(f)):
+        cols = ["config", "pair", "ablation", "n_edges", "fraction", "faithfulness", "low", "high", "random_mean", "random_low",
+                "random_high", "integrated"]
+        lines += ["", "**Held-out faithfulness at the size chosen on train** (ratio of means over items; CI over task groups; "
+                  "random: layer-matched circuits of the same size, 2.5–97.5 percentiles over draws):", "",
+                  markdown_table(at[[c for c in cols if c in at]].round(3))]
     if len(summary.agreement):
         lines += ["", f"**Estimates against exact patching** (verified edges pooled over records; disagreement: |estimate − exact| > "
                   f"{AGREEMENT_ABS_TOL:g} + {AGREEMENT_REL_TOL:g}·|exact|; GradDrop is unsigned and compared with |exact|):", "",

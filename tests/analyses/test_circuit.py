@@ -142,3 +142,17 @@ def test_a_planted_head_reading_b_is_ranked_first() -> None:
 def test_refusals(organism: ProbeSession, tmp_path: Path) -> None:
     with pytest.raises(AnalysisError, match="no tool-correct T_wrong item"):
         CircuitAnalysis(item_ids=["travel-wrong-0001"], configs=["basm"], out=tmp_path, **SMALL).run(organism, verbose=False)
+
+
+def test_circuit_runs_on_a_tiny_random_qwen3_through_the_cli(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+    """The CLI end to end on random weights under the real Qwen3 tokenizer: rows, tables and the graph files."""
+    from probes.cli.main import main
+
+    argv = ["circuit", "--model", str(tiny_qwen3_dir), "--out", str(tmp_path), "--dataset", "basm_probe", "--embedder", "lexical",
+            "--relevance", "lexical", "--split", "all", "--configs", "basm", "--pairs", "knockout", "--k", "1",
+            "--ig-steps", "2", "--exact-top", "2", "--exact-random", "2", "--random-circuits", "2", *sum((["--item", i] for i in ITEMS[:4]), [])]
+    assert main(argv) == 0
+    out = next(tmp_path.iterdir())
+    rows = load_results(out / "circuit.jsonl")
+    assert set(rows["condition"]) == {"dla", "knockout"} and rows["metric"].notna().all()
+    assert (out / "circuit_nodes.csv").is_file() and (out / "circuit_edges.csv").is_file()
