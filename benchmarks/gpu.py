@@ -30,8 +30,13 @@ Sections, side by side in one run (one model instance; its attention implementat
    masks at f = 0.4 over the library, ``--attribution-items`` T_wrong eval items, both pools; its
    scorer ``mask_scorer``: prefix reuse, identical prompts once) against as many independent
    ``score_record`` calls without reuse, job by job, in sdpa forwards of the run's median prompt.
+9. ``circuit``: the ``circuit`` analysis' pieces (:func:`circuit_run`: the deciding rows of the
+   first T_wrong eval item's basm prompt at k = 2 and of its proc prompt, AtP + AtP* over every
+   (layer, head, span) edge, GradDrop, EAP-IG, exact patching of every edge, DLA + node effects)
+   in fp32 (the replay refuses bf16: the model's shape is built again in fp32), in sdpa forwards of
+   the clean prompt; a failure is recorded under ``skipped`` with its message.
 
-Sections 6-8 run before 5 (which may not fit the budget at 32k).
+Sections 6-9 run before 5 (which may not fit the budget at 32k).
 
 Peak memory = ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it
 (what the call itself allocated), reset before every call; on the CPU (``--tiny``) it is not measured.
@@ -309,6 +314,106 @@ def attribution_run(session: Any, plain: Any, builder: Any, n_items: int, masks:
     return out
 
 
+def first_t_wrong(builder: Any, k: int) -> tuple[Any, PromptRecord]:
+    """(item, its native ``basm`` record at ``k``): the first T_wrong eval item whose record has a boundary span."""
+    for item in builder.dataset.select(buckets=["T_wrong"], split="eval"):
+        record = builder.build(item, "basm", k, "native")
+        if record.spans.get("boundary"):
+            return item, record
+    raise RuntimeError("no T_wrong eval item with a boundary span")
+
+
+def circuit_spans(record: PromptRecord) -> dict[str, list[int]]:
+    """Disjoint source spans from the record's slot spans, first claim wins: ``boundary`` (B), then
+    each other slot in the record's order without the positions an earlier span holds (B's own
+    fields fall inside B and drop out), ``memory`` last (what remains of it: the skill headers);
+    every position none holds is the replay's ``other`` (system text, request, catalogue, call prefix)."""
+    from probes.engine.session import span_positions
+
+    names = ["boundary", *(n for n in record.spans if n not in ("boundary", "memory")), "memory"]
+    out: dict[str, list[int]] = {}
+    taken: set[int] = set()
+    for name in names:
+        pos = [p for p in span_positions(record.spans.get(name, [])) if p not in taken]
+        if pos:
+            out[name] = pos
+            taken.update(pos)
+    return out
+
+
+def deciding_row(session: Any, record: PromptRecord) -> Any:
+    """The record's :class:`~probes.engine.decision_row.DecisionRow`: the prompt plus the correct
+    name's prefix shared with the wrong one (the deciding row as ``knockout.deciding_run`` builds
+    it), the metric's pair the two names' tokens at that row, the spans :func:`circuit_spans`."""
+    from probes.engine.decision_row import DecisionRow
+    from probes.scoring.margins import candidates_from_record, shared_prefix
+    from probes.scoring.score import deciding_depth
+
+    candidates = [c for c in candidates_from_record(record) if c.role != "other"]
+    key, depth = deciding_depth(candidates)
+    if key is None:
+        raise ValueError(f"record {record.record_id} has no correct and wrong tool: no deciding row")
+    correct = next(c for c in candidates if c.key == key)
+    wrong = next(c for c in candidates if c.role == "wrong" and shared_prefix(correct.token_ids, c.token_ids) == depth)
+    return DecisionRow(session, [*record.input_ids, *correct.token_ids[:depth]], spans=circuit_spans(record),
+                       wrong_token=wrong.token_ids[depth], correct_token=correct.token_ids[depth])
+
+
+def circuit_run(session: Any, clean: PromptRecord, counterfactual: PromptRecord, sdpa: Callable[[list[int]], Any],
+                timer: Callable[[Callable[[], Any]], float] | None = None, ig_steps: int | None = None) -> dict[str, Any]:
+    """The ``circuit`` analysis' pieces on one counterfactual pair, each in sdpa forwards of the clean
+    prompt timed right before it: the clean deciding row (prefix cache cold), the counterfactual's
+    (its prefix from the cache where it shares whole blocks with the clean one, as in a run), AtP +
+    AtP* alone (one backward), with GradDrop, with EAP-IG (``ig_steps``), exact patching of every
+    (layer, head, span) edge one per element, DLA + node effects. ``circuit_atp``: the first three
+    summed, issue #43's "AtP over every head × span edge for one pair". ``timer(fn)`` -> seconds."""
+    from scipy.stats import spearmanr
+
+    from probes.engine.decision_row import DEFAULT_IG_STEPS
+
+    timer = timer or timed
+    ig_steps = DEFAULT_IG_STEPS if ig_steps is None else ig_steps
+    rows: dict[str, Any] = {}
+    out: dict[str, Any] = {"record_id": clean.record_id, "counterfactual": counterfactual.record_id,
+                           "tokens": [clean.n_tokens, counterfactual.n_tokens], "ig_steps": ig_steps, "pieces": {}}
+
+    def piece(name: str, fn: Callable[[], Any]) -> Any:
+        unit = timer(lambda: sdpa(clean.input_ids))
+        result: list[Any] = []
+        t = timer(lambda: result.append(fn()))
+        out["pieces"][name] = {"time_s": t, "unit_s": unit, "forwards": t / unit}
+        print(f"  circuit {name}: {t:.2f} s = {t / unit:.2f} forwards ({unit:.2f} s)", flush=True)
+        return result[0]
+
+    def cold_row() -> Any:
+        session.clear_prefix_cache()
+        return deciding_row(session, clean)
+
+    row = piece("clean row", cold_row)
+    reused = session.prefix_reuse.tokens_reused
+    cf = piece("counterfactual row", lambda: deciding_row(session, counterfactual))
+    out["counterfactual_prefix_reused"] = session.prefix_reuse.tokens_reused - reused
+    target = cf.messages
+    L, H, S = row.n_layers, row.n_heads, len(row.spans)
+    out.update(spans=list(row.spans), edges=L * H * S, layers=L, heads=H)
+    atp = piece("AtP + AtP*", lambda: row.edge_scores(target, ig_steps=0, grad_drop=False))
+    piece("AtP + AtP* + GradDrop", lambda: row.edge_scores(target, ig_steps=0, grad_drop=True))
+    piece(f"AtP + AtP* + EAP-IG ({ig_steps})", lambda: row.edge_scores(target, ig_steps=ig_steps, grad_drop=False))
+    every_edge = torch.eye(L * H * S, dtype=torch.bool).reshape(-1, L, H, S)
+    exact = piece("exact patching (every edge)", lambda: row.patched_metrics(target, every_edge) - row.metric)
+    piece("DLA + node effects", lambda: (row.components(), row.node_effects(target)))
+    p = out["pieces"]
+    out["circuit_atp"] = sum(p[name]["forwards"] for name in ("clean row", "counterfactual row", "AtP + AtP*"))
+    # what a row keeps: its messages O(L·H·S) and the prefix keys/values (fp32), never an [n, n] tensor
+    m = row.messages
+    out["messages_bytes"] = sum(t.numel() * t.element_size() for t in (m.log_mass, m.value, m.z, m.mlp))
+    cfg = session.model.config
+    out["prefix_kv_bytes"] = 2 * L * cfg.num_key_value_heads * cfg.head_dim * row.row * 4
+    out["atp_star_vs_exact_spearman"] = float(spearmanr(atp["atp_star"].ravel(), exact).statistic)
+    out["max_abs_exact"] = float(np.abs(exact).max())
+    return out
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -494,6 +599,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                 plain_sdpa, timer=lambda fn: measure(fn, device)[0])
     else:
         skip("attribution", f"{clock.left():.0f} s left, projected {unit * 2 * n_jobs:.0f} s")
+
+    # 9. The circuit (issue #43) on one counterfactual pair: the first T_wrong eval item's basm prompt at k = 2
+    # against its proc prompt, in fp32 (the deciding-row replay refuses other dtypes): the bf16 model's
+    # shape built again in fp32 unless it is fp32 already, its own sdpa forwards the unit.
+    if clock.fits(unit * 40 + args.reserve_s / 3):
+        item, clean = first_t_wrong(builder, 2)
+        counterfactual = builder.build(item, "proc", 2, "native")
+        fp32 = model if dtype == torch.float32 else build_model(args.tiny, device, len(tokenizer), torch.float32)
+        fp32_session = EngineSession(fp32, tokenizer=tokenizer)
+
+        def fp32_sdpa(ids: list[int]) -> Any:
+            with torch.inference_mode():
+                return fp32(torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1)
+
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+        try:
+            report["circuit"] = circuit_run(fp32_session, clean, counterfactual, fp32_sdpa, timer=lambda fn: measure(fn, device)[0])
+            report["circuit"]["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20 if device.type == "cuda" else None
+        except Exception as e:  # recorded and printed: the replay's device path had not run on a GPU when this section was written
+            skip("circuit", f"failed: {type(e).__name__}: {e}")
+        del fp32_session, fp32
+    else:
+        skip("circuit", f"{clock.left():.0f} s left, projected {unit * 40:.0f} s")
 
     # 5. The engine with ten knockouts at long contexts.
     report["long"] = []
