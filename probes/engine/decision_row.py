@@ -420,18 +420,21 @@ class DecisionRow:
             mask[i, layer, head, span] = True
         return self.patched_metrics(target, mask) - self.metric
 
-    def node_effects(self, target: Messages) -> dict[str, np.ndarray]:
+    def node_effects(self, target: Messages | None = None) -> dict[str, np.ndarray]:
         """Per head [L, H] and per MLP [L]: the exact (total) effect on the metric of zeroing its output
-        at the deciding row (``*_ablate``) and of patching in ``target``'s (``*_patch``), and the direct
-        effect of that patch (``*_patch_direct``: the change of its own write, through the frozen norm)."""
-        t = self._target(target)
+        at the deciding row (``*_ablate``); with a ``target``, also of patching in the target's output
+        (``*_patch``) and the direct effect of that patch (``*_patch_direct``: the change of its own
+        write, through the frozen norm, everything else held)."""
         L, H = self.n_layers, self.n_heads
         n_head = L * H
-        _, trace = self._replay(_Intervention(1))
-        _, direction = self._frozen_norm(trace.final[0])
+        clean = self.messages
+        kinds = [("ablate", torch.zeros_like(clean.z), torch.zeros_like(clean.mlp))]
+        if target is not None:
+            t = self._target(target)
+            kinds.append(("patch", t.z, t.mlp))
         out: dict[str, np.ndarray] = {}
-        for kind, z_value, mlp_value in (("ablate", torch.zeros_like(t.z), torch.zeros_like(t.mlp)), ("patch", t.z, t.mlp)):
-            def make(i0: int, i1: int) -> _Intervention:
+        for kind, z_value, mlp_value in kinds:
+            def make(i0: int, i1: int, z_value: torch.Tensor = z_value, mlp_value: torch.Tensor = mlp_value) -> _Intervention:
                 idx = torch.arange(i0, i1)
                 z_set = torch.zeros(i1 - i0, L, H, dtype=torch.bool)
                 mlp_set = torch.zeros(i1 - i0, L, dtype=torch.bool)
@@ -442,11 +445,13 @@ class DecisionRow:
                                      mlp_set=mlp_set, mlp_value=mlp_value.expand(i1 - i0, -1, -1))
             delta = self._batched(make, n_head + L) - self.metric
             out[f"head_{kind}"], out[f"mlp_{kind}"] = delta[:n_head].reshape(L, H), delta[n_head:]
-        clean = self.messages
-        with torch.no_grad():
-            out["head_patch_direct"] = np.stack([
-                ((self._head_writes(layer, t.z[layer]) - self._head_writes(layer, clean.z[layer])) @ direction).numpy() for layer in range(L)])
-            out["mlp_patch_direct"] = ((t.mlp - clean.mlp) @ direction).numpy()
+        if target is not None:
+            _, trace = self._replay(_Intervention(1))
+            _, direction = self._frozen_norm(trace.final[0])
+            with torch.no_grad():
+                out["head_patch_direct"] = np.stack([
+                    ((self._head_writes(layer, t.z[layer]) - self._head_writes(layer, clean.z[layer])) @ direction).numpy() for layer in range(L)])
+                out["mlp_patch_direct"] = ((t.mlp - clean.mlp) @ direction).numpy()
         return out
 
     # ------------------------------------------------------------------------------ attribution
