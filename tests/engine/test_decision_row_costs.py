@@ -5,7 +5,8 @@ AtP and AtP* alone (``ig_steps=0, grad_drop=False``) are one backward of the row
 estimates; no operation in the prefix, the replay, attribution or exact patching outputs an [n, n] tensor (an
 eager full forward, which outputs one per layer, is caught by the same check); a row holds its messages
 (O(layers · heads · spans)), the span indicator and the prefix keys/values, nothing else (a planted [n, n]
-tensor is caught); a model not in fp32 is refused with the fix.
+tensor is caught); a model not in fp32 is refused with the fix; a backward leaves the prefix cache
+bit-identical (a row built from it afterwards equals one built without a cache).
 """
 
 from __future__ import annotations
@@ -132,3 +133,21 @@ def test_refuses_a_model_not_in_fp32(qwen3_dir: Path, ids: list[int]) -> None:
     with pytest.raises(ValueError, match=r"the model is torch.bfloat16: load it in float32 \(--dtype float32\)"):
         DecisionRow(bf16, ids, spans=SPANS, wrong_token=WRONG, correct_token=CORRECT)
     assert math.isfinite(DecisionRow(EngineSession(qwen3_dir), ids, spans=SPANS, wrong_token=WRONG, correct_token=CORRECT).metric)
+
+
+def test_backward_leaves_the_prefix_cache_bit_identical(qwen3_dir: Path, ids: list[int]) -> None:
+    """The backward runs through the replayed row only: the cached prefix keys/values it read are constants,
+    and a row built afterwards from that cache equals one built without any cache, bit for bit."""
+    def messages(row: DecisionRow) -> tuple:
+        return row.metric, row.messages.log_mass, row.messages.value, row.messages.z, row.messages.mlp
+
+    warm = EngineSession(qwen3_dir)
+    first = DecisionRow(warm, ids, spans=SPANS, wrong_token=WRONG, correct_token=CORRECT)
+    first.edge_scores(first.knocked_out("boundary"), ig_steps=2)
+    again = DecisionRow(warm, ids, spans=SPANS, wrong_token=WRONG, correct_token=CORRECT)
+    assert warm.prefix_reuse.tokens_reused == N - 1  # the whole prefix came from the cache the backward ran beside
+    uncached = DecisionRow(EngineSession(qwen3_dir, prefix_cache=0), ids, spans=SPANS, wrong_token=WRONG, correct_token=CORRECT)
+    for a, b in zip(messages(again), messages(uncached)):
+        assert a == b if isinstance(a, float) else torch.equal(a, b)
+    other = DecisionRow(warm, [ids[0] + 1, *ids[1:]], spans=SPANS, wrong_token=WRONG, correct_token=CORRECT)
+    assert not torch.equal(other.messages.value, uncached.messages.value)  # the comparison sees a one-token change
