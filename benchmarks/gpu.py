@@ -366,7 +366,9 @@ def circuit_run(session: Any, clean: PromptRecord, counterfactual: PromptRecord,
     (its prefix from the cache where it shares whole blocks with the clean one, as in a run), AtP +
     AtP* alone (one backward), with GradDrop, with EAP-IG (``ig_steps``), exact patching of every
     (layer, head, span) edge one per element, DLA + node effects. ``circuit_atp``: the first three
-    summed, issue #43's "AtP over every head × span edge for one pair". ``timer(fn)`` -> seconds."""
+    summed, issue #43's "AtP over every head × span edge for one pair"; ``*cpu*``: the same in this
+    process' CPU seconds (on the CPU with one thread: what other jobs' load does not inflate; on a
+    GPU not the cost). ``timer(fn)`` -> seconds."""
     from scipy.stats import spearmanr
 
     from probes.engine.decision_row import DEFAULT_IG_STEPS
@@ -378,11 +380,17 @@ def circuit_run(session: Any, clean: PromptRecord, counterfactual: PromptRecord,
                            "tokens": [clean.n_tokens, counterfactual.n_tokens], "ig_steps": ig_steps, "pieces": {}}
 
     def piece(name: str, fn: Callable[[], Any]) -> Any:
+        cpu0 = time.process_time()
         unit = timer(lambda: sdpa(clean.input_ids))
+        cpu1 = time.process_time()
         result: list[Any] = []
         t = timer(lambda: result.append(fn()))
-        out["pieces"][name] = {"time_s": t, "unit_s": unit, "forwards": t / unit}
-        print(f"  circuit {name}: {t:.2f} s = {t / unit:.2f} forwards ({unit:.2f} s)", flush=True)
+        cpu2 = time.process_time()
+        # CPU seconds of this process too: on a shared CPU, wall time grows with the others' load and CPU time does not
+        out["pieces"][name] = {"time_s": t, "unit_s": unit, "forwards": t / unit, "cpu_s": cpu2 - cpu1, "unit_cpu_s": cpu1 - cpu0,
+                               "cpu_forwards": (cpu2 - cpu1) / (cpu1 - cpu0)}
+        print(f"  circuit {name}: {t:.2f} s = {t / unit:.2f} forwards ({unit:.2f} s); CPU {cpu2 - cpu1:.2f} s = "
+              f"{(cpu2 - cpu1) / (cpu1 - cpu0):.2f} forwards' CPU ({cpu1 - cpu0:.2f} s)", flush=True)
         return result[0]
 
     def cold_row() -> Any:
@@ -403,7 +411,9 @@ def circuit_run(session: Any, clean: PromptRecord, counterfactual: PromptRecord,
     exact = piece("exact patching (every edge)", lambda: row.patched_metrics(target, every_edge) - row.metric)
     piece("DLA + node effects", lambda: (row.components(), row.node_effects(target)))
     p = out["pieces"]
-    out["circuit_atp"] = sum(p[name]["forwards"] for name in ("clean row", "counterfactual row", "AtP + AtP*"))
+    atp_pieces = ("clean row", "counterfactual row", "AtP + AtP*")
+    out["circuit_atp"] = sum(p[name]["forwards"] for name in atp_pieces)
+    out["circuit_atp_cpu"] = sum(p[name]["cpu_forwards"] for name in atp_pieces)
     # what a row keeps: its messages O(L·H·S) and the prefix keys/values (fp32), never an [n, n] tensor
     m = row.messages
     out["messages_bytes"] = sum(t.numel() * t.element_size() for t in (m.log_mass, m.value, m.z, m.mlp))

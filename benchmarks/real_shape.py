@@ -289,10 +289,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"| {name}: knockout (12) probe set | {total:.1f} (= {count} forwards × {one:.2f}) | | |")
     if circuit is not None:
         c, p = circuit, circuit["pieces"]
-        print(f"| native: circuit AtP (every head × span edge, one pair: {c['edges']} edges) | {c['circuit_atp']:.2f} | | "
-              f"{sum(p[n]['time_s'] for n in ('clean row', 'counterfactual row', 'AtP + AtP*')):.1f} |")
+        print(f"| native: circuit AtP (every head × span edge, one pair: {c['edges']} edges) | {c['circuit_atp']:.2f} "
+              f"(CPU time: {c['circuit_atp_cpu']:.2f}) | | {sum(p[n]['time_s'] for n in ('clean row', 'counterfactual row', 'AtP + AtP*')):.1f} |")
         for name, piece in p.items():
-            print(f"| native: circuit, {name} | {piece['forwards']:.2f} | | {piece['time_s']:.1f} |")
+            print(f"| native: circuit, {name} | {piece['forwards']:.2f} (CPU time: {piece['cpu_forwards']:.2f}) | | {piece['time_s']:.1f} |")
     for name, value in sweep_rows.items():
         print(f"| {name} ({len(sweep)} prompts) | {value:.2f} (median prompt) | | |")
     if attribution is not None:

@@ -37,7 +37,9 @@ def test_tiny_circuit_rows(real_shape, tmp_path):
     assert tuple(c["pieces"]) == PIECES
     for piece in c["pieces"].values():
         assert piece["time_s"] > 0 and piece["forwards"] == pytest.approx(piece["time_s"] / piece["unit_s"], rel=1e-12)
+        assert piece["cpu_s"] > 0 and piece["cpu_forwards"] == pytest.approx(piece["cpu_s"] / piece["unit_cpu_s"], rel=1e-12)
     assert c["circuit_atp"] == pytest.approx(sum(c["pieces"][n]["forwards"] for n in PIECES[:3]), rel=1e-12)
+    assert c["circuit_atp_cpu"] == pytest.approx(sum(c["pieces"][n]["cpu_forwards"] for n in PIECES[:3]), rel=1e-12)
     assert 0 < c["counterfactual_prefix_reused"] < c["tokens"][1]  # the proc prompt shares the system turn, catalogue, first fields
     # held per row: messages (λ [L, H, S], ū [L, H, S, dh], z [L, H, dh], MLP [L, D], fp32) and the prefix K/V
     L, H, S, dh, D, kv = 4, 4, 6, 16, 64, 2
