@@ -137,6 +137,73 @@ class Components:
         return float(self.embed + self.heads.sum() + self.attn_bias.sum() + self.mlps.sum() + self.unembed_bias)
 
 
+def logit_difference(model: torch.nn.Module, wrong_token: int, correct_token: int) -> tuple[torch.Tensor, float]:
+    """The metric ``logit(wrong) − logit(correct)`` as a readout of the final norm's output: (the
+    unembedding difference [d_model], the output bias difference; 0 without a bias). Refuses tokens
+    outside the vocabulary and a pair that is one token."""
+    head = model.get_output_embeddings()
+    vocab = head.weight.shape[0]
+    for tok in (wrong_token, correct_token):
+        if not 0 <= int(tok) < vocab:
+            raise ValueError(f"metric token {tok} outside the vocabulary 0..{vocab - 1}")
+    if int(wrong_token) == int(correct_token):
+        raise ValueError("the metric's wrong and correct tokens are the same token: the names never diverge at this row")
+    pair = [int(wrong_token), int(correct_token)]
+    w = head.weight[pair].float()
+    b = getattr(head, "bias", None)
+    return (w[0] - w[1]).detach(), float(b[pair[0]] - b[pair[1]]) if b is not None else 0.0
+
+
+def head_writes(block: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """[H, D]: each head's write to the residual stream, W_O^h z_h (z: [H, d_head]; ``block``: a decoder
+    layer; o_proj's bias is not a head's)."""
+    w = block.self_attn.o_proj.weight.float()  # [D, H * dh]
+    n_heads, dh = z.shape
+    return torch.einsum("dhk,hk->hd", w.reshape(w.shape[0], n_heads, dh), z.float().to(w.device))
+
+
+def frozen_norm(norm: torch.nn.Module, x: torch.Tensor, unembed: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """The final RMSNorm at ``x`` as a linear map: (1/rms(x), the direction of ``unembed`` in the residual
+    basis). Checked against the module itself, so a norm of another kind is refused."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if eps is None:
+        raise NotImplementedError(f"final norm {type(norm).__name__} has no epsilon: not an RMSNorm this replay knows")
+    with torch.no_grad():
+        ones = torch.ones_like(x)
+        gain = norm(ones[None, None])[0, 0].float() * math.sqrt(1 + eps)
+        scale = float(torch.rsqrt(x.pow(2).mean() + eps))
+        y = norm(x[None, None])[0, 0].float()
+    if not torch.allclose(scale * gain * x, y, rtol=1e-4, atol=1e-5 * float(y.abs().max())):
+        raise NotImplementedError(f"final norm {type(norm).__name__} is not x·w/rms(x): DLA through it is not defined here")
+    return scale, (scale * gain * unembed).detach()
+
+
+def direct_logit_attribution(model: torch.nn.Module, wrong_token: int, correct_token: int, *, embed: torch.Tensor, z: torch.Tensor,
+                             mlp: torch.Tensor, final: torch.Tensor, metric: float) -> Components:
+    """DLA at one row from what a run recorded there: the embedding [D], the head outputs ``z`` [L, H, d_head],
+    the MLP outputs [L, D], the residual entering the final norm ``final`` [D] (its scale frozen) and the
+    run's ``metric``. Refuses parts that do not sum to the metric within :data:`SUM_TOLERANCE` (relative)."""
+    unembed, unembed_bias = logit_difference(model, wrong_token, correct_token)
+    dev = unembed.device  # the parts may come from another device (a backend's recordings are on the CPU)
+    scale, direction = frozen_norm(model.base_model.norm, final.float().to(dev), unembed)
+    layers = model.base_model.layers
+    heads = np.zeros(tuple(z.shape[:2]))
+    bias = np.zeros(len(layers))
+    mlps = np.zeros(len(layers))
+    with torch.no_grad():
+        for layer, block in enumerate(layers):
+            heads[layer] = (head_writes(block, z[layer]).to(dev) @ direction).cpu().numpy()
+            o_bias = getattr(block.self_attn.o_proj, "bias", None)
+            bias[layer] = float(o_bias.float().to(dev) @ direction) if o_bias is not None else 0.0
+            mlps[layer] = float(mlp[layer].float().to(dev) @ direction)
+        out = Components(float(embed.float().to(dev) @ direction), heads, bias, mlps, unembed_bias, metric, scale)
+    if abs(out.total - out.metric) > SUM_TOLERANCE * max(1.0, abs(out.metric)):
+        raise ValueError(f"DLA parts sum to {out.total:.6f}, the metric is {out.metric:.6f}: this architecture's residual "
+                         "stream is not the embedding plus per-head and MLP outputs read through the final norm and the "
+                         "unembedding (post-norms? a rescaled readout?); DLA is not defined for it here")
+    return out
+
+
 @dataclass
 class _Intervention:
     """What one batched replay does (B elements). ``edge_alpha`` [B, L, H, S]: each edge's share of the
@@ -179,8 +246,8 @@ class DecisionRow:
     """One prompt's deciding row, ready to replay under interventions (module docstring).
 
     ``ids``: the prompt with the shared name prefix appended; its last position is the deciding row.
-    ``spans``: source span -> key positions (disjoint; positions ``0..d``); positions no span holds go
-    to ``other``. ``wrong_token`` / ``correct_token``: the metric's pair at that row.
+    ``spans``: source span -> key positions (disjoint; positions ``0..d``; a span may be empty); positions
+    no span holds go to ``other`` (the last span, always present). ``wrong_token`` / ``correct_token``: the metric's pair at that row.
     """
 
     def __init__(self, session: EngineSession, ids: Sequence[int], *, spans: Mapping[str, Sequence[int]],
@@ -199,12 +266,7 @@ class DecisionRow:
             raise ValueError("the deciding row needs at least one earlier position")
         check_context_length(len(self.ids), model.config)
         self.row = len(self.ids) - 1
-        vocab = model.get_output_embeddings().weight.shape[0]
-        for tok in (wrong_token, correct_token):
-            if not 0 <= int(tok) < vocab:
-                raise ValueError(f"metric token {tok} outside the vocabulary 0..{vocab - 1}")
-        if int(wrong_token) == int(correct_token):
-            raise ValueError("the metric's wrong and correct tokens are the same token: the names never diverge at this row")
+        self._unembed, self._unembed_bias = logit_difference(model, wrong_token, correct_token)
         self.pair = (int(wrong_token), int(correct_token))
         self.spans, self.span_of = _span_index(spans, self.row + 1)
         self.n_layers, self.n_heads = session.n_layers, session.n_heads
@@ -215,11 +277,6 @@ class DecisionRow:
         # plain (not inference-mode) fp32 copies: autograd reads them as constants
         self._kv = {layer: (k.float().clone(), v.float().clone()) for layer, (k, v) in kv.items()}
         self._onehot = torch.nn.functional.one_hot(torch.as_tensor(self.span_of), len(self.spans)).float().to(session.device)
-        head = model.get_output_embeddings()
-        w = head.weight[list(self.pair)].float()
-        self._unembed = (w[0] - w[1]).detach()
-        b = getattr(head, "bias", None)
-        self._unembed_bias = float(b[self.pair[0]] - b[self.pair[1]]) if b is not None else 0.0
         metric, trace = self._replay(_Intervention(1))
         self.messages = self._messages(trace, metric[0])
 
@@ -336,46 +393,11 @@ class DecisionRow:
 
     # ------------------------------------------------------------------------------ DLA
     def components(self) -> Components:
-        """Direct logit attribution at the deciding row (module docstring); refuses an architecture
-        whose parts do not sum to the metric within :data:`SUM_TOLERANCE` (relative)."""
+        """Direct logit attribution at the deciding row (module docstring; :func:`direct_logit_attribution`)."""
         metric, trace = self._replay(_Intervention(1))
-        x = trace.final[0]
-        scale, direction = self._frozen_norm(x)
-        parts_embed = float(trace.embed[0] @ direction)
-        heads = np.zeros((self.n_layers, self.n_heads))
-        bias = np.zeros(self.n_layers)
-        mlps = np.zeros(self.n_layers)
-        for layer, block in enumerate(self._layers):
-            heads[layer] = self._head_writes(layer, trace.z[layer][0]).detach().numpy() @ direction.numpy()
-            o_bias = getattr(block.self_attn.o_proj, "bias", None)
-            bias[layer] = float(o_bias.float() @ direction) if o_bias is not None else 0.0
-            mlps[layer] = float(trace.mlp[layer][0] @ direction)
-        out = Components(parts_embed, heads, bias, mlps, self._unembed_bias, float(metric[0]), scale)
-        if abs(out.total - out.metric) > SUM_TOLERANCE * max(1.0, abs(out.metric)):
-            raise ValueError(f"DLA parts sum to {out.total:.6f}, the metric is {out.metric:.6f}: this architecture's residual "
-                             "stream is not the embedding plus per-head and MLP outputs (post-norms?); DLA is not defined for it here")
-        return out
-
-    def _head_writes(self, layer: int, z: torch.Tensor) -> torch.Tensor:
-        """[H, D]: each head's write to the residual stream, W_O^h z_h (z: [H, d_head])."""
-        w = self._layers[layer].self_attn.o_proj.weight.float()  # [D, H * dh]
-        dh = z.shape[-1]
-        return torch.einsum("dhk,hk->hd", w.reshape(w.shape[0], self.n_heads, dh), z.float())
-
-    def _frozen_norm(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
-        """The final RMSNorm at ``x`` as a linear map: (1/rms(x), the metric's direction in the residual
-        basis). Checked against the module itself, so a norm of another kind is refused."""
-        eps = getattr(self._norm, "variance_epsilon", getattr(self._norm, "eps", None))
-        if eps is None:
-            raise NotImplementedError(f"final norm {type(self._norm).__name__} has no epsilon: not an RMSNorm this replay knows")
-        with torch.no_grad():
-            ones = torch.ones_like(x)
-            gain = self._norm(ones[None, None])[0, 0].float() * math.sqrt(1 + eps)
-            scale = float(torch.rsqrt(x.pow(2).mean() + eps))
-            y = self._norm(x[None, None])[0, 0].float()
-        if not torch.allclose(scale * gain * x, y, rtol=1e-4, atol=1e-5 * float(y.abs().max())):
-            raise NotImplementedError(f"final norm {type(self._norm).__name__} is not x·w/rms(x): DLA through it is not defined here")
-        return scale, (scale * gain * self._unembed).detach()
+        L = self.n_layers
+        return direct_logit_attribution(self.session.model, *self.pair, embed=trace.embed[0], z=torch.stack([trace.z[i][0] for i in range(L)]),
+                                        mlp=torch.stack([trace.mlp[i][0] for i in range(L)]), final=trace.final[0], metric=float(metric[0]))
 
     # ------------------------------------------------------------------------------ patching
     def knocked_out(self, span: str) -> Messages:
@@ -447,10 +469,11 @@ class DecisionRow:
             out[f"head_{kind}"], out[f"mlp_{kind}"] = delta[:n_head].reshape(L, H), delta[n_head:]
         if target is not None:
             _, trace = self._replay(_Intervention(1))
-            _, direction = self._frozen_norm(trace.final[0])
+            _, direction = frozen_norm(self._norm, trace.final[0], self._unembed)
             with torch.no_grad():
                 out["head_patch_direct"] = np.stack([
-                    ((self._head_writes(layer, t.z[layer]) - self._head_writes(layer, clean.z[layer])) @ direction).numpy() for layer in range(L)])
+                    ((head_writes(self._layers[layer], t.z[layer]) - head_writes(self._layers[layer], clean.z[layer])) @ direction).numpy()
+                    for layer in range(L)])
                 out["mlp_patch_direct"] = ((t.mlp - clean.mlp) @ direction).numpy()
         return out
 
@@ -529,7 +552,6 @@ def _span_index(spans: Mapping[str, Sequence[int]], n: int) -> tuple[tuple[str, 
         if clash.size:
             raise ValueError(f"span {name!r} overlaps span {names[of[clash[0]]]!r} at position {clash[0]}: source spans must be disjoint")
         of[pos] = j
-    if (of < 0).any():
-        names.append(OTHER)
-        of[of < 0] = len(names) - 1
+    names.append(OTHER)  # always present (possibly empty), so every row of a model has the same edges
+    of[of < 0] = len(names) - 1
     return tuple(names), of
