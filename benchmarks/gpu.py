@@ -323,54 +323,22 @@ def first_t_wrong(builder: Any, k: int) -> tuple[Any, PromptRecord]:
     raise RuntimeError("no T_wrong eval item with a boundary span")
 
 
-def circuit_spans(record: PromptRecord) -> dict[str, list[int]]:
-    """Disjoint source spans from the record's slot spans, first claim wins: ``boundary`` (B), then
-    each other slot in the record's order without the positions an earlier span holds (B's own
-    fields fall inside B and drop out), ``memory`` last (what remains of it: the skill headers);
-    every position none holds is the replay's ``other`` (system text, request, catalogue, call prefix)."""
-    from probes.engine.session import span_positions
-
-    names = ["boundary", *(n for n in record.spans if n not in ("boundary", "memory")), "memory"]
-    out: dict[str, list[int]] = {}
-    taken: set[int] = set()
-    for name in names:
-        pos = [p for p in span_positions(record.spans.get(name, [])) if p not in taken]
-        if pos:
-            out[name] = pos
-            taken.update(pos)
-    return out
-
-
-def deciding_row(session: Any, record: PromptRecord) -> Any:
-    """The record's :class:`~probes.engine.decision_row.DecisionRow`: the prompt plus the correct
-    name's prefix shared with the wrong one (the deciding row as ``knockout.deciding_run`` builds
-    it), the metric's pair the two names' tokens at that row, the spans :func:`circuit_spans`."""
-    from probes.engine.decision_row import DecisionRow
-    from probes.scoring.margins import candidates_from_record, shared_prefix
-    from probes.scoring.score import deciding_depth
-
-    candidates = [c for c in candidates_from_record(record) if c.role != "other"]
-    key, depth = deciding_depth(candidates)
-    if key is None:
-        raise ValueError(f"record {record.record_id} has no correct and wrong tool: no deciding row")
-    correct = next(c for c in candidates if c.key == key)
-    wrong = next(c for c in candidates if c.role == "wrong" and shared_prefix(correct.token_ids, c.token_ids) == depth)
-    return DecisionRow(session, [*record.input_ids, *correct.token_ids[:depth]], spans=circuit_spans(record),
-                       wrong_token=wrong.token_ids[depth], correct_token=correct.token_ids[depth])
-
-
-def circuit_run(session: Any, clean: PromptRecord, counterfactual: PromptRecord, sdpa: Callable[[list[int]], Any],
+def circuit_run(session: Any, dataset: Any, item: Any, clean: PromptRecord, counterfactual: PromptRecord, sdpa: Callable[[list[int]], Any],
                 timer: Callable[[Callable[[], Any]], float] | None = None, ig_steps: int | None = None) -> dict[str, Any]:
-    """The ``circuit`` analysis' pieces on one counterfactual pair, each in sdpa forwards of the clean
-    prompt timed right before it: the clean deciding row (prefix cache cold), the counterfactual's
-    (its prefix from the cache where it shares whole blocks with the clean one, as in a run), AtP +
-    AtP* alone (one backward), with GradDrop, with EAP-IG (``ig_steps``), exact patching of every
-    (layer, head, span) edge one per element, DLA + node effects. ``circuit_atp``: the first three
+    """The ``circuit`` analysis' pieces on one counterfactual pair (``item``'s ``clean`` prompt and its
+    ``counterfactual``), built as the analysis builds them (:func:`probes.analyses.circuit.binding_row`,
+    :func:`~probes.analyses.circuit.counterpart_row`: its source spans, the binding wrong tool), each in
+    sdpa forwards of the clean prompt timed right before it: the clean deciding row (prefix cache
+    cold), the counterfactual's (its prefix from the cache where it shares whole blocks with the clean
+    one, as in a run), AtP + AtP* alone (one backward), with GradDrop, with EAP-IG (``ig_steps``),
+    exact patching of every (layer, head, span) edge one per element, DLA + node effects (ablation
+    and patching). ``circuit_atp``: the first three
     summed, issue #43's "AtP over every head × span edge for one pair"; ``*cpu*``: the same in this
     process' CPU seconds (on the CPU with one thread: what other jobs' load does not inflate; on a
     GPU not the cost). ``timer(fn)`` -> seconds."""
     from scipy.stats import spearmanr
 
+    from probes.analyses.circuit import binding_row, counterpart_row
     from probes.engine.decision_row import DEFAULT_IG_STEPS
 
     timer = timer or timed
@@ -393,13 +361,15 @@ def circuit_run(session: Any, clean: PromptRecord, counterfactual: PromptRecord,
               f"{(cpu2 - cpu1) / (cpu1 - cpu0):.2f} forwards' CPU ({cpu1 - cpu0:.2f} s)", flush=True)
         return result[0]
 
+    catalog = dataset.catalog_for(item).names
+
     def cold_row() -> Any:
         session.clear_prefix_cache()
-        return deciding_row(session, clean)
+        return binding_row(session, clean, item, catalog)
 
-    row = piece("clean row", cold_row)
+    row, deciding = piece("clean row", cold_row)
     reused = session.prefix_reuse.tokens_reused
-    cf = piece("counterfactual row", lambda: deciding_row(session, counterfactual))
+    cf = piece("counterfactual row", lambda: counterpart_row(session, counterfactual, item, catalog, deciding))
     out["counterfactual_prefix_reused"] = session.prefix_reuse.tokens_reused - reused
     target = cf.messages
     L, H, S = row.n_layers, row.n_heads, len(row.spans)
@@ -627,7 +597,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
         try:
-            report["circuit"] = circuit_run(fp32_session, clean, counterfactual, fp32_sdpa, timer=lambda fn: measure(fn, device)[0])
+            report["circuit"] = circuit_run(fp32_session, builder.dataset, item, clean, counterfactual, fp32_sdpa,
+                                            timer=lambda fn: measure(fn, device)[0])
             report["circuit"]["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20 if device.type == "cuda" else None
         except Exception as e:  # recorded and printed: the replay's device path had not run on a GPU when this section was written
             skip("circuit", f"failed: {type(e).__name__}: {e}")

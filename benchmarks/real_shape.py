@@ -91,10 +91,10 @@ def real_shape_model(layers: int = 28, tiny: bool = False) -> torch.nn.Module:
     return Qwen3ForCausalLM(config).eval()
 
 
-def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, Any, list[Any], Any]:
-    """(the basm prompt at ``k``, the same item's proc prompt at ``k`` (the circuit's counterfactual),
-    the item's distinct sweep prompts in sweep's order, the prompt builder): the first T_wrong eval
-    item with a boundary span."""
+def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, Any, Any, list[Any], Any]:
+    """(the item, its basm prompt at ``k``, its proc prompt at ``k`` (the circuit's counterfactual),
+    its distinct sweep prompts in sweep's order, the prompt builder): the first T_wrong eval item
+    with a boundary span."""
     from probes.data.dataset import load_dataset
     from probes.data.retrieval import Retriever, make_embedder
     from probes.prompts.builder import BuildSettings, PromptBuilder
@@ -102,7 +102,7 @@ def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, Any, list
     dataset = load_dataset("basm_probe")
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=k_max), tokenizer_name="qwen3")
     item, record = first_t_wrong(builder, k)
-    return record, builder.build(item, "proc", k, "native"), sweep_prompts(builder, item, k_max), builder
+    return item, record, builder.build(item, "proc", k, "native"), sweep_prompts(builder, item, k_max), builder
 
 
 def prefix_tokens_to_compute(prefixes: list[list[int]], block: int) -> tuple[int, int]:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     started = time.perf_counter()
     tokenizer = load_tokenizer("qwen3")
-    record, counterfactual, sweep, builder = item_records(tokenizer, args.k)
+    item, record, counterfactual, sweep, builder = item_records(tokenizer, args.k)
     dataset = builder.dataset
     model = real_shape_model(args.layers, args.tiny)
     model.set_attn_implementation(install_attention())
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 del backend
 
     # The circuit (issue #43): one counterfactual pair (this prompt against the same item's proc prompt).
-    circuit = None if "circuit" in args.skip else circuit_run(session, record, counterfactual, sdpa, ig_steps=args.ig_steps)
+    circuit = None if "circuit" in args.skip else circuit_run(session, dataset, item, record, counterfactual, sdpa, ig_steps=args.ig_steps)
 
     # Sweep item: 13 distinct prompts, with and without prefix reuse.
     sweep_rows: dict[str, float] = {}

@@ -53,7 +53,7 @@ def test_tiny_run_reports_every_section(gpu_bench, tmp_path):
     # the circuit's pieces on one pair (the v2 set's first T_wrong eval item, basm against proc at k = 2), fp32
     circuit = report["circuit"]
     assert circuit["record_id"].endswith("|basm|k2|native") and circuit["counterfactual"].endswith("|proc|k2|native")
-    assert circuit["edges"] == 4 * 4 * len(circuit["spans"]) and circuit["spans"][0] == "boundary"
+    assert circuit["edges"] == 4 * 4 * len(circuit["spans"]) and "boundary" in circuit["spans"]
     assert all(piece["forwards"] > 0 for piece in circuit["pieces"].values()) and len(circuit["pieces"]) == 7
     assert circuit["peak_mib"] is None
 
