@@ -30,8 +30,13 @@ Sections, side by side in one run (one model instance; its attention implementat
    masks at f = 0.4 over the library, ``--attribution-items`` T_wrong eval items, both pools; its
    scorer ``mask_scorer``: prefix reuse, identical prompts once) against as many independent
    ``score_record`` calls without reuse, job by job, in sdpa forwards of the run's median prompt.
+9. ``circuit``: the ``circuit`` analysis' pieces (:func:`circuit_run`: the deciding rows of the
+   first T_wrong eval item's basm prompt at k = 2 and of its proc prompt, AtP + AtP* over every
+   (layer, head, span) edge, GradDrop, EAP-IG, exact patching of every edge, DLA + node effects)
+   in fp32 (the replay refuses bf16: the model's shape is built again in fp32), in sdpa forwards of
+   the clean prompt; a failure is recorded under ``skipped`` with its message.
 
-Sections 6-8 run before 5 (which may not fit the budget at 32k).
+Sections 6-9 run before 5 (which may not fit the budget at 32k).
 
 Peak memory = ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it
 (what the call itself allocated), reset before every call; on the CPU (``--tiny``) it is not measured.
@@ -309,6 +314,86 @@ def attribution_run(session: Any, plain: Any, builder: Any, n_items: int, masks:
     return out
 
 
+def first_t_wrong(builder: Any, k: int) -> tuple[Any, PromptRecord]:
+    """(item, its native ``basm`` record at ``k``): the first T_wrong eval item whose record has a boundary span."""
+    for item in builder.dataset.select(buckets=["T_wrong"], split="eval"):
+        record = builder.build(item, "basm", k, "native")
+        if record.spans.get("boundary"):
+            return item, record
+    raise RuntimeError("no T_wrong eval item with a boundary span")
+
+
+def circuit_run(session: Any, dataset: Any, item: Any, clean: PromptRecord, counterfactual: PromptRecord, sdpa: Callable[[list[int]], Any],
+                timer: Callable[[Callable[[], Any]], float] | None = None, ig_steps: int | None = None) -> dict[str, Any]:
+    """The ``circuit`` analysis' pieces on one counterfactual pair (``item``'s ``clean`` prompt and its
+    ``counterfactual``), built as the analysis builds them (:func:`probes.analyses.circuit.binding_row`,
+    :func:`~probes.analyses.circuit.counterpart_row`: its source spans, the binding wrong tool), each in
+    sdpa forwards of the clean prompt timed right before it: the clean deciding row (prefix cache
+    cold), the counterfactual's (its prefix from the cache where it shares whole blocks with the clean
+    one, as in a run), AtP + AtP* alone (one backward), with GradDrop, with EAP-IG (``ig_steps``),
+    exact patching of every (layer, head, span) edge one per element, DLA + node effects (ablation
+    and patching). ``circuit_atp``: the first three
+    summed, issue #43's "AtP over every head × span edge for one pair"; ``*cpu*``: the same in this
+    process' CPU seconds (on the CPU with one thread: what other jobs' load does not inflate; on a
+    GPU not the cost). ``timer(fn)`` -> seconds."""
+    from scipy.stats import spearmanr
+
+    from probes.analyses.circuit import binding_row, counterpart_row
+    from probes.engine.decision_row import DEFAULT_IG_STEPS
+
+    timer = timer or timed
+    ig_steps = DEFAULT_IG_STEPS if ig_steps is None else ig_steps
+    rows: dict[str, Any] = {}
+    out: dict[str, Any] = {"record_id": clean.record_id, "counterfactual": counterfactual.record_id,
+                           "tokens": [clean.n_tokens, counterfactual.n_tokens], "ig_steps": ig_steps, "pieces": {}}
+
+    def piece(name: str, fn: Callable[[], Any]) -> Any:
+        cpu0 = time.process_time()
+        unit = timer(lambda: sdpa(clean.input_ids))
+        cpu1 = time.process_time()
+        result: list[Any] = []
+        t = timer(lambda: result.append(fn()))
+        cpu2 = time.process_time()
+        # CPU seconds of this process too: on a shared CPU, wall time grows with the others' load and CPU time does not
+        out["pieces"][name] = {"time_s": t, "unit_s": unit, "forwards": t / unit, "cpu_s": cpu2 - cpu1, "unit_cpu_s": cpu1 - cpu0,
+                               "cpu_forwards": (cpu2 - cpu1) / (cpu1 - cpu0)}
+        print(f"  circuit {name}: {t:.2f} s = {t / unit:.2f} forwards ({unit:.2f} s); CPU {cpu2 - cpu1:.2f} s = "
+              f"{(cpu2 - cpu1) / (cpu1 - cpu0):.2f} forwards' CPU ({cpu1 - cpu0:.2f} s)", flush=True)
+        return result[0]
+
+    catalog = dataset.catalog_for(item).names
+
+    def cold_row() -> Any:
+        session.clear_prefix_cache()
+        return binding_row(session, clean, item, catalog)
+
+    row, deciding = piece("clean row", cold_row)
+    reused = session.prefix_reuse.tokens_reused
+    cf = piece("counterfactual row", lambda: counterpart_row(session, counterfactual, item, catalog, deciding))
+    out["counterfactual_prefix_reused"] = session.prefix_reuse.tokens_reused - reused
+    target = cf.messages
+    L, H, S = row.n_layers, row.n_heads, len(row.spans)
+    out.update(spans=list(row.spans), edges=L * H * S, layers=L, heads=H)
+    atp = piece("AtP + AtP*", lambda: row.edge_scores(target, ig_steps=0, grad_drop=False))
+    piece("AtP + AtP* + GradDrop", lambda: row.edge_scores(target, ig_steps=0, grad_drop=True))
+    piece(f"AtP + AtP* + EAP-IG ({ig_steps})", lambda: row.edge_scores(target, ig_steps=ig_steps, grad_drop=False))
+    every_edge = torch.eye(L * H * S, dtype=torch.bool).reshape(-1, L, H, S)
+    exact = piece("exact patching (every edge)", lambda: row.patched_metrics(target, every_edge) - row.metric)
+    piece("DLA + node effects", lambda: (row.components(), row.node_effects(target)))
+    p = out["pieces"]
+    atp_pieces = ("clean row", "counterfactual row", "AtP + AtP*")
+    out["circuit_atp"] = sum(p[name]["forwards"] for name in atp_pieces)
+    out["circuit_atp_cpu"] = sum(p[name]["cpu_forwards"] for name in atp_pieces)
+    # what a row keeps: its messages O(L·H·S) and the prefix keys/values (fp32), never an [n, n] tensor
+    m = row.messages
+    out["messages_bytes"] = sum(t.numel() * t.element_size() for t in (m.log_mass, m.value, m.z, m.mlp))
+    cfg = session.model.config
+    out["prefix_kv_bytes"] = 2 * L * cfg.num_key_value_heads * cfg.head_dim * row.row * 4
+    out["atp_star_vs_exact_spearman"] = float(spearmanr(atp["atp_star"].ravel(), exact).statistic)
+    out["max_abs_exact"] = float(np.abs(exact).max())
+    return out
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -494,6 +579,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                 plain_sdpa, timer=lambda fn: measure(fn, device)[0])
     else:
         skip("attribution", f"{clock.left():.0f} s left, projected {unit * 2 * n_jobs:.0f} s")
+
+    # 9. The circuit (issue #43) on one counterfactual pair: the first T_wrong eval item's basm prompt at k = 2
+    # against its proc prompt, in fp32 (the deciding-row replay refuses other dtypes): the bf16 model's
+    # shape built again in fp32 unless it is fp32 already, its own sdpa forwards the unit.
+    if clock.fits(unit * 40 + args.reserve_s / 3):
+        item, clean = first_t_wrong(builder, 2)
+        counterfactual = builder.build(item, "proc", 2, "native")
+        fp32 = model if dtype == torch.float32 else build_model(args.tiny, device, len(tokenizer), torch.float32)
+        fp32_session = EngineSession(fp32, tokenizer=tokenizer)
+
+        def fp32_sdpa(ids: list[int]) -> Any:
+            with torch.inference_mode():
+                return fp32(torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1)
+
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+        try:
+            report["circuit"] = circuit_run(fp32_session, builder.dataset, item, clean, counterfactual, fp32_sdpa,
+                                            timer=lambda fn: measure(fn, device)[0])
+            report["circuit"]["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20 if device.type == "cuda" else None
+        except Exception as e:  # recorded and printed: the replay's device path had not run on a GPU when this section was written
+            skip("circuit", f"failed: {type(e).__name__}: {e}")
+        del fp32_session, fp32
+    else:
+        skip("circuit", f"{clock.left():.0f} s left, projected {unit * 40:.0f} s")
 
     # 5. The engine with ten knockouts at long contexts.
     report["long"] = []

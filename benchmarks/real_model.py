@@ -139,6 +139,9 @@ STEPS = (
     knockout_step("neutral", where=(), limit=8, suffix="-8groups"),
     Step("forks", "forks", (*FILES, "--configs", "basm", "--k-max", "2", "--bucket", "T_wrong", "--limit", "2"), tables=("forks_shares",)),
     Step("repair", "repair", (*FILES, "--bucket", "T_repair", "--limit", "2"), tables=("repair_summary",)),
+    # issue #43: 3 T_wrong items (one per task group: 2 train, 1 held-out), BASM at k = 2, pairs (a) and (c)
+    Step("circuit", "circuit", (*FILES, "--bucket", "T_wrong", "--limit", "3", "--k", "2", "--configs", "basm", "--pairs", "config,knockout"),
+         tables=("circuit_agreement", "circuit_faithfulness", "circuit_edges")),
 )
 
 

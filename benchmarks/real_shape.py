@@ -74,7 +74,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu import TINY_SHAPE, attribution_run, qwen3_config, sweep_prompts, timed  # noqa: E402  (benchmarks/gpu.py: the tiny shape, an item's distinct sweep prompts, the attribution run)
+from gpu import TINY_SHAPE, attribution_run, circuit_run, first_t_wrong, qwen3_config, sweep_prompts, timed  # noqa: E402  (benchmarks/gpu.py: the tiny shape, the record, an item's distinct sweep prompts, the attribution and circuit runs)
 
 KNOCKOUT_OPTIONS = dict(priming=False, knockout_rows="path", random_pool="neutral", seed=0, mass_tolerance=0.1,
                         margin_variant="tool_choice")
@@ -91,20 +91,18 @@ def real_shape_model(layers: int = 28, tiny: bool = False) -> torch.nn.Module:
     return Qwen3ForCausalLM(config).eval()
 
 
-def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, list[Any], Any]:
-    """(the basm prompt at ``k``, the item's distinct sweep prompts in sweep's order, the prompt builder): the first T_wrong eval item with a boundary span."""
+def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, Any, Any, list[Any], Any]:
+    """(the item, its basm prompt at ``k``, its proc prompt at ``k`` (the circuit's counterfactual),
+    its distinct sweep prompts in sweep's order, the prompt builder): the first T_wrong eval item
+    with a boundary span."""
     from probes.data.dataset import load_dataset
     from probes.data.retrieval import Retriever, make_embedder
     from probes.prompts.builder import BuildSettings, PromptBuilder
 
     dataset = load_dataset("basm_probe")
     builder = PromptBuilder(tokenizer, dataset, Retriever(make_embedder("lexical")), BuildSettings(k_max=k_max), tokenizer_name="qwen3")
-    for item in dataset.select(buckets=["T_wrong"], split="eval"):
-        record = builder.build(item, "basm", k, "native")
-        if not record.spans.get("boundary"):
-            continue
-        return record, sweep_prompts(builder, item, k_max), builder
-    raise RuntimeError("no T_wrong eval item with a boundary span")
+    item, record = first_t_wrong(builder, k)
+    return item, record, builder.build(item, "proc", k, "native"), sweep_prompts(builder, item, k_max), builder
 
 
 def prefix_tokens_to_compute(prefixes: list[list[int]], block: int) -> tuple[int, int]:
@@ -128,10 +126,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--k", type=int, default=2, help="depth of the per-prompt basm record")
     ap.add_argument("--backends", nargs="*", default=["nnsight", "transformerlens"], choices=("nnsight", "transformerlens"))
-    ap.add_argument("--skip", nargs="*", default=[], help="row names to leave out (e.g. 'knockout (default)' 'sweep item, no reuse' 'attribution')")
+    ap.add_argument("--skip", nargs="*", default=[], help="row names to leave out (e.g. 'knockout (default)' 'sweep item, no reuse' 'circuit' 'attribution')")
     ap.add_argument("--attribution-items", type=int, default=2, help="T_wrong eval items of the attribution run")
     ap.add_argument("--masks", type=int, default=12, help="K: skill masks of the attribution run (the analysis' default)")
     ap.add_argument("--pools", nargs="+", default=["topk", "library"], choices=("topk", "library"), help="the attribution run's pools")
+    ap.add_argument("--ig-steps", type=int, default=None, help="the circuit's EAP-IG midpoints (default: the engine's, 16)")
     ap.add_argument("--tiny", action="store_true", help="benchmarks/gpu.py's tiny Qwen3 shape (checks the script)")
     ap.add_argument("--json", type=Path, help="write the measured figures here")
     args = ap.parse_args(argv)
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     started = time.perf_counter()
     tokenizer = load_tokenizer("qwen3")
-    record, sweep, builder = item_records(tokenizer, args.k)
+    item, record, counterfactual, sweep, builder = item_records(tokenizer, args.k)
     dataset = builder.dataset
     model = real_shape_model(args.layers, args.tiny)
     model.set_attn_implementation(install_attention())
@@ -255,6 +254,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 backend_rows[name] = (statistics.median(per), statistics.median(per) * n_forwards, n_forwards)
                 del backend
 
+    # The circuit (issue #43): one counterfactual pair (this prompt against the same item's proc prompt).
+    circuit = None if "circuit" in args.skip else circuit_run(session, dataset, item, record, counterfactual, sdpa, ig_steps=args.ig_steps)
+
     # Sweep item: 13 distinct prompts, with and without prefix reuse.
     sweep_rows: dict[str, float] = {}
     median_prompt = sorted(sweep, key=lambda r: r.n_tokens)[len(sweep) // 2]
@@ -285,6 +287,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"| {statistics.median(seconds[name]):.1f} |")
     for name, (one, total, count) in backend_rows.items():
         print(f"| {name}: knockout (12) probe set | {total:.1f} (= {count} forwards × {one:.2f}) | | |")
+    if circuit is not None:
+        c, p = circuit, circuit["pieces"]
+        print(f"| native: circuit AtP (every head × span edge, one pair: {c['edges']} edges) | {c['circuit_atp']:.2f} "
+              f"(CPU time: {c['circuit_atp_cpu']:.2f}) | | {sum(p[n]['time_s'] for n in ('clean row', 'counterfactual row', 'AtP + AtP*')):.1f} |")
+        for name, piece in p.items():
+            print(f"| native: circuit, {name} | {piece['forwards']:.2f} (CPU time: {piece['cpu_forwards']:.2f}) | | {piece['time_s']:.1f} |")
     for name, value in sweep_rows.items():
         print(f"| {name} ({len(sweep)} prompts) | {value:.2f} (median prompt) | | |")
     if attribution is not None:
@@ -295,10 +303,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"| {a['jobs']} independent `score_record` calls, no reuse | {a['calls']['forwards']:.2f} (median prompt) | | {a['calls']['time_s']:.1f} |")
         print(f"\nattribution run / independent calls: {a['ratio']:.3f}; prompt tokens reused in the run: "
               f"{a['prefix_reuse']['fraction_reused']:.1%}; max |Δ margin| {a['max_abs_margin_diff']:.1e}")
+    if circuit is not None:
+        print(f"\ncircuit: {circuit['record_id']} ({circuit['tokens'][0]} tokens) against {circuit['counterfactual']} "
+              f"({circuit['tokens'][1]} tokens, {circuit['counterfactual_prefix_reused']} prefix tokens from the cache); spans "
+              f"{', '.join(circuit['spans'])}; {circuit['layers']} layers × {circuit['heads']} heads × {len(circuit['spans'])} spans; "
+              f"held per row: messages {circuit['messages_bytes'] / 2**10:.0f} KiB, prefix K/V {circuit['prefix_kv_bytes'] / 2**20:.1f} MiB; "
+              f"AtP* vs exact Spearman {circuit['atp_star_vs_exact_spearman']:.3f} (random weights), max |exact| {circuit['max_abs_exact']:.3g}")
     print(f"\nprefix reuse over the reuse session's calls (before the attribution run): {reuse}")
     report = {"tiny": args.tiny, "layers": cfg.num_hidden_layers, "threads": args.threads,
               "rows": {name: {"forwards": ratios[name], "time_s": seconds[name]} for name in rows},
-              "backends": backend_rows, "sweep_item": sweep_rows, "attribution": attribution}
+              "backends": backend_rows, "circuit": circuit, "sweep_item": sweep_rows, "attribution": attribution}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return report

@@ -255,6 +255,10 @@ class DecisionRow:
         self.session = session
         model = session.model
         cfg = model.config.get_text_config()
+        dtype = next(model.parameters()).dtype
+        if dtype != torch.float32:
+            raise ValueError(f"the deciding-row replay runs the row in fp32 (its DLA sums to the metric within {SUM_TOLERANCE:g}); "
+                             f"the model is {dtype}: load it in float32 (--dtype float32)")
         if getattr(cfg, "final_logit_softcapping", None):
             raise NotImplementedError("the deciding-row replay reads logit differences linearly: final logit softcapping is not supported")
         self.ids = [int(x) for x in ids]
@@ -485,9 +489,10 @@ class DecisionRow:
     def edge_scores(self, target: Messages, *, ig_steps: int = DEFAULT_IG_STEPS, grad_drop: bool = True) -> dict[str, np.ndarray]:
         """Every edge's estimated effect of patching it to ``target`` [L, H, S] (module docstring):
         ``atp``, ``atp_star`` (saturation fix), ``atp_gd`` (GradDrop, unsigned; NaN without
-        ``grad_drop``) and ``eap_ig`` (``ig_steps`` midpoints)."""
-        if ig_steps < 1:
-            raise ValueError(f"ig_steps must be ≥ 1, got {ig_steps}")
+        ``grad_drop``) and ``eap_ig`` (``ig_steps`` midpoints; NaN with ``ig_steps=0``).
+        ``ig_steps=0, grad_drop=False``: AtP and AtP* alone, one backward of the row."""
+        if ig_steps < 0:
+            raise ValueError(f"ig_steps must be ≥ 0 (0: no EAP-IG), got {ig_steps}")
         t = self._target(target)
         L = self.n_layers
         tr = self._gradients(_Intervention(1, t, torch.zeros(1, L, self.n_heads, len(self.spans))))
@@ -506,7 +511,7 @@ class DecisionRow:
                                    for layer in range(L)])
                 parts.append(est.abs())
             gd = torch.stack(parts).mean(0)
-        ig = torch.zeros_like(star)
+        ig = torch.zeros_like(star) if ig_steps else torch.full_like(star, math.nan)
         for k in range(ig_steps):
             a = (k + 0.5) / ig_steps
             g = self._gradients(_Intervention(1, t, torch.full((1, L, self.n_heads, len(self.spans)), a)))

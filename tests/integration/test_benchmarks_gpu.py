@@ -50,6 +50,12 @@ def test_tiny_run_reports_every_section(gpu_bench, tmp_path):
     attribution = report["attribution"]
     assert (attribution["jobs"], attribution["items"], attribution["pools"]) == (6, 1, ["topk", "library"])
     assert attribution["run"]["time_s"] > 0 and attribution["calls"]["time_s"] > 0 and attribution["max_abs_margin_diff"] == 0.0
+    # the circuit's pieces on one pair (the v2 set's first T_wrong eval item, basm against proc at k = 2), fp32
+    circuit = report["circuit"]
+    assert circuit["record_id"].endswith("|basm|k2|native") and circuit["counterfactual"].endswith("|proc|k2|native")
+    assert circuit["edges"] == 4 * 4 * len(circuit["spans"]) and "boundary" in circuit["spans"]
+    assert all(piece["forwards"] > 0 for piece in circuit["pieces"].values()) and len(circuit["pieces"]) == 7
+    assert circuit["peak_mib"] is None
 
 
 def test_budget_skips_with_reasons(gpu_bench, tmp_path):
@@ -57,7 +63,7 @@ def test_budget_skips_with_reasons(gpu_bench, tmp_path):
     assert gpu_bench.main(["--tiny", "--budget-s", "0", "--json", str(out)]) == 0
     skipped = json.loads(out.read_text())["skipped"]
     assert set(skipped) == {"records[0:]", "eager_attn", "mask_4d", "knockout_analysis[0:]", "sweep_item",
-                            "attribution", "long n=256", "long n=512"}
+                            "attribution", "circuit", "long n=256", "long n=512"}
     assert all("s left" in why for why in skipped.values())
 
 
