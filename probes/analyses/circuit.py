@@ -54,6 +54,7 @@ from probes.analyses.jobs import Job, run_jobs
 from probes.analyses.option_system import depth_option, option
 from probes.analyses.parallel import world
 from probes.analyses.run_context import AnalysisError, RunContext, model_label, provenance
+from probes.backends.circuit_parts import decision_row_components, edge_knockout_effects
 from probes.data.dataset import ABSTAIN, Item
 from probes.engine.decision_row import DEFAULT_IG_STEPS, DecisionRow, Messages
 from probes.engine.session import EngineSession, span_positions
@@ -289,6 +290,32 @@ def edge_scorer(ctx: RunContext, train_groups: set[str]) -> Any:
     return scorer
 
 
+def backend_scorer(ctx: RunContext, train_groups: set[str]) -> Any:
+    """The ``dla`` row through a forward backend (``--backend nnsight|transformerlens``): DLA at the binding pair's
+    deciding row and the exact effect of knocking B out of each head there (probes.backends.circuit_parts, one
+    forward per head); the replay's attribution, node ablation and circuits run on the native engine only."""
+
+    def scorer(record: PromptRecord, job: Job) -> list[dict[str, Any]]:
+        item = job.item
+        found = [(decision_row_components(ctx.session, d.ids, wrong_token=d.wrong_token, correct_token=d.correct_token), d)
+                 for d in deciding_rows(record)]
+        parts, d = max(found, key=lambda candidate: candidate[0].metric)  # the binding pair: the largest logit difference
+        spans = source_spans(record, item, ctx.dataset.catalog_for(item).names, len(d.ids) - 1)
+        L, H = ctx.session.n_layers, ctx.session.n_heads
+        b = spans["boundary"]
+        knocked = (edge_knockout_effects(ctx.session, d.ids, span_positions=b, wrong_token=d.wrong_token, correct_token=d.correct_token)
+                   if b else np.full((L, H), np.nan))
+        return [{**row_fields(record), "condition": "dla", "half": "train" if item.task_group in train_groups else "heldout",
+                 "spans": [*SPAN_ORDER, "other"], "n_layers": L, "n_heads": H, "deciding_row": len(d.ids) - 1, "deciding_depth": d.depth,
+                 "wrong_action": d.wrong, "correct_action": d.correct, "wrong_token": d.wrong_token, "correct_token": d.correct_token,
+                 "metric": parts.metric, "dla_embed": parts.embed, "dla_heads": _nested(parts.heads), "dla_mlps": _nested(parts.mlps),
+                 "dla_attn_bias": _nested(parts.attn_bias), "dla_unembed_bias": parts.unembed_bias, "norm_scale": parts.norm_scale,
+                 "head_ablate": _nested(np.full((L, H), np.nan)), "mlp_ablate": _nested(np.full(L, np.nan)),
+                 "boundary_knockout": _nested(knocked)}]
+
+    return scorer
+
+
 def tested(items: Sequence[Item]) -> tuple[list[Item], list[str]]:
     """The tool-correct T_wrong items (a tool-choice metric exists) and the ids of the abstention-correct ones."""
     wrong = [i for i in items if i.bucket == "T_wrong"]
@@ -490,20 +517,17 @@ class CircuitAnalysis(Analysis):
                               minimum=0.0, maximum=1.0, exclusive=True, why="a share of the full − empty gap", group="circuit")
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        if not isinstance(ctx.session, EngineSession):
-            raise AnalysisError(f"circuit --backend {ctx.options.backend}: the deciding-row replay (attribution and exact patching of "
-                                "span edges) runs on the native engine; DLA and the exact B-knockout edges through this backend are "
-                                "probes.backends.circuit_parts (decision_row_components, edge_knockout_effects), tested equal to native")
         items, abstain = tested(ctx.items)
         if not items:
             raise AnalysisError("circuit: no tool-correct T_wrong item selected (the circuit explains the tool-choice metric)")
         ctx.items = tuple(items)
         train, heldout = split_groups(i.task_group for i in items)
-        jobs = [Job(item, config, ctx.options.depth, ctx.fmt, ("dla", *pairs_for(config, ctx.options.pairs)))
+        native = isinstance(ctx.session, EngineSession)
+        jobs = [Job(item, config, ctx.options.depth, ctx.fmt, ("dla", *(pairs_for(config, ctx.options.pairs) if native else ())))
                 for item in items for config in ctx.options.configs]
         store = ctx.store(k=ctx.options.depth, spans=[*SPAN_ORDER, "other"], train_groups=sorted(train), heldout_groups=sorted(heldout),
                           excluded_abstain=abstain)
-        run_jobs(ctx, store, jobs, edge_scorer(ctx, train))
+        run_jobs(ctx, store, jobs, edge_scorer(ctx, train) if native else backend_scorer(ctx, train))
         return load_results(store.path)
 
     # ------------------------------------------------------------------------------ summary
@@ -512,10 +536,14 @@ class CircuitAnalysis(Analysis):
         a = ctx.options
         items = list(ctx.items)
         train_groups, heldout_groups = split_groups(i.task_group for i in items)
-        rows = rows.assign(skipped=rows.get("skipped", pd.Series("", index=rows.index)).fillna(""))
+        rows = rows.assign(skipped=rows.get("skipped", pd.Series("", index=rows.index)).fillna(""),
+                           pair=rows.get("pair", pd.Series("", index=rows.index)))  # a backend run writes DLA rows only
         pair_rows = rows[rows["condition"] != "dla"]
         scored = pair_rows[pair_rows["skipped"] == ""]
         messages = [f"split: {len(train_groups)} train task groups choose each circuit, {len(heldout_groups)} held-out groups test it"]
+        if not isinstance(ctx.session, EngineSession):
+            messages.append(f"--backend {a.backend}: DLA and the exact B-knockout effect per head only (circuit_nodes.csv); attribution "
+                            "patching, node ablation, circuits and faithfulness run on the native engine (rerun without --backend)")
         for (config, pair), sub in pair_rows[pair_rows["skipped"] != ""].groupby(["config", "pair"]):
             messages.append(f"{config} × {pair}: {len(sub)} records without a counterfactual ({'; '.join(sorted(set(sub['skipped'])))})")
         circuits: dict[tuple[str, str], Circuit] = {}
@@ -803,6 +831,8 @@ def node_table(rows: pd.DataFrame, seed: int) -> pd.DataFrame:
                 direct = _stack(ps[f"{kind}_patch_direct"])
                 pick = (slice(None), layer, head) if kind == "head" else (slice(None), layer)
                 entry[f"patch_total_{pair}"], entry[f"patch_direct_{pair}"] = float(total[pick].mean()), float(direct[pick].mean())
+            if kind == "head" and "boundary_knockout" in dla:
+                entry["boundary_knockout_exact"] = float(np.nanmean(_stack(dla["boundary_knockout"])[:, layer, head]))
             entry["disagree"] = dla_disagreement(entry["dla"], entry["ablate_total"])
             out.append(entry)
     return pd.DataFrame(out)

@@ -156,3 +156,20 @@ def test_circuit_runs_on_a_tiny_random_qwen3_through_the_cli(tiny_qwen3_dir: Pat
     rows = load_results(out / "circuit.jsonl")
     assert set(rows["condition"]) == {"dla", "knockout"} and rows["metric"].notna().all()
     assert (out / "circuit_nodes.csv").is_file() and (out / "circuit_edges.csv").is_file()
+
+
+@pytest.mark.parametrize("backend", ["nnsight", "transformerlens"])
+def test_dla_through_a_backend_equals_the_native_replay(run, backend: str, tmp_path: Path) -> None:
+    """``--backend``: DLA at the binding pair's deciding row and the exact B-knockout effect per head through the
+    backend's own forward, equal to the native replay's (fp32; 1e-4 on DLA parts, 1e-5 on the metric)."""
+    native = run.rows[(run.rows["condition"] == "dla")].set_index("record_id")
+    through = CircuitAnalysis(item_ids=ITEMS[4:6], configs=["basm"], out=tmp_path, backend=backend, **SMALL).run(verbose=False)
+    rows = through.rows.set_index("record_id")
+    assert set(rows["condition"]) == {"dla"} and len(rows) == 2
+    for record_id, row in rows.iterrows():
+        ref = native.loc[record_id]
+        assert abs(row["metric"] - ref["metric"]) <= 1e-5
+        np.testing.assert_allclose(np.asarray(row["dla_heads"]), np.asarray(ref["dla_heads"]), atol=1e-4)
+        np.testing.assert_allclose(np.asarray(row["dla_mlps"]), np.asarray(ref["dla_mlps"]), atol=1e-4)
+    nodes = through.tables["circuit_nodes"]
+    assert nodes.loc[nodes["kind"] == "head", "boundary_knockout_exact"].notna().all()
