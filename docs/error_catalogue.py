@@ -418,8 +418,6 @@ CASES: list[Case] = [
     # issue 43, the circuit analysis: its options refused before a model is loaded
     Case("circuit --threshold 1", ["circuit", "--model", NO_MODEL, "--threshold", "1"], 2,
          "option 'threshold' (--threshold) must be in (0, 1), got 1.0 (a share of the full − empty gap)"),
-    Case("circuit --pairs with an unknown pair", ["circuit", "--model", NO_MODEL, "--pairs", "config,nope"], 2,
-         "argument --pairs: unknown pairs ['nope']; known: config, bucket, knockout"),
 ]
 
 

@@ -17,7 +17,7 @@ import probes.engine.session
 from probes.analyses import ANALYSES, REPORT
 from probes.analyses.base import Analysis
 from probes.analyses.option_system import option_fields
-from probes.cli.checks import flag_argv, toml_value
+from probes.cli.checks import sample_value, flag_argv, toml_value
 
 
 COMMANDS = [*ANALYSES, REPORT]  # every registered analysis, and report
@@ -57,10 +57,8 @@ def invent_value(cls: type[Analysis], f: dataclasses.Field, tmp_path: Path) -> A
         value = (meta["choices"][-1], meta["choices"][0])
     elif meta["choices"] is not None:
         value = next(c for c in meta["choices"] if c != default)
-    elif meta["type"] is int:
-        value = (default or 0) + 1
-    elif meta["type"] is float:
-        value = (default or 0.0) + 0.25
+    elif meta["type"] in (int, float):
+        value = sample_value(f)  # the contract check's own pick: one step past the default, inside a bounded range
     elif meta["type"] is Path:
         value = str(tmp_path / f"x-{f.name}")
     else:
