@@ -415,6 +415,11 @@ CASES: list[Case] = [
     Case("--threads 0", _sweep("--threads", "0"), 2, "option 'threads' (--threads) must be ≥ 1 or auto, got 0"),
     Case("results: resumed on another thread count", _sweep("--threads", "2", model="<tmp>/model"), 1,
          "They were computed on 1 torch thread and this run uses 2", _results(lambda lines: lines)),
+    # issue 43, the circuit analysis: its options refused before a model is loaded
+    Case("circuit --threshold 1", ["circuit", "--model", NO_MODEL, "--threshold", "1"], 2,
+         "option 'threshold' (--threshold) must be in (0, 1), got 1.0 (a share of the full − empty gap)"),
+    Case("circuit --pairs with an unknown pair", ["circuit", "--model", NO_MODEL, "--pairs", "config,nope"], 2,
+         "argument --pairs: unknown pairs ['nope']; known: config, bucket, knockout"),
 ]
 
 

@@ -52,19 +52,22 @@ from probes.analyses.base import Analysis, ReportSection
 from probes.analyses.heads import planted_heads, split_groups
 from probes.analyses.jobs import Job, run_jobs
 from probes.analyses.option_system import depth_option, option
-from probes.analyses.run_context import AnalysisError, RunContext, provenance
+from probes.analyses.parallel import world
+from probes.analyses.run_context import AnalysisError, RunContext, model_label, provenance
+from probes.backends.circuit_parts import decision_row_components, edge_knockout_effects
 from probes.data.dataset import ABSTAIN, Item
 from probes.engine.decision_row import DEFAULT_IG_STEPS, DecisionRow, Messages
 from probes.engine.session import EngineSession, span_positions
 from probes.prompts.record import PromptRecord
 from probes.prompts.spans import tokens_overlapping
 from probes.reporting import plots
+from probes.reporting.circuit_graph import circuit_graph, graph_file, write_circuit_graph
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
 from probes.scoring.margins import candidates_from_record, shared_prefix
 from probes.scoring.circuit_stats import (AGREEMENT_ABS_TOL, AGREEMENT_REL_TOL, estimate_agreement, faithfulness, faithfulness_curve, faithfulness_undefined,
                                     held_out_check, integrated_faithfulness, layer_matched_circuits, minimality_table,
-                                    partial_necessity_claim, planted_claim, planted_recovery, smallest_faithful_size, sufficiency_claim)
+                                    partial_necessity_claim, planted_claim, ORGANISM_FAMILY, planted_recovery, smallest_faithful_size, sufficiency_claim)
 from probes.scoring.score import record_rng, row_fields
 from probes.scoring.stats import bootstrap_mean
 
@@ -82,10 +85,11 @@ DEFAULT_THRESHOLD = 0.8
 DEFAULT_EXACT_TOP = 20
 DEFAULT_EXACT_RANDOM = 20
 DEFAULT_RANDOM_CIRCUITS = 20
-FIGURE = "fig20_circuit"
+FIGURE = "fig21_circuit"
 # The organism's planted heads that read B from the deciding row (its "verdict" heads: the risk cues and
 # avoidance rules); "gather" reads the request there and "dup" reads at the request's own rows, no deciding-row edge from B.
 PLANTED_FROM_B = ("verdict",)
+PLANTED_FAMILY = ORGANISM_FAMILY
 
 
 # ----------------------------------------------------------------------------- spans and rows
@@ -286,6 +290,32 @@ def edge_scorer(ctx: RunContext, train_groups: set[str]) -> Any:
     return scorer
 
 
+def backend_scorer(ctx: RunContext, train_groups: set[str]) -> Any:
+    """The ``dla`` row through a forward backend (``--backend nnsight|transformerlens``): DLA at the binding pair's
+    deciding row and the exact effect of knocking B out of each head there (probes.backends.circuit_parts, one
+    forward per head); the replay's attribution, node ablation and circuits run on the native engine only."""
+
+    def scorer(record: PromptRecord, job: Job) -> list[dict[str, Any]]:
+        item = job.item
+        found = [(decision_row_components(ctx.session, d.ids, wrong_token=d.wrong_token, correct_token=d.correct_token), d)
+                 for d in deciding_rows(record)]
+        parts, d = max(found, key=lambda candidate: candidate[0].metric)  # the binding pair: the largest logit difference
+        spans = source_spans(record, item, ctx.dataset.catalog_for(item).names, len(d.ids) - 1)
+        L, H = ctx.session.n_layers, ctx.session.n_heads
+        b = spans["boundary"]
+        knocked = (edge_knockout_effects(ctx.session, d.ids, span_positions=b, wrong_token=d.wrong_token, correct_token=d.correct_token)
+                   if b else np.full((L, H), np.nan))
+        return [{**row_fields(record), "condition": "dla", "half": "train" if item.task_group in train_groups else "heldout",
+                 "spans": [*SPAN_ORDER, "other"], "n_layers": L, "n_heads": H, "deciding_row": len(d.ids) - 1, "deciding_depth": d.depth,
+                 "wrong_action": d.wrong, "correct_action": d.correct, "wrong_token": d.wrong_token, "correct_token": d.correct_token,
+                 "metric": parts.metric, "dla_embed": parts.embed, "dla_heads": _nested(parts.heads), "dla_mlps": _nested(parts.mlps),
+                 "dla_attn_bias": _nested(parts.attn_bias), "dla_unembed_bias": parts.unembed_bias, "norm_scale": parts.norm_scale,
+                 "head_ablate": _nested(np.full((L, H), np.nan)), "mlp_ablate": _nested(np.full(L, np.nan)),
+                 "boundary_knockout": _nested(knocked)}]
+
+    return scorer
+
+
 def tested(items: Sequence[Item]) -> tuple[list[Item], list[str]]:
     """The tool-correct T_wrong items (a tool-choice metric exists) and the ids of the abstention-correct ones."""
     wrong = [i for i in items if i.bucket == "T_wrong"]
@@ -463,7 +493,7 @@ class CircuitSummary:
     heldout: pd.DataFrame
 
 
-@register("circuit", order=90)
+@register("circuit", order=86)
 @dataclass(kw_only=True)
 class CircuitAnalysis(Analysis):
     """Circuit at the deciding row: DLA, span-labelled edges by AtP/AtP*/EAP-IG, exact patching, faithfulness on held-out groups."""
@@ -472,7 +502,7 @@ class CircuitAnalysis(Analysis):
 
     buckets: tuple[str, ...] | None = option(("T_wrong",), "keep only these buckets (the circuit explains tool-correct T_wrong items; "
                                              "T_ok partners of pair 'bucket' come from the dataset)", flag="--bucket", repeat=True,
-                                             choices=("T_wrong",), group="items")
+                                             choices=("T_ok", "T_wrong", "T_repair"), group="items")
     k: int | None = depth_option()
     configs: tuple[str, ...] = option(("proc", "basm"), "comma-separated memory configurations", names=("proc", "basm", "app", "base"), minimum=1)
     pairs: tuple[str, ...] = option(PAIRS, "comma-separated counterfactual pairs: config (BASM vs Proc), bucket (T_wrong vs T_ok), "
@@ -487,20 +517,17 @@ class CircuitAnalysis(Analysis):
                               minimum=0.0, maximum=1.0, exclusive=True, why="a share of the full − empty gap", group="circuit")
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        if not isinstance(ctx.session, EngineSession):
-            raise AnalysisError(f"circuit --backend {ctx.options.backend}: the deciding-row replay (attribution and exact patching of "
-                                "span edges) runs on the native engine; DLA and the exact B-knockout edges through this backend are "
-                                "probes.backends.circuit_parts (decision_row_components, edge_knockout_effects), tested equal to native")
         items, abstain = tested(ctx.items)
         if not items:
             raise AnalysisError("circuit: no tool-correct T_wrong item selected (the circuit explains the tool-choice metric)")
         ctx.items = tuple(items)
         train, heldout = split_groups(i.task_group for i in items)
-        jobs = [Job(item, config, ctx.options.depth, ctx.fmt, ("dla", *pairs_for(config, ctx.options.pairs)))
+        native = isinstance(ctx.session, EngineSession)
+        jobs = [Job(item, config, ctx.options.depth, ctx.fmt, ("dla", *(pairs_for(config, ctx.options.pairs) if native else ())))
                 for item in items for config in ctx.options.configs]
         store = ctx.store(k=ctx.options.depth, spans=[*SPAN_ORDER, "other"], train_groups=sorted(train), heldout_groups=sorted(heldout),
                           excluded_abstain=abstain)
-        run_jobs(ctx, store, jobs, edge_scorer(ctx, train))
+        run_jobs(ctx, store, jobs, edge_scorer(ctx, train) if native else backend_scorer(ctx, train))
         return load_results(store.path)
 
     # ------------------------------------------------------------------------------ summary
@@ -509,10 +536,14 @@ class CircuitAnalysis(Analysis):
         a = ctx.options
         items = list(ctx.items)
         train_groups, heldout_groups = split_groups(i.task_group for i in items)
-        rows = rows.assign(skipped=rows.get("skipped", pd.Series("", index=rows.index)).fillna(""))
+        rows = rows.assign(skipped=rows.get("skipped", pd.Series("", index=rows.index)).fillna(""),
+                           pair=rows.get("pair", pd.Series("", index=rows.index)))  # a backend run writes DLA rows only
         pair_rows = rows[rows["condition"] != "dla"]
         scored = pair_rows[pair_rows["skipped"] == ""]
         messages = [f"split: {len(train_groups)} train task groups choose each circuit, {len(heldout_groups)} held-out groups test it"]
+        if not isinstance(ctx.session, EngineSession):
+            messages.append(f"--backend {a.backend}: DLA and the exact B-knockout effect per head only (circuit_nodes.csv); attribution "
+                            "patching, node ablation, circuits and faithfulness run on the native engine (rerun without --backend)")
         for (config, pair), sub in pair_rows[pair_rows["skipped"] != ""].groupby(["config", "pair"]):
             messages.append(f"{config} × {pair}: {len(sub)} records without a counterfactual ({'; '.join(sorted(set(sub['skipped'])))})")
         circuits: dict[tuple[str, str], Circuit] = {}
@@ -591,7 +622,11 @@ class CircuitAnalysis(Analysis):
             for r in planted.itertuples():
                 if r.config == "basm" and r.pair == HEADLINE_PAIR:
                     claims.append(r.claim)
-        return CircuitSummary(edges, node_table(rows, a.seed), pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(),
+        nodes = node_table(rows, a.seed)
+        graphs = write_graphs(ctx, edges, nodes, chosen, pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(),
+                              heldout_items) if world().rank == 0 else []
+        messages += [f"circuit graph: {path}" for path in graphs]
+        return CircuitSummary(edges, nodes, pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(),
                               agreement, pd.concat(minimality, ignore_index=True) if minimality else pd.DataFrame(),
                               planted.drop(columns="claim") if len(planted) else planted, chosen, claims, messages,
                               circuit_note(ctx), rows, heldout_rows)
@@ -626,7 +661,7 @@ class CircuitAnalysis(Analysis):
         plots.style()
         out = []
         for config in sorted({key[0] for key in summary.circuits}):
-            fig = fig20_circuit(summary, config)
+            fig = fig21_circuit(summary, config)
             if fig is not None:
                 out += plots.save_figure(fig, out_dir, f"{FIGURE}_{config}")
         return out
@@ -638,14 +673,63 @@ class CircuitAnalysis(Analysis):
         for message in summary.messages:
             print(message)
         f = summary.faithfulness
-        if len(f):
-            at = f[(f["half"] == "heldout") & f["chosen"].fillna(False).astype(bool)]
-            for r in at.itertuples():
-                print(f"{r.config} × {r.pair} ({r.ablation}): {r.n_edges} edges, held-out faithfulness {r.faithfulness:.3f} "
-                      f"[{r.low:.3f}, {r.high:.3f}] (random {r.random_mean:.3f} [{r.random_low:.3f}, {r.random_high:.3f}]), integrated {r.integrated:.3f}")
+        for r in chosen_rows(f).itertuples():
+            print(f"{r.config} × {r.pair} ({r.ablation}): {r.n_edges} edges, held-out faithfulness {r.faithfulness:.3f} "
+                  f"[{r.low:.3f}, {r.high:.3f}] (random {r.random_mean:.3f} [{r.random_low:.3f}, {r.random_high:.3f}]), integrated {r.integrated:.3f}")
         for r in summary.planted.itertuples() if len(summary.planted) else ():
             print(f"planted {r.planted_edges}: ranks among edges from B {r.ranks_among_B_edges}; {r.in_circuit} in the {r.config} × {r.pair} "
                   f"circuit of {r.circuit_size} (p = {r.p:.3g})")
+
+
+# ----------------------------------------------------------------------------- the graph files
+def write_graphs(ctx: RunContext, edges: pd.DataFrame, nodes: pd.DataFrame, chosen: Mapping[tuple[str, str], Circuit],
+                 curves: pd.DataFrame, heldout_items: Sequence[Item]) -> list[Path]:
+    """One circuit graph file per chosen circuit (probes.reporting.circuit_graph), its prompt the first held-out
+    item's, with every head's deciding-row attention."""
+    if not heldout_items or not chosen:
+        return []
+    item = heldout_items[0]
+    out = []
+    for config in sorted({key[0] for key in chosen}):
+        record = Job(item, config, ctx.options.depth, ctx.fmt, ()).build(ctx.builder)
+        row, d = binding_row(ctx.session, record, item, ctx.dataset.catalog_for(item).names)
+        condition = ctx.session.run(list(d.ids), [min(record.query_rows), row.row], record_rows=True).conditions[0]
+        weights = condition.rows[:, :, -1, : row.row + 1].float().numpy()
+        tokens = [ctx.session.tokenizer.decode([t]) for t in d.ids]
+        spans = {name: _ranges(np.flatnonzero(row.span_of == j)) for j, name in enumerate(row.spans)}
+        prompt = {"tokens": tokens, "spans": spans, "deciding_row": row.row,
+                  "attention": {f"{layer}.{head}": weights[layer, head].tolist() for layer in range(row.n_layers) for head in range(row.n_heads)}}
+        for key, c in chosen.items():
+            if key[0] != config:
+                continue
+            e = edges[(edges["config"] == key[0]) & (edges["pair"] == key[1])]
+            e = e.assign(score=e[ctx.options.score], atp_disagrees=e["estimate_disagrees"])
+            n = nodes[nodes["config"] == config].assign(pair=key[1])
+            n = n.assign(patch_total=n.get(f"patch_total_{key[1]}", np.nan), patch_direct=n.get(f"patch_direct_{key[1]}", np.nan))
+            at = chosen_rows(curves)
+            at = at[(at["config"] == key[0]) & (at["pair"] == key[1]) & (at["ablation"] == HEADLINE_ABLATION)]
+            meta = {"model": model_label(ctx.model_path), "config": key[0], "pair": key[1], "bucket": "T_wrong", "item_id": item.id,
+                    "score": ctx.options.score, "circuit_size": int(c.chosen), "ablation": HEADLINE_ABLATION,
+                    "faithfulness": float(at["faithfulness"].iloc[0]) if len(at) else math.nan}
+            out.append(write_circuit_graph(ctx.output, graph_file(*key), circuit_graph(e, n, prompt, meta)))
+    return out
+
+
+def chosen_rows(curves: pd.DataFrame) -> pd.DataFrame:
+    """The held-out faithfulness rows at each circuit's chosen size (none when no circuit was chosen)."""
+    if not len(curves) or "chosen" not in curves:
+        return curves.iloc[:0]
+    return curves[(curves["half"] == "heldout") & curves["chosen"].fillna(False).astype(bool)]
+
+
+def _ranges(positions: np.ndarray) -> list[list[int]]:
+    """Sorted positions as half-open runs [[start, end), ...]."""
+    if not positions.size:
+        return []
+    breaks = np.flatnonzero(np.diff(positions) > 1)
+    starts = np.r_[positions[0], positions[breaks + 1]]
+    ends = np.r_[positions[breaks], positions[-1]] + 1
+    return [[int(a), int(b)] for a, b in zip(starts, ends)]
 
 
 # ----------------------------------------------------------------------------- tables
@@ -747,6 +831,8 @@ def node_table(rows: pd.DataFrame, seed: int) -> pd.DataFrame:
                 direct = _stack(ps[f"{kind}_patch_direct"])
                 pick = (slice(None), layer, head) if kind == "head" else (slice(None), layer)
                 entry[f"patch_total_{pair}"], entry[f"patch_direct_{pair}"] = float(total[pick].mean()), float(direct[pick].mean())
+            if kind == "head" and "boundary_knockout" in dla:
+                entry["boundary_knockout_exact"] = float(np.nanmean(_stack(dla["boundary_knockout"])[:, layer, head]))
             entry["disagree"] = dla_disagreement(entry["dla"], entry["ablate_total"])
             out.append(entry)
     return pd.DataFrame(out)
@@ -802,14 +888,12 @@ def section_markdown(summary: CircuitSummary) -> str:
              "mean and resample ablations are reported beside it, since faithfulness moves with the ablation.", ""]
     lines += [f"- {m}" for m in summary.messages]
     f = summary.faithfulness
-    if len(f):
-        at = f[(f["half"] == "heldout") & f["chosen"].fillna(False).astype(bool)]
-        if len(at):
-            cols = ["config", "pair", "ablation", "n_edges", "fraction", "faithfulness", "low", "high", "random_mean", "random_low",
-                    "random_high", "integrated"]
-            lines += ["", "**Held-out faithfulness at the size chosen on train** (ratio of means over items; CI over task groups; "
-                      "random: layer-matched circuits of the same size, 2.5–97.5 percentiles over draws):", "",
-                      markdown_table(at[[c for c in cols if c in at]].round(3))]
+    if len(at := chosen_rows(f)):
+        cols = ["config", "pair", "ablation", "n_edges", "fraction", "faithfulness", "low", "high", "random_mean", "random_low",
+                "random_high", "integrated"]
+        lines += ["", "**Held-out faithfulness at the size chosen on train** (ratio of means over items; CI over task groups; "
+                  "random: layer-matched circuits of the same size, 2.5–97.5 percentiles over draws):", "",
+                  markdown_table(at[[c for c in cols if c in at]].round(3))]
     if len(summary.agreement):
         lines += ["", f"**Estimates against exact patching** (verified edges pooled over records; disagreement: |estimate − exact| > "
                   f"{AGREEMENT_ABS_TOL:g} + {AGREEMENT_REL_TOL:g}·|exact|; GradDrop is unsigned and compared with |exact|):", "",
@@ -830,7 +914,7 @@ def section_markdown(summary: CircuitSummary) -> str:
 
 
 # --- Figures (they shape no row)
-def fig20_circuit(summary: CircuitSummary, config: str) -> plt.Figure | None:
+def fig21_circuit(summary: CircuitSummary, config: str) -> plt.Figure | None:
     """One configuration: DLA per head (layer × head), the headline pair's mean edge score per source span
     (layer × head, B outlined), and the held-out faithfulness curves with the random circuits' band."""
     key = (config, HEADLINE_PAIR) if (config, HEADLINE_PAIR) in summary.circuits else next(k for k in summary.circuits if k[0] == config)

@@ -1,6 +1,6 @@
 """``explore``: one self-contained ``explore.html`` per results folder, to look at a run in a browser.
 
-Three views, drawn by one Jinja2 template (``templates/explore.html.j2``; every script and style
+Four views, drawn by one Jinja2 template (``templates/explore.html.j2``; every script and style
 inline, no network):
 
 - **prompt**: a record's tokens with the procedure and boundary spans (and each boundary slot)
@@ -11,7 +11,13 @@ inline, no network):
 - **heads**: the per-head grids of ``heads`` (log2 B/P on T_wrong, the T_ok → T_wrong shift), the
   split-half ranking and its causal top-N test; a click on a head shades the prompt view by it;
 - **run**: the run's provenance (report.md's header), its figures, the claims table, and Fig. 2's
-  and Fig. 6's cells as item lists linked to the prompt view.
+  and Fig. 6's cells as item lists linked to the prompt view;
+- **circuit**: each circuit graph of the folder (``circuit_graph_<config>_<pair>.json``, written by
+  the circuit analysis; :mod:`probes.reporting.circuit_graph`) drawn as a graph: the source spans, the
+  embedding, then per layer its heads and MLP (coloured by DLA); an edge per (head, source span),
+  coloured by span, as wide as its |score|, the circuit's edges drawn solid and on top; a click on a
+  head shades the graph's prompt by that head's deciding-row attention (stored quantised, as the
+  records' is).
 
 The attention is the engine's full softmax row at the deciding row
 (:func:`probes.analyses.knockout.deciding_run`, never an n × n pattern), recomputed for the records
@@ -30,6 +36,7 @@ import base64
 import html
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,6 +55,7 @@ from probes.data.schema import BOUNDARY_SLOTS
 from probes.engine.session import EngineSession
 from probes.engine.threads import keeps_caller_threads
 from probes.prompts.record import PromptRecord, record_parts
+from probes.reporting.circuit_graph import GRAPH_GLOB, check_graph, read_circuit_graph
 from probes.reporting.finished import FinishedRun, load, read_table
 from probes.scoring.controls import tool_names_of
 
@@ -64,7 +72,7 @@ INSTALL = "apt-get install -y chromium && pip install playwright"
 # headless, offline and quiet: no GPU, no background fetches (the page is opened with the network off)
 BROWSER_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--no-first-run")
-VIEWS = ("prompt", "heads", "run")
+VIEWS = ("prompt", "heads", "run", "circuit")
 
 
 @dataclass(kw_only=True)
@@ -261,6 +269,22 @@ def heads_view(run: FinishedRun) -> dict[str, Any]:
             "ranking": table_html(rank.head(10)), "causal": table_html(causal)}
 
 
+def circuit_graphs_of(out_dir: Path, graphs: Sequence[Mapping[str, Any] | str | Path] | None) -> list[dict[str, Any]]:
+    """The circuit graphs the page draws, each checked (:func:`~probes.reporting.circuit_graph.check_graph`):
+    ``graphs`` (graph dicts or graph files), else every ``circuit_graph_*.json`` in ``out_dir``."""
+    if graphs is None:
+        graphs = sorted(out_dir.glob(GRAPH_GLOB))
+    return [check_graph(g) if isinstance(g, Mapping) else read_circuit_graph(g) for g in graphs]
+
+
+def circuit_view(graph: Mapping[str, Any], precision: str) -> dict[str, Any]:
+    """A circuit graph as the page stores it: its heads' attention [head, token] (heads in ``attention_heads``
+    order) quantised as the records' is (:func:`quantise`): a real model's graph holds layers × heads × tokens weights."""
+    heads = list(graph["attention"])
+    encoded, scale = quantise(np.array([graph["attention"][h] for h in heads], dtype=np.float64), precision)
+    return {**graph, "attention": encoded, "scale": scale, "attention_heads": heads}
+
+
 def provenance_lines(out_dir: Path, runs: dict[str, FinishedRun]) -> list[str]:
     """report.md's header lines, else each analysis's recorded configuration."""
     report = out_dir / "report.md"
@@ -306,15 +330,18 @@ def render(data: dict[str, Any]) -> str:
 
 
 @keeps_caller_threads  # the runs' contexts set their thread count (open_context); the caller's is back on return
-def write_explore(options: ExploreOptions, session: EngineSession | None = None, figures_dir: Path | None = None) -> Path:
-    """:func:`explore` on checked options; ``figures_dir``: where the run's figures are (default OUT/<model>/figures)."""
+def write_explore(options: ExploreOptions, session: EngineSession | None = None, figures_dir: Path | None = None,
+                  circuit_graphs: Sequence[Mapping[str, Any] | str | Path] | None = None) -> Path:
+    """:func:`explore` on checked options; ``figures_dir``: where the run's figures are (default OUT/<model>/figures);
+    ``circuit_graphs``: the circuit view's graphs, dicts or files (default: every ``circuit_graph_*.json`` in OUT/<model>/)."""
     start = time.perf_counter()
     model = options.model if options.model is not None else (session.model.name_or_path if session is not None else default_model())
     out_dir = Path(options.out) / model_label(model)
     runs = {name: load(out_dir, name) for name in SHOWN if (out_dir / f"{name}.jsonl").is_file()}
-    if not runs:
-        raise AnalysisError(f"{out_dir}: no results of {', '.join(SHOWN)} to explore (run `basm-probes report` or one of them "
-                            f"with --out {options.out})")
+    circuits = circuit_graphs_of(out_dir, circuit_graphs)
+    if not runs and not circuits:
+        raise AnalysisError(f"{out_dir}: no results of {', '.join(SHOWN)} and no {GRAPH_GLOB} to explore (run `basm-probes report`, "
+                            f"circuit or one of the others with --out {options.out})")
     contexts: dict[str, RunContext] = {}
     for name in runs:
         contexts[name] = run_context(runs[name], options, model, session)
@@ -329,9 +356,13 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
         "sweep": sweep_cells(runs["sweep"]) if "sweep" in runs else [],
         "knockout": knockout_cells(runs["knockout"]) if "knockout" in runs else [],
         "heads_view": heads_view(runs["heads"]) if "heads" in runs and "heads_ranking" in runs["heads"].tables else None,
+        "circuits": [circuit_view(g, options.precision) for g in circuits],
     }
     # the page is the template (~20 kB) around this data: each record's attention scales as layers × heads × tokens
     used = len(render({**data, "records": [], "records_total": 0, "left_out": 0, "layers": 0, "heads": 0}).encode())
+    if used > options.max_mb * 1e6:  # the figures and circuit graphs are never left out: the cap cannot hold them
+        raise AnalysisError(f"{out_dir}: the page without records (its figures and {len(circuits)} circuit graphs) takes {used / 1e6:.2f} MB, "
+                            f"over max_mb = {options.max_mb} MB: raise --max-mb")
     chosen = chosen_records(runs)
     items = {item.id: item for ctx in contexts.values() for item in ctx.items}
     records, left_out = [], []
@@ -350,15 +381,17 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
             continue
         used += size
         records.append(view)
-    if not records:
-        raise AnalysisError(f"{out_dir}: no record fits in max_mb = {options.max_mb} MB beside the figures: raise --max-mb")
-    data.update(records=records, records_total=len(chosen), left_out=len(left_out), layers=int(records[0]["shape"][0]),
-                heads=int(records[0]["shape"][1]))
+    if chosen and not records:
+        raise AnalysisError(f"{out_dir}: no record fits in max_mb = {options.max_mb} MB beside the figures and circuit graphs: "
+                            "raise --max-mb")
+    data.update(records=records, records_total=len(chosen), left_out=len(left_out), layers=int(records[0]["shape"][0]) if records else 0,
+                heads=int(records[0]["shape"][1]) if records else 0)
     path = out_dir / PAGE
     write_text(path, render(data))
     note = f"; {len(left_out)} more left out (--records {options.records}, --max-mb {options.max_mb:g})" if left_out else ""
     print(f"[explore] wrote {path} ({path.stat().st_size / 1e6:.2f} MB; {len(records)} records with their deciding-row attention, "
-          f"{options.precision}{note}; {', '.join(runs)}) in {time.perf_counter() - start:.1f} s")
+          f"{options.precision}{note}; {', '.join(runs) or 'no analysis rows'}; {len(circuits)} circuit graphs) in "
+          f"{time.perf_counter() - start:.1f} s")
     if options.screenshots is not None:
         print(f"[explore] screenshots: {', '.join(map(str, screenshot_views(path, Path(options.screenshots))))}")
     return path

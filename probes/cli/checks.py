@@ -104,7 +104,11 @@ def sample_value(f: dataclasses.Field) -> Any:
         return next((choice for choice in known if choice != default), known[0])
     if meta["type"] in (int, float):
         base = default if isinstance(default, int | float) else (meta["minimum"] or 0)
-        return base + (1 if meta["type"] is int else 0.25)
+        value = base + (1 if meta["type"] is int else 0.25)
+        top = meta["maximum"]
+        if top is not None and (value > top or (meta["exclusive"] and value >= top)):  # above the range: step down inside it
+            value = base - 1 if meta["type"] is int else (base + (meta["minimum"] or 0)) / 2
+        return value
     return "sample"
 
 

@@ -55,7 +55,7 @@ def _not_recovered(claims: list[dict[str, Any]]) -> str:
     failed = [c for c in claims if not c["holds"]]
     if not failed:
         return "Every claim holds: the probes recover each planted effect on held-out items."
-    lines = "\n".join(f"* `{c['name']}`: {_number(c['estimate'])} [{_number(c['low'])}, {_number(c['high'])}] over {c['n']} task groups, "
+    lines = "\n".join(f"* `{c['name']}`: {_number(c['estimate'])} [{_number(c['low'])}, {_number(c['high'])}] over {c['n']} {c.get('n_of') or 'task groups'}, "
                       f"Holm-adjusted p {_number(c['p_holm'], '.3g')}: {c['verdict']}" + (f" ({c['note']})" if c.get("note") else "")
                       for c in failed)
     return (f"**Not recovered ({len(failed)} of {len(claims)}), as measured; nothing was tuned to make them hold:**\n\n{lines}\n\n"

@@ -22,6 +22,9 @@ heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k
                T_wrong; the ``heads`` analysis's own test (:meth:`probes.analyses.heads.Heads.summarise`):
                span-mass floor chosen on the train split, heads ranked on half of the task groups,
                tested on the other half; random heads among the floor-passing ones, matched on B mass
+circuit        the planted verdict heads' edges from B in the BASM circuit (BASM vs Proc. Skill  circuit rows
+               pair) chosen on the train task groups; share of planted edges in it against the
+               hypergeometric chance of a random circuit of its size (``circuit`` analysis's claim)
 =============  ============================================================================  =========================
 
 Each statistic is a mean over task groups (items of a group share a template, so they are not
@@ -48,6 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probes.analyses import circuit as circuit_mod
 from probes.analyses import heads as heads_mod
 from probes.analyses import knockout as knockout_mod
 from probes.analyses import ratios as ratios_mod
@@ -159,6 +163,19 @@ def heads_claim(ctx: RunContext, top: int, draws: int, seed: int) -> tuple[Claim
     return replace(heads.claims(summary)[0], family=FAMILY, name="heads"), summary.ranking
 
 
+def circuit_claim(ctx: RunContext, seed: int) -> Claim:
+    """The ``circuit`` analysis's own planted-head claim (:func:`probes.analyses.circuit.planted_table`): the
+    organism's verdict heads' edges from B are in the BASM circuit of the headline pair, chosen on the train
+    task groups; p hypergeometric against a circuit of that size drawn at random."""
+    circuit = replace(ctx.options, seed=seed)
+    ctx = replace(ctx, options=circuit)
+    summary = circuit.summarise(ctx, circuit.collect(ctx))
+    found = [c for c in circuit.claims(summary) if c.family == circuit_mod.PLANTED_FAMILY]
+    if not found:
+        raise AnalysisError(f"circuit claim: no circuit chosen on train for basm × {circuit_mod.HEADLINE_PAIR} ({'; '.join(summary.messages)})")
+    return replace(found[0], family=FAMILY, name="circuit planted heads")
+
+
 # ----------------------------------------------------------------------------- running
 @dataclass
 class Validation:
@@ -224,6 +241,8 @@ def validate(
     heads = context_for(heads_mod.Heads(**common, buckets=both), session)
     heads_claim_, rank = heads_claim(heads, top, draws, seed)
     claims.append(heads_claim_)
+    circuit = context_for(circuit_mod.CircuitAnalysis(**common, configs=["basm"], pairs=[circuit_mod.HEADLINE_PAIR]), session)
+    claims.append(circuit_claim(circuit, seed))
     config = {"model": sweep.model_path, "split": "eval", "limit": limit, "k": DEPTH, "embedder": sweep.builder.retriever.embedder.name,
               "margin_variant": DEFAULT_VARIANT, "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "min_span_mass": heads.options.min_span_mass, "alpha": ALPHA,
               "n_items": {"T_wrong": len(sweep.items), "T_ok+T_wrong": len(heads.items)}}

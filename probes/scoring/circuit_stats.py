@@ -392,7 +392,7 @@ def minimality_table(circuit: Sequence[int], f_circuit: float, f_without_edge: S
     claim = Claim(family, name, f"some circuit edges are not minimal: removing them lowers faithfulness by no more than "
                   f"the {quantile:g}-quantile of adding a random edge of the circuit's layers does",
                   failing / n, float(interval.low), float(interval.high), n, min(1.0, n * float(p.min())),
-                  p_floor=floor, unit="share of circuit edges", exploratory=True,
+                  p_floor=floor, unit="share of circuit edges", exploratory=True, n_of="circuit edges",
                   note=f"{failing} of {n} edges fail against {len(reference)} random edges (Δ_r {quantile:g}-quantile "
                        f"{threshold:+.3g}); p: Shi et al.'s per-edge binomial test, smallest × {n} (Bonferroni); "
                        f"CI: Clopper–Pearson over edges, descriptive")
@@ -463,7 +463,7 @@ def planted_claim(scores: Sequence[float], from_boundary: Sequence[bool], plante
     ranks = ", ".join(f"edge {edge}: {rank}" for edge, rank in found["ranks"].items())
     return Claim(family, name, "the planted heads' edges from B are in the circuit chosen on train items (more of them than "
                  "a random circuit of its size holds)", share, share, share, found["n_planted"], found["p"],
-                 p_floor=found["p_floor"], unit="share of planted edges", null=found["circuit_size"] / found["n_edges"],
+                 p_floor=found["p_floor"], unit="share of planted edges", null=found["circuit_size"] / found["n_edges"], n_of="planted edges",
                  note=f"{found['n_planted_in_circuit']} of {found['n_planted']} planted edges in a circuit of "
                       f"{found['circuit_size']} of {found['n_edges']} edges ({found['expected_in_circuit']:.2f} by chance); "
                       f"p hypergeometric; a count, no sampling interval; ranks among {found['n_from_boundary']} edges from B "

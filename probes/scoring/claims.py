@@ -46,13 +46,14 @@ from probes.scoring.stats import DEFAULT_SEED, PERMUTATION_RESAMPLES, bootstrap_
 ALPHA = 0.05
 KINDS = ("effect", "absence")
 ALTERNATIVES = ("greater", "less")
-COLUMNS = ["family", "name", "kind", "statement", "estimate", "low", "high", "null", "n", "unit", "p", "p_floor", "p_holm",
+COLUMNS = ["family", "name", "kind", "statement", "estimate", "low", "high", "null", "n", "n_of", "unit", "p", "p_floor", "p_holm",
            "family_size", "sesoi", "p_min_effect", "p_min_holm", "power", "exploratory", "verdict", "note"]
 
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim: ``estimate`` [``low``, ``high``] over ``n`` units (task groups) and its p.
+    """One claim: ``estimate`` [``low``, ``high``] over ``n`` units (``n_of``: task groups, unless the
+    claim counts something else, e.g. the planted edges of a circuit) and its p.
 
     ``kind`` "effect": ``p`` is one-sided in ``alternative`` ("greater": the estimate is claimed
     above 0). ``kind`` "absence": ``p`` is the TOST p against ±``sesoi`` and ``alternative`` is
@@ -83,6 +84,7 @@ class Claim:
     p_min_effect: float = math.nan
     exploratory: bool = False
     untestable: str = ""
+    n_of: str = "task groups"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -175,15 +177,21 @@ def verdict(row: pd.Series, alpha: float = ALPHA) -> str:
     if reason := row.get("untestable"):  # the design, not the data, rules the test out: say why
         return f"untestable: {reason}"
     if not np.isfinite(row["p_holm"]):
-        return "not tested: no records (see the note)" if int(row["n"]) == 0 else f"not tested: {int(row['n'])} task group"
+        return "not tested: no records (see the note)" if int(row["n"]) == 0 else f"not tested: {int(row['n'])} {_n_of(row)}"
     adjusted_floor = row["p_floor"] * max(int(row["family_size"]), 1)  # Holm multiplies the smallest p by the family size
     if np.isfinite(row["p_floor"]) and adjusted_floor >= alpha:  # no outcome could be significant: say why, not "not detected"
-        return (f"untestable at α = {alpha:g}: {int(row['n'])} task groups allow p ≥ {row['p_floor']:.3g}, "
+        return (f"untestable at α = {alpha:g}: {int(row['n'])} {_n_of(row)} allow p ≥ {row['p_floor']:.3g}, "
                 f"{adjusted_floor:.3g} after Holm over {int(row['family_size'])}")
     wording = _confirmatory_verdict(row, alpha)
     if not row["exploratory"]:
         return wording
     return "exploratory: " + ("significant after Holm, not a confirmatory claim" if wording == "holds" else wording)
+
+
+def _n_of(row: pd.Series) -> str:
+    """What a row's n counts (tables written before the column existed: task groups)."""
+    n_of = row.get("n_of")
+    return n_of if isinstance(n_of, str) and n_of else "task groups"
 
 
 def _confirmatory_verdict(row: pd.Series, alpha: float) -> str:

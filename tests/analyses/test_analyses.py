@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
+from probes.analyses.circuit import CircuitAnalysis
 from probes.analyses.heads import Heads
 from probes.analyses.knockout import KnockoutAnalysis
 from probes.analyses.ratios import Ratios
@@ -273,6 +274,11 @@ def test_all_analyses_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
     # two task groups: rank on one, test on the other; a floor given a priori keeps the train split's prompts out of this slow test
     result = Heads(item_ids=heads_items, top_n=3, random_draws=1, floor_from="given", **common).run(session)
     assert result.status == 0
+    circuit = CircuitAnalysis(item_ids=heads_items, configs=["basm"], pairs=["config", "knockout"], ig_steps=2, exact_top=3,
+                              exact_random=3, random_circuits=3, **common).run(session)
+    assert circuit.status == 0 and len(circuit.tables["circuit_nodes"])
+    dla = circuit.rows[circuit.rows["condition"] == "dla"]
+    assert len(dla) == 2 and dla["metric"].notna().all()  # the two tool-correct T_wrong items, one per half
     out = result.out_dir
     for name, analysis in (("sweep", "sweep"), ("ratios", "ratios"), ("suppression", "suppression"), ("knockout", "knockout"),
                            ("heads", "heads"), ("heads_causal", "heads_causal")):

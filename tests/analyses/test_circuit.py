@@ -142,3 +142,34 @@ def test_a_planted_head_reading_b_is_ranked_first() -> None:
 def test_refusals(organism: ProbeSession, tmp_path: Path) -> None:
     with pytest.raises(AnalysisError, match="no tool-correct T_wrong item"):
         CircuitAnalysis(item_ids=["travel-wrong-0001"], configs=["basm"], out=tmp_path, **SMALL).run(organism, verbose=False)
+
+
+def test_circuit_runs_on_a_tiny_random_qwen3_through_the_cli(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+    """The CLI end to end on random weights under the real Qwen3 tokenizer: rows, tables and the graph files."""
+    from probes.cli.main import main
+
+    argv = ["circuit", "--model", str(tiny_qwen3_dir), "--out", str(tmp_path), "--dataset", "basm_probe", "--embedder", "lexical",
+            "--relevance", "lexical", "--split", "all", "--configs", "basm", "--pairs", "knockout", "--k", "1",
+            "--ig-steps", "2", "--exact-top", "2", "--exact-random", "2", "--random-circuits", "2", *sum((["--item", i] for i in ITEMS[:4]), [])]
+    assert main(argv) == 0
+    out = next(tmp_path.iterdir())
+    rows = load_results(out / "circuit.jsonl")
+    assert set(rows["condition"]) == {"dla", "knockout"} and rows["metric"].notna().all()
+    assert (out / "circuit_nodes.csv").is_file() and (out / "circuit_edges.csv").is_file()
+
+
+@pytest.mark.parametrize("backend", ["nnsight", "transformerlens"])
+def test_dla_through_a_backend_equals_the_native_replay(run, backend: str, tmp_path: Path) -> None:
+    """``--backend``: DLA at the binding pair's deciding row and the exact B-knockout effect per head through the
+    backend's own forward, equal to the native replay's (fp32; 1e-4 on DLA parts, 1e-5 on the metric)."""
+    native = run.rows[(run.rows["condition"] == "dla")].set_index("record_id")
+    through = CircuitAnalysis(item_ids=ITEMS[4:6], configs=["basm"], out=tmp_path, backend=backend, **SMALL).run(verbose=False)
+    rows = through.rows.set_index("record_id")
+    assert set(rows["condition"]) == {"dla"} and len(rows) == 2
+    for record_id, row in rows.iterrows():
+        ref = native.loc[record_id]
+        assert abs(row["metric"] - ref["metric"]) <= 1e-5
+        np.testing.assert_allclose(np.asarray(row["dla_heads"]), np.asarray(ref["dla_heads"]), atol=1e-4)
+        np.testing.assert_allclose(np.asarray(row["dla_mlps"]), np.asarray(ref["dla_mlps"]), atol=1e-4)
+    nodes = through.tables["circuit_nodes"]
+    assert nodes.loc[nodes["kind"] == "head", "boundary_knockout_exact"].notna().all()

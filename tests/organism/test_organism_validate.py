@@ -24,9 +24,12 @@ from probes.scoring.claims import holds
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
 
 CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>count-matched", "knockout>mass-matched",
-          "knockout equal-mass", "knockout>procedure", CONTROL, "eta", "heads")
+          "knockout equal-mass", "knockout>procedure", CONTROL, "eta", "heads", "circuit planted heads")
 # Claims the probes do not recover, as measured (strict: a claim that starts to hold fails here until this is updated).
-NOT_RECOVERED = {"heads": "floor chosen on the train split (issue #32): the top-2 heads beat matched random heads by "
+NOT_RECOVERED = {"circuit planted heads": "both planted verdict heads' edges from B are in the 10-edge BASM circuit chosen on train "
+                                          "(p = 0.0099, hypergeometric), but that is the smallest p a 10-edge circuit among 96 edges "
+                                          "allows, and ×10 (the Holm family) it cannot reach α: untestable in this family (issue #43)",
+                 "heads": "floor chosen on the train split (issue #32): the top-2 heads beat matched random heads by "
                           "+0.107 [-0.034, +0.247], p = 0.092",
                  "knockout>mass-matched": "not testable on the organism: its neutral pool holds 8% of B's deciding-row attention "
                                           "at the median, so no control draw matches B's mass (0 of 63 records)",
