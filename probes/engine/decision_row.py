@@ -299,10 +299,19 @@ class DecisionRow:
                 s = s.masked_fill((torch.arange(s.shape[-1], device=s.device) <= self.row - sliding_window), -math.inf)
             t = iv.target
             c = s.max(-1).values.detach()  # [b, h]: a numeric reference that cancels in z
-            if t is not None:
+            if t is not None and iv.edge_alpha is not None and bool((iv.edge_alpha[:, layer] > 0).any()):
+                # the largest log-mass the mix reads: the row's scores in the spans that keep any of them, the target's
+                # in the spans that take any. A span patched away must not set it (a real model's sink heads: λ ≈ 400
+                # in the span patched, the kept spans' masses would underflow to 0), nor a target span read nowhere.
+                a = iv.edge_alpha[:, layer].to(c.device)
+                span_max = torch.where(self._onehot.T.bool(), s[:, :, None, :], -math.inf).amax(-1)  # [b, h, S]
+                c = torch.maximum(torch.where(a < 1, span_max, -math.inf).amax(-1),
+                                  torch.where(a > 0, t.log_mass[layer].to(c.device)[None], -math.inf).amax(-1)).detach()
+            elif t is not None:
                 c = torch.maximum(c, t.log_mass[layer].max(-1).values.to(c.device)[None])
             trace.c[layer] = c
-            e = torch.exp(s - c[..., None])  # [b, h, d + 1]
+            # scores above c lie only in spans patched whole (a = 1), whose row masses the mix never reads: capped, not inf
+            e = torch.exp((s - c[..., None]).clamp(max=0))  # [b, h, d + 1]
             m = e @ self._onehot  # [b, h, S]
             e5 = e.reshape(b, g, h // g, -1)
             v_self = value[:, :, 0].float()  # [b, g, dh]
@@ -317,9 +326,12 @@ class DecisionRow:
                 u_t = m_t[..., None] * t.value[layer][None]
                 trace.m_t[layer], trace.u_t[layer] = m_t.detach(), u_t.detach()
                 if iv.edge_alpha is not None:
-                    a = iv.edge_alpha[:, layer]
-                    m = m + a * (m_t - m)
-                    u = u + a[..., None] * (u_t - u)
+                    # (1 − a)·x + a·x_t, the ends taken as they are: m + a·(m_t − m) cancels m_t away where m ≫ m_t
+                    # (a real model's sink heads: λ ≈ 400, a patched span's mass 1e-16 of the row's), and a fully
+                    # patched span must not read the row's masses at all (they may overflow against the target's c)
+                    a = iv.edge_alpha[:, layer].to(m.device)
+                    m = torch.where(a == 1, m_t, torch.where(a == 0, m, (1 - a) * m + a * m_t))
+                    u = torch.where(a[..., None] == 1, u_t, torch.where(a[..., None] == 0, u, (1 - a[..., None]) * u + a[..., None] * u_t))
             trace.mf[layer], trace.uf[layer] = m.detach(), u.detach()
             if iv.leaves:
                 m = m + _leaf(trace, "m", layer, m)
