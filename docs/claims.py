@@ -68,6 +68,8 @@ def report_claims(path: Path) -> pd.DataFrame:
         raise ClaimsSourceError(f"{path}: no {REPORT_TABLE} there; run `basm-probes report --out OUT` and give OUT/<model> "
                                 "(or a claims CSV file)")
     frame = pd.read_csv(file)
+    if "n_of" not in frame.columns and "n" in frame.columns:  # written before claims said what n counts: task groups then
+        frame["n_of"] = "task groups"
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise ClaimsSourceError(f"{file} is not a claims table: it lacks the columns {missing} (claims_table writes them; "
