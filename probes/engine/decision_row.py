@@ -319,7 +319,8 @@ class DecisionRow:
                              for j in range(len(self.spans))], dim=3).reshape(b, h, len(self.spans), dh)
             self_span = int(self.span_of[-1])
             u_self = (e5[..., -1, None] * v_self[:, :, None]).reshape(b, h, dh)
-            u = u + torch.nn.functional.one_hot(torch.tensor(self_span), len(self.spans)).float()[None, None, :, None] * u_self[:, :, None]
+            own = torch.nn.functional.one_hot(torch.tensor(self_span, device=u.device), len(self.spans)).float()
+            u = u + own[None, None, :, None] * u_self[:, :, None]
             trace.m[layer], trace.u[layer] = m.detach(), u.detach()
             if t is not None:
                 m_t = torch.exp(t.log_mass[layer][None] - c[..., None])  # [b, h, S]
@@ -385,6 +386,7 @@ class DecisionRow:
         """One batched row forward under ``iv``: the metric per element [B] and what it recorded."""
         trace = _Trace({}, {}, {}, {}, {}, {}, {}, {})
         dev = self.session.device
+        iv = _on_device(iv, dev)
         with torch.enable_grad() if iv.leaves else torch.no_grad(), row_attention(self._attend(iv, trace)), self._hooks(iv, trace):
             hidden = self.session.model.base_model(
                 input_ids=torch.full((iv.batch, 1), self.ids[-1], device=dev),
@@ -400,8 +402,9 @@ class DecisionRow:
             m, u = trace.mf[layer][0], trace.uf[layer][0]
             lm.append(torch.log(m) + trace.c[layer][0][:, None])  # λ = log m + the replay's reference
             val.append(torch.where(m[..., None] > 0, u / m.clamp(min=1e-30)[..., None], 0.0))
-        return Messages(self.spans, torch.stack(lm), torch.stack(val), torch.stack([trace.z[i][0] for i in range(self.n_layers)]),
-                        torch.stack([trace.mlp[i][0] for i in range(self.n_layers)]), float(metric))
+        # kept on the CPU: a few [L, H, S] tensors per row, compared and averaged across rows and runs
+        return Messages(self.spans, torch.stack(lm).cpu(), torch.stack(val).cpu(), torch.stack([trace.z[i][0] for i in range(self.n_layers)]).cpu(),
+                        torch.stack([trace.mlp[i][0] for i in range(self.n_layers)]).cpu(), float(metric))
 
     # ------------------------------------------------------------------------------ DLA
     def components(self) -> Components:
@@ -434,7 +437,7 @@ class DecisionRow:
     def _batched(self, make: Any, n: int) -> np.ndarray:
         """Metrics of ``n`` interventions, :data:`REPLAY_BATCH` per row forward (``make(i0, i1)``)."""
         out = [self._replay(make(i0, min(n, i0 + REPLAY_BATCH)))[0].detach() for i0 in range(0, n, REPLAY_BATCH)]
-        return torch.cat(out).numpy() if out else np.zeros(0)
+        return torch.cat(out).cpu().numpy() if out else np.zeros(0)
 
     def patched_metrics(self, target: Messages, patched: torch.Tensor) -> np.ndarray:
         """Exact metrics with the edges ``patched`` [B, L, H, S] (bool) taking ``target``'s messages and
@@ -484,9 +487,9 @@ class DecisionRow:
             _, direction = frozen_norm(self._norm, trace.final[0], self._unembed)
             with torch.no_grad():
                 out["head_patch_direct"] = np.stack([
-                    ((head_writes(self._layers[layer], t.z[layer]) - head_writes(self._layers[layer], clean.z[layer])) @ direction).numpy()
+                    ((head_writes(self._layers[layer], t.z[layer]) - head_writes(self._layers[layer], clean.z[layer])) @ direction).cpu().numpy()
                     for layer in range(L)])
-                out["mlp_patch_direct"] = ((t.mlp - clean.mlp) @ direction).numpy()
+                out["mlp_patch_direct"] = ((t.mlp - clean.mlp).to(direction.device) @ direction).cpu().numpy()
         return out
 
     # ------------------------------------------------------------------------------ attribution
@@ -528,7 +531,7 @@ class DecisionRow:
             a = (k + 0.5) / ig_steps
             g = self._gradients(_Intervention(1, t, torch.full((1, L, self.n_heads, len(self.spans)), a)))
             ig += torch.stack([_linear(g, layer) for layer in range(L)]) / ig_steps
-        return {"atp": atp.numpy(), "atp_star": star.numpy(), "atp_gd": gd.numpy(), "eap_ig": ig.numpy()}
+        return {name: value.cpu().numpy() for name, value in (("atp", atp), ("atp_star", star), ("atp_gd", gd), ("eap_ig", ig))}
 
     def _single_edge_dz(self, tr: _Trace, layer: int) -> torch.Tensor:
         """[H, S, d_head]: the exact change of each head's output when only edge (head, span) takes the
@@ -538,6 +541,16 @@ class DecisionRow:
         m_e = m.sum(1)[:, None] - m + m_t  # [H, S]
         u_e = u.sum(1)[:, None] - u + u_t  # [H, S, dh]
         return u_e / m_e[..., None] - z[:, None]
+
+
+def _on_device(iv: _Intervention, device: torch.device) -> _Intervention:
+    """``iv`` with its tensors and its target's on ``device`` (they are built on the CPU; the model may be on a GPU)."""
+    moved = {name: value.to(device) for name in ("edge_alpha", "z_set", "z_value", "mlp_set", "mlp_value")
+             if (value := getattr(iv, name)) is not None}
+    t = iv.target
+    if t is not None:
+        moved["target"] = replace(t, log_mass=t.log_mass.to(device), value=t.value.to(device), z=t.z.to(device), mlp=t.mlp.to(device))
+    return replace(iv, **moved)
 
 
 def _leaf(trace: _Trace, kind: str, layer: int, like: torch.Tensor) -> torch.Tensor:
