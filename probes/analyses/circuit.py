@@ -594,7 +594,7 @@ class CircuitAnalysis(Analysis):
                 if not len(sub):
                     continue
                 if reason := faithfulness_undefined(sub["m_empty"], sub["m_full"]):
-                    messages.append(f"{key[0]} × {key[1]} ({ablation}), held-out: no faithfulness: {reason}")
+                    messages.append(f"{key[0]} × {key[1]} ({ablation}), held-out: {reason}")
                 curve = faithfulness_curve(c.sizes, c.n_edges, _stack(sub["m_circuit"]), sub["m_empty"], sub["m_full"], sub["task_group"],
                                            seed=a.seed)
                 curves.append(_with_random_band(curve, c, sub).assign(config=key[0], pair=key[1], ablation=ablation, half="heldout"))

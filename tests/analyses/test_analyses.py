@@ -274,7 +274,7 @@ def test_all_analyses_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
     # two task groups: rank on one, test on the other; a floor given a priori keeps the train split's prompts out of this slow test
     result = Heads(item_ids=heads_items, top_n=3, random_draws=1, floor_from="given", **common).run(session)
     assert result.status == 0
-    circuit = CircuitAnalysis(item_ids=heads_items, configs=["basm"], pairs=["config", "knockout"], ig_steps=2, exact_top=3,
+    circuit = CircuitAnalysis(item_ids=[i for i in heads_items if "-wrong-" in i], configs=["basm"], pairs=["config", "knockout"], ig_steps=2, exact_top=3,
                               exact_random=3, random_circuits=3, **common).run(session)
     assert circuit.status == 0 and len(circuit.tables["circuit_nodes"])
     dla = circuit.rows[circuit.rows["condition"] == "dla"]
