@@ -1,11 +1,12 @@
 """Helpers shared by the tests that run ``basm-probes`` on a private copy of the tiny model (conftest's ``model``
 and ``dataset``): a fast sweep's argv, its results file, a failing run's message, the error catalogue of
-docs/error_catalogue.py, and a stop where the session would open."""
+docs/error_catalogue.py, a stop where the session would open, and a page opened in the Playwright browser."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,3 +74,17 @@ def edit_in_place_keep_mtime(path: Path) -> None:
     before = path.stat()
     CATALOGUE.edit_tensor_keep_mtime(path)
     assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
+
+
+def open_page(browser, path: Path, *, timeout_ms: int | None = None) -> tuple[Any, Any, list[str]]:
+    """(context, page, errors): ``path`` opened offline in a fresh 1400×900 context of the Playwright ``browser``;
+    ``errors`` collects every console error and uncaught page error."""
+    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    if timeout_ms is not None:
+        page.set_default_timeout(timeout_ms)
+    page.goto(Path(path).resolve().as_uri())
+    return context, page, errors

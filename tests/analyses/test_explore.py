@@ -22,6 +22,7 @@ from probes.engine.session import Knockout, span_positions
 from probes.prompts.record import PromptRecord
 from probes.reporting.finished import load
 from probes.scoring.score import EPSILON
+from tests.runs import open_page
 
 RUN = {"dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical", "split": "all"}
 
@@ -153,12 +154,7 @@ def dom_positions(page, selector: str) -> set[int]:
 
 def test_in_a_headless_browser(explored, browser, tmp_path_factory):
     shots = tmp_path_factory.mktemp("explore_screenshots")
-    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(explored["page"].resolve().as_uri())
+    context, page, errors = open_page(browser, explored["page"])
     data = explored["data"]
 
     # spans, slots and query rows sit on exactly the record's tokens

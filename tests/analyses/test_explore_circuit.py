@@ -17,6 +17,7 @@ from probes.analyses import explore as E
 from probes.analyses.run_context import AnalysisError, model_label
 from probes.core.files import OutputRoot
 from probes.reporting import circuit_graph as G
+from tests.runs import open_page
 
 MODEL = "tiny-qwen3"
 HOSTILE = " </script><!--<script>"
@@ -85,13 +86,7 @@ def _alphas(page) -> np.ndarray:
 
 def test_the_circuit_view_in_a_headless_browser(circuit_page, browser):
     basm, proc = circuit_page["graphs"]
-    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.set_default_timeout(5000)
-    page.goto(circuit_page["page"].resolve().as_uri())
+    context, page, errors = open_page(browser, circuit_page["page"], timeout_ms=5000)
     assert page.is_visible("#view-circuit") and not page.is_visible("#view-prompt")  # no records: the circuit view opens
 
     # a node per component, an edge per (head, span); every edge from its span's node, in its span's colour

@@ -16,6 +16,7 @@ import torch
 import probes
 from probes.analyses.explore import explore
 from probes.data.dataset import V1_DATASET_DIR, DatasetError
+from tests.runs import open_page
 
 HOSTILE = "<!--<script>"
 ITEM = f"retail-wrong-0001{HOSTILE}"
@@ -76,13 +77,7 @@ def test_hostile_text_is_stored_literally_and_hidden_code_points_as_marks(hostil
 # ----------------------------------------------------------------------------- in a real browser
 def test_the_page_renders_hostile_ids_paths_and_tool_names_in_a_browser(hostile_page, browser):
     page_path, data, out = hostile_page
-    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.set_default_timeout(5000)
-    page.goto(page_path.resolve().as_uri())
+    context, page, errors = open_page(browser, page_path, timeout_ms=5000)
     # a data script swallowed by "<!--<script" leaves the page empty: no record to choose
     assert page.locator("#record-select option").count() == len(data["records"])
     index = shown_record(data)
