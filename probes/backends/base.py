@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from probes.engine.hooks import HOOK_PATTERN, Recorder, Recording, condition_recordings, hook_point, probe_recorders, prompt_keys
-from probes.engine.session import (BASELINE, ConditionResult, Knockout, ProbeResult, span_matrix, validate_candidates,
+from probes.engine.session import (BASELINE, ConditionResult, Knockout, ProbeResult, knockouts_only, span_matrix, validate_candidates,
                                    validate_request)
 
 
@@ -154,6 +154,7 @@ class ForwardBackend(abc.ABC):
         spans = dict(spans or {})
         candidates = {k: (int(a), [int(t) for t in toks]) for k, (a, toks) in (candidates or {}).items()}
         conds = [BASELINE, *conditions]
+        knockouts_only(conds, f"the {self.name} backend")
         rows = validate_request(ids, query_rows, conds, self.config)
         n, p = len(ids), rows[0]
         validate_candidates(candidates, p, n, self.config)

@@ -162,6 +162,52 @@ class Knockout:
 BASELINE = Knockout("baseline")
 
 
+@dataclass(frozen=True, eq=False)
+class Steering:
+    """Add a vector to the residual stream: to the output of decoder layer L (``blocks.{L}.hook_resid_post``),
+    for every layer of ``vectors`` (layer -> [d_model], the vector added, already scaled).
+
+    Rows: ``rows=None`` adds it at every prompt row from the branch point on (a prompt record's query
+    rows: from the row that opens the call to the decision row); ``rows``: only at these query rows.
+    ``continuation=True`` also adds it at the rows of every scored candidate continuation (where two
+    tool names share a prefix, the row that decides between them lies there). Rows before the branch
+    point are never steered: their keys and values are the clean prefix's, computed once per prompt.
+    """
+
+    name: str
+    vectors: Mapping[int, torch.Tensor]
+    rows: tuple[int, ...] | None = None
+    continuation: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.vectors:
+            raise ValueError(f"steering {self.name!r}: no layer to steer (vectors is empty)")
+        vectors = {}
+        for layer, v in self.vectors.items():
+            v = torch.as_tensor(v, dtype=torch.float32).detach()
+            if v.ndim != 1 or not torch.isfinite(v).all():
+                raise ValueError(f"steering {self.name!r}: the vector at layer {layer} must be one finite [d_model] vector, got shape {tuple(v.shape)}")
+            vectors[int(layer)] = v
+        object.__setattr__(self, "vectors", dict(sorted(vectors.items())))
+        if self.rows is not None:
+            object.__setattr__(self, "rows", tuple(sorted({int(r) for r in self.rows})))
+
+    def steers_row(self, row: int) -> bool:
+        """Whether the vector is added at prompt row ``row`` (at or after the branch point)."""
+        return self.rows is None or row in self.rows
+
+
+Condition = Knockout | Steering
+
+
+def knockouts_only(conditions: Sequence[Condition], where: str) -> None:
+    """Refuse steering conditions where only knockouts run (the single-pass path, the forward backends)."""
+    steered = [c.name for c in conditions if isinstance(c, Steering)]
+    if steered:
+        raise ValueError(f"{where} runs knockouts only; steering ({', '.join(steered)}) runs through EngineSession.run, "
+                         "the native engine's cached branching")
+
+
 def span_positions(ranges: Sequence[Sequence[int]]) -> list[int]:
     """Sorted unique token positions covered by half-open ranges ``[[s, e], ...]``."""
     return sorted({i for s, e in ranges for i in range(int(s), int(e))})
@@ -181,7 +227,7 @@ def span_matrix(spans: Mapping[str, Sequence[int]], n: int, device: torch.device
 def validate_request(
     ids: Sequence[int],
     query_rows: Sequence[int],
-    conditions: Sequence[Knockout],
+    conditions: Sequence[Condition],
     config: Any,
 ) -> list[int]:
     """Check one probe request against the prompt and the model ``config``; the sorted query rows.
@@ -195,7 +241,18 @@ def validate_request(
     rows = sorted({int(r) for r in query_rows})
     if not rows or rows[0] < 0 or rows[-1] >= n:
         raise ValueError(f"query_rows {list(query_rows)} must be non-empty positions in 0..{n - 1}")
+    text_config = config.get_text_config()
+    width, depth = text_config.hidden_size, text_config.num_hidden_layers
     for c in conditions:
+        if isinstance(c, Steering):
+            for layer, v in c.vectors.items():
+                if not 0 <= layer < depth or v.shape[0] != width:
+                    raise ValueError(f"steering {c.name!r}: layer {layer} must lie in 0..{depth - 1} and its vector have "
+                                     f"{width} entries (the model's hidden size), got {v.shape[0]}")
+            outside = [r for r in c.rows or () if r not in rows]
+            if outside:
+                raise ValueError(f"steering {c.name!r}: rows {outside} are not query rows {rows}")
+            continue
         if c.key_positions and (c.key_positions[0] < 0 or c.key_positions[-1] >= n):
             raise ValueError(f"knockout {c.name!r}: key positions must lie in 0..{n - 1}")
         blocked = set(c.key_positions)
@@ -581,7 +638,7 @@ class ConditionResult:
         to ``run(recorders=...)``; candidate_recorded: candidate -> recorder name -> at its rows.
     """
 
-    condition: Knockout
+    condition: Condition
     row_offset: int
     logits: torch.Tensor
     span_mass: dict[str, torch.Tensor]
@@ -594,7 +651,7 @@ class ConditionResult:
     candidate_recorded: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     @classmethod
-    def from_recordings(cls, condition: Knockout, row_offset: int, logits: torch.Tensor, decision_logits: torch.Tensor,
+    def from_recordings(cls, condition: Condition, row_offset: int, logits: torch.Tensor, decision_logits: torch.Tensor,
                         spans: Sequence[str], candidate_token_logprobs: dict[str, torch.Tensor], recorded: dict[str, torch.Tensor],
                         candidate_recorded: dict[str, dict[str, torch.Tensor]], backend: str = "") -> ConditionResult:
         """One condition's result from its recordings (probes.engine.hooks.condition_recordings):
@@ -758,7 +815,7 @@ class EngineSession:
         self,
         ids: list[int],
         query_rows: Sequence[int],
-        conditions: Sequence[Knockout],
+        conditions: Sequence[Condition],
     ) -> list[int]:
         return validate_request(ids, query_rows, conditions, self.model.config)
 
@@ -767,16 +824,17 @@ class EngineSession:
         mode: Literal["single", "branch"],
         n: int,
         rows: list[int],
-        conds: list[Knockout],
+        conds: list[Condition],
         n_keys: int,
         knock_rows: torch.Tensor,
         q_offset: int,
         recorders: list[Recorder],
     ) -> _ProbeState:
         dev = self.device
-        actives = torch.stack([c.active(self.n_layers, self.n_heads) for c in conds])
+        knockouts = [c if isinstance(c, Knockout) else BASELINE for c in conds]  # a steering blocks no key
+        actives = torch.stack([c.active(self.n_layers, self.n_heads) for c in knockouts])
         key_block = torch.zeros(len(conds), n_keys, dtype=torch.bool)
-        for i, c in enumerate(conds):
+        for i, c in enumerate(knockouts):
             key_block[i, list(c.key_positions)] = True
         # single: the forward's rows are the query rows; branch: every branch row (from q_offset on)
         query_local = list(range(len(rows))) if mode == "single" else [r - q_offset for r in rows]
@@ -817,7 +875,35 @@ class EngineSession:
             for hd in handles:
                 hd.remove()
 
-    def _results(self, state: _ProbeState, conds: list[Knockout], spans: Sequence[str], logits: torch.Tensor, row_offset: int,
+    @contextlib.contextmanager
+    def _steering_hooks(self, conds: list[Condition], rows_steered: torch.Tensor) -> Iterator[None]:
+        """Add each steering condition's vectors to its batch element's residual stream: a forward hook on
+        every steered decoder layer adds ``vector`` at the branch rows ``rows_steered`` [condition, t] marks
+        (registered before the recording hooks, which then read the steered stream)."""
+        layers = sorted({layer for c in conds if isinstance(c, Steering) for layer in c.vectors})
+        added = {}
+        for layer in layers:
+            vectors = torch.zeros(len(conds), self._embed.weight.shape[1])
+            for i, c in enumerate(conds):
+                if isinstance(c, Steering) and layer in c.vectors:
+                    vectors[i] = c.vectors[layer]
+            added[layer] = vectors[:, None, :] * rows_steered[:, :, None]  # [condition, t, d_model]
+
+        def hook(layer: int) -> Callable[..., Any]:
+            def add(_m: torch.nn.Module, _inp: Any, output: Any) -> Any:
+                hs = output[0] if isinstance(output, tuple) else output
+                steered = hs + added[layer].to(device=hs.device, dtype=hs.dtype)
+                return (steered, *output[1:]) if isinstance(output, tuple) else steered
+            return add
+
+        handles = [self._layers[layer].register_forward_hook(hook(layer)) for layer in layers]
+        try:
+            yield
+        finally:
+            for hd in handles:
+                hd.remove()
+
+    def _results(self, state: _ProbeState, conds: list[Condition], spans: Sequence[str], logits: torch.Tensor, row_offset: int,
                  last_row: int, query: torch.Tensor | None, candidate_rows: dict[str, torch.Tensor],
                  cand_lp: list[dict[str, torch.Tensor]]) -> list[ConditionResult]:
         """One ConditionResult per condition from ``logits`` [condition, row, vocab] (rows from
@@ -839,13 +925,13 @@ class EngineSession:
         input_ids: Sequence[int] | torch.Tensor,
         query_rows: Sequence[int],
         spans: Mapping[str, Sequence[int]] | None = None,
-        conditions: Sequence[Knockout] = (),
+        conditions: Sequence[Condition] = (),
         candidates: Mapping[str, tuple[int, Sequence[int]]] | None = None,
         record_rows: bool = False,
         record_residual: bool = False,
         recorders: Sequence[Recorder] = (),
     ) -> ProbeResult:
-        """Score one prompt under the baseline plus ``conditions`` by cached branching.
+        """Score one prompt under the baseline plus ``conditions`` (knockouts, steerings) by cached branching.
 
         ``candidates``: name -> (anchor_index, token_ids); the result holds
         log P(token_ids | input_ids[:anchor_index + 1]) under each condition. Anchors must be
@@ -871,9 +957,15 @@ class EngineSession:
         # continuation rows (when the condition blocks continuations).
         query = set(rows)
         knock_rows = torch.tensor([
-            [(pos in query and c.blocks_row(pos)) if i < n - p else c.continuation for i, pos in enumerate(tree.positions)]
+            [isinstance(c, Knockout) and ((pos in query and c.blocks_row(pos)) if i < n - p else c.continuation)
+             for i, pos in enumerate(tree.positions)]
             for c in conds
         ])
+        # Where each steering adds its vectors: its prompt rows, and the continuation rows when it steers them.
+        rows_steered = torch.tensor([
+            [isinstance(c, Steering) and (c.steers_row(pos) if i < n - p else c.continuation) for i, pos in enumerate(tree.positions)]
+            for c in conds
+        ], dtype=torch.float32)
         state = self._new_state("branch", n, rows, conds, p + t_len, knock_rows, p, recs)
         state.branch_pos = torch.tensor(tree.positions, device=dev)
         state.branch_visible = tree.visible().to(dev)
@@ -883,7 +975,7 @@ class EngineSession:
         self.prefix_reuse.prompts += 1
         self.prefix_reuse.tokens_computed += n - p
         positions = state.branch_pos.expand(len(conds), -1)
-        with _activate(state), self._stream_hooks(state):
+        with _activate(state), self._steering_hooks(conds, rows_steered), self._stream_hooks(state):
             # The LM head runs at the prompt's rows and at the candidate rows only (no padding).
             logits = self.model(input_ids=branch, position_ids=positions, use_cache=False).logits
 
@@ -926,6 +1018,7 @@ class EngineSession:
         conds = [BASELINE, *conditions] if include_baseline else list(conditions)
         if not conds:
             raise ValueError("no conditions to run")
+        knockouts_only(conds, "EngineSession.forward (the single-pass reference)")
         rows = self._validate(ids, query_rows, conds)
         n, p = len(ids), rows[0]
         dev = self.device

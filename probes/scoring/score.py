@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes.engine.session import Knockout, EngineSession, span_positions
+from probes.engine.session import Condition, EngineSession, Steering, span_positions
 from probes.prompts.record import PromptRecord
 from probes.scoring import margins as margins_mod
 
@@ -57,7 +57,7 @@ def deciding_depth(cands: Sequence[margins_mod.CandidateInfo]) -> tuple[str | No
     return correct[0].key, min(depth, len(correct[0].token_ids) - 1)
 
 
-def scored_tokens(cands: Sequence[margins_mod.CandidateInfo], fmt: str) -> dict[str, tuple[int, list[int]]]:
+def scored_tokens(cands: Sequence[margins_mod.CandidateInfo], fmt: str, *, whole: bool = False) -> dict[str, tuple[int, list[int]]]:
     """What the engine scores per candidate: (anchor, tokens) up to the last token a margin reads.
 
     The correct and wrong candidates whole (``path`` sums them); the abstention answer whole in the
@@ -65,7 +65,7 @@ def scored_tokens(cands: Sequence[margins_mod.CandidateInfo], fmt: str) -> dict[
     at the open row: no margin reads its tokens). The rest of the catalog (``other``) is read only by
     ``broad`` and ``correct``, each pair at the one token where the tool parts from the correct one:
     scored up to that token, the rows of its name beyond it are never run; and not at all where no
-    correct tool exists (those margins are NaN then).
+    correct tool exists (those margins are NaN then). ``whole``: every tool whole (the top action reads every path).
     """
     correct = [c for c in cands if c.role == "correct" and not c.is_abstention]
     out = {}
@@ -73,7 +73,7 @@ def scored_tokens(cands: Sequence[margins_mod.CandidateInfo], fmt: str) -> dict[
         toks = list(c.token_ids)
         if c.is_abstention and fmt == "native":
             continue
-        if c.role == "other" and not c.is_abstention:
+        if c.role == "other" and not c.is_abstention and not whole:
             if not correct:
                 continue
             toks = toks[: margins_mod.shared_prefix(toks, correct[0].token_ids) + 1]
@@ -89,13 +89,22 @@ def row_fields(record: PromptRecord) -> dict[str, Any]:
 def score_record(
     session: EngineSession,
     record: PromptRecord,
-    conditions: Sequence[Knockout] = (),
+    conditions: Sequence[Condition] = (),
     *,
     variant: str = DEFAULT_VARIANT,
     per_head: bool = False,
     margins: Sequence[str] = MARGINS,
+    actions: bool = False,
 ) -> list[dict[str, Any]]:
-    """One engine call (baseline + ``conditions``); one row per condition (see module docstring).
+    """One engine call (baseline + ``conditions``: knockouts or steerings); one row per condition (see
+    module docstring). Every row also has ``kl_clean``: KL(clean ‖ condition) of the next-token
+    distribution at the decision row, in nats (0 for the baseline), so that a condition that moves the
+    margin is told apart from one that breaks the model.
+
+    ``actions``: every candidate action is scored whole and the rows say which one the condition's
+    model takes greedily (``top_action``, its ``top_role``: correct / wrong / other / abstain; the
+    whole-path log-probabilities of :func:`probes.scoring.margins.candidate_path_logprobs`, as
+    ``calls``'s ranking reads them).
 
     ``margins``: with ``broad_margin`` or ``correct_margin``, every catalog tool is scored, up to
     the token where it parts from the correct tool (:func:`scored_tokens`; the candidates share
@@ -105,26 +114,38 @@ def score_record(
     if variant not in MARGIN_VARIANTS:
         raise ValueError(f"margin variant must be one of {MARGIN_VARIANTS}, got {variant!r}")
     cands = margins_mod.candidates_from_record(record)
-    if not {"broad_margin", "correct_margin"} & set(margins):
+    if not actions and not {"broad_margin", "correct_margin"} & set(margins):
         cands = [c for c in cands if c.role != "other"]
     spans = {name: span_positions(record.spans.get(name, [])) for name in ("boundary", "procedure")}
-    res = session.run(record.input_ids, record.query_rows, spans=spans, conditions=conditions, candidates=scored_tokens(cands, record.format))
+    res = session.run(record.input_ids, record.query_rows, spans=spans, conditions=conditions,
+                      candidates=scored_tokens(cands, record.format, whole=actions))
     fmt, dec, opn = record.format, int(record.decision_index), record.open_index
     correct_key, depth = deciding_depth(cands)
+    clean = torch.log_softmax(res.conditions[0].logits_at(dec).double(), dim=-1)
     rows = []
     for c in res.conditions:
         row: dict[str, Any] = row_fields(record)
         cond = c.condition
-        row.update(condition=cond.name, knockout_size=len(cond.key_positions), n_tokens=len(res.input_ids),
-                   margin_variant=variant, entropy=c.entropy)
-        if cond.layers is not None:
-            row["knockout_layers"] = list(cond.layers)
-        if cond.heads is not None:
-            row["knockout_heads"] = [list(h) for h in cond.heads]
-        if cond.key_positions:
-            row["knockout_rows"] = "every query row" if cond.rows is None else list(cond.rows)
-            row["knockout_continuation"] = cond.continuation
+        moved = torch.log_softmax(c.logits_at(dec).double(), dim=-1)
+        row.update(condition=cond.name, n_tokens=len(res.input_ids), margin_variant=variant, entropy=c.entropy,
+                   kl_clean=float((clean.exp() * (clean - moved)).sum()))
+        if isinstance(cond, Steering):
+            row.update(steering_layers=list(cond.vectors), steering_norms=[float(v.norm()) for v in cond.vectors.values()],
+                       steering_rows="every query row" if cond.rows is None else list(cond.rows), steering_continuation=cond.continuation)
+        else:
+            row["knockout_size"] = len(cond.key_positions)
+            if cond.layers is not None:
+                row["knockout_layers"] = list(cond.layers)
+            if cond.heads is not None:
+                row["knockout_heads"] = [list(h) for h in cond.heads]
+            if cond.key_positions:
+                row["knockout_rows"] = "every query row" if cond.rows is None else list(cond.rows)
+                row["knockout_continuation"] = cond.continuation
         lp = c.candidate_token_logprobs
+        if actions:
+            paths = margins_mod.candidate_path_logprobs(c.row_logits, res.input_ids, cands, fmt, dec, lp, opn)
+            top = max(cands, key=lambda x: paths[x.action])
+            row.update(top_action=top.action, top_role="abstain" if top.is_abstention else top.role)
         quantities = {
             "tool_choice": margins_mod.tool_choice_margin(cands, lp, fmt),
             "eq1": margins_mod.eq1_margin(c.row_logits, cands, fmt, dec),
