@@ -135,7 +135,7 @@ def test_an_unknown_analysis_names_the_close_ones_and_every_known_one(capsys) ->
     with pytest.raises(UnknownAnalysis) as error:
         probes.analyses.get("swep")
     assert str(error.value) == ("unknown analysis 'swep'; did you mean 'sweep'? Known: sweep, ratios, suppression, knockout, heads, "
-                                "linear, calls, repair, paired, attribution, curate, mask-eval, forks, circuit")
+                                "linear, calls, repair, paired, attribution, curate, mask-eval, forks, circuit, steer")
     with pytest.raises(UnknownAnalysis, match="did you mean 'knockout'"):
         probes.run("knockouts")
     with pytest.raises(SystemExit):
