@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from probes.scoring.claims import Claim, absence_claim, effect_claim
-from probes.scoring.stats import DEFAULT_SEED, group_means, summarise
+from probes.scoring.stats import DEFAULT_SEED, summarise
 
 CELL: tuple[str, ...] = ("config", "bucket", "direction", "layer", "window", "rows_mode", "alpha")
 BAND_CELL: tuple[str, ...] = tuple(c for c in CELL if c != "direction")
@@ -133,11 +133,12 @@ def _span(layer: int, window: int) -> str:
     return f"L{layer}" if window == 1 else f"L{layer}-{layer + window - 1}"
 
 
-def _group_mean(values: pd.Series, groups: pd.Series) -> float:
-    """The mean over task groups of the group means of the finite values (NaN without any)."""
-    finite = np.isfinite(values.to_numpy(float))
-    units = group_means(values.to_numpy(float)[finite], groups.to_numpy()[finite])
-    return float(units.mean()) if len(units) else float("nan")
+def _group_mean_table(steered: pd.DataFrame, by: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
+    """Per ``by`` cell, each column's mean over task groups of the group means of its finite values
+    (NaN without any): the point estimate of :func:`probes.scoring.stats.bootstrap_mean`, for many
+    cells at once."""
+    per_group = steered.groupby([*by, "task_group"], sort=False)[list(columns)].mean()
+    return per_group.groupby(level=list(range(len(by))), sort=False).mean().reset_index()
 
 
 # ---------------------------------------------------------------------------- dose-response
@@ -152,16 +153,15 @@ def dose_response(rows: pd.DataFrame, *, seed: int = DEFAULT_SEED) -> pd.DataFra
     steered = steered[steered["direction"] != RANDOM]
     if steered.empty:
         raise ValueError("steer rows hold no steered row of a non-random direction: nothing to draw a dose-response from")
-    cells = steered.groupby(list(CELL), sort=False)
-    out = cells.agg(n_records=("record_id", "size"), n_groups=("task_group", "nunique")).reset_index()
+    out = steered.groupby(list(CELL), sort=False).agg(n_records=("record_id", "size"), n_groups=("task_group", "nunique")).reset_index()
     for measure in MEASURES:
         table = summarise(steered, CELL, measure, seed=seed).rename(columns={
             "value": measure, "low": f"{measure}_low", "high": f"{measure}_high", "n_items": COUNTS.get(measure, "n_items")})
         shown = [measure, f"{measure}_low", f"{measure}_high", *([COUNTS[measure]] if measure in COUNTS else [])]
         out = out.merge(table[[*CELL, *shown]], on=list(CELL), how="left")
-    for variant in variants(steered):
-        means = cells.apply(lambda sub, v=variant: _group_mean(sub[f"delta_{v}"], sub["task_group"]), include_groups=False)
-        out = out.merge(means.rename(f"delta_{variant}").reset_index(), on=list(CELL), how="left")
+    deltas = [f"delta_{v}" for v in variants(steered)]
+    if deltas:
+        out = out.merge(_group_mean_table(steered, CELL, deltas), on=list(CELL), how="left")
     return out
 
 
@@ -176,9 +176,8 @@ def random_band(rows: pd.DataFrame) -> pd.DataFrame:
     random = steered[steered["direction"] == RANDOM]
     if random.empty:
         raise ValueError("steer rows hold no random-direction rows (direction 'random'): the band needs the random draws")
-    per_draw = random.groupby([*BAND_CELL, "draw"], sort=False).apply(
-        lambda sub: pd.Series({"n_records": len(sub), **{m: _group_mean(sub[m], sub["task_group"]) for m in MEASURES}}),
-        include_groups=False).reset_index()
+    per_draw = _group_mean_table(random, [*BAND_CELL, "draw"], MEASURES).merge(
+        random.groupby([*BAND_CELL, "draw"], sort=False).size().rename("n_records").reset_index(), on=[*BAND_CELL, "draw"])
     out = []
     for key, draws in per_draw.groupby(list(BAND_CELL), sort=False):
         cell = dict(zip(BAND_CELL, key))
