@@ -148,7 +148,8 @@ def dose_response(rows: pd.DataFrame, *, seed: int = DEFAULT_SEED) -> pd.DataFra
     ``wrong_to_correct`` (among ``n_clean_wrong`` records whose clean choice is the wrong tool),
     ``correct_to_wrong`` (among ``n_clean_correct``), ``to_abstain`` (among ``n_clean_not_abstain``),
     ``correct_rate`` and ``kl`` (mean KL(clean ‖ steered) at the decision row, nats), each with its 95%
-    CI over task groups; ``delta_<variant>``: the mean Δ of each margin variant the rows hold."""
+    CI over task groups; ``note``: the Δm CI's note of :func:`probes.scoring.stats.summarise` ("no CI
+    (1 group)", zero width); ``delta_<variant>``: the mean Δ of each margin variant the rows hold."""
     steered = steered_rows(rows)
     steered = steered[steered["direction"] != RANDOM]
     if steered.empty:
@@ -157,7 +158,8 @@ def dose_response(rows: pd.DataFrame, *, seed: int = DEFAULT_SEED) -> pd.DataFra
     for measure in MEASURES:
         table = summarise(steered, CELL, measure, seed=seed).rename(columns={
             "value": measure, "low": f"{measure}_low", "high": f"{measure}_high", "n_items": COUNTS.get(measure, "n_items")})
-        shown = [measure, f"{measure}_low", f"{measure}_high", *([COUNTS[measure]] if measure in COUNTS else [])]
+        shown = [measure, f"{measure}_low", f"{measure}_high", *([COUNTS[measure]] if measure in COUNTS else []),
+                 *(["note"] if measure == "delta_margin" else [])]
         out = out.merge(table[[*CELL, *shown]], on=list(CELL), how="left")
     deltas = [f"delta_{v}" for v in variants(steered)]
     if deltas:

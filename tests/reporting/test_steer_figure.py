@@ -75,3 +75,5 @@ def test_tables_the_figure_cannot_draw_are_refused():
         fig23_steer(dose, band.iloc[:0], "")
     with pytest.raises(ValueError, match=r"rows_mode holds \['every'\]"):
         fig23_steer(dose.assign(rows_mode="every"), band, "")
+    with pytest.raises(ValueError, match=r"direction holds \['sideways'\]"):
+        fig23_steer(dose.assign(direction="sideways"), band, "")
