@@ -11,12 +11,12 @@ direction, solid lines for steering at the decision row, dashed for every row of
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from probes.reporting.plots import BUCKET_ORDER, CONFIG_ORDER, PALETTE, bucket_label, ci_errors, footnote, mark_no_ci, ordered, style
+from probes.scoring.steer_stats import span_label
 
 DIRECTION_ORDER = ("applicability", "config_difference", "probe", "unembedding", "shuffled")
 DIRECTION_COLORS: dict[str, tuple[float, float, float]] = {
@@ -49,10 +49,6 @@ def _check(table: pd.DataFrame, columns: tuple[str, ...], name: str, source: str
         if unknown:
             raise ValueError(f"fig23_steer: the {name} table's {column} holds {unknown}; the figure draws {list(known)} "
                              f"(add a style for a new one in probes.reporting.steer_figure)")
-
-
-def _span(layer: int, window: int) -> str:
-    return f"L{layer}" if window == 1 else f"L{layer}-{layer + window - 1}"
 
 
 def _measure(frame: pd.DataFrame, measure: str) -> pd.DataFrame:
@@ -98,7 +94,7 @@ def fig23_steer(dose: pd.DataFrame, band: pd.DataFrame, note: str) -> plt.Figure
                 ax.axvline(0.0, color="0.6", lw=0.6)
                 if measure == "delta_margin":
                     ax.axhline(0.0, color="0.3", lw=0.8)
-                    ax.set_title(f"{config} {bucket_label(bucket)} · {_span(layer, window)}", fontsize=9.5)
+                    ax.set_title(f"{config} {bucket_label(bucket)} · {span_label(layer, window)}", fontsize=9.5)
                 if measure == "correct_rate":
                     ax.set_ylim(-0.05, 1.05)
                 ax.set_xticks(alphas, [f"{a:g}" for a in alphas])

@@ -128,8 +128,8 @@ def _cell_text(row: pd.Series | dict, columns: Sequence[str]) -> str:
     return ", ".join(f"{c}={row[c]!r}" for c in columns)
 
 
-def _span(layer: int, window: int) -> str:
-    """``L16`` for one layer, ``L16-18`` for a window of three."""
+def span_label(layer: int, window: int) -> str:
+    """``L16`` for one layer, ``L16-18`` for a window of three (claim names and figure titles)."""
     return f"L{layer}" if window == 1 else f"L{layer}-{layer + window - 1}"
 
 
@@ -275,8 +275,9 @@ def steer_claims(rows: pd.DataFrame, *, headline_alpha: float, headline_directio
     for direction in [headline_direction, *(d for d in directions if d != headline_direction)]:
         confirmatory = direction == headline_direction
         note = "control: a direction estimated on shuffled bucket labels within task groups" if direction == SHUFFLED else ""
-        for (config, layer, window), sub in versus_random(wrong, "delta_margin", direction).groupby(["config", "layer", "window"], sort=False):
-            span = _span(layer, window)
+        paired = versus_random(wrong, "delta_margin", direction)
+        for (config, layer, window), sub in paired.groupby(["config", "layer", "window"], sort=False):
+            span = span_label(layer, window)
             claims.append(effect_claim(
                 STEER_FAMILY if confirmatory else EXPLORATORY_FAMILY, f"{config} {span}: {direction} vs random, T_wrong margin",
                 f"steering along the {direction} direction ({config}, {span}, α = {headline_alpha:g}, decision row) lowers the "
@@ -290,7 +291,7 @@ def steer_claims(rows: pd.DataFrame, *, headline_alpha: float, headline_directio
         raise ValueError(f"no T_ok rows of {headline_direction!r} at headline_alpha {headline_alpha:g}: the T_ok control "
                          f"(a direction that helps T_wrong must not make T_ok calls wrong) needs them")
     for (config, layer, window), sub in ok.groupby(["config", "layer", "window"], sort=False):
-        span = _span(layer, window)
+        span = span_label(layer, window)
         change = sub["correct_rate"] - (sub["clean_top_role"] == "correct").astype(float)
         claims.append(absence_claim(
             STEER_FAMILY, f"{config} {span}: {headline_direction}, T_ok correct calls kept",
@@ -314,7 +315,7 @@ def flip_claim(rows: pd.DataFrame, *, config: str, layer: int, direction: str, a
         raise ValueError(f"flip claim: no T_wrong rows of direction {direction!r} at config {config!r}, layer {layer}, "
                          f"window {window}, rows_mode {rows_mode!r}, α {alpha:g}: steer there first")
     paired = versus_random(at, "correct_rate", direction)
-    span = _span(layer, window)
+    span = span_label(layer, window)
     return effect_claim(family, f"{config} {span}: {direction} flips T_wrong vs random",
                         f"steering along the {direction} direction ({config}, {span}, α = {alpha:g}, {rows_mode} rows) flips "
                         f"held-out T_wrong choices to the correct tool more than random directions at equal norm",
