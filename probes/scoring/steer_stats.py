@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from probes.scoring.claims import Claim, absence_claim, effect_claim
-from probes.scoring.stats import DEFAULT_SEED, group_means, summarise
+from probes.scoring.stats import DEFAULT_SEED, summarise
 
 CELL: tuple[str, ...] = ("config", "bucket", "direction", "layer", "window", "rows_mode", "alpha")
 BAND_CELL: tuple[str, ...] = tuple(c for c in CELL if c != "direction")
@@ -128,16 +128,17 @@ def _cell_text(row: pd.Series | dict, columns: Sequence[str]) -> str:
     return ", ".join(f"{c}={row[c]!r}" for c in columns)
 
 
-def _span(layer: int, window: int) -> str:
-    """``L16`` for one layer, ``L16-18`` for a window of three."""
+def span_label(layer: int, window: int) -> str:
+    """``L16`` for one layer, ``L16-18`` for a window of three (claim names and figure titles)."""
     return f"L{layer}" if window == 1 else f"L{layer}-{layer + window - 1}"
 
 
-def _group_mean(values: pd.Series, groups: pd.Series) -> float:
-    """The mean over task groups of the group means of the finite values (NaN without any)."""
-    finite = np.isfinite(values.to_numpy(float))
-    units = group_means(values.to_numpy(float)[finite], groups.to_numpy()[finite])
-    return float(units.mean()) if len(units) else float("nan")
+def _group_mean_table(steered: pd.DataFrame, by: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
+    """Per ``by`` cell, each column's mean over task groups of the group means of its finite values
+    (NaN without any): the point estimate of :func:`probes.scoring.stats.bootstrap_mean`, for many
+    cells at once."""
+    per_group = steered.groupby([*by, "task_group"], sort=False)[list(columns)].mean()
+    return per_group.groupby(level=list(range(len(by))), sort=False).mean().reset_index()
 
 
 # ---------------------------------------------------------------------------- dose-response
@@ -147,21 +148,22 @@ def dose_response(rows: pd.DataFrame, *, seed: int = DEFAULT_SEED) -> pd.DataFra
     ``wrong_to_correct`` (among ``n_clean_wrong`` records whose clean choice is the wrong tool),
     ``correct_to_wrong`` (among ``n_clean_correct``), ``to_abstain`` (among ``n_clean_not_abstain``),
     ``correct_rate`` and ``kl`` (mean KL(clean ‖ steered) at the decision row, nats), each with its 95%
-    CI over task groups; ``delta_<variant>``: the mean Δ of each margin variant the rows hold."""
+    CI over task groups; ``note``: the Δm CI's note of :func:`probes.scoring.stats.summarise` ("no CI
+    (1 group)", zero width); ``delta_<variant>``: the mean Δ of each margin variant the rows hold."""
     steered = steered_rows(rows)
     steered = steered[steered["direction"] != RANDOM]
     if steered.empty:
         raise ValueError("steer rows hold no steered row of a non-random direction: nothing to draw a dose-response from")
-    cells = steered.groupby(list(CELL), sort=False)
-    out = cells.agg(n_records=("record_id", "size"), n_groups=("task_group", "nunique")).reset_index()
+    out = steered.groupby(list(CELL), sort=False).agg(n_records=("record_id", "size"), n_groups=("task_group", "nunique")).reset_index()
     for measure in MEASURES:
         table = summarise(steered, CELL, measure, seed=seed).rename(columns={
             "value": measure, "low": f"{measure}_low", "high": f"{measure}_high", "n_items": COUNTS.get(measure, "n_items")})
-        shown = [measure, f"{measure}_low", f"{measure}_high", *([COUNTS[measure]] if measure in COUNTS else [])]
+        shown = [measure, f"{measure}_low", f"{measure}_high", *([COUNTS[measure]] if measure in COUNTS else []),
+                 *(["note"] if measure == "delta_margin" else [])]
         out = out.merge(table[[*CELL, *shown]], on=list(CELL), how="left")
-    for variant in variants(steered):
-        means = cells.apply(lambda sub, v=variant: _group_mean(sub[f"delta_{v}"], sub["task_group"]), include_groups=False)
-        out = out.merge(means.rename(f"delta_{variant}").reset_index(), on=list(CELL), how="left")
+    deltas = [f"delta_{v}" for v in variants(steered)]
+    if deltas:
+        out = out.merge(_group_mean_table(steered, CELL, deltas), on=list(CELL), how="left")
     return out
 
 
@@ -176,9 +178,8 @@ def random_band(rows: pd.DataFrame) -> pd.DataFrame:
     random = steered[steered["direction"] == RANDOM]
     if random.empty:
         raise ValueError("steer rows hold no random-direction rows (direction 'random'): the band needs the random draws")
-    per_draw = random.groupby([*BAND_CELL, "draw"], sort=False).apply(
-        lambda sub: pd.Series({"n_records": len(sub), **{m: _group_mean(sub[m], sub["task_group"]) for m in MEASURES}}),
-        include_groups=False).reset_index()
+    per_draw = _group_mean_table(random, [*BAND_CELL, "draw"], MEASURES).merge(
+        random.groupby([*BAND_CELL, "draw"], sort=False).size().rename("n_records").reset_index(), on=[*BAND_CELL, "draw"])
     out = []
     for key, draws in per_draw.groupby(list(BAND_CELL), sort=False):
         cell = dict(zip(BAND_CELL, key))
@@ -274,8 +275,9 @@ def steer_claims(rows: pd.DataFrame, *, headline_alpha: float, headline_directio
     for direction in [headline_direction, *(d for d in directions if d != headline_direction)]:
         confirmatory = direction == headline_direction
         note = "control: a direction estimated on shuffled bucket labels within task groups" if direction == SHUFFLED else ""
-        for (config, layer, window), sub in versus_random(wrong, "delta_margin", direction).groupby(["config", "layer", "window"], sort=False):
-            span = _span(layer, window)
+        paired = versus_random(wrong, "delta_margin", direction)
+        for (config, layer, window), sub in paired.groupby(["config", "layer", "window"], sort=False):
+            span = span_label(layer, window)
             claims.append(effect_claim(
                 STEER_FAMILY if confirmatory else EXPLORATORY_FAMILY, f"{config} {span}: {direction} vs random, T_wrong margin",
                 f"steering along the {direction} direction ({config}, {span}, α = {headline_alpha:g}, decision row) lowers the "
@@ -289,7 +291,7 @@ def steer_claims(rows: pd.DataFrame, *, headline_alpha: float, headline_directio
         raise ValueError(f"no T_ok rows of {headline_direction!r} at headline_alpha {headline_alpha:g}: the T_ok control "
                          f"(a direction that helps T_wrong must not make T_ok calls wrong) needs them")
     for (config, layer, window), sub in ok.groupby(["config", "layer", "window"], sort=False):
-        span = _span(layer, window)
+        span = span_label(layer, window)
         change = sub["correct_rate"] - (sub["clean_top_role"] == "correct").astype(float)
         claims.append(absence_claim(
             STEER_FAMILY, f"{config} {span}: {headline_direction}, T_ok correct calls kept",
@@ -313,7 +315,7 @@ def flip_claim(rows: pd.DataFrame, *, config: str, layer: int, direction: str, a
         raise ValueError(f"flip claim: no T_wrong rows of direction {direction!r} at config {config!r}, layer {layer}, "
                          f"window {window}, rows_mode {rows_mode!r}, α {alpha:g}: steer there first")
     paired = versus_random(at, "correct_rate", direction)
-    span = _span(layer, window)
+    span = span_label(layer, window)
     return effect_claim(family, f"{config} {span}: {direction} flips T_wrong vs random",
                         f"steering along the {direction} direction ({config}, {span}, α = {alpha:g}, {rows_mode} rows) flips "
                         f"held-out T_wrong choices to the correct tool more than random directions at equal norm",

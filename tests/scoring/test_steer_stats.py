@@ -69,6 +69,11 @@ def planted() -> pd.DataFrame:
     return make_rows(lowers_t_wrong)
 
 
+@pytest.fixture(scope="module")
+def planted_claims(planted) -> pd.DataFrame:
+    return claims_of(planted)
+
+
 def test_the_margin_variants_are_the_scorers():
     from probes.scoring.score import MARGIN_VARIANTS
 
@@ -76,8 +81,8 @@ def test_the_margin_variants_are_the_scorers():
 
 
 # ---------------------------------------------------------------------------- claims
-def test_a_planted_direction_beats_random_directions_and_a_null_one_does_not(planted):
-    table = claims_of(planted)
+def test_a_planted_direction_beats_random_directions_and_a_null_one_does_not(planted_claims):
+    table = planted_claims
     head = table.loc["basm L4: applicability vs random, T_wrong margin"]
     assert head["family"] == ss.STEER_FAMILY and holds(head["verdict"])
     assert head["estimate"] == pytest.approx(-2.0, abs=0.1)
@@ -87,22 +92,18 @@ def test_a_planted_direction_beats_random_directions_and_a_null_one_does_not(pla
 
 
 def test_the_headline_claim_is_not_detected_when_nothing_is_planted():
-    table = claims_of(make_rows(lambda *_: 0.0, seed=1))
+    table = claims_of(make_rows(lambda *_: 0.0, seed=1, directions=("applicability",)))
     assert table.loc["basm L4: applicability vs random, T_wrong margin", "verdict"].startswith("not detected")
 
 
-def test_t_ok_absence_holds_when_nothing_changes_and_fails_when_half_the_calls_break(planted):
+def test_t_ok_absence_holds_when_nothing_changes_and_fails_when_half_the_calls_break(planted_claims):
     name = "basm L4: applicability, T_ok correct calls kept"
-    kept = claims_of(planted).loc[name]
+    kept = planted_claims.loc[name]
     assert kept["unit"] == "share" and kept["estimate"] == 0.0 and holds(kept["verdict"])
     assert "TOST" in kept["statement"]
-
-    def breaks_half(direction, bucket, family, alpha):  # one of two records per group goes to the wrong tool
-        return 0.0
-
-    broken = make_rows(breaks_half)
-    ok = (broken["bucket"] == "T_ok") & (broken["direction"] == "applicability") & broken["record_id"].str.endswith("-0")
-    broken.loc[ok, "top_role"] = "wrong"
+    broken = make_rows(lowers_t_wrong, directions=("applicability",))
+    half = (broken["bucket"] == "T_ok") & (broken["direction"] == "applicability") & broken["record_id"].str.endswith("-0")
+    broken.loc[half, "top_role"] = "wrong"  # one of the two records of every group now calls the wrong tool
     verdict = claims_of(broken).loc[name]
     assert verdict["estimate"] == pytest.approx(-0.5) and verdict["verdict"].startswith("not shown")
 
@@ -130,6 +131,7 @@ def test_flip_rates_equal_a_hand_count():
     assert dose["n_clean_correct"] == 1 and dose["correct_to_wrong"] == 1.0  # g1: r2
     assert dose["n_clean_not_abstain"] == 3 and dose["to_abstain"] == 0.0
     assert dose["correct_rate"] == pytest.approx(np.mean([1 / 2, 1 / 2]))  # r0 in g0, r3 in g1
+    assert dose["note"] == "zero width: every task group has this value"
     assert dose["delta_margin"] == -1.0 and dose["kl"] == pytest.approx(np.mean([0.05, 0.25]))
     assert dose["n_records"] == 4 and dose["n_groups"] == 2
 
@@ -186,6 +188,12 @@ def test_bad_rows_are_refused_with_the_fix(planted):
         ss.random_band(planted.assign(draw=-1))
     with pytest.raises(ValueError, match="no baseline row"):
         ss.dose_response(planted[planted["condition"] != "baseline"])
+    with pytest.raises(ValueError, match="more than one baseline row"):
+        ss.dose_response(pd.concat([planted, planted[planted["condition"] == "baseline"].head(1)]))
+    with pytest.raises(ValueError, match="no steered row of a non-random direction"):
+        ss.dose_response(planted[planted["direction"].isin(["", "random"])])
+    with pytest.raises(ValueError, match="no random-direction rows"):
+        ss.random_band(planted[planted["direction"] != "random"])
 
 
 def test_a_band_of_one_draw_is_refused_naming_the_cell():
@@ -205,5 +213,7 @@ def test_claims_refuse_a_headline_off_the_grid_or_the_wrong_sign(planted):
         claims_of(planted, headline_direction="probe")
     with pytest.raises(ValueError, match="no T_ok rows"):
         claims_of(planted[planted["bucket"] == "T_wrong"])
+    with pytest.raises(ValueError, match="no T_wrong rows at headline_alpha 0.5"):
+        claims_of(planted[planted["bucket"] == "T_ok"])
     with pytest.raises(ValueError, match="no T_wrong rows of direction 'probe'"):
         ss.flip_claim(planted, config="basm", layer=4, direction="probe", alpha=0.5, family="f")
