@@ -37,6 +37,8 @@ EXPLICIT: dict[str, Any] = {
     "judge": "x-judge-model",  # calls --checker: a local chat model for undecided conditions
     "protected": ("tpl-", "x-"),  # mask-eval: skill id prefixes never masked
     "threads": 2,  # a count; the default is the word auto
+    "layers": ("1", "0"),  # steer: first layers of the steered windows (numbers given as strings, --layer 1 --layer 0)
+    "alphas": ("0.75", "-0.75"),  # steer: the α grid
 }
 
 

@@ -70,6 +70,7 @@ from probes.scoring import steer_stats
 from probes.scoring.stats import permute_within_groups
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
+from probes.reporting.steer_figure import fig23_steer
 
 NAME = "steer"
 DIRECTIONS = ("applicability", "config_difference", "probe", "unembedding")
@@ -320,7 +321,8 @@ class Steer(Analysis):
     min_depth: ClassVar[int] = 1
 
     buckets: tuple[str, ...] | None = option(BUCKETS, "keep only these buckets (directions contrast T_ok and T_wrong; T_ok is the "
-                                             "harm control)", flag="--bucket", repeat=True, choices=BUCKETS, group="items")
+                                             "harm control)", flag="--bucket", repeat=True, choices=("T_ok", "T_wrong", "T_repair"),
+                                             group="items")
     k: int | None = depth_option()
     configs: tuple[str, ...] = option(("proc", "basm"), "comma-separated memory configurations whose held-out prompts are steered",
                                       names=("proc", "basm", "app", "base"), minimum=1)
@@ -402,7 +404,7 @@ class Steer(Analysis):
 
     def figures(self, summary: SteerSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        return []  # fig23_steer (probes/reporting/steer_figure.py) lands with the figure helper
+        return plots.save_figure(fig23_steer(summary.dose, summary.band, summary.note), out_dir, FIGURE) if len(summary.dose) else []
 
     def section(self, ctx: RunContext, summary: SteerSummary, figures: list[Path]) -> ReportSection:
         return ReportSection(NAME, "Steering along readable directions (`steer`)", figures, section_markdown(summary), [], summary,

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from probes.scoring.claims import Claim, absence_claim, effect_claim
+from probes.scoring.score import MARGIN_VARIANTS
 from probes.scoring.stats import DEFAULT_SEED, summarise
 
 CELL: tuple[str, ...] = ("config", "bucket", "direction", "layer", "window", "rows_mode", "alpha")
@@ -49,9 +50,6 @@ RANDOM = "random"
 SHUFFLED = "shuffled"
 HEADLINE_ROWS = "decision"  # the claims' rows mode: the decision row only
 ROLES: tuple[str, ...] = ("correct", "wrong", "other", "abstain")
-# probes.scoring.score.MARGIN_VARIANTS (score imports torch, which pure statistics should not);
-# tests/scoring/test_steer_stats.py keeps the two equal.
-MARGIN_VARIANTS: tuple[str, ...] = ("tool_choice", "eq1", "first_token", "path")
 MIN_DRAWS = 2  # a band or a mean over random draws needs two of them; the analysis draws ≥ 20 (issue 44)
 BAND_PERCENTILES = (2.5, 97.5)
 STEER_FAMILY = "steer"

@@ -422,7 +422,7 @@ def test_an_analysis_of_the_shown_skills_refuses_depth_zero_before_loading(monke
 
     monkeypatch.setattr(run_context, "open_session", no_model)
     needing = sorted(name for name in probes.analyses.ANALYSES if probes.analyses.get(name).min_depth == 1)
-    assert needing == ["circuit", "heads", "knockout", "ratios"]
+    assert needing == ["circuit", "heads", "knockout", "ratios", "steer"]
     for name, depth, flag in [("ratios", {"k_max": 0}, "k_max (--k-max) 0"), ("knockout", {"k": 0}, "k (--k) 0"),
                               ("heads", {"k_max": 0}, "k_max (--k-max) 0")]:
         with pytest.raises(OptionError, match=rf"^{name}: {re.escape(flag)}: .* need k ≥ 1 .*use --k 1 or more"):

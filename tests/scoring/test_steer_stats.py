@@ -74,12 +74,6 @@ def planted_claims(planted) -> pd.DataFrame:
     return claims_of(planted)
 
 
-def test_the_margin_variants_are_the_scorers():
-    from probes.scoring.score import MARGIN_VARIANTS
-
-    assert ss.MARGIN_VARIANTS == MARGIN_VARIANTS
-
-
 # ---------------------------------------------------------------------------- claims
 def test_a_planted_direction_beats_random_directions_and_a_null_one_does_not(planted_claims):
     table = planted_claims
