@@ -127,7 +127,7 @@ class RunContext:
 
 # The modules that draw, plot or report results only, or that no analysis runs (the dataset tools, formerly
 # in the CLI); every other module shapes the rows.
-_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/steer_figure.py", "reporting/finished.py", "analyses/explore.py", "analyses/report.py",
+_PRESENTATION = ("cli", "reporting/plots.py", "reporting/markdown.py", "reporting/finished.py", "analyses/explore.py", "analyses/report.py",
                  "analyses/dataset_tools.py", "organism")
 
 

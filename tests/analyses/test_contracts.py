@@ -264,6 +264,8 @@ CHECK_OPTIONS: dict[str, dict] = {
     "forks": {"resamples": 50, "permutations": 50, "max_new_tokens": 3},
     "calls": {"max_new_tokens": 3},
     "paired": {"max_new_tokens": 3},
+    # two train and two held-out task groups per bucket; one layer, one α, two random draws
+    "steer": {"limit": 4, "layers": ["2"], "alphas": ["0.5"], "rows_modes": ["decision"], "random_draws": 2, "configs": ["basm"]},
 }
 # The tiny runs that fit the fast tier (single thread, measured: 3-9 s each, ~60 s together with the rest of this
 # file); ratios (eager attention of every head), knockout (its random controls), calls (greedy generation) and

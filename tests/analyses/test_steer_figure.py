@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.reporting.steer_figure import fig23_steer
+from probes.analyses.steer import fig23_steer
 from probes.scoring.steer_stats import dose_response, random_band
 
 
