@@ -1,0 +1,131 @@
+"""``steer`` on the bundled organism: directions never see a held-out task group (asserted from the stored rows and
+headers); the applicability and probe directions equal hand computations from the cached train residuals; the
+unembedding direction is γ ⊙ (W_U[correct] − W_U[wrong]) at the deciding tokens; every steered row's vector has
+the stated norm α · s_L; random draws are seeded, unit and distinct; refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from probes.analyses.heads import split_groups
+from probes.analyses.linear import FeatureCache
+from probes.analyses.run_context import AnalysisError
+from probes.analyses.steer import Directions, Steer, estimate_directions, unembedding_direction
+from probes.data.dataset import load_dataset
+from probes.facade import ProbeSession
+from probes.organism import ORGANISM_DIR
+from probes.reporting.results import load_results
+from probes.scoring.margins import candidates_from_record, shared_prefix
+
+SMALL = {"limit": 4, "layers": ["1", "2"], "alphas": ["0.5"], "rows_modes": ["decision", "call"], "random_draws": 2,
+         "configs": ["basm"], "k": 2}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def organism() -> ProbeSession:
+    return ProbeSession(ORGANISM_DIR)
+
+
+@pytest.fixture(scope="module")
+def run(organism: ProbeSession, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("steer")
+    return Steer(out=out, **SMALL).run(organism, verbose=False)
+
+
+def test_directions_never_use_held_out_task_groups(run) -> None:
+    train = load_results(run.out_dir / "steer_train.jsonl")
+    steered = load_results(run.out_dir / "steer.jsonl")
+    header = steered.attrs["meta"]["config"]
+    train_groups, heldout_groups = set(header["train_groups"]), set(header["heldout_groups"])
+    assert train_groups and heldout_groups and not train_groups & heldout_groups
+    assert set(train["task_group"]) <= train_groups
+    assert set(steered["task_group"]) <= heldout_groups
+    assert (train_groups, heldout_groups) == split_groups(set(train["task_group"]) | set(steered["task_group"]))
+
+
+def test_directions_equal_hand_computations(run, organism: ProbeSession) -> None:
+    train = load_results(run.out_dir / "steer_train.jsonl")
+    cache = FeatureCache(run.out_dir / "linear_features")
+    stack = np.stack([cache.load(key) for key in train["feature_key"]])
+    found = estimate_directions(train, stack, seed=0)
+    x = stack[:, 1:].astype(np.float64)
+    basm, wrong = (train["config"] == "basm").to_numpy(), (train["bucket"] == "T_wrong").to_numpy()
+    for layer in range(x.shape[1]):
+        d = x[basm & wrong, layer].mean(0) - x[basm & ~wrong, layer].mean(0)
+        assert np.allclose(found.vectors["applicability"][layer], d / np.linalg.norm(d), atol=1e-6)
+        proc = x[(train["config"] == "proc").to_numpy() & wrong, layer].mean(0)
+        d = x[basm & wrong, layer].mean(0) - proc
+        assert np.allclose(found.vectors["config_difference"][layer], d / np.linalg.norm(d), atol=1e-6)
+        # the probe direction separates the train classes: T_wrong projects higher
+        projection = x[basm, layer] @ found.vectors["probe"][layer]
+        assert projection[wrong[basm]].mean() > projection[~wrong[basm]].mean()
+    assert np.allclose(found.scale, np.linalg.norm(x[basm], axis=-1).mean(0), rtol=1e-6)
+
+
+def test_unembedding_direction_is_the_readout_difference(organism: ProbeSession) -> None:
+    ds = load_dataset(organism.default_dataset)
+    item = next(i for i in ds.items if i.id == "retail-wrong-0013")
+    record = organism.prompt(item, config="basm", k=2)
+    cands = candidates_from_record(record)
+    c = next(x for x in cands if x.role == "correct")
+    w = next(x for x in cands if x.role == "wrong")
+    s = shared_prefix(c.token_ids, w.token_ids)
+    model = organism.model
+    gamma = model.model.norm.weight.detach().double()
+    e = model.lm_head.weight.detach().double()
+    expected = (gamma * (e[c.token_ids[s]] - e[w.token_ids[s]])).numpy()
+    assert np.allclose(unembedding_direction(organism, record), expected / np.linalg.norm(expected), atol=1e-9)
+
+
+def test_every_steered_vector_has_the_stated_norm(run) -> None:
+    rows = run.rows[run.rows["direction"] != ""]
+    assert set(rows["direction"]) == {"applicability", "config_difference", "probe", "unembedding", "shuffled", "random"}
+    for r in rows.itertuples():
+        assert r.steering_layers == [r.layer]
+        assert abs(r.steering_norms[0] - abs(r.alpha) * r.scale) <= 1e-4 * r.scale
+        assert r.steering_rows == ("every query row" if r.rows_mode == "call" else r.steering_rows) and r.steering_continuation
+    # per record: the clean row, then every cell once (layers × rows modes × α × (4 directions + shuffled + 2 draws))
+    assert (run.rows.groupby("record_id").size() == 1 + 2 * 2 * 1 * 7).all()
+    clean = run.rows[run.rows["condition"] == "baseline"].set_index("record_id")
+    assert (clean["kl_clean"] == 0).all()
+    assert np.allclose(run.rows["clean_margin"], clean.loc[run.rows["record_id"], "margin"].to_numpy(), equal_nan=True)
+
+
+def test_random_draws_are_seeded_unit_and_distinct() -> None:
+    directions = Directions({"applicability": np.ones((3, 16))}, np.ones(3), ("g",), {}, seed=5)
+    a, b = directions.random(1, 0), directions.random(1, 0)
+    assert np.array_equal(a, b) and abs(np.linalg.norm(a) - 1) < 1e-12
+    assert not np.allclose(a, directions.random(1, 1)) and not np.allclose(a, directions.random(2, 0))
+    assert not np.allclose(a, Directions({"applicability": np.ones((3, 16))}, np.ones(3), ("g",), {}, seed=6).random(1, 0))
+
+
+def test_summary_tables_and_claims(run) -> None:
+    dose = run.tables["steer_dose"]
+    assert set(dose["alpha"]) == {0.5} and set(dose["layer"]) == {1, 2}
+    band = run.tables["steer_random"]
+    assert len(band) and (band["n_draws"] == 2).all()
+    claims = run.tables["steer_claims"]
+    assert any("applicability vs random, T_wrong margin" in n for n in claims["name"])
+    assert any("T_ok correct calls kept" in n for n in claims["name"])
+    assert run.figures and run.figures[0].name.startswith("fig23_steer")
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"alphas": ["0"]}, "--alpha 0 is the clean run"),
+    ({"alphas": ["half"]}, "is not a number"),
+    ({"layers": ["7"]}, "runs past the model's 3 layers"),
+    ({"layers": ["2"], "window": 2}, "runs past the model's 3 layers"),
+    ({"buckets": ["T_wrong"]}, "select tool-correct items of both buckets"),
+])
+def test_bad_options_are_refused(organism: ProbeSession, tmp_path, given, message) -> None:
+    options = {**SMALL, **given, "out": tmp_path}
+    with pytest.raises(AnalysisError, match=message):
+        Steer(**options).run(organism, verbose=False)
