@@ -286,7 +286,7 @@ organism; they are cross-checks, not claims (the claims are the validation's, be
 
 ## Validation: what the probes recover
 
-`basm-probes organism validate` runs the probe analyses (sweep, knockout, ratios, heads) on every eval
+`basm-probes organism validate` runs the probe analyses (sweep, knockout, ratios, heads, circuit, steer) on every eval
 item of T_wrong and T_ok at k = 2 and tests each targeted effect with a 95% cluster-bootstrap CI over
 task groups and a one-sided sign-flip permutation test; the p-values are Holm-adjusted over all the
 validation's claims, and an effect claim holds iff its CI lies above 0 and its adjusted p < 0.05 and, where
@@ -307,7 +307,12 @@ one-sided tests). η is the group-paired T_ok → T_wrong shift of log2 η (unit
 tool-correct items read at the decision row. Heads: the floor on
 boundary ∪ procedure attention is chosen on the train split (`basm-probes heads --floor-from train`),
 heads are ranked on tool-correct items of half of the eval task groups and tested on the other half
-against random heads that pass the same floor, matched on their attention to B.
+against random heads that pass the same floor, matched on their attention to B. Circuit: the planted verdict heads'
+edges from B in the BASM circuit chosen on train task groups (hypergeometric p). Steering (`steer flips`): the
+applicability direction (BASM T_wrong − T_ok residual means of the train task groups) added at the decision row
+after the last layer, where the verdict heads write, at α = 0.5 × the layer's mean residual norm, on held-out
+Proc. Skill T_wrong prompts (where the imitation prior picks the skill's wrong tool): the share choosing the
+correct tool against 20 random directions of the same norm (unit: share of records).
 `tests/organism/test_organism_validate.py` checks every claim against this table, and `basm-probes organism card`
 regenerates it (and this card).
 

@@ -25,6 +25,11 @@ heads          Δm(top-N heads) − Δm(N random heads, mean over draws), basm k
 circuit        the planted verdict heads' edges from B in the BASM circuit (BASM vs Proc. Skill  circuit rows
                pair) chosen on the train task groups; share of planted edges in it against the
                hypergeometric chance of a random circuit of its size (``circuit`` analysis's claim)
+steer          correct(steered) − mean over 20 random directions of correct(random), per      steer rows
+               Proc. Skill T_wrong record at k = 2: the applicability direction (BASM T_wrong
+               − T_ok, train task groups) added at the decision row after the last layer (where
+               the planted verdict heads write) at α = 0.5 × the layer's residual norm; unit:
+               share of records choosing the correct tool (``steer`` analysis's flip claim)
 =============  ============================================================================  =========================
 
 Each statistic is a mean over task groups (items of a group share a template, so they are not
@@ -55,6 +60,7 @@ from probes.analyses import circuit as circuit_mod
 from probes.analyses import heads as heads_mod
 from probes.analyses import knockout as knockout_mod
 from probes.analyses import ratios as ratios_mod
+from probes.analyses import steer as steer_mod
 from probes.analyses import sweep as sweep_mod
 from probes.analyses.base import Analysis
 from probes.analyses.run_context import AnalysisError, RunContext, open_context
@@ -65,6 +71,7 @@ from probes.engine.threads import keeps_caller_threads
 from probes.organism import ORGANISM_DIR
 from probes.reporting.markdown import markdown_table
 from probes.scoring.claims import ALPHA, Claim, absence_claim, claims_table, effect_claim, holds
+from probes.scoring.steer_stats import flip_claim
 
 FAMILY = "organism validation"  # Holm over every claim of the validation
 CONTROL = "knockout control neutral"  # the neutral pool's own shift (the model card's knockout table reads it)
@@ -176,6 +183,17 @@ def circuit_claim(ctx: RunContext, seed: int) -> Claim:
     return replace(found[0], family=FAMILY, name="circuit planted heads")
 
 
+def steer_claim(ctx: RunContext, seed: int) -> Claim:
+    """The ``steer`` analysis's flip claim (:func:`probes.scoring.steer_stats.flip_claim`) on the held-out Proc. Skill
+    T_wrong prompts, where the organism's imitation prior picks the skill's (wrong) tool: does the applicability
+    direction, added at the decision row after the last layer, flip more of them to the correct tool than random
+    directions of the same norm?"""
+    rows = ctx.options.collect(ctx)
+    claim = flip_claim(rows, config="proc", layer=ctx.session.n_layers - 1, direction=steer_mod.HEADLINE_DIRECTION,
+                       alpha=steer_mod.HEADLINE_ALPHA, family=FAMILY, seed=seed)
+    return replace(claim, name="steer flips")
+
+
 # ----------------------------------------------------------------------------- running
 @dataclass
 class Validation:
@@ -243,6 +261,10 @@ def validate(
     claims.append(heads_claim_)
     circuit = context_for(circuit_mod.CircuitAnalysis(**common, configs=["basm"], pairs=[circuit_mod.HEADLINE_PAIR]), session)
     claims.append(circuit_claim(circuit, seed))
+    steer = context_for(steer_mod.Steer(**common, configs=["proc"], directions=[steer_mod.HEADLINE_DIRECTION],
+                                        layers=[str(session.n_layers - 1)], alphas=[str(steer_mod.HEADLINE_ALPHA)], rows_modes=["decision"],
+                                        random_draws=20), session)
+    claims.append(steer_claim(steer, seed))
     config = {"model": sweep.model_path, "split": "eval", "limit": limit, "k": DEPTH, "embedder": sweep.builder.retriever.embedder.name,
               "margin_variant": DEFAULT_VARIANT, "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "min_span_mass": heads.options.min_span_mass, "alpha": ALPHA,
               "n_items": {"T_wrong": len(sweep.items), "T_ok+T_wrong": len(heads.items)}}
