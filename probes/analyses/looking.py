@@ -55,7 +55,7 @@ from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import load_results
 from probes.scoring.claims import Claim
-from probes.scoring.looking_stats import (LOOKS_THRESHOLD, PERMUTATIONS, QUARTILES, difference_claim, gap_edges, gap_quartile,
+from probes.scoring.looking_stats import (LOOKS_THRESHOLD, PERMUTATIONS, QUARTILES, difference_claim, gap_edges, gap_quartile, group_draws,
                                           label_contrast, logit_fit, pooled_mean, two_by_two, window_eta)
 from probes.scoring.score import EPSILON
 from probes.scoring.stats import permuted_labels
@@ -159,18 +159,21 @@ def gap_records(rows: pd.DataFrame) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- tables
 def looking_tables(records: pd.DataFrame, *, permutations: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The 2 × 2 tables and the conditional rates per bucket × window × condition (clean; B knocked out in
-    the window). The permutations of the item index within task groups are drawn once per bucket and shared
-    by its windows and conditions (the same items)."""
+    the window). The permutations of the item index within task groups and the bootstrap draws of the task
+    groups are drawn once per bucket and shared by its windows and conditions (the same items)."""
     cells, rates = [], []
     for bucket, sub in records.groupby("bucket", sort=False):
         first = sub[sub["window"] == sub["window"].iloc[0]]
         index = permuted_labels(np.arange(len(first)), first["task_group"].to_numpy(), permutations, seed)
+        draws = group_draws(first["task_group"].to_numpy(), seed=seed)
         for window, w in sub.groupby("window", sort=False):
+            if not np.array_equal(w["item_id"].to_numpy(), first["item_id"].to_numpy()):  # the shared draws index these items
+                raise AnalysisError(f"looking: window {window} holds other items than window {sub['window'].iloc[0]}")
             groups, looks = w["task_group"].to_numpy(), w["looks"].to_numpy(bool)
             for condition, right in ((CLEAN, w["right"].to_numpy(bool)), (KNOCKED, w["right_knocked"].to_numpy(bool))):
                 key = {"bucket": bucket, "window": window, "condition": condition}
-                cells.append(two_by_two(looks, right, groups, seed=seed).assign(**key))
-                c = label_contrast(looks, right, groups, permutations=permutations, seed=seed, index=index)
+                cells.append(two_by_two(looks, right, groups, draws=draws).assign(**key))
+                c = label_contrast(looks, right, groups, permutations=permutations, index=index, draws=draws)
                 rates.append({**key, "right_looks": c["with"], "right_looks_low": c["with_low"], "right_looks_high": c["with_high"],
                               "right_not": c["without"], "right_not_low": c["without_low"], "right_not_high": c["without_high"],
                               "difference": c["difference"], "low": c["low"], "high": c["high"], "p": c["p"], "p_floor": c["p_floor"],

@@ -4,7 +4,8 @@
   over the window's heads (ε = :data:`probes.scoring.score.EPSILON`); a record *looks* at B when η exceeds
   a threshold fixed before the run (:data:`LOOKS_THRESHOLD`).
 - **2 × 2 tables** (:func:`two_by_two`): counts and pooled shares of (looks, right), each share with a 95%
-  percentile CI from resampling task groups (:func:`probes.scoring.stats.cluster_bootstrap`).
+  percentile CI from resampling task groups: the draws of :func:`probes.scoring.stats.cluster_bootstrap`,
+  taken as group multiplicities so that every pooled ratio is evaluated on all draws at once (:func:`group_draws`).
 - **Conditional rates** (:func:`label_contrast`): P(right | looks), P(right | not looks) and their
   difference, pooled over items, CIs over task groups; the difference's one-sided p from permuting the
   ``looks`` labels within task groups (:func:`within_group_permutation`: a 2-group comparison, so a
@@ -32,7 +33,7 @@ from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparatio
 
 from probes.scoring.claims import Claim
 from probes.scoring.score import EPSILON
-from probes.scoring.stats import MIN_CI_GROUPS, cluster_bootstrap, permuted_labels
+from probes.scoring.stats import DEFAULT_RESAMPLES, MIN_CI_GROUPS, permuted_labels
 
 LOOKS_THRESHOLD = 1.0  # η > 1: more attention per token to B than to P; fixed before any run
 PERMUTATIONS = 9999  # within-group permutations of a looks test: floor 1e-4 where the arrangements allow it
@@ -47,23 +48,62 @@ def window_eta(alpha_boundary_heads: Sequence, alpha_procedure_heads: Sequence, 
     return float(b.mean() / (p.mean() + EPSILON))
 
 
-def pooled_mean(values: np.ndarray, groups: Sequence[str], *, seed: int = 0) -> tuple[float, float, float]:
+def group_draws(groups: Sequence[str], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
+    """(each item's task-group index, [resamples, G] multiplicities of the groups drawn with replacement): the
+    draws of :func:`probes.scoring.stats.cluster_bootstrap` with the same seed (groups in first-seen order),
+    as counts, so that every pooled ratio of sums over items is evaluated on all of them at once
+    (:func:`ratio_draws`). None with fewer than two groups (no CI)."""
+    index, labels = pd.factorize(np.asarray(groups))
+    if len(labels) < MIN_CI_GROUPS:
+        return None
+    rng = np.random.default_rng(seed)
+    counts = np.stack([np.bincount(rng.integers(0, len(labels), len(labels)), minlength=len(labels)) for _ in range(resamples)])
+    return index, counts.astype(float)
+
+
+def ratio_draws(numerator: np.ndarray, denominator: np.ndarray, draws: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Σ numerator / Σ denominator over the items of each resample of :func:`group_draws` (NaN where the
+    denominator is 0: a resample without the items the ratio is taken over)."""
+    index, counts = draws
+    size = counts.shape[1]
+    num = np.bincount(index, weights=np.asarray(numerator, float), minlength=size)
+    den = np.bincount(index, weights=np.asarray(denominator, float), minlength=size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return counts @ num / (counts @ den)
+
+
+def percentile_interval(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """The percentile CI of the finite resampled values, as :func:`probes.scoring.stats.cluster_bootstrap` takes it."""
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return math.nan, math.nan
+    alpha = (1 - confidence) / 2
+    return float(np.quantile(finite, alpha)), float(np.quantile(finite, 1 - alpha))
+
+
+Draws = tuple[np.ndarray, np.ndarray] | None  # group_draws of the items at hand, drawn once and shared by their statistics
+
+
+def pooled_mean(values: np.ndarray, groups: Sequence[str], *, seed: int = 0, draws: Draws = None) -> tuple[float, float, float]:
     """The mean of ``values`` pooled over items (a share, for an indicator) with a 95% percentile CI from
-    resampling task groups."""
-    values, groups = np.asarray(values, float), np.asarray(groups)
+    resampling task groups (``draws``: :func:`group_draws` of ``groups``, drawn here unless given)."""
+    values = np.asarray(values, float)
     value = float(values.mean()) if len(values) else math.nan
-    low, high = cluster_bootstrap(lambda idx: values[idx].mean(), groups, seed=seed)
-    return value, low, high
+    draws = draws if draws is not None else group_draws(groups, seed=seed)
+    if draws is None:
+        return value, math.nan, math.nan
+    return value, *percentile_interval(ratio_draws(values, np.ones(len(values)), draws))
 
 
-def two_by_two(looks: np.ndarray, right: np.ndarray, groups: Sequence[str], *, seed: int = 0) -> pd.DataFrame:
+def two_by_two(looks: np.ndarray, right: np.ndarray, groups: Sequence[str], *, seed: int = 0, draws: Draws = None) -> pd.DataFrame:
     """One row per cell (looks, right): count, pooled share of the items, its 95% CI over task groups."""
     looks, right, groups = np.asarray(looks, bool), np.asarray(right, bool), np.asarray(groups)
     n_groups = len(set(groups.tolist()))
+    draws = draws if draws is not None else group_draws(groups, seed=seed)
     out = []
     for cell_looks, cell_right in CELLS:
         inside = (looks == cell_looks) & (right == cell_right)
-        share, low, high = pooled_mean(inside, groups, seed=seed)
+        share, low, high = pooled_mean(inside, groups, draws=draws)
         out.append({"looks": cell_looks, "right": cell_right, "count": int(inside.sum()), "share": share, "low": low, "high": high,
                     "n_items": len(looks), "n_groups": n_groups})
     return pd.DataFrame(out)
@@ -122,23 +162,26 @@ def within_group_permutation(values: np.ndarray, labels: np.ndarray, groups: Seq
 
 
 def label_contrast(labels: np.ndarray, values: np.ndarray, groups: Sequence[str], *, alternative: str = "greater",
-                   permutations: int = PERMUTATIONS, seed: int = 0, index: np.ndarray | None = None) -> dict[str, float]:
+                   permutations: int = PERMUTATIONS, seed: int = 0, index: np.ndarray | None = None, draws: Draws = None) -> dict[str, float]:
     """mean(values | label) (``with``), mean(values | not label) (``without``) and their difference, pooled
     over items, each with a 95% CI over task groups (resamples where a side is empty are skipped); the
     difference's one-sided within-group permutation p in ``alternative`` and its floor
-    (:func:`within_group_permutation`). With ``labels`` = looks and ``values`` = right: P(right | looks),
+    (:func:`within_group_permutation`; ``index`` and ``draws``: the permutations and the bootstrap draws of
+    these items, drawn here unless given). With ``labels`` = looks and ``values`` = right: P(right | looks),
     P(right | not looks) and their difference."""
     labels, values, groups = np.asarray(labels, bool), np.asarray(values, float), np.asarray(groups)
     out: dict[str, float] = {"n_items": len(labels), "n_with": int(labels.sum()), "n_without": int((~labels).sum()),
                              "n_groups": len(set(groups.tolist())),
                              "n_groups_both": sum(len(set(labels[groups == g].tolist())) == 2 for g in set(groups.tolist()))}
+    draws = draws if draws is not None else group_draws(groups, seed=seed)
+    resampled = {}
     for name, side in (("with", labels), ("without", ~labels)):
         out[name] = float(values[side].mean()) if side.any() else math.nan
-        out[f"{name}_low"], out[f"{name}_high"] = cluster_bootstrap(
-            lambda idx, s=side: values[idx][s[idx]].mean() if s[idx].any() else math.nan, groups, seed=seed)
+        resampled[name] = ratio_draws(values * side, side, draws) if draws is not None else np.full(0, math.nan)
+        out[f"{name}_low"], out[f"{name}_high"] = percentile_interval(resampled[name])
     test = within_group_permutation(values, labels, groups, permutations=permutations, seed=seed, alternative=alternative, index=index)
     out["difference"] = test.difference
-    out["low"], out["high"] = cluster_bootstrap(lambda idx: difference_by_label(labels[idx], values[idx]), groups, seed=seed)
+    out["low"], out["high"] = percentile_interval(resampled["with"] - resampled["without"])
     out.update(p=test.p, p_floor=test.p_floor, permutations=test.permutations)
     return out
 
