@@ -98,10 +98,11 @@ def looking_scorer(ctx: RunContext, windows: Sequence[Sequence[int]]) -> Any:
         return [Knockout.from_spans("boundary", blocks, **rows),
                 *(Knockout.from_spans(knockout_of(window_name(w)), blocks, layers=w, **rows) for w in windows)]
 
-    score = cached_scorer(ctx, conditions, per_head=True)
+    # Proc. Skill shows no B: its rows need no per-head α (they would be NaN)
+    score = {"basm": cached_scorer(ctx, conditions, per_head=True), "proc": cached_scorer(ctx, conditions)}
 
     def scorer(record: PromptRecord, job: Job) -> list[dict[str, Any]]:
-        rows = score(record, job)
+        rows = score[job.config](record, job)
         tools = [(action, logprob) for action, logprob in ranked_actions(ctx.session, record) if action != ABSTAIN]
         (top, top_logprob), (second, second_logprob) = tools[0], tools[1]
         for row in rows:
@@ -292,54 +293,6 @@ def section_markdown(summary: LookingSummary) -> str:
     return "\n".join(lines)
 
 
-# --- The figure (it shapes no row)
-def _cells_panel(ax: plt.Axes, cells: pd.DataFrame, title: str) -> None:
-    """The 2 × 2 as a heat table: shares coloured, each cell's count, share and CI written in it."""
-    grid = np.full((2, 2), np.nan)
-    for r in cells.itertuples():
-        i, j = int(not r.looks), int(not r.right)
-        grid[i, j] = r.share
-        ci = f"[{r.low:.2f}, {r.high:.2f}]" if np.isfinite(r.low) else "(no CI)"
-        ax.text(j, i, f"{r.count}\n{r.share:.2f}\n{ci}", ha="center", va="center", fontsize=8)
-    ax.imshow(grid, cmap="Blues", vmin=0, vmax=1)
-    ax.set_xticks([0, 1], ["right", "wrong"])
-    ax.set_yticks([0, 1], ["looks", "does not"])
-    ax.grid(False)
-    ax.set_title(title, fontsize=9)
-
-
-def fig22_looking(summary: LookingSummary) -> plt.Figure:
-    """T_wrong: the 2 × 2 (every layer) clean and with B knocked out; per window the difference
-    P(right | looks) − P(right | not looks), clean and knocked; the error rate by Proc. Skill gap quartile."""
-    fig, axes = plt.subplots(1, 4, figsize=(15, 3.8), gridspec_kw={"width_ratios": [1, 1, 1.6, 1.6]})
-    t = summary.table[(summary.table["bucket"] == HEADLINE_BUCKET) & (summary.table["window"] == ALL_LAYERS)]
-    for ax, condition in zip(axes[:2], (CLEAN, KNOCKED)):
-        _cells_panel(ax, t[t["condition"] == condition], f"{HEADLINE_BUCKET}, every layer: {condition}")
-    ax = axes[2]
-    w = summary.windows[summary.windows["bucket"] == HEADLINE_BUCKET]
-    for shift, (condition, sub) in zip((-0.12, 0.12), w.groupby("condition", sort=False)):
-        x = np.arange(len(sub)) + shift
-        frame = sub.rename(columns={"difference": "value"})
-        ax.errorbar(x, frame["value"], yerr=plots.ci_errors(frame), fmt="o", capsize=3, label=condition)
-        plots.annotate_no_ci(ax, x, frame)
-        ax.set_xticks(np.arange(len(sub)), sub["window"], rotation=45, ha="right")
-    ax.axhline(0, color="0.6", linewidth=0.8)
-    ax.set(ylabel="P(right | looks) − P(right | not)", title="per layer window")
-    ax.legend(fontsize=7)
-    ax = axes[3]
-    g = summary.gap[(summary.gap["bucket"] == HEADLINE_BUCKET) & summary.gap["quartile"].str.fullmatch(r"Q\d")]
-    for shift, config in zip((-0.12, 0.12), CONFIGS):
-        x = np.arange(len(g)) + shift
-        frame = g.rename(columns={f"error_{config}": "value", f"error_{config}_low": "low", f"error_{config}_high": "high"})
-        ax.errorbar(x, frame["value"], yerr=plots.ci_errors(frame), fmt="o", capsize=3, color=plots.color(config), label=config)
-    ax.set_xticks(np.arange(len(g)), g["quartile"])
-    ax.set(xlabel="quartile of the Proc. Skill top-two gap (Q1: closest)", ylabel="tool error rate", ylim=(-0.05, 1.05),
-           title="errors by closeness of the top two tools")
-    ax.legend(fontsize=7)
-    plots.footnote(fig, summary.note)
-    return fig
-
-
 @register("looking", order=25)
 @dataclass(kw_only=True)
 class LookingAnalysis(Analysis):
@@ -418,3 +371,51 @@ class LookingAnalysis(Analysis):
         for r in summary.gap.itertuples():
             print(f"gap {r.bucket} {r.quartile}: BASM − Proc. Skill error change {r.change:+.2f} [{r.change_low:+.2f}, {r.change_high:+.2f}] "
                   f"(n {r.n_items})")
+
+
+# --- Figure 22, drawn by LookingAnalysis.figures (it shapes no row)
+def _cells_panel(ax: plt.Axes, cells: pd.DataFrame, title: str) -> None:
+    """The 2 × 2 as a heat table: shares coloured, each cell's count, share and CI written in it."""
+    grid = np.full((2, 2), np.nan)
+    for r in cells.itertuples():
+        i, j = int(not r.looks), int(not r.right)
+        grid[i, j] = r.share
+        ci = f"[{r.low:.2f}, {r.high:.2f}]" if np.isfinite(r.low) else "(no CI)"
+        ax.text(j, i, f"{r.count}\n{r.share:.2f}\n{ci}", ha="center", va="center", fontsize=8)
+    ax.imshow(grid, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks([0, 1], ["right", "wrong"])
+    ax.set_yticks([0, 1], ["looks", "does not"])
+    ax.grid(False)
+    ax.set_title(title, fontsize=9)
+
+
+def fig22_looking(summary: LookingSummary) -> plt.Figure:
+    """T_wrong: the 2 × 2 (every layer) clean and with B knocked out; per window the difference
+    P(right | looks) − P(right | not looks), clean and knocked; the error rate by Proc. Skill gap quartile."""
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.8), gridspec_kw={"width_ratios": [1, 1, 1.6, 1.6]})
+    t = summary.table[(summary.table["bucket"] == HEADLINE_BUCKET) & (summary.table["window"] == ALL_LAYERS)]
+    for ax, condition in zip(axes[:2], (CLEAN, KNOCKED)):
+        _cells_panel(ax, t[t["condition"] == condition], f"{HEADLINE_BUCKET}, every layer: {condition}")
+    ax = axes[2]
+    w = summary.windows[summary.windows["bucket"] == HEADLINE_BUCKET]
+    for shift, (condition, sub) in zip((-0.12, 0.12), w.groupby("condition", sort=False)):
+        x = np.arange(len(sub)) + shift
+        frame = sub.rename(columns={"difference": "value"})
+        ax.errorbar(x, frame["value"], yerr=plots.ci_errors(frame), fmt="o", capsize=3, label=condition)
+        plots.annotate_no_ci(ax, x, frame)
+        ax.set_xticks(np.arange(len(sub)), sub["window"], rotation=45, ha="right")
+    ax.axhline(0, color="0.6", linewidth=0.8)
+    ax.set(ylabel="P(right | looks) − P(right | not)", title="per layer window")
+    ax.legend(fontsize=7)
+    ax = axes[3]
+    g = summary.gap[(summary.gap["bucket"] == HEADLINE_BUCKET) & summary.gap["quartile"].str.fullmatch(r"Q\d")]
+    for shift, config in zip((-0.12, 0.12), CONFIGS):
+        x = np.arange(len(g)) + shift
+        frame = g.rename(columns={f"error_{config}": "value", f"error_{config}_low": "low", f"error_{config}_high": "high"})
+        ax.errorbar(x, frame["value"], yerr=plots.ci_errors(frame), fmt="o", capsize=3, color=plots.color(config), label=config)
+    ax.set_xticks(np.arange(len(g)), g["quartile"])
+    ax.set(xlabel="quartile of the Proc. Skill top-two gap (Q1: closest)", ylabel="tool error rate", ylim=(-0.05, 1.05),
+           title="errors by closeness of the top two tools")
+    ax.legend(fontsize=7)
+    plots.footnote(fig, summary.note)
+    return fig
