@@ -313,7 +313,7 @@ class LookingAnalysis(Analysis):
                                group="looking")
     knockout_rows: str = option("path", "rows blocked by the B knockout, as in knockout: path (open row to decision row and the "
                                 "candidate name rows) or endpoints", choices=KNOCKOUT_ROWS, group="looking")
-    permutations: int = option(PERMUTATIONS, "within-group permutations of looks per test (p floor 1/(N + 1))", type=int, minimum=99,
+    permutations: int = option(PERMUTATIONS, "within-group permutations of looks per test (p floor 1/(N + 1))", type=int, minimum=1,
                                group="looking")
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
