@@ -144,7 +144,7 @@ def looking_records(rows: pd.DataFrame, windows: dict[str, range], threshold: fl
             out.append({"item_id": item_id, "task_group": r["task_group"], "bucket": r["bucket"], "window": window, "eta": eta,
                         "log2_eta": math.log2(eta) if eta > 0 else -math.inf, "looks": eta > threshold, "margin": float(r["margin"]),
                         "right": float(r["margin"]) < 0, "margin_knocked": margin_knocked, "right_knocked": margin_knocked < 0,
-                        "proc_margin": float(proc.get(item_id, math.nan))})
+                        "proc_margin": float(proc[item_id])})
     return pd.DataFrame(out), messages
 
 
@@ -340,6 +340,10 @@ class LookingAnalysis(Analysis):
         messages = [f"{len(abstain)} selected item(s) whose correct action is abstention: no tool margin, excluded"] if abstain else []
         records, left_out = looking_records(rows, windows, a.eta_threshold)
         messages += left_out
+        if not len(records) or HEADLINE_BUCKET not in set(records["bucket"]):
+            raise AnalysisError(f"looking: no {HEADLINE_BUCKET} BASM record with a boundary span and a tool-choice margin is left "
+                                f"({'; '.join(left_out) or 'none scored'}); select more {HEADLINE_BUCKET} items (--item, --limit) or a "
+                                f"depth k ≥ 1 at which the boundary fields are shown (--k, --gamma)")
         table, rates = looking_tables(records, permutations=a.permutations, seed=a.seed)
         gap, contrasts = gap_table(gap_records(rows), permutations=a.permutations, seed=a.seed)
         return LookingSummary(table, rates, logit_table(records), gap, records, looking_claims(rates, contrasts, a.eta_threshold),

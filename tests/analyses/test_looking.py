@@ -1,7 +1,7 @@
 """``looking`` on the organism: the 2 × 2 counts (clean and B knocked out) equal a hand count from the rows, η is
 recomputed from the rows' per-head alphas, the claims are in their families, the gap quartiles are taken on the
 Proc. Skill gap (a planted BASM gap cannot move them); refusals (no BASM or Proc. Skill configuration, no
-tool-correct T_wrong item)."""
+tool-correct T_wrong item, no T_wrong record showing B)."""
 
 from __future__ import annotations
 
@@ -109,8 +109,37 @@ def test_the_gap_quartiles_are_procs(run) -> None:
     ({"configs": ["proc"]}, "--configs proc lacks basm: looking needs basm"),
     ({"configs": ["basm"]}, "--configs basm lacks proc"),
     ({"item_ids": ["retail-wrong-0004", "retail-ok-0001"]}, "no tool-correct T_wrong item selected"),  # 0004: abstention is correct
+    ({"gamma": 1.0}, r"no T_wrong BASM record with a boundary span .*1 BASM record\(s\) without a boundary span"),  # the closed gate shows no B
 ])
 def test_refusals(organism: ProbeSession, tmp_path: Path, options: dict, message: str) -> None:
     given = {"item_ids": ITEMS[:1], **SMALL, **options}
     with pytest.raises(AnalysisError, match=message):
         LookingAnalysis(out=tmp_path, **given).run(organism, verbose=False)
+
+
+@pytest.mark.slow
+def test_looking_runs_on_a_tiny_random_qwen3_through_the_cli(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+    """The CLI end to end on random weights under the real Qwen3 tokenizer (2 layers: windows L0-0, L1-1)."""
+    from probes.cli.main import main
+    from probes.reporting.results import load_results
+
+    argv = ["looking", "--model", str(tiny_qwen3_dir), "--out", str(tmp_path), "--dataset", "basm_probe", "--embedder", "lexical",
+            "--relevance", "lexical", "--split", "all", "--k", "1", "--layer-window", "1", "--permutations", "99",
+            *sum((["--item", i] for i in ITEMS), [])]
+    assert main(argv) == 0
+    out = next(tmp_path.iterdir())
+    rows = load_results(out / "looking.jsonl")
+    basm = rows[rows["config"] == "basm"]
+    assert set(basm["condition"]) == {"baseline", "boundary", "boundary@L0-0", "boundary@L1-1"}
+    assert rows.loc[rows["condition"] == "baseline", "top_gap"].ge(0).all()
+    assert (out / "looking_table.csv").is_file() and (out / "looking_claims.csv").is_file() and (out / "figures" / "fig22_looking.png").is_file()
+
+
+@pytest.mark.slow
+def test_looking_on_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
+    """A real pretrained model (SmolLM2-135M-Instruct, 30 layers): two T_wrong items of one task group and a T_ok one."""
+    result = LookingAnalysis(model=smollm2_dir, item_ids=["retail-wrong-0001", "retail-wrong-0002", "retail-ok-0001"], out=tmp_path,
+                             k=1, layer_window=10, permutations=99, embedder="lexical", relevance="lexical", split="all", dataset="basm_probe").run(verbose=False)
+    windows = result.tables["looking_windows"]
+    assert set(windows["window"]) == {"all", "L0-9", "L10-19", "L20-29"} and set(windows["bucket"]) == {"T_wrong", "T_ok"}
+    assert result.tables["looking_claims"]["family"].str.startswith("looking").all()
