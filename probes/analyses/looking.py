@@ -115,9 +115,15 @@ def looking_scorer(ctx: RunContext, windows: Sequence[Sequence[int]]) -> Any:
 
 
 # ----------------------------------------------------------------------------- per-record frames
+def proper_windows(n_layers: int, width: int) -> list[tuple[int, ...]]:
+    """The windows of ``width`` consecutive layers (:func:`probes.analyses.knockout.layer_windows`), less one that
+    holds every layer (it is ``all``: the same η and the same knockout)."""
+    return [w for w in layer_windows(n_layers, width) if len(w) < n_layers]
+
+
 def window_layers(n_layers: int, width: int) -> dict[str, range]:
-    """The windows by name: ``all`` (every layer) and each window of ``width`` consecutive layers."""
-    return {ALL_LAYERS: range(n_layers), **{window_name(w): range(w[0], w[-1] + 1) for w in layer_windows(n_layers, width)}}
+    """The windows by name: ``all`` (every layer) and each of :func:`proper_windows`."""
+    return {ALL_LAYERS: range(n_layers), **{window_name(w): range(w[0], w[-1] + 1) for w in proper_windows(n_layers, width)}}
 
 
 def looking_records(rows: pd.DataFrame, windows: dict[str, range], threshold: float) -> tuple[pd.DataFrame, list[str]]:
@@ -325,7 +331,7 @@ class LookingAnalysis(Analysis):
         if not any(i.bucket == HEADLINE_BUCKET for i in items):
             raise AnalysisError(f"looking: no tool-correct {HEADLINE_BUCKET} item selected (looking vs picking is read on {HEADLINE_BUCKET} "
                                 f"items whose correct action is a tool); add --bucket {HEADLINE_BUCKET} or --item ids of such items")
-        windows = layer_windows(ctx.session.n_layers, a.layer_window)
+        windows = proper_windows(ctx.session.n_layers, a.layer_window)
         jobs = [Job(item, config, a.depth, ctx.fmt, ("baseline", "boundary", *(knockout_of(window_name(w)) for w in windows))
                     if config == "basm" else ("baseline",)) for item in items for config in CONFIGS]
         store = ctx.store(k=a.depth, layer_windows=[list(w) for w in windows], knockout_rows=a.knockout_rows,
