@@ -151,7 +151,10 @@ def looking_records(rows: pd.DataFrame, windows: dict[str, range], threshold: fl
                         "log2_eta": math.log2(eta) if eta > 0 else -math.inf, "looks": eta > threshold, "margin": float(r["margin"]),
                         "right": float(r["margin"]) < 0, "margin_knocked": margin_knocked, "right_knocked": margin_knocked < 0,
                         "proc_margin": float(proc[item_id])})
-    return pd.DataFrame(out), messages
+    order = {bucket: i for i, bucket in enumerate(plots.BUCKET_ORDER)}  # the claims' bucket first; windows and items keep their order
+    columns = ["item_id", "task_group", "bucket", "window", "eta", "log2_eta", "looks", "margin", "right", "margin_knocked", "right_knocked",
+               "proc_margin"]
+    return pd.DataFrame(out, columns=columns).sort_values("bucket", key=lambda b: b.map(order), kind="stable", ignore_index=True), messages
 
 
 def gap_records(rows: pd.DataFrame) -> pd.DataFrame:
