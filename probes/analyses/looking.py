@@ -14,7 +14,8 @@ decision row (:func:`probes.analyses.calls.ranked_actions`, abstention left out)
    than to P). It picks *right* when the headline tool-choice margin is < 0. Reported: the 2 × 2 table
    (counts, pooled shares with 95% CIs over task groups), P(right | looks), P(right | not looks) and their
    difference (CIs over task groups; one-sided p from permuting ``looks`` within task groups,
-   ``--permutations``, floor max(1/(permutations + 1), 1/arrangements)); the same with B knocked out in
+   ``--permutations``, floor max(1/(permutations + 1), 1/arrangements): it tests the association inside task
+   groups, whose items share a template; one carried by whole groups shows in the CI only); the same with B knocked out in
    that window (looks from the clean run, right under the knockout). Whether attention to B predicts the
    choice beyond a baseline: a logistic model right ~ looks (and, separately, log2 η) + the same item's
    Proc. Skill margin (what the model does without the boundary fields), task-group cluster-robust SEs.
