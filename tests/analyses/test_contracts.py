@@ -266,13 +266,14 @@ CHECK_OPTIONS: dict[str, dict] = {
     "paired": {"max_new_tokens": 3},
     # two train and two held-out task groups per bucket; one layer, one α, two random draws
     "steer": {"limit": 4, "layers": ["2"], "alphas": ["0.5"], "rows_modes": ["decision"], "random_draws": 2, "configs": ["basm"]},
+    "looking": {"item_ids": ["retail-wrong-0001", "retail-ok-0001"], "limit": None, "split": "all", "permutations": 99},
 }
 # The tiny runs that fit the fast tier (single thread, measured: 3-9 s each, ~60 s together with the rest of this
 # file); ratios (eager attention of every head), knockout (its random controls), calls (greedy generation) and
 # attribution (its mask sets) take 10-20 s each (25-45 s under load): their full check runs in the slow tier, their class and option
 # round trip in the fast one (test_every_registered_analysis_keeps_the_contract_of_its_class_and_options), as does
 # that of any analysis registered later until it is listed here.
-FAST_RUNS = ("sweep", "suppression", "heads", "linear", "repair", "paired", "curate", "mask-eval", "forks")
+FAST_RUNS = ("sweep", "suppression", "heads", "linear", "repair", "paired", "curate", "mask-eval", "forks", "looking")
 
 
 @pytest.mark.parametrize("name", list(probes.analyses.ANALYSES))
@@ -424,7 +425,7 @@ def test_an_analysis_of_the_shown_skills_refuses_depth_zero_before_loading(monke
 
     monkeypatch.setattr(run_context, "open_session", no_model)
     needing = sorted(name for name in probes.analyses.ANALYSES if probes.analyses.get(name).min_depth == 1)
-    assert needing == ["circuit", "heads", "knockout", "ratios", "steer"]
+    assert needing == ["circuit", "heads", "knockout", "looking", "ratios", "steer"]
     for name, depth, flag in [("ratios", {"k_max": 0}, "k_max (--k-max) 0"), ("knockout", {"k": 0}, "k (--k) 0"),
                               ("heads", {"k_max": 0}, "k_max (--k-max) 0")]:
         with pytest.raises(OptionError, match=rf"^{name}: {re.escape(flag)}: .* need k ≥ 1 .*use --k 1 or more"):
