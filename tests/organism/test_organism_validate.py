@@ -24,11 +24,13 @@ from probes.scoring.claims import holds
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
 
 CLAIMS = ("trap", "suppression", "knockout>0", "knockout>random", "knockout>count-matched", "knockout>mass-matched",
-          "knockout equal-mass", "knockout>procedure", CONTROL, "eta", "heads", "circuit planted heads")
+          "knockout equal-mass", "knockout>procedure", CONTROL, "eta", "heads", "circuit planted heads", "steer flips")
 # Claims the probes do not recover, as measured (strict: a claim that starts to hold fails here until this is updated).
 NOT_RECOVERED = {"circuit planted heads": "both planted verdict heads' edges from B are in the 10-edge BASM circuit chosen on train "
                                           "(p = 0.0099, hypergeometric), but that is the smallest p a 10-edge circuit among 96 edges "
-                                          "allows, and ×10 (the Holm family) it cannot reach α: untestable in this family (issue #43)",
+                                          "allows, and ×11 (the Holm family) it cannot reach α: untestable in this family (issue #43)",
+                 "steer flips": "the applicability direction added after the last layer at α = 0.5 flips no more held-out Proc. Skill "
+                                "T_wrong choices than random directions: −0.007 [−0.021, 0.000] share, p = 1 (issue #44)",
                  "heads": "floor chosen on the train split (issue #32): the top-2 heads beat matched random heads by "
                           "+0.107 [-0.034, +0.247], p = 0.092",
                  "knockout>mass-matched": "not testable on the organism: its neutral pool holds 8% of B's deciding-row attention "
