@@ -33,7 +33,12 @@ even positions of the sorted task groups of the selected tool-correct T_ok / T_w
 3. **Outcomes** per record and condition (probes.scoring.score.score_record with ``actions=True``): every
    margin variant, the greedy top action among every candidate (whole-path log-probabilities), and
    ``kl_clean``, KL(clean ‖ steered) of the next-token distribution at the decision row, which tells a
-   steering that flips the choice from one that breaks the model. Statistics: :mod:`probes.scoring.steer_stats`.
+   steering that flips the choice from one that breaks the model. ``--generate headline`` (the default) also lets
+   the clean and the steered model write their call, greedily, read by the suite's call parser (lenient;
+   :func:`probes.analyses.calls.call_row`), at α = :data:`HEADLINE_ALPHA` with ``call`` rows (the vector added from
+   the call's opening row on, every generated token included: :func:`probes.engine.generate.steered_greedy_generate`),
+   for every direction but the random ones: the ranking's top action is checked against what the model writes.
+   Statistics: :mod:`probes.scoring.steer_stats`.
 """
 
 from __future__ import annotations
@@ -57,12 +62,14 @@ from probes.analyses import register
 from probes.analyses.base import Analysis, ReportSection
 from probes.analyses.heads import split_groups
 from probes.analyses.jobs import Job, run_jobs
+from probes.analyses.calls import MAX_NEW_TOKENS, call_row, generation_prompt
 from probes.analyses.linear import DEFAULT_C, FeatureCache, feature_key, fit_logistic, residual_features
 from probes.analyses.option_system import depth_option, option
 from probes.analyses.parallel import on_rank_zero
 from probes.analyses.run_context import AnalysisError, RunContext, provenance
 from probes.core.files import remove_tree
 from probes.data.dataset import ABSTAIN, Item
+from probes.engine.generate import greedy_generate, steered_greedy_generate, stop_token_ids
 from probes.engine.session import EngineSession, Steering
 from probes.prompts.record import PromptRecord
 from probes.reporting.results import load_results
@@ -89,6 +96,7 @@ SESOI = 0.25  # logits: the knockout analysis's smallest effect of interest, for
 OK_SESOI = 0.1  # share: a T_ok correct-call rate lowered by less than 10 points is "not reduced"
 BUCKETS = ("T_wrong", "T_ok")
 FIGURE = "fig23_steer"
+GENERATE = ("headline", "none")
 
 
 # ----------------------------------------------------------------------------- items and names
@@ -278,9 +286,30 @@ def directions_of(ctx: RunContext, train: Sequence[Item], train_groups: set[str]
     return estimate_directions(features, stack, seed=ctx.options.seed)
 
 
+def generated(cell: Cell | None) -> bool:
+    """Whether ``--generate headline`` lets the model write its call under ``cell`` (None: the clean run)."""
+    return cell is None or (cell.direction != "random" and cell.rows_mode == "call" and cell.alpha == HEADLINE_ALPHA)
+
+
+def generated_call(ctx: RunContext, record: PromptRecord, steering: Steering | None) -> dict[str, Any]:
+    """The model's greedy reply to ``record`` (clean, or with ``steering``'s vectors added from the call's first row on),
+    read by the call parser: its lenient action and outcome and the text."""
+    session = ctx.session
+    stops = stop_token_ids(session.model, session.tokenizer)
+    prompt = generation_prompt(record)
+    if steering is None:
+        new, stopped = greedy_generate(session.model, prompt, stops, MAX_NEW_TOKENS)
+    else:
+        new, stopped = steered_greedy_generate(session.model, prompt, stops, MAX_NEW_TOKENS, vectors=steering.vectors,
+                                               start=min(record.query_rows))
+    row = call_row(record, new, stopped, session.tokenizer.decode(new, skip_special_tokens=False))
+    return {"generated_action": row["lenient_action"], "generated_outcome": row["lenient_outcome"], "generation": row["generation"]}
+
+
 def steer_scorer(ctx: RunContext, directions: Directions, plan: Sequence[Cell]) -> Any:
     """Per held-out record: the clean run and every cell of ``plan``, ``--chunk`` conditions per engine call
-    (the prefix is computed once and reused from the cache by the later calls)."""
+    (the prefix is computed once and reused from the cache by the later calls); with ``--generate headline`` the
+    generated calls of :func:`generated`'s cells."""
     a = ctx.options
     families = {item.id: task_family(item) for item in ctx.items}
 
@@ -293,8 +322,11 @@ def steer_scorer(ctx: RunContext, directions: Directions, plan: Sequence[Cell]) 
             scored = score_record(ctx.session, record, conditions[start:start + a.chunk], variant=ctx.variant, actions=True)
             rows += scored if not rows else scored[1:]  # the clean run once
         clean = rows[0]
+        steerings = {c.name: c for c in conditions}
         for row in rows:
             cell = by_name.get(row["condition"])
+            if a.generate == "headline" and generated(cell):
+                row.update(generated_call(ctx, record, steerings[cell.name] if cell else None))
             row.update(**(cell.fields() if cell else {"direction": "", "draw": -1, "layer": -1, "window": 0, "rows_mode": "", "alpha": 0.0}),
                        scale=float(np.mean([directions.scale[layer] for layer in range(cell.layer, cell.layer + cell.window)])) if cell else 0.0,
                        family=families[job.item.id], half="heldout", clean_margin=clean["margin"], clean_top_role=clean["top_role"])
@@ -312,6 +344,7 @@ class SteerSummary:
     families: pd.DataFrame
     consistency: pd.DataFrame
     directions: pd.DataFrame
+    generation: pd.DataFrame
     claims: list[Any]
     messages: list[str]
     note: str
@@ -341,6 +374,9 @@ class Steer(Analysis):
     rows_modes: tuple[str, ...] = option(ROWS_MODES, "where the vector is added: decision (the decision row and the name's rows), "
                                          "call (every row from the call's opening row)", names=ROWS_MODES, minimum=1, group="steer")
     random_draws: int = option(DEFAULT_RANDOM_DRAWS, "random directions per layer (same norm and α)", type=int, minimum=2, group="steer")
+    generate: str = option("headline", "headline: the clean and steered models also write their call (α = 0.5, call rows, every "
+                           "direction but the random ones), read by the call parser; none: the candidate ranking only", choices=GENERATE,
+                           group="steer")
     chunk: int = option(DEFAULT_CHUNK, "steering conditions per engine call (memory: chunk × branch rows × d_model)", type=int, minimum=1,
                         group="steer")
 
@@ -355,6 +391,9 @@ class Steer(Analysis):
         alphas = parse_numbers(self.alphas, float, "--alpha")
         if 0.0 in alphas:
             raise AnalysisError("steer: --alpha 0 is the clean run, which every record has already; leave it out")
+        if ctx.options.generate == "headline" and not (HEADLINE_ALPHA in alphas and "call" in ctx.options.rows_modes):
+            raise AnalysisError(f"steer: --generate headline writes the calls at α = {HEADLINE_ALPHA:g} with call rows: add --alpha "
+                                f"{HEADLINE_ALPHA:g} and call to --rows-modes, or give --generate none")
         return cells(ctx.options.directions, layers, self.window, ctx.options.rows_modes, alphas, ctx.options.random_draws)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
@@ -390,18 +429,23 @@ class Steer(Analysis):
             raise AnalysisError(f"steer: rows of task groups {leaked} are not held out: the steered items must be held out")
         directions = directions_of(ctx, [i for i in items if i.task_group in train_groups], train_groups, heldout_groups)
         dose = steer_stats.dose_response(rows, seed=a.seed)
+        generation = steer_stats.generation_table(rows, seed=a.seed)
         band = steer_stats.random_band(rows)
         families = steer_stats.family_table(rows, seed=a.seed)
         consistency = steer_stats.sign_consistency(dose, families)
+        claimed = (rows["rows_mode"] == steer_stats.HEADLINE_ROWS) & np.isclose(rows["alpha"].astype(float), HEADLINE_ALPHA)
         claims = steer_stats.steer_claims(rows, headline_alpha=HEADLINE_ALPHA, headline_direction=HEADLINE_DIRECTION, sesoi=SESOI,
-                                          ok_sesoi=OK_SESOI, seed=a.seed)
-        messages = [f"split: directions from {len(train_groups)} train task groups ({', '.join(f'{k} {v}' for k, v in directions.n_train.items())} "
+                                          ok_sesoi=OK_SESOI, seed=a.seed) if claimed.any() else []
+        messages = [] if claimed.any() else [f"no claims: they read α = {HEADLINE_ALPHA:g} at {steer_stats.HEADLINE_ROWS} rows, which this "
+                                             "run did not steer (the tables and the figure describe what it did)"]
+        messages += [f"split: directions from {len(train_groups)} train task groups ({', '.join(f'{k} {v}' for k, v in directions.n_train.items())} "
                     f"prompts); {rows['record_id'].nunique()} held-out prompts of {len(heldout_groups)} task groups steered"]
-        return SteerSummary(dose, band, families, consistency, direction_table(directions), claims, messages, steer_note(ctx))
+        return SteerSummary(dose, band, families, consistency, direction_table(directions), generation, claims, messages, steer_note(ctx))
 
     def tables(self, summary: SteerSummary) -> dict[str, pd.DataFrame]:
         return {f"{NAME}_dose": summary.dose, f"{NAME}_random": summary.band, f"{NAME}_families": summary.families,
-                f"{NAME}_consistency": summary.consistency, f"{NAME}_directions": summary.directions}
+                f"{NAME}_consistency": summary.consistency, f"{NAME}_directions": summary.directions,
+                **({f"{NAME}_generation": summary.generation} if len(summary.generation) else {})}
 
     def claims(self, summary: SteerSummary) -> list[Any]:
         return list(summary.claims)
@@ -456,6 +500,13 @@ def section_markdown(summary: SteerSummary) -> str:
                             "correct_rate", "wrong_to_correct", "correct_to_wrong", "to_abstain", "kl"] if c in head]
         lines += ["", f"**At α = {HEADLINE_ALPHA:g}, decision rows** (mean Δmargin with 95% CIs over task groups; rates over records):", "",
                   markdown_table(head[cols].round(3))]
+    g = summary.generation
+    if len(g):
+        cols = [c for c in ["config", "bucket", "direction", "layer", "n_records", "generated_correct", "generated_wrong", "generated_abstain",
+                            "agreement"] if c in g]
+        lines += ["", f"**The calls the model writes** (greedy, read by the call parser, lenient; α = {HEADLINE_ALPHA:g}, the vector added "
+                  "from the call's first row on; `agreement`: the written call is the candidate ranking's top action):", "",
+                  markdown_table(g[cols].round(3))]
     c = summary.consistency
     if len(c) and "opposite_families" in c:
         split = c[(c["alpha"] == HEADLINE_ALPHA) & (c["opposite_families"].astype(str) != "")]

@@ -7,7 +7,8 @@ turns chat messages into the model's reply text (the LLM skill extractor,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,44 @@ def greedy_generate(model: Any, prompt_ids: Sequence[int], stop_ids: Sequence[in
     """Greedy continuation of ``prompt_ids`` with HF ``generate``. Returns (new ids without the
     stop token, stopped by an end-of-turn token)."""
     return greedy_generate_batch(model, [prompt_ids], stop_ids, max_new_tokens)[0]
+
+
+@contextlib.contextmanager
+def steered_from(model: Any, vectors: Mapping[int, torch.Tensor], start: int) -> Iterator[None]:
+    """Inside this context every forward of ``model`` (one sequence; HF ``generate`` with its KV cache included)
+    adds ``vectors[L]`` to the output of decoder layer L at every absolute position ≥ ``start``: the prompt's rows
+    from ``start`` on, then every generated token. Positions are counted per layer over the forwards of the context
+    (a cache-less generation would recount them: refused)."""
+    layers = model.base_model.layers
+    seen = {layer: 0 for layer in vectors}
+
+    def hook(layer: int) -> Any:
+        def add(_m: torch.nn.Module, _inp: Any, output: Any) -> Any:
+            hs = output[0] if isinstance(output, tuple) else output
+            if hs.shape[0] != 1:
+                raise ValueError(f"steered generation runs one sequence at a time, got a batch of {hs.shape[0]}")
+            first, seen[layer] = seen[layer], seen[layer] + hs.shape[1]
+            at = torch.arange(first, first + hs.shape[1], device=hs.device) >= start
+            steered = hs + at[None, :, None].to(hs.dtype) * vectors[layer].to(device=hs.device, dtype=hs.dtype)
+            return (steered, *output[1:]) if isinstance(output, tuple) else steered
+        return add
+
+    handles = [layers[layer].register_forward_hook(hook(layer)) for layer in vectors]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def steered_greedy_generate(model: Any, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens: int, *,
+                            vectors: Mapping[int, torch.Tensor], start: int) -> tuple[list[int], bool]:
+    """:func:`greedy_generate` with ``vectors`` added from position ``start`` on (:func:`steered_from`): the steered
+    model's own next action, for the call parser."""
+    if not 0 <= start < len(prompt_ids):
+        raise ValueError(f"steering starts at position {start}, outside the prompt's 0..{len(prompt_ids) - 1}")
+    with steered_from(model, vectors, start):
+        return greedy_generate(model, prompt_ids, stop_ids, max_new_tokens)
 
 
 @torch.inference_mode()

@@ -263,7 +263,7 @@ def validate(
     claims.append(circuit_claim(circuit, seed))
     steer = context_for(steer_mod.Steer(**common, configs=["proc"], directions=[steer_mod.HEADLINE_DIRECTION],
                                         layers=[str(session.n_layers - 1)], alphas=[str(steer_mod.HEADLINE_ALPHA)], rows_modes=["decision"],
-                                        random_draws=20), session)
+                                        random_draws=20, generate="none"), session)
     claims.append(steer_claim(steer, seed))
     config = {"model": sweep.model_path, "split": "eval", "limit": limit, "k": DEPTH, "embedder": sweep.builder.retriever.embedder.name,
               "margin_variant": DEFAULT_VARIANT, "epsilon": EPSILON, "seed": seed, "top": top, "draws": draws, "min_span_mass": heads.options.min_span_mass, "alpha": ALPHA,

@@ -318,3 +318,29 @@ def flip_claim(rows: pd.DataFrame, *, config: str, layer: int, direction: str, a
                         f"steering along the {direction} direction ({config}, {span}, α = {alpha:g}, {rows_mode} rows) flips "
                         f"held-out T_wrong choices to the correct tool more than random directions at equal norm",
                         paired["difference"], paired["task_group"], alternative="greater", unit="share", seed=seed)
+
+
+# ---------------------------------------------------------------------------- generated calls
+GENERATED: dict[str, str] = {"generated_correct": "correct_tool", "generated_wrong": "wrong_tool", "generated_abstain": "abstain"}
+
+
+def generation_table(rows: pd.DataFrame, *, seed: int = DEFAULT_SEED) -> pd.DataFrame:
+    """The steered model's own greedy call, read by the suite's parser (lenient), where the rows have one
+    (``generated_outcome``; the clean run's as direction ""): per cell the correct-call, wrong-tool and abstention
+    rates and ``agreement``, the share whose generated call is the candidate ranking's top action, each a mean over
+    task groups with a 95% CI over them. Empty when no row was generated."""
+    if "generated_outcome" not in rows:
+        return pd.DataFrame()
+    made = rows[rows["generated_outcome"].notna()].copy()
+    if made.empty:
+        return pd.DataFrame()
+    for column, outcome in GENERATED.items():
+        made[column] = (made["generated_outcome"] == outcome).astype(float)
+    made["agreement"] = (made["generated_action"] == made["top_action"]).astype(float)
+    out = None
+    for measure in (*GENERATED, "agreement"):
+        table = summarise(made, CELL, measure, seed=seed).rename(columns={"value": measure, "low": f"{measure}_low", "high": f"{measure}_high",
+                                                                         "n": "n_groups", "n_items": "n_records"})
+        keep = [*CELL, measure, f"{measure}_low", f"{measure}_high"] + (["n_groups", "n_records"] if out is None else [])
+        out = table[keep] if out is None else out.merge(table[keep], on=list(CELL), how="left")
+    return out

@@ -265,7 +265,8 @@ CHECK_OPTIONS: dict[str, dict] = {
     "calls": {"max_new_tokens": 3},
     "paired": {"max_new_tokens": 3},
     # two train and two held-out task groups per bucket; one layer, one α, two random draws
-    "steer": {"limit": 4, "layers": ["2"], "alphas": ["0.5"], "rows_modes": ["decision"], "random_draws": 2, "configs": ["basm"]},
+    "steer": {"limit": 4, "layers": ["2"], "alphas": ["0.5"], "rows_modes": ["decision"], "random_draws": 2, "configs": ["basm"],
+              "generate": "none"},
     "looking": {"item_ids": ["retail-wrong-0001", "retail-ok-0001"], "limit": None, "split": "all", "permutations": 99},
 }
 # The tiny runs that fit the fast tier (single thread, measured: 3-9 s each, ~60 s together with the rest of this

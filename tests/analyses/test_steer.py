@@ -21,7 +21,7 @@ from probes.reporting.results import load_results
 from probes.scoring.margins import candidates_from_record, shared_prefix
 
 SMALL = {"limit": 4, "layers": ["1", "2"], "alphas": ["0.5"], "rows_modes": ["decision", "call"], "random_draws": 2,
-         "configs": ["basm"], "k": 2}
+         "configs": ["basm"], "k": 2, "generate": "none"}
 
 
 @pytest.fixture(autouse=True)
@@ -129,3 +129,23 @@ def test_bad_options_are_refused(organism: ProbeSession, tmp_path, given, messag
     options = {**SMALL, **given, "out": tmp_path}
     with pytest.raises(AnalysisError, match=message):
         Steer(**options).run(organism, verbose=False)
+
+
+def test_generated_calls_are_parsed_and_checked_against_the_ranking(organism: ProbeSession, tmp_path) -> None:
+    """--generate headline: the clean and every non-random direction's call-row run at α = 0.5 write their call, read by
+    the call parser; the clean written call is calls' own generation of the record; the table reports the agreement."""
+    from probes.analyses.calls import generate_call
+
+    ids = ["retail-ok-0004", "retail-wrong-0004", "retail-ok-0001", "retail-wrong-0001"]
+    run = Steer(out=tmp_path, item_ids=ids, limit=None, split="all", layers=["2"], alphas=["0.5"], rows_modes=["call"], random_draws=2,
+                configs=["basm"], k=2, directions=["applicability"], generate="headline", figure=False).run(organism, verbose=False)
+    rows = run.rows
+    made = rows[rows["generated_outcome"].notna()]
+    assert set(made["direction"]) == {"", "applicability", "shuffled"}
+    assert rows.loc[rows["direction"] == "random", "generated_outcome"].isna().all()
+    for r in made[made["direction"] == ""].itertuples():
+        record = organism.prompt(next(i for i in load_dataset(organism.default_dataset).items if i.id == r.item_id), config="basm", k=2)
+        assert r.generated_outcome == generate_call(organism, record)["lenient_outcome"]
+    table = run.tables["steer_generation"]
+    assert {"generated_correct", "agreement"} <= set(table) and len(table) == 3 * rows["bucket"].nunique()
+    assert "no claims" in " ".join(run.summary.messages)  # the claims read decision rows, which this run did not steer

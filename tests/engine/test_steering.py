@@ -161,3 +161,28 @@ def test_bad_steering_requests_are_refused(session: EngineSession, ids: list[int
         session.run(ids, ROWS, conditions=[Steering("early", {0: torch.ones(width)}, rows=(3,))])
     with pytest.raises(ValueError, match="runs knockouts only"):
         session.forward(ids, ROWS, conditions=[Steering("single", {0: torch.ones(width)})])
+
+
+def test_steered_generation_equals_a_cacheless_steered_forward(session: EngineSession, eager, ids: list[int]) -> None:
+    """Greedy generation under steered_from (HF generate with its KV cache) writes, at every step, the argmax of an
+    eager cache-less forward of the prompt plus the tokens so far with the vector added at every position ≥ start;
+    its first token is also the argmax of the engine's steered run at the branch point's row (Steering rows=None)."""
+    from probes.engine.generate import greedy_generate, steered_greedy_generate
+
+    vectors = {1: direction(session, 6, norm=8.0)}
+    start = 44
+    prompt = ids[:45]  # the prompt ends at the row that opens the call (the branch point 44)
+    new, _ = steered_greedy_generate(session.model, prompt, [], 6, vectors=vectors, start=start)
+    assert len(new) == 6
+    for j, token in enumerate(new):
+        seq = prompt + new[:j]
+        logits = eager_steered(eager, seq, vectors, list(range(start, len(seq))))
+        assert int(logits[-1].argmax()) == token, j
+    engine = session.run(prompt, [44], conditions=[Steering("s", vectors)])
+    assert int(engine["s"].logits_at(44).argmax()) == new[0]
+    assert steered_greedy_generate(session.model, prompt, [], 6, vectors={1: torch.zeros_like(vectors[1])}, start=start)[0] == \
+        greedy_generate(session.model, prompt, [], 6)[0]
+    plain = greedy_generate(session.model, prompt, [], 6)[0]
+    assert plain != new  # the vector changes what is written (else the check above could not fail)
+    with pytest.raises(ValueError, match="outside the prompt"):
+        steered_greedy_generate(session.model, prompt, [], 2, vectors=vectors, start=len(prompt))
