@@ -373,7 +373,8 @@ class Steer(Analysis):
                                      group="steer")
     rows_modes: tuple[str, ...] = option(ROWS_MODES, "where the vector is added: decision (the decision row and the name's rows), "
                                          "call (every row from the call's opening row)", names=ROWS_MODES, minimum=1, group="steer")
-    random_draws: int = option(DEFAULT_RANDOM_DRAWS, "random directions per layer (same norm and α)", type=int, minimum=2, group="steer")
+    random_draws: int = option(DEFAULT_RANDOM_DRAWS, "random directions per layer (same norm and α; at least 2: the band)", type=int,
+                               minimum=1, group="steer")
     generate: str = option("headline", "headline: the clean and steered models also write their call (α = 0.5, call rows, every "
                            "direction but the random ones), read by the call parser; none: the candidate ranking only", choices=GENERATE,
                            group="steer")
@@ -388,6 +389,9 @@ class Steer(Analysis):
         if bad := [layer for layer in layers if not 0 <= layer <= n_layers - self.window]:
             raise AnalysisError(f"steer: --layer {bad} with --window {self.window} runs past the model's {n_layers} layers "
                                 f"(first layers 0..{n_layers - self.window})")
+        if ctx.options.random_draws < steer_stats.MIN_DRAWS:
+            raise AnalysisError(f"steer: --random-draws {ctx.options.random_draws}: the random band and the claims need at least "
+                                f"{steer_stats.MIN_DRAWS} draws (20 by default)")
         alphas = parse_numbers(self.alphas, float, "--alpha")
         if 0.0 in alphas:
             raise AnalysisError("steer: --alpha 0 is the clean run, which every record has already; leave it out")

@@ -118,7 +118,7 @@ def test_the_registered_orders_are_unique_and_give_the_report_order() -> None:
     entries = probes.analyses.catalogue()
     orders = [entry.order for entry in entries.values()]
     assert len(set(orders)) == len(orders) and orders == sorted(orders)
-    assert list(entries)[:8] == ["sweep", "ratios", "suppression", "knockout", "heads", "linear", "calls", "repair"]
+    assert list(entries)[:8] == ["sweep", "ratios", "looking", "suppression", "knockout", "heads", "linear", "calls"]
 
 
 def test_an_order_taken_by_another_analysis_is_refused_at_registration(clean_registry) -> None:

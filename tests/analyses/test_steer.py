@@ -124,6 +124,7 @@ def test_summary_tables_and_claims(run) -> None:
     ({"layers": ["7"]}, "runs past the model's 3 layers"),
     ({"layers": ["2"], "window": 2}, "runs past the model's 3 layers"),
     ({"buckets": ["T_wrong"]}, "select tool-correct items of both buckets"),
+    ({"random_draws": 1}, "need at least 2 draws"),
 ])
 def test_bad_options_are_refused(organism: ProbeSession, tmp_path, given, message) -> None:
     options = {**SMALL, **given, "out": tmp_path}
