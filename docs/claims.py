@@ -16,8 +16,10 @@ The committed table comes from the runs README quotes (session 41; about 35 min 
     basm-probes knockout --k 2 --bucket T_wrong; basm-probes repair --bucket T_repair
     basm-probes calls --checker --limit 12 --k-max 2; basm-probes heads --top-n 2 --random-draws 5
     basm-probes linear; basm-probes forks; basm-probes circuit --split eval   # circuit: session 42
+    basm-probes looking; basm-probes steer --split eval                      # session 43 (steer: 24 min)
     python docs/claims.py $O/knockout_claims.csv $O/repair_claims.csv $O/calls_claims.csv \
-        $O/heads_claims.csv $O/linear_claims.csv $O/forks_claims.csv $O/circuit_claims.csv
+        $O/heads_claims.csv $O/linear_claims.csv $O/forks_claims.csv $O/circuit_claims.csv \
+        $O/looking_claims.csv $O/steer_claims.csv
 
 ``tests/docs/test_readme_claims.py`` reads the documents with :func:`stated_estimates` and checks each
 stated estimate with its CI against this table (:func:`unmatched`, :func:`misworded`); the grammar of a
