@@ -142,6 +142,13 @@ STEPS = (
     # issue #43: 3 T_wrong items (one per task group: 2 train, 1 held-out), BASM at k = 2, pairs (a) and (c)
     Step("circuit", "circuit", (*FILES, "--bucket", "T_wrong", "--limit", "3", "--k", "2", "--configs", "basm", "--pairs", "config,knockout"),
          tables=("circuit_agreement", "circuit_faithfulness", "circuit_edges")),
+    # issue #44: 6 items per bucket over the files domain's 3 task groups (2 train, 1 held-out), BASM at k = 2, one layer at
+    # 2/3 depth (18 of 28), decision rows, 3 α, 4 random draws: 27 conditions per held-out prompt, each a branch of its cached run
+    Step("steer", "steer", (*FILES, "--bucket", "T_wrong", "--bucket", "T_ok", "--limit", "6", "--k", "2", "--layer", "18",
+                            "--alpha", "0.5", "--alpha", "-0.5", "--alpha", "0.25", "--random-draws", "4", "--rows-modes", "decision"),
+         tables=("steer_dose", "steer_random", "steer_families", "steer_consistency")),
+    # issue #44 item 2 (probes/analyses/looking.py): does the deciding row look at B, and does the model pick right
+    Step("looking", "looking", (*FILES, "--bucket", "T_wrong", "--limit", "3", "--k", "2", "--configs", "basm,proc")),
 )
 
 
