@@ -1,5 +1,6 @@
 """benchmarks/real_model.py's ``steer`` step on the real model at its smallest (``--limit 2``: one T_wrong and one T_ok
-item in each of the files domain's first two task groups, g00 train and g01 held out): the directions come from the
+item in each of the files domain's first two task groups; sorted by name, delete_vs_archive.g01 trains and link_vs_share.g00 is
+held out): the directions come from the
 train group only, every held-out prompt (BASM and Proc. Skill) is steered at every condition of the step, the margins
 are finite and the summary states the step's claims. About 10 min on one core (the GGUF conversion is cached)."""
 
@@ -36,9 +37,8 @@ def test_smallest_real_model_steer_run(real_model, tmp_path):
     summary = (tmp_path / "runs" / "summary.md").read_text()
     assert "exit 0" in summary and "steer_claims.csv" in summary and "steer_dose.csv" in summary
     rows = load_results(tmp_path / "runs" / "steer" / Path(real_model.MODEL_FILE).stem / "steer.jsonl")
-    assert set(rows["task_group"]) == {"files.delete_vs_archive.g01"}  # held out; g00 gave the directions
+    assert set(rows["task_group"]) == {"files.link_vs_share.g00"}  # held out; delete_vs_archive.g01 gave the directions
     assert sorted(rows.loc[rows["condition"] == "baseline", "config"]) == ["basm", "basm", "proc", "proc"]
-    step = next(s for s in real_model.STEPS if s.name == "steer")
     conditions = 3 * (4 + 1 + 4)  # α grid × (4 directions, shuffled, 4 random draws), layer 18, decision rows
-    assert "--alpha" in step.args and len(rows) == 4 * (1 + conditions)
+    assert len(rows) == 4 * (1 + conditions)
     assert set(rows["layer"]) == {-1, 18} and np.isfinite(rows["margin"]).all() and (rows["kl_clean"] >= 0).all()
