@@ -36,7 +36,14 @@ Sections, side by side in one run (one model instance; its attention implementat
    in fp32 (the replay refuses bf16: the model's shape is built again in fp32), in sdpa forwards of
    the clean prompt; a failure is recorded under ``skipped`` with its message.
 
-Sections 6-9 run before 5 (which may not fit the budget at 32k).
+10. ``steer``: the ``steer`` analysis' cost (:func:`steer_run`, shared with benchmarks/steer.py): the clean scored
+   run and the analysis' scorer with C = ``--steer-counts`` random-direction conditions (default 1, 16, 64, 256;
+   tiny: 1) at decision rows and at call rows, on the first T_wrong eval item's basm prompt at k = 2 (bf16),
+   in sdpa forwards of that prompt, with the prefix tokens computed and reused. Steering had not run on a GPU
+   when this section was written: a failure is printed as FAILED, recorded under ``failed`` and makes the
+   run exit 1 (the other sections' results are still written).
+
+Sections 6-10 run before 5 (which may not fit the budget at 32k).
 
 Peak memory = ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it
 (what the call itself allocated), reset before every call; on the CPU (``--tiny``) it is not measured.
@@ -394,6 +401,79 @@ def circuit_run(session: Any, dataset: Any, item: Any, clean: PromptRecord, coun
     return out
 
 
+STEER_COUNTS = (1, 16, 64, 256)  # steering conditions per prompt timed by steer_run
+STEER_ALPHA = 0.5  # the steer analysis' headline α (the value does not change the cost)
+STEER_PROJECTED_PER_CONDITION = 0.25  # forwards per condition, for the time budget: the most measured on the CPU (benchmarks/README.md)
+
+
+def steer_run(session: Any, item: Any, record: PromptRecord, sdpa: Callable[[list[int]], Any], counts: tuple[int, ...] = STEER_COUNTS,
+              timer: Callable[[Callable[[], Any]], float] | None = None) -> dict[str, Any]:
+    """The ``steer`` analysis' cost on one prompt (issue #44 item 5), each piece in sdpa forwards of ``record``
+    timed right before it (and in this process' CPU seconds over the forward's): the clean scored run
+    (``score_record`` with every candidate action, cache cold) and the analysis' own scorer
+    (:func:`probes.analyses.steer.steer_scorer`: the clean run plus C conditions, ``DEFAULT_CHUNK`` per
+    engine call, cache cold at its start) for every C of ``counts`` at decision rows and at call rows.
+    Conditions: the analysis' random control (seeded Gaussian unit directions, draws 0..C−1) at the layer
+    at 2/3 depth, α = ``STEER_ALPHA``, s_L = 1. Per condition: (steered − clean) / C. Prefix tokens: those the
+    steered call computed and those its later engine calls took from the cache (the prefix is computed once)."""
+    from probes.analyses.steer import DEFAULT_CHUNK, Cell, Directions, steer_scorer
+    from probes.scoring.score import score_record
+
+    timer = timer or timed
+    cfg = session.model.config
+    layer = 2 * cfg.num_hidden_layers // 3
+    # the random draws read only the width of the estimated directions: a placeholder of the model's shape
+    directions = Directions({"applicability": np.zeros((cfg.num_hidden_layers, cfg.hidden_size))}, np.ones(cfg.num_hidden_layers), (), {}, seed=0)
+    job = SimpleNamespace(config="basm", item=item)
+    ctx = SimpleNamespace(options=SimpleNamespace(directions=(), chunk=DEFAULT_CHUNK), items=(item,), session=session,
+                          variant="tool_choice")
+    out: dict[str, Any] = {"record_id": record.record_id, "tokens": record.n_tokens, "layer": layer, "chunk": DEFAULT_CHUNK,
+                           "branch_from": min(record.query_rows), "pieces": {}}
+
+    def piece(name: str, fn: Callable[[], Any]) -> dict[str, Any]:
+        cpu0 = time.process_time()
+        unit = timer(lambda: sdpa(record.input_ids))
+        cpu1 = time.process_time()
+        session.clear_prefix_cache()  # every piece is a first prompt: nothing reused from another one
+        reused, computed = session.prefix_reuse.tokens_reused, session.prefix_reuse.tokens_computed
+        t = timer(fn)
+        cpu2 = time.process_time()
+        p = {"time_s": t, "unit_s": unit, "forwards": t / unit, "cpu_s": cpu2 - cpu1, "unit_cpu_s": cpu1 - cpu0,
+             "cpu_forwards": (cpu2 - cpu1) / (cpu1 - cpu0), "tokens_reused": session.prefix_reuse.tokens_reused - reused,
+             "tokens_computed": session.prefix_reuse.tokens_computed - computed}
+        out["pieces"][name] = p
+        print(f"  steer {name}: {t:.2f} s = {p['forwards']:.2f} forwards ({unit:.2f} s); CPU {p['cpu_forwards']:.2f} forwards' CPU; "
+              f"prefix tokens computed {p['tokens_computed']}, reused {p['tokens_reused']}", flush=True)
+        return p
+
+    clean = piece("clean", lambda: score_record(session, record, actions=True))
+    for mode in ("decision", "call"):
+        for count in counts:
+            plan = [Cell("random", draw, layer, 1, mode, STEER_ALPHA) for draw in range(count)]
+            p = piece(f"{mode} C={count}", lambda: steer_scorer(ctx, directions, plan)(record, job))
+            p["per_condition"] = (p["forwards"] - clean["forwards"]) / count
+            p["cpu_per_condition"] = (p["cpu_forwards"] - clean["cpu_forwards"]) / count
+    return out
+
+
+def loud_section(report: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+    """``report[name] = fn()``; a failure is printed as FAILED and recorded under ``report["failed"]``, which
+    makes the run exit 1 (:func:`exit_status`): a section that has never run on a GPU must not fail silently."""
+    try:
+        report[name] = fn()
+    except Exception as e:
+        report["failed"][name] = f"{type(e).__name__}: {e}"
+        print(f"FAILED {name}: {type(e).__name__}: {e}", flush=True)
+
+
+def exit_status(report: dict[str, Any]) -> int:
+    """1 when a section failed (named on stderr), else 0."""
+    if report["failed"]:
+        print(f"FAILED sections: {', '.join(f'{k} ({v})' for k, v in report['failed'].items())}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -422,7 +502,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("no CUDA device: run with --tiny on the CPU")
     torch.set_num_threads(args.threads)
     report: dict[str, Any] = {"tiny": args.tiny, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                              "dtype": args.dtype, "margins": list(margins), "skipped": {}}
+                              "dtype": args.dtype, "margins": list(margins), "skipped": {}, "failed": {}}
 
     def skip(step: str, why: str) -> None:
         report["skipped"][step] = why
@@ -606,6 +686,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         skip("circuit", f"{clock.left():.0f} s left, projected {unit * 40:.0f} s")
 
+    # 10. Steering (issue #44 item 5) on the first T_wrong eval item's basm prompt at k = 2, in the run's dtype.
+    steer_item, steer_record = first_t_wrong(builder, 2)
+    projected = unit * (3 + 2 * sum(2 + c * STEER_PROJECTED_PER_CONDITION for c in args.steer_counts))  # a unit before each piece
+    if clock.fits(projected + args.reserve_s / 3):
+        loud_section(report, "steer", lambda: steer_run(session, steer_item, steer_record, plain_sdpa, tuple(args.steer_counts),
+                                                        timer=lambda fn: measure(fn, device)[0]))
+    else:
+        skip("steer", f"{clock.left():.0f} s left, projected {projected:.0f} s")
+
     # 5. The engine with ten knockouts at long contexts.
     report["long"] = []
     last: tuple[int, float] | None = None
@@ -642,6 +731,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attribution-items", type=int, default=None, help="T_wrong eval items of the attribution run (default 2; tiny: 1)")
     ap.add_argument("--sweep-k-max", type=int, default=None, help="the sweep item's largest k (default 4: 13 prompts; tiny: 1)")
     ap.add_argument("--masks", type=int, default=None, help=f"skill masks per attribution item (default {ATTRIBUTION_MASKS}; tiny: 3)")
+    ap.add_argument("--steer-counts", type=int, nargs="+", default=None, help="steering conditions per prompt of the steer section "
+                    f"(default {' '.join(map(str, STEER_COUNTS))}; tiny: 1)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default bfloat16; --tiny: float32")
     ap.add_argument("--json", type=Path, help="write the report here")
@@ -668,11 +759,15 @@ def main(argv: list[str] | None = None) -> int:
         args.sweep_k_max = 1 if args.tiny else 4
     if args.masks is None:
         args.masks = 3 if args.tiny else ATTRIBUTION_MASKS
+    if args.steer_counts is None:
+        args.steer_counts = [1] if args.tiny else list(STEER_COUNTS)
+    if bad := [c for c in args.steer_counts if c < 1]:
+        ap.error(f"--steer-counts {bad}: a count of conditions is at least 1")
     report = run(args)
     print(f"total {report['total_s']:.1f} s (budget {args.budget_s:.0f} s)")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)))
-    return 0
+    return exit_status(report)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,15 @@ def knockout_step(pool: str, where: tuple[str, ...] = FILES, limit: int = 3, suf
                 tables=("knockout_controls",))
 
 
+def steer_step(name: str, where: tuple[str, ...]) -> Step:
+    """``steer`` on 6 items per bucket spread over the task groups of ``where`` (even-numbered sorted groups train, the rest
+    held out), BASM at k = 2, one layer at 2/3 depth (18 of 28), decision rows, α ∈ {0.5, −0.5, 0.25}, 4 random draws: 27
+    conditions per held-out prompt, each a branch of its cached run."""
+    return Step(name, "steer", (*where, "--bucket", "T_wrong", "--bucket", "T_ok", "--limit", "6", "--k", "2", "--layer", "18", "--alpha", "0.5",
+                                "--alpha", "-0.5", "--alpha", "0.25", "--random-draws", "4", "--rows-modes", "decision"),
+                tables=("steer_dose", "steer_random", "steer_families", "steer_consistency"))
+
+
 CHECKER = (*FILES, "--checker", "--configs", "basm", "--on-block", "report", "--k-max", "2", "--bucket", "T_wrong", "--bucket", "T_ok",
            "--limit", "1")
 # In priority order: knockout and calls first (the issue's items 2 and 5), then the other pools, the judge, a knockout
@@ -142,6 +151,12 @@ STEPS = (
     # issue #43: 3 T_wrong items (one per task group: 2 train, 1 held-out), BASM at k = 2, pairs (a) and (c)
     Step("circuit", "circuit", (*FILES, "--bucket", "T_wrong", "--limit", "3", "--k", "2", "--configs", "basm", "--pairs", "config,knockout"),
          tables=("circuit_agreement", "circuit_faithfulness", "circuit_edges")),
+    # issue #44: 6 items per bucket over the files domain's 3 task groups (2 train: g01, g02; 1 held out: g00)
+    steer_step("steer", FILES),
+    # the same over two domains: 6 task groups (3 train, 3 held-out: files g00, retail g00 and g02), two families
+    steer_step("steer-2domains", ("--domain", "files", "--domain", "retail")),
+    # issue #44 item 2 (probes/analyses/looking.py): does the deciding row look at B, and does the model pick right
+    Step("looking", "looking", (*FILES, "--bucket", "T_wrong", "--limit", "3", "--k", "2", "--configs", "basm,proc")),
 )
 
 

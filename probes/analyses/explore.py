@@ -7,7 +7,8 @@ inline, no network):
   outlined, the query rows marked, each token shaded by the attention it receives from the deciding
   row (mean over heads, one layer, or one (layer, head)); its candidates with their logits at the
   deciding row, the recorded margins and, where the knockout analysis ran on it, every knockout's
-  Δm with the positions it blocked drawn on the same tokens;
+  Δm with the positions it blocked drawn on the same tokens; where the steer analysis steered it, the
+  clean run's top action and margins next to the steered ones (:func:`steer_view`, read from the rows);
 - **heads**: the per-head grids of ``heads`` (log2 B/P on T_wrong, the T_ok → T_wrong shift), the
   split-half ranking and its causal top-N test; a click on a head shades the prompt view by it;
 - **run**: the run's provenance (report.md's header), its figures, the claims table, and Fig. 2's
@@ -48,6 +49,7 @@ import pandas as pd
 from probes import analyses as registry
 from probes.analyses.option_system import Options, RunOptions, option, option_fields, shared
 from probes.analyses.run_context import AnalysisError, RunContext, default_model, model_label, open_context
+from probes.analyses import steer
 from probes.analyses.knockout import control_of, deciding_run, deltas_per_record, knocked_configs, layer_windows, record_knockouts
 from probes.core.files import make_folder, write_text
 from probes.core.text import visible
@@ -61,7 +63,7 @@ from probes.scoring.controls import tool_names_of
 
 NAME = "explore"
 PAGE = "explore.html"
-SHOWN = ("sweep", "knockout", "heads")  # the analyses whose rows the page draws
+SHOWN = ("sweep", "knockout", "heads", "steer")  # the analyses whose rows the page draws
 PRECISIONS = {"uint16": np.uint16, "uint8": np.uint8}  # attention stored as round(a · max), a ∈ [0, 1]
 DEFAULT_RECORDS = 100
 DEFAULT_MAX_MB = 20.0
@@ -149,10 +151,51 @@ def _finite(value: Any) -> float | None:
     return value if np.isfinite(value) else None
 
 
+STEER_MEASURES = ("margin_tool_choice", "margin_eq1", "margin_first_token", "margin_path", "call_logodds", "kl_clean")
+
+
+def steer_view(steered: pd.DataFrame, record_id: str) -> dict[str, Any] | None:
+    """The steer rows of ``record_id`` as the prompt view lists them (None: the record was not steered): its
+    clean run, then per steered layer window the headline cell (``steer.HEADLINE_DIRECTION`` at
+    ``steer.HEADLINE_ALPHA``, decision rows) and, at the same layers, α and rows, the random draws with the lowest
+    margin (the best: α > 0 is oriented toward the correct tool) and the highest (the worst); each with its top
+    action, margin, Δm against the clean run, every margin variant and KL(clean ‖ steered)."""
+    mine = steered[steered["record_id"] == record_id]
+    if mine.empty:
+        return None
+    cleans = mine[mine["condition"] == "baseline"]
+    if len(cleans) != 1:  # the steer rows hold one clean run per record: Δm is read against it
+        raise AnalysisError(f"steer rows of {record_id}: {len(cleans)} clean (baseline) rows, expected 1: steer.jsonl is damaged or "
+                            "mixes runs; rerun `basm-probes steer` with --overwrite")
+    clean = cleans.iloc[0]
+
+    def entry(kind: str, row: pd.Series, layers: str) -> dict[str, Any]:
+        return {"kind": kind, "condition": row["condition"], "layers": layers, "top_action": row["top_action"], "top_role": row["top_role"],
+                "margin": _finite(row["margin"]), "delta": _finite(row["margin"] - clean["margin"]),
+                **{name: _finite(row[name]) for name in STEER_MEASURES}}
+
+    cell = mine[(mine["alpha"] == steer.HEADLINE_ALPHA) & (mine["rows_mode"] == "decision")]
+    rows = [entry("clean", clean, "")]
+    for (layer, window), at in cell.groupby(["layer", "window"], sort=True):
+        layers = f"L{layer}" if window == 1 else f"L{layer}–{layer + window - 1}"
+        rows += [entry("headline", r, layers) for _, r in at[at["direction"] == steer.HEADLINE_DIRECTION].iterrows()]
+        draws = at[at["direction"] == "random"]
+        if len(draws):
+            rows += [entry("best random", draws.loc[draws["margin"].idxmin()], layers),
+                     entry("worst random", draws.loc[draws["margin"].idxmax()], layers)]
+    draws = cell.loc[cell["direction"] == "random", "draw"].nunique()
+    note = (f"clean run, then per layer: {steer.HEADLINE_DIRECTION} at α = {steer.HEADLINE_ALPHA:g} (decision rows) and the random "
+            f"draws with the lowest and the highest margin at the same α ({draws} draws); margin variant {clean['margin_variant']}")
+    if len(rows) == 1:
+        note = f"steered, but at no condition with α = {steer.HEADLINE_ALPHA:g} at decision rows: only the clean run is listed"
+    return {"note": note, "rows": rows}
+
+
 def record_view(ctx: RunContext, record: PromptRecord, options: ExploreOptions, rows: pd.DataFrame,
-                knocked: pd.DataFrame | None, knockout_options: Any) -> dict[str, Any]:
+                knocked: pd.DataFrame | None, knockout_options: Any, steered: pd.DataFrame | None = None) -> dict[str, Any]:
     """One record as the page draws it: tokens, spans, query rows, candidates with their logits at the
-    deciding row, the recorded margins, the quantised deciding-row attention and the knockouts."""
+    deciding row, the recorded margins, the quantised deciding-row attention, the knockouts and, from
+    ``steered`` (the steer rows), the steered conditions beside the clean run."""
     result, row, depth = deciding_run(ctx.session, record)
     attention = result.rows[:, :, -1, : record.n_tokens].float().numpy()
     logits = result.logits_at(row).float().numpy()
@@ -187,6 +230,7 @@ def record_view(ctx: RunContext, record: PromptRecord, options: ExploreOptions, 
         "query_rows": list(record.query_rows), "decision_index": record.decision_index, "deciding_row": row, "deciding_depth": depth,
         "candidates": candidates, "margins": margins, "margin_variant": str(baseline.iloc[0]["margin_variant"]) if len(baseline) else "",
         "attention": encoded, "scale": scale, "shape": list(attention.shape), "knockouts": knockouts,
+        "steer": steer_view(steered, record.record_id) if steered is not None else None,
     }
 
 
@@ -374,7 +418,8 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
         ctx = contexts[name]
         record = ctx.builder.build(items[item_id], config, k, fmt)
         knocks = knocked is not None and name == "knockout" and config in knocked_configs(kopts.priming)
-        view = record_view(ctx, record, options, runs[name].rows, knocked if knocks else None, kopts if knocks else None)
+        view = record_view(ctx, record, options, runs[name].rows, knocked if knocks else None, kopts if knocks else None,
+                           runs["steer"].rows if "steer" in runs else None)
         size = len(json.dumps(view, separators=(",", ":")).encode())
         if used + size > options.max_mb * 1e6:
             left_out.append(record_id)

@@ -56,6 +56,10 @@ def test_tiny_run_reports_every_section(gpu_bench, tmp_path):
     assert circuit["edges"] == 4 * 4 * len(circuit["spans"]) and "boundary" in circuit["spans"]
     assert all(piece["forwards"] > 0 for piece in circuit["pieces"].values()) and len(circuit["pieces"]) == 7
     assert circuit["peak_mib"] is None
+    # steering (issue #44 item 5): the steer analysis' scorer, one condition at decision rows and at call rows; no section failed
+    steer = report["steer"]
+    assert list(steer["pieces"]) == ["clean", "decision C=1", "call C=1"] and report["failed"] == {}
+    assert all(p["forwards"] > 0 and p["tokens_computed"] == steer["tokens"] for p in steer["pieces"].values())
 
 
 def test_budget_skips_with_reasons(gpu_bench, tmp_path):
@@ -63,7 +67,7 @@ def test_budget_skips_with_reasons(gpu_bench, tmp_path):
     assert gpu_bench.main(["--tiny", "--budget-s", "0", "--json", str(out)]) == 0
     skipped = json.loads(out.read_text())["skipped"]
     assert set(skipped) == {"records[0:]", "eager_attn", "mask_4d", "knockout_analysis[0:]", "sweep_item",
-                            "attribution", "circuit", "long n=256", "long n=512"}
+                            "attribution", "circuit", "steer", "long n=256", "long n=512"}
     assert all("s left" in why for why in skipped.values())
 
 

@@ -1,0 +1,44 @@
+"""benchmarks/real_model.py's ``steer`` step on the real model at its smallest (``--limit 2``: one T_wrong and one T_ok
+item in each of the files domain's first two task groups; sorted by name, delete_vs_archive.g01 trains and
+link_vs_share.g00 is held out): every held-out prompt (BASM and Proc. Skill) is steered at every condition of the step,
+the margins are finite and the summary states the step's claims. 7 prompts: about 10 min on one core by the files run's
+cost per prompt (not timed itself; the GGUF conversion is cached)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from probes.reporting.results import load_results
+from runs import load_script
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def real_model():
+    try:
+        yield load_script("benchmarks_real_model_steer", BENCHMARKS / "real_model.py")
+    finally:
+        del sys.modules["benchmarks_real_model_steer"]
+
+
+def test_smallest_real_model_steer_run(real_model, tmp_path):
+    try:
+        real_model.part_files()
+    except real_model.ModelPartsError as error:
+        pytest.skip(f"the real model's parts are not installed: {error}")
+    assert real_model.main(["--out", str(tmp_path / "runs"), "--models", str(tmp_path / "models"), "--steps", "steer", "--limit", "2"]) == 0
+    summary = (tmp_path / "runs" / "summary.md").read_text()
+    assert "exit 0" in summary and "steer_claims.csv" in summary and "steer_dose.csv" in summary
+    rows = load_results(tmp_path / "runs" / "steer" / Path(real_model.MODEL_FILE).stem / "steer.jsonl")
+    assert set(rows["task_group"]) == {"files.link_vs_share.g00"}  # held out; delete_vs_archive.g01 gave the directions
+    assert sorted(rows.loc[rows["condition"] == "baseline", "config"]) == ["basm", "basm", "proc", "proc"]
+    conditions = 3 * (4 + 1 + 4)  # α grid × (4 directions, shuffled, 4 random draws), layer 18, decision rows
+    assert len(rows) == 4 * (1 + conditions)
+    assert set(rows["layer"]) == {-1, 18} and np.isfinite(rows["margin"]).all() and (rows["kl_clean"] >= 0).all()
