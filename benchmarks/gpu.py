@@ -425,7 +425,7 @@ def steer_run(session: Any, item: Any, record: PromptRecord, sdpa: Callable[[lis
     # the random draws read only the width of the estimated directions: a placeholder of the model's shape
     directions = Directions({"applicability": np.zeros((cfg.num_hidden_layers, cfg.hidden_size))}, np.ones(cfg.num_hidden_layers), (), {}, seed=0)
     job = SimpleNamespace(config="basm", item=item)
-    ctx = SimpleNamespace(options=SimpleNamespace(directions=(), chunk=DEFAULT_CHUNK), items=(item,), session=session,
+    ctx = SimpleNamespace(options=SimpleNamespace(directions=(), chunk=DEFAULT_CHUNK, generate="none"), items=(item,), session=session,
                           variant="tool_choice")
     out: dict[str, Any] = {"record_id": record.record_id, "tokens": record.n_tokens, "layer": layer, "chunk": DEFAULT_CHUNK,
                            "branch_from": min(record.query_rows), "pieces": {}}

@@ -395,9 +395,6 @@ class Steer(Analysis):
         alphas = parse_numbers(self.alphas, float, "--alpha")
         if 0.0 in alphas:
             raise AnalysisError("steer: --alpha 0 is the clean run, which every record has already; leave it out")
-        if ctx.options.generate == "headline" and not (HEADLINE_ALPHA in alphas and "call" in ctx.options.rows_modes):
-            raise AnalysisError(f"steer: --generate headline writes the calls at α = {HEADLINE_ALPHA:g} with call rows: add --alpha "
-                                f"{HEADLINE_ALPHA:g} and call to --rows-modes, or give --generate none")
         return cells(ctx.options.directions, layers, self.window, ctx.options.rows_modes, alphas, ctx.options.random_draws)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
@@ -442,6 +439,9 @@ class Steer(Analysis):
                                           ok_sesoi=OK_SESOI, seed=a.seed) if claimed.any() else []
         messages = [] if claimed.any() else [f"no claims: they read α = {HEADLINE_ALPHA:g} at {steer_stats.HEADLINE_ROWS} rows, which this "
                                              "run did not steer (the tables and the figure describe what it did)"]
+        if a.generate == "headline" and not any(generated(cell) for cell in self.plan(ctx)):
+            messages.append(f"written calls: the clean run's only (--generate headline writes the steered calls at α = {HEADLINE_ALPHA:g} "
+                            "with call rows, which this run does not steer)")
         messages += [f"split: directions from {len(train_groups)} train task groups ({', '.join(f'{k} {v}' for k, v in directions.n_train.items())} "
                     f"prompts); {rows['record_id'].nunique()} held-out prompts of {len(heldout_groups)} task groups steered"]
         return SteerSummary(dose, band, families, consistency, direction_table(directions), generation, claims, messages, steer_note(ctx))
