@@ -403,7 +403,7 @@ def circuit_run(session: Any, dataset: Any, item: Any, clean: PromptRecord, coun
 
 STEER_COUNTS = (1, 16, 64, 256)  # steering conditions per prompt timed by steer_run
 STEER_ALPHA = 0.5  # the steer analysis' headline α (the value does not change the cost)
-STEER_PROJECTED_PER_CONDITION = 0.25  # forwards per condition, for the time budget: the most measured on the CPU (benchmarks/README.md)
+STEER_PROJECTED_PER_CONDITION = 0.3  # forwards per condition, for the time budget: the most measured on the CPU (organism, call rows, C = 64)
 
 
 def steer_run(session: Any, item: Any, record: PromptRecord, sdpa: Callable[[list[int]], Any], counts: tuple[int, ...] = STEER_COUNTS,
