@@ -575,10 +575,17 @@ def fig23_steer(dose: pd.DataFrame, band: pd.DataFrame, note: str) -> plt.Figure
     spans = sorted(set(zip(dose["layer"].astype(int), dose["window"].astype(int))))
     directions = ordered(dose["direction"], DIRECTION_ORDER)
     modes = ordered(dose["rows_mode"], tuple(ROWS_MODE_STYLE))
-    alphas = sorted(set(dose["alpha"].astype(float)))
+    alphas = sorted(set(dose["alpha"].astype(float)) | {0.0})
+    # α doubles along the grid: evenly spaced ordinal positions keep every tick readable (a linear axis crowds the
+    # small ones); 0, the clean run, sits in the middle
+    place = {a: i for i, a in enumerate(alphas)}
+
+    def at_alpha(values: pd.Series) -> np.ndarray:
+        return np.asarray([place[a] for a in values.astype(float)], dtype=float)
+
     fig = plt.figure(figsize=(1.2 + COLUMN_WIDTH * len(spans) + 1.8, 0.5 + BLOCK_HEIGHT * len(blocks)))
     heights = [h for _ in blocks for _, h in PANELS.values()]
-    grid = fig.add_gridspec(len(heights), len(spans) + 1, height_ratios=heights, width_ratios=[1.0] * len(spans) + [0.55])
+    grid = fig.add_gridspec(len(heights), len(spans) + 1, height_ratios=heights, width_ratios=[1.0] * len(spans) + [0.55], hspace=0.45)
     for b, (config, bucket) in enumerate(blocks):
         for j, (layer, window) in enumerate(spans):
             for p, (measure, (ylabel, _)) in enumerate(PANELS.items()):
@@ -587,28 +594,30 @@ def fig23_steer(dose: pd.DataFrame, band: pd.DataFrame, note: str) -> plt.Figure
                 in_band = (band["config"] == config) & (band["bucket"] == bucket) & (band["layer"] == layer) & (band["window"] == window)
                 for mode in modes:
                     shade = band[in_band & (band["rows_mode"] == mode)].sort_values("alpha")
-                    ax.fill_between(shade["alpha"].to_numpy(float), shade[f"{measure}_low"].to_numpy(float),
+                    ax.fill_between(at_alpha(shade["alpha"]), shade[f"{measure}_low"].to_numpy(float),
                                     shade[f"{measure}_high"].to_numpy(float), color="0.5", alpha=BAND_SHADE[mode], linewidth=0)
                     for direction in directions:
                         sub = dose[at & (dose["rows_mode"] == mode) & (dose["direction"] == direction)].sort_values("alpha")
                         if sub.empty:
                             continue
-                        values, x = _measure(sub, measure), sub["alpha"].to_numpy(float)
+                        values, x = _measure(sub, measure), at_alpha(sub["alpha"])
                         line, marker = ROWS_MODE_STYLE[mode]
                         rgb = DIRECTION_COLORS[direction]
                         ax.errorbar(x, values["value"], yerr=ci_errors(values), color=rgb, linestyle=line, marker=marker,
                                     ms=3.5, lw=1.3, capsize=2, elinewidth=0.8)
                         mark_no_ci(ax, x, values, rgb)
-                ax.axvline(0.0, color="0.6", lw=0.6)
+                ax.axvline(place[0.0], color="0.6", lw=0.6)
                 if measure == "delta_margin":
                     ax.axhline(0.0, color="0.3", lw=0.8)
                     ax.set_title(f"{config} {bucket_label(bucket)} · {span_label(layer, window)}", fontsize=9.5)
                 if measure == "correct_rate":
                     ax.set_ylim(-0.05, 1.05)
-                ax.set_xticks(alphas, [f"{a:g}" for a in alphas])
-                if measure == "kl":
-                    ax.set_xlabel("α (× residual norm)", fontsize=8)
+                ax.set_xticks(range(len(alphas)), [f"{a:g}" for a in alphas], rotation=90)
                 ax.tick_params(labelsize=7.5)
+                if (b, measure) == (len(blocks) - 1, "kl"):  # one α axis for every panel: labelled once, at the bottom
+                    ax.set_xlabel("α (× residual norm)", fontsize=8)
+                else:
+                    ax.tick_params(labelbottom=False)
                 if j == 0:
                     ax.set_ylabel(ylabel, fontsize=8)
     legend_ax = fig.add_subplot(grid[:len(PANELS), -1])
