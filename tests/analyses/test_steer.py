@@ -150,3 +150,34 @@ def test_generated_calls_are_parsed_and_checked_against_the_ranking(organism: Pr
     table = run.tables["steer_generation"]
     assert {"generated_correct", "agreement"} <= set(table) and len(table) == 3 * rows["bucket"].nunique()
     assert "no claims" in " ".join(run.summary.messages)  # the claims read decision rows, which this run did not steer
+
+
+# two task groups with tool-correct T_ok and T_wrong items: one gives the directions, the other is steered
+GROUPS = ["retail-ok-0004", "retail-wrong-0004", "retail-ok-0001", "retail-wrong-0001", "retail-wrong-0005", "retail-ok-0005"]
+
+
+@pytest.mark.slow
+def test_steer_runs_on_a_tiny_random_qwen3_through_the_cli(tiny_qwen3_dir, tmp_path) -> None:
+    """The CLI end to end on random weights under the real Qwen3 tokenizer (names share first tokens: the decision rows
+    include the candidates' rows), with written calls."""
+    from probes.cli.main import main
+
+    argv = ["steer", "--model", str(tiny_qwen3_dir), "--out", str(tmp_path), "--dataset", "basm_probe", "--embedder", "lexical",
+            "--relevance", "lexical", "--split", "all", "--k", "1", "--alpha", "0.5", "--alpha", "-0.5", "--random-draws", "2",
+            "--configs", "basm", *sum((["--item", i] for i in GROUPS), [])]
+    assert main(argv) == 0
+    out = next(tmp_path.iterdir())
+    rows = load_results(out / "steer.jsonl")
+    assert np.isfinite(rows["kl_clean"]).all() and rows["generated_outcome"].notna().any()
+    assert (out / "steer_claims.csv").is_file() and (out / "figures" / "fig23_steer.png").is_file()
+
+
+@pytest.mark.slow
+def test_steer_on_smollm2(smollm2_dir, tmp_path) -> None:
+    """A real pretrained model (SmolLM2-135M-Instruct, 30 layers), two layers steered, decision rows."""
+    result = Steer(model=smollm2_dir, item_ids=GROUPS, out=tmp_path, k=1, layers=["10", "20"], alphas=["0.5"], rows_modes=["decision"],
+                   random_draws=2, configs=["basm"], embedder="lexical", relevance="lexical", split="all", dataset="basm_probe",
+                   generate="none").run(verbose=False)
+    dose = result.tables["steer_dose"]
+    assert set(dose["layer"]) == {10, 20} and np.isfinite(dose["kl"]).all()
+    assert result.tables["steer_claims"]["family"].str.startswith("steer").all()
