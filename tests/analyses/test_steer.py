@@ -6,7 +6,6 @@ the stated norm α · s_L; random draws are seeded, unit and distinct; refusals.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
