@@ -116,6 +116,15 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def organism():
+    """The bundled organism as a ProbeSession, loaded once per test process (the analysis tests share it)."""
+    from probes.facade import ProbeSession
+    from probes.organism import ORGANISM_DIR
+
+    return ProbeSession(ORGANISM_DIR)
+
+
+@pytest.fixture(scope="session")
 def qwen3_dir(model_root: Path) -> Path:
     return model_root / "qwen3"
 

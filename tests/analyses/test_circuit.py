@@ -21,7 +21,6 @@ from probes.data.dataset import load_dataset
 from probes.engine.decision_row import DecisionRow
 from probes.engine.session import EngineSession, Knockout
 from probes.facade import ProbeSession
-from probes.organism import ORGANISM_DIR
 from probes.reporting.results import load_results
 from probes.scoring.score import score_record
 
@@ -29,16 +28,6 @@ from probes.scoring.score import score_record
 ITEMS = ["retail-wrong-0001", "retail-wrong-0002", "retail-wrong-0013", "retail-wrong-0014", "retail-wrong-0025",
          "retail-wrong-0026", "messaging-wrong-0001", "messaging-wrong-0002"]
 SMALL = {"ig_steps": 4, "exact_top": 4, "exact_random": 4, "random_circuits": 4, "k": 2}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def organism() -> ProbeSession:
-    return ProbeSession(ORGANISM_DIR)
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from probes.analyses.looking import ALL_LAYERS, CLEAN, EXPLORATORY_FAMILY, FAMILY, KNOCKED, LookingAnalysis, gap_table, knockout_of
 from probes.analyses.run_context import AnalysisError
 from probes.facade import ProbeSession
-from probes.organism import ORGANISM_DIR
 from probes.scoring.score import EPSILON
 
 # tool-correct T_wrong items of three task groups (two each) and two T_ok references
@@ -23,16 +21,6 @@ ITEMS = ["retail-wrong-0001", "retail-wrong-0002", "retail-wrong-0013", "retail-
          "retail-ok-0001", "retail-ok-0013"]
 SMALL = {"k": 2, "layer_window": 2, "permutations": 199, "embedder": "lexical", "split": "all", "figure": False}
 WINDOWS = {ALL_LAYERS: range(3), "L0-1": range(2), "L2-2": range(2, 3)}  # the organism's 3 layers in windows of 2
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def organism() -> ProbeSession:
-    return ProbeSession(ORGANISM_DIR)
 
 
 @pytest.fixture(scope="module")

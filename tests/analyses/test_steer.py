@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from probes.analyses.heads import split_groups
 from probes.analyses.linear import FeatureCache
@@ -15,22 +14,11 @@ from probes.analyses.run_context import AnalysisError
 from probes.analyses.steer import Directions, Steer, estimate_directions, unembedding_direction
 from probes.data.dataset import load_dataset
 from probes.facade import ProbeSession
-from probes.organism import ORGANISM_DIR
 from probes.reporting.results import load_results
 from probes.scoring.margins import candidates_from_record, shared_prefix
 
 SMALL = {"limit": 4, "layers": ["1", "2"], "alphas": ["0.5"], "rows_modes": ["decision", "call"], "random_draws": 2,
          "configs": ["basm"], "k": 2, "generate": "none"}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def organism() -> ProbeSession:
-    return ProbeSession(ORGANISM_DIR)
 
 
 @pytest.fixture(scope="module")
