@@ -234,9 +234,10 @@ def unembedding_direction(session: EngineSession, record: PromptRecord) -> np.nd
     if s >= min(len(correct.token_ids), len(wrong.token_ids)):
         raise AnalysisError(f"steer: {record.record_id}: the correct and wrong names never part (no deciding token)")
     model = session.model
-    w = model.get_output_embeddings().weight.detach().double()
+    # the two rows only: converting the whole unembedding to float64 per record costs vocabulary × d_model × 8 bytes
+    rows = model.get_output_embeddings().weight.detach()[[correct.token_ids[s], wrong.token_ids[s]]].double()
     norm = model.base_model.norm.weight.detach().double()
-    v = (norm * (w[correct.token_ids[s]] - w[wrong.token_ids[s]])).cpu().numpy()
+    v = (norm * (rows[0] - rows[1])).cpu().numpy()
     return _unit(v[None])[0]
 
 
