@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from probes.core.chat import BATCH_SIZE, MAX_NEW_TOKENS, OnBatch, Reply, TemplateSupport
+from probes.engine.hooks import added_to_outputs
 from probes.engine.loading import ModelLoadError, load_model
 
 
@@ -44,26 +45,19 @@ def steered_from(model: Any, vectors: Mapping[int, torch.Tensor], start: int) ->
     adds ``vectors[L]`` to the output of decoder layer L at every absolute position ≥ ``start``: the prompt's rows
     from ``start`` on, then every generated token. Positions are counted per layer over the forwards of the context
     (a cache-less generation would recount them: refused)."""
-    layers = model.base_model.layers
     seen = {layer: 0 for layer in vectors}
 
-    def hook(layer: int) -> Any:
-        def add(_m: torch.nn.Module, _inp: Any, output: Any) -> Any:
-            hs = output[0] if isinstance(output, tuple) else output
+    def delta(layer: int) -> Any:
+        def at_positions(hs: torch.Tensor) -> torch.Tensor:
             if hs.shape[0] != 1:
                 raise ValueError(f"steered generation runs one sequence at a time, got a batch of {hs.shape[0]}")
             first, seen[layer] = seen[layer], seen[layer] + hs.shape[1]
-            at = torch.arange(first, first + hs.shape[1], device=hs.device) >= start
-            steered = hs + at[None, :, None].to(hs.dtype) * vectors[layer].to(device=hs.device, dtype=hs.dtype)
-            return (steered, *output[1:]) if isinstance(output, tuple) else steered
-        return add
+            after = torch.arange(first, first + hs.shape[1], device=hs.device) >= start
+            return after[None, :, None].to(hs.dtype) * vectors[layer].to(device=hs.device, dtype=hs.dtype)
+        return at_positions
 
-    handles = [layers[layer].register_forward_hook(hook(layer)) for layer in vectors]
-    try:
+    with added_to_outputs(model.base_model.layers, {layer: delta(layer) for layer in vectors}):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def steered_greedy_generate(model: Any, prompt_ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens: int, *,

@@ -30,9 +30,10 @@ layer by layer, its hook points in the order given): per condition ``[site, ...]
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -201,3 +202,24 @@ def condition_recordings(recorders: Sequence[Recorder], results: dict[str, torch
                 x = x.index_select(r.row_axis, query.to(x.device))
         at_query[r.name] = x.cpu()
     return at_query, at_candidates
+
+
+@contextlib.contextmanager
+def added_to_outputs(layers: Sequence[torch.nn.Module], deltas: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[None]:
+    """Inside this context the output hidden states ``hs`` of module ``layers[L]`` become ``hs + deltas[L](hs)`` (a
+    decoder layer's output: ``blocks.{L}.hook_resid_post``; a tuple output keeps its other parts): the one way the
+    engine writes into the residual stream (steering in a probe run and in generation)."""
+
+    def hook(delta: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., Any]:
+        def add(_m: torch.nn.Module, _inp: Any, output: Any) -> Any:
+            hs = output[0] if isinstance(output, tuple) else output
+            changed = hs + delta(hs).to(device=hs.device, dtype=hs.dtype)
+            return (changed, *output[1:]) if isinstance(output, tuple) else changed
+        return add
+
+    handles = [layers[layer].register_forward_hook(hook(delta)) for layer, delta in deltas.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -68,7 +68,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probes.engine.hooks import (HOOK_EMBED, HOOK_PATTERN, HOOK_RESID_POST, HOOK_Z, RESIDUAL, ROWS, SPAN_MASS, Recorder, Recording,
-                                 condition_recordings, hook_site, probe_recorders, prompt_keys)
+                                 added_to_outputs, condition_recordings, hook_site, probe_recorders, prompt_keys)
 from probes.engine.logits import check_finite, entropy
 from probes.engine.loading import check_context_length, load_model
 from probes.engine.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter, Segment, blocks, join
@@ -889,19 +889,8 @@ class EngineSession:
                     vectors[i] = c.vectors[layer]
             added[layer] = vectors[:, None, :] * rows_steered[:, :, None]  # [condition, t, d_model]
 
-        def hook(layer: int) -> Callable[..., Any]:
-            def add(_m: torch.nn.Module, _inp: Any, output: Any) -> Any:
-                hs = output[0] if isinstance(output, tuple) else output
-                steered = hs + added[layer].to(device=hs.device, dtype=hs.dtype)
-                return (steered, *output[1:]) if isinstance(output, tuple) else steered
-            return add
-
-        handles = [self._layers[layer].register_forward_hook(hook(layer)) for layer in layers]
-        try:
+        with added_to_outputs(self._layers, {layer: (lambda _hs, delta=delta: delta) for layer, delta in added.items()}):
             yield
-        finally:
-            for hd in handles:
-                hd.remove()
 
     def _results(self, state: _ProbeState, conds: list[Condition], spans: Sequence[str], logits: torch.Tensor, row_offset: int,
                  last_row: int, query: torch.Tensor | None, candidate_rows: dict[str, torch.Tensor],
