@@ -23,7 +23,9 @@ from typing import Any
 
 import pandas as pd
 
-from probes.data.dataset import load_dataset
+from transformers import PreTrainedModel
+
+from probes.data.dataset import ORGANISM_DIR, load_dataset
 from probes.engine.session import EngineSession, Knockout
 from probes.prompts.builder import DEFAULT_K_MAX, SWEEP_K_MAX, BuildSettings, make_builder, resolve_study
 from probes.prompts.record import PromptRecord
@@ -39,6 +41,12 @@ class ProbeSession(EngineSession):
     Opens exactly as the engine's :class:`probes.engine.session.EngineSession` (same arguments; see
     it for the algorithm), and is one wherever an engine session is taken.
     """
+
+    def __init__(self, model_or_dir: str | Path | PreTrainedModel | None = None, **options: Any) -> None:
+        """``model_or_dir`` as for the engine session; omitted, the bundled model organism
+        (:data:`probes.organism.ORGANISM_DIR`), which the CLI's commands also load when ``--model`` is not given.
+        ``options``: the engine session's (``dtype``, ``device``, ``device_map``, ...)."""
+        super().__init__(ORGANISM_DIR if model_or_dir is None else model_or_dir, **options)
 
     def _study_defaults(self) -> tuple[Path, str]:
         return resolve_study(self.model.name_or_path)  # type: ignore[return-value]

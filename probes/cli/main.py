@@ -202,13 +202,21 @@ def commands() -> dict[str, Command]:
             "organism": COMMANDS["organism"]}
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(command: str | None = None, *, for_help: bool = False) -> argparse.ArgumentParser:
     """The parser; only ``command``'s flags are built (an analysis's come from its class, which
-    imports torch), every command's with None, none with "" (the top-level help lists the commands)."""
+    imports torch), every command's with None, none with "" (the top-level help lists the commands).
+    ``for_help``: ``command``'s flags come from the help index (:mod:`probes.cli.help_index`), which
+    imports nothing, when the index has the command."""
     parser = argparse.ArgumentParser(prog="basm-probes", description="Probe boundary-aware skill memory inside local HF models.")
     subparsers = parser.add_subparsers(dest="command", required=True)
+    from probes.cli import help_index  # here, not at the top: `python -m probes.cli.help_index` imports this module first
+
+    index = help_index.load_index() if for_help else {}
     for name, spec in commands().items():
         sub = subparsers.add_parser(name, help=spec.help, description=spec.help)
+        if name == command and name in index:
+            help_index.rebuild(sub, index[name])  # its --debug included
+            continue
         if command is None or name == command:
             spec.add_arguments(sub)
         sub.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -235,7 +243,7 @@ USAGE_ERRORS = 2  # exit code of a bad option (as argparse's own); other known e
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(next((token for token in argv if not token.startswith("-")), ""))
+    parser = build_parser(next((token for token in argv if not token.startswith("-")), ""), for_help=bool({"-h", "--help"} & set(argv)))
     args = parser.parse_args(argv)
     try:
         return commands()[args.command].run(args)

@@ -77,3 +77,12 @@ def test_a_gguf_file_is_the_session_of_its_converted_folder(smollm2_gguf: Path, 
     check_session(sweep(model=smollm2_gguf), loaded)
     with pytest.raises(OptionError, match="is not the session's model"):
         check_session(sweep(model=tiny_qwen3_dir), loaded)
+
+
+def test_a_session_without_a_model_is_the_bundled_organism() -> None:
+    """``probes.ProbeSession()``: the model the CLI loads without --model, and its study defaults."""
+    from probes.organism import ORGANISM_DIR
+
+    session = probes.ProbeSession()
+    assert Path(session.model.name_or_path) == ORGANISM_DIR
+    assert session.default_dataset == probes.ProbeSession(ORGANISM_DIR).default_dataset

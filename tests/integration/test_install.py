@@ -39,6 +39,10 @@ def test_wheel_holds_the_dataset_and_organism_and_runs_a_sweep(installed: Path, 
     for dataset in (v1, v2):
         assert (dataset / "items.jsonl").is_file() and list((dataset / "domains").glob("*.json"))
     assert (organism / "model.safetensors").is_file()
+    # every subcommand's help ships as the help index, read without importing torch
+    helped = run_installed(installed, tmp_path, "-c", "import contextlib, sys; from probes.cli.main import main\n"
+                           "with contextlib.suppress(SystemExit): main(['sweep', '--help'])\nprint('torch' in sys.modules)")
+    assert helped.returncode == 0 and "--k-max" in helped.stdout and helped.stdout.split()[-1] == "False", helped.stderr
     out = tmp_path / "results"
     sweep = run_installed(installed, tmp_path, "-m", "probes.cli", "sweep", "--limit", "1", "--k-max", "1", "--configs", "base,basm",
                           "--embedder", "lexical", "--no-figure", "--out", str(out))
