@@ -55,6 +55,8 @@ def test_notebook_executes_on_quick_setting(path, tiny_qwen3_dir, tmp_path, monk
     assert any(o.get("data", {}).get("image/png") for c in nb.cells if c.cell_type == "code" for o in c.outputs), "no figure shown"
     # results are laid out by model: OUT/<model>/figures
     assert list((tmp_path / "results" / model_label(tiny_qwen3_dir) / "figures").glob("*.png"))
-    if path.stem in ("02_knockout", "03_head_heatmaps"):  # the explore page, written and shown inline
+    if path.stem in ("02_knockout", "03_head_heatmaps"):  # the explore page, written and linked, not inlined
         assert (tmp_path / "results" / model_label(tiny_qwen3_dir) / "explore.html").is_file()
-        assert any("<iframe srcdoc=" in o.get("data", {}).get("text/html", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+        assert any("explore.html</a>" in o.get("data", {}).get("text/html", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+        assert not any("<iframe srcdoc=" in o.get("data", {}).get("text/html", "") for c in nb.cells if c.cell_type == "code"
+                       for o in c.outputs), "the executed notebook carries the page: link it"
