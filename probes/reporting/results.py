@@ -2,7 +2,9 @@
 
 Line 1 is ``{"_meta": {...}}``: the analysis name, its full configuration (with the fingerprint of
 weights, tokenizer, dataset and code) and the package versions. Every other line is a row carrying
-a ``key``. A run appends rows as it goes (flushed and fsynced per batch) and never rewrites a
+a ``key``. A run appends rows as it goes (flushed per batch, so a killed process loses none; fsynced at
+most every :data:`SYNC_SECONDS`, so a power loss costs at most those seconds' rows, which a rerun computes
+again; an fsync per prompt took 12 ms each on a loaded 2-core machine, 5 s of a 76 s sweep) and never rewrites a
 finished row: a rerun with the same configuration skips the keys already present, cuts off only a
 torn last line, and refuses a file whose configuration, keys or lines do not check out.
 
@@ -34,6 +36,7 @@ import os
 import platform
 import re
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -44,6 +47,7 @@ import pandas as pd
 
 from probes.core.files import OutputRefused, make_folder, open_locked, remove_file, truncate, write_handle
 
+SYNC_SECONDS = 2.0
 _VERSIONED = ("basm-probes", "torch", "transformers", "tokenizers", "numpy", "pandas", "scikit-learn", "scipy")
 NONFINITE = "_nonfinite"
 
@@ -307,6 +311,7 @@ class ResultsStore:
         self.path = Path(path)
         self.meta = {"analysis": analysis, "config": canonical(dict(config)), **environment()}
         self._keys: set[str] = set()
+        self._synced = time.monotonic()
         make_folder(self.path.parent)
         _lock(self.path)  # before reading: no other writer can append between our read and our writes
         with self.path.open("rb") as handle:
@@ -415,7 +420,9 @@ class ResultsStore:
         with write_handle(self.path, append=True) as handle:
             handle.write(text)
             handle.flush()
-            os.fsync(handle.fileno())
+            if time.monotonic() - self._synced >= SYNC_SECONDS:
+                os.fsync(handle.fileno())
+                self._synced = time.monotonic()
         self._keys.update(keys)
 
 
