@@ -36,6 +36,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -70,11 +71,11 @@ PRECISIONS = {"uint16": np.uint16, "uint8": np.uint8}  # attention stored as rou
 DEFAULT_RECORDS = 100
 DEFAULT_MAX_MB = 20.0
 DEFAULT_PATTERN_ROWS = 32  # the request's end and the forced tool-call prefix of a native prompt
-DEFAULT_PATTERN_RECORDS = 4  # the opening item's records: its knocked BASM prompt and its Proc. Skill pair
+DEFAULT_PATTERN_RECORDS = 2  # the first records shown (the opening one first): each costs pattern_rows × its own attention
 SPAN_NAMES = ("procedure", "boundary")
 TEMPLATE = "explore.html.j2"
-CHROMIUM = "/usr/bin/chromium"  # Debian's package: `apt-get install -y chromium`
-INSTALL = "apt-get install -y chromium && pip install playwright"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")  # looked up on the PATH, in this order
+INSTALL = "pip install playwright, then `python -m playwright install chromium` (or a system Chromium: `apt-get install -y chromium`)"
 # headless, offline and quiet: no GPU, no background fetches (the page is opened with the network off)
 BROWSER_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--no-first-run")
@@ -101,7 +102,7 @@ class ExploreOptions(Options):
     pattern_records: int = option(DEFAULT_PATTERN_RECORDS, "records that store the pattern (the first shown: each costs pattern_rows times "
                                   "its deciding row's attention)", type=int, minimum=0)
     screenshots: str | Path | None = option(None, "also save the prompt and heads views as PNGs in this folder (README's; needs "
-                                            f"playwright and {CHROMIUM})", type=Path)
+                                            "playwright and a Chromium)", type=Path)
 
 
 def explore(session: EngineSession | None = None, **options: Any) -> Path:
@@ -562,24 +563,42 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
 
 
 # ----------------------------------------------------------------------------- in a browser
+def system_chromium() -> str | None:
+    """A Chromium on the PATH (:data:`CHROMIUM_NAMES`), else None."""
+    return next((path for name in CHROMIUM_NAMES if (path := shutil.which(name))), None)
+
+
+def playwright_chromium() -> str | None:
+    """The Chromium Playwright installed itself (``python -m playwright install chromium``), else None."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        path = p.chromium.executable_path
+    return path if Path(path).is_file() else None
+
+
 def browser_missing() -> str:
-    """Why the page cannot be opened in a headless browser here ("" when it can), naming the install command."""
+    """Why the page cannot be opened in a headless browser here ("" when it can), naming how to get one."""
     import importlib.util
 
     if importlib.util.find_spec("playwright") is None:
         return f"playwright is not installed ({INSTALL})"
-    if not Path(CHROMIUM).is_file():
-        return f"no {CHROMIUM} ({INSTALL})"
+    if system_chromium() is None and playwright_chromium() is None:
+        return f"no Chromium: none of {', '.join(CHROMIUM_NAMES)} on the PATH and none installed by Playwright ({INSTALL})"
     return ""
 
 
 def launch(playwright: Any) -> Any:
-    """Chromium, headless, from Debian's package."""
-    return playwright.chromium.launch(executable_path=CHROMIUM, args=list(BROWSER_ARGS))
+    """Chromium, headless: the one on the PATH, else Playwright's own."""
+    return playwright.chromium.launch(executable_path=system_chromium(), args=list(BROWSER_ARGS))
 
 
-def screenshot_views(page_path: Path, out_dir: Path, views: tuple[str, ...] = ("prompt", "heads")) -> list[Path]:
-    """PNGs of ``views`` of an explore page (``explore_<view>.png``), opened from disk with the network off."""
+SCREENSHOT_VIEWS = ("prompt", "knockout", "compare", "pattern", "heads")  # "knockout": the prompt view after the boundary knockout
+
+
+def screenshot_views(page_path: Path, out_dir: Path, views: tuple[str, ...] = SCREENSHOT_VIEWS) -> list[Path]:
+    """PNGs of ``views`` of an explore page (``explore_<view>.png``), opened from disk with the network off, each
+    at the view's address (``#view=…``) on the opening record, as a shared link opens it."""
     if reason := browser_missing():
         raise AnalysisError(f"screenshots: {reason}")
     from playwright.sync_api import sync_playwright
@@ -589,13 +608,9 @@ def screenshot_views(page_path: Path, out_dir: Path, views: tuple[str, ...] = ("
     with sync_playwright() as p:
         browser = launch(p)
         page = browser.new_context(offline=True, viewport={"width": 1400, "height": 900}).new_page()
-        page.goto(page_path.resolve().as_uri())
-        # the prompt view with the boundary knockout drawn, scrolled to the memory block
-        page.evaluate("""() => { const s = document.getElementById("knockout-select");
-            if ([...s.options].some((o) => o.value === "boundary")) { s.value = "boundary"; s.dispatchEvent(new Event("change")); }
-            const b = document.querySelector("#tokens .sp-procedure"); if (b) b.scrollIntoView({block: "start"}); }""")
         for view in views:
-            page.click(f"button.tab[data-view={view}]")
+            address = "view=prompt&knockout=boundary" if view == "knockout" else f"view={view}"
+            page.goto(f"{page_path.resolve().as_uri()}#{address}")
             paths.append(out_dir / f"explore_{view}.png")
             page.screenshot(path=str(paths[-1]))
         browser.close()
