@@ -1,16 +1,30 @@
 """``explore``: one self-contained ``explore.html`` per results folder, to look at a run in a browser.
 
-Four views, drawn by one Jinja2 template (``templates/explore.html.j2``; every script and style
-inline, no network):
+Six views, drawn by one Jinja2 template (``templates/explore.html.j2``; every script and style
+inline, no network); the view, record, head, knockout and colour scale live in the address
+(``#view=prompt&record=…&head=L1H2&knockout=boundary&scale=p99&pattern=L0H1``), so a view can be shared:
 
-- **prompt**: a record's tokens with the procedure and boundary spans (and each boundary slot)
-  outlined, the query rows marked, each token shaded by the attention it receives from the deciding
-  row (mean over heads, one layer, or one (layer, head)); its candidates with their logits at the
-  deciding row, the recorded margins and, where the knockout analysis ran on it, every knockout's
-  Δm with the positions it blocked drawn on the same tokens; where the steer analysis steered it, the
-  clean run's top action and margins next to the steered ones (:func:`steer_view`, read from the rows);
-- **heads**: the per-head grids of ``heads`` (log2 B/P on T_wrong, the T_ok → T_wrong shift), the
-  split-half ranking and its causal top-N test; a click on a head shades the prompt view by it;
+- **prompt**: opens on the first record (a knocked T_wrong one) scrolled to its deciding row, an overview
+  strip above it holding the whole prompt (P, B, the attention, the deciding row; a click jumps), "jump to"
+  buttons (deciding row, B, P, the tool call) and a record search (id, item or prompt text). Each token is
+  shaded by the attention it receives from the deciding row (mean over heads, one layer, or one (layer,
+  head)) on a colour scale stated in its legend: per view, full colour at the 99th percentile (or the
+  largest) of the weights after token 0; tooltips name the token (``token 323 "get": attention 0.0002``).
+  Beside it: the candidates at the deciding row sorted by logit, with their probability (softmax over the
+  whole vocabulary), the one the model takes among them and the correct one flagged; the recorded margins;
+  the knockouts under the knockout tables' names (``boundary``, ``random``, ``count_pool`` …, each draw
+  listed under its control), where choosing one shows the candidates after it and, for the named knockouts
+  and draw 0 of each control, the deciding-row attention after it (:func:`knocked_views`); the steered
+  conditions beside the clean run (:func:`steer_view`); and the rows every other analysis recorded for it;
+- **Proc. Skill | BASM**: the two prompts of the record's item, k and format side by side, each at its
+  deciding row, shaded by the same head choice, each with its candidates;
+- **pattern**: a token × token attention pattern of one head (or a mean): the prompt's last
+  ``pattern_rows`` rows (the request's end and the forced tool-call prefix, the decision row last) × every
+  key, for the first ``pattern_records`` records only (each costs ``pattern_rows`` times its deciding row's
+  attention; the full n × n pattern is never materialised: one engine call records those rows);
+- **heads**: the per-head grids of ``heads`` (log2 B/P on T_wrong, the T_ok → T_wrong shift), each with a
+  diverging colour legend, the split-half ranking and its causal top-N test; a click on a head shades the
+  prompt view by it;
 - **run**: the run's provenance (report.md's header), its figures, the claims table, and Fig. 2's
   and Fig. 6's cells as item lists linked to the prompt view;
 - **circuit**: each circuit graph of the folder (``circuit_graph_<config>_<pair>.json``, written by
@@ -20,11 +34,11 @@ inline, no network):
   head shades the graph's prompt by that head's deciding-row attention (stored quantised, as the
   records' is).
 
-The attention is the engine's full softmax row at the deciding row
-(:func:`probes.analyses.knockout.deciding_run`, never an n × n pattern), recomputed for the records
-shown: the knocked records first, then the sweep's, at most ``records`` and within ``max_mb``,
-stored quantised (``precision``). The records are rebuilt with each analysis's recorded options
-(its results header), so the page shows what the rows measured.
+Every analysis of the catalogue with per-record results (rows holding ``record_id``) can be opened: its
+records are shown (rebuilt with its recorded options: its results header) and its rows listed with each
+record. The attention is the engine's full softmax row at the deciding row
+(:func:`probes.analyses.knockout.deciding_ids`), recomputed for the records shown: the knocked records
+first, then the others', at most ``records`` and within ``max_mb``, stored quantised (``precision``).
 
 The page sits above the analyses (it rebuilds their runs and reads their rows with their helpers);
 the catalogue ignores this module, which registers no analysis. Its template ships with the
@@ -596,24 +610,30 @@ def launch(playwright: Any) -> Any:
 SCREENSHOT_VIEWS = ("prompt", "knockout", "compare", "pattern", "heads")  # "knockout": the prompt view after the boundary knockout
 
 
-def screenshot_views(page_path: Path, out_dir: Path, views: tuple[str, ...] = SCREENSHOT_VIEWS) -> list[Path]:
+def screenshot_views(page_path: Path, out_dir: Path, views: tuple[str, ...] = SCREENSHOT_VIEWS, browser: Any = None) -> list[Path]:
     """PNGs of ``views`` of an explore page (``explore_<view>.png``), opened from disk with the network off, each
-    at the view's address (``#view=…``) on the opening record, as a shared link opens it."""
-    if reason := browser_missing():
-        raise AnalysisError(f"screenshots: {reason}")
-    from playwright.sync_api import sync_playwright
+    at the view's address (``#view=…``) on the opening record, as a shared link opens it; ``browser``: a
+    Playwright browser already launched (else one is launched, :func:`launch`)."""
+    if browser is None:
+        if reason := browser_missing():
+            raise AnalysisError(f"screenshots: {reason}")
+        from playwright.sync_api import sync_playwright
 
+        with sync_playwright() as p:
+            launched = launch(p)
+            paths = screenshot_views(page_path, out_dir, views, launched)
+            launched.close()
+        return paths
     make_folder(out_dir)
     paths = []
-    with sync_playwright() as p:
-        browser = launch(p)
-        page = browser.new_context(offline=True, viewport={"width": 1400, "height": 900}).new_page()
-        for view in views:
-            address = "view=prompt&knockout=boundary" if view == "knockout" else f"view={view}"
-            page.goto(f"{page_path.resolve().as_uri()}#{address}")
-            paths.append(out_dir / f"explore_{view}.png")
-            page.screenshot(path=str(paths[-1]))
-        browser.close()
+    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    for view in views:
+        address = "view=prompt&knockout=boundary" if view == "knockout" else f"view={view}"
+        page.goto(f"{page_path.resolve().as_uri()}#{address}")
+        paths.append(out_dir / f"explore_{view}.png")
+        page.screenshot(path=str(paths[-1]))
+    context.close()
     return paths
 
 

@@ -415,4 +415,4 @@ def test_the_explorer_opens_at_the_decision_with_legends_knockouts_search_compar
     assert not errors, errors
     context.close()
     if folder := os.environ.get("BASM_PROBES_SCREENSHOTS"):  # the screenshots of docs/explore: BASM_PROBES_SCREENSHOTS=docs/explore
-        print("screenshots:", E.screenshot_views(explored["page"], Path(folder)))
+        print("screenshots:", E.screenshot_views(explored["page"], Path(folder), browser=browser))
