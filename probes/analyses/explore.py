@@ -283,7 +283,7 @@ def cell_text(value: Any) -> str | float | None:
         return str(bool(value))
     if isinstance(value, int | float | np.integer | np.floating):
         return _finite(value)
-    return None if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
+    return None if value is None else str(value)
 
 
 def analysis_rows(rows: pd.DataFrame, record_id: str) -> dict[str, Any] | None:
