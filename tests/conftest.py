@@ -258,7 +258,7 @@ def dataset(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def browser():
-    """A headless Chromium (Playwright driving Debian's chromium) for the explore page's tests, or a skip
+    """A headless Chromium (Playwright driving the Chromium on the PATH, else its own) for the explore page's tests, or a skip
     that names how to install one."""
     from probes.analyses import explore
 

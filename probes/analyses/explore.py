@@ -1,16 +1,30 @@
 """``explore``: one self-contained ``explore.html`` per results folder, to look at a run in a browser.
 
-Four views, drawn by one Jinja2 template (``templates/explore.html.j2``; every script and style
-inline, no network):
+Six views, drawn by one Jinja2 template (``templates/explore.html.j2``; every script and style
+inline, no network); the view, record, head, knockout and colour scale live in the address
+(``#view=prompt&record=…&head=L1H2&knockout=boundary&scale=p99&pattern=L0H1``), so a view can be shared:
 
-- **prompt**: a record's tokens with the procedure and boundary spans (and each boundary slot)
-  outlined, the query rows marked, each token shaded by the attention it receives from the deciding
-  row (mean over heads, one layer, or one (layer, head)); its candidates with their logits at the
-  deciding row, the recorded margins and, where the knockout analysis ran on it, every knockout's
-  Δm with the positions it blocked drawn on the same tokens; where the steer analysis steered it, the
-  clean run's top action and margins next to the steered ones (:func:`steer_view`, read from the rows);
-- **heads**: the per-head grids of ``heads`` (log2 B/P on T_wrong, the T_ok → T_wrong shift), the
-  split-half ranking and its causal top-N test; a click on a head shades the prompt view by it;
+- **prompt**: opens on the first record (a knocked T_wrong one) scrolled to its deciding row, an overview
+  strip above it holding the whole prompt (P, B, the attention, the deciding row; a click jumps), "jump to"
+  buttons (deciding row, B, P, the tool call) and a record search (id, item or prompt text). Each token is
+  shaded by the attention it receives from the deciding row (mean over heads, one layer, or one (layer,
+  head)) on a colour scale stated in its legend: per view, full colour at the 99th percentile (or the
+  largest) of the weights after token 0; tooltips name the token (``token 323 "get": attention 0.0002``).
+  Beside it: the candidates at the deciding row sorted by logit, with their probability (softmax over the
+  whole vocabulary), the one the model takes among them and the correct one flagged; the recorded margins;
+  the knockouts under the knockout tables' names (``boundary``, ``random``, ``count_pool`` …, each draw
+  listed under its control), where choosing one shows the candidates after it and, for the named knockouts
+  and draw 0 of each control, the deciding-row attention after it (:func:`knocked_views`); the steered
+  conditions beside the clean run (:func:`steer_view`); and the rows every other analysis recorded for it;
+- **Proc. Skill | BASM**: the two prompts of the record's item, k and format side by side, each at its
+  deciding row, shaded by the same head choice, each with its candidates;
+- **pattern**: a token × token attention pattern of one head (or a mean): the prompt's last
+  ``pattern_rows`` rows (the request's end and the forced tool-call prefix, the decision row last) × every
+  key, for the first ``pattern_records`` records only (each costs ``pattern_rows`` times its deciding row's
+  attention; the full n × n pattern is never materialised: one engine call records those rows);
+- **heads**: the per-head grids of ``heads`` (log2 B/P on T_wrong, the T_ok → T_wrong shift), each with a
+  diverging colour legend, the split-half ranking and its causal top-N test; a click on a head shades the
+  prompt view by it;
 - **run**: the run's provenance (report.md's header), its figures, the claims table, and Fig. 2's
   and Fig. 6's cells as item lists linked to the prompt view;
 - **circuit**: each circuit graph of the folder (``circuit_graph_<config>_<pair>.json``, written by
@@ -20,11 +34,11 @@ inline, no network):
   head shades the graph's prompt by that head's deciding-row attention (stored quantised, as the
   records' is).
 
-The attention is the engine's full softmax row at the deciding row
-(:func:`probes.analyses.knockout.deciding_run`, never an n × n pattern), recomputed for the records
-shown: the knocked records first, then the sweep's, at most ``records`` and within ``max_mb``,
-stored quantised (``precision``). The records are rebuilt with each analysis's recorded options
-(its results header), so the page shows what the rows measured.
+Every analysis of the catalogue with per-record results (rows holding ``record_id``) can be opened: its
+records are shown (rebuilt with its recorded options: its results header) and its rows listed with each
+record. The attention is the engine's full softmax row at the deciding row
+(:func:`probes.analyses.knockout.deciding_ids`), recomputed for the records shown: the knocked records
+first, then the others', at most ``records`` and within ``max_mb``, stored quantised (``precision``).
 
 The page sits above the analyses (it rebuilds their runs and reads their rows with their helpers);
 the catalogue ignores this module, which registers no analysis. Its template ships with the
@@ -36,6 +50,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,16 +60,18 @@ from typing import Any, ClassVar
 import jinja2
 import numpy as np
 import pandas as pd
+from scipy.special import logsumexp
 
 from probes import analyses as registry
 from probes.analyses.option_system import Options, RunOptions, option, option_fields, shared
 from probes.analyses.run_context import AnalysisError, RunContext, default_model, model_label, open_context
 from probes.analyses import steer
-from probes.analyses.knockout import control_of, deciding_run, deltas_per_record, knocked_configs, layer_windows, record_knockouts
+from probes.analyses.knockout import (control_of, deciding_ids, deltas_per_record, draw_of, knocked_configs, layer_windows,
+                                      record_knockouts)
 from probes.core.files import make_folder, write_text
 from probes.core.text import visible
 from probes.data.schema import BOUNDARY_SLOTS
-from probes.engine.session import EngineSession
+from probes.engine.session import EngineSession, Knockout
 from probes.engine.threads import keeps_caller_threads
 from probes.prompts.record import PromptRecord, record_parts
 from probes.reporting.circuit_graph import GRAPH_GLOB, check_graph, read_circuit_graph
@@ -67,10 +84,12 @@ SHOWN = ("sweep", "knockout", "heads", "steer")  # the analyses whose rows the p
 PRECISIONS = {"uint16": np.uint16, "uint8": np.uint8}  # attention stored as round(a · max), a ∈ [0, 1]
 DEFAULT_RECORDS = 100
 DEFAULT_MAX_MB = 20.0
+DEFAULT_PATTERN_ROWS = 32  # the request's end and the forced tool-call prefix of a native prompt
+DEFAULT_PATTERN_RECORDS = 2  # the first records shown (the opening one first): each costs pattern_rows × its own attention
 SPAN_NAMES = ("procedure", "boundary")
 TEMPLATE = "explore.html.j2"
-CHROMIUM = "/usr/bin/chromium"  # Debian's package: `apt-get install -y chromium`
-INSTALL = "apt-get install -y chromium && pip install playwright"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")  # looked up on the PATH, in this order
+INSTALL = "pip install playwright, then `python -m playwright install chromium` (or a system Chromium: `apt-get install -y chromium`)"
 # headless, offline and quiet: no GPU, no background fetches (the page is opened with the network off)
 BROWSER_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--no-first-run")
@@ -92,8 +111,12 @@ class ExploreOptions(Options):
                             choices=tuple(PRECISIONS))
     max_mb: float = option(DEFAULT_MAX_MB, "size cap of the page (MB): records past it are left out, and the page says how many",
                            type=float, minimum=0.1)
+    pattern_rows: int = option(DEFAULT_PATTERN_ROWS, "rows of the token × token attention pattern (the prompt's last rows, the decision "
+                               "row last; every key)", type=int, minimum=1)
+    pattern_records: int = option(DEFAULT_PATTERN_RECORDS, "records that store the pattern (the first shown: each costs pattern_rows times "
+                                  "its deciding row's attention)", type=int, minimum=0)
     screenshots: str | Path | None = option(None, "also save the prompt and heads views as PNGs in this folder (README's; needs "
-                                            f"playwright and {CHROMIUM})", type=Path)
+                                            "playwright and a Chromium)", type=Path)
 
 
 def explore(session: EngineSession | None = None, **options: Any) -> Path:
@@ -191,22 +214,104 @@ def steer_view(steered: pd.DataFrame, record_id: str) -> dict[str, Any] | None:
     return {"note": note, "rows": rows}
 
 
-def record_view(ctx: RunContext, record: PromptRecord, options: ExploreOptions, rows: pd.DataFrame,
-                knocked: pd.DataFrame | None, knockout_options: Any, steered: pd.DataFrame | None = None) -> dict[str, Any]:
-    """One record as the page draws it: tokens, spans, query rows, candidates with their logits at the
-    deciding row, the recorded margins, the quantised deciding-row attention, the knockouts and, from
-    ``steered`` (the steer rows), the steered conditions beside the clean run."""
-    result, row, depth = deciding_run(ctx.session, record)
-    attention = result.rows[:, :, -1, : record.n_tokens].float().numpy()
-    logits = result.logits_at(row).float().numpy()
-    encoded, scale = quantise(attention, options.precision)
+def candidate_rows(record: PromptRecord, logits: np.ndarray, depth: int) -> list[dict[str, Any]]:
+    """The record's candidates at the deciding row, sorted by logit (highest first): each with its token there,
+    logit and probability (softmax over the whole vocabulary), ``chosen`` on the highest (the one the model takes
+    among them) and ``correct`` on the correct action. A candidate whose name parts from the correct one's before
+    the deciding row has no token there: listed last, without a logit."""
+    log_z = float(logsumexp(logits.astype(np.float64)))
     correct = record.candidate("correct")
     prefix = list(correct.token_ids[:depth]) if correct is not None and depth else []
-    candidates = []
+    out = []
     for c in record.candidates:  # a candidate's token at the deciding row exists when it shares the correct name's prefix
         predicted = len(c.token_ids) > depth and list(c.token_ids[:depth]) == prefix
-        candidates.append({"role": c.role, "action": c.action, "text": c.text, "token": int(c.token_ids[depth]) if predicted else None,
-                           "logit": float(logits[c.token_ids[depth]]) if predicted else None})
+        logit = float(logits[c.token_ids[depth]]) if predicted else None
+        out.append({"role": c.role, "action": c.action, "text": c.text, "token": int(c.token_ids[depth]) if predicted else None,
+                    "logit": logit, "prob": float(np.exp(logit - log_z)) if predicted else None, "correct": c.role == "correct",
+                    "chosen": False})
+    out.sort(key=lambda c: (c["logit"] is None, -(c["logit"] or 0.0)))
+    if out and out[0]["logit"] is not None:
+        out[0]["chosen"] = True
+    return out
+
+
+def pattern_window(record: PromptRecord, rows: int) -> list[int]:
+    """The query rows of the token × token pattern: the prompt's last ``rows`` rows (the request's end and the
+    forced tool-call prefix, the decision row last)."""
+    return list(range(max(0, record.n_tokens - rows), record.n_tokens))
+
+
+def knocked_views(ctx: RunContext, record: PromptRecord, knockouts: Sequence[Knockout], options: ExploreOptions) -> dict[str, dict[str, Any]]:
+    """Per knockout: the candidates at the deciding row after it and, for the named knockouts and the first draw
+    of each control (:func:`stores_attention`), the quantised deciding-row attention after it. The engine call
+    blocks the rows the knockout analysis blocked: its query rows run from the tool call's open row to the
+    deciding row (the correct name's shared prefix appended), so a ``path`` knockout blocks them all."""
+    ids, row, depth = deciding_ids(record)
+    query = sorted(set(record.query_rows) | set(range(record.decision_index, row + 1)))
+    stored = [k for k in knockouts if stores_attention(k.name)]
+    rest = [k for k in knockouts if not stores_attention(k.name)]
+    out: dict[str, dict[str, Any]] = {}
+    for group, record_rows in ((stored, True), (rest, False)):
+        if not group:
+            continue
+        results = ctx.session.run(ids, query, conditions=group, record_rows=record_rows).conditions[1:]
+        for k, result in zip(group, results):
+            view: dict[str, Any] = {"candidates": candidate_rows(record, result.logits_at(row).float().numpy(), depth), "attention": None}
+            if record_rows:
+                view["attention"] = quantise(result.rows[:, :, -1, : record.n_tokens].float().numpy(), options.precision)[0]
+            out[k.name] = view
+    return out
+
+
+def stores_attention(condition: str) -> bool:
+    """Whether the page stores the deciding-row attention after this knockout: the named ones (boundary,
+    procedure, the layer windows) and draw 0 of each control; the other draws keep their candidates only
+    (each stored one costs as much as the record's own attention)."""
+    return draw_of(condition) <= 0
+
+
+IDENTITY = ("record_id", "item_id", "bucket", "domain", "task_group", "config", "k", "format", "retrieval_mode", "tempting_rank",
+            "tempting_shown_rank", "tempting_shown")
+ROWS_PER_RECORD = 40  # an analysis's rows listed per record (steer's and knockout's run to hundreds: their views summarise them)
+
+
+def cell_text(value: Any) -> str | float | None:
+    """One field of a results row as the page lists it: numbers as numbers, lists and tables by their length."""
+    if isinstance(value, list | tuple | dict | np.ndarray):
+        return f"[{len(value)} values]"
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, int | float | np.integer | np.floating):
+        return _finite(value)
+    return None if value is None else str(value)
+
+
+def analysis_rows(rows: pd.DataFrame, record_id: str) -> dict[str, Any] | None:
+    """An analysis's rows of ``record_id`` as a table: its fields (the record's identity left out) by row,
+    at most :data:`ROWS_PER_RECORD` rows, the rest counted."""
+    mine = rows[rows["record_id"] == record_id]
+    if mine.empty:
+        return None
+    columns = [c for c in mine.columns if c not in IDENTITY]
+    shown_rows = mine.head(ROWS_PER_RECORD)
+    return {"columns": columns, "rows": [[cell_text(v) for v in r] for r in shown_rows[columns].itertuples(index=False)],
+            "left_out": len(mine) - len(shown_rows)}
+
+
+def record_view(ctx: RunContext, record: PromptRecord, options: ExploreOptions, rows: pd.DataFrame,
+                knocked: pd.DataFrame | None, knockout_options: Any, steered: pd.DataFrame | None = None,
+                others: Mapping[str, pd.DataFrame] | None = None, pattern: bool = False) -> dict[str, Any]:
+    """One record as the page draws it: tokens, spans, query rows, candidates at the deciding row (sorted, with
+    probabilities, the chosen and the correct one flagged), the recorded margins, the quantised deciding-row
+    attention, the knockouts (each with its candidates and, where stored, its attention after it), from
+    ``steered`` (the steer rows) the steered conditions beside the clean run, the rows of the ``others``
+    analyses and, with ``pattern``, the token × token attention of the prompt's last ``pattern_rows`` rows."""
+    ids, row, depth = deciding_ids(record)
+    window = pattern_window(record, options.pattern_rows) if pattern else []
+    query = sorted({min(record.query_rows), row, *window})  # the deciding row is the last: it is at or after the prompt's end
+    result = ctx.session.run(ids, query, record_rows=True).conditions[0]
+    attention = result.rows[:, :, -1, : record.n_tokens].float().numpy()
+    encoded, scale = quantise(attention, options.precision)
     baseline = rows[(rows["record_id"] == record.record_id) & (rows["condition"] == "baseline")]
     margins = {}
     if len(baseline):
@@ -218,31 +323,39 @@ def record_view(ctx: RunContext, record: PromptRecord, options: ExploreOptions, 
         windows = layer_windows(ctx.session.n_layers, knockout_options.layer_window) if knockout_options.layer_window else []
         mine = knocked[knocked["record_id"] == record.record_id].set_index("condition")
         conds, _ = record_knockouts(record, attention, knockout_options, tool_names_of(ctx.dataset), windows)
+        after = knocked_views(ctx, record, conds, options)
         base = mine["margin"].get("baseline", np.nan)
         for k in conds:
             delta = mine["margin"].get(k.name, np.nan) - base
-            knockouts.append({"name": k.name, "control": control_of(k.name), "delta": _finite(delta), "positions": list(k.key_positions),
-                              "layers": list(k.layers) if k.layers is not None else None})
+            knockouts.append({"name": k.name, "control": control_of(k.name), "draw": draw_of(k.name), "delta": _finite(delta),
+                              "positions": list(k.key_positions), "layers": list(k.layers) if k.layers is not None else None,
+                              **after[k.name]})
+    stored_pattern = None
+    if window:
+        at = [query.index(r) for r in window]
+        stored_pattern = {"rows": window, "attention": quantise(result.rows[:, :, at, : record.n_tokens].float().numpy(), options.precision)[0]}
     return {
         "id": record.record_id, "item": record.item_id, "bucket": record.bucket, "config": record.config, "k": record.k,
         "format": record.format, "correct": record.correct_action, "wrong": list(record.wrong_tools),
         "tokens": token_pieces(record), "spans": {name: [list(s) for s in record.spans.get(name, [])] for name in (*SPAN_NAMES, *BOUNDARY_SLOTS)},
         "query_rows": list(record.query_rows), "decision_index": record.decision_index, "deciding_row": row, "deciding_depth": depth,
-        "candidates": candidates, "margins": margins, "margin_variant": str(baseline.iloc[0]["margin_variant"]) if len(baseline) else "",
+        "candidates": candidate_rows(record, result.logits_at(row).float().numpy(), depth), "margins": margins,
+        "margin_variant": str(baseline.iloc[0]["margin_variant"]) if len(baseline) else "",
         "attention": encoded, "scale": scale, "shape": list(attention.shape), "knockouts": knockouts,
-        "steer": steer_view(steered, record.record_id) if steered is not None else None,
+        "steer": steer_view(steered, record.record_id) if steered is not None else None, "pattern": stored_pattern,
+        "analyses": {name: table for name, other in (others or {}).items() if (table := analysis_rows(other, record.record_id))},
     }
 
 
 def chosen_records(runs: dict[str, FinishedRun]) -> list[tuple[str, str]]:
     """(analysis, record id) of every record the page can show, in the order they are kept: item by
-    item (the knocked items first, T_wrong before T_ok), each item's knocked records, then its sweep
-    and heads records by configuration and k. An item's prompts share their prefix, which the engine
-    then computes once (``prefix_cache``)."""
-    found = []  # (knocked?, bucket, item, analysis rank, config, k, analysis, record id)
-    for rank, name in enumerate(SHOWN):
-        if name not in runs:
-            continue
+    item (the knocked items first, T_wrong before T_ok), each item's knocked records, then its records
+    of the other analyses (:data:`SHOWN`'s first, then ``runs``' order) by configuration and k, each record
+    under the first analysis holding it. An item's prompts share their prefix, which the engine then
+    computes once (``prefix_cache``)."""
+    found = []  # (item, analysis rank, knocked?, bucket, config, k, analysis, record id)
+    order = [*(n for n in SHOWN if n in runs), *(n for n in runs if n not in SHOWN)]
+    for rank, name in enumerate(order):
         rows = runs[name].rows
         base = rows[rows["condition"] == "baseline"] if "condition" in rows else rows
         for r in base[["record_id", "item_id", "bucket", "config", "k"]].drop_duplicates("record_id").itertuples():
@@ -253,6 +366,20 @@ def chosen_records(runs: dict[str, FinishedRun]) -> list[tuple[str, str]]:
     for f in found:
         out.setdefault(f[7], f[6])
     return [(name, record_id) for record_id, name in out.items()]
+
+
+def finished_runs(out_dir: Path) -> dict[str, FinishedRun]:
+    """Every analysis of the catalogue with per-record results in ``out_dir`` (rows holding ``record_id``), in
+    report order, read through :func:`~probes.reporting.finished.load` (which knows the folder's layout)."""
+    runs = {}
+    for name in registry.catalogue():
+        try:
+            run = load(out_dir, name)
+        except FileNotFoundError:  # not run in this folder
+            continue
+        if "record_id" in run.rows:
+            runs[name] = run
+    return runs
 
 
 # ----------------------------------------------------------------------------- the other views
@@ -381,17 +508,23 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
     start = time.perf_counter()
     model = options.model if options.model is not None else (session.model.name_or_path if session is not None else default_model())
     out_dir = Path(options.out) / model_label(model)
-    runs = {name: load(out_dir, name) for name in SHOWN if (out_dir / f"{name}.jsonl").is_file()}
+    runs = finished_runs(out_dir)
     circuits = circuit_graphs_of(out_dir, circuit_graphs)
     if not runs and not circuits:
-        raise AnalysisError(f"{out_dir}: no results of {', '.join(SHOWN)} and no {GRAPH_GLOB} to explore (run `basm-probes report`, "
+        raise AnalysisError(f"{out_dir}: no results of any analysis with per-record rows and no {GRAPH_GLOB} to explore (run `basm-probes report`, "
                             f"circuit or one of the others with --out {options.out})")
     contexts: dict[str, RunContext] = {}
-    for name in runs:
-        contexts[name] = run_context(runs[name], options, model, session)
-        session = contexts[name].session
-    kopts = contexts["knockout"].options if "knockout" in runs else None
+
+    def context(name: str) -> RunContext:  # the analyses whose records are shown, rebuilt as they ran, the session shared
+        nonlocal session
+        if name not in contexts:
+            contexts[name] = run_context(runs[name], options, model, session)
+            session = contexts[name].session
+        return contexts[name]
+
+    kopts = context("knockout").options if "knockout" in runs else None
     knocked = runs["knockout"].rows if "knockout" in runs else None
+    others = {name: run.rows for name, run in runs.items() if name not in SHOWN}
     claims = out_dir / "claims.csv"
     data: dict[str, Any] = {
         "model": str(model), "out_dir": str(out_dir), "analyses": list(runs), "provenance": provenance_lines(out_dir, runs),
@@ -400,7 +533,7 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
         "sweep": sweep_cells(runs["sweep"]) if "sweep" in runs else [],
         "knockout": knockout_cells(runs["knockout"]) if "knockout" in runs else [],
         "heads_view": heads_view(runs["heads"]) if "heads" in runs and "heads_ranking" in runs["heads"].tables else None,
-        "circuits": [circuit_view(g, options.precision) for g in circuits],
+        "circuits": [circuit_view(g, options.precision) for g in circuits], "pattern_records": options.pattern_records,
     }
     # the page is the template (~20 kB) around this data: each record's attention scales as layers × heads × tokens
     used = len(render({**data, "records": [], "records_total": 0, "left_out": 0, "layers": 0, "heads": 0}).encode())
@@ -408,18 +541,19 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
         raise AnalysisError(f"{out_dir}: the page without records (its figures and {len(circuits)} circuit graphs) takes {used / 1e6:.2f} MB, "
                             f"over max_mb = {options.max_mb} MB: raise --max-mb")
     chosen = chosen_records(runs)
-    items = {item.id: item for ctx in contexts.values() for item in ctx.items}
     records, left_out = [], []
     for name, record_id in chosen:
         item_id, config, k, fmt = record_parts(record_id)
         if len(records) >= options.records:
             left_out.append(record_id)
             continue
-        ctx = contexts[name]
+        ctx = context(name)
+        items = {item.id: item for item in ctx.items}
         record = ctx.builder.build(items[item_id], config, k, fmt)
         knocks = knocked is not None and name == "knockout" and config in knocked_configs(kopts.priming)
         view = record_view(ctx, record, options, runs[name].rows, knocked if knocks else None, kopts if knocks else None,
-                           runs["steer"].rows if "steer" in runs else None)
+                           runs["steer"].rows if "steer" in runs else None, others, pattern=len(records) < options.pattern_records)
+        view["analysis"] = name
         size = len(json.dumps(view, separators=(",", ":")).encode())
         if used + size > options.max_mb * 1e6:
             left_out.append(record_id)
@@ -443,43 +577,63 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
 
 
 # ----------------------------------------------------------------------------- in a browser
+def system_chromium() -> str | None:
+    """A Chromium on the PATH (:data:`CHROMIUM_NAMES`), else None."""
+    return next((path for name in CHROMIUM_NAMES if (path := shutil.which(name))), None)
+
+
+def playwright_chromium() -> str | None:
+    """The Chromium Playwright installed itself (``python -m playwright install chromium``), else None."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        path = p.chromium.executable_path
+    return path if Path(path).is_file() else None
+
+
 def browser_missing() -> str:
-    """Why the page cannot be opened in a headless browser here ("" when it can), naming the install command."""
+    """Why the page cannot be opened in a headless browser here ("" when it can), naming how to get one."""
     import importlib.util
 
     if importlib.util.find_spec("playwright") is None:
         return f"playwright is not installed ({INSTALL})"
-    if not Path(CHROMIUM).is_file():
-        return f"no {CHROMIUM} ({INSTALL})"
+    if system_chromium() is None and playwright_chromium() is None:
+        return f"no Chromium: none of {', '.join(CHROMIUM_NAMES)} on the PATH and none installed by Playwright ({INSTALL})"
     return ""
 
 
 def launch(playwright: Any) -> Any:
-    """Chromium, headless, from Debian's package."""
-    return playwright.chromium.launch(executable_path=CHROMIUM, args=list(BROWSER_ARGS))
+    """Chromium, headless: the one on the PATH, else Playwright's own."""
+    return playwright.chromium.launch(executable_path=system_chromium(), args=list(BROWSER_ARGS))
 
 
-def screenshot_views(page_path: Path, out_dir: Path, views: tuple[str, ...] = ("prompt", "heads")) -> list[Path]:
-    """PNGs of ``views`` of an explore page (``explore_<view>.png``), opened from disk with the network off."""
-    if reason := browser_missing():
-        raise AnalysisError(f"screenshots: {reason}")
-    from playwright.sync_api import sync_playwright
+SCREENSHOT_VIEWS = ("prompt", "knockout", "compare", "pattern", "heads")  # "knockout": the prompt view after the boundary knockout
 
+
+def screenshot_views(page_path: Path, out_dir: Path, views: tuple[str, ...] = SCREENSHOT_VIEWS, browser: Any = None) -> list[Path]:
+    """PNGs of ``views`` of an explore page (``explore_<view>.png``), opened from disk with the network off, each
+    at the view's address (``#view=…``) on the opening record, as a shared link opens it; ``browser``: a
+    Playwright browser already launched (else one is launched, :func:`launch`)."""
+    if browser is None:
+        if reason := browser_missing():
+            raise AnalysisError(f"screenshots: {reason}")
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            launched = launch(p)
+            paths = screenshot_views(page_path, out_dir, views, launched)
+            launched.close()
+        return paths
     make_folder(out_dir)
     paths = []
-    with sync_playwright() as p:
-        browser = launch(p)
-        page = browser.new_context(offline=True, viewport={"width": 1400, "height": 900}).new_page()
-        page.goto(page_path.resolve().as_uri())
-        # the prompt view with the boundary knockout drawn, scrolled to the memory block
-        page.evaluate("""() => { const s = document.getElementById("knockout-select");
-            if ([...s.options].some((o) => o.value === "boundary")) { s.value = "boundary"; s.dispatchEvent(new Event("change")); }
-            const b = document.querySelector("#tokens .sp-procedure"); if (b) b.scrollIntoView({block: "start"}); }""")
-        for view in views:
-            page.click(f"button.tab[data-view={view}]")
-            paths.append(out_dir / f"explore_{view}.png")
-            page.screenshot(path=str(paths[-1]))
-        browser.close()
+    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    for view in views:
+        address = "view=prompt&knockout=boundary" if view == "knockout" else f"view={view}"
+        page.goto(f"{page_path.resolve().as_uri()}#{address}")
+        paths.append(out_dir / f"explore_{view}.png")
+        page.screenshot(path=str(paths[-1]))
+    context.close()
     return paths
 
 

@@ -150,19 +150,24 @@ SHOWN_FAMILY = f"{NAME} (defining skill shown)"
 
 
 # ----------------------------------------------------------------------------- dose
-def deciding_run(session: EngineSession, record: PromptRecord) -> tuple[ConditionResult, int, int]:
-    """(the unmodified condition, the deciding row, its depth into the correct name) from one engine
-    call whose last query row is the deciding row (the row predicting the first token where the correct
-    name parts from a wrong one; the decision row for abstention items), its full softmax row recorded
-    (the correct name's shared prefix appended where the deciding row lies inside it). It branches where
-    the record's scoring call does (its first query row), so that call takes the whole prompt prefix
-    from the session's prefix cache."""
+def deciding_ids(record: PromptRecord) -> tuple[list[int], int, int]:
+    """(the prompt's ids with the correct name's shared prefix appended where the deciding row lies inside
+    it, the deciding row, its depth into the correct name): the deciding row predicts the first token where
+    the correct name parts from a wrong one (the decision row for abstention items)."""
     candidates = [c for c in candidates_from_record(record) if c.role != "other"]
     key, depth = deciding_depth(candidates)
     ids = list(record.input_ids)
     if depth:
         ids += list(next(c for c in candidates if c.key == key).token_ids[:depth])
-    row = int(record.decision_index) + depth
+    return ids, int(record.decision_index) + depth, depth
+
+
+def deciding_run(session: EngineSession, record: PromptRecord) -> tuple[ConditionResult, int, int]:
+    """(the unmodified condition, the deciding row, its depth into the correct name) from one engine
+    call on :func:`deciding_ids` whose last query row is the deciding row, its full softmax row recorded.
+    It branches where the record's scoring call does (its first query row), so that call takes the whole
+    prompt prefix from the session's prefix cache."""
+    ids, row, depth = deciding_ids(record)
     query = sorted({min(record.query_rows), row})
     return session.run(ids, query, record_rows=True).conditions[0], row, depth
 

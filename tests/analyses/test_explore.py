@@ -5,6 +5,7 @@ a real headless Chromium from disk with the network off and read back from its D
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -36,17 +37,17 @@ def explored(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_dir: Path):
     session = probes.ProbeSession(tiny_qwen3_dir)
     common = {**RUN, "model": tiny_qwen3_dir, "out": out}
     probes.run("sweep", session, limit=1, k_max=1, **common)  # Fig. 2 drawn: the run view embeds it
-    probes.run("knockout", session, limit=1, k=1, random_draws=1, controls=["neutral"], figure=False, **common)
+    probes.run("knockout", session, limit=1, k=1, random_draws=2, controls=["neutral"], figure=False, **common)  # draw 1: no attention stored
     probes.run("heads", session, limit=2, k=1, floor_from="given", causal=False, figure=False, **common)
+    probes.run("suppression", session, limit=1, k=1, figure=False, **common)  # an analysis without a view of its own: its rows listed
     page = probes.explore(session, out=out, model=tiny_qwen3_dir)
     options = E.ExploreOptions(out=out, model=tiny_qwen3_dir)
-    contexts = {name: E.run_context(load(page.parent, name), options, tiny_qwen3_dir, session) for name in ("sweep", "knockout", "heads")}
+    contexts = {name: E.run_context(load(page.parent, name), options, tiny_qwen3_dir, session) for name in ("sweep", "suppression", "knockout", "heads")}
     data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page.read_text(), re.S).group(1))
     items = {item.id: item for ctx in contexts.values() for item in ctx.items}
 
     def rebuild(rec: dict) -> PromptRecord:
-        ctx = contexts["knockout" if rec["knockouts"] else "sweep"]
-        return ctx.builder.build(items[rec["item"]], rec["config"], rec["k"], rec["format"])
+        return contexts[rec["analysis"]].builder.build(items[rec["item"]], rec["config"], rec["k"], rec["format"])
 
     # the browser opens a copy: test_page_is_self_contained_and_capped rewrites the page in place
     copy = tmp_path_factory.mktemp("explore_page") / E.PAGE
@@ -69,7 +70,7 @@ def reference_row(session, record, rec: dict) -> tuple[np.ndarray, np.ndarray]:
 
 def test_page_matches_independent_computations(explored):
     data, session = explored["data"], explored["session"]
-    assert data["records"] and data["left_out"] == 0 and data["analyses"] == ["sweep", "knockout", "heads"]
+    assert data["records"] and data["left_out"] == 0 and data["analyses"] == ["sweep", "suppression", "knockout", "heads"]
     sweep = load(explored["dir"], "sweep").rows.set_index(["record_id", "condition"])
     checked = 0
     for rec in data["records"]:
@@ -78,7 +79,8 @@ def test_page_matches_independent_computations(explored):
         attention, logits = reference_row(session, record, rec)
         # uint16 quantisation: half a step, plus fp32 noise between the two engine paths
         np.testing.assert_allclose(weights(rec), attention, atol=0.5 / 65535 + 1e-5, rtol=0)
-        for cand, ref in zip(rec["candidates"], record.candidates):
+        for cand in rec["candidates"]:
+            ref = next(c for c in record.candidates if (c.role, c.action) == (cand["role"], cand["action"]))
             if cand["token"] is not None:
                 assert cand["token"] == ref.token_ids[rec["deciding_depth"]]
                 assert abs(cand["logit"] - logits[cand["token"]]) < 1e-4
@@ -218,11 +220,23 @@ def test_in_a_headless_browser(explored, browser, tmp_path_factory):
     context.close()
 
 
-def test_without_a_browser_the_reason_names_the_install_command(monkeypatch, tmp_path):
-    monkeypatch.setattr(E, "CHROMIUM", str(tmp_path / "no-chromium"))
-    assert "apt-get install -y chromium" in E.browser_missing()
-    with pytest.raises(AnalysisError, match="apt-get install -y chromium"):
+def test_chromium_is_found_on_the_path_or_by_playwright_and_else_the_reason_names_how_to_get_one(monkeypatch, tmp_path):
+    found = tmp_path / "bin" / "chromium-browser"  # Ubuntu's name, in a folder of the PATH
+    found.parent.mkdir()
+    found.write_text("#!/bin/sh\n")
+    found.chmod(0o755)
+    monkeypatch.setenv("PATH", str(found.parent))
+    assert E.system_chromium() == str(found)
+    monkeypatch.setattr(E, "playwright_chromium", lambda: None)
+    assert E.browser_missing() == ""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert E.system_chromium() is None
+    reason = E.browser_missing()
+    assert "chromium, chromium-browser, google-chrome" in reason and "python -m playwright install chromium" in reason
+    with pytest.raises(AnalysisError, match="playwright install chromium"):
         E.screenshot_views(tmp_path / E.PAGE, tmp_path)
+    monkeypatch.setattr(E, "playwright_chromium", lambda: "/opt/ms-playwright/chromium/chrome")  # Playwright's own
+    assert E.browser_missing() == ""
 
 
 def test_the_command_line_flags_are_the_options():
@@ -234,3 +248,171 @@ def test_the_command_line_flags_are_the_options():
     assert (str(options.out), options.records, options.precision, options.max_mb, options.screenshots) == ("r", 3, "uint8", 5.0, None)
     with pytest.raises(probes.analyses.option_system.OptionError, match="precision"):
         E.ExploreOptions(precision="float8")
+
+
+# ----------------------------------------------------------------------------- issue 45: the explorer a CircuitsVis user expects
+def test_candidates_are_sorted_with_probabilities_and_flags(explored):
+    reordered = 0  # records whose candidates the sort moved (the record lists the correct one first)
+    for rec in explored["data"]["records"]:
+        record = explored["rebuild"](rec)
+        reordered += [c["action"] for c in rec["candidates"]] != [c.action for c in record.candidates]
+        _, logits = reference_row(explored["session"], record, rec)
+        cands = rec["candidates"]
+        scored = [c["logit"] for c in cands if c["logit"] is not None]
+        assert scored == sorted(scored, reverse=True) and all(c["logit"] is None for c in cands[len(scored):])
+        assert [c["chosen"] for c in cands] == [i == 0 for i in range(len(cands))]
+        assert [c["correct"] for c in cands] == [c["role"] == "correct" for c in cands]
+        log_z = np.log(np.exp(logits.astype(np.float64) - logits.max()).sum()) + logits.max()
+        for c in cands[: len(scored)]:
+            assert c["prob"] == pytest.approx(np.exp(logits[c["token"]] - log_z), rel=1e-4)
+    assert reordered
+
+
+def test_each_knockout_shows_its_candidates_and_attention_after_it(explored):
+    """The candidates after a knockout give the wrong-tool margin the knockout rows recorded for it; the stored
+    attention after the boundary knockout is the single-pass reference's under the same knockout."""
+    rows = load(explored["dir"], "knockout").rows.set_index(["record_id", "condition"])
+    rec = next(r for r in explored["data"]["records"] if r["knockouts"])
+    record = explored["rebuild"](rec)
+    assert {k["control"] for k in rec["knockouts"]} >= {"boundary", "random", "procedure"}
+    assert all(not k["name"].startswith(("random_", "bsub_", "psub_", "mass_")) or k["control"] != k["name"] for k in rec["knockouts"])
+    checked = 0
+    for k in rec["knockouts"]:
+        assert (k["attention"] is not None) == (k["draw"] <= 0), k["name"]  # named knockouts and draw 0 of each control
+        by_role = pd.DataFrame(k["candidates"])
+        recorded = rows.loc[(rec["id"], k["name"]), "margin_tool_choice"]
+        if np.isfinite(recorded) and (by_role["role"] == "wrong").sum() == 1:
+            wrong, correct = (by_role.loc[by_role["role"] == r, "logit"].iloc[0] for r in ("wrong", "correct"))
+            assert abs((wrong - correct) - recorded) < 1e-4, k["name"]
+            checked += 1
+    assert checked
+    boundary = next(k for k in rec["knockouts"] if k["name"] == "boundary")
+    knockout = Knockout("boundary", tuple(boundary["positions"]))
+    # the rows the knockout analysis blocks (--knockout-rows path): the tool call's, through the deciding row inside the correct name
+    correct = record.candidate("correct")
+    ids = list(record.input_ids) + list(correct.token_ids[: rec["deciding_depth"]])
+    rows_blocked = sorted(set(record.query_rows) | set(range(record.decision_index, rec["deciding_row"] + 1)))
+    result = explored["session"].forward(ids, rows_blocked, conditions=[knockout], record_rows=True)
+    reference = result.conditions[1].rows[:, :, -1, : record.n_tokens].numpy()
+    after = E.dequantise(boundary["attention"], rec["scale"], "uint16", tuple(rec["shape"]))
+    np.testing.assert_allclose(after, reference, atol=0.5 / 65535 + 1e-5, rtol=0)
+    assert np.abs(after - weights(rec)).max() > 1e-3  # the knockout moved it
+
+
+def test_the_pattern_is_the_attention_of_the_prompts_last_rows(explored):
+    data = explored["data"]
+    with_pattern = [r for r in data["records"] if r["pattern"]]
+    assert [r["id"] for r in with_pattern] == [r["id"] for r in data["records"][: E.DEFAULT_PATTERN_RECORDS]]
+    rec = with_pattern[0]
+    record = explored["rebuild"](rec)
+    rows = rec["pattern"]["rows"]
+    assert rows == list(range(record.n_tokens - E.DEFAULT_PATTERN_ROWS, record.n_tokens))
+    L, H, n = rec["shape"]
+    stored = E.dequantise(rec["pattern"]["attention"], rec["scale"], "uint16", (L, H, len(rows), n))
+    reference = explored["session"].forward(list(record.input_ids), rows, record_rows=True).conditions[0].rows[..., :n].numpy()
+    np.testing.assert_allclose(stored, reference, atol=0.5 / 65535 + 1e-5, rtol=0)
+
+
+def test_the_rows_of_an_analysis_without_a_view_are_listed_with_the_record(explored):
+    suppression = load(explored["dir"], "suppression").rows
+    rec = next(r for r in explored["data"]["records"] if "suppression" in r["analyses"])
+    table = rec["analyses"]["suppression"]
+    mine = suppression[suppression["record_id"] == rec["id"]]
+    assert len(table["rows"]) == len(mine) and table["left_out"] == 0 and not set(E.IDENTITY) & set(table["columns"])
+    listed = dict(zip(table["columns"], table["rows"][0]))
+    assert listed["condition"] == mine["condition"].iloc[0] and listed["margin"] == pytest.approx(mine["margin"].iloc[0], abs=1e-12)
+    assert set(suppression["record_id"]) <= {r["id"] for r in explored["data"]["records"]}
+
+
+def in_view(page, selector: str, box: str) -> bool:
+    """Whether ``selector``'s element lies inside ``box``'s visible area and the window's."""
+    return page.evaluate("""([sel, box]) => { const e = document.querySelector(sel).getBoundingClientRect();
+        const b = document.querySelector(box).getBoundingClientRect();
+        return e.top >= b.top && e.bottom <= b.bottom && e.top >= 0 && e.bottom <= window.innerHeight; }""", [selector, box])
+
+
+def dom_candidates(page, table: str = "#candidates") -> list[dict]:
+    return page.eval_on_selector_all(f"{table} tr[data-action]", """els => els.map(e => ({action: e.dataset.action, role: e.dataset.role,
+        logit: e.dataset.logit === "" ? null : Number(e.dataset.logit), chosen: e.classList.contains("chosen"),
+        correct: e.classList.contains("correct"), flags: e.lastChild.textContent}))""")
+
+
+def test_the_explorer_opens_at_the_decision_with_legends_knockouts_search_compare_and_a_shareable_address(explored, browser, tmp_path):
+    data = explored["data"]
+    context, page, errors = open_page(browser, explored["page"])
+    first = data["records"][0]
+    assert page.get_attribute("#tokens", "data-record") == first["id"] and first["knockouts"]  # a knocked record first
+    # opens at the deciding row, and the overview strip holds the whole prompt with its spans
+    assert in_view(page, "#tokens .tok.deciding", "#tokens")
+    assert page.is_visible("#overview")
+    # a colour legend with numbers, the normalisation stated; token text in the tooltips
+    top = float(page.get_attribute("#colour-legend", "data-top"))
+    assert top > 0 and "normalised per view" in page.inner_text("#colour-legend")
+    assert re.search(r"\d\.\d", page.inner_text("#colour-legend .scale-ticks"))
+    i = first["query_rows"][0]
+    assert page.get_attribute(f"#tokens .tok[data-i='{i}']", "title").startswith(f"token {i} {json.dumps(first['tokens'][i])}: attention ")
+    # jump to B, then back to the deciding row
+    page.click("#jump button[data-jump=boundary]")
+    assert in_view(page, f"#tokens .tok[data-i='{first['spans']['boundary'][0][0]}']", "#tokens")
+    page.click("#jump button[data-jump=deciding]")
+    assert in_view(page, "#tokens .tok.deciding", "#tokens")
+    # candidates sorted, the chosen (first) and the correct one flagged
+    shown = dom_candidates(page)
+    assert [c["action"] for c in shown] == [c["action"] for c in first["candidates"]]
+    assert shown[0]["chosen"] and "chosen" in shown[0]["flags"] and sum(c["chosen"] for c in shown) == 1
+    assert [c["correct"] for c in shown] == [c["role"] == "correct" for c in shown] and any("correct" in c["flags"] for c in shown)
+    # the picker names the knockouts as the tables do; a knockout changes the candidates and the shading
+    groups = page.eval_on_selector_all("#knockout-select optgroup", "els => els.map(e => e.label)")
+    assert groups[0] == "boundary" and "random" in groups and not any(g.startswith(("random_", "bsub_")) for g in groups)
+    before = dom_weights(page)
+    page.select_option("#knockout-select", "boundary")
+    boundary = next(k for k in first["knockouts"] if k["name"] == "boundary")
+    after = E.dequantise(boundary["attention"], first["scale"], "uint16", tuple(first["shape"])).mean((0, 1))
+    np.testing.assert_allclose(dom_weights(page), after, atol=1e-6, rtol=0)
+    assert np.abs(dom_weights(page) - before).max() > 1e-4
+    assert [c["logit"] for c in dom_candidates(page)] == pytest.approx([c["logit"] for c in boundary["candidates"]], abs=1e-9)
+    assert dom_positions(page, ".blocked") == set(boundary["positions"])
+    # the view state in the address: a fresh page opened at it shows the same view
+    page.select_option("#head-select", "L1H2")
+    address = page.url
+    assert "knockout=boundary" in address and "head=L1H2" in address
+    again = context.new_page()
+    again.goto(address)
+    assert (again.get_attribute("#tokens", "data-record"), again.input_value("#head-select"), again.input_value("#knockout-select")) == \
+        (first["id"], "L1H2", "boundary")
+    np.testing.assert_allclose(dom_weights(again), dom_weights(page), atol=0, rtol=0)
+    page.select_option("#record-select", "1")
+    page.select_option("#scale-select", "max")
+    again.goto(page.url)  # another record and colour scale: a shared address reopens them
+    assert (again.get_attribute("#tokens", "data-record"), again.input_value("#scale-select")) == (data["records"][1]["id"], "max")
+    assert again.get_attribute("#colour-legend", "data-top") == page.get_attribute("#colour-legend", "data-top")
+    again.close()
+    # search: an item's id finds its record
+    other = next(r for r in data["records"] if r["item"] != first["item"])
+    page.fill("#record-search", other["item"])
+    assert page.get_attribute("#tokens", "data-record").split("|")[0] == other["item"]
+    assert f"of {len(data['records'])} records" in page.inner_text("#search-count")
+    page.fill("#record-search", "")
+    # Proc. Skill and BASM of the same item side by side, each at its deciding row
+    page.select_option("#record-select", "0")
+    page.click("button.tab[data-view=compare]")
+    ids = [page.get_attribute(f"#pane-{c} .pane-tokens", "data-record") for c in ("proc", "basm")]
+    assert [i.split("|")[:3] for i in ids] == [[first["item"], c, f"k{first['k']}"] for c in ("proc", "basm")]
+    assert in_view(page, "#pane-basm .pane-tokens .tok.deciding", "#pane-basm .pane-tokens")
+    assert "view=compare" in page.url
+    # the token × token pattern of a chosen head
+    page.click("button.tab[data-view=pattern]")
+    page.select_option("#pattern-head", "L0H1")
+    assert page.get_attribute("#pattern-canvas", "data-head") == "L0H1" and float(page.get_attribute("#pattern-canvas", "data-top")) > 0
+    # the heads grids have their legends
+    page.click("button.tab[data-view=heads]")
+    assert float(page.get_attribute("#legend-log2", "data-top")) > 0 and page.is_visible("#legend-shift .scale-bar")
+    # at 900 px the side panel wraps under the prompt: the candidates table is not cut
+    page.set_viewport_size({"width": 900, "height": 900})
+    page.click("button.tab[data-view=prompt]")
+    box = page.locator("#candidates").bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 900
+    assert not errors, errors
+    context.close()
+    if folder := os.environ.get("BASM_PROBES_SCREENSHOTS"):  # the screenshots of docs/explore: BASM_PROBES_SCREENSHOTS=docs/explore
+        print("screenshots:", E.screenshot_views(explored["page"], Path(folder), browser=browser))

@@ -71,7 +71,7 @@ def test_a_broken_graph_file_in_the_folder_is_refused_naming_it(circuit_page, tm
     folder.write("circuit_graph_basm_bad.json", json.dumps(graph))
     with pytest.raises(G.GraphError, match=r"circuit_graph_basm_bad\.json: graph\.edges\[0\]: target 'L9H9'"):
         E.write_explore(E.ExploreOptions(out=tmp_path, model=MODEL))
-    with pytest.raises(AnalysisError, match=r"no results of sweep, knockout, heads, steer and no circuit_graph_\*\.json"):
+    with pytest.raises(AnalysisError, match=r"no results of any analysis with per-record rows and no circuit_graph_\*\.json"):
         E.write_explore(E.ExploreOptions(out=tmp_path / "empty", model=MODEL))
     graph = circuit_page["graphs"][0]
     with pytest.raises(AnalysisError, match=r"the page without records \(its figures and 10 circuit graphs\) takes 0\.1\d+ MB, over max_mb = 0\.1"):
