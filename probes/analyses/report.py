@@ -5,7 +5,7 @@ Each analysis gets the report's shared options (model and session options, forma
 variant, builder, item filters, seed, ``quick``, ``out``...) and keeps its own defaults for the
 rest, and for ``k_max`` and ``buckets`` unless they are given to the report. So a section
 reproduces exactly what the analysis's own run computes, and reuses its resumable results in the
-same folder (``OUT/<model>/``).
+same folders (``OUT/<model>/<analysis>/``, :mod:`probes.reporting.layout`).
 
 An analysis module that cannot be imported is an error before anything runs; an analysis that
 fails (:class:`~probes.analyses.run_context.AnalysisError`) is reported in ``report.md`` and on the
@@ -50,6 +50,7 @@ from probes.core.files import check_inside, write_csv, write_text
 from probes.engine.session import EngineSession
 from probes.engine.threads import keeps_caller_threads
 from probes.reporting import plots
+from probes.reporting.layout import CLAIMS, FIGURES, REPORT, check_layout, figures_folder
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import environment
 from probes.scoring.claims import claims_table, holds
@@ -160,8 +161,8 @@ def write_report(out_dir: Path, header: list[str], sections: list[ReportSection]
                  *, figures: bool = True, figures_dir: Path | None = None, model: str, variant: str) -> Path:
     comparisons = [c for s in sections for c in s.comparisons]
     claims = claims_table([c for s in sections for c in s.claims])
-    write_csv(claims, out_dir / "claims.csv")
-    rel = os.path.relpath(figures_dir, out_dir) if figures_dir is not None else "figures"
+    write_csv(claims, out_dir / CLAIMS)
+    rel = os.path.relpath(figures_dir, out_dir) if figures_dir is not None else FIGURES
     parts = ["# basm-probes report", "", *header, "", "## Claims", "", CLAIMS_INTRO, "", claims_markdown(claims), "",
              "## Ours vs the paper", "",
              "Paper numbers: Qwen3-8B unless noted (Fig. 7: Qwen3-14B). Margins in logits. The wrong-tool margin is the "
@@ -181,7 +182,7 @@ def write_report(out_dir: Path, header: list[str], sections: list[ReportSection]
         parts += ["", s.markdown, ""]
     if failed:
         parts += ["## Failed", "", *[f"- {line}" for line in failed], ""]
-    path = out_dir / "report.md"
+    path = out_dir / REPORT
     write_text(path, "\n".join(parts))
     return path
 
@@ -232,9 +233,9 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
             raise AnalysisError(f"cannot import the {name} analysis ({failure}); fix it or leave it out with analyses") from failure
     model = options.model if options.model is not None else (session.model.name_or_path if session is not None else default_model())
     writer = world().rank == 0  # in a parallel run every rank collects; rank 0 draws and writes the report
+    out_dir = check_layout(check_inside(Path(options.out) / model_label(model), options.out))  # a link out of --out is never followed
     if session is None:  # each rank of a parallel run on its node's GPU
         session = open_session(dataclasses.replace(options, device=rank_device(options.device, world())), model)
-    out_dir = check_inside(Path(options.out) / model_label(model), options.out)  # a link out of --out is never followed
     sections: dict[str, ReportSection] = {}
     failed: list[str] = []
     note = ""
@@ -243,7 +244,7 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
     threads: set[int] = set()  # the torch thread counts the analyses computed on (one: each resolves the same option on the same model)
     with tempfile.TemporaryDirectory(prefix="basm-report-figures-") as scratch:
         # figure=False: the sections still draw, into a folder that is discarded
-        figures_dir = (Path(options.figures_dir) if options.figures_dir is not None else check_inside(out_dir / "figures", out_dir)) if options.figure else Path(scratch)
+        figures_dir = (Path(options.figures_dir) if options.figures_dir is not None else check_inside(figures_folder(out_dir), out_dir)) if options.figure else Path(scratch)
         for name, cls in classes.items():
             t0 = time.perf_counter()
             try:
@@ -267,7 +268,7 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
     resolved = options.resolved()
     files: list[Path] = []
     if not writer:
-        path = out_dir / "report.md"
+        path = out_dir / REPORT
     else:
         path = write_report(out_dir, header(options, resolved, model, embedders, studies, threads, time.perf_counter() - start), list(sections.values()),
                             failed, fig03, figures=options.figure, figures_dir=figures_dir, model=str(model), variant=options.margin_variant)
