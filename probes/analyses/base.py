@@ -95,6 +95,13 @@ class AnalysisResult:
 
 
 
+def ending(name: str, folder: Path, figures_dir: Path, figures: list[Path]) -> str:
+    """The last console lines of one analysis's run: where its rows and tables are, and its figures."""
+    drawn = [p.name for p in figures if p.suffix == ".png"]
+    return (f"{name}: rows and tables in {folder}/\n"
+            + (f"{name}: figures in {figures_dir}/: {', '.join(drawn)}" if drawn else f"{name}: no figures (none drawn, or --no-figure)"))
+
+
 @dataclass(kw_only=True)
 class Analysis(RunOptions):
     """Base of every analysis: the shared options, and the pipeline (:meth:`run`).
@@ -122,8 +129,7 @@ class Analysis(RunOptions):
         figures = self.figures(summary, ctx.figures_dir) if ctx.options.figure and writer else []
         if verbose and writer:
             self.print_summary(summary)
-            if figures:
-                print("figures:", ", ".join(str(p) for p in figures if p.suffix == ".png"))
+            print(ending(self.name, ctx.folder, ctx.figures_dir, figures))
         return AnalysisResult(self, ctx.options, rows, summary, tables, figures, ctx.out_dir, self.status(summary))
 
     def compute(self, ctx: RunContext) -> tuple[pd.DataFrame, Any, dict[str, pd.DataFrame]]:

@@ -17,7 +17,7 @@ from probes.analyses.circuit import CircuitAnalysis
 from probes.analyses.heads import Heads
 from probes.analyses.knockout import KnockoutAnalysis
 from probes.analyses.ratios import Ratios
-from probes.analyses.report import ReportOptions, run_report
+from probes.analyses.report import ReportOptions, headline, run_report
 from probes.analyses.suppression import Suppression
 from probes.analyses.sweep import Sweep
 from probes.engine.session import EngineSession
@@ -222,7 +222,7 @@ def test_knockout_compares_every_control_on_the_same_records() -> None:
     assert reasons[("call_logodds", "undefined under some condition (names never diverge)")] == 1
 
 
-def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from probes.cli.main import build_parser
     from probes.cli.flags import options_from_args
 
@@ -248,6 +248,16 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
         check_figure(out, name)
     sweep = load_results(rows_path(out, "sweep"))
     assert sweep.attrs["meta"]["config"]["items"]["limit"] == 1 and set(sweep["k"]) == {0, 1}
+    # report.md opens with the headline quoted from its claims.csv (one task group: a smoke test); the console ends with it
+    lead = headline(pd.read_csv(out / "claims.csv"), rerun="")
+    paragraphs = report.split("\n\n")
+    assert paragraphs[1:len(lead)] == lead[:-1] and lead[0].startswith("Retrieval trap") and lead[2].startswith("Boundary knockout")
+    assert paragraphs[len(lead)].startswith("This run is a smoke test: with 1 task group the smallest p a claim can reach is 0.5")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-len(lead) - 6:-len(lead) - 4] == ["[report] headline:", "  " + lead[0]] and printed[-4:] == [
+        f"  rows and tables  {out}/<analysis>/  (sweep, ratios, suppression, knockout, heads)",
+        f"  figures          {out}/figures/  ({len(list((out / 'figures').glob('*.png')))} figures)",
+        f"  report           {out}/report.md  (claims: {out}/claims.csv)", f"  page             {out}/explore.html"]
 
 
 def test_missing_default_model_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
