@@ -18,6 +18,7 @@ import dataclasses
 import itertools
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -171,10 +172,18 @@ def deepest(claims: pd.DataFrame, family: str, contrast: str) -> pd.Series | Non
 
 
 def quoted(row: pd.Series) -> str:
-    """A claim's estimate as the headline quotes it: the cells of its row, rounded to two decimals."""
+    """A claim's estimate as the headline quotes it: the cells of its row, rounded to two decimals; an
+    untestable verdict in one word (the smoke-test sentence says why)."""
     n = f"{int(row['n'])} {row['n_of']}"
     ci = f"95% CI {row['low']:+.2f} to {row['high']:+.2f} over {n}" if np.isfinite([row["low"], row["high"]]).all() else f"no CI: {n}"
-    return f"{row['estimate']:+.2f} {row['unit']} ({ci}; {row['verdict']})"
+    verdict = "untestable here" if row["verdict"].startswith("untestable at") else row["verdict"]
+    return f"{row['estimate']:+.2f} {row['unit']} ({ci}; {verdict})"
+
+
+def control_words(row: pd.Series) -> str:
+    """What a knockout comparison sets B against, from its statement ("... more than |B| positions anywhere before the call")."""
+    found = re.search(r"more than (.+?)(?: \(|;|$)", row["statement"])
+    return found[1] if found else row["name"].split(">", 1)[1]
 
 
 def holm_size(claims: pd.DataFrame, row: pd.Series) -> int:
@@ -211,7 +220,7 @@ def headline(claims: pd.DataFrame, *, rerun: str, available: int | None = None) 
     if (boundary := claim_row(claims, KNOCKOUT, "boundary")) is not None:
         controls = claims[(claims["family"] == KNOCKOUT) & claims["name"].str.startswith("boundary>")]
         shown += [boundary, *(row for _, row in controls.iterrows())]
-        against = "; ".join(f"more than {row['name'].split('>', 1)[1]} by {quoted(row)}" for _, row in controls.iterrows())
+        against = "; ".join(f"more than {control_words(row)} by {quoted(row)}" for _, row in controls.iterrows())
         sentences.append(f"Boundary knockout: removing the boundary span raises BASM's T_wrong wrong-tool margin by {quoted(boundary)}"
                          + (f"; against its controls, it raises it {against}." if against else "."))
     # no outcome could reach α: the Holm-adjusted floor of its task groups is not below it
