@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probes.core.files import OutputRoot
+from probes.reporting.layout import rows_path, table_path
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -210,8 +211,8 @@ def run_step(step: Step, model: Path, out: OutputRoot) -> Ran:
     """``step`` as a child process (its output goes to ours); one model process at a time. Its cost is
     added to ``OUT/<step>.cost.json`` (a resumed step's cost is the sum over the invocations)."""
     if step.reuses:
-        source = out.path(f"{step.reuses}/{model.stem}/calls.jsonl")
-        target = out.path(f"{step.name}/{model.stem}/calls.jsonl")
+        source = out.path(rows_path(f"{step.reuses}/{model.stem}", "calls"))
+        target = out.path(rows_path(f"{step.name}/{model.stem}", "calls"))
         if source.is_file() and not target.exists():  # resume from the same generations: only G runs again
             out.write_chunks(target, _file_chunks(source))
     argv = step.argv(model, out.root)
@@ -287,7 +288,7 @@ def step_summary(ran: Ran, folder: Path, forward_cpu_s: float | None) -> str:
              f"prompt (CPU time over the unit forward's) · peak RSS "
              f"{ran.peak_rss_gb:.1f} GB · exit {ran.returncode}", ""]
     for stem in (f"{ran.step.analysis}_claims", *ran.step.tables):
-        path = folder / f"{stem}.csv"
+        path = table_path(folder, ran.step.analysis, stem)
         if not path.is_file():
             lines += [f"`{stem}.csv`: not written", ""]
             continue
@@ -295,9 +296,10 @@ def step_summary(ran: Ran, folder: Path, forward_cpu_s: float | None) -> str:
         if stem.endswith("_claims"):
             table = table[[c for c in CLAIM_COLUMNS if c in table.columns]]
         lines += [f"`{stem}.csv`:", "", "```", table.round(3).to_string(index=False, max_colwidth=60), "```", ""]
-    if (folder / "calls_checker.jsonl").is_file():
+    checker = rows_path(folder, "calls", "calls_checker")
+    if checker.is_file():
         lines += ["G on the real replies at k ≥ 1 (boundary rules: avoidance, applicability; precision and recall of their blocks "
-                  "against the labels):", "", "```", checker_on_real_replies(folder / "calls_checker.jsonl").round(3).to_string(index=False),
+                  "against the labels):", "", "```", checker_on_real_replies(checker).round(3).to_string(index=False),
                   "```", ""]
     return "\n".join(lines)
 

@@ -4,7 +4,7 @@
     python docs/claims.py --check               # list README / model card estimates that are not rows of it
 
 A SOURCE is a claims table: the ``claims.csv`` that ``basm-probes report`` writes to ``OUT/<model>/`` (give
-that folder or the file), or an analysis's own ``<analysis>_claims.csv``. The organism's validation,
+that folder or the file), or an analysis's own ``<analysis>/<analysis>_claims.csv``. The organism's validation,
 ``probes/organism/weights/validation.json`` (``basm-probes organism card`` writes it), is always added.
 Each row keeps the columns of :data:`probes.scoring.claims.COLUMNS` and its ``source`` (the path given,
 or the validation file's path in the repository).
@@ -17,9 +17,9 @@ The committed table comes from the runs README quotes (session 41; about 35 min 
     basm-probes calls --checker --limit 12 --k-max 2; basm-probes heads --top-n 2 --random-draws 5
     basm-probes linear; basm-probes forks; basm-probes circuit --split eval   # circuit: session 42
     basm-probes looking; basm-probes steer --split eval                      # session 43 (steer: 24 min)
-    python docs/claims.py $O/knockout_claims.csv $O/repair_claims.csv $O/calls_claims.csv \
-        $O/heads_claims.csv $O/linear_claims.csv $O/forks_claims.csv $O/circuit_claims.csv \
-        $O/looking_claims.csv $O/steer_claims.csv
+    python docs/claims.py $O/knockout/knockout_claims.csv $O/repair/repair_claims.csv $O/calls/calls_claims.csv \
+        $O/heads/heads_claims.csv $O/linear/linear_claims.csv $O/forks/forks_claims.csv $O/circuit/circuit_claims.csv \
+        $O/looking/looking_claims.csv $O/steer/steer_claims.csv
 
 ``tests/docs/test_readme_claims.py`` reads the documents with :func:`stated_estimates` and checks each
 stated estimate with its CI against this table (:func:`unmatched`, :func:`misworded`); the grammar of a

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from probes.cli.main import main  # noqa: E402
 from probes.data.dataset import V1_DATASET_DIR  # noqa: E402
 from probes.organism import ORGANISM_DIR  # noqa: E402
+from probes.reporting.layout import rows_path  # noqa: E402
 
 TABLE = Path(__file__).with_suffix(".md")
 FAST = ["--dataset", "basm_probe", "--embedder", "lexical", "--relevance", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base", "--no-figure"]
@@ -99,7 +100,7 @@ def _results(edit: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
         _model(tmp)
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             assert main(_resolve(_sweep(model="<tmp>/model"), tmp)) == 0
-        path = tmp / "out" / "model" / "sweep.jsonl"  # results live under OUT/<model folder name>/
+        path = rows_path(tmp / "out" / "model", "sweep")  # results live under OUT/<model folder name>/sweep/
         path.write_text("".join(line + "\n" for line in edit(path.read_text().splitlines())))
     return setup
 
@@ -113,7 +114,7 @@ def _other_weights(lines: list[str]) -> list[str]:
 def _conflicting_shard(tmp: Path) -> None:
     """A finished results file and a killed parallel run's shard file holding one of its keys with another value."""
     _results(lambda lines: lines)(tmp)
-    path = tmp / "out" / "model" / "sweep.jsonl"
+    path = rows_path(tmp / "out" / "model", "sweep")
     header, first = path.read_text().splitlines()[:2]
     row = json.loads(first)
     row["margin"] = 123.0
@@ -124,15 +125,22 @@ def _symlinked_results(tmp: Path) -> None:
     """The results path is a link to a file outside --out."""
     _model(tmp)
     (tmp / "victim.txt").write_text("precious\nlines\n")
-    (tmp / "out" / "model").mkdir(parents=True)
-    (tmp / "out" / "model" / "sweep.jsonl").symlink_to(tmp / "victim.txt")
+    rows_path(tmp / "out" / "model", "sweep").parent.mkdir(parents=True)
+    rows_path(tmp / "out" / "model", "sweep").symlink_to(tmp / "victim.txt")
 
 
 def _foreign_file(tmp: Path) -> None:
     """A file of another program, without a newline, at the results path."""
     _model(tmp)
-    (tmp / "out" / "model").mkdir(parents=True)
-    (tmp / "out" / "model" / "sweep.jsonl").write_text("my notes, no newline")
+    rows_path(tmp / "out" / "model", "sweep").parent.mkdir(parents=True)
+    rows_path(tmp / "out" / "model", "sweep").write_text("my notes, no newline")
+
+
+def _flat_layout(tmp: Path) -> None:
+    """A finished results folder of the earlier flat layout: its rows file directly in OUT/<model>/."""
+    _results(lambda lines: lines)(tmp)
+    path = rows_path(tmp / "out" / "model", "sweep")
+    path.rename(tmp / "out" / "model" / path.name)
 
 
 def _linked_folder(tmp: Path) -> None:
@@ -326,6 +334,8 @@ CASES: list[Case] = [
          "sweep.jsonl is not a basm-probes results file", _foreign_file),
     Case("results: the results folder is a link out of --out", _sweep(model="<tmp>/model"), 1,
          "<tmp>/out/model is a symbolic link out of --out", _linked_folder),
+    Case("results: a results folder of the earlier flat layout", _sweep(model="<tmp>/model"), 1,
+         "holds results in the earlier flat layout (sweep.jsonl); results now live in one folder per analysis", _flat_layout),
     Case("results: a row that is only a key", _sweep(model="<tmp>/model"), 1, "sweep.jsonl:4: not a results row (damaged or edited: the row holds a key and nothing else)",
          _results(lambda lines: [*lines, '{"key": "bogus|key"}'])),
     Case("results: a bare NaN line", _sweep(model="<tmp>/model"), 1, "sweep.jsonl:4: not a results row (damaged or edited: NaN is not strict JSON",

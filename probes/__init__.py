@@ -9,7 +9,7 @@ The public API (imported lazily: ``import probes`` loads no torch)::
     sweep = probes.run("sweep", session, buckets=["T_wrong"], k_max=4, out="results/")
     sweep.summary_table, sweep.figures
     probes.options("sweep")                                  # each analysis's options, with their help
-    done = probes.load("results/Qwen3-8B/sweep.jsonl")       # a finished run: rows, tables, config
+    done = probes.load("results/Qwen3-8B", "sweep")          # a finished run: rows, tables, config
     probes.report(session, out="results/")                   # every registered analysis, report.md
     probes.explore(session, out="results/")                  # results/<model>/explore.html, offline in a browser
 """
@@ -36,6 +36,7 @@ _EXPORTS = {
     "load_dataset": "probes.data.dataset",
     "score_record": "probes.scoring.score",
     "run": "probes.analyses",
+    "migrate": "probes.analyses",
     "options": "probes.analyses",
     "ANALYSES": "probes.analyses",
     "report": "probes.analyses.report",

@@ -12,6 +12,7 @@ import pytest
 
 from probes.cli.main import main
 from probes.data.dataset import V1_DATASET_DIR
+from probes.reporting.layout import rows_path
 
 
 FAST = ["--embedder", "lexical", "--relevance", "lexical", "--split", "all", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--configs", "base,basm", "--no-figure"]
@@ -31,8 +32,8 @@ def sweep(model: Path, out: Path, *extra: str, dataset: Path = V1_DATASET_DIR) -
 
 
 def rows_file(out: Path) -> Path:
-    """The sweep's results file: rows live under OUT/<model label>/, and the ``model`` fixture's folder is named ``model``."""
-    return out / "model" / "sweep.jsonl"
+    """The sweep's results file: rows live under OUT/<model label>/sweep/, and the ``model`` fixture's folder is named ``model``."""
+    return rows_path(out / "model", "sweep")
 
 
 ROOT = Path(__file__).resolve().parent.parent

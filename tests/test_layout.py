@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 import probes
+from probes.reporting.layout import rows_path, table_path
 
 PACKAGE_DIR = Path(probes.__file__).resolve().parent
 ROOT = PACKAGE_DIR.parent
@@ -456,7 +457,7 @@ def test_the_notebook_api_and_the_cli_give_the_same_rows(tmp_path, capsys) -> No
     assert main(["sweep", "--limit", "1", "--k-max", "1", "--bucket", "T_wrong", "--embedder", "lexical",
                  "--configs", "proc,basm", "--no-figure", "--out", str(tmp_path / "cli")]) == 0
     assert api.status == 0 and api.out_dir == tmp_path / "api" / ORGANISM_NAME
-    cli = load_results(tmp_path / "cli" / ORGANISM_NAME / "sweep.jsonl")
+    cli = load_results(rows_path(tmp_path / "cli" / ORGANISM_NAME, "sweep"))
 
     rows = api.rows
     assert len(rows) == 4 and set(rows["config"]) == {"proc", "basm"} and set(rows["k"]) == {0, 1}  # 1 item × 2 configs × k 0..1
@@ -465,7 +466,7 @@ def test_the_notebook_api_and_the_cli_give_the_same_rows(tmp_path, capsys) -> No
     pd.testing.assert_frame_equal(rows.reset_index(drop=True), cli.reset_index(drop=True), check_exact=True)
     # the same results header (configuration and fingerprints: model, dataset, code), so each resumes the other
     assert rows.attrs["meta"]["config"] == cli.attrs["meta"]["config"]
-    table = pd.read_csv(tmp_path / "cli" / ORGANISM_NAME / "sweep_summary.csv")
+    table = pd.read_csv(table_path(tmp_path / "cli" / ORGANISM_NAME, "sweep", "sweep_summary"))
     pd.testing.assert_frame_equal(api.tables["sweep_summary"].reset_index(drop=True), table, check_dtype=False)
     assert sorted(p.name for p in (tmp_path / "api" / ORGANISM_NAME).iterdir()) == \
         sorted(p.name for p in (tmp_path / "cli" / ORGANISM_NAME).iterdir())

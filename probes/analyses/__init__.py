@@ -294,6 +294,14 @@ def run(name: str, session: EngineSession | None = None, **options: Any) -> Anal
     return make(get(name), options).run(session)
 
 
+def migrate(model_dir: str | Path) -> list[tuple[Path, Path]]:
+    """Move a results folder ``OUT/<model>`` of the earlier flat layout into one folder per analysis
+    (:mod:`probes.reporting.layout`); returns the moves (source, target)."""
+    from probes.reporting.layout import migrate as move_into_folders
+
+    return move_into_folders(model_dir, tuple(catalogue()))
+
+
 class RegisteredNames(Sequence):
     """The registered analyses' names in report order, read afresh on each use (a module added to
     ``__path__`` appears): :data:`ANALYSES`."""
@@ -311,4 +319,4 @@ class RegisteredNames(Sequence):
 ANALYSES = RegisteredNames()
 
 
-__all__ = ["ANALYSES", "ENTRY_POINT_GROUP", "Entry", "RegisteredNames", "UnknownAnalysis", "catalogue", "get", "make", "options", "options_of", "register", "run"]
+__all__ = ["ANALYSES", "ENTRY_POINT_GROUP", "Entry", "RegisteredNames", "UnknownAnalysis", "catalogue", "get", "make", "migrate", "options", "options_of", "register", "run"]

@@ -14,8 +14,8 @@ the run context (:mod:`probes.analyses.run_context`) and the job runner (:mod:`p
 
 Rows are scored per :class:`Job` (one prompt record: item × memory configuration × k) and appended
 to a resumable :class:`~probes.reporting.results.ResultsStore` (key ``"{record_id}|{condition}"``)
-under ``out/<model>/``, so several models share one ``out`` folder; a rerun skips the keys already
-written and never writes one twice.
+in ``out/<model>/<analysis>/`` (:mod:`probes.reporting.layout`), so several models share one ``out``
+folder; a rerun skips the keys already written and never writes one twice.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from probes.analyses.parallel import world
 from probes.analyses.run_context import RunContext, open_context
 from probes.engine.session import EngineSession
 from probes.engine.threads import keeps_caller_threads
+from probes.reporting.layout import analysis_folder, table_path
 from probes.scoring.claims import Claim, claims_table
 
 
@@ -71,8 +72,13 @@ class AnalysisResult:
     summary: Any
     tables: dict[str, pd.DataFrame]
     figures: list[Path]
-    out_dir: Path
+    out_dir: Path  # OUT/<model>: the report, the page and figures/ here, this analysis's files in `folder`
     status: int = 0
+
+    @property
+    def folder(self) -> Path:
+        """``OUT/<model>/<analysis>``: this analysis's rows and tables (:mod:`probes.reporting.layout`)."""
+        return analysis_folder(self.out_dir, self.analysis.name)
 
     @property
     def summary_table(self) -> pd.DataFrame:
@@ -87,6 +93,13 @@ class AnalysisResult:
             if path.suffix == ".png":
                 display(Image(filename=str(path)))
 
+
+
+def ending(name: str, folder: Path, figures_dir: Path, figures: list[Path]) -> str:
+    """The last console lines of one analysis's run: where its rows and tables are, and its figures."""
+    drawn = [p.name for p in figures if p.suffix == ".png"]
+    return (f"{name}: rows and tables in {folder}/\n"
+            + (f"{name}: figures in {figures_dir}/: {', '.join(drawn)}" if drawn else f"{name}: no figures (none drawn, or --no-figure)"))
 
 
 @dataclass(kw_only=True)
@@ -113,11 +126,10 @@ class Analysis(RunOptions):
         ctx = open_context(self, session)
         rows, summary, tables = self.compute(ctx)
         writer = world().rank == 0  # in a parallel run every rank returns the rows; rank 0 draws and prints
-        figures = self.figures(summary, ctx.output.path("figures")) if ctx.options.figure and writer else []
+        figures = self.figures(summary, ctx.figures_dir) if ctx.options.figure and writer else []
         if verbose and writer:
             self.print_summary(summary)
-            if figures:
-                print("figures:", ", ".join(str(p) for p in figures if p.suffix == ".png"))
+            print(ending(self.name, ctx.folder, ctx.figures_dir, figures))
         return AnalysisResult(self, ctx.options, rows, summary, tables, figures, ctx.out_dir, self.status(summary))
 
     def compute(self, ctx: RunContext) -> tuple[pd.DataFrame, Any, dict[str, pd.DataFrame]]:
@@ -130,7 +142,7 @@ class Analysis(RunOptions):
         if claims:  # Holm within each family of this analysis (report.md corrects over all of its claims the same way)
             tables[f"{self.name}_claims"] = claims_table(claims)
         for table_name, table in tables.items() if world().rank == 0 else ():
-            ctx.output.write_table(f"{table_name}.csv", table)
+            ctx.output.write_table(table_path(ctx.out_dir, self.name, table_name), table)
         return rows, summary, tables
 
     # -- the contract (implemented by each analysis)

@@ -793,7 +793,7 @@ class Calls(Analysis):
     def collect(self, ctx: RunContext) -> pd.DataFrame:
         """Generate (resumably) every record's greedy call; returns the rows."""
         configs = self.configs_run()
-        store = open_store(ctx.out_dir / f"{NAME}.jsonl", NAME, calls_config(ctx, configs), overwrite=ctx.options.overwrite)
+        store = open_store(ctx.rows_path(NAME), NAME, calls_config(ctx, configs), overwrite=ctx.options.overwrite)
         generate_rows(ctx, store, configs)
         return load_results(store.path)
 
@@ -801,7 +801,7 @@ class Calls(Analysis):
         """G on every generation (resumable); returns the checker rows."""
         configs = self.configs_run()
         judge = load_judge(self.judge)
-        store = open_store(ctx.out_dir / f"{CHECKER_NAME}.jsonl", CHECKER_NAME, checker_config(ctx, configs, self.judge),
+        store = open_store(ctx.rows_path(CHECKER_NAME), CHECKER_NAME, checker_config(ctx, configs, self.judge),
                            overwrite=ctx.options.overwrite)
         score_checker(ctx, store, generations, configs, judge)
         return load_results(store.path)

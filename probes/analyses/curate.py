@@ -80,7 +80,7 @@ class Curate(DevelopmentAttribution):
     max_split: int = option(10, "τ_max_split: heterogeneous skills rewritten, largest H first", type=int, minimum=0)
     rewriter: str | Path | None = option(None, "a local chat model (folder, cache name or .gguf) that writes the split variants; kept "
                                          "when ψ accepts both, else the deterministic variants (the reason recorded)", type=Path)
-    library_out: str | Path | None = option(None, "folder of the curated dataset (default OUT/<model>/curated-<dataset>)", type=Path)
+    library_out: str | Path | None = option(None, "folder of the curated dataset (default OUT/<model>/curate/curated-<dataset>)", type=Path)
 
     def resolved(self) -> Curate:
         """An explicit ``--library-out`` checked before any model is loaded (:func:`library_folder`)."""
@@ -93,7 +93,7 @@ class Curate(DevelopmentAttribution):
         return options
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
-        library_folder(ctx.options, ctx.dataset.root, ctx.out_dir)  # before scoring: a folder it may not replace stops the run now
+        library_folder(ctx.options, ctx.dataset.root, ctx.folder)  # before scoring: a folder it may not replace stops the run now
         dev, held, skills, masks, store = self.development(ctx)
         rows = load_results(store.path)
         plan = curate_library(ctx, dev, benefit_cells(ctx, rows, dev, skills, masks), scoring_margins(store), self)
@@ -307,16 +307,16 @@ def is_curated_library(folder: Path) -> bool:
         return handle.readline().startswith(README_TITLE)
 
 
-def library_folder(options: Curate, source: Path | None, out_dir: Path | None = None) -> tuple[OutputRoot, Path]:
+def library_folder(options: Curate, source: Path | None, analysis_dir: Path | None = None) -> tuple[OutputRoot, Path]:
     """The root and folder the curated library is written to, refused (:class:`OutputRefused`) when it is
     empty, the source dataset (or inside it, or holding it), or a non-empty folder that is not a previous
-    curated library without ``--overwrite``. Default: ``OUT/<model>/curated-<dataset>`` (needs ``out_dir``)."""
+    curated library without ``--overwrite``. Default: ``OUT/<model>/curate/curated-<dataset>`` (needs ``analysis_dir``, ``OUT/<model>/curate``)."""
     if options.library_out is not None:
         root = OutputRoot(options.library_out, overwrite=options.overwrite, flag="--library-out")
         folder = root.path()
     else:
         root = OutputRoot(options.out, overwrite=options.overwrite)
-        folder = root.path(out_dir / f"curated-{Path(options.dataset).name}")
+        folder = root.path(analysis_dir / f"curated-{Path(options.dataset).name}")
     if source is not None:
         mine, theirs = folder.resolve(), Path(source).resolve()
         if mine == theirs or theirs in mine.parents or mine in theirs.parents:
@@ -330,7 +330,7 @@ def write_curated(ctx: RunContext, plan: Plan) -> Path:
     """The curated library as a dataset folder (domains/, items.jsonl with tempting skills renamed,
     decisions.csv, README.md), staged and checked by loading it back before it replaces the folder
     (:func:`library_folder`): links in a previous library are replaced, never written through."""
-    root, out = library_folder(ctx.options, ctx.dataset.root, ctx.out_dir)
+    root, out = library_folder(ctx.options, ctx.dataset.root, ctx.folder)
     with root.folder(out, is_previous=is_curated_library, what=WHAT, generated=CURATED_FILES) as stage:
         library = OutputRoot(stage)
         for name, domain in plan.ctx.dataset.domains.items():

@@ -76,10 +76,10 @@ from probes.engine.threads import keeps_caller_threads
 from probes.prompts.record import PromptRecord, record_parts
 from probes.reporting.circuit_graph import GRAPH_GLOB, check_graph, read_circuit_graph
 from probes.reporting.finished import FinishedRun, load, read_table
+from probes.reporting.layout import CLAIMS, PAGE, REPORT, analysis_folder, check_layout, figures_folder
 from probes.scoring.controls import tool_names_of
 
 NAME = "explore"
-PAGE = "explore.html"
 SHOWN = ("sweep", "knockout", "heads", "steer")  # the analyses whose rows the page draws
 PRECISIONS = {"uint16": np.uint16, "uint8": np.uint8}  # attention stored as round(a · max), a ∈ [0, 1]
 DEFAULT_RECORDS = 100
@@ -442,9 +442,9 @@ def heads_view(run: FinishedRun) -> dict[str, Any]:
 
 def circuit_graphs_of(out_dir: Path, graphs: Sequence[Mapping[str, Any] | str | Path] | None) -> list[dict[str, Any]]:
     """The circuit graphs the page draws, each checked (:func:`~probes.reporting.circuit_graph.check_graph`):
-    ``graphs`` (graph dicts or graph files), else every ``circuit_graph_*.json`` in ``out_dir``."""
+    ``graphs`` (graph dicts or graph files), else every ``circuit_graph_*.json`` in ``out_dir``'s circuit folder."""
     if graphs is None:
-        graphs = sorted(out_dir.glob(GRAPH_GLOB))
+        graphs = sorted(analysis_folder(out_dir, "circuit").glob(GRAPH_GLOB))
     return [check_graph(g) if isinstance(g, Mapping) else read_circuit_graph(g) for g in graphs]
 
 
@@ -458,7 +458,7 @@ def circuit_view(graph: Mapping[str, Any], precision: str) -> dict[str, Any]:
 
 def provenance_lines(out_dir: Path, runs: dict[str, FinishedRun]) -> list[str]:
     """report.md's header lines, else each analysis's recorded configuration."""
-    report = out_dir / "report.md"
+    report = out_dir / REPORT
     if report.is_file():
         lines = report.read_text(encoding="utf-8").split("## Claims")[0].splitlines()
         return [line.removeprefix("- ").replace("**", "").replace("`", "") for line in lines if line.startswith("- ")]
@@ -504,10 +504,10 @@ def render(data: dict[str, Any]) -> str:
 def write_explore(options: ExploreOptions, session: EngineSession | None = None, figures_dir: Path | None = None,
                   circuit_graphs: Sequence[Mapping[str, Any] | str | Path] | None = None) -> Path:
     """:func:`explore` on checked options; ``figures_dir``: where the run's figures are (default OUT/<model>/figures);
-    ``circuit_graphs``: the circuit view's graphs, dicts or files (default: every ``circuit_graph_*.json`` in OUT/<model>/)."""
+    ``circuit_graphs``: the circuit view's graphs, dicts or files (default: every ``circuit_graph_*.json`` in OUT/<model>/circuit/)."""
     start = time.perf_counter()
     model = options.model if options.model is not None else (session.model.name_or_path if session is not None else default_model())
-    out_dir = Path(options.out) / model_label(model)
+    out_dir = check_layout(Path(options.out) / model_label(model))
     runs = finished_runs(out_dir)
     circuits = circuit_graphs_of(out_dir, circuit_graphs)
     if not runs and not circuits:
@@ -525,10 +525,10 @@ def write_explore(options: ExploreOptions, session: EngineSession | None = None,
     kopts = context("knockout").options if "knockout" in runs else None
     knocked = runs["knockout"].rows if "knockout" in runs else None
     others = {name: run.rows for name, run in runs.items() if name not in SHOWN}
-    claims = out_dir / "claims.csv"
+    claims = out_dir / CLAIMS
     data: dict[str, Any] = {
         "model": str(model), "out_dir": str(out_dir), "analyses": list(runs), "provenance": provenance_lines(out_dir, runs),
-        "precision": options.precision, "figures": figure_uris(figures_dir or out_dir / "figures"),
+        "precision": options.precision, "figures": figure_uris(figures_dir or figures_folder(out_dir)),
         "claims": table_html(read_table(claims)) if claims.is_file() else "",
         "sweep": sweep_cells(runs["sweep"]) if "sweep" in runs else [],
         "knockout": knockout_cells(runs["knockout"]) if "knockout" in runs else [],

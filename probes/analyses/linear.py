@@ -281,6 +281,7 @@ class FeatureCache:
 
 # ------------------------------------------------------------------------------------- the analysis
 NAME = "linear"
+FEATURES = "linear_features"  # the residual cache's folder in linear's own (steer reads it too)
 # Each question its own Holm family, all with δ = AUC_SESOI: "readable" (as before), "beats the best
 # shortcut", "no vector at any layer"; so adding a question never makes another one untestable.
 SHORTCUT_FAMILY, NO_VECTOR_FAMILY = f"{NAME}-shortcut", f"{NAME}-no-vector"
@@ -294,7 +295,7 @@ def probe_all(ctx: RunContext, index: Any, cache: FeatureCache, settings: ProbeS
 
     from probes.reporting.results import ResultsStore
 
-    path = ctx.out_dir / "linear_probe.jsonl"
+    path = ctx.rows_path("linear_probe")
     items = {item.id: item for item in ctx.dataset.items}
 
     def write() -> None:  # rank 0 alone in a parallel run: the probes need every rank's features
@@ -535,7 +536,7 @@ class Linear(Analysis):
         configs = list(ctx.options.configs)
         store = ctx.store(configs=configs, row="decision", features="residual stream [layer+1, d_model]",
                           limit_mode="spread over task groups")  # first: it takes the lock on the output
-        root = ctx.out_dir / "linear_features"
+        root = ctx.folder / FEATURES
         if ctx.options.overwrite:  # --overwrite discards every result, cached residuals too (rank 0 alone, before any rank writes)
             on_rank_zero(lambda: remove_tree(root))
         cache = FeatureCache(root)
@@ -559,7 +560,7 @@ class Linear(Analysis):
         """Probes of every (config, k, layer) on the collected features, and the summary table."""
         a = ctx.options
         settings = ProbeSettings(folds=a.folds, C=a.C, permutations=a.permutations, resamples=a.resamples, seed=a.seed, fold_groups=a.fold_groups)
-        raw = probe_all(ctx, rows, FeatureCache(ctx.out_dir / "linear_features"), settings)
+        raw = probe_all(ctx, rows, FeatureCache(ctx.folder / FEATURES), settings)
         table = raw[SUMMARY_COLUMNS].sort_values(["config", "k", "layer"])
         shortcut = best_shortcut_auc(ctx)
         groups = group_table(raw, {item.id: item for item in ctx.dataset.items}, shortcut_item_scores(ctx, shortcut))

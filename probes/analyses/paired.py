@@ -38,6 +38,7 @@ from probes.analyses.parallel import on_rank_zero, open_store
 from probes.prompts.record import record_id
 from probes.reporting import plots
 from probes.reporting.markdown import markdown_table
+from probes.reporting.layout import rows_path
 from probes.reporting.results import ResultsStore, canonical, load_results, read_meta
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.stats import DEFAULT_SEED, paired_permutation_test
@@ -133,10 +134,10 @@ def _reusable_calls(path: Path, expected: Mapping[str, Any]) -> pd.DataFrame | N
 
 def paired_calls(ctx: RunContext) -> tuple[pd.DataFrame, str]:
     """Calls of BASM and procedure padding on the run's items and k: reused from a matching calls
-    file where present, generated (resumably, into OUT/paired_calls.jsonl) only where missing."""
+    file where present, generated (resumably, into OUT/<model>/paired/paired_calls.jsonl) only where missing."""
     configs = list(PAIRED_CONFIGS)
     expected = calls_config(ctx, configs)
-    source = ctx.options.calls or ctx.out_dir / f"{CALLS}.jsonl"
+    source = ctx.options.calls or rows_path(ctx.out_dir, CALLS)
     reused = _reusable_calls(Path(source), expected)
     wanted = {f"{record_id(item.id, config, k, ctx.fmt)}|greedy" for item in ctx.items
               for k in range(ctx.options.k_max + 1) for config in configs}
@@ -144,7 +145,7 @@ def paired_calls(ctx: RunContext) -> tuple[pd.DataFrame, str]:
     frames = [reused[reused["key"].isin(wanted)]] if have else []
     missing = wanted - have
     if missing:
-        store = open_store(ctx.out_dir / "paired_calls.jsonl", CALLS, expected, overwrite=ctx.options.overwrite)
+        store = open_store(ctx.rows_path("paired_calls"), CALLS, expected, overwrite=ctx.options.overwrite)
         ran = generate_rows(ctx, store, configs, only_keys=missing)
         generated = load_results(store.path)
         if len(generated):
@@ -170,14 +171,14 @@ class Paired(Analysis):
 
     k_max: int | None = k_max_option(SWEEP_K_MAX)
     max_new_tokens: int = option(MAX_NEW_TOKENS, "greedy generation budget", type=int, minimum=1, group="generation")
-    calls: str | Path | None = option(None, "calls results file to reuse (default: OUT/<model>/calls.jsonl when it matches this run)",
+    calls: str | Path | None = option(None, "calls results file to reuse (default: OUT/<model>/calls/calls.jsonl when it matches this run)",
                                       type=Path)
 
     def collect(self, ctx: RunContext) -> pd.DataFrame:
         """Paired rows (``paired.jsonl``) from the calls of BASM and procedure padding; ``attrs["how"]``
         says where the calls came from."""
         calls, how = paired_calls(ctx)
-        path = ctx.out_dir / f"{NAME}.jsonl"
+        path = ctx.rows_path(NAME)
 
         def write() -> None:  # derived from the calls every rank holds: rank 0 alone writes it
             store = ResultsStore(path, NAME, calls_config(ctx, PAIRED_CONFIGS), overwrite=ctx.options.overwrite)

@@ -357,7 +357,7 @@ class Repair(Analysis):
         bfcl = is_bfcl_import(Path(ctx.dataset.root))
         config = ctx.config(k=ctx.options.depth, config=self.config, steps=self.steps if bfcl else None, judge=self.judge,
                             max_new_tokens=self.max_new_tokens, decoding="greedy", environment="bfcl" if bfcl else None)
-        store = open_store(ctx.out_dir / f"{NAME}.jsonl", NAME, config, overwrite=ctx.options.overwrite)
+        store = open_store(ctx.rows_path(NAME), NAME, config, overwrite=ctx.options.overwrite)
         decider = _Decider(ctx, load_judge(self.judge))
         environments = ItemEnvironments() if bfcl else None
         jobs = [Job(item, self.config, ctx.options.depth, ctx.fmt, CONDITIONS) for item in items]

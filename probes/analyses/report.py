@@ -5,7 +5,7 @@ Each analysis gets the report's shared options (model and session options, forma
 variant, builder, item filters, seed, ``quick``, ``out``...) and keeps its own defaults for the
 rest, and for ``k_max`` and ``buckets`` unless they are given to the report. So a section
 reproduces exactly what the analysis's own run computes, and reuses its resumable results in the
-same folder (``OUT/<model>/``).
+same folders (``OUT/<model>/<analysis>/``, :mod:`probes.reporting.layout`).
 
 An analysis module that cannot be imported is an error before anything runs; an analysis that
 fails (:class:`~probes.analyses.run_context.AnalysisError`) is reported in ``report.md`` and on the
@@ -15,8 +15,10 @@ console, and makes the status non-zero.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from probes import analyses as registry
@@ -32,6 +35,7 @@ from probes.analyses.base import Analysis, AnalysisResult, Comparison, ReportSec
 from probes.analyses.option_system import RunOptions, SPLIT_CHOICES, option, option_fields
 from probes.analyses.run_context import (
     AnalysisError,
+    RunContext,
     default_model,
     model_label,
     open_context,
@@ -42,17 +46,21 @@ from probes.analyses.run_context import (
 )
 from probes.analyses.explore import SHOWN as EXPLORED
 from probes.analyses.explore import ExploreOptions, write_explore
+from probes.analyses.knockout import NAME as KNOCKOUT
 from probes.analyses.knockout import basm_deltas, caption, knockout_labels, knockout_panel, selectivity_panel
 from probes.analyses.parallel import rank_device, world
 from probes.analyses.ratios import eta_panels
+from probes.analyses.suppression import NAME as SUPPRESSION
 from probes.analyses.suppression import margin_bars
+from probes.analyses.sweep import NAME as SWEEP
 from probes.core.files import check_inside, write_csv, write_text
 from probes.engine.session import EngineSession
 from probes.engine.threads import keeps_caller_threads
 from probes.reporting import plots
+from probes.reporting.layout import CLAIMS, FIGURES, PAGE, REPORT, analysis_folder, check_layout, figures_folder
 from probes.reporting.markdown import markdown_table
 from probes.reporting.results import environment
-from probes.scoring.claims import claims_table, holds
+from probes.scoring.claims import ALPHA, claims_table, holds, sign_flip_floor
 
 # Shared options set on an analysis only when given to the report (else it keeps its own default).
 IF_GIVEN: tuple[str, ...] = ("k_max", "buckets", "split")
@@ -149,6 +157,118 @@ def claims_headline(table: pd.DataFrame) -> str:
             "none a finding).")
 
 
+# --- the headline: report.md's first paragraph and the console's end, quoted from the claims table
+def claim_row(claims: pd.DataFrame, family: str, name: str) -> pd.Series | None:
+    """The claim ``name`` of ``family`` (None: that analysis did not run or made no such claim)."""
+    rows = claims[(claims["family"] == family) & (claims["name"] == name)] if len(claims) else claims
+    return rows.iloc[0] if len(rows) else None
+
+
+def deepest(claims: pd.DataFrame, family: str, contrast: str) -> pd.Series | None:
+    """The sweep's ``contrast`` claim (``trap`` / ``suppression``) at its deepest k."""
+    names = claims.loc[claims["family"] == family, "name"] if len(claims) else pd.Series(dtype=str)
+    depths = [int(n.rsplit("=", 1)[1]) for n in names if n.startswith(f"{contrast} k=")]
+    return claim_row(claims, family, f"{contrast} k={max(depths)}") if depths else None
+
+
+def quoted(row: pd.Series) -> str:
+    """A claim's estimate as the headline quotes it: the cells of its row, rounded to two decimals; an
+    untestable verdict in one word (the smoke-test sentence says why)."""
+    n = f"{int(row['n'])} {row['n_of']}"
+    ci = f"95% CI {row['low']:+.2f} to {row['high']:+.2f} over {n}" if np.isfinite([row["low"], row["high"]]).all() else f"no CI: {n}"
+    verdict = "untestable here" if row["verdict"].startswith("untestable at") else row["verdict"]
+    return f"{row['estimate']:+.2f} {row['unit']} ({ci}; {verdict})"
+
+
+def control_words(row: pd.Series) -> str:
+    """What a knockout comparison sets B against, from its statement ("... more than |B| positions anywhere before the call")."""
+    found = re.search(r"more than (.+?)(?: \(|;|$)", row["statement"])
+    return found[1] if found else row["name"].split(">", 1)[1]
+
+
+def holm_size(claims: pd.DataFrame, row: pd.Series) -> int:
+    """The number of claims Holm corrects ``row``'s over: as recorded, or, where none of its family could be
+    tested (one task group: no p), the claims of its family that have records."""
+    if row["family_size"] >= 1:
+        return int(row["family_size"])
+    return int(((claims["family"] == row["family"]) & (claims["n"] >= 1)).sum())
+
+
+def groups_needed(family_size: int, alpha: float = ALPHA) -> int:
+    """The fewest task groups whose sign-flip floor, Holm-adjusted over ``family_size``, is below ``alpha``."""
+    return next(n for n in itertools.count(1) if sign_flip_floor(n) * family_size < alpha)
+
+
+def headline(claims: pd.DataFrame, *, rerun: str, available: int | None = None) -> list[str]:
+    """A few plain sentences from the claims table (:func:`claims_table`): the retrieval trap and the
+    boundary suppression (sweep, at its deepest k; the suppression analysis where sweep did not run),
+    the boundary knockout against its controls, and, when the quoted claims are untestable with this
+    run's task groups, that the run is a smoke test, the groups a testable run needs and ``rerun``,
+    the command that runs them (``available``: the T_wrong task groups the dataset holds)."""
+    sentences, shown = [], []
+    if (trap := deepest(claims, SWEEP, "trap")) is not None:
+        shown.append(trap)
+        sentences.append(f"Retrieval trap: on T_wrong items at {trap['name'].split()[-1].replace('=', ' = ')}, showing the procedure "
+                         f"skills (Proc. Skill) moves the wrong-tool margin above Base's by {quoted(trap)}.")
+    suppression = deepest(claims, SWEEP, "suppression")
+    if suppression is None:
+        suppression = claim_row(claims, SUPPRESSION, "BASM − Proc. Skill (margin)")
+    if suppression is not None:
+        shown.append(suppression)
+        sentences.append(f"Boundary suppression: with the boundary fields (BASM) the wrong-tool margin is below Proc. Skill's by "
+                         f"{quoted(suppression)}.")
+    if (boundary := claim_row(claims, KNOCKOUT, "boundary")) is not None:
+        controls = claims[(claims["family"] == KNOCKOUT) & claims["name"].str.startswith("boundary>")]
+        shown += [boundary, *(row for _, row in controls.iterrows())]
+        against = "; ".join(f"more than {control_words(row)} by {quoted(row)}" for _, row in controls.iterrows())
+        sentences.append(f"Boundary knockout: removing the boundary span raises BASM's T_wrong wrong-tool margin by {quoted(boundary)}"
+                         + (f"; against its controls, it raises it {against}." if against else "."))
+    # no outcome could reach α: the Holm-adjusted floor of its task groups is not below it
+    untestable = [row for row in shown if np.isfinite(row["p_floor"]) and row["p_floor"] * holm_size(claims, row) >= ALPHA]
+    if untestable:
+        n = min(int(row["n"]) for row in untestable)
+        size = max(holm_size(claims, row) for row in untestable)
+        needed = groups_needed(size)
+        floor = sign_flip_floor(n)
+        where = ("" if available is None else f" (this dataset holds {available} T_wrong task groups"
+                 + (", too few: add items of more task groups)" if available < needed else ")"))
+        sentences.append(f"This run is a smoke test: with {n} task group{'s' * (n != 1)} the smallest p a claim can reach is {floor:.3g} "
+                         f"({floor * size:.3g} after Holm over {size} claims), so none can reach p < {ALPHA:g}. "
+                         f"A run with at least {needed} task groups per bucket can{where}: `{rerun}`.")
+    return sentences or ["None of sweep, suppression or knockout ran: no headline estimate (see the sections below)."]
+
+
+def t_wrong_groups(ctx: RunContext) -> int:
+    """The T_wrong task groups of a run's dataset and split, every item (no ``quick``, no ``limit``)."""
+    a = ctx.options
+    items = ctx.dataset.select(buckets=["T_wrong"], domains=a.domains, split=None if a.split == "all" else a.split, split_kind=a.split_kind)
+    return len({item.task_group for item in items})
+
+
+def print_ending(lead: list[str], out_dir: Path, analyses: list[str], figures_dir: Path | None, report_path: Path, files: list[Path]) -> None:
+    """The console's last lines: the headline, then where the rows, tables, figures, report and page are."""
+    n_figures = len(list(figures_dir.glob("*.png"))) if figures_dir is not None else 0
+    page = next((p for p in files if p.name == PAGE), None)
+    print("\n[report] headline:")
+    for sentence in lead:
+        print("  " + sentence.replace("`", ""))
+    print("[report] where:")
+    print(f"  rows and tables  {analysis_folder(out_dir, '<analysis>')}/  ({', '.join(analyses) or 'none ran'})")
+    drawn = f"{figures_dir}/  ({n_figures} figure{'s' * (n_figures != 1)})" if figures_dir is not None else "(not drawn: --no-figure)"
+    print(f"  figures          {drawn}")
+    print(f"  report           {report_path}  (claims: {out_dir / CLAIMS})")
+    print(f"  page             {page if page is not None else '(not written)'}")
+
+
+def rerun_command(options: ReportOptions, model: Any) -> str:
+    """The report command that runs every task group of the chosen split (no --quick, no --limit)."""
+    parts = ["basm-probes report"]
+    parts += [] if options.model is None else [f"--model {model}"]
+    parts += [f"--out {options.out}"]
+    parts += [] if options.analyses is None else [f"--analyses {','.join(options.analyses)}"]
+    return " ".join(parts)
+
+
 def claims_markdown(table: pd.DataFrame) -> str:
     if not len(table):
         return "No analysis of this report made a testable claim."
@@ -157,12 +277,16 @@ def claims_markdown(table: pd.DataFrame) -> str:
 
 
 def write_report(out_dir: Path, header: list[str], sections: list[ReportSection], failed: list[str], fig03: list[Path],
-                 *, figures: bool = True, figures_dir: Path | None = None, model: str, variant: str) -> Path:
+                 *, claims: pd.DataFrame, lead: list[str], figures: bool = True, figures_dir: Path | None = None, model: str,
+                 variant: str) -> Path:
+    """``report.md`` (opening with the ``lead`` sentences, :func:`headline`) and ``claims.csv`` in ``out_dir``."""
     comparisons = [c for s in sections for c in s.comparisons]
-    claims = claims_table([c for s in sections for c in s.claims])
-    write_csv(claims, out_dir / "claims.csv")
-    rel = os.path.relpath(figures_dir, out_dir) if figures_dir is not None else "figures"
-    parts = ["# basm-probes report", "", *header, "", "## Claims", "", CLAIMS_INTRO, "", claims_markdown(claims), "",
+    write_csv(claims, out_dir / CLAIMS)
+    rel = os.path.relpath(figures_dir, out_dir) if figures_dir is not None else FIGURES
+    where = (f"Each analysis's rows and tables are in its own folder (`<analysis>/`), the figures in `{rel}/`, every claim in "
+             f"`{CLAIMS}`; `{PAGE}` shows the records in a browser.")
+    parts = ["# basm-probes report", "", *[line for sentence in lead for line in (sentence, "")], where, "", *header, "",
+             "## Claims", "", CLAIMS_INTRO, "", claims_markdown(claims), "",
              "## Ours vs the paper", "",
              "Paper numbers: Qwen3-8B unless noted (Fig. 7: Qwen3-14B). Margins in logits. The wrong-tool margin is the "
              "headline `margin` (the margin variant above). By default that is `tool_choice`, **Eq. 1 restricted to the "
@@ -181,7 +305,7 @@ def write_report(out_dir: Path, header: list[str], sections: list[ReportSection]
         parts += ["", s.markdown, ""]
     if failed:
         parts += ["## Failed", "", *[f"- {line}" for line in failed], ""]
-    path = out_dir / "report.md"
+    path = out_dir / REPORT
     write_text(path, "\n".join(parts))
     return path
 
@@ -232,18 +356,19 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
             raise AnalysisError(f"cannot import the {name} analysis ({failure}); fix it or leave it out with analyses") from failure
     model = options.model if options.model is not None else (session.model.name_or_path if session is not None else default_model())
     writer = world().rank == 0  # in a parallel run every rank collects; rank 0 draws and writes the report
+    out_dir = check_layout(check_inside(Path(options.out) / model_label(model), options.out))  # a link out of --out is never followed
     if session is None:  # each rank of a parallel run on its node's GPU
         session = open_session(dataclasses.replace(options, device=rank_device(options.device, world())), model)
-    out_dir = check_inside(Path(options.out) / model_label(model), options.out)  # a link out of --out is never followed
     sections: dict[str, ReportSection] = {}
     failed: list[str] = []
+    available: int | None = None  # the T_wrong task groups of the dataset's split, for the headline's rerun advice
     note = ""
     embedders: set[str] = set()
     studies: set[tuple[str, str]] = set()  # (dataset, r_B) as each analysis resolved them: the defaults depend on the model
     threads: set[int] = set()  # the torch thread counts the analyses computed on (one: each resolves the same option on the same model)
     with tempfile.TemporaryDirectory(prefix="basm-report-figures-") as scratch:
         # figure=False: the sections still draw, into a folder that is discarded
-        figures_dir = (Path(options.figures_dir) if options.figures_dir is not None else check_inside(out_dir / "figures", out_dir)) if options.figure else Path(scratch)
+        figures_dir = (Path(options.figures_dir) if options.figures_dir is not None else check_inside(figures_folder(out_dir), out_dir)) if options.figure else Path(scratch)
         for name, cls in classes.items():
             t0 = time.perf_counter()
             try:
@@ -260,17 +385,22 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
             embedders.add(ctx.builder.retriever.embedder.name)
             studies.add((str(ctx.options.dataset), str(ctx.options.relevance)))
             threads.add(ctx.threads)
+            if available is None and name in (SWEEP, SUPPRESSION, KNOCKOUT):
+                available = t_wrong_groups(ctx)
             if writer:
                 print(f"[report] {name}: {time.perf_counter() - t0:.0f} s, figures: "
                       f"{', '.join(p.name for p in sections[name].figures if p.suffix == '.png') if options.figure else '(no figures)'}")
         fig03 = mechanism_figure(sections, figures_dir, note) if writer else []
     resolved = options.resolved()
     files: list[Path] = []
+    claims = claims_table([c for s in sections.values() for c in s.claims])
+    lead = headline(claims, rerun=rerun_command(options, model), available=available)
     if not writer:
-        path = out_dir / "report.md"
+        path = out_dir / REPORT
     else:
         path = write_report(out_dir, header(options, resolved, model, embedders, studies, threads, time.perf_counter() - start), list(sections.values()),
-                            failed, fig03, figures=options.figure, figures_dir=figures_dir, model=str(model), variant=options.margin_variant)
+                            failed, fig03, claims=claims, lead=lead, figures=options.figure, figures_dir=figures_dir, model=str(model),
+                            variant=options.margin_variant)
         n_figures = len(list(figures_dir.glob("*.png"))) if options.figure else 0
         print(f"[report] wrote {path} and {n_figures} figures in {time.perf_counter() - start:.0f} s")
         if options.explore and set(sections) & set(EXPLORED):
@@ -280,6 +410,8 @@ def run_report(options: ReportOptions, session: EngineSession | None = None) -> 
             print(f"[report] explore.html not written: none of {', '.join(EXPLORED)} ran")
     if failed and writer:
         error(f"{len(failed)} of {len(names)} analyses failed (listed under \"Failed\" in {path})")
+    if writer:  # the console ends with the headline and where everything is
+        print_ending(lead, out_dir, list(sections), figures_dir if options.figure else None, path, files)
     table = pd.DataFrame([dataclasses.asdict(c) for s in sections.values() for c in s.comparisons],
                          columns=["quantity", "ours", "paper", "unit", "note"])
     return AnalysisResult(options, resolved, table, sections, {"report_comparisons": table}, [path, *files], out_dir, 1 if failed else 0)

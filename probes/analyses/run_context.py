@@ -30,6 +30,7 @@ from probes.engine.session import EngineSession
 from probes.engine.threads import AUTO, auto_threads, set_threads
 from probes.prompts.builder import PromptBuilder, resolve_study
 from probes.prompts.context import SkippedItem, partition_by_context
+from probes.reporting.layout import check_layout, figures_folder, rows_path
 from probes.reporting.results import ResultsStore
 from probes.scoring.score import EPSILON
 
@@ -75,7 +76,7 @@ class RunContext:
     items: tuple[Item, ...]
     builder: PromptBuilder
     model_path: str
-    out_dir: Path
+    out_dir: Path  # OUT/<model>: the results folder of the model (probes.reporting.layout)
     model_fingerprint: dict[str, str]
     threads: int  # torch's CPU thread count this run computes on (run_threads), recorded in the results header
     skipped: tuple[SkippedItem, ...] = ()  # items left out by too_long="skip", with the reason
@@ -83,8 +84,25 @@ class RunContext:
 
     @property
     def output(self) -> OutputRoot:
-        """Where this run writes (``OUT/<model>``): every output through it (:mod:`probes.core.files`)."""
-        return OutputRoot(self.out_dir, overwrite=self.options.overwrite)
+        """Where this analysis writes (``OUT/<model>/<analysis>``, :mod:`probes.reporting.layout`): every
+        output but the figures through it (:mod:`probes.core.files`)."""
+        return OutputRoot(self.out_dir, overwrite=self.options.overwrite).child(self.options.name)
+
+    @property
+    def folder(self) -> Path:
+        """``OUT/<model>/<analysis>``: this analysis's rows, tables and other outputs."""
+        return self.output.root
+
+    @property
+    def figures_dir(self) -> Path:
+        """``OUT/<model>/figures``: every analysis's figures."""
+        return OutputRoot(self.out_dir).path(figures_folder(self.out_dir))
+
+    def rows_path(self, stem: str | None = None) -> Path:
+        """A rows file of this analysis: its own (``<analysis>.jsonl``), or ``stem``'s (``heads_causal``)."""
+        path = rows_path(self.out_dir, self.options.name, stem)
+        check_inside(path.parent, self.out_dir)  # a link there out of --out is refused (the store refuses one at the file)
+        return path
 
     @property
     def variant(self) -> str:
@@ -118,7 +136,7 @@ class RunContext:
         }
 
     def store(self, **extra: Any) -> ResultsStore | ShardedStore:
-        return open_store(self.out_dir / f"{self.name}.jsonl", self.name, self.config(**extra), overwrite=self.options.overwrite)
+        return open_store(self.rows_path(self.name), self.name, self.config(**extra), overwrite=self.options.overwrite)
 
     def items_in(self, buckets: Iterable[str]) -> list[Item]:
         buckets = set(buckets)
@@ -331,6 +349,7 @@ def open_context(analysis: RunOptions, session: EngineSession | None = None) -> 
     check_depths(dataset, items, k_max=options.k_max, k=getattr(options, "k", None))
     check_min_depth(options)
     check_oracle(options)
+    out_dir = check_layout(check_inside(Path(options.out) / model_label(model), options.out))  # a link out of --out is never followed
     if options.format == "prompted" and is_organism(model):
         print("warning: the bundled organism was trained on the native format only; format prompted measures "
               "a format it never saw", file=sys.stderr)
@@ -359,7 +378,6 @@ def open_context(analysis: RunOptions, session: EngineSession | None = None) -> 
                 raise OptionError(f"every selected item exceeds the model's context ({limit} tokens)")
     model_path = str(Path(str(model)).resolve()) if Path(str(model)).exists() else str(model)
     fingerprint = model_fingerprint(session.model.name_or_path or model, session.tokenizer)  # the folder actually loaded (GGUF: converted)
-    out_dir = check_inside(Path(options.out) / model_label(model), options.out)  # a link out of --out is never followed
     return RunContext(analysis.name, options, session, dataset, tuple(items), builder, model_path, out_dir, fingerprint, threads, skipped)
 
 

@@ -63,7 +63,8 @@ from probes.analyses.base import Analysis, ReportSection
 from probes.analyses.heads import split_groups
 from probes.analyses.jobs import Job, run_jobs
 from probes.analyses.calls import MAX_NEW_TOKENS, call_row, generation_prompt
-from probes.analyses.linear import DEFAULT_C, FeatureCache, feature_key, fit_logistic, residual_features
+from probes.analyses.linear import DEFAULT_C, FEATURES, FeatureCache, feature_key, fit_logistic, residual_features
+from probes.analyses.linear import NAME as LINEAR
 from probes.analyses.option_system import depth_option, option
 from probes.analyses.parallel import on_rank_zero
 from probes.analyses.run_context import AnalysisError, RunContext, provenance
@@ -72,6 +73,7 @@ from probes.data.dataset import ABSTAIN, Item
 from probes.engine.generate import greedy_generate, steered_greedy_generate, stop_token_ids
 from probes.engine.session import EngineSession, Steering
 from probes.prompts.record import PromptRecord
+from probes.reporting.layout import analysis_folder
 from probes.reporting.results import load_results
 from probes.scoring.circuit_stats import held_out_check
 from probes.scoring.margins import candidates_from_record, shared_prefix
@@ -260,7 +262,7 @@ def steering(cell: Cell, directions: Directions, record: PromptRecord, unembeddi
 def train_features(ctx: RunContext, items: Sequence[Item], configs: Sequence[str]) -> tuple[pd.DataFrame, np.ndarray]:
     """The decision-row residuals of the train prompts (``steer_train.jsonl`` indexes ``linear_features``' cache)."""
     sub = replace(ctx, name=f"{NAME}_train", items=tuple(items), _score_cache={})
-    root = ctx.out_dir / "linear_features"
+    root = analysis_folder(ctx.out_dir, LINEAR) / FEATURES
     if ctx.options.overwrite:
         on_rank_zero(lambda: remove_tree(root))
     cache = FeatureCache(root)

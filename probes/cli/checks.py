@@ -40,6 +40,7 @@ from probes.analyses.run_context import open_context
 from probes.cli.flags import add_options, options_from_args, options_from_file
 from probes.core.files import OutputRoot
 from probes.engine.threads import keeps_caller_threads
+from probes.reporting.layout import rows_path, table_path
 from probes.reporting.results import load_results
 from probes.scoring.claims import Claim, claims_table
 
@@ -184,7 +185,7 @@ def _diff(api: Any, flags: Any, toml: Any) -> str:
 
 
 def _results_files(out_dir: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in sorted(out_dir.glob("*.jsonl"))}
+    return {str(path.relative_to(out_dir)): path.read_bytes() for path in sorted(out_dir.rglob("*.jsonl"))}
 
 
 @keeps_caller_threads  # its open_context sets the run's thread count; the caller's is back on return
@@ -197,7 +198,7 @@ def check_run(cls: type, out: Path, **options: Any) -> AnalysisResult:
         raise _fail(cls, f"the run on {given} wrote no rows")
     if "key" not in result.rows or not result.rows["key"].is_unique:
         raise _fail(cls, "the rows' keys are missing or repeated (a resume would skip or duplicate rows)")
-    path = out_dir / f"{name}.jsonl"
+    path = rows_path(out_dir, name)
     if not path.is_file():
         raise _fail(cls, f"no results file {path}")
     config = load_results(path).attrs["meta"]["config"]
@@ -209,7 +210,7 @@ def check_run(cls: type, out: Path, **options: Any) -> AnalysisResult:
     if not result.tables:
         raise _fail(cls, "no tables")
     for table, frame in result.tables.items():
-        if not isinstance(frame, pd.DataFrame) or not (out_dir / f"{table}.csv").is_file():
+        if not isinstance(frame, pd.DataFrame) or not table_path(out_dir, name, table).is_file():
             raise _fail(cls, f"table {table!r} is not a DataFrame written as {table}.csv")
     check_figures(cls, result.figures)
     ctx = open_context(result.options)  # the run's resolved options (the model loaded again)

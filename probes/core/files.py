@@ -376,3 +376,16 @@ class OutputRoot:
 
     def remove_tree(self, target: str | Path) -> None:
         remove_tree(self.path(target))
+
+    def move(self, source: str | Path, target: str | Path) -> Path:
+        """Rename a file or folder of ours to another name under the root (a results folder reorganised),
+        its parent folders created; refused when either is a link or ``target`` exists (never replaced)."""
+        source, path = self.path(source), self.path(target)
+        for name in (source, path):
+            if name.is_symlink():
+                raise OutputRefused(f"{name} is a symbolic link; basm-probes moves only its own files, never a link")
+        if path.exists():
+            raise OutputRefused(f"{path} exists; {source} was not moved over it: remove one of them and move again")
+        make_folder(path.parent)
+        os.replace(source, path)
+        return path

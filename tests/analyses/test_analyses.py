@@ -17,11 +17,12 @@ from probes.analyses.circuit import CircuitAnalysis
 from probes.analyses.heads import Heads
 from probes.analyses.knockout import KnockoutAnalysis
 from probes.analyses.ratios import Ratios
-from probes.analyses.report import ReportOptions, run_report
+from probes.analyses.report import ReportOptions, headline, run_report
 from probes.analyses.suppression import Suppression
 from probes.analyses.sweep import Sweep
 from probes.engine.session import EngineSession
 from probes.reporting.results import load_results
+from probes.reporting.layout import figures_folder, rows_path, table_path
 
 torch.set_num_threads(1)
 
@@ -36,7 +37,7 @@ def _one_thread():
 
 def check_figure(out: Path, name: str) -> None:
     for suffix in (".png", ".pdf"):
-        path = out / "figures" / f"{name}{suffix}"
+        path = figures_folder(out) / f"{name}{suffix}"
         assert path.is_file() and path.stat().st_size > 5000, path
 
 
@@ -52,7 +53,7 @@ def test_sweep_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     session = EngineSession(tiny_qwen3_dir)
     result = Sweep(model=tiny_qwen3_dir, limit=1, k_max=2, out=tmp_path, **FAST).run(session)
     assert result.status == 0 and result.out_dir == tmp_path / tiny_qwen3_dir.name
-    rows = check_rows(result.out_dir / "sweep.jsonl", "sweep")
+    rows = check_rows(rows_path(result.out_dir, "sweep"), "sweep")
     assert set(rows["config"]) == {"base", "proc", "app", "basm"} and set(rows["k"]) == {0, 1, 2}
     assert rows.attrs["meta"]["config"]["margin_variant"] == "tool_choice"
     # every variant is written, not only the chosen one; the headline is Eq. 1 restricted to the tools
@@ -71,7 +72,7 @@ def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_
     result = Ratios(model=tiny_qwen3_dir, item_ids=[T_WRONG_ITEM], k=2, configs=["basm"], out=tmp_path, **FAST).run()
     assert result.status == 0
     out = result.out_dir
-    rows = check_rows(out / "ratios.jsonl", "ratios")
+    rows = check_rows(rows_path(out, "ratios"), "ratios")
     check_figure(out, "fig04_boundary_attention")
     (row,) = rows.to_dict("records")
 
@@ -106,14 +107,14 @@ def test_ratios_tiny_and_eta_matches_eager_attentions(tiny_qwen3_dir: Path, tmp_
     assert np.allclose(np.array(row["alpha_boundary_heads"]), a_b, atol=1e-5)
     assert np.allclose(np.array(row["alpha_procedure_heads"]), a_p, atol=1e-5)
     eta_direct = a_b.mean() / (a_p.mean() + 1e-6)
-    summary = pd.read_csv(out / "ratios_summary.csv").set_index("row")
+    summary = pd.read_csv(table_path(out, "ratios", "ratios_summary")).set_index("row")
     assert abs(summary.loc["deciding", "eta"] - eta_direct) <= 1e-5 * max(1.0, eta_direct)
 
 
 def test_suppression_tiny(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     result = Suppression(model=tiny_qwen3_dir, items="T_wrong:retail:1", k_max=1, out=tmp_path, **FAST).run()
     assert result.status == 0
-    rows = check_rows(result.out_dir / "suppression.jsonl", "suppression")
+    rows = check_rows(rows_path(result.out_dir, "suppression"), "suppression")
     assert set(rows["bucket"]) == {"T_wrong"} and set(rows["config"]) == {"proc", "pad-filler", "pad-procedure", "basm"}
     assert rows["margin"].notna().all() and rows["broad_margin"].notna().all()
     check_figure(result.out_dir, "fig05_suppression")
@@ -124,7 +125,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
                               out=tmp_path, **FAST).run()
     assert result.status == 0
     out = result.out_dir
-    rows = check_rows(out / "knockout.jsonl", "knockout")
+    rows = check_rows(rows_path(out, "knockout"), "knockout")
     check_figure(out, "fig06_knockout_controls")
     check_figure(out, "fig07_knockout_selectivity")
     basm = rows[(rows["config"] == "basm") & (rows["item_id"] == T_WRONG_ITEM)].set_index("condition")
@@ -157,7 +158,7 @@ def test_knockout_tiny_and_delta_matches_engine(tiny_qwen3_dir: Path, tmp_path: 
     for measure in ("margin", "broad_margin", "correct_margin", "call_logodds"):
         assert abs(basm.loc["boundary", measure] - knocked[measure]) <= 1e-6, measure
         assert abs(basm.loc["baseline", measure] - base[measure]) <= 1e-6, measure
-    summary = (out / "knockout_gap_recovery.csv").read_text()
+    summary = table_path(out, "knockout", "knockout_gap_recovery").read_text()
     assert summary.startswith("measure,value,low,high,n,gap")
 
 
@@ -221,7 +222,7 @@ def test_knockout_compares_every_control_on_the_same_records() -> None:
     assert reasons[("call_logodds", "undefined under some condition (names never diverge)")] == 1
 
 
-def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from probes.cli.main import build_parser
     from probes.cli.flags import options_from_args
 
@@ -245,8 +246,18 @@ def test_report_quick_tiny_with_toml(tiny_qwen3_dir: Path, tmp_path: Path) -> No
     for name in ("fig02_retrieval_trap", "fig03_mechanism", "fig04_boundary_attention", "fig05_suppression",
                  "fig06_knockout_controls", "fig07_knockout_selectivity", "fig08_head_heatmap", "fig09_candidate_heads"):
         check_figure(out, name)
-    sweep = load_results(out / "sweep.jsonl")
+    sweep = load_results(rows_path(out, "sweep"))
     assert sweep.attrs["meta"]["config"]["items"]["limit"] == 1 and set(sweep["k"]) == {0, 1}
+    # report.md opens with the headline quoted from its claims.csv (one task group: a smoke test); the console ends with it
+    lead = headline(pd.read_csv(out / "claims.csv"), rerun="")
+    paragraphs = report.split("\n\n")
+    assert paragraphs[1:len(lead)] == lead[:-1] and lead[0].startswith("Retrieval trap") and lead[2].startswith("Boundary knockout")
+    assert paragraphs[len(lead)].startswith("This run is a smoke test: with 1 task group the smallest p a claim can reach is 0.5")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-len(lead) - 6:-len(lead) - 4] == ["[report] headline:", "  " + lead[0]] and printed[-4:] == [
+        f"  rows and tables  {out}/<analysis>/  (sweep, ratios, suppression, knockout, heads)",
+        f"  figures          {out}/figures/  ({len(list((out / 'figures').glob('*.png')))} figures)",
+        f"  report           {out}/report.md  (claims: {out}/claims.csv)", f"  page             {out}/explore.html"]
 
 
 def test_missing_default_model_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -282,7 +293,7 @@ def test_all_analyses_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
     out = result.out_dir
     for name, analysis in (("sweep", "sweep"), ("ratios", "ratios"), ("suppression", "suppression"), ("knockout", "knockout"),
                            ("heads", "heads"), ("heads_causal", "heads_causal")):
-        rows = check_rows(out / f"{name}.jsonl", analysis)
+        rows = check_rows(rows_path(out, "heads" if name.startswith("heads") else name, name), analysis)
         if "margin" in rows:
             # Eq. 1 restricted to the tools is defined under SmolLM2's first-token collisions, and NaN
             # exactly where the correct action is abstention (no correct tool)

@@ -15,6 +15,7 @@ from probes.analyses.attribution import Attribution
 from probes.data.dataset import load_dataset, resolve_dataset
 from probes.data.retrieval import tools_in_text
 from probes.reporting.results import ResultsConfigMismatch, load_results
+from probes.reporting.layout import figures_folder, rows_path
 
 
 FAST = {"dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical", "split": "all"}
@@ -92,12 +93,12 @@ def test_resume_scores_no_mask_twice(tiny_qwen3_dir: Path, tmp_path: Path, monke
     options = dict(model=tiny_qwen3_dir, out=tmp_path, item_ids=["retail-wrong-0001"], k_max=2, masks=4, **CHEAP_STATS, **FAST)
     first = Attribution(**options).run(verbose=False)
     assert len(first.rows) == 8 and first.rows["margin"].notna().all()
-    assert (tmp_path / tiny_qwen3_dir.name / "figures" / "fig13_attribution_matrix.png").is_file()
+    assert (figures_folder(tmp_path / tiny_qwen3_dir.name) / "fig13_attribution_matrix.png").is_file()
     calls: list[str] = []
     monkeypatch.setattr(jobs, "score_record", planted_scorer(calls))
     Attribution(**options, figure=False).run(verbose=False)
     assert calls == []
-    path = tmp_path / tiny_qwen3_dir.name / "attribution.jsonl"
+    path = rows_path(tmp_path / tiny_qwen3_dir.name, "attribution")
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:-3]))  # the last three rows lost
     monkeypatch.undo()

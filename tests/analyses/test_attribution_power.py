@@ -14,6 +14,7 @@ from statsmodels.stats.power import TTestIndPower
 
 from probes.analyses.attribution import DESIGN_EFFECTS, MARGIN_EFFECT, SEED_EFFECT, Attribution, tempting_power
 from probes.data.dataset import load_dataset, resolve_dataset
+from probes.reporting.layout import table_path
 
 FAST = {"dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical", "split": "all"}
 CHEAP_STATS = {"resamples": 50, "permutations": 20, "subsamples": 2, "simulations": 20}
@@ -55,4 +56,4 @@ def test_the_run_reports_power_at_its_own_tempting_effects(tiny_qwen3_dir: Path,
     assert got["sigma"] == sigma and got["mean"] == pytest.approx(mine["c"].mean(), abs=1e-12)
     assert got["power_at_mean"] == pytest.approx(by_hand(mine["c"].mean(), sigma, mine), abs=1e-12)
     assert got["power_at_design"] == pytest.approx(by_hand(MARGIN_EFFECT, sigma, mine), abs=1e-12)
-    assert "power_at_mean" in (result.out_dir / "attribution_tempting.csv").read_text().splitlines()[0]
+    assert "power_at_mean" in table_path(result.out_dir, "attribution", "attribution_tempting").read_text().splitlines()[0]

@@ -31,10 +31,10 @@ def test_sweep_knockout_heads_run_on_each_backend_with_the_native_rows(backend, 
         native = make(out=tmp_path / "native", **common).run(verbose=False)
         other = make(out=tmp_path / backend, backend=backend, **common).run(verbose=False)
         assert other.status == 0 and other.options.backend == backend, name
-        files = sorted(p.name for p in native.out_dir.glob("*.jsonl"))
-        assert files == sorted(p.name for p in other.out_dir.glob("*.jsonl")), name
+        files = sorted(p.name for p in native.folder.glob("*.jsonl"))
+        assert files == sorted(p.name for p in other.folder.glob("*.jsonl")), name
         for file in files:
-            a, b = (load_results(run.out_dir / file).sort_values("key").reset_index(drop=True) for run in (native, other))
+            a, b = (load_results(run.folder / file).sort_values("key").reset_index(drop=True) for run in (native, other))
             assert list(a["key"]) == list(b["key"]), (name, file)
             numeric = [c for c in a.columns if pd.api.types.is_float_dtype(a[c]) and c in b]
             assert numeric, (name, file)

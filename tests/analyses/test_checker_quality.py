@@ -13,6 +13,7 @@ import pytest
 
 from probes.analyses import calls
 from probes.scoring.claims import claims_table
+from probes.reporting.layout import figures_folder, table_path
 
 MODES = ("strict", "lenient")
 
@@ -187,15 +188,15 @@ def test_calls_checker_writes_the_boundary_tables_claims_and_statement(tiny_qwen
     assert main(["calls", "--model", str(tiny_qwen3_dir), "--dataset", "basm_probe", "--out", str(tmp_path), *fast, "--checker"]) == 0
     printed = capsys.readouterr().out
     out = tmp_path / tiny_qwen3_dir.name
-    quality = pd.read_csv(out / "calls_checker_quality.csv")
+    quality = pd.read_csv(table_path(out, "calls", "calls_checker_quality"))
     assert {"precision_low", "recall_high", "excluded_k0", "boundary_blocked"} <= set(quality.columns)
     assert (quality["excluded_k0"] > 0).all()  # the k = 0 calls are counted, and left out
-    assert set(pd.read_csv(out / "calls_checker_rules.csv")["kind"]) <= {"boundary", "runnable"}
-    assert set(pd.read_csv(out / "calls_checker_coverage.csv")["dataset"]) == {"basm_probe", "basm_probe_v2", "bfcl"}
-    claims = pd.read_csv(out / "calls_claims.csv")
+    assert set(pd.read_csv(table_path(out, "calls", "calls_checker_rules"))["kind"]) <= {"boundary", "runnable"}
+    assert set(pd.read_csv(table_path(out, "calls", "calls_checker_coverage"))["dataset"]) == {"basm_probe", "basm_probe_v2", "bfcl"}
+    claims = pd.read_csv(table_path(out, "calls", "calls_claims"))
     assert (claims["family"] == "checker").sum() == 6 and set(claims.loc[claims["family"] == "checker", "sesoi"]) == {calls.CHECKER_SESOI}
     assert "What G's boundary rules achieve" in printed and "No judge ran" in printed and "18% of this dataset's applicability" in printed
-    assert (out / "figures" / f"{calls.CHECKER_FIGURE}.png").exists()
+    assert (figures_folder(out) / f"{calls.CHECKER_FIGURE}.png").exists()
 
 
 def test_statement_says_what_g_achieves_and_whether_a_judge_ran() -> None:

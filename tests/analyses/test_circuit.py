@@ -23,6 +23,7 @@ from probes.engine.session import EngineSession, Knockout
 from probes.facade import ProbeSession
 from probes.reporting.results import load_results
 from probes.scoring.score import score_record
+from probes.reporting.layout import rows_path, table_path
 
 # tool-correct T_wrong items of four task groups (two train, two held-out), each group with T_ok partners
 ITEMS = ["retail-wrong-0001", "retail-wrong-0002", "retail-wrong-0013", "retail-wrong-0014", "retail-wrong-0025",
@@ -72,7 +73,7 @@ def test_selection_never_sees_held_out_groups(run) -> None:
     assert train and heldout and not train & heldout
     assert set(rows.loc[rows["half"] == "train", "task_group"]) <= train
     out = run.out_dir
-    header = json.loads((out / "circuit_heldout.jsonl").read_text().splitlines()[0])
+    header = json.loads(rows_path(out, "circuit", "circuit_heldout").read_text().splitlines()[0])
     config = header["_meta"]["config"]
     circuits = {(c["config"], c["pair"]): c for c in config["circuits"]}
     for (cfg, pair), c in circuits.items():
@@ -83,8 +84,8 @@ def test_selection_never_sees_held_out_groups(run) -> None:
         changed.loc[changed["half"] == "heldout", "eap_ig"] = changed.loc[changed["half"] == "heldout", "eap_ig"].map(
             lambda v: (-np.asarray(v) * 100).tolist())  # held-out rows cannot move the ranking
         assert list(rank_edges(changed[changed["half"] == "train"], "eap_ig")[0]) == c["ranking"]
-    assert set(load_results(out / "circuit_train.jsonl")["task_group"]) <= train
-    assert set(load_results(out / "circuit_heldout.jsonl")["task_group"]) <= heldout
+    assert set(load_results(rows_path(out, "circuit", "circuit_train"))["task_group"]) <= train
+    assert set(load_results(rows_path(out, "circuit", "circuit_heldout"))["task_group"]) <= heldout
 
 
 def test_organism_planted_heads_are_recovered_and_their_ranks_reported(run) -> None:
@@ -142,9 +143,9 @@ def test_circuit_runs_on_a_tiny_random_qwen3_through_the_cli(tiny_qwen3_dir: Pat
             "--ig-steps", "2", "--exact-top", "2", "--exact-random", "2", "--random-circuits", "2", *sum((["--item", i] for i in ITEMS[:4]), [])]
     assert main(argv) == 0
     out = next(tmp_path.iterdir())
-    rows = load_results(out / "circuit.jsonl")
+    rows = load_results(rows_path(out, "circuit"))
     assert set(rows["condition"]) == {"dla", "knockout"} and rows["metric"].notna().all()
-    assert (out / "circuit_nodes.csv").is_file() and (out / "circuit_edges.csv").is_file()
+    assert table_path(out, "circuit", "circuit_nodes").is_file() and table_path(out, "circuit", "circuit_edges").is_file()
 
 
 @pytest.mark.parametrize("backend", ["nnsight", "transformerlens"])

@@ -16,6 +16,7 @@ from probes.analyses.curate import Curate
 from probes.analyses.mask_eval import MaskEval
 from probes.core.chat import Reply
 from probes.data.dataset import load_dataset
+from probes.reporting.layout import rows_path
 
 FAST = {"dataset": "basm_probe", "embedder": "lexical", "relevance": "lexical"}
 SPLIT, HARMFUL = "retail.lookup_order", "retail.cancel_order"
@@ -86,7 +87,7 @@ def test_mask_eval_drops_the_harmful_skill_on_held_out_items_and_resumes(tiny_qw
     calls.clear()
     MaskEval(**options).run(verbose=False)
     assert calls == []
-    path = tmp_path / tiny_qwen3_dir.name / "mask-eval.jsonl"
+    path = rows_path(tmp_path / tiny_qwen3_dir.name, "mask-eval")
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:100]))  # killed during the masks: 99 rows kept, the other masks and every policy row lost
     again = MaskEval(**options).run(verbose=False)

@@ -18,6 +18,7 @@ import torch
 
 import probes
 from probes.analyses.sweep import Sweep
+from probes.reporting.layout import rows_path, table_path
 from probes.reporting.results import ResultsConfigMismatch, ResultsCorrupt, ResultsStore, load_results, shard_path, shard_paths
 
 torch.set_num_threads(1)
@@ -55,7 +56,7 @@ def one_process(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     start = time.perf_counter()
     result = Sweep(model=tiny_qwen3_dir, out=tmp_path_factory.mktemp("one"), **OPTIONS).run(verbose=False)
     TIMES["one process (in pytest, model loaded)"] = time.perf_counter() - start
-    rows = by_key(result.out_dir / "sweep.jsonl")
+    rows = by_key(rows_path(result.out_dir, "sweep"))
     assert len(rows) == 2 * 3 * 4  # items × k × configurations, one baseline row each
     return rows
 
@@ -68,8 +69,8 @@ def test_two_process_sweep_has_the_rows_of_one_process(tiny_qwen3_dir: Path, one
     assert run.returncode == 0, run.stderr[-3000:]
     assert "sweep [rank 0/2]" in run.stderr and "sweep [rank 1/2]" in run.stderr  # both ranks scored
     out = tmp_path / tiny_qwen3_dir.name
-    assert_same_rows(by_key(out / "sweep.jsonl"), one_process)
-    assert (out / "sweep_summary.csv").is_file() and shard_paths(out / "sweep.jsonl") == []
+    assert_same_rows(by_key(rows_path(out, "sweep")), one_process)
+    assert table_path(out, "sweep", "sweep_summary").is_file() and shard_paths(rows_path(out, "sweep")) == []
     print("sweep wall times (s):", {k: round(v, 1) for k, v in TIMES.items()})
 
 
@@ -108,7 +109,7 @@ def test_killed_rank_resumes_without_loss_or_repeats(tiny_qwen3_dir: Path, one_p
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     out = tmp_path / "out"
-    results = out / tiny_qwen3_dir.name / "sweep.jsonl"
+    results = rows_path(out / tiny_qwen3_dir.name, "sweep")
 
     killed = torchrun(str(driver), str(tiny_qwen3_dir), str(out), "3", json.dumps(OPTIONS))
     assert killed.returncode != 0 and "rank 1 killed" in killed.stderr

@@ -17,6 +17,7 @@ from probes.analyses import explore as E
 from probes.analyses.run_context import AnalysisError, model_label
 from probes.core.files import OutputRoot
 from probes.reporting import circuit_graph as G
+from probes.reporting.layout import analysis_folder
 from tests.runs import open_page
 
 MODEL = "tiny-qwen3"
@@ -27,7 +28,7 @@ HOSTILE = " </script><!--<script>"
 def circuit_page(tmp_path_factory):
     """A results folder holding one graph file (basm) and a page built from it plus a second graph handed as a dict (proc)."""
     out = tmp_path_factory.mktemp("explore_circuit")
-    folder = OutputRoot(out).child(model_label(MODEL))
+    folder = OutputRoot(out).child(analysis_folder(model_label(MODEL), "circuit"))
     edges, nodes, prompt, meta = C.tables()
     basm = G.circuit_graph(edges, nodes, prompt, meta)
     path = G.write_circuit_graph(folder, G.graph_file("basm", "knockout"), basm)
@@ -67,7 +68,7 @@ def test_the_page_embeds_the_folders_graphs_or_the_given_ones(circuit_page):
 def test_a_broken_graph_file_in_the_folder_is_refused_naming_it(circuit_page, tmp_path):
     graph = json.loads(json.dumps(circuit_page["graphs"][0]))
     graph["edges"][0]["target"] = "L9H9"
-    folder = OutputRoot(tmp_path).child(model_label(MODEL))
+    folder = OutputRoot(tmp_path).child(analysis_folder(model_label(MODEL), "circuit"))
     folder.write("circuit_graph_basm_bad.json", json.dumps(graph))
     with pytest.raises(G.GraphError, match=r"circuit_graph_basm_bad\.json: graph\.edges\[0\]: target 'L9H9'"):
         E.write_explore(E.ExploreOptions(out=tmp_path, model=MODEL))

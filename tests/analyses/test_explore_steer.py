@@ -15,6 +15,7 @@ import torch
 from probes.analyses import explore as E
 from probes.analyses import steer
 from probes.analyses.run_context import AnalysisError, model_label
+from probes.reporting.layout import rows_path
 from probes.analyses.steer import Steer
 from probes.facade import ProbeSession
 from probes.organism import ORGANISM_DIR
@@ -34,7 +35,7 @@ def steered(tmp_path_factory):
     Steer(out=out, limit=2, layers=("1",), alphas=ALPHAS, random_draws=3, rows_modes=("decision",), directions=("applicability",),
           configs=("basm",), k=2, embedder="lexical", figure=False).run(session, verbose=False)
     page = E.write_explore(E.ExploreOptions(out=out, model=str(ORGANISM_DIR)), session)
-    rows = load_results(out / model_label(str(ORGANISM_DIR)) / "steer.jsonl")
+    rows = load_results(rows_path(out / model_label(str(ORGANISM_DIR)), "steer"))
     data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page.read_text(), re.S).group(1))
     return {"page": page, "rows": rows, "data": data}
 

@@ -18,6 +18,7 @@ from probes.engine.prefix_cache import PREFIX_BLOCK
 from probes.facade import ProbeSession
 from probes.reporting.results import ResultsConfigMismatch, load_results
 from probes.scoring.margins import candidates_from_record, shared_prefix
+from probes.reporting.layout import figures_folder, rows_path
 from interrupt import killed_after_appends
 
 
@@ -98,7 +99,7 @@ def _table(path: Path) -> pd.DataFrame:
 
 def test_killed_forks_resume_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     result = _forks(tiny_qwen3_dir, tmp_path / "full", figure=False).run(verbose=False)
-    full = _table(result.out_dir / "forks.jsonl")
+    full = _table(rows_path(result.out_dir, "forks"))
     assert len(full) == 2 * 2 * 2  # items × configurations × k = 1..2, one row per fork
     assert set(full["skip_record_id"]) == {f"{ITEM}|proc|k0|native", "retail-ok-0001|proc|k0|native",
                                           f"{ITEM}|basm|k0|native", "retail-ok-0001|basm|k0|native"}
@@ -117,11 +118,11 @@ def test_killed_forks_resume_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: P
     again = _forks(tiny_qwen3_dir, tmp_path / "resumed", resamples=60).run(verbose=False)  # a statistics option: rows reused
     # 5 forks were left: the second item's 4 (its skip path once, 4 invoke paths) and the first item's last (skip + invoke)
     assert calls["paths"] == 5 + 2
-    resumed = _table(again.out_dir / "forks.jsonl")
+    resumed = _table(rows_path(again.out_dir, "forks"))
     assert resumed["key"].is_unique
     numbers = [c for c in full.columns if c.startswith(("skip_", "invoke_"))]
     pd.testing.assert_frame_equal(resumed[["key", *numbers]], full[["key", *numbers]])
-    assert (again.out_dir / "figures" / "fig17_forks_entropy.png").is_file() and (again.out_dir / "figures" / "fig18_forks_ranking.png").is_file()
+    assert (figures_folder(again.out_dir) / "fig17_forks_entropy.png").is_file() and (figures_folder(again.out_dir) / "fig18_forks_ranking.png").is_file()
     with pytest.raises(ResultsConfigMismatch):
         _forks(tiny_qwen3_dir, tmp_path / "resumed", max_new_tokens=4, figure=False).run(verbose=False)
 

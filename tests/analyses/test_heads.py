@@ -30,6 +30,7 @@ from probes.data.dataset import ABSTAIN, load_dataset, resolve_dataset
 from probes.organism import ORGANISM_DIR
 from probes.reporting.results import load_results
 from probes.scoring.score import EPSILON
+from probes.reporting.layout import figures_folder, rows_path, table_path
 
 torch.set_num_threads(1)
 
@@ -201,9 +202,9 @@ def test_heads_tiny_ranks_and_tests_on_disjoint_halves(tiny_qwen3_dir: Path, tmp
     assert out == tmp_path / tiny_qwen3_dir.name
     for name in ("fig08_head_heatmap", "fig09_candidate_heads"):
         for suffix in (".png", ".pdf"):
-            assert (out / "figures" / f"{name}{suffix}").stat().st_size > 5000
-    assert not (out / "heads_floor.jsonl").exists() and "given a priori" in result.summary.messages[0]
-    attention = load_results(out / "heads.jsonl")
+            assert (figures_folder(out) / f"{name}{suffix}").stat().st_size > 5000
+    assert not rows_path(out, "heads", "heads_floor").exists() and "given a priori" in result.summary.messages[0]
+    attention = load_results(rows_path(out, "heads"))
     assert np.array(attention["alpha_boundary_heads"].iloc[0]).shape == (2, 4) and set(attention["item_id"]) == set(ITEMS)
     # Resumes from the rows written above (nothing is rescored): the summary holds the halves.
     ctx = open_context(analysis)
@@ -213,7 +214,7 @@ def test_heads_tiny_ranks_and_tests_on_disjoint_halves(tiny_qwen3_dir: Path, tmp
     rank_groups = set(rows.loc[rows["half"] == "rank", "task_group"])
     assert len(rank_groups) == 2 and rows.groupby("task_group")["half"].nunique().eq(1).all()
 
-    causal = load_results(out / "heads_causal.jsonl")
+    causal = load_results(rows_path(out, "heads", "heads_causal"))
     assert set(causal["bucket"]) == {"T_wrong"} and set(causal["item_id"]).isdisjoint(rank_items)
     assert set(causal["task_group"]).isdisjoint(rank_groups) and len(set(causal["task_group"])) == 2
     assert set(summary.causal_rows["half"]) == {"test"}
@@ -229,7 +230,7 @@ def test_heads_tiny_ranks_and_tests_on_disjoint_halves(tiny_qwen3_dir: Path, tmp
     assert sorted(config["test_groups"]) == sorted(set(causal["task_group"]))
     assert (config["floor"], config["floor_from"], config["excluded_abstain"]) == (0.07, "given", [])
 
-    table = pd.read_csv(out / "heads_causal_summary.csv")
+    table = pd.read_csv(table_path(out, "heads", "heads_causal_summary"))
     assert list(table["selection"]) == ["top-2", "random-2 #0", "random-2 #1", "random-2", "top-2 − random-2"]
     assert table.loc[:3, "b_mass"].notna().all()
 
@@ -240,11 +241,11 @@ def test_heads_tiny_ranks_and_tests_on_disjoint_halves(tiny_qwen3_dir: Path, tmp
     groups = causal.drop_duplicates("item_id").set_index("item_id")["task_group"]
     expected = per_item.groupby(groups).mean().mean()
     assert abs(table.iloc[-1]["value"] - expected) <= 1e-9
-    claims = pd.read_csv(out / "heads_claims.csv")
+    claims = pd.read_csv(table_path(out, "heads", "heads_claims"))
     assert list(claims["family"]) == ["heads"] and abs(claims["estimate"].iloc[0] - expected) <= 1e-9
     assert "given a priori" in claims["statement"].iloc[0]
 
-    sensitivity = pd.read_csv(out / "heads_sensitivity.csv")
+    sensitivity = pd.read_csv(table_path(out, "heads", "heads_sensitivity"))
     floors = sorted({*SENSITIVITY_FLOORS, 0.07})
     assert list(sensitivity["floor"]) == floors and len(sensitivity) == len(floors)
     assert list(sensitivity.loc[sensitivity["chosen"], "floor"]) == [0.07]
@@ -263,10 +264,10 @@ def test_heads_tiny_without_a_test_half_says_so(tiny_qwen3_dir: Path, tmp_path: 
     printed = capsys.readouterr().out
     assert "causal check not run: no tool-correct T_wrong item in the test half" in printed
     assert "floor not chosen on the train split" in printed and "shown at --min-span-mass 0.05, untested" in printed
-    assert not (result.out_dir / "heads_causal.jsonl").exists()
-    sensitivity = pd.read_csv(result.out_dir / "heads_sensitivity.csv")
+    assert not rows_path(result.out_dir, "heads", "heads_causal").exists()
+    sensitivity = pd.read_csv(table_path(result.out_dir, "heads", "heads_sensitivity"))
     assert len(sensitivity) == len(SENSITIVITY_FLOORS) and sensitivity["value"].isna().all() and not sensitivity["chosen"].any()
-    assert result.summary.differences is None and not (result.out_dir / "heads_claims.csv").exists()
+    assert result.summary.differences is None and not table_path(result.out_dir, "heads", "heads_claims").exists()
 
 
 # ---------------------------------------------------------------------------- the organism: the floor is chosen on train
@@ -329,8 +330,8 @@ def test_organism_heads_floor_is_chosen_on_train_only(organism_run) -> None:
     out = result.out_dir
     dataset = load_dataset(resolve_dataset("basm_probe"))
     split = {item.id: item.split for item in dataset.items}
-    attention, causal = load_results(out / "heads_floor.jsonl"), load_results(out / "heads_floor_causal.jsonl")
-    run_items = load_results(out / "heads.jsonl")
+    attention, causal = load_results(rows_path(out, "heads", "heads_floor")), load_results(rows_path(out, "heads", "heads_floor_causal"))
+    run_items = load_results(rows_path(out, "heads"))
     train_ids = set(attention["item_id"]) | set(causal["item_id"])
     assert train_ids and {split[i] for i in train_ids} == {"train"} and {split[i] for i in run_items["item_id"]} == {"eval"}
     assert set(attention["task_group"]).isdisjoint(causal["task_group"])  # the train halves
@@ -351,7 +352,7 @@ def test_organism_heads_floor_is_chosen_on_train_only(organism_run) -> None:
 
     # the run applies that floor unchanged: ranking, knockout header, sensitivity marking, claim wording
     assert (summary.ranking["floor"] == chosen).all()
-    eval_causal = load_results(out / "heads_causal.jsonl")
+    eval_causal = load_results(rows_path(out, "heads", "heads_causal"))
     assert eval_causal.attrs["meta"]["config"]["floor"] == chosen and eval_causal.attrs["meta"]["config"]["floor_from"] == "train"
     assert list(summary.sensitivity.loc[summary.sensitivity["chosen"], "floor"]) == [chosen]
     items = {item.id: item for item in dataset.items}
@@ -359,7 +360,7 @@ def test_organism_heads_floor_is_chosen_on_train_only(organism_run) -> None:
     assert all(items[i].correct_action == ABSTAIN and items[i].bucket == "T_wrong" for i in excluded)
     assert all(items[i].correct_action != ABSTAIN for i in eval_causal["item_id"])
     assert int(summary.causal["n_abstain_excluded"].iloc[0]) == len(excluded)
-    assert (out / "heads_floor_selection.csv").is_file() and f"floor {chosen:g} chosen on the train split" in summary.messages[0]
+    assert table_path(out, "heads", "heads_floor_selection").is_file() and f"floor {chosen:g} chosen on the train split" in summary.messages[0]
 
 
 def test_organism_heads_claim_and_planted_heads(organism_run) -> None:

@@ -20,13 +20,14 @@ from sklearn.metrics import roc_auc_score
 from threadpoolctl import threadpool_limits
 
 from probes.analyses.calls import Calls, CallsSummary, call_rates, syntax_counts, generation_prompt
-from probes.analyses.linear import Linear, ProbeSettings, auc, grouped_folds, probe_layers
+from probes.analyses.linear import FEATURES, Linear, ProbeSettings, auc, grouped_folds, probe_layers
 from probes.scoring.stats import permute_within_groups
 from probes.analyses.paired import PAIRED_STATUSES, PairedSummary, pair_rows, paired_status, paired_summary, Paired
 from probes.cli.main import main
 from probes.data.dataset import load_dataset
 from probes.reporting.results import load_results
 from probes.scoring.toolcalls import OUTCOMES
+from probes.reporting.layout import analysis_folder, figures_folder, rows_path, table_path
 
 
 torch.set_num_threads(1)
@@ -147,7 +148,7 @@ def test_probe_separable_vs_random_features():
 # ------------------------------------------------------------------------------------- end to end
 def _check_figure(out: Path, name: str) -> None:
     for suffix in (".png", ".pdf"):
-        path = out / "figures" / f"{name}{suffix}"
+        path = figures_folder(out) / f"{name}{suffix}"
         assert path.is_file() and path.stat().st_size > 5000, path
 
 
@@ -157,7 +158,7 @@ def test_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
     assert result.status == 0
     out = result.out_dir
     assert out == tmp_path / tiny_qwen3_dir.name
-    rows = load_results(out / "calls.jsonl")
+    rows = load_results(rows_path(out, "calls"))
     assert len(rows) == 6 * 2 * 2 and rows["key"].is_unique  # 6 items × k ∈ {0, 1} × 2 configs
     assert set(rows["lenient_outcome"]) | set(rows["strict_outcome"]) <= set(OUTCOMES)
     assert {"syntax", "template_format", "known_tool", "refusal", "generation"} <= set(rows.columns)
@@ -167,15 +168,15 @@ def test_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
     k0 = rows[rows["k"] == 0].groupby("item_id")["generation"].nunique()
     assert (k0 == 1).all()  # identical k = 0 prompts, identical generations
     _check_figure(out, "fig11_call_rates")
-    size = (out / "calls.jsonl").stat().st_size
+    size = rows_path(out, "calls").stat().st_size
     assert Calls(**common, configs=["proc", "basm"], figure=False).run().status == 0  # resume: nothing new
-    assert (out / "calls.jsonl").stat().st_size == size
+    assert rows_path(out, "calls").stat().st_size == size
 
     # paired reuses the BASM generations and generates only procedure padding
     assert Paired(**common).run().status == 0
-    extra = load_results(out / "paired_calls.jsonl")
+    extra = load_results(rows_path(out, "paired", "paired_calls"))
     assert set(extra["config"]) == {"pad-procedure"} and len(extra) == 12
-    paired = load_results(out / "paired.jsonl")
+    paired = load_results(rows_path(out, "paired"))
     assert len(paired) == 12 and set(paired["lenient_status"]) | set(paired["strict_status"]) <= set(PAIRED_STATUSES)
     assert {"basm_syntax", "padding_template_format", "basm_known_tool"} <= set(paired.columns)
     assert (paired[paired["k"] == 0]["lenient_status"].isin(["both_solved", "both_failed"])).all()
@@ -183,13 +184,13 @@ def test_calls_paired_linear_tiny_qwen3(tiny_qwen3_dir, tmp_path):
 
     result = Linear(model=tiny_qwen3_dir, **COMMON, out=tmp_path, configs=["basm"], permutations=2, resamples=100).run()
     assert result.status == 0 and result.out_dir == out
-    probes_ = load_results(out / "linear_probe.jsonl")
+    probes_ = load_results(rows_path(out, "linear", "linear_probe"))
     assert len(probes_) == 2 * 3 and probes_["key"].is_unique  # k ∈ {0, 1} × (embeddings + 2 layers)
     k1 = probes_[probes_["k"] == 1]
     # the embedding layer sees the same decision token in every prompt: not probed, and said so
     assert k1[k1["layer"] == 0]["auc"].isna().all() and k1[k1["layer"] == 0]["note"].str.contains("identical across items").all()
     assert k1[k1["layer"] > 0]["auc"].notna().all() and (k1["n_groups"] == 2).all() and (k1["n"] == 4).all()
-    assert len(list((out / "linear_features").glob("*.npy"))) == 4 * 2  # one residual per distinct prompt
+    assert len(list((analysis_folder(out, "linear") / FEATURES).glob("*.npy"))) == 4 * 2  # one residual per distinct prompt
     _check_figure(out, "fig10_linear_probe")
 
 
@@ -199,7 +200,7 @@ def test_cli_calls_tiny_qwen3(tiny_qwen3_dir, tmp_path):
                  "--out", str(tmp_path / "cli"), "--max-new-tokens", "3", "--configs", "basm", "--no-figure"]) == 0
     result = Calls(model=tiny_qwen3_dir, limit=1, k_max=0, dataset="basm_probe", embedder="lexical", relevance="lexical", out=tmp_path / "py", max_new_tokens=3,
                    configs=["basm"], figure=False).run()
-    cli = load_results(tmp_path / "cli" / tiny_qwen3_dir.name / "calls.jsonl")
+    cli = load_results(rows_path(tmp_path / "cli" / tiny_qwen3_dir.name, "calls"))
     pd.testing.assert_frame_equal(cli.sort_values("key").reset_index(drop=True), result.rows.sort_values("key").reset_index(drop=True))
 
 
@@ -209,15 +210,15 @@ def test_calls_paired_linear_smollm2(smollm2_dir, tmp_path):
     result = Calls(**common, buckets=["T_wrong"], configs=["basm", "pad-procedure"], max_new_tokens=16).run()
     assert result.status == 0
     out = result.out_dir
-    rows = load_results(out / "calls.jsonl")
+    rows = load_results(rows_path(out, "calls"))
     assert len(rows) == 2 * 2 * 2 and rows["generation"].str.len().gt(0).all()
     _check_figure(out, "fig11_call_rates")
     assert Paired(**common, buckets=["T_wrong"], max_new_tokens=16).run().status == 0
-    assert not (out / "paired_calls.jsonl").exists()  # everything reused
-    assert len(load_results(out / "paired.jsonl")) == 4
+    assert not rows_path(out, "paired", "paired_calls").exists()  # everything reused
+    assert len(load_results(rows_path(out, "paired"))) == 4
     _check_figure(out, "fig12_paired_status")
     assert Linear(**common, configs=["basm"], permutations=2, resamples=100).run().status == 0
-    table = pd.read_csv(out / "linear_summary.csv")
+    table = pd.read_csv(table_path(out, "linear", "linear_summary"))
     k1 = table[table["k"] == 1]
     assert len(table) == 2 * 31 and k1[k1["layer"] > 0]["auc"].notna().all()  # SmolLM2: 30 layers + embeddings (constant: not probed)
     _check_figure(out, "fig10_linear_probe")

@@ -15,6 +15,7 @@ from probes.analyses.looking import ALL_LAYERS, CLEAN, EXPLORATORY_FAMILY, FAMIL
 from probes.analyses.run_context import AnalysisError
 from probes.facade import ProbeSession
 from probes.scoring.score import EPSILON
+from probes.reporting.layout import figures_folder, rows_path, table_path
 
 # tool-correct T_wrong items of three task groups (two each) and two T_ok references
 ITEMS = ["retail-wrong-0001", "retail-wrong-0002", "retail-wrong-0013", "retail-wrong-0014", "retail-wrong-0025", "retail-wrong-0026",
@@ -116,11 +117,11 @@ def test_looking_runs_on_a_tiny_random_qwen3_through_the_cli(tiny_qwen3_dir: Pat
             *sum((["--item", i] for i in ITEMS), [])]
     assert main(argv) == 0
     out = next(tmp_path.iterdir())
-    rows = load_results(out / "looking.jsonl")
+    rows = load_results(rows_path(out, "looking"))
     basm = rows[rows["config"] == "basm"]
     assert set(basm["condition"]) == {"baseline", "boundary", "boundary@L0-0", "boundary@L1-1"}
     assert rows.loc[rows["condition"] == "baseline", "top_gap"].ge(0).all()
-    assert (out / "looking_table.csv").is_file() and (out / "looking_claims.csv").is_file() and (out / "figures" / "fig22_looking.png").is_file()
+    assert table_path(out, "looking", "looking_table").is_file() and table_path(out, "looking", "looking_claims").is_file() and (figures_folder(out) / "fig22_looking.png").is_file()
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from probes.analyses.base import Analysis
 from probes.analyses.option_system import UnknownOption
 from probes.cli.main import main
 from probes.reporting import plots
+from probes.reporting.layout import rows_path
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +37,7 @@ from probes.analyses import register
 from probes.analyses.base import Analysis, ReportSection
 from probes.analyses.jobs import Job, cached_scorer, run_jobs
 from probes.reporting import plots
+from probes.reporting.layout import rows_path
 from probes.reporting.results import load_results
 
 
@@ -105,7 +107,7 @@ def test_a_planted_analysis_runs_in_probes_run_report_and_load(planted, tiny_qwe
     # its figure is drawn by its own module: nothing was added to the shared plotting module
     assert sys.modules["probes.analyses.planted"].fig99_planted_margins.__module__ == "probes.analyses.planted"
     assert not misplaced_figures({**package_sources(), "probes.analyses.planted": PLANTED})
-    done = probes.load(result.out_dir / "planted.jsonl")
+    done = probes.load(rows_path(result.out_dir, "planted"))
     assert done.rows["margin"].tolist() == result.rows["margin"].tolist()
     assert list(done.tables) == ["planted_summary"] and done.config["k_max"] == 0
     assert probes.load(result.out_dir, "planted").config == done.config

@@ -17,6 +17,7 @@ import probes.analyses.jobs
 from probes.analyses.sweep import Sweep
 from probes.cli.main import main
 from probes.reporting.results import ResultsConfigMismatch, load_results
+from probes.reporting.layout import rows_path
 from interrupt import killed_after_appends
 from runs import edit_in_place_keep_mtime, fails, rows_file, sweep
 
@@ -42,7 +43,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: 
     torch.set_num_threads(1)
     result = _sweep(tiny_qwen3_dir, tmp_path / "full").run()
     assert result.status == 0 and result.out_dir == tmp_path / "full" / tiny_qwen3_dir.name
-    full = _table(result.out_dir / "sweep.jsonl")
+    full = _table(rows_path(result.out_dir, "sweep"))
     assert len(full) == 2 * 3 * 4  # items × k × configs, one baseline row each
 
     # Kill after 7 prompts have been written, then tear the file's last line as a kill mid-write would.
@@ -50,7 +51,7 @@ def test_killed_sweep_resumes_to_the_same_table(tiny_qwen3_dir: Path, tmp_path: 
     real_score = probes.analyses.jobs.score_record
     with killed_after_appends(7):
         _sweep(tiny_qwen3_dir, tmp_path / "resumed").run()
-    path = tmp_path / "resumed" / tiny_qwen3_dir.name / "sweep.jsonl"
+    path = rows_path(tmp_path / "resumed" / tiny_qwen3_dir.name, "sweep")
     with path.open("a") as handle:
         handle.write('{"key": "torn')
     partial = load_results_lenient(path)
@@ -100,7 +101,7 @@ def test_resume_with_other_options_refuses(tiny_qwen3_dir: Path, tmp_path: Path,
     assert "changed: config.margin_variant" in capsys.readouterr().err
     result = _sweep(tiny_qwen3_dir, tmp_path, margin_variant="path", overwrite=True, **options).run()
     assert result.status == 0
-    assert load_results(result.out_dir / "sweep.jsonl").attrs["meta"]["config"]["margin_variant"] == "path"
+    assert load_results(rows_path(result.out_dir, "sweep")).attrs["meta"]["config"]["margin_variant"] == "path"
 
 
 @pytest.mark.usefixtures("private_cache")

@@ -18,6 +18,7 @@ from probes.analyses.option_system import OptionError
 from probes.analyses.run_context import check_session
 from probes.cli.main import main
 from probes.data.dataset import V1_DATASET_DIR
+from probes.reporting.layout import rows_path
 from option_helpers import CLASSES, COMMANDS, Loaded, argv_of, capture_session, invented_values
 from runs import FAST, StopAtSession, stop_at_session
 
@@ -80,7 +81,7 @@ def test_embedder_choice_is_printed_and_recorded(tiny_qwen3_dir, tmp_path, capsy
     assert main(["sweep", "--model", str(tiny_qwen3_dir), "--embedder", "lexical", "--relevance", "lexical", "--item", "retail-wrong-0001",
                  "--k-max", "0", "--configs", "base", "--split", "all", "--out", str(tmp_path / "cli"), "--no-figure"]) == 0
     assert "embedder: lexical-hashing (--embedder lexical)" in capsys.readouterr().err
-    rows = load_results(tmp_path / "cli" / result.out_dir.name / "sweep.jsonl")
+    rows = load_results(rows_path(tmp_path / "cli" / result.out_dir.name, "sweep"))
     assert rows.attrs["meta"]["config"]["builder"]["embedder"] == "lexical-hashing"
     assert result.rows.attrs["meta"]["config"]["builder"]["embedder"] == "lexical-hashing"
 

@@ -17,6 +17,7 @@ from probes.analyses.development_attribution import DELTA_COLUMNS, SESOI, held_o
 from probes.analyses.mask_eval import NEEDED, MaskEval
 from probes.scoring import curation_rules as cur
 from probes.scoring.claims import claims_table, holds
+from probes.reporting.layout import table_path
 
 GROUPS = [f"g{i}" for i in range(10)]
 
@@ -79,7 +80,7 @@ def test_mask_eval_writes_its_claims_with_the_three_controls(tiny_qwen3_dir: Pat
     result = MaskEval(model=tiny_qwen3_dir, out=tmp_path, min_skills=1, domains=["retail"], buckets=["T_ok", "T_wrong"], limit=8, k_max=9,
                       masks=40, figure=False, dataset="basm_probe", embedder="lexical", relevance="lexical").run(verbose=False)
     table = result.tables["mask-eval_claims"]
-    assert (result.out_dir / "mask-eval_claims.csv").is_file()
+    assert table_path(result.out_dir, "mask-eval", "mask-eval_claims").is_file()
     confirmatory = table[table["family"] == "mask-eval"]
     assert sorted(confirmatory["name"]) == sorted(f"{c} margin T_wrong" for c in ("mask − full", "mask − reverse", "mask − random"))
     assert not confirmatory["exploratory"].any() and (confirmatory["family_size"] == 3).all()

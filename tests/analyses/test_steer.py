@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from probes.analyses.heads import split_groups
-from probes.analyses.linear import FeatureCache
+from probes.analyses.linear import FEATURES, FeatureCache
 from probes.analyses.run_context import AnalysisError
 from probes.analyses.steer import Directions, Steer, estimate_directions, unembedding_direction
 from probes.data.dataset import load_dataset
 from probes.facade import ProbeSession
 from probes.reporting.results import load_results
 from probes.scoring.margins import candidates_from_record, shared_prefix
+from probes.reporting.layout import analysis_folder, figures_folder, rows_path, table_path
 
 SMALL = {"limit": 4, "layers": ["1", "2"], "alphas": ["0.5"], "rows_modes": ["decision", "call"], "random_draws": 2,
          "configs": ["basm"], "k": 2, "generate": "none"}
@@ -28,8 +29,8 @@ def run(organism: ProbeSession, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_directions_never_use_held_out_task_groups(run) -> None:
-    train = load_results(run.out_dir / "steer_train.jsonl")
-    steered = load_results(run.out_dir / "steer.jsonl")
+    train = load_results(rows_path(run.out_dir, "steer", "steer_train"))
+    steered = load_results(rows_path(run.out_dir, "steer"))
     header = steered.attrs["meta"]["config"]
     train_groups, heldout_groups = set(header["train_groups"]), set(header["heldout_groups"])
     assert train_groups and heldout_groups and not train_groups & heldout_groups
@@ -39,8 +40,8 @@ def test_directions_never_use_held_out_task_groups(run) -> None:
 
 
 def test_directions_equal_hand_computations(run, organism: ProbeSession) -> None:
-    train = load_results(run.out_dir / "steer_train.jsonl")
-    cache = FeatureCache(run.out_dir / "linear_features")
+    train = load_results(rows_path(run.out_dir, "steer", "steer_train"))
+    cache = FeatureCache(analysis_folder(run.out_dir, "linear") / FEATURES)
     stack = np.stack([cache.load(key) for key in train["feature_key"]])
     found = estimate_directions(train, stack, seed=0)
     x = stack[:, 1:].astype(np.float64)
@@ -154,9 +155,9 @@ def test_steer_runs_on_a_tiny_random_qwen3_through_the_cli(tiny_qwen3_dir, tmp_p
             "--configs", "basm", *sum((["--item", i] for i in GROUPS), [])]
     assert main(argv) == 0
     out = next(tmp_path.iterdir())
-    rows = load_results(out / "steer.jsonl")
+    rows = load_results(rows_path(out, "steer"))
     assert np.isfinite(rows["kl_clean"]).all() and rows["generated_outcome"].notna().any()
-    assert (out / "steer_claims.csv").is_file() and (out / "figures" / "fig23_steer.png").is_file()
+    assert table_path(out, "steer", "steer_claims").is_file() and (figures_folder(out) / "fig23_steer.png").is_file()
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from probes.cli.main import main
 from probes.data.dataset import V1_DATASET_DIR
 from probes.engine import threads
 from probes.reporting.results import ResultsConfigMismatch, load_results
+from probes.reporting.layout import rows_path
 from runs import fails, rows_file, sweep
 
 ROOT = Path(probes.__file__).resolve().parent.parent
@@ -128,10 +129,10 @@ def test_the_count_used_is_in_the_header_and_the_callers_count_is_given_back(mod
     result = probes.run("sweep", model=model, out=tmp_path, threads=1, **TINY)
     assert during == [(1, 1)]  # the model ran on the option's count ...
     assert torch.get_num_threads() == 2  # ... and the caller has its own back
-    assert header_threads(result.out_dir / "sweep.jsonl") == 1
+    assert header_threads(rows_path(result.out_dir, "sweep")) == 1
     probes.run("sweep", model=model, out=tmp_path / "auto", **TINY)  # auto: the tiny model is under the measured size
     assert during[-1] == (1, 1) and torch.get_num_threads() == 2
-    assert header_threads(tmp_path / "auto" / "model" / "sweep.jsonl") == 1
+    assert header_threads(rows_path(tmp_path / "auto" / "model", "sweep")) == 1
 
 
 def test_a_resume_on_another_count_is_refused_and_the_same_count_resumes(model: Path, tmp_path: Path,
@@ -161,7 +162,7 @@ def test_the_report_states_the_count_and_gives_the_callers_back(model: Path, tmp
     assert torch.get_num_threads() == 2
     text = (result.out_dir / "report.md").read_text()
     assert "1 torch thread (threads 1)" in text
-    assert header_threads(result.out_dir / "sweep.jsonl") == 1
+    assert header_threads(rows_path(result.out_dir, "sweep")) == 1
 
 
 def test_explore_recomputes_on_the_runs_recorded_count_and_gives_the_callers_back(model: Path, tmp_path: Path,
@@ -223,4 +224,4 @@ def test_the_ranks_of_a_parallel_run_compute_on_and_record_one_count(tiny_qwen3_
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert [json.loads((out / f"threads.rank{rank}.json").read_text()) for rank in (0, 1)] == [[2], [2]]
-    assert header_threads(out / tiny_qwen3_dir.name / "sweep.jsonl") == 2
+    assert header_threads(rows_path(out / tiny_qwen3_dir.name, "sweep")) == 2

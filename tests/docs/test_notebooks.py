@@ -42,6 +42,7 @@ def test_notebook_executes_on_quick_setting(path, tiny_qwen3_dir, tmp_path, monk
     from nbclient import NotebookClient
 
     from probes.analyses.run_context import model_label
+    from probes.reporting.layout import figures_folder
 
     monkeypatch.setenv("BASM_MODEL", str(tiny_qwen3_dir))
     monkeypatch.setenv("BASM_QUICK", "1")
@@ -54,7 +55,7 @@ def test_notebook_executes_on_quick_setting(path, tiny_qwen3_dir, tmp_path, monk
     assert not errors
     assert any(o.get("data", {}).get("image/png") for c in nb.cells if c.cell_type == "code" for o in c.outputs), "no figure shown"
     # results are laid out by model: OUT/<model>/figures
-    assert list((tmp_path / "results" / model_label(tiny_qwen3_dir) / "figures").glob("*.png"))
+    assert list(figures_folder(tmp_path / "results" / model_label(tiny_qwen3_dir)).glob("*.png"))
     if path.stem in ("02_knockout", "03_head_heatmaps"):  # the explore page, written and linked, not inlined
         assert (tmp_path / "results" / model_label(tiny_qwen3_dir) / "explore.html").is_file()
         assert any("explore.html</a>" in o.get("data", {}).get("text/html", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from probes.reporting.results import load_results
+from probes.reporting.layout import rows_path
 from runs import load_script
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -49,7 +50,7 @@ def test_smallest_real_model_run(installed, tmp_path):
     summary = (tmp_path / "runs" / "summary.md").read_text()
     assert " 0 mismatches" in summary  # the prompts' spans round-trip through the real Qwen2 tokenizer
     assert "exit 0" in summary and "knockout_claims.csv" in summary and "knockout_controls.csv" in summary
-    rows = load_results(tmp_path / "runs" / "knockout-neutral" / Path(real_model.MODEL_FILE).stem / "knockout.jsonl")
+    rows = load_results(rows_path(tmp_path / "runs" / "knockout-neutral" / Path(real_model.MODEL_FILE).stem, "knockout"))
     baseline = rows[rows["condition"] == "baseline"]
     assert len(baseline) == 2 and np.isfinite(baseline["margin"]).all()  # basm and proc: tool_choice margins are finite
 
@@ -59,7 +60,7 @@ def test_smallest_real_model_steer_run(installed, tmp_path):
     assert real_model.main(["--out", str(tmp_path / "runs"), "--models", str(tmp_path / "models"), "--steps", "steer", "--limit", "2"]) == 0
     summary = (tmp_path / "runs" / "summary.md").read_text()
     assert "exit 0" in summary and "steer_claims.csv" in summary and "steer_dose.csv" in summary
-    rows = load_results(tmp_path / "runs" / "steer" / Path(real_model.MODEL_FILE).stem / "steer.jsonl")
+    rows = load_results(rows_path(tmp_path / "runs" / "steer" / Path(real_model.MODEL_FILE).stem, "steer"))
     assert set(rows["task_group"]) == {"files.link_vs_share.g00"}  # held out; delete_vs_archive.g01 gave the directions
     assert sorted(rows.loc[rows["condition"] == "baseline", "config"]) == ["basm", "basm", "proc", "proc"]
     conditions = 3 * (4 + 1 + 4)  # α grid × (4 directions, shuffled, 4 random draws), layer 18, decision rows

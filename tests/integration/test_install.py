@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from probes.reporting.layout import rows_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +48,7 @@ def test_wheel_holds_the_dataset_and_organism_and_runs_a_sweep(installed: Path, 
     sweep = run_installed(installed, tmp_path, "-m", "probes.cli", "sweep", "--limit", "1", "--k-max", "1", "--configs", "base,basm",
                           "--embedder", "lexical", "--no-figure", "--out", str(out))
     assert sweep.returncode == 0, sweep.stderr[-2000:]
-    assert (out / "basm-organism" / "sweep.jsonl").is_file()
+    assert rows_path(out / "basm-organism", "sweep").is_file()
     # the explore page's template ships too: the page is written from the installed package
     page = run_installed(installed, tmp_path, "-m", "probes.cli", "explore", "--records", "2", "--out", str(out))
     assert page.returncode == 0, page.stderr[-2000:]

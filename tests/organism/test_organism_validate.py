@@ -20,6 +20,7 @@ from probes.organism import ORGANISM_DIR
 from probes.analyses.ratios import UNIT as ETA_UNIT
 from probes.organism.validate import ALPHA, CONTROL, validate
 from probes.scoring.claims import holds
+from probes.reporting.layout import figures_folder, rows_path
 
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "model.safetensors").is_file(), reason="organism weights not present")
 
@@ -89,7 +90,7 @@ def test_sweep_without_model_runs_on_the_bundled_organism(tmp_path):
 
     assert main(["sweep", "--limit", "2", "--k-max", "1", "--configs", "proc,basm", "--out", str(tmp_path)]) == 0
     out = tmp_path / "basm-organism"  # results are laid out by model: OUT/<model label>/
-    rows = load_results(out / "sweep.jsonl")
+    rows = load_results(rows_path(out, "sweep"))
     assert rows.attrs["meta"]["config"]["model"] == str(ORGANISM_DIR)
     assert set(rows["bucket"]) == {"T_wrong"} and len(rows) == 2 * 2 * 2
-    assert (out / "figures" / "fig02_retrieval_trap.png").stat().st_size > 10_000
+    assert (figures_folder(out) / "fig02_retrieval_trap.png").stat().st_size > 10_000
