@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,7 +48,6 @@ from typing import Any, ClassVar
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from probes.analyses import register
 from probes.analyses.base import Analysis, Comparison, ReportSection
@@ -778,11 +778,14 @@ def fig08_head_heatmap(log2_ratio: np.ndarray, note: str, title: str) -> plt.Fig
     n_layers, n_heads = log2_ratio.shape
     fig, ax = plt.subplots(figsize=(max(4.5, 0.35 * n_heads + 2.5), max(3.2, 0.28 * n_layers + 1.5)))
     lim = float(np.nanmax(np.abs(log2_ratio))) if np.isfinite(log2_ratio).any() else 1.0
-    sns.heatmap(log2_ratio, ax=ax, cmap="RdBu_r", center=0.0, vmin=-lim, vmax=lim,
-                cbar_kws={"label": "log2(boundary / procedure attention)"})
+    image = ax.imshow(log2_ratio, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="log2(boundary / procedure attention)")
+    ax.set_xticks(np.arange(n_heads))
+    ax.set_yticks(np.arange(n_layers))
+    ax.grid(False)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.wrap(title, 38)))  # within the heatmap's width: clear of the colourbar's label
     plots.footnote(fig, note)
     return fig
 
