@@ -120,7 +120,8 @@ def layout(fig: plt.Figure) -> None:
     for note in reversed(notes):  # stacked upwards from the bottom edge, the first on top
         note.set_position((0.01, y / (height + band)))
         y += note.get_window_extent(renderer).height / fig.dpi
-    fig.tight_layout(rect=(0, band / (height + band), 1, 1))
+    for _ in range(2):  # twice: a legend anchored below its axes moves with the axes the first pass resized
+        fig.tight_layout(rect=(0, band / (height + band), 1, 1))
 
 
 def wrapped(text: plt.Text, width: float, renderer) -> str:

@@ -32,6 +32,7 @@ from probes.reporting import plots
 
 SUMMARIES = Path(__file__).with_name("figure_summaries.pkl.gz")
 TOLERANCE = 0.5  # pixels: boxes that only touch do not overlap
+BAND = 0.4  # inches: the most empty space between a caption and the lowest text above it
 # each figure, by the analysis that draws it (report: Fig. 3, from the ratios, suppression and knockout summaries)
 FIGURES = {"fig02_retrieval_trap": "sweep", "fig03_mechanism": "report", "fig04_boundary_attention": "ratios", "fig05_suppression": "suppression",
            "fig06_knockout_controls": "knockout", "fig07_knockout_selectivity": "knockout", "fig08_head_heatmap": "heads",
@@ -104,7 +105,8 @@ def errorbar_paths(fig: plt.Figure) -> list[tuple[plt.Axes, LinePath]]:
 
 def text_faults(fig: plt.Figure) -> list[str]:
     """What makes a figure's text unreadable: a text leaving the canvas, two text boxes overlapping, a text on an
-    error bar, a text wrapped at draw time (``wrap=True``: its measured extent is the unwrapped line's)."""
+    error bar, a text wrapped at draw time (``wrap=True``: its measured extent is the unwrapped line's), a caption
+    (plots.footnote) floating under an empty band."""
     texts = drawn_texts(fig)
     canvas = fig.bbox
     faults = [f"{t} is wrapped at draw time (wrap=True); wrap it in the text so its extent is measurable"
@@ -115,6 +117,10 @@ def text_faults(fig: plt.Figure) -> list[str]:
             faults.append(f"{t} leaves the canvas: box ({b.x0:.0f}, {b.y0:.0f})–({b.x1:.0f}, {b.y1:.0f}) px, "
                           f"canvas {canvas.width:.0f} × {canvas.height:.0f} px")
     faults += [f"{a} overlaps {b}" for a, b in combinations(texts, 2) if overlap(a.box, b.box)]
+    above = [t.box.y0 for t in texts if t.text.get_gid() != plots.FOOTNOTE]
+    for t in texts:
+        if t.text.get_gid() == plots.FOOTNOTE and above and (min(above) - t.box.y1) / fig.dpi > BAND:
+            faults.append(f"{t} floats {(min(above) - t.box.y1) / fig.dpi:.2f} in under the lowest text above it (at most {BAND} in)")
     whiskers = errorbar_paths(fig)
     for t in texts:
         if t.text.axes is None or not isinstance(t.text, Text) or t.text not in t.text.axes.texts:
@@ -212,12 +218,18 @@ def planted(kind: str) -> plt.Figure:
         assert container.errorbar is not None
     elif kind == "wrapped":
         fig.text(0.01, 0.01, "a caption " * 20, wrap=True)
+    elif kind == "band":
+        ax.set_xticks([])
+        plots.footnote(fig, "a caption far under the axes")
+        fig.set_size_inches(3, 4)  # the axes keep their place at the top: an inch and more of nothing under them
+        fig.texts[-1].set_y(0.02)
     return fig
 
 
 @pytest.mark.parametrize("kind, fault", [("overlap", "'a text under the title' overlaps 'a title over a text'"),
                                          ("outside", "'a caption running off the right edge' leaves the canvas"),
-                                         ("errorbar", "'1.00' lies on 2 error-bar lines"), ("wrapped", "wrapped at draw time")])
+                                         ("errorbar", "'1.00' lies on 2 error-bar lines"), ("wrapped", "wrapped at draw time"),
+                                         ("band", "'a caption far under the axes' floats")])
 def test_the_check_fails_on_a_planted_bad_figure(kind: str, fault: str) -> None:
     fig = planted(kind)
     faults = text_faults(fig)
