@@ -714,13 +714,15 @@ class Heads(Analysis):
         title = f"BASM, {plots.bucket_label('T_wrong')}, k = {k}: log2(boundary / procedure attention)"
         paths = plots.save_figure(fig08_head_heatmap(summary.heatmap, summary.note, title), out_dir, FIGURES[0])
         shown = summary.causal[~summary.causal["selection"].str.contains("#| − ", regex=True)] if len(summary.causal) else summary.causal
-        paths += plots.save_figure(fig09_candidate_heads(summary.ranking, shown, summary.top, summary.note, floor=summary.floor.label,
+        provenance_line = summary.note.split("\n", 1)[0]  # Fig. 9's own caption says what each panel rests on; the definitions: report.md
+        paths += plots.save_figure(fig09_candidate_heads(summary.ranking, shown, summary.top, provenance_line, floor=summary.floor.label,
                                                          match_tolerance=MATCH_TOLERANCE), out_dir, FIGURES[1])
         return paths
 
     def section(self, ctx: RunContext, summary: HeadsSummary, figures: list[Path]) -> ReportSection:
         rank = summary.ranking.iloc[0]
-        body = (f"Floor: {summary.floor.how}.\n\nHeads ranked on the ranking half ({rank.n_groups} task groups: {rank.n_ok} T_ok and "
+        definitions = summary.note.split("\n", 1)[1]  # what Fig. 9's caption leaves to the report
+        body = (f"Floor: {summary.floor.how}.\n\n{definitions}.\n\nHeads ranked on the ranking half ({rank.n_groups} task groups: {rank.n_ok} T_ok and "
                 f"{rank.n_wrong} tool-correct T_wrong items; {rank.n_abstain} abstention-correct T_wrong items shown apart) by the "
                 f"T_ok → T_wrong increase of log2(boundary/procedure attention) (BASM, k = {ctx.options.depth}; floor "
                 f"{summary.floor.label}):\n\n{markdown_table(summary.ranking[SHOWN_RANKING].head(10))}")
