@@ -1003,7 +1003,8 @@ def fig19_checker_outcomes(rates: pd.DataFrame, quality: pd.DataFrame, note: str
     boundary_panel(axes[0][-1], quality[quality["mode"] == "lenient"], configs)
     handles = [plt.Rectangle((0, 0), 1, 1, color=plots.color(c), label=plots.label(c)) for c in configs]
     handles += [plt.Rectangle((0, 0), 1, 1, color="0.4", alpha=a, label=f"{w} G") for w, a in (("without", 0.45), ("with", 1.0))]
-    axes[0][-2].legend(handles=handles, loc="best", fontsize=7.5)
+    axes[0][-1].add_artist(axes[0][-1].get_legend())  # the boundary panel's own legend stays; the configurations' goes beside it
+    axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5)  # over no bar
     fig.suptitle(f"Greedy call outcomes without and with the boundary checker G (Eq. 11), k = {int(data['k'].max())}; "
                  f"its boundary rules alone at k ≥ 1")
     lenient = quality[quality["mode"] == "lenient"]
