@@ -386,6 +386,10 @@ def fig13_attribution_matrix(cells: pd.DataFrame, pool: str, note: str) -> plt.F
             ax.axvline(edge - 0.5, color="k", lw=0.8)
         starts = [0, *edges]
         ax.set_xticks([(a + b) / 2 - 0.5 for a, b in zip(starts, [*edges, len(items)])], [plots.bucket_label(buckets[s]) for s in starts], fontsize=8)
+        for col, item in enumerate(items):  # a blank column says why it is blank
+            if sub.loc[sub["item_id"] == item, "c"].isna().all():
+                ax.text(col, (len(skills) - 1) / 2, blank_reason(cells, pool, item), rotation=90, ha="center", va="center",
+                        fontsize=7, color="0.3")
         ax.set_yticks(range(len(skills)), skills, fontsize=6)
         ax.set_title(f"{domain} ({len(skills)} skills, {len(items)} items)", fontsize=9)
         ax.grid(False)
@@ -395,9 +399,16 @@ def fig13_attribution_matrix(cells: pd.DataFrame, pool: str, note: str) -> plt.F
         ax.set_visible(False)
     if image is not None:
         fig.colorbar(image, cax=bar_axes[0], label="C[j, i]: margin with − without skill (logits)")
-    fig.suptitle(f"Attribution matrix C of the wrong-tool margin ({pool} pool); dot: the item's tempting skill", y=1.0)
+    fig.suptitle(f"Attribution matrix C of the wrong-tool margin ({pool} pool); dot: the item's tempting skill")
     plots.footnote(fig, note)
     return fig
+
+
+def blank_reason(cells: pd.DataFrame, pool: str, item: str) -> str:
+    """Why an item has no margin anywhere in C: abstention is its correct action (no correct tool; its call
+    log-odds are attributed instead), or, failing that, no record gave a margin."""
+    calls = cells[(cells["pool"] == pool) & (cells["item_id"] == item) & (cells["outcome"] == "call_logodds")]["c"]
+    return "no margin: abstention is correct\n(C of its call log-odds: table)" if calls.notna().any() else "no margin on any record"
 
 
 def fig14_attribution_statistics(skills: pd.DataFrame, cells: pd.DataFrame, power: pd.DataFrame, note: str) -> plt.Figure:
@@ -441,6 +452,6 @@ def fig14_attribution_statistics(skills: pd.DataFrame, cells: pd.DataFrame, powe
     ax.set_ylim(0, 1.02)
     ax.set_title("Power of the per-cell permutation test")
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle("Skill attribution: row statistics, stability and power", y=1.02)
+    fig.suptitle("Skill attribution: row statistics, stability and power")
     plots.footnote(fig, note)
     return fig

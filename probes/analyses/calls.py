@@ -25,6 +25,7 @@ the correct-call rate of Fig. 11 and the "solved" of Fig. 12. The raw generation
 
 from __future__ import annotations
 
+import textwrap
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -906,9 +907,10 @@ CALL_RATES_ALWAYS = ("wrong_call", "correct_call", "abstained")  # the rest are 
 
 
 def fig11_call_rates(rates: pd.DataFrame, note: str) -> plt.Figure:
-    """Greedy call rates vs retrieval depth: rows = rates (wrong call, correct call, abstention, and
-    unknown tool / parse failure / off-template call where any is non-zero), columns = buckets
-    (T_wrong first); one colour per configuration, solid = lenient, dashed = strict, 95% CI bars.
+    """Greedy call rates vs retrieval depth: one panel per rate (wrong call, correct call, abstention, and
+    unknown tool / parse failure / off-template call where any is non-zero) and bucket (T_wrong first) that is
+    non-zero somewhere, the others named in the caption; one colour per configuration, solid = lenient,
+    dashed = strict, a 95% CI band for the first mode's line.
 
     rates: mode, format, config, k, bucket, rate, value, low, high, n, n_groups, count.
     """
@@ -919,41 +921,44 @@ def fig11_call_rates(rates: pd.DataFrame, note: str) -> plt.Figure:
     configs = plots.ordered(rates["config"], plots.CONFIG_ORDER)
     modes = [m for m in plots.CALL_MODE_STYLE if m in set(rates["mode"])]
     plotted = rates[rates["rate"].isin(kinds)]
-    fig, axes = plt.subplots(len(kinds), len(buckets), figsize=(4.0 * len(buckets), 2.6 * len(kinds) + 0.6),
-                             sharex=True, sharey="row", squeeze=False)
-    series = [(c, m) for c in configs for m in modes]
-    offsets = {s: (i - (len(series) - 1) / 2) * 0.035 for i, s in enumerate(series)}  # dodge overlapping bars
-    for row, kind in enumerate(kinds):
-        for col, bucket in enumerate(buckets):
-            ax = axes[row][col]
-            sub = plotted[(plotted["rate"] == kind) & (plotted["bucket"] == bucket)]
-            for config, mode in series:
+    # one panel per rate and bucket that is non-zero somewhere; the all-zero ones are named in the caption, not drawn
+    nonzero_cells = set(map(tuple, plotted.loc[plotted["value"].fillna(0) > 0, ["rate", "bucket"]].drop_duplicates().to_numpy()))
+    cells = [(kind, bucket) for kind in kinds for bucket in buckets if (kind, bucket) in nonzero_cells]
+    zero = [f"{CALL_RATE_LABELS[kind]} in {bucket}" for kind in kinds for bucket in buckets if (kind, bucket) not in nonzero_cells]
+    columns = min(3, max(1, len(cells)))
+    n_rows = max(1, -(-len(cells) // columns))
+    fig, axes = plt.subplots(n_rows, columns, figsize=(4.0 * columns + 1.6, 2.7 * n_rows + 0.6), sharex=True, sharey=True, squeeze=False)
+    for ax, (kind, bucket) in zip(axes.flat, cells):
+        sub = plotted[(plotted["rate"] == kind) & (plotted["bucket"] == bucket)]
+        for config in configs:
+            for mode in modes:
                 line = sub[(sub["config"] == config) & (sub["mode"] == mode)].sort_values("k")
                 if not len(line):
                     continue
                 ls, marker = plots.CALL_MODE_STYLE[mode]
-                x = line["k"] + offsets[(config, mode)]
-                ax.errorbar(x, line["value"], yerr=plots.ci_errors(line), marker=marker, ms=3.5, capsize=2.0, ls=ls,
-                            color=plots.color(config), lw=1.3, elinewidth=0.8)
-                plots.mark_no_ci(ax, x, line, plots.color(config))
-            plots.note_no_ci(ax, sub)
-            ax.set_ylim(-0.04, 1.04)
-            ax.set_xticks(sorted(int(k) for k in rates["k"].unique()))
-            if row == 0:
-                n_items = int(sub["n"].max()) if len(sub) else 0
-                n_groups = int(sub["n_groups"].max()) if len(sub) else 0
-                ax.set_title(f"{plots.bucket_label(bucket)}  ({n_items} items, {n_groups} task group{'s' if n_groups != 1 else ''})")
-            if row == len(kinds) - 1:
-                ax.set_xlabel("retrieval depth k")
-            if col == 0:
-                ax.set_ylabel(CALL_RATE_LABELS[kind])
+                ax.plot(line["k"], line["value"], marker=marker, ms=3.5, ls=ls, color=plots.color(config), lw=1.3)
+                if mode == modes[0]:  # one CI band per configuration (the first mode's): ten whiskered lines do not read
+                    ax.fill_between(line["k"], *plots.ci_band(line), color=plots.color(config), alpha=0.12, lw=0)
+                    plots.mark_no_ci(ax, line["k"], line, plots.color(config))
+        plots.note_no_ci(ax, sub)
+        ax.set_ylim(-0.04, 1.04)
+        ax.set_xticks(sorted(int(k) for k in rates["k"].unique()))
+        ax.set_title(f"{CALL_RATE_LABELS[kind]}, {plots.bucket_label(bucket)}")
+        ax.xaxis.set_tick_params(labelbottom=True)
+        ax.set_xlabel("retrieval depth k")
+    for ax in axes.flat[len(cells):]:
+        ax.axis("off")
+    for row in axes:
+        row[0].set_ylabel("rate")
     handles = [plt.Line2D([], [], color=plots.color(c), lw=2, label=plots.label(c)) for c in configs]
     handles += [plt.Line2D([], [], color="0.3", ls=plots.CALL_MODE_STYLE[m][0], marker=plots.CALL_MODE_STYLE[m][1], ms=4, label=m) for m in modes]
-    axes[0][-1].legend(handles=handles, loc="best", fontsize=7.5)
-    fig.suptitle("Realized greedy calls against retrieval depth, strict and lenient", y=1.01)
+    axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5)
+    fig.suptitle("Realized greedy calls against retrieval depth, strict and lenient")
     ks = sorted(int(k) for k in plotted["k"].unique())
     caption = (f"plotted: {', '.join(CALL_RATE_LABELS[k] for k in kinds)} · modes: {', '.join(modes)} · configurations: "
                f"{', '.join(plots.label(c) for c in configs)} · k = {', '.join(map(str, ks))} · n per point: {plots.n_text(plotted, 'items')}\n"
+               f"bands: 95% bootstrap CI over task groups of the {modes[0] if modes else ''} rates (the other mode's line has none)"
+               f"{' · zero throughout, not drawn: ' + ', '.join(zero) if zero else ''}\n"
                f"{plots.call_mode_text(sorted(set(plotted['format'])), lines=True)}")
     plots.footnote(fig, f"{note}\n{caption}")
     return fig
@@ -990,7 +995,7 @@ def fig19_checker_outcomes(rates: pd.DataFrame, quality: pd.DataFrame, note: str
                 rgb = plots.color(config)
                 ax.bar(x, bars["value"].fillna(0), width, color=rgb, alpha=0.45 if checker == "without" else 1.0,
                        yerr=plots.ci_errors(bars.reset_index()), capsize=1.5, error_kw={"elinewidth": 0.7})
-        ax.set_xticks(np.arange(len(kinds)), [CHECKER_RATE_LABELS[k] for k in kinds])
+        ax.set_xticks(np.arange(len(kinds)), ["\n".join(textwrap.wrap(CHECKER_RATE_LABELS[k], 10)) for k in kinds])
         ax.set_ylim(0, 1.04)
         n_items = int(sub["n"].max()) if len(sub) else 0
         ax.set_title(f"{plots.bucket_label(bucket)}  ({n_items} items, {int(sub['n_groups'].max()) if len(sub) else 0} groups)")
@@ -998,9 +1003,10 @@ def fig19_checker_outcomes(rates: pd.DataFrame, quality: pd.DataFrame, note: str
     boundary_panel(axes[0][-1], quality[quality["mode"] == "lenient"], configs)
     handles = [plt.Rectangle((0, 0), 1, 1, color=plots.color(c), label=plots.label(c)) for c in configs]
     handles += [plt.Rectangle((0, 0), 1, 1, color="0.4", alpha=a, label=f"{w} G") for w, a in (("without", 0.45), ("with", 1.0))]
-    axes[0][-2].legend(handles=handles, loc="best", fontsize=7.5)
+    axes[0][-1].add_artist(axes[0][-1].get_legend())  # the boundary panel's own legend stays; the configurations' goes beside it
+    axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5)  # over no bar
     fig.suptitle(f"Greedy call outcomes without and with the boundary checker G (Eq. 11), k = {int(data['k'].max())}; "
-                 f"its boundary rules alone at k ≥ 1", y=1.02)
+                 f"its boundary rules alone at k ≥ 1")
     lenient = quality[quality["mode"] == "lenient"]
     plots.footnote(fig, f"{note}\nn per bar: {plots.n_text(data, 'items')}\nlast panel: calls of catalog tools at k ≥ 1 "
                         f"({int(lenient['calls'].sum())} calls; k = 0 shows no skill and is left out); detections = blocks by an "
@@ -1023,7 +1029,7 @@ def boundary_panel(ax: plt.Axes, quality: pd.DataFrame, configs: Sequence[str]) 
             ax.errorbar([i + offset], point["value"], yerr=plots.ci_errors(point), fmt=marker, ms=5, capsize=2,
                         color=plots.color(config), mfc=plots.color(config) if ok else "white")
             ax.plot([i + offset - 0.08, i + offset + 0.08], [row[chance].iloc[0]] * 2, color="0.5", lw=1.2)
-    ax.set_xticks(np.arange(len(configs)), [plots.label(c) for c in configs], fontsize=7, rotation=25, ha="right")
+    ax.set_xticks(np.arange(len(configs)), ["\n".join(textwrap.wrap(plots.label(c), 10)) for c in configs], fontsize=7)
     ax.set_xlim(-0.6, len(configs) - 0.4)
     ax.set_title("G's boundary rules, k ≥ 1 (lenient)")
     ax.legend(handles=[plt.Line2D([], [], color="0.3", marker="o", ls="", label="precision"),

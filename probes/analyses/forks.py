@@ -428,7 +428,7 @@ def fig17_forks_entropy(paired: pd.DataFrame, note: str) -> plt.Figure:
             ax.set_title(f"{plots.label(config)}" if row == 0 else "")
             if row == 0 and col == len(configs) - 1:
                 plots.legend_outside(ax)
-    fig.suptitle("Decision entropy before (skip) and after (invoke) the skill fork", y=1.01)
+    fig.suptitle("Decision entropy before (skip) and after (invoke) the skill fork")
     plots.footnote(fig, note)
     return fig
 
@@ -446,7 +446,6 @@ def fig18_forks_ranking(budget: pd.DataFrame, auroc: pd.DataFrame, k: int, label
     sub = budget[(budget["k"] == k) & (budget["label"] == label_name)]
     configs = plots.ordered(sub["config"].unique(), plots.CONFIG_ORDER)
     fig, axes = plt.subplots(1, max(1, len(configs)), figsize=(6.0 * max(1, len(configs)), 4.4), squeeze=False)
-    fig.subplots_adjust(wspace=0.32)
     colors = dict(zip(FORK_SCORE_LABELS, sns.color_palette("colorblind", 6)[3:5]))
     for ax, config in zip(axes[0], configs):
         cell = sub[sub["config"] == config]
@@ -474,12 +473,13 @@ def fig18_forks_ranking(budget: pd.DataFrame, auroc: pd.DataFrame, k: int, label
                 titles.append(f"AUROC ({text.split('(')[1][:-1]}) {r['auroc']:.2f} {ci}, within-group permutation p = {r['p_permutation']:.2g}")
         n = int(first["n"].iloc[0]) if len(first) else 0
         positives = int(first["n_positive"].iloc[0]) if len(first) else 0
-        ax.set_title(f"{plots.label(config)}, k = {k}: {positives} of {n} forks disagree\n" + "\n".join(titles), fontsize=8.5)
+        ax.set_title(f"{plots.label(config)}, k = {k}: {positives} of {n} forks disagree\n" + "\n".join(titles), fontsize=8,
+                     fontweight="normal")  # three lines within the panel's width
         ax.set_xlabel("budget: fraction of decision points forked")
         ax.set_ylabel("precision: share of forked points that disagree")
         ax.set_xlim(0, 1.04)
         ax.set_ylim(-0.02, 1.02)
     plots.legend_outside(axes[0][-1])
-    fig.suptitle(f"Entropy-guided forking: finding the points where invoke and skip disagree ({label_name})", y=1.04)
+    fig.suptitle(f"Entropy-guided forking: finding the points where invoke and skip disagree ({label_name})")
     plots.footnote(fig, note)
     return fig

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,7 +48,6 @@ from typing import Any, ClassVar
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from probes.analyses import register
 from probes.analyses.base import Analysis, Comparison, ReportSection
@@ -714,13 +714,15 @@ class Heads(Analysis):
         title = f"BASM, {plots.bucket_label('T_wrong')}, k = {k}: log2(boundary / procedure attention)"
         paths = plots.save_figure(fig08_head_heatmap(summary.heatmap, summary.note, title), out_dir, FIGURES[0])
         shown = summary.causal[~summary.causal["selection"].str.contains("#| − ", regex=True)] if len(summary.causal) else summary.causal
-        paths += plots.save_figure(fig09_candidate_heads(summary.ranking, shown, summary.top, summary.note, floor=summary.floor.label,
+        provenance_line = summary.note.split("\n", 1)[0]  # Fig. 9's own caption says what each panel rests on; the definitions: report.md
+        paths += plots.save_figure(fig09_candidate_heads(summary.ranking, shown, summary.top, provenance_line, floor=summary.floor.label,
                                                          match_tolerance=MATCH_TOLERANCE), out_dir, FIGURES[1])
         return paths
 
     def section(self, ctx: RunContext, summary: HeadsSummary, figures: list[Path]) -> ReportSection:
         rank = summary.ranking.iloc[0]
-        body = (f"Floor: {summary.floor.how}.\n\nHeads ranked on the ranking half ({rank.n_groups} task groups: {rank.n_ok} T_ok and "
+        definitions = summary.note.split("\n", 1)[1]  # what Fig. 9's caption leaves to the report
+        body = (f"Floor: {summary.floor.how}.\n\n{definitions}.\n\nHeads ranked on the ranking half ({rank.n_groups} task groups: {rank.n_ok} T_ok and "
                 f"{rank.n_wrong} tool-correct T_wrong items; {rank.n_abstain} abstention-correct T_wrong items shown apart) by the "
                 f"T_ok → T_wrong increase of log2(boundary/procedure attention) (BASM, k = {ctx.options.depth}; floor "
                 f"{summary.floor.label}):\n\n{markdown_table(summary.ranking[SHOWN_RANKING].head(10))}")
@@ -778,11 +780,14 @@ def fig08_head_heatmap(log2_ratio: np.ndarray, note: str, title: str) -> plt.Fig
     n_layers, n_heads = log2_ratio.shape
     fig, ax = plt.subplots(figsize=(max(4.5, 0.35 * n_heads + 2.5), max(3.2, 0.28 * n_layers + 1.5)))
     lim = float(np.nanmax(np.abs(log2_ratio))) if np.isfinite(log2_ratio).any() else 1.0
-    sns.heatmap(log2_ratio, ax=ax, cmap="RdBu_r", center=0.0, vmin=-lim, vmax=lim,
-                cbar_kws={"label": "log2(boundary / procedure attention)"})
+    image = ax.imshow(log2_ratio, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="log2(boundary / procedure attention)")
+    ax.set_xticks(np.arange(n_heads))
+    ax.set_yticks(np.arange(n_layers))
+    ax.grid(False)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.wrap(title, 38)))  # within the heatmap's width: clear of the colourbar's label
     plots.footnote(fig, note)
     return fig
 

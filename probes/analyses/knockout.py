@@ -885,7 +885,8 @@ class KnockoutAnalysis(Analysis):
 
     def figures(self, summary: KnockoutSummary, out_dir: Path) -> list[Path]:
         plots.style()
-        note = f"{summary.note}\n{caption(summary)}"
+        # the figure keeps what it plots (records and groups per knockout); how each control was drawn is in report.md
+        note = f"{summary.note}\n{caption(summary).splitlines()[0]}; how each control was drawn: report.md, knockout section"
         deltas, labels = basm_deltas(summary), knockout_labels(summary)
         dose = summary.points[(summary.points["config"] == "basm") & (summary.points["bucket"] == CLAIM_BUCKET)
                               & (summary.points["measure"] == CLAIM_MEASURE) & (summary.points["family"] != "")]
@@ -1062,8 +1063,7 @@ def fig06_knockout_controls(deltas: pd.DataFrame, recovery: pd.DataFrame, window
         _dose_panel(axes["dose"], dose, equal_mass)
     if "windows" in axes:
         _window_panel(axes["windows"], windows)
-    fig.suptitle(title, fontsize=10, y=1.0 + 0.025 * title.count("\n"))
-    fig.tight_layout()
+    fig.suptitle(title, fontsize=10)
     plots.footnote(fig, note)
     return fig
 
@@ -1079,9 +1079,10 @@ def selectivity_panel(ax: plt.Axes, deltas: pd.DataFrame, labels: dict[str, str]
 
 
 def fig07_knockout_selectivity(deltas: pd.DataFrame, note: str, *, labels: dict[str, str] | None = None) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(8.5, 4.0))
+    fig, ax = plt.subplots(figsize=(11, 4.2))
     selectivity_panel(ax, deltas, labels)
     ax.set_title("Selectivity of the boundary knockout")
-    plots.legend_outside(ax)
+    handles, names = ax.get_legend_handles_labels()  # long control names wrapped: the cells keep the width their labels need
+    ax.legend(handles, ["\n".join(textwrap.wrap(n, 40)) for n in names], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     plots.footnote(fig, note)
     return fig

@@ -664,6 +664,6 @@ def fig10_linear_probe(table: pd.DataFrame, note: str, shortcut: dict | None = N
             ax.text(0.5, 0.5, reason, ha="center", va="center", transform=ax.transAxes, fontsize=8, color="0.3", wrap=True)
     axes[0][0].set_ylabel(f"probe AUC, {plots.bucket_label('T_ok')} vs {plots.bucket_label('T_wrong')}")
     axes[0][-1].legend(loc="lower right", fontsize=7.5)
-    fig.suptitle("Residual-stream probe control: task-disjoint linear probes for applicability", y=1.03)
+    fig.suptitle("Residual-stream probe control: task-disjoint linear probes for applicability")
     plots.footnote(fig, note)
     return fig

@@ -409,7 +409,7 @@ def fig22_looking(summary: LookingSummary) -> plt.Figure:
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.8), gridspec_kw={"width_ratios": [1, 1, 1.6, 1.6]})
     t = summary.table[(summary.table["bucket"] == HEADLINE_BUCKET) & (summary.table["window"] == ALL_LAYERS)]
     for ax, condition in zip(axes[:2], (CLEAN, KNOCKED)):
-        _cells_panel(ax, t[t["condition"] == condition], f"{HEADLINE_BUCKET}, every layer: {condition}")
+        _cells_panel(ax, t[t["condition"] == condition], f"{HEADLINE_BUCKET}, every layer:\n{condition}")  # within the square
     ax = axes[2]
     w = summary.windows[summary.windows["bucket"] == HEADLINE_BUCKET]
     for shift, (condition, sub) in zip((-0.12, 0.12), w.groupby("condition", sort=False)):
@@ -428,7 +428,7 @@ def fig22_looking(summary: LookingSummary) -> plt.Figure:
         frame = g.rename(columns={f"error_{config}": "value", f"error_{config}_low": "low", f"error_{config}_high": "high"})
         ax.errorbar(x, frame["value"], yerr=plots.ci_errors(frame), fmt="o", capsize=3, color=plots.color(config), label=config)
     ax.set_xticks(np.arange(len(g)), g["quartile"])
-    ax.set(xlabel="quartile of the Proc. Skill top-two gap (Q1: closest)", ylabel="tool error rate", ylim=(-0.05, 1.05),
+    ax.set(xlabel="quartile of the Proc. Skill top-two gap\n(Q1: closest)", ylabel="tool error rate", ylim=(-0.05, 1.05),
            title="errors by closeness of the top two tools")
     ax.legend(fontsize=7)
     plots.footnote(fig, summary.note)

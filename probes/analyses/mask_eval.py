@@ -194,6 +194,6 @@ def fig16_masking_policies(policies: pd.DataFrame, note: str) -> plt.Figure:
         ax.axhline(0.0, color="0.3", lw=0.8)
         ax.set_title(title)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Per-item skill masking on held-out task groups", y=1.02)
+    fig.suptitle("Per-item skill masking on held-out task groups")
     plots.footnote(fig, note)
     return fig

@@ -282,8 +282,8 @@ def fig12_paired_status(summary: pd.DataFrame, note: str) -> plt.Figure:
         ax.set_title(plots.bucket_label(bucket) if bucket != "all" else "all buckets", loc="left", fontsize=10)
     axes[-1][0].set_xlabel("share of paired items (counts in segments)")
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.suptitle("Equal-token control: BASM vs procedure padding, paired outcome status (strict and lenient)", y=1.04)
-    fig.legend(handles, names, ncol=4, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 0.985))
+    fig.suptitle("Equal-token control: BASM vs procedure padding, paired outcome status (strict and lenient)")
+    axes[-1][0].legend(handles, names, ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3))  # in the layout
     caption = (f"plotted: paired status per k = {', '.join(map(str, ks))} in modes {', '.join(modes)} · n per bar: "
                f"{plots.n_text(data, 'paired items')}\n{plots.call_mode_text(sorted(set(data['format'])), lines=False)}")
     plots.footnote(fig, f"{note}\n{caption}")

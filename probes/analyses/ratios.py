@@ -386,6 +386,15 @@ def aggregate_note(options: Any) -> str:
             f"target − {REFERENCE} within each task group, mean over groups · 95% CIs resample task groups")
 
 
+# What Fig. 4's shift panels (c, d) plot, stated once in report.md rather than in the figure's caption
+SHIFT_DEFINITIONS = ("Fig. 4 (c, d): per record log2 η = log2((ᾱ_B + ε) / (ᾱ_P + ε)); per task group, the mean over its target items minus "
+                     "the mean over its T_ok items; bars: the mean over the groups with both buckets, whiskers: 95% bootstrap CI over task "
+                     "groups; under each stratum: task groups and target / T_ok items per bar (a range where configurations differ). Strata: "
+                     "pooled = every record; tool- / abstention-correct = the target items whose correct action is a tool call / abstention "
+                     "(vs every T_ok item of the group); decision / later name row = records of both buckets read at the decision row / at a "
+                     "later row of the correct name; ★ marks the headline stratum.")
+
+
 @register("ratios", order=20)
 @dataclass(kw_only=True)
 class Ratios(Analysis):
@@ -419,8 +428,7 @@ class Ratios(Analysis):
     def figures(self, summary: RatiosSummary, out_dir: Path) -> list[Path]:
         plots.style()
         row = summary.row
-        fig = fig04_boundary_attention(summary.eta[summary.eta["row"] == row], summary.shifts[summary.shifts["row"] == row],
-                                       summary.controls[summary.controls["row"] == row], summary.note)
+        fig = fig04_boundary_attention(summary.eta[summary.eta["row"] == row], summary.shifts[summary.shifts["row"] == row], summary.note)
         return plots.save_figure(fig, out_dir, FIGURE)
 
     def section(self, ctx: RunContext, summary: RatiosSummary, figures: list[Path]) -> ReportSection:
@@ -435,6 +443,7 @@ class Ratios(Analysis):
             f"**{headline_text(summary.shifts)}.** The headline compares like with like: tool-choice decisions read at the decision "
             f"row in both buckets, within task groups (pooling adds abstention-correct items, which have no correct name and a "
             f"different |B|, and items read at a later name row). The pooled η below is descriptive.",
+            SHIFT_DEFINITIONS,
             f"Group-paired shifts of log2 η at the {row} row (target − {REFERENCE}; `n` task groups with both buckets; `n_target` / "
             f"`n_reference` items; one-sided sign-flip p, `p_floor` = 2^−n, its smallest value when the test is exact, up to 13 groups):\n\n"
             + markdown_table(at(summary.shifts).drop(columns="headline")),
@@ -500,14 +509,13 @@ def shift_headline(shifts: pd.DataFrame) -> str:
     return f"headline: {what} = {r['value']:+.3f}{ci}{p}; {int(r['n'])} task groups, {int(r['n_target'])} {r['target']} / {int(r['n_reference'])} T_ok items"
 
 
-def fig04_boundary_attention(eta: pd.DataFrame, shifts: pd.DataFrame, controls: pd.DataFrame, note: str) -> plt.Figure:
+def fig04_boundary_attention(eta: pd.DataFrame, shifts: pd.DataFrame, note: str) -> plt.Figure:
     """(a, b) η and the median per-head log2 ratio per bucket (descriptive, every record pooled);
     (c, d) group-paired shifts of per-record log2 η from T_ok to each target bucket, per stratum
     (x) and configuration (bars). The caption's counts, strata and headline come from these tables.
 
     eta: bucket, config, eta, eta_low, eta_high, log2_median, log2_low, log2_high, n, n_items.
     shifts: target, config, stratum, value, low, high, n (task groups), n_target, n_reference, same_records_as, row, headline.
-    controls: target, control, stratum, value, low, high, n.
     """
     targets = plots.ordered(shifts["target"], ("T_wrong", "T_repair"))
     fig, axes = plt.subplots(2, max(2, len(targets)), figsize=(13, 8.6), squeeze=False)
@@ -540,12 +548,8 @@ def fig04_boundary_attention(eta: pd.DataFrame, shifts: pd.DataFrame, controls: 
         ax.axis("off")
     if targets:
         plots.legend_outside(axes[1][len(targets) - 1])
-    lines = ["(c, d): per record log2 η = log2((ᾱ_B + ε) / (ᾱ_P + ε)); per task group, mean over its target items − mean over its "
-             "T_ok items; bars: mean over the groups with both buckets, whiskers: 95% bootstrap CI over task groups; under each stratum: "
-             "task groups and target / T_ok items per bar (a range where configurations differ).",
-             "strata: pooled = every record; tool- / abstention-correct = the target items whose correct action is a tool call / "
-             "abstention (vs every T_ok item of the group); decision / later name row = records of both buckets read at the decision "
-             "row / at a later row of the correct name; ★ = the headline stratum."]
+    lines = ["(c, d): T_ok → target shift of per-record log2 η, mean over task groups with both buckets, 95% bootstrap CI; under each "
+             "stratum: task groups and target / T_ok items per bar; ★ = the headline stratum (strata and estimand: report.md, ratios section)."]
     if empty:
         lines.append("not shown, no task group with records of both buckets: " + ", ".join(empty) + ".")
     if repeated:
@@ -553,15 +557,11 @@ def fig04_boundary_attention(eta: pd.DataFrame, shifts: pd.DataFrame, controls: 
     headline = shift_headline(shifts)
     if headline:
         lines.append(headline + ".")
-    for r, ok in zip(controls.itertuples(), plots.has_ci(controls)):
-        ci = f"[{r.low:+.3f}, {r.high:+.3f}]" if ok else f"({plots.no_ci_label(r.n)})"
-        lines.append(f"{plots.label('basm')} shift − {plots.label(r.control)} shift ({plots.bucket_label(r.target)}, {r.stratum}): {r.value:+.3f} {ci}, "
-                     f"{int(r.n)} task groups.")
     if len(eta):
         lines.append(f"(a, b): every record with non-empty B and P, tool- and abstention-correct pooled: {_n_range(eta['n'])} task groups, "
                      f"{_n_range(eta['n_items'])} items per bar.")
     rows = sorted(set(eta["row"]) | set(shifts["row"]))
-    fig.suptitle(f"{'/'.join(rows).capitalize()}-row attention to boundary vs procedure spans, and its shift between buckets", y=1.01)
+    fig.suptitle(f"{'/'.join(rows).capitalize()}-row attention to boundary vs procedure spans, and its shift between buckets")
     plots.footnote(fig, "\n".join([*lines, note]))
     return fig
 

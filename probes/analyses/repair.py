@@ -446,6 +446,6 @@ def fig20_repair_success(rates: pd.DataFrame, note: str) -> plt.Figure:
             ax.axhline(0, color="0.3", lw=0.8)
         ax.set_title(f"n = {int(sub['n'].max()) if sub['n'].notna().any() else 0} decisions, "
                      f"{int(sub['n_groups'].max()) if sub['n_groups'].notna().any() else 0} task groups")
-    fig.suptitle("Next decision after a failed call: repair success per condition (Eq. 12)", y=1.02)
+    fig.suptitle("Next decision after a failed call: repair success per condition (Eq. 12)")
     plots.footnote(fig, note)
     return fig

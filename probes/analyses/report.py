@@ -121,7 +121,7 @@ def mechanism_figure(sections: dict[str, ReportSection], figures_dir: Path, note
         "(a) η, BASM: " + ", ".join(f"{r.bucket} {int(r.n_items)} records / {int(r.n)} groups" for r in basm_eta.itertuples()),
         "(b) T_wrong margins: " + (f"{int(suppression['n_items'].max())} items / {int(suppression['n'].max())} groups per configuration"
                                    if len(suppression) else "none"),
-        f"(c, d) knockout: {caption(k)}",
+        f"(c, d) knockout: {caption(k).splitlines()[0]}; how each control was drawn: report.md, knockout section",
     ]
     fig = fig03_mechanism(eta, suppression, basm_deltas(k), k.recovery, note + "\n" + "\n".join(panels), labels=knockout_labels(k))
     return plots.save_figure(fig, figures_dir, "fig03_mechanism")
@@ -454,8 +454,11 @@ def legend_below(ax: plt.Axes) -> None:
 def fig03_mechanism(eta: pd.DataFrame, suppression: pd.DataFrame, deltas: pd.DataFrame, recovery: pd.DataFrame, note: str, *,
                     labels: dict[str, str] | None = None) -> plt.Figure:
     """The four panels of Fig. 3: η per bucket, T_wrong margins, knockout controls, selectivity."""
-    fig, axes = plt.subplots(2, 2, figsize=(14, 10.5), gridspec_kw={"hspace": 0.6, "wspace": 0.3})
-    (eta_ax, margin_ax), (knockout_ax, selectivity_ax) = axes
+    fig = plt.figure(figsize=(14, 11))
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 0.14])
+    (eta_ax, margin_ax), (knockout_ax, selectivity_ax) = [[fig.add_subplot(grid[r, c]) for c in (0, 1)] for r in (0, 1)]
+    legend_ax = fig.add_subplot(grid[2, :])  # (c) and (d) draw the same knockouts: one legend under both, in the layout
+    legend_ax.axis("off")
     eta_panels([eta_ax], eta)
     eta_ax.set_title("(a) boundary attention η")
     legend_below(eta_ax)
@@ -468,9 +471,8 @@ def fig03_mechanism(eta: pd.DataFrame, suppression: pd.DataFrame, deltas: pd.Dat
     knockout_ax.set_title(f"(c) boundary knockout vs controls{share}")
     selectivity_panel(selectivity_ax, deltas, labels)
     selectivity_ax.set_title("(d) knockout selectivity")
-    # (c) and (d) draw the same knockouts: one legend under both
     handles, names = knockout_ax.get_legend_handles_labels()
-    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.05), ncol=2, fontsize=8, frameon=False)
-    fig.suptitle("Boundary fields suppress wrong-tool preference through state-conditioned attention", y=0.95)
-    plots.footnote(fig, note, y=-0.06)
+    legend_ax.legend(handles, names, loc="upper center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle("Boundary fields suppress wrong-tool preference through state-conditioned attention")
+    plots.footnote(fig, note)
     return fig

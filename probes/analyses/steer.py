@@ -588,7 +588,7 @@ def fig23_steer(dose: pd.DataFrame, band: pd.DataFrame, note: str) -> plt.Figure
 
     fig = plt.figure(figsize=(1.2 + COLUMN_WIDTH * len(spans) + 1.8, 0.5 + BLOCK_HEIGHT * len(blocks)))
     heights = [h for _ in blocks for _, h in PANELS.values()]
-    grid = fig.add_gridspec(len(heights), len(spans) + 1, height_ratios=heights, width_ratios=[1.0] * len(spans) + [0.55], hspace=0.45)
+    grid = fig.add_gridspec(len(heights), len(spans) + 1, height_ratios=heights, width_ratios=[1.0] * len(spans) + [0.55])  # no local spacing: tight_layout sets it
     for b, (config, bucket) in enumerate(blocks):
         for j, (layer, window) in enumerate(spans):
             for p, (measure, (ylabel, _)) in enumerate(PANELS.items()):

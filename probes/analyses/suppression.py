@@ -163,6 +163,6 @@ def fig05_suppression(table: pd.DataFrame, note: str, *, differences: pd.DataFra
         axes[2].set_ylabel("paired difference (logits)")
         axes[2].set_title("the claims, paired by item")
         axes[2].legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8)
-    fig.suptitle(f"Boundary fields suppress the wrong tool beyond equal-length controls (n = {n} task groups, {items} items)", y=1.02)
-    plots.footnote(fig, note, y=-0.12 if with_diff else -0.01)
+    fig.suptitle(f"Boundary fields suppress the wrong tool beyond equal-length controls (n = {n} task groups, {items} items)")
+    plots.footnote(fig, note)
     return fig

@@ -23,6 +23,7 @@ shown items (family "sweep (defining skill shown)").
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,7 +222,7 @@ def fig02_retrieval_trap(table: pd.DataFrame, note: str, variant: str, *,
         ax.set_xlabel("retrieval depth k")
         ax.set_xticks(sorted(set(sub["k"])))
         ax.axhline(0.0, color="0.3", lw=0.8)
-    axes[0][0].set_ylabel(plots.MARGIN_LABELS[variant].replace(", ", "\n", 1))
+    axes[0][0].set_ylabel("\n".join(textwrap.wrap(plots.MARGIN_LABELS[variant], 26)))  # no longer than the axis: no band under it
     plots.legend_outside(axes[0][len(buckets) - 1])
     if len(diff):
         ax = axes[0][-1]
@@ -238,6 +239,6 @@ def fig02_retrieval_trap(table: pd.DataFrame, note: str, variant: str, *,
         ax.set_title(f"{plots.bucket_label('T_wrong')}: the claims, paired by item\n(n = {int(diff['n'].max())} task groups, "
                      f"{int(diff['n_items'].max())} items)")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), fontsize=8)
-    fig.suptitle("Retrieval trap: wrong-tool margin vs retrieval depth", y=1.02)
-    plots.footnote(fig, note, y=-0.16 if len(diff) else -0.01)
+    fig.suptitle("Retrieval trap: wrong-tool margin vs retrieval depth")
+    plots.footnote(fig, note)
     return fig

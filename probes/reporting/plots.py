@@ -11,6 +11,7 @@ subscripts), configuration labels from :mod:`probes.data.configs`, margins in lo
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def style() -> None:
 def save_figure(fig: plt.Figure, out_dir: str | Path, name: str) -> list[Path]:
     """Write ``name.png`` and ``name.pdf`` into ``out_dir``; closes the figure."""
     root = OutputRoot(out_dir)
-    fig.tight_layout()
+    layout(fig)
     # Fixed metadata: identical inputs give identical files.
     paths = [root.write_figure(f"{name}.png", fig, bbox_inches="tight", metadata={"Software": None}),
              root.write_figure(f"{name}.pdf", fig, bbox_inches="tight", metadata={"CreationDate": None})]
@@ -98,9 +99,47 @@ def save_figure(fig: plt.Figure, out_dir: str | Path, name: str) -> list[Path]:
     return paths
 
 
-def footnote(fig: plt.Figure, text: str, y: float = -0.01) -> None:
-    """Small provenance lines under the axes (model, margin variant, n, aggregate...)."""
-    fig.text(0.01, y, text, ha="left", va="top", fontsize=7.5, color="0.35", wrap=True)
+FOOTNOTE = "footnote"  # the gid of a figure's caption text, placed by layout()
+
+
+def layout(fig: plt.Figure) -> None:
+    """Lay a figure out for saving: tight layout over the axes, and the caption (:func:`footnote`) wrapped to the
+    figure's width in a band added under them, so no text leaves the canvas and none is left floating."""
+    notes = [t for t in fig.texts if t.get_gid() == FOOTNOTE]
+    if not notes:
+        fig.tight_layout()
+        return
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.get_size_inches()
+    pad = 0.08  # inches between the band and the canvas edge
+    for note in notes:
+        note.set_text(wrapped(note, 0.98 * fig.bbox.width, renderer))
+    band = sum(note.get_window_extent(renderer).height for note in notes) / fig.dpi + pad
+    fig.set_size_inches(width, height + band)
+    y = pad / 2
+    for note in reversed(notes):  # stacked upwards from the bottom edge, the first on top
+        note.set_position((0.01, y / (height + band)))
+        y += note.get_window_extent(renderer).height / fig.dpi
+    for _ in range(2):  # twice: a legend anchored below its axes moves with the axes the first pass resized
+        fig.tight_layout(rect=(0, band / (height + band), 1, 1))
+
+
+def wrapped(text: plt.Text, width: float, renderer) -> str:
+    """``text``'s lines wrapped (at spaces) to fit ``width`` pixels as the renderer measures them."""
+    lines = text.get_text().split("\n")
+    chars = max(len(line) for line in lines)
+    while True:
+        out = "\n".join(part for line in lines for part in (textwrap.wrap(line, chars, break_on_hyphens=False) or [""]))
+        probe = plt.Text(text=out, fontproperties=text.get_fontproperties(), figure=text.figure)
+        if probe.get_window_extent(renderer).width <= width or chars <= 20:
+            return out
+        chars = int(chars * min(0.97, width / probe.get_window_extent(renderer).width))
+
+
+def footnote(fig: plt.Figure, text: str) -> None:
+    """The caption: small provenance lines under the axes (model, margin variant, n, aggregate...), wrapped and
+    placed by :func:`layout` when the figure is saved."""
+    fig.text(0.01, 0.0, text, ha="left", va="bottom", fontsize=7.5, color="0.35", gid=FOOTNOTE)
 
 
 def no_ci_label(n_groups: float) -> str:
@@ -198,14 +237,17 @@ def grouped_bars(
     for j, s in enumerate(series):
         sub = frame[frame[series_col] == s].set_index(group_col).reindex(list(groups))
         pos = x - 0.4 + width * (j + 0.5)
-        ax.bar(pos, sub["value"].fillna(0.0), width * 0.92, yerr=ci_errors(sub), capsize=3,
+        errors = ci_errors(sub)
+        ax.bar(pos, sub["value"].fillna(0.0), width * 0.92, yerr=errors, capsize=3,
                color=series_color(s), label=series_label(s), error_kw={"elinewidth": 1})
-        for p, v, ok, n in zip(pos, sub["value"].to_numpy(dtype=float), has_ci(sub), ci_groups(sub)):
+        # a label sits beyond its whisker's cap (above a positive bar, below a negative one), never on it
+        ends = sub["value"].to_numpy(dtype=float) + np.where(sub["value"].to_numpy(dtype=float) >= 0, errors[1], -errors[0])
+        for p, v, end, ok, n in zip(pos, sub["value"].to_numpy(dtype=float), ends, has_ci(sub), ci_groups(sub)):
             if not np.isfinite(v):
                 continue
             text = "\n".join(([number(v)] if annotate else []) + ([] if ok or not per_bar else [no_ci_label(n)]))
             if text:
-                ax.annotate(text, (p, v), xytext=(0, 3 if v >= 0 else -10), textcoords="offset points",
+                ax.annotate(text, (p, end if np.isfinite(end) else v), xytext=(0, 3 if v >= 0 else -3), textcoords="offset points",
                             ha="center", va="bottom" if v >= 0 else "top", fontsize=7)
     ax.set_xticks(x, [group_label(g) for g in groups])
     ax.axhline(0.0, color="0.3", lw=0.8)

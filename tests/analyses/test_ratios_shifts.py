@@ -273,7 +273,7 @@ def test_fig04_caption_states_counts_strata_and_headline_from_the_data() -> None
     rows = pd.concat([controls_rows(), strata_rows().assign(config="basm", task_group=lambda f: "s" + f["task_group"])])
     summary = ratios.summarise_rows(rows, "NOTE", row="deciding", k=2, resamples=20)
     shifts = summary.shifts[summary.shifts["row"] == "deciding"]
-    fig = ratios.fig04_boundary_attention(summary.eta[summary.eta["row"] == "deciding"], shifts, summary.controls, "NOTE")
+    fig = ratios.fig04_boundary_attention(summary.eta[summary.eta["row"] == "deciding"], shifts, "NOTE")
     text = "\n".join(t.get_text() for t in fig.texts)
     h = cell(shifts, headline=True)
     assert f"{int(h['n'])} task groups, {int(h['n_target'])} T_wrong / {int(h['n_reference'])} T_ok items" in text
