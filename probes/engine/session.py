@@ -158,6 +158,26 @@ class Knockout:
             out[:] = True
         return out
 
+    def reach(self, n_heads: int, query_rows: Sequence[int], windows: Sequence[int | None]) -> torch.Tensor:
+        """Where this knockout removes a key that a row it blocks can see: bool [layer, head], :meth:`active`
+        less the layers where the causal mask and the layer's sliding window (``windows``: per layer, None for a
+        global layer; :func:`attention_windows`) hide every blocked key from every blocked row. There the
+        knockout is a no-op: the softmax is the baseline's. Continuation rows count as the last query row (a
+        key a continuation row sees, that row sees too), so a layer is called a no-op only when it is one."""
+        out = self.active(len(windows), n_heads)
+        rows = [r for r in query_rows if self.blocks_row(r)] + ([max(query_rows)] if self.continuation else [])
+        keys = torch.tensor(self.key_positions)
+        for layer, window in enumerate(windows):
+            if not rows or not bool(_visible(torch.tensor(rows), keys, window).any()):
+                out[layer] = False
+        return out
+
+
+def attention_windows(model: PreTrainedModel) -> list[int | None]:
+    """Each decoder layer's sliding window as its attention module passes it to the attention function
+    (``sliding_window``; None: a global layer). Gemma 3 interleaves local and global layers (``layer_types``)."""
+    return [getattr(layer.self_attn, "sliding_window", None) for layer in model.base_model.layers]
+
 
 BASELINE = Knockout("baseline")
 
