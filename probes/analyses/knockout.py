@@ -116,7 +116,7 @@ from probes.analyses.jobs import Job, cached_scorer, run_jobs
 from probes.analyses.option_system import depth_option, option
 from probes.analyses.run_context import RunContext, provenance
 from probes.data.configs import PRIMING_CONFIGS
-from probes.engine.session import ConditionResult, Knockout, EngineSession, attention_windows, span_positions
+from probes.engine.session import ConditionResult, Knockout, EngineSession, span_positions
 from probes.prompts.record import PromptRecord
 from probes.reporting import plots
 from probes.reporting.markdown import cell, markdown_table
@@ -285,7 +285,7 @@ def knockout_scorer(ctx: RunContext, windows: Sequence[Sequence[int]]):
     control draw, how it was drawn (``control_*``)."""
     a = ctx.options
     tool_names = tool_names_of(ctx.dataset)
-    windows_of_layers = attention_windows(ctx.session.model)
+    windows_of_layers = ctx.session.windows
     current: dict[str, Any] = {}  # the record being scored: its draws and its knockouts by name
 
     def conditions(record: PromptRecord, job: Job) -> list[Knockout]:

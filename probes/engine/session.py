@@ -55,6 +55,7 @@ or a chunk of branch rows), so per prompt the cost is O(L·H·n), never O(L·H·
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -173,10 +174,34 @@ class Knockout:
         return out
 
 
+WINDOWS_PROBE = "basm_probe_windows"
+
+
+@torch.inference_mode()
 def attention_windows(model: PreTrainedModel) -> list[int | None]:
-    """Each decoder layer's sliding window as its attention module passes it to the attention function
-    (``sliding_window``; None: a global layer). Gemma 3 interleaves local and global layers (``layer_types``)."""
-    return [getattr(layer.self_attn, "sliding_window", None) for layer in model.base_model.layers]
+    """Each decoder layer's sliding window (None: a global layer), as the layer passes it to the attention
+    function: asked of the model itself by a one-token forward through an attention that records it, since
+    architectures keep it in different places (Gemma 3 per layer type, Mistral in the config for every layer).
+    The model's attention implementation is restored after."""
+    seen: dict[int, int | None] = {}
+
+    def record(module: torch.nn.Module, query: torch.Tensor, *args: Any, sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        seen[module.layer_idx] = sliding_window
+        return torch.zeros_like(query).transpose(1, 2), None
+
+    AttentionInterface.register(WINDOWS_PROBE, record)
+    AttentionMaskInterface.register(WINDOWS_PROBE, sdpa_mask)
+    own = model.config._attn_implementation
+    model.set_attn_implementation(WINDOWS_PROBE)
+    try:
+        model.base_model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=model.get_input_embeddings().weight.device), use_cache=False)
+    finally:
+        model.set_attn_implementation(own)
+    missing = [i for i in range(len(model.base_model.layers)) if i not in seen]
+    if missing:
+        raise NotImplementedError(f"layers {missing} of {type(model).__name__} do not call transformers' attention interface "
+                                  "(a model rewritten by a TransformerLens bridge?): their sliding windows cannot be read")
+    return [seen[i] for i in range(len(model.base_model.layers))]
 
 
 BASELINE = Knockout("baseline")
@@ -803,6 +828,11 @@ class EngineSession:
         # ``prefix_cache`` prompts (0: off); see probes.engine.prefix_cache.
         self._prefix_cache = PrefixKVCache(prefix_cache)
         self.prefix_reuse = PrefixReuseCounter()
+
+    @functools.cached_property
+    def windows(self) -> list[int | None]:
+        """Each layer's sliding window (None: global), :func:`attention_windows`."""
+        return attention_windows(self.model)
 
     def clear_prefix_cache(self) -> None:
         """Drop the cached prefixes (their memory); the counter keeps counting."""

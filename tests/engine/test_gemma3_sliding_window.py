@@ -47,12 +47,12 @@ def _ids(seed: int, n: int = N) -> list[int]:
 
 def _reference(eager, session: EngineSession, ids: list[int], knockout: Knockout) -> tuple[torch.Tensor, torch.Tensor]:
     active = knockout.active(session.n_layers, session.n_heads)
-    return masked_eager_forward(eager, ids, knockout_masks(len(ids), active, knockout.key_positions, QUERY_ROWS, attention_windows(eager)))
+    return masked_eager_forward(eager, ids, knockout_masks(len(ids), active, knockout.key_positions, QUERY_ROWS, session.windows))
 
 
 def test_the_model_is_gemma3_with_local_and_global_layers(session):
     assert session.model.config.model_type == "gemma3_text"
-    assert attention_windows(session.model) == [GEMMA3_WINDOW, None, GEMMA3_WINDOW]
+    assert session.windows == attention_windows(session.model) == [GEMMA3_WINDOW, None, GEMMA3_WINDOW]
 
 
 def test_the_reference_masks_are_the_model_own(session, eager):
@@ -87,7 +87,7 @@ def test_knockouts_and_span_attention_match_per_layer_4d_masks(session, eager, p
 def test_a_knockout_outside_the_window_is_a_no_op_on_local_layers(session):
     """B far outside the window, knocked out on the local layers only: the logits are the baseline's bit for
     bit, and :meth:`Knockout.reach` calls it a no-op there; on the global layer it acts."""
-    ids, windows = _ids(3), attention_windows(session.model)
+    ids, windows = _ids(3), session.windows
     local, everywhere = Knockout("far_local", FAR, layers=LOCAL), Knockout("far", FAR)
     result = session.run(ids, QUERY_ROWS, SPANS, [local, everywhere])
     assert torch.equal(result["far_local"].logits, result["baseline"].logits)
