@@ -71,7 +71,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from probes.engine.hooks import (HOOK_EMBED, HOOK_PATTERN, HOOK_RESID_POST, HOOK_Z, RESIDUAL, ROWS, SPAN_MASS, Recorder, Recording,
                                  added_to_outputs, condition_recordings, hook_site, probe_recorders, prompt_keys)
 from probes.engine.logits import check_finite, entropy
-from probes.engine.loading import check_context_length, load_model
+from probes.engine.loading import ModelLoadError, check_context_length, load_model
 from probes.engine.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter, Segment, blocks, join
 
 ATTN_IMPLEMENTATION = "basm_probe"
@@ -815,6 +815,9 @@ class EngineSession:
                 trust_remote_code=trust_remote_code,
                 attn_implementation=ATTN_IMPLEMENTATION,
             )
+        if not hasattr(model.base_model, "layers"):
+            raise ModelLoadError(f"unsupported architecture {model.config.model_type!r} ({type(model).__name__}): the engine reads its decoder "
+                                 "layers at base_model.layers, which this architecture does not have")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.row_chunk = row_chunk

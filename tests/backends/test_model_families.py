@@ -8,7 +8,7 @@ Llama (SmolLM2-135M: GQA 3:1), Qwen2 (Qwen2.5-Coder-1.5B: q/k/v biases, GQA 6:1)
 layers, one KV head, QK-norm, a query pre-attention scalar, scaled embeddings; conftest ``gemma3_dir``), Mistral
 (a sliding window on every layer, kept in the config), Phi-3 (fused qkv and gate-up projections). Bar: logits,
 span masses and full attention rows within 1e-5 (fp32) under knockouts. Gemma 2 (attention logit softcapping) is
-refused with a message, not approximated."""
+refused with a message, not approximated; GPT-2 (no ``base_model.layers``) is refused by name."""
 
 from __future__ import annotations
 
@@ -96,3 +96,12 @@ def test_softcapped_attention_is_refused(tmp_path):
     session = EngineSession(AutoModelForCausalLM.from_config(config).eval())
     with pytest.raises(NotImplementedError, match="plain softmax attention only"):
         session.run(list(range(3, 40)), [36])
+
+
+def test_an_architecture_without_decoder_layers_at_base_model_layers_is_refused():
+    """GPT-2 keeps its blocks at ``transformer.h``: refused by name, not an AttributeError deep in a run."""
+    from probes.engine.loading import ModelLoadError
+
+    model = AutoModelForCausalLM.from_config(transformers.GPT2Config(vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=4)).eval()
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'gpt2' .*base_model.layers"):
+        EngineSession(model)
