@@ -118,3 +118,21 @@ def test_prefix_reuse_and_cached_branching_respect_the_window(gemma3_dir, sessio
     logits, _ = _reference(eager, session, second + [7, 8], BASELINE)
     expected = torch.log_softmax(logits[N - 1:], -1)[torch.arange(3), torch.tensor([7, 8, 9])]
     assert (reused["baseline"].candidate_token_logprobs["c"] - expected).abs().max() <= TOL
+
+
+def test_the_deciding_row_replay_respects_the_window(session, eager):
+    """The circuit's one-row replay (probes.engine.decision_row) past the window: its metric is the eager forward's
+    logit difference, the far span holds no mass on the local layers, and knocking out the near span there gives the
+    eager metric under that knockout."""
+    from probes.engine.decision_row import DecisionRow
+
+    ids, row = _ids(6), N - 1
+    row_replay = DecisionRow(session, ids, spans={"far": FAR, "near": NEAR}, wrong_token=7, correct_token=8)
+    logits, _ = _reference(eager, session, ids, BASELINE)
+    assert abs(row_replay.metric - float(logits[row, 7] - logits[row, 8])) <= TOL
+    far = row_replay.spans.index("far")
+    assert torch.isinf(row_replay.messages.log_mass[list(LOCAL), :, far]).all() and torch.isfinite(row_replay.messages.log_mass[1, :, far]).all()
+    knocked = Knockout("near_at_row", NEAR, rows=(row,), continuation=False)
+    active = knocked.active(session.n_layers, session.n_heads)
+    logits, _ = masked_eager_forward(eager, ids, knockout_masks(N, active, knocked.key_positions, [row], session.windows))
+    assert abs(row_replay.knocked_out("near").metric - float(logits[row, 7] - logits[row, 8])) <= TOL
