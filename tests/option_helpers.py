@@ -39,6 +39,7 @@ EXPLICIT: dict[str, Any] = {
     "threads": 2,  # a count; the default is the word auto
     "layers": ("1", "0"),  # steer: first layers of the steered windows (numbers given as strings, --layer 1 --layer 0)
     "alphas": ("0.75", "-0.75"),  # steer: the α grid
+    "chat_template": "gemma3",  # a bundled template (an invented file would not exist: refused before the model loads)
 }
 
 

@@ -10,12 +10,16 @@ import torch
 
 
 
-def knockout_masks(n: int, active: torch.Tensor, key_positions: Sequence[int], query_rows: Sequence[int]) -> list[torch.Tensor]:
-    """One mask [1, head, n, n] per layer: causal, plus -inf at (query row, blocked key) where ``active[layer, head]``."""
-    causal = torch.full((n, n), float("-inf")).triu(1)
+def knockout_masks(n: int, active: torch.Tensor, key_positions: Sequence[int], query_rows: Sequence[int],
+                   windows: Sequence[int | None] | None = None) -> list[torch.Tensor]:
+    """One mask [1, head, n, n] per layer: causal, plus -inf at (query row, blocked key) where ``active[layer, head]``.
+    ``windows``: per layer a sliding window w (row q sees keys q - w < k <= q) or None (a global layer)."""
     out = []
     for layer in range(active.shape[0]):
-        m = causal.expand(active.shape[1], n, n).clone()
+        window = None if windows is None else windows[layer]
+        query, key = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        hidden = (key > query) | ((key <= query - window) if window is not None else torch.zeros(n, n, dtype=torch.bool))
+        m = torch.zeros(n, n).masked_fill(hidden, float("-inf")).expand(active.shape[1], n, n).clone()
         for h in range(active.shape[1]):
             if active[layer, h]:
                 for q in query_rows:

@@ -159,6 +159,22 @@ def syntax_counts(rows: pd.DataFrame) -> pd.DataFrame:
     return frame.groupby(keys, sort=True).size().rename("replies").reset_index()
 
 
+def prose_replies(rows: pd.DataFrame) -> int:
+    """Replies with no call attempt in any syntax that do not decline either: prose. They are ``abstain``
+    outcomes (no call), but not decisions to abstain (a base checkpoint, never tuned to call tools, writes them)."""
+    return int(((rows["n_calls"] == 0) & ~rows["refusal"].astype(bool)).sum())
+
+
+def prose_statement(rows: pd.DataFrame) -> str:
+    """The sentence that says how many ``abstain`` outcomes are prose (:func:`prose_replies`); empty when none is."""
+    n = prose_replies(rows)
+    if not n:
+        return ""
+    return (f"No call syntax emitted: {n} of {len(rows)} replies ({n / len(rows):.0%}) hold no call in any syntax and do not "
+            "decline; they count as abstain outcomes but are not decisions to abstain (a base checkpoint without chat tuning "
+            "rarely writes calls): read the abstention rate as the rate of replies without a call.")
+
+
 # ------------------------------------------------------------------------------------- the boundary checker G
 CHECKER_NAME = "calls_checker"
 CHECKER_FIGURE = "fig19_checker_outcomes"
@@ -752,6 +768,7 @@ class CallsSummary:
     note: str
     seed: int = DEFAULT_SEED
     checker: CheckerSummary | None = None  # G (Eq. 11) with --checker
+    no_call_syntax: int = 0  # replies without any call and without declining: prose (prose_replies)
 
 
 def value_at(rates: pd.DataFrame, **where: Any) -> float:
@@ -826,7 +843,7 @@ class Calls(Analysis):
                                      f"{provenance_without_margin(ctx)} · G (Eq. 11) on the greedy call · blocked: {self.on_block} · "
                                      f"undecided: {self.on_undecided} · {judge}\nmean ± 95% bootstrap CI over task groups",
                                      dataset_name(ctx), self.on_block, self.on_undecided, self.judge)
-        return CallsSummary(rows, call_rates(rows, seed=seed), syntax_counts(rows), note, seed, checker)
+        return CallsSummary(rows, call_rates(rows, seed=seed), syntax_counts(rows), note, seed, checker, prose_replies(rows))
 
     def tables(self, summary: CallsSummary) -> dict[str, pd.DataFrame]:
         tables = {f"{NAME}_summary": summary.rates, f"{NAME}_syntax": summary.syntax}
@@ -853,6 +870,8 @@ class Calls(Analysis):
                 f"{markdown_table(rate_table(rates))}\n\nOutcome counts:\n\n"
                 f"{markdown_table(outcome_counts(rows))}\n\nReplies by call syntax (the reply's first call; `none`: no call attempt; "
                 f"per configuration and k in `calls_syntax.csv`):\n\n{markdown_table(syntax)}")
+        if statement := prose_statement(rows):
+            body += f"\n\n{statement}"
         comparisons = [Comparison(f"Fig. 11: T_wrong {mode} wrong-call rate, {label} (k = {k_max}; paper: qualitative)",
                                   value_at(rates, bucket="T_wrong", config=config, k=k_max, rate="wrong_call", mode=mode), None, "rate")
                        for mode in MODES for config, label in (("proc", "Proc. Skill"), ("basm", "BASM"))]
@@ -888,6 +907,8 @@ class Calls(Analysis):
         print(rate_table(summary.rates).round(2).to_string(index=False))
         print(outcome_counts(summary.rows).to_string(index=False))
         print(summary.syntax.groupby(["syntax", "shape", "template_format"])["replies"].sum().to_string())
+        if statement := prose_statement(summary.rows):
+            print(statement)
         if summary.checker is not None:
             print(checker_table(summary.checker.rates).to_string(index=False))
             print(boundary_table(summary.checker.quality).to_string(index=False))

@@ -290,6 +290,7 @@ def knockout_scorer(ctx: RunContext, windows: Sequence[Sequence[int]]):
     control draw, how it was drawn (``control_*``)."""
     a = ctx.options
     tool_names = tool_names_of(ctx.dataset)
+    windows_of_layers = ctx.session.windows
     current: dict[str, Any] = {}  # the record being scored: its draws and its knockouts by name
 
     def conditions(record: PromptRecord, job: Job) -> list[Knockout]:
@@ -311,11 +312,21 @@ def knockout_scorer(ctx: RunContext, windows: Sequence[Sequence[int]]):
             knockout = current["knockouts"].get(row["condition"])
             row.update(knockout_mass=removed_mass(state.attention, knockout) if knockout else 0.0,
                        knockout_digest=knockout_digest(knockout) if knockout else "",
+                       **(no_op_fields(knockout, record.query_rows, ctx.session.n_heads, windows_of_layers) if knockout else {}),
                        boundary_mass=state.boundary_mass, control_pool_size=state.pool_size, control_pool_mass=state.pool_mass,
                        **state.info.get(row["condition"], {}))
         return rows
 
     return scorer
+
+
+def no_op_fields(knockout: Knockout, query_rows: Sequence[int], n_heads: int, windows: Sequence[int | None]) -> dict[str, Any]:
+    """Where a knockout removes nothing (:meth:`Knockout.reach`: its keys outside a local layer's sliding window,
+    or after its rows): ``knockout_no_op_layers``, the layers it covers that it leaves as they were, and
+    ``knockout_no_op``, whether that is every layer it covers (then it is no intervention and counts nowhere)."""
+    active = knockout.active(len(windows), n_heads).any(dim=1)
+    reached = knockout.reach(n_heads, query_rows, windows).any(dim=1)
+    return {"knockout_no_op_layers": int((active & ~reached).sum()), "knockout_no_op": bool(active.any() and not reached.any())}
 
 
 def knockout_digest(knockout: Knockout) -> str:
@@ -330,7 +341,7 @@ def knockout_digest(knockout: Knockout) -> str:
 class KnockoutSummary:
     deltas: pd.DataFrame  # config, bucket, knockout, measure, value, low, high, n, n_items, n_nan, note
     recovery: pd.DataFrame  # measure, value, low, high, n (share of the Proc.–BASM gap, T_wrong)
-    windows: pd.DataFrame  # window, value, low, high, n (Δ wrong-tool margin on T_wrong)
+    windows: pd.DataFrame  # window, value, low, high, n, n_no_op (Δ wrong-tool margin on T_wrong; no_op_windows)
     per_record: pd.DataFrame  # config, item_id, bucket, task_group, knockout, measure, delta, mass (counted draws averaged)
     points: pd.DataFrame  # one row per (record, counted condition, measure): knockout, family, draw, delta, mass
     dropped: pd.DataFrame  # measure, bucket, reason, n_records: records left out of a measure's comparison
@@ -370,9 +381,11 @@ def family_of(knockout: str) -> str:
 
 def counted(knocked: pd.DataFrame) -> np.ndarray:
     """bool per knocked row: False for a draw of a mass-matched knockout (:data:`MATCHED`) whose mass
-    missed the band; such a draw counts nowhere."""
+    missed the band, and for a knockout that removed no key its rows could see (``knockout_no_op``: a
+    sliding window hid them on every layer it covers); such a row counts nowhere."""
     matched = knocked["control_matched"] if "control_matched" in knocked else pd.Series(np.nan, index=knocked.index)
-    return (~knocked["condition"].map(control_of).isin(MATCHED) | matched.eq(True)).to_numpy()
+    no_op = knocked["knockout_no_op"].eq(True) if "knockout_no_op" in knocked else pd.Series(False, index=knocked.index)
+    return ((~knocked["condition"].map(control_of).isin(MATCHED) | matched.eq(True)) & ~no_op).to_numpy()
 
 
 def deltas_per_record(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, int]:
@@ -649,6 +662,17 @@ def mixing_note(controls: pd.DataFrame, claims: Sequence[Claim]) -> str:
             f"equal-mass comparison")
 
 
+def no_op_windows(rows: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """The layer-window table with ``n_no_op``: the BASM T_wrong records whose window knockout removed nothing (B
+    outside the sliding window of every layer of the window), left out of its estimate; a window that was a no-op
+    on every record has a row of its own with no estimate (n = 0)."""
+    knocked = rows[(rows["config"] == "basm") & (rows["bucket"] == "T_wrong") & rows["condition"].str.startswith("boundary@")]
+    no_op = knocked["knockout_no_op"].eq(True) if "knockout_no_op" in knocked else pd.Series(False, index=knocked.index)
+    counts = no_op.groupby(knocked["condition"].str.removeprefix("boundary@"), sort=False).sum().rename("n_no_op").reset_index()
+    out = counts.rename(columns={"condition": "window"}).merge(windows, on="window", how="left")
+    return out.fillna({"n": 0}).astype({"n": int, "n_no_op": int})[["window", "value", "low", "high", "n", "n_no_op"]]
+
+
 def gap_recovery(rows: pd.DataFrame, per: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """Share of the Proc. Skill gap (m_Proc − m_BASM, T_wrong) recovered by the boundary knockout."""
     out = []
@@ -675,7 +699,7 @@ def summarise_rows(rows: pd.DataFrame, note: str = "", seed: int = 0, *, pool: s
     per, points, dropped, excluded = deltas_per_record(rows)
     deltas = summarise(per, ["config", "bucket", "knockout", "measure"], "delta", seed=seed)
     win = deltas[(deltas["config"] == "basm") & (deltas["bucket"] == "T_wrong") & (deltas["measure"] == "margin") & deltas["knockout"].str.startswith("boundary@")]
-    windows = win.assign(window=win["knockout"].str.removeprefix("boundary@"))[["window", "value", "low", "high", "n"]]
+    windows = no_op_windows(rows, win.assign(window=win["knockout"].str.removeprefix("boundary@"))[["window", "value", "low", "high", "n"]])
     shown = summarise(by_shown(per), ["shown", "config", "bucket", "knockout", "measure"], "delta", seed=seed)
     recovery_parts = []
     for group, group_rows, group_per in zip(SHOWN_GROUPS, shown_parts(rows), shown_parts(per)):

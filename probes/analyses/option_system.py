@@ -21,6 +21,7 @@ from probes.data.dataset import BUCKETS, FOLD_GROUPS, SPLIT_KINDS, ProbeDataset
 from probes.data.retrieval import EMBEDDERS, RELEVANCE_MEASURES, RETRIEVAL_MODES, Retriever
 from probes.engine.threads import AUTO, AUTO_RULE
 from probes.prompts.builder import DEFAULT_K_MAX, FORMATS, BuildSettings, PromptBuilder, make_builder
+from probes.prompts.tokenizers import BUNDLED_TEMPLATES, ChatTemplateError, with_chat_template
 from probes.scoring.score import DEFAULT_VARIANT, MARGIN_VARIANTS
 from probes.scoring.stats import MIN_FOLDS
 
@@ -286,6 +287,7 @@ class BuildsPrompts:
     beta: int
     retrieval: str
     oracle_rank: int
+    chat_template: str | Path | None
 
     @property
     def depth(self) -> int | None:
@@ -296,7 +298,11 @@ class BuildsPrompts:
     def make_builder(self, tokenizer: Any, dataset: ProbeDataset, *, retriever: Retriever | None = None, tokenizer_name: str = "") -> PromptBuilder:
         """The prompt builder of these settings (:func:`probes.prompts.builder.make_builder`), ``relevance``
         resolved (:func:`probes.prompts.builder.resolve_study`). ``retriever``: one to share instead of a
-        new one of ``embedder``."""
+        new one of ``embedder``. ``tokenizer`` renders through ``chat_template`` when one is given, and must have its own otherwise."""
+        try:
+            tokenizer = with_chat_template(tokenizer, self.chat_template, tokenizer_name)
+        except ChatTemplateError as error:
+            raise OptionError(str(error)) from None
         return make_builder(tokenizer, dataset, embedder=self.embedder if retriever is None else retriever, k_max=self.k_max,
                             gamma=self.gamma, relevance=self.relevance, beta=self.beta, retrieval=self.retrieval,
                             oracle_rank=self.oracle_rank, tokenizer_name=tokenizer_name)
@@ -318,6 +324,9 @@ class BuilderOptions(Options, BuildsPrompts):
                             "shows the first k)", choices=RETRIEVAL_MODES, group="probe")
     oracle_rank: int = option(BuildSettings.oracle_rank, "the defining skill's rank under --retrieval oracle (at most the run's "
                               "depth; a shallower k of a sweep does not show it)", type=int, minimum=1, group="probe")
+    chat_template: str | Path | None = option(None, "Jinja chat template file for a tokenizer without one (a base checkpoint), or a "
+                                              f"bundled one by name ({', '.join(BUNDLED_TEMPLATES)}: Gemma 3's turn format); "
+                                              "default: the tokenizer's own", type=Path, group="model")
 
 
 @dataclass(kw_only=True)
@@ -354,6 +363,7 @@ class RunOptions(Options, BuildsPrompts):
     beta: int = shared(BuilderOptions, "beta")
     retrieval: str = shared(BuilderOptions, "retrieval")
     oracle_rank: int = shared(BuilderOptions, "oracle_rank")
+    chat_template: str | Path | None = shared(BuilderOptions, "chat_template")
     seed: int = seed_option("seed of every random draw", group="probe")
     # items
     dataset: str | Path | None = shared(ItemOptions, "dataset")

@@ -30,6 +30,7 @@ from probes.engine.session import EngineSession
 from probes.engine.threads import AUTO, auto_threads, set_threads
 from probes.prompts.builder import PromptBuilder, resolve_study
 from probes.prompts.context import SkippedItem, partition_by_context
+from probes.prompts.tokenizers import ChatTemplateError, chat_template_file
 from probes.reporting.layout import check_layout, figures_folder, rows_path
 from probes.reporting.results import ResultsStore
 from probes.scoring.score import EPSILON
@@ -350,6 +351,11 @@ def open_context(analysis: RunOptions, session: EngineSession | None = None) -> 
     check_min_depth(options)
     check_oracle(options)
     out_dir = check_layout(check_inside(Path(options.out) / model_label(model), options.out))  # a link out of --out is never followed
+    if options.chat_template is not None:  # a missing template file stops the run before the model is loaded
+        try:
+            chat_template_file(options.chat_template)
+        except ChatTemplateError as error:
+            raise OptionError(str(error)) from None
     if options.format == "prompted" and is_organism(model):
         print("warning: the bundled organism was trained on the native format only; format prompted measures "
               "a format it never saw", file=sys.stderr)
@@ -377,7 +383,8 @@ def open_context(analysis: RunOptions, session: EngineSession | None = None) -> 
             if not items:
                 raise OptionError(f"every selected item exceeds the model's context ({limit} tokens)")
     model_path = str(Path(str(model)).resolve()) if Path(str(model)).exists() else str(model)
-    fingerprint = model_fingerprint(session.model.name_or_path or model, session.tokenizer)  # the folder actually loaded (GGUF: converted)
+    # the folder actually loaded (GGUF: converted), and the tokenizer with the chat template the prompts are rendered through
+    fingerprint = model_fingerprint(session.model.name_or_path or model, builder.tokenizer)
     return RunContext(analysis.name, options, session, dataset, tuple(items), builder, model_path, out_dir, fingerprint, threads, skipped)
 
 

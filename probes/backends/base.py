@@ -30,6 +30,7 @@ scores at ``-inf`` (the native engine's definition). Rows, keys and continuation
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -37,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from probes.engine.hooks import HOOK_PATTERN, Recorder, Recording, condition_recordings, hook_point, probe_recorders, prompt_keys
-from probes.engine.session import (BASELINE, ConditionResult, Knockout, ProbeResult, knockouts_only, span_matrix, validate_candidates,
+from probes.engine.session import (BASELINE, ConditionResult, Knockout, ProbeResult, attention_windows, knockouts_only, span_matrix, validate_candidates,
                                    validate_request)
 
 
@@ -118,6 +119,11 @@ class ForwardBackend(abc.ABC):
     tokenizer: Any
     model: Any
     config: Any
+
+    @functools.cached_property
+    def windows(self) -> list[int | None]:
+        """Each layer's sliding window (None: global), read from the HF model (:func:`attention_windows`)."""
+        return attention_windows(self.model)
 
     @abc.abstractmethod
     def forward_edited(self, ids: list[int], edit: RowEdit, read_rows: Sequence[int], hooks: Collection[str] = ()) -> Forward:

@@ -20,6 +20,7 @@ import torch
 from probes.backends.base import Forward, ForwardBackend, RowEdit, knock_pattern
 from probes.engine.hooks import HOOK_PATTERN, HOOK_Z, hook_point, hook_site
 from probes.engine.loading import load_model
+from probes.engine.session import attention_windows
 
 
 class TransformerLensBackend(ForwardBackend):
@@ -52,6 +53,7 @@ class TransformerLensBackend(ForwardBackend):
         else:
             hf, tokenizer = load_model(model, dtype=dtype, device=device, device_map=device_map, allow_pickle=allow_pickle,
                                        trust_remote_code=trust_remote_code, attn_implementation="eager")
+            self.windows = attention_windows(hf)  # read before the bridge rewrites the attention
             bridge = TransformerBridge.boot_transformers(str(model), hf_model=hf.eval(), tokenizer=tokenizer)
         self.bridge = bridge
         self.model = bridge.original_model  # the HF model, as rewritten by the bridge

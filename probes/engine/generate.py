@@ -21,7 +21,7 @@ from probes.engine.loading import ModelLoadError, load_model
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """End-of-turn ids: the model's generation config eos, the tokenizer's eos and ``<|im_end|>``."""
+    """End-of-turn ids: the model's generation config eos, the tokenizer's eos, ``<|im_end|>`` and Gemma's ``<end_of_turn>``."""
     ids: set[int] = set()
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids.update([eos] if isinstance(eos, int) else list(eos or []))
@@ -29,7 +29,7 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
         if tokenizer.eos_token_id is not None:
             ids.add(int(tokenizer.eos_token_id))
         vocab = tokenizer.get_vocab()
-        ids.update(vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab)
+        ids.update(vocab[t] for t in ("<|im_end|>", "<|endoftext|>", "<end_of_turn>") if t in vocab)
     return sorted(int(i) for i in ids)
 
 

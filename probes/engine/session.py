@@ -55,6 +55,7 @@ or a chunk of branch rows), so per prompt the cost is O(L·H·n), never O(L·H·
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -70,7 +71,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from probes.engine.hooks import (HOOK_EMBED, HOOK_PATTERN, HOOK_RESID_POST, HOOK_Z, RESIDUAL, ROWS, SPAN_MASS, Recorder, Recording,
                                  added_to_outputs, condition_recordings, hook_site, probe_recorders, prompt_keys)
 from probes.engine.logits import check_finite, entropy
-from probes.engine.loading import check_context_length, load_model
+from probes.engine.loading import ModelLoadError, check_context_length, load_model
 from probes.engine.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter, Segment, blocks, join
 
 ATTN_IMPLEMENTATION = "basm_probe"
@@ -157,6 +158,50 @@ class Knockout:
         else:
             out[:] = True
         return out
+
+    def reach(self, n_heads: int, query_rows: Sequence[int], windows: Sequence[int | None]) -> torch.Tensor:
+        """Where this knockout removes a key that a row it blocks can see: bool [layer, head], :meth:`active`
+        less the layers where the causal mask and the layer's sliding window (``windows``: per layer, None for a
+        global layer; :func:`attention_windows`) hide every blocked key from every blocked row. There the
+        knockout is a no-op: the softmax is the baseline's. Continuation rows count as the last query row (a
+        key a continuation row sees, that row sees too), so a layer is called a no-op only when it is one."""
+        out = self.active(len(windows), n_heads)
+        rows = [r for r in query_rows if self.blocks_row(r)] + ([max(query_rows)] if self.continuation else [])
+        keys = torch.tensor(self.key_positions)
+        for layer, window in enumerate(windows):
+            if not rows or not bool(_visible(torch.tensor(rows), keys, window).any()):
+                out[layer] = False
+        return out
+
+
+WINDOWS_PROBE = "basm_probe_windows"
+
+
+@torch.inference_mode()
+def attention_windows(model: PreTrainedModel) -> list[int | None]:
+    """Each decoder layer's sliding window (None: a global layer), as the layer passes it to the attention
+    function: asked of the model itself by a one-token forward through an attention that records it, since
+    architectures keep it in different places (Gemma 3 per layer type, Mistral in the config for every layer).
+    The model's attention implementation is restored after."""
+    seen: dict[int, int | None] = {}
+
+    def record(module: torch.nn.Module, query: torch.Tensor, *args: Any, sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        seen[module.layer_idx] = sliding_window
+        return torch.zeros_like(query).transpose(1, 2), None
+
+    AttentionInterface.register(WINDOWS_PROBE, record)
+    AttentionMaskInterface.register(WINDOWS_PROBE, sdpa_mask)
+    own = model.config._attn_implementation
+    model.set_attn_implementation(WINDOWS_PROBE)
+    try:
+        model.base_model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=model.get_input_embeddings().weight.device), use_cache=False)
+    finally:
+        model.set_attn_implementation(own)
+    missing = [i for i in range(len(model.base_model.layers)) if i not in seen]
+    if missing:
+        raise NotImplementedError(f"layers {missing} of {type(model).__name__} do not call transformers' attention interface "
+                                  "(a model rewritten by a TransformerLens bridge?): their sliding windows cannot be read")
+    return [seen[i] for i in range(len(model.base_model.layers))]
 
 
 BASELINE = Knockout("baseline")
@@ -770,6 +815,9 @@ class EngineSession:
                 trust_remote_code=trust_remote_code,
                 attn_implementation=ATTN_IMPLEMENTATION,
             )
+        if not hasattr(model.base_model, "layers"):
+            raise ModelLoadError(f"unsupported architecture {model.config.model_type!r} ({type(model).__name__}): the engine reads its decoder "
+                                 "layers at base_model.layers, which this architecture does not have")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.row_chunk = row_chunk
@@ -783,6 +831,11 @@ class EngineSession:
         # ``prefix_cache`` prompts (0: off); see probes.engine.prefix_cache.
         self._prefix_cache = PrefixKVCache(prefix_cache)
         self.prefix_reuse = PrefixReuseCounter()
+
+    @functools.cached_property
+    def windows(self) -> list[int | None]:
+        """Each layer's sliding window (None: global), :func:`attention_windows`."""
+        return attention_windows(self.model)
 
     def clear_prefix_cache(self) -> None:
         """Drop the cached prefixes (their memory); the counter keeps counting."""

@@ -6,12 +6,15 @@ What a tokenizer's chat template can do (tool schemas, a thinking switch) is det
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 QWEN3_TOKENIZER = "qwen3"
+# Chat templates shipped in the package, by the name ``--chat-template`` takes for them.
+BUNDLED_TEMPLATES = {"gemma3": Path(__file__).parent / "templates" / "gemma3.jinja"}
 
 
 def qwen3_tokenizer_dir() -> Path:
@@ -38,3 +41,31 @@ def load_tokenizer(spec: str | Path) -> PreTrainedTokenizerBase:
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory {path} does not exist (use 'qwen3' or a local folder)")
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+class ChatTemplateError(ValueError):
+    """A tokenizer has no chat template and none was given, or the one given cannot be read."""
+
+
+def chat_template_file(spec: str | Path) -> Path:
+    """The template file of ``--chat-template``: a bundled name (:data:`BUNDLED_TEMPLATES`) or a file."""
+    path = BUNDLED_TEMPLATES.get(str(spec), Path(spec).expanduser())
+    if not path.is_file():
+        raise ChatTemplateError(f"chat template {str(spec)!r} is neither a file nor a bundled template ({', '.join(BUNDLED_TEMPLATES)})")
+    return path
+
+
+def with_chat_template(tokenizer: PreTrainedTokenizerBase, template: str | Path | None, model: str = "") -> PreTrainedTokenizerBase:
+    """``tokenizer`` rendering through the chat template ``template`` (:func:`chat_template_file`), as a copy (the
+    caller's tokenizer keeps its own); with ``template`` None, ``tokenizer`` itself, which must have one: a base
+    checkpoint has none, and guessing a turn format would measure prompts the model was never shown."""
+    if template is None:
+        if tokenizer.chat_template is None:
+            raise ChatTemplateError(
+                f"the tokenizer of {model or getattr(tokenizer, 'name_or_path', '') or 'the model'} has no chat template (a base "
+                "checkpoint ships none): give one with --chat-template FILE (chat_template=FILE), a Jinja chat template, "
+                f"or a bundled one by name ({', '.join(BUNDLED_TEMPLATES)}: Gemma 3's turn format)")
+        return tokenizer
+    out = copy.copy(tokenizer)  # shares the Rust tokenizer; only the template differs
+    out.chat_template = chat_template_file(template).read_text()
+    return out
