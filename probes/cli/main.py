@@ -163,6 +163,22 @@ def _analysis_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], No
 REPORT_HELP = "Run the chosen analyses; write figures (PNG+PDF) and report.md next to the paper's numbers."
 
 
+def _migrate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", help="a results folder OUT/<model> in the earlier flat layout")
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    moves = analyses.migrate(args.folder)
+    for source, target in moves:
+        print(f"{source.name} -> {target.parent.name}/{target.name}")
+    print(f"{args.folder}: {len(moves)} entries moved into one folder per analysis")
+    return 0
+
+
+register("migrate", "Move a results folder of the earlier flat layout into one folder per analysis (figures, report and page stay).",
+         _migrate_arguments, _migrate)
+
+
 ORGANISM_COMMANDS = {
     "train": "train the bundled model organism from the dataset's train split",
     "validate": "test on held-out items that the probes recover the planted mechanism",

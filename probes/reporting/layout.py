@@ -68,7 +68,7 @@ def flat_results(model_dir: str | Path) -> list[Path]:
 
 
 def migrate_command(model_dir: str | Path) -> str:
-    return f"python -c \"import probes; probes.migrate('{model_dir}')\""
+    return f"basm-probes migrate {model_dir}"
 
 
 def check_layout(model_dir: str | Path) -> Path:

@@ -36,12 +36,14 @@ def test_a_flat_folder_is_refused_then_migrated_read_and_resumed(model: Path, tm
     moved = flatten(model_dir)
     assert "sweep.jsonl" in moved and "sweep_summary.csv" in moved
     err = fails(sweep(model, out), capsys)
-    assert "holds results in the earlier flat layout (sweep.jsonl)" in err and f"probes.migrate('{model_dir}')" in err
+    assert "holds results in the earlier flat layout (sweep.jsonl)" in err and f"basm-probes migrate {model_dir}" in err
     assert not rows_file(out).exists()  # refused before anything was written
     with pytest.raises(OldLayout, match="earlier flat layout"):
         probes.load(model_dir, "sweep")
-    done = probes.migrate(model_dir)
-    assert sorted(target.relative_to(model_dir).as_posix() for _, target in done) == [f"sweep/{name}" for name in moved]
+    capsys.readouterr()
+    assert main(["migrate", str(model_dir)]) == 0  # probes.migrate under the command the refusal names
+    said = capsys.readouterr().out
+    assert all(f"{name} -> sweep/{name}" in said for name in moved) and f"{len(moved)} entries moved" in said
     assert rows_file(out).read_bytes() == rows
     capsys.readouterr()
     assert main(sweep(model, out)) == 0  # resumed: every row already there
