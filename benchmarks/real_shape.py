@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -264,12 +265,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue
         sess.clear_prefix_cache()
         before = PrefixReuseCounter(**{k: v for k, v in vars(sess.prefix_reuse).items()})
+        cpu0 = time.process_time()
         t_unit = timed(lambda: sdpa(median_prompt.input_ids))
+        cpu1 = time.process_time()
         t = timed(lambda: [score_record(sess, r, margins=("margin",)) for r in sweep])
+        cpu_ratio = (time.process_time() - cpu1) / (cpu1 - cpu0)  # CPU seconds: the ratio a loaded machine distorts least
         sweep_rows[name] = t / t_unit
         computed = sess.prefix_reuse.tokens_computed - before.tokens_computed - sum(r.n_tokens - min(r.query_rows) for r in sweep)
-        sweep_prefix[name] = {"prefix_tokens_computed": computed, "prefix_blocks": sess.prefix_reuse.prefix_blocks - before.prefix_blocks}
-        print(f"  {name}: {len(sweep)} prompts {t:.1f} s = {t / t_unit:.2f} forwards of the median prompt ({t_unit:.1f} s); "
+        sweep_prefix[name] = {"prefix_tokens_computed": computed, "prefix_blocks": sess.prefix_reuse.prefix_blocks - before.prefix_blocks,
+                              "cpu_forwards": cpu_ratio, "load_average": os.getloadavg()[0]}
+        print(f"  {name}: {len(sweep)} prompts {t:.1f} s = {t / t_unit:.2f} forwards of the median prompt ({t_unit:.1f} s; CPU time "
+              f"{cpu_ratio:.2f} forwards' CPU; load average {os.getloadavg()[0]:.1f}); "
               f"prefix tokens computed {computed} in {sweep_prefix[name]['prefix_blocks']} blocks ({computed / median_prompt.n_tokens:.2f} "
               f"median prompts; token-level floor {floor}, {floor / median_prompt.n_tokens:.2f})", flush=True)
     reuse = session.prefix_reuse
