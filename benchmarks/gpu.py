@@ -497,7 +497,7 @@ def steer_run(session: Any, item: Any, record: PromptRecord, sdpa: Callable[[lis
 ANALYSIS_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "forks": ("forks", {}),
     "checker": ("calls", {"checker": True}),
-    "curate": ("curate", {}),
+    "curate": ("curate", {"split": "train"}),  # it curates on development items: --limit of them
     "repair": ("repair", {}),
 }
 
