@@ -1,8 +1,9 @@
-"""GPU benchmark of the probe engine on a Qwen3-8B-shaped model (random bf16 weights, real Qwen3
-tokenizer, built locally from a config: nothing is downloaded).
+"""GPU benchmark of the probe engine on a Qwen3-8B-shaped model, or a Gemma 3 270M-shaped one (random bf16
+weights, real Qwen3 tokenizer, built locally from a config: nothing is downloaded).
 
     PYTHONPATH=. python benchmarks/gpu.py [--records 24] [--budget-s 450] [--json out.json]
-    PYTHONPATH=. python benchmarks/gpu.py --tiny          # a tiny shape, fp32, on the CPU (the test)
+    PYTHONPATH=. python benchmarks/gpu.py --shape gemma3-270m
+    PYTHONPATH=. python benchmarks/gpu.py --tiny [--shape gemma3-270m]  # a tiny shape, fp32, on the CPU (the test)
     PYTHONPATH=. python benchmarks/gpu.py --memory-table  # bf16 weight memory of Qwen3 8B/14B/32B
 
 Sections, side by side in one run (one model instance; its attention implementation is switched):
@@ -34,7 +35,7 @@ Sections, side by side in one run (one model instance; its attention implementat
    first T_wrong eval item's basm prompt at k = 2 and of its proc prompt, AtP + AtP* over every
    (layer, head, span) edge, GradDrop, EAP-IG, exact patching of every edge, DLA + node effects)
    in fp32 (the replay refuses bf16: the model's shape is built again in fp32), in sdpa forwards of
-   the clean prompt; a failure is recorded under ``skipped`` with its message.
+   the clean prompt; a failure is printed as FAILED and recorded under ``failed`` (exit 1).
 
 10. ``steer``: the ``steer`` analysis' cost (:func:`steer_run`, shared with benchmarks/steer.py): the clean scored
    run and the analysis' scorer with C = ``--steer-counts`` random-direction conditions (default 1, 16, 64, 256;
@@ -43,7 +44,17 @@ Sections, side by side in one run (one model instance; its attention implementat
    when this section was written: a failure is printed as FAILED, recorded under ``failed`` and makes the
    run exit 1 (the other sections' results are still written).
 
-Sections 6-10 run before 5 (which may not fit the budget at 32k).
+11. ``analysis LABEL``: the analyses no section above times (``forks``, ``calls --checker``, ``curate``,
+   ``repair``: :data:`ANALYSIS_RUNS`, ``--analyses``), each run as a user runs it (``probes.run`` on this
+   session, ``--analysis-limit`` items; the model saved to a folder first, by which results are named),
+   in sdpa forwards of the steer record per distinct record of its rows. A failure is FAILED (exit 1).
+
+Sections 6-11 run before 5 (which may not fit the budget at 32k). The run ends with one table: analysis,
+forwards per prompt, wall time (:func:`cost_table`).
+
+``--shape gemma3-270m``: the same sections on Gemma 3 270M's shape (``Gemma3TextConfig``: 18 layers, five
+sliding-window layers of 512 keys to each global one; ``--tiny``: 4 layers, a window of 128 keys); the
+4D-mask reference of section 4 applies each layer's window.
 
 Peak memory = ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it
 (what the call itself allocated), reset before every call; on the CPU (``--tiny``) it is not measured.
@@ -59,6 +70,7 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -84,6 +96,17 @@ QWEN3_SHAPES: dict[str, dict[str, Any]] = {
 }
 TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+# Gemma 3 270M's shape (its config.json: 18 layers, five sliding-window layers of 512 keys to each global one,
+# one key-value head of 256, QK-norm, a 262,144-token vocabulary); prompts keep the Qwen3 tokenizer's ids,
+# which lie inside that vocabulary: what the engine meets is the architecture (sliding windows, QK-norm).
+GEMMA3_270M_SHAPE = dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1,
+                         head_dim=256, vocab_size=262144, sliding_window=512, query_pre_attn_scalar=256, max_position_embeddings=32768,
+                         tie_word_embeddings=True, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3)
+# tiny: a window of 128 keys, so the ~1.4k-token prompts cross it on three of the four layers
+GEMMA3_TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                         sliding_window=128, query_pre_attn_scalar=16, tie_word_embeddings=True,
+                         layer_types=["sliding_attention"] * 3 + ["full_attention"])
+SHAPES = ("qwen3-8b", "gemma3-270m")
 
 
 def qwen3_config(shape: dict[str, Any], **extra: Any) -> Any:
@@ -143,16 +166,25 @@ def measure(fn: Callable[[], Any], device: torch.device) -> tuple[float, float |
     return dt, peak, out
 
 
-def build_model(tiny: bool, device: torch.device, vocab: int, dtype: torch.dtype) -> Any:
-    """A Qwen3-8B-shaped (or tiny) causal LM with random weights of ``dtype`` on ``device``."""
-    from transformers import Qwen3ForCausalLM
+def build_model(tiny: bool, device: torch.device, vocab: int, dtype: torch.dtype, shape: str = "qwen3-8b") -> Any:
+    """A Qwen3-8B-shaped or Gemma 3 270M-shaped (``shape``; or tiny) causal LM with random weights of
+    ``dtype`` on ``device``; a Gemma 3 from a ``Gemma3TextConfig`` directly."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3ForCausalLM
 
-    shape = {**TINY_SHAPE, "vocab_size": vocab} if tiny else QWEN3_SHAPES["Qwen3-8B"]
-    cfg = qwen3_config(shape, max_position_embeddings=40960)
+    if shape == "gemma3-270m":
+        cls, cfg = Gemma3ForCausalLM, Gemma3TextConfig(**(GEMMA3_TINY_SHAPE | {"vocab_size": vocab} if tiny else GEMMA3_270M_SHAPE))
+    else:
+        cls, cfg = Qwen3ForCausalLM, qwen3_config({**TINY_SHAPE, "vocab_size": vocab} if tiny else QWEN3_SHAPES["Qwen3-8B"], max_position_embeddings=40960)
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen3ForCausalLM._from_config(cfg, dtype=dtype)
+        model = cls._from_config(cfg, dtype=dtype)
     return model.eval()
+
+
+def sliding_windows(cfg: Any) -> list[int | None]:
+    """Per layer, the keys a query row sees back (None: every earlier key)."""
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    return [cfg.sliding_window if t == "sliding_attention" else None for t in types]
 
 
 def knockouts(record: PromptRecord, n_layers: int, n_heads: int, seed: int = 0) -> list[Any]:
@@ -198,20 +230,24 @@ def synthetic_knockouts(n: int, n_layers: int) -> tuple[list[int], dict[str, lis
     return rows, spans, conds
 
 
-def mask_4d(n: int, n_layers: int, n_heads: int, ko: Any, rows: list[int], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
-    """Per layer, the additive mask [1, head, n, n]: causal, plus -inf at (query row, knocked key)
-    in the knockout's active heads. Layers with the same active heads share one tensor."""
+def mask_4d(n: int, n_layers: int, n_heads: int, ko: Any, rows: list[int], dtype: torch.dtype, device: torch.device,
+            windows: list[int | None] | None = None) -> list[torch.Tensor]:
+    """Per layer, the additive mask [1, head, n, n]: causal (within the layer's sliding window, ``windows``:
+    a key is seen while query − key < window), plus -inf at (query row, knocked key) in the knockout's
+    active heads. Layers with the same window and active heads share one tensor."""
     active = ko.active(n_layers, n_heads)
+    windows = windows or [None] * n_layers
     neg = torch.finfo(dtype).min
-    causal = torch.full((n, n), neg, dtype=dtype, device=device).triu(1)
     keys = torch.tensor(ko.key_positions, device=device)
     r = torch.tensor(rows, device=device)
-    cache: dict[tuple[bool, ...], torch.Tensor] = {}
+    cache: dict[tuple[Any, ...], torch.Tensor] = {}
     out = []
     for layer in range(n_layers):
-        sig = tuple(active[layer].tolist())
+        sig = (windows[layer], *active[layer].tolist())
         if sig not in cache:
-            m = causal.expand(n_heads, n, n).clone()
+            q, k = torch.arange(n, device=device)[:, None], torch.arange(n, device=device)[None, :]
+            visible = (k <= q) & (k > q - windows[layer] if windows[layer] is not None else True)
+            m = torch.zeros((), dtype=dtype, device=device).masked_fill(~visible, neg).expand(n_heads, n, n).clone()
             for h in active[layer].nonzero().flatten().tolist():
                 m[h, r[:, None], keys[None, :]] = neg
             cache[sig] = m[None]
@@ -456,6 +492,40 @@ def steer_run(session: Any, item: Any, record: PromptRecord, sdpa: Callable[[lis
     return out
 
 
+# The analyses no section above times, each run as a user runs it (``probes.run`` on this session):
+# label -> (analysis, options). ``--limit`` items; the unit is one sdpa forward of the steer record.
+ANALYSIS_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
+    "forks": ("forks", {}),
+    "checker": ("calls", {"checker": True}),
+    "curate": ("curate", {"split": "train"}),  # it curates on development items: --limit of them
+    "repair": ("repair", {}),
+}
+
+
+def analysis_run(session: Any, label: str, limit: int, out: Path, record: PromptRecord, sdpa: Callable[[list[int]], Any],
+                 timer: Callable[[Callable[[], Any]], float] | None = None) -> dict[str, Any]:
+    """``ANALYSIS_RUNS[label]`` on ``session`` (its model saved in a folder: results are named by it) over
+    ``limit`` items into ``out``: wall time, its prompts (the rows' distinct records), forwards per prompt
+    (wall time / prompts / one sdpa forward of ``record``, timed right before) and the prefix tokens it
+    computed and reused."""
+    import probes
+
+    timer = timer or timed
+    name, options = ANALYSIS_RUNS[label]
+    unit = timer(lambda: sdpa(record.input_ids))
+    before = dict(vars(session.prefix_reuse))
+    result: list[Any] = []
+    t = timer(lambda: result.append(probes.run(name, session, limit=limit, out=str(out), figure=False, **options)))
+    rows = result[0].rows
+    prompts = int(rows["record_id"].nunique()) if "record_id" in rows else len(rows)
+    counted = {key: value - before[key] for key, value in vars(session.prefix_reuse).items()}
+    out_row = {"analysis": name, "options": options, "limit": limit, "time_s": t, "unit_s": unit, "rows": len(rows), "prompts": prompts,
+               "forwards_per_prompt": t / max(prompts, 1) / unit, "prefix_tokens_computed": counted["tokens_computed"],
+               "prefix_tokens_reused": counted["tokens_reused"]}
+    print(f"  {label}: {t:.2f} s, {prompts} prompts, {out_row['forwards_per_prompt']:.2f} forwards per prompt ({unit:.2f} s)", flush=True)
+    return out_row
+
+
 def loud_section(report: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
     """``report[name] = fn()``; a failure is printed as FAILED and recorded under ``report["failed"]``, which
     makes the run exit 1 (:func:`exit_status`): a section that has never run on a GPU must not fail silently."""
@@ -511,12 +581,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = load_tokenizer("qwen3")
     t0 = time.perf_counter()
     dtype = getattr(torch, args.dtype)
-    model = build_model(args.tiny, device, len(tokenizer), dtype)
+    model = build_model(args.tiny, device, len(tokenizer), dtype, args.shape)
     cfg = model.config
     report["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "layers": cfg.num_hidden_layers,
                        "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "hidden": cfg.hidden_size,
                        "build_s": time.perf_counter() - t0}
-    print(f"model: random Qwen3 ({'tiny' if args.tiny else '8B shape'}), {report['model']['parameters'] / 1e9:.3f}B parameters, "
+    report["shape"] = args.shape
+    print(f"model: random {args.shape}{' (tiny)' if args.tiny else ' shape'}, {report['model']['parameters'] / 1e9:.3f}B parameters, "
           f"{args.dtype} on {report['device']}, built in {report['model']['build_s']:.1f} s", flush=True)
     builder = study_builder(tokenizer)
     records = dataset_records(builder, args.records)
@@ -586,7 +657,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         engine = session.run(ids, qrows, conditions=conds)  # logits at rows min(query_rows)..n-1
         model.set_attn_implementation("eager")
         for ko, res in zip(conds, engine.conditions[1:]):
-            masks = mask_4d(n, cfg.num_hidden_layers, cfg.num_attention_heads, ko, qrows, dtype, device)
+            masks = mask_4d(n, cfg.num_hidden_layers, cfg.num_attention_heads, ko, qrows, dtype, device, sliding_windows(cfg))
             t, m, ref = measure(lambda: masked_forward(model, ids, masks, qrows[0]), device)
             del masks
             times.append(t)
@@ -666,7 +737,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if clock.fits(unit * 40 + args.reserve_s / 3):
         item, clean = first_t_wrong(builder, 2)
         counterfactual = builder.build(item, "proc", 2, "native")
-        fp32 = model if dtype == torch.float32 else build_model(args.tiny, device, len(tokenizer), torch.float32)
+        fp32 = model if dtype == torch.float32 else build_model(args.tiny, device, len(tokenizer), torch.float32, args.shape)
         fp32_session = EngineSession(fp32, tokenizer=tokenizer)
 
         def fp32_sdpa(ids: list[int]) -> Any:
@@ -676,12 +747,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
-        try:
-            report["circuit"] = circuit_run(fp32_session, builder.dataset, item, clean, counterfactual, fp32_sdpa,
-                                            timer=lambda fn: measure(fn, device)[0])
-            report["circuit"]["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20 if device.type == "cuda" else None
-        except Exception as e:  # recorded and printed: the replay's device path had not run on a GPU when this section was written
-            skip("circuit", f"failed: {type(e).__name__}: {e}")
+        def circuit() -> dict[str, Any]:
+            out = circuit_run(fp32_session, builder.dataset, item, clean, counterfactual, fp32_sdpa, timer=lambda fn: measure(fn, device)[0])
+            out["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20 if device.type == "cuda" else None
+            return out
+
+        # loud: the replay's device path had not run on a GPU when this section was written, nor on Gemma 3
+        loud_section(report, "circuit", circuit)
         del fp32_session, fp32
     else:
         skip("circuit", f"{clock.left():.0f} s left, projected {unit * 40:.0f} s")
@@ -694,6 +766,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                         timer=lambda fn: measure(fn, device)[0]))
     else:
         skip("steer", f"{clock.left():.0f} s left, projected {projected:.0f} s")
+
+    # 11. The analyses no section above times (ANALYSIS_RUNS), each as a user runs it. Results are named and
+    # fingerprinted by the model's folder: the model is saved to one (its own weights) first.
+    if args.analyses:
+        if clock.fits(unit * 30 * args.analysis_limit * len(args.analyses) + args.reserve_s / 3):
+            with tempfile.TemporaryDirectory() as folder:
+                model.save_pretrained(Path(folder) / "model")
+                tokenizer.save_pretrained(Path(folder) / "model")
+                model.name_or_path = str(Path(folder) / "model")
+                for label in args.analyses:
+                    loud_section(report, f"analysis {label}", lambda: analysis_run(session, label, args.analysis_limit, Path(folder) / label,
+                                                                                 steer_record, plain_sdpa, timer=lambda fn: measure(fn, device)[0]))
+        else:
+            for label in args.analyses:
+                skip(f"analysis {label}", f"{clock.left():.0f} s left, projected {unit * 30 * args.analysis_limit:.0f} s")
 
     # 5. The engine with ten knockouts at long contexts.
     report["long"] = []
@@ -717,7 +804,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report["long"].append({"n_tokens": n_long, "time_s": t, "peak_mib": m})
         print(f"engine + 10 knockouts, n={n_long}: {t:.3f} s, peak {m} MiB", flush=True)
     report["total_s"] = time.perf_counter() - clock.start
+    print_table(report)
     return report
+
+
+def cost_table(report: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(analysis, forwards per prompt, wall s) for every analysis section that ran: each in sdpa forwards
+    of its own prompt, per prompt it scored (a sweep item: per each of its prompts, in its median one)."""
+    rows: list[tuple[str, float, float]] = []
+    per_record = report.get("records", {}).get("per_record", [])
+    if per_record:
+        rows.append(("sweep (score_record, baseline)", float(np.mean([r["engine_baseline"]["time_s"] / r["sdpa"]["time_s"] for r in per_record])),
+                     sum(r["engine_baseline"]["time_s"] for r in per_record)))
+        rows.append(("engine, ten knockouts", float(np.mean([r["engine_10ko"]["time_s"] / r["sdpa"]["time_s"] for r in per_record])),
+                     sum(r["engine_10ko"]["time_s"] for r in per_record)))
+    if knock := report.get("knockout_analysis"):
+        rows.append((f"knockout ({knock[0]['conditions']} conditions)", float(np.mean([k["forwards"] for k in knock])), sum(k["time_s"] for k in knock)))
+    if item := report.get("sweep_item"):
+        rows.append((f"sweep item ({item['prompts']} prompts, prefix reuse)", item["reuse"]["forwards"] / item["prompts"], item["reuse"]["time_s"]))
+    if a := report.get("attribution"):
+        rows.append((f"attribution ({a['jobs']} jobs)", a["run"]["forwards"] / a["jobs"], a["run"]["time_s"]))
+    if c := report.get("circuit"):
+        rows.append(("circuit (one pair: two deciding rows + AtP over every edge)", c["circuit_atp"],
+                     sum(c["pieces"][n]["time_s"] for n in ("clean row", "counterfactual row", "AtP + AtP*"))))
+    if st := report.get("steer"):
+        name, piece = list(st["pieces"].items())[-1]
+        rows.append((f"steer ({name})", piece["forwards"], piece["time_s"]))
+    for label in ANALYSIS_RUNS:
+        if a := report.get(f"analysis {label}"):
+            rows.append((f"{label} ({a['prompts']} prompts)", a["forwards_per_prompt"], a["time_s"]))
+    return rows
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"\n{report['shape']}, {report['dtype']} on {report['device']}\n")
+    print("| analysis | forwards per prompt | wall s |\n|---|---|---|")
+    for name, forwards, seconds in cost_table(report):
+        print(f"| {name} | {forwards:.2f} | {seconds:.1f} |")
+    for name, why in report["failed"].items():
+        print(f"| {name} | FAILED: {why} | |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -733,6 +858,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--masks", type=int, default=None, help=f"skill masks per attribution item (default {ATTRIBUTION_MASKS}; tiny: 3)")
     ap.add_argument("--steer-counts", type=int, nargs="+", default=None, help="steering conditions per prompt of the steer section "
                     f"(default {' '.join(map(str, STEER_COUNTS))}; tiny: 1)")
+    ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b", help="Qwen3-8B's shape, or Gemma 3 270M's (sliding-window layers)")
+    ap.add_argument("--analyses", nargs="*", choices=tuple(ANALYSIS_RUNS), default=None,
+                    help=f"analyses run as a user runs them (default {' '.join(ANALYSIS_RUNS)}; tiny: repair)")
+    ap.add_argument("--analysis-limit", type=int, default=None, help="items per analysis of --analyses (default 2; tiny: 1)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default bfloat16; --tiny: float32")
     ap.add_argument("--json", type=Path, help="write the report here")
@@ -761,6 +890,10 @@ def main(argv: list[str] | None = None) -> int:
         args.masks = 3 if args.tiny else ATTRIBUTION_MASKS
     if args.steer_counts is None:
         args.steer_counts = [1] if args.tiny else list(STEER_COUNTS)
+    if args.analyses is None:
+        args.analyses = ["repair"] if args.tiny else list(ANALYSIS_RUNS)
+    if args.analysis_limit is None:
+        args.analysis_limit = 1 if args.tiny else 2
     if bad := [c for c in args.steer_counts if c < 1]:
         ap.error(f"--steer-counts {bad}: a count of conditions is at least 1")
     report = run(args)

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -105,18 +106,14 @@ def item_records(tokenizer: Any, k: int, k_max: int = 4) -> tuple[Any, Any, Any,
     return item, record, builder.build(item, "proc", k, "native"), sweep_prompts(builder, item, k_max), builder
 
 
-def prefix_tokens_to_compute(prefixes: list[list[int]], block: int) -> tuple[int, int]:
-    """(floor, blocked): prefix tokens a sequence of prompts computes with every earlier prefix cached,
-    at token granularity (the distinct nodes of their token trie) and in fixed blocks of ``block``
-    tokens (an earlier prefix's whole blocks inside the shared part, or all of it when the prefix is
-    the same)."""
-    floor = blocked = 0
+def distinct_prefix_tokens(prefixes: list[list[int]]) -> int:
+    """The prefix tokens a sequence of prompts computes with every earlier prefix cached at token
+    granularity: the distinct nodes of their token trie (the floor of any block rule)."""
+    floor = 0
     for i, ids in enumerate(prefixes):
         shared = [next((j for j, (a, b) in enumerate(zip(ids, old)) if a != b), min(len(ids), len(old))) for old in prefixes[:i]]
         floor += len(ids) - max(shared, default=0)
-        reused = [len(ids) if n == len(ids) == len(old) else n // block * block for n, old in zip(shared, prefixes[:i])]
-        blocked += len(ids) - max(reused, default=0)
-    return floor, blocked
+    return floor
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -138,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
     from probes.analyses.knockout import knockout_scorer
-    from probes.engine.prefix_cache import PREFIX_BLOCK
+    from probes.engine.prefix_cache import PrefixReuseCounter
     from probes.engine.session import Knockout, EngineSession, install_attention
     from probes.prompts.tokenizers import load_tokenizer
     from probes.scoring.score import score_record, scored_tokens
@@ -260,19 +257,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Sweep item: 13 distinct prompts, with and without prefix reuse.
     sweep_rows: dict[str, float] = {}
     median_prompt = sorted(sweep, key=lambda r: r.n_tokens)[len(sweep) // 2]
-    floor, blocked = prefix_tokens_to_compute([r.input_ids[: min(r.query_rows)] for r in sweep], PREFIX_BLOCK)
-    print(f"  sweep item: prefix tokens to compute with reuse {blocked} in {PREFIX_BLOCK}-token blocks, {floor} at the "
-          f"token-level floor (distinct trie nodes); = {blocked / median_prompt.n_tokens:.2f} and "
-          f"{floor / median_prompt.n_tokens:.2f} median prompts", flush=True)
+    floor = distinct_prefix_tokens([r.input_ids[: min(r.query_rows)] for r in sweep])
     plain = EngineSession(model, tokenizer=tokenizer, prefix_cache=0)
+    sweep_prefix: dict[str, Any] = {"distinct_tokens": floor}
     for name, sess in (("sweep item, reuse", session), ("sweep item, no reuse", plain)):
         if name in args.skip:
             continue
         sess.clear_prefix_cache()
+        before = PrefixReuseCounter(**{k: v for k, v in vars(sess.prefix_reuse).items()})
+        cpu0 = time.process_time()
         t_unit = timed(lambda: sdpa(median_prompt.input_ids))
+        cpu1 = time.process_time()
         t = timed(lambda: [score_record(sess, r, margins=("margin",)) for r in sweep])
+        cpu_ratio = (time.process_time() - cpu1) / (cpu1 - cpu0)  # CPU seconds: the ratio a loaded machine distorts least
         sweep_rows[name] = t / t_unit
-        print(f"  {name}: {len(sweep)} prompts {t:.1f} s = {t / t_unit:.2f} forwards of the median prompt ({t_unit:.1f} s)", flush=True)
+        computed = sess.prefix_reuse.tokens_computed - before.tokens_computed - sum(r.n_tokens - min(r.query_rows) for r in sweep)
+        sweep_prefix[name] = {"prefix_tokens_computed": computed, "prefix_blocks": sess.prefix_reuse.prefix_blocks - before.prefix_blocks,
+                              "cpu_forwards": cpu_ratio, "load_average": os.getloadavg()[0]}
+        print(f"  {name}: {len(sweep)} prompts {t:.1f} s = {t / t_unit:.2f} forwards of the median prompt ({t_unit:.1f} s; CPU time "
+              f"{cpu_ratio:.2f} forwards' CPU; load average {os.getloadavg()[0]:.1f}); "
+              f"prefix tokens computed {computed} in {sweep_prefix[name]['prefix_blocks']} blocks ({computed / median_prompt.n_tokens:.2f} "
+              f"median prompts; token-level floor {floor}, {floor / median_prompt.n_tokens:.2f})", flush=True)
     reuse = session.prefix_reuse
     attribution = None if "attribution" in args.skip else attribution_run(session, plain, builder, args.attribution_items, args.masks,
                                                                           tuple(args.pools), sdpa)
@@ -312,7 +317,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"\nprefix reuse over the reuse session's calls (before the attribution run): {reuse}")
     report = {"tiny": args.tiny, "layers": cfg.num_hidden_layers, "threads": args.threads,
               "rows": {name: {"forwards": ratios[name], "time_s": seconds[name]} for name in rows},
-              "backends": backend_rows, "circuit": circuit, "sweep_item": sweep_rows, "attribution": attribution}
+              "backends": backend_rows, "circuit": circuit, "sweep_item": sweep_rows, "sweep_prefix": sweep_prefix, "attribution": attribution}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return report

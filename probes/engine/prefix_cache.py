@@ -2,19 +2,27 @@
 
 The prompts of one item under different configurations and depths share a long token prefix (the
 system turn with the tool catalog, then the first skills of the memory block). ``EngineSession.run``
-computes the keys and values of ``input_ids[:p]`` (``p`` = the first query row) in one fast-path
-forward and branches every condition from them; rows before ``p`` are never recorded and never
+computes the keys and values of ``input_ids[:p]`` (``p`` = the first query row) in fast-path
+forwards and branches every condition from them; rows before ``p`` are never recorded and never
 knocked out (a knockout edits query rows only), so their keys and values depend on the tokens
 alone. This module keeps them per token prefix: a new prompt starts from the longest cached prefix
 it shares and computes only the rest.
 
-Bit for bit: a prefix is always computed in the same blocks, ``[0, B), [B, 2B), ...`` and a last
-partial block ending at the prefix (:data:`PREFIX_BLOCK` = B tokens), each one forward over the
-keys and values of the blocks before it, whether they come from the cache or not. A block of an
-earlier prompt is reused only where it is one of the new prefix's own blocks (:func:`reusable`), so
-the numbers of a row never depend on what the cache held: a run resumed with a cold cache, or run
-with the cache off, equals an uninterrupted one exactly (a matrix product's last bits depend on how
-many rows it multiplies at once).
+Bit for bit: a prefix is always computed in the same blocks, each one forward over the keys and
+values of the blocks before it, whether they come from the cache or not. Where a block ends is a
+function of the prefix's own tokens up to that point (:func:`prefix_blocks`, content-defined: before
+a blank line or a chat turn's marker once the block holds :data:`BREAK_BLOCK` tokens, before a line
+break once it holds :data:`LINE_BLOCK`, at :data:`MAX_BLOCK` tokens whatever they are; the last block
+ends at the prefix). A block of an earlier prompt is reused only where it is one of the new prefix's
+own blocks (:func:`reusable`), so the numbers of a row never depend on what the cache held: a run
+resumed with a cold cache, or run with the cache off, equals an uninterrupted one exactly (a matrix
+product's last bits depend on how many rows it multiplies at once). Content-defined ends put block
+ends where the prompts of an item part (between skills, between turns), so prompts that diverge
+inside the memory block share whole blocks up to a few tokens before the divergence.
+
+A block's keys and values are written into per-layer buffers of the whole prefix
+(:class:`PrefixBuffers`), and the block attends over a view of the positions before its end: no
+concatenation per block.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,15 +38,62 @@ import torch
 # layer index -> (key, value), each [1, kv_head, n_tokens, d_head] after RoPE, on the layer's device
 LayerKV = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
-PREFIX_BLOCK = 128  # tokens per prefix block: small enough to reuse most of a shared prefix, large enough for efficient forwards
+# Where blocks end (measured on the real-size sweep item, benchmarks/README.md: fewer prefix tokens
+# computed against more, smaller blocks, each of which reads every weight once).
+BREAK_BLOCK = 48    # a block ends before a blank line or a special token (a chat turn's marker) once it holds this many tokens,
+LINE_BLOCK = 512    # before any other line break once it holds this many,
+MAX_BLOCK = 1024    # and at this many whatever the tokens are (text without line breaks still shares blocks)
+
+PLAIN, LINE_BREAK, BREAK = 0, 1, 2  # token kinds (:class:`TokenBreaks`)
 
 
-def blocks(start: int, end: int, block: int = PREFIX_BLOCK) -> list[tuple[int, int]]:
-    """The blocks ``[a, b)`` that compute positions ``start..end-1`` of a prefix ending at ``end``
-    (``start`` a block boundary): full blocks, then the partial one ending at ``end``."""
-    if start < end and start % block:
-        raise ValueError(f"a prefix block starts at a multiple of {block}, not at {start}")
-    return [(a, min(a + block, end)) for a in range(start, end, block)]
+class TokenBreaks:
+    """Which tokens of a prompt break a line (their text holds a newline) and which open a blank line
+    (their text holds two, or a newline follows a token ending in one) or are the tokenizer's special
+    tokens (a chat turn's markers): read from ``tokenizer`` one distinct id at a time, as prompts show
+    them (decoding a whole 150k vocabulary would take seconds), and kept. Without a tokenizer (a
+    session opened on a loaded model without one) no token breaks a line and blocks end every
+    :data:`MAX_BLOCK` tokens."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._text: dict[int, str] = {}
+        self._special = frozenset(getattr(tokenizer, "all_special_ids", ()))
+
+    def kinds(self, ids: Sequence[int]) -> np.ndarray:
+        """Per position of ``ids``: :data:`PLAIN`, :data:`LINE_BREAK` or :data:`BREAK`; position ``i``
+        depends on ``ids[i-1]`` and ``ids[i]`` only."""
+        kinds = np.full(len(ids), PLAIN, dtype=np.int8)
+        if self.tokenizer is None:
+            return kinds
+        new = sorted(set(map(int, ids)) - self._text.keys())
+        self._text.update(zip(new, self.tokenizer.batch_decode([[i] for i in new])))
+        previous = ""
+        for i, token in enumerate(ids):
+            text = self._text[int(token)]
+            if "\n\n" in text or (text.startswith("\n") and previous.endswith("\n")) or int(token) in self._special:
+                kinds[i] = BREAK
+            elif "\n" in text:
+                kinds[i] = LINE_BREAK
+            previous = text
+        return kinds
+
+
+def prefix_blocks(kinds: np.ndarray) -> list[tuple[int, int]]:
+    """The blocks ``[a, b)`` that compute a prefix whose tokens have these ``kinds`` (:meth:`TokenBreaks.kinds`).
+    A block ends at ``b`` when ``b`` is a :data:`BREAK` and the block holds at least :data:`BREAK_BLOCK`
+    tokens, a :data:`LINE_BREAK` and it holds :data:`LINE_BLOCK`, or it holds :data:`MAX_BLOCK`; the
+    last block ends at the prefix's end. An end depends on the tokens up to it only, so a prefix's
+    blocks are the blocks of any longer prefix that end inside it, then its own last one."""
+    out, start = [], 0
+    for b in range(1, len(kinds)):
+        held = b - start
+        if held >= MAX_BLOCK or (kinds[b] == BREAK and held >= BREAK_BLOCK) or (kinds[b] == LINE_BREAK and held >= LINE_BLOCK):
+            out.append((start, b))
+            start = b
+    if len(kinds):
+        out.append((start, len(kinds)))
+    return out
 
 
 @dataclass
@@ -45,12 +101,14 @@ class PrefixReuseCounter:
     """Prompt tokens of ``EngineSession.run`` calls: reused from the cache vs run through the model.
 
     ``tokens_computed`` counts each prompt position once (prefix extension plus the branch rows
-    from the first query row on), not once per condition or candidate branch element.
+    from the first query row on), not once per condition or candidate branch element;
+    ``prefix_blocks`` counts the prefix blocks computed (a forward each, which reads every weight once).
     """
 
     prompts: int = 0
     tokens_reused: int = 0
     tokens_computed: int = 0
+    prefix_blocks: int = 0
 
     @property
     def fraction_reused(self) -> float:
@@ -91,17 +149,52 @@ def join(segments: Sequence[Segment]) -> LayerKV:
             for layer in segments[0].kv}
 
 
-def reusable(segments: Sequence[Segment], shared: int, n: int, block: int = PREFIX_BLOCK) -> tuple[Segment, ...]:
+def reusable(segments: Sequence[Segment], shared: int, own: Sequence[tuple[int, int]]) -> tuple[Segment, ...]:
     """The leading ``segments`` (blocks of a cached prefix sharing its first ``shared`` tokens with a
-    prefix of ``n`` tokens) that are blocks of that prefix too: full blocks inside the shared part,
-    and a last partial block only when the two prefixes are the same."""
-    used = []
+    new prefix) that are blocks of the new prefix too: among its ``own`` blocks (:func:`prefix_blocks`)
+    and inside the shared part (the whole of a last partial block only when the prefixes are the same)."""
+    own_set, used = set(own), []
     for segment in segments:
         end = segment.start + segment.length
-        if end > shared or (segment.length != block and end != n):
+        if end > shared or (segment.start, end) not in own_set:
             break
         used.append(segment)
     return tuple(used)
+
+
+class PrefixBuffers:
+    """Per-layer key/value buffers ``[1, kv_head, n, d_head]`` of one prefix of ``n`` tokens, filled
+    block by block: :meth:`write` puts a block's keys and values at their positions and returns views
+    of positions ``[0, end)`` for the block to attend over, so no block concatenates the keys before
+    it. A layer's buffer is allocated at its first block (on the layer's device, in its dtype) with the
+    ``reused`` segments copied in."""
+
+    def __init__(self, n: int, reused: Sequence[Segment]) -> None:
+        self.n, self.reused = n, tuple(reused)
+        self.kv: LayerKV = {}
+
+    def write(self, layer: int, start: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer not in self.kv:
+            self.kv[layer] = tuple(torch.empty(*t.shape[:2], self.n, t.shape[3], dtype=t.dtype, device=t.device) for t in (key, value))
+            for segment in self.reused:
+                for buffer, cached in zip(self.kv[layer], segment.kv[layer]):
+                    buffer[:, :, segment.start: segment.start + segment.length] = cached
+        end = start + key.shape[2]
+        k, v = self.kv[layer]
+        k[:, :, start:end] = key
+        v[:, :, start:end] = value
+        return k[:, :, :end], v[:, :, :end]
+
+    def computed(self, blocks: Sequence[tuple[int, int]]) -> tuple[Segment, ...]:
+        """The computed ``blocks`` as cache segments: views of one copy of the computed positions per
+        layer, so the cache keeps each prefix's own tokens only (the reused ones stay in the earlier
+        entries' tensors)."""
+        if not blocks:
+            return ()
+        first = blocks[0][0]
+        copies = {layer: (k[:, :, first:].clone(), v[:, :, first:].clone()) for layer, (k, v) in self.kv.items()}
+        return tuple(Segment(a, {layer: (k[:, :, a - first: b - first], v[:, :, a - first: b - first]) for layer, (k, v) in copies.items()})
+                     for a, b in blocks)
 
 
 class PrefixKVCache:
@@ -123,13 +216,13 @@ class PrefixKVCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest(self, ids: Sequence[int], block: int = PREFIX_BLOCK) -> tuple[int, tuple[Segment, ...]]:
-        """(m, segments): the cached blocks that are blocks of the prefix ``ids`` itself (:func:`reusable`),
-        covering ``ids[:m]``; (0, ()) when none is."""
+    def longest(self, ids: Sequence[int], own: Sequence[tuple[int, int]]) -> tuple[int, tuple[Segment, ...]]:
+        """(m, segments): the cached blocks that are blocks of the prefix ``ids`` itself (its ``own``
+        blocks, :func:`prefix_blocks`; :func:`reusable`), covering ``ids[:m]``; (0, ()) when none is."""
         query = np.asarray(ids, dtype=np.int64)
         best, best_key, best_segments = 0, None, ()
         for key, (tokens, segments) in self._entries.items():
-            used = reusable(segments, common_prefix_length(tokens, query), len(query), block)
+            used = reusable(segments, common_prefix_length(tokens, query), own)
             m = used[-1].start + used[-1].length if used else 0
             if m > best:
                 best, best_key, best_segments = m, key, used

@@ -15,8 +15,9 @@ Qwen2, Llama, ...). Outside a probe call it *is* sdpa.
 
 ``EngineSession.run`` evaluates one prompt under many conditions:
 
-1. **Prefix.** ``input_ids[:p]`` with ``p = min(query_rows)`` runs once through sdpa, in fixed
-   blocks of ``PREFIX_BLOCK`` tokens (so a row's numbers never depend on the cache's contents). A knockout
+1. **Prefix.** ``input_ids[:p]`` with ``p = min(query_rows)`` runs once through sdpa, in blocks whose
+   ends are a function of the tokens (probes.engine.prefix_cache.prefix_blocks: so a row's numbers
+   never depend on the cache's contents), each written into per-layer key/value buffers. A knockout
    only edits query rows, and rows before ``p`` never see a query row (causality), so the
    prefix keys/values are identical under every condition. The attention function keeps each
    layer's prefix ``k, v`` (``[1, kv_head, p, d_head]``), shared, never copied per condition.
@@ -72,7 +73,7 @@ from probes.engine.hooks import (HOOK_EMBED, HOOK_PATTERN, HOOK_RESID_POST, HOOK
                                  added_to_outputs, condition_recordings, hook_site, probe_recorders, prompt_keys)
 from probes.engine.logits import check_finite, entropy
 from probes.engine.loading import ModelLoadError, check_context_length, load_model
-from probes.engine.prefix_cache import LayerKV, PrefixKVCache, PrefixReuseCounter, Segment, blocks, join
+from probes.engine.prefix_cache import LayerKV, PrefixBuffers, PrefixKVCache, PrefixReuseCounter, TokenBreaks, join, prefix_blocks
 
 ATTN_IMPLEMENTATION = "basm_probe"
 
@@ -393,10 +394,8 @@ class _ProbeState:
     decision_local: int = 0
     row_chunk: int = 256
     prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    # prefix mode: keys/values of positions [0, q_offset) reused from an earlier prompt
-    reused_kv: LayerKV = field(default_factory=dict)
-    # prefix mode: keys/values of the positions this forward computed (q_offset on)
-    new_kv: LayerKV = field(default_factory=dict)
+    # prefix mode: the prefix's per-layer key/value buffers; this forward computes positions q_offset on
+    prefix_buffers: PrefixBuffers | None = None
     # row: the attention of a one-row replay (probes.engine.decision_row), called with (module, q, k, v,
     # scaling, sliding_window) in place of this module's attention
     row_attention: Callable[..., torch.Tensor] | None = None
@@ -542,15 +541,12 @@ def probe_attention_forward(
     state = _STATE.get()
     if state is None or state.mode == "prefix":
         if state is not None:
-            state.new_kv[module.layer_idx] = (key, value)
-            reused = state.reused_kv.get(module.layer_idx)
-            if reused is not None:
-                # Extending a reused prefix: this forward holds positions q_offset.. only, so the
-                # mask transformers built for it knows nothing of the reused keys; build it here.
-                key, value = torch.cat((reused[0], key), dim=2), torch.cat((reused[1], value), dim=2)
+            key, value = state.prefix_buffers.write(module.layer_idx, state.q_offset, key, value)
+            if state.q_offset:
+                # A later block: this forward holds positions q_offset.. only, so the mask
+                # transformers built for it knows nothing of the keys before them; build it here.
                 q_pos = torch.arange(state.q_offset, state.q_offset + query.shape[2], device=query.device)
                 attention_mask = _allowed(q_pos, key.shape[2], sliding_window)[None, None]
-            state.prefix_kv[module.layer_idx] = (key, value)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
     layer = module.layer_idx
@@ -830,6 +826,7 @@ class EngineSession:
         # ``run`` reuses the keys/values of the longest token prefix shared with the last
         # ``prefix_cache`` prompts (0: off); see probes.engine.prefix_cache.
         self._prefix_cache = PrefixKVCache(prefix_cache)
+        self._token_breaks = TokenBreaks(tokenizer)  # where prefix blocks end
         self.prefix_reuse = PrefixReuseCounter()
 
     @functools.cached_property
@@ -843,19 +840,25 @@ class EngineSession:
 
     def _prefix_kv(self, prefix: list[int]) -> LayerKV:
         """Per-layer keys/values of ``prefix`` (fast path), block by block (probes.engine.prefix_cache:
-        the same blocks with or without the cache), starting from the cached blocks it shares."""
-        m, segments = self._prefix_cache.longest(prefix)
-        kv = join(segments) if segments else {}
-        for start, end in blocks(m, len(prefix)):
-            state = _ProbeState(mode="prefix", q_offset=start, reused_kv=kv)
-            with _activate(state):
-                self.model.base_model(input_ids=torch.tensor([prefix[start:end]], device=self.device),
-                                      position_ids=torch.arange(start, end, device=self.device)[None], use_cache=False)
-            segments += (Segment(start, state.new_kv),)
-            kv = state.prefix_kv
-        self._prefix_cache.store(prefix, segments)
+        the prefix's own blocks, with or without the cache), starting from the cached blocks it shares."""
+        own = prefix_blocks(self._token_breaks.kinds(prefix))
+        m, segments = self._prefix_cache.longest(prefix, own)
+        todo = [(start, end) for start, end in own if start >= m]
+        if not todo:
+            self._prefix_cache.store(prefix, segments)
+            kv = join(segments)
+        else:
+            buffers = PrefixBuffers(len(prefix), segments)
+            for start, end in todo:
+                with _activate(_ProbeState(mode="prefix", q_offset=start, prefix_buffers=buffers)):
+                    self.model.base_model(input_ids=torch.tensor([prefix[start:end]], device=self.device),
+                                          position_ids=torch.arange(start, end, device=self.device)[None], use_cache=False)
+            if self._prefix_cache.max_entries:
+                self._prefix_cache.store(prefix, segments + buffers.computed(todo))
+            kv = buffers.kv
         self.prefix_reuse.tokens_reused += m
         self.prefix_reuse.tokens_computed += len(prefix) - m
+        self.prefix_reuse.prefix_blocks += len(todo)
         return kv
 
     @property

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from probes.analyses import forks as forks_mod
 from probes.analyses.forks import Forks, path_row
 from probes.engine.generate import stop_token_ids
-from probes.engine.prefix_cache import PREFIX_BLOCK
+from probes.engine.prefix_cache import TokenBreaks, prefix_blocks
 from probes.facade import ProbeSession
 from probes.reporting.results import ResultsConfigMismatch, load_results
 from probes.scoring.margins import candidates_from_record, shared_prefix
@@ -69,13 +69,17 @@ def test_paths_share_the_prefix_bit_for_bit_and_match_plain_forwards(tiny_qwen3_
     skip = session.prompt(ITEM, config="proc", k=0, **{k: FAST[k] for k in ("dataset", "embedder", "relevance")})
     invoke = session.prompt(ITEM, config="proc", k=2, **{k: FAST[k] for k in ("dataset", "embedder", "relevance")})
     shared = shared_prefix(skip.input_ids, invoke.input_ids)
-    assert shared >= PREFIX_BLOCK and skip.input_ids != invoke.input_ids
+    # the blocks both prompts have inside their shared part (probes.engine.prefix_cache)
+    breaks = TokenBreaks(session.tokenizer)
+    common = set(prefix_blocks(breaks.kinds(skip.input_ids))) & set(prefix_blocks(breaks.kinds(invoke.input_ids)))
+    shared_blocks = max(b for a, b in common if b <= shared)
+    assert shared_blocks > 0 and skip.input_ids != invoke.input_ids
     stops = stop_token_ids(session.model, session.tokenizer)
     skip_row = path_row(session, skip, stops, 2)
     reused = session.prefix_reuse.tokens_reused
     invoke_row = path_row(session, invoke, stops, 2)
     # the invoke path starts from the skip path's cached blocks of their shared prefix
-    assert session.prefix_reuse.tokens_reused - reused == (shared // PREFIX_BLOCK) * PREFIX_BLOCK
+    assert session.prefix_reuse.tokens_reused - reused == shared_blocks
     plain = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32, attn_implementation="eager").eval()
     for record, row in ((skip, skip_row), (invoke, invoke_row)):
         # bit for bit: the reused prefix changes nothing against a session without a prefix cache

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoTokenizer, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from probes.engine.decision_row import OTHER, DecisionRow
 from probes.engine.hooks import HOOK_Z, Recorder
@@ -118,7 +118,9 @@ def test_counterfactual_row_reproduced_when_every_edge_is_patched(session: Engin
 
 
 def test_prefix_cache_changes_nothing(qwen3_dir: Path) -> None:
-    ids = torch.randint(5, 290, (200,), generator=torch.Generator().manual_seed(6)).tolist()  # longer than a prefix block
+    ids = torch.randint(5, 290, (200,), generator=torch.Generator().manual_seed(6)).tolist()
+    blank_line = AutoTokenizer.from_pretrained(qwen3_dir).encode("\n\n")
+    ids[100: 100 + len(blank_line)] = blank_line  # a prefix block ends before it (probes.engine.prefix_cache)
     a = DecisionRow(EngineSession(qwen3_dir, prefix_cache=0), ids, spans=SPANS, wrong_token=WRONG, correct_token=CORRECT)
     warm = EngineSession(qwen3_dir)
     warm.run(ids[:150] + [7, 8, 9], [152])  # a cached prefix the row reuses

@@ -1,8 +1,10 @@
-"""Prefix keys and values are computed in fixed blocks (probes.engine.prefix_cache.PREFIX_BLOCK), so a
-row's numbers never depend on what the prefix cache held: a prompt scored after another that shares
-part of its prefix (a warm cache), scored first (a cold cache, as after a resume) and scored with the
-cache off give bit-identical logits. Before the blocks, a warm prefix extension multiplied other
-row counts than the cold single forward and differed in the last bits (up to ~1e-6 here)."""
+"""Prefix keys and values are computed in blocks that depend on the tokens only (probes.engine.prefix_cache;
+a session without a tokenizer, as here, sees no line breaks: blocks of MAX_BLOCK tokens), so a row's
+numbers never depend on what the prefix cache held: a prompt scored after another that shares part of
+its prefix (a warm cache), scored first (a cold cache, as after a resume) and scored with the cache off
+give bit-identical logits. Before the blocks, a warm prefix extension multiplied other row counts than
+the cold single forward and differed in the last bits (up to ~1e-6 here). Content-defined block ends:
+tests/engine/test_prefix_block_ends.py."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from probes.engine.prefix_cache import PREFIX_BLOCK, Segment, blocks, reusable
+from probes.engine.prefix_cache import MAX_BLOCK, Segment, reusable
 from probes.engine.session import EngineSession
 
 VOCAB = 512
@@ -31,7 +33,7 @@ def _logits(session: EngineSession, ids: list[int]) -> torch.Tensor:
 
 
 # (shared tokens, prompt length): the splits that differed in the last bits without blocks
-@pytest.mark.parametrize(("shared", "n"), [(333, 1301), (100, 260), (700, 1000), (2 * PREFIX_BLOCK, 600)])
+@pytest.mark.parametrize(("shared", "n"), [(1100, 1301), (100, 260), (MAX_BLOCK, 1100)])
 def test_warm_cold_and_uncached_prefixes_are_bit_identical(model, shared: int, n: int) -> None:
     torch.set_num_threads(1)
     tokens = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -41,7 +43,7 @@ def test_warm_cold_and_uncached_prefixes_are_bit_identical(model, shared: int, n
     reused_before = warm.prefix_reuse.tokens_reused
     warm_logits = _logits(warm, tokens)
     # the warm run reused the shared full blocks, and nothing else
-    assert warm.prefix_reuse.tokens_reused - reused_before == (min(shared, n - 3) // PREFIX_BLOCK) * PREFIX_BLOCK
+    assert warm.prefix_reuse.tokens_reused - reused_before == (min(shared, n - 3) // MAX_BLOCK) * MAX_BLOCK
     cold_logits = _logits(EngineSession(model), tokens)
     uncached_logits = _logits(EngineSession(model, prefix_cache=0), tokens)
     assert torch.equal(warm_logits, cold_logits)
@@ -49,15 +51,12 @@ def test_warm_cold_and_uncached_prefixes_are_bit_identical(model, shared: int, n
 
 
 def test_the_same_prompt_again_reuses_its_partial_block() -> None:
-    """A partial last block is a block of an identical prefix only; full blocks of any prefix sharing them."""
+    """A partial last block is a block of an identical prefix only; other blocks of any prefix that has them too."""
     def segment(start: int, length: int) -> Segment:
         return Segment(start, {0: (torch.zeros(1, 1, length, 1), torch.zeros(1, 1, length, 1))})
 
-    cached = (segment(0, PREFIX_BLOCK), segment(PREFIX_BLOCK, 40))  # a prefix of PREFIX_BLOCK + 40 tokens
-    assert reusable(cached, shared=PREFIX_BLOCK + 40, n=PREFIX_BLOCK + 40) == cached
-    assert reusable(cached, shared=PREFIX_BLOCK + 40, n=PREFIX_BLOCK + 90) == cached[:1]  # a longer prefix: its own block differs
-    assert reusable(cached, shared=PREFIX_BLOCK - 1, n=PREFIX_BLOCK + 40) == ()
-    assert blocks(PREFIX_BLOCK, 3 * PREFIX_BLOCK + 5) == [(PREFIX_BLOCK, 2 * PREFIX_BLOCK), (2 * PREFIX_BLOCK, 3 * PREFIX_BLOCK),
-                                                           (3 * PREFIX_BLOCK, 3 * PREFIX_BLOCK + 5)]
-    with pytest.raises(ValueError, match="multiple"):
-        blocks(5, 300)
+    cached = (segment(0, 100), segment(100, 40))  # a prefix of 140 tokens in blocks [0, 100), [100, 140)
+    assert reusable(cached, shared=140, own=[(0, 100), (100, 140)]) == cached
+    assert reusable(cached, shared=140, own=[(0, 100), (100, 190)]) == cached[:1]  # a longer prefix: its own block differs
+    assert reusable(cached, shared=99, own=[(0, 100), (100, 140)]) == ()
+    assert reusable(cached, shared=140, own=[(0, 60), (60, 140)]) == ()  # other block ends: nothing

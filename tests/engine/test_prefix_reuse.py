@@ -19,7 +19,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from probes.engine.session import Knockout, EngineSession, span_positions
-from probes.engine.prefix_cache import PREFIX_BLOCK, PrefixKVCache, Segment, join
+from probes.engine.prefix_cache import PrefixKVCache, Segment, TokenBreaks, join, prefix_blocks
 from probes.prompts.builder import BuildSettings, PromptBuilder
 from probes.prompts.record import PromptRecord
 from probes.scoring.margins import candidates_from_record
@@ -100,12 +100,18 @@ def test_sweep_sequence_with_reuse_equals_without(tiny_dir, records):
     largest = max(assert_same(score(reuse, record), score(plain, record), record.record_id) for record in records)
     assert plain.prefix_reuse.tokens_reused == 0
     # independent count: each prompt's prefix (up to its first query row) against every earlier one's,
-    # in whole blocks (probes.engine.prefix_cache), the whole prefix when an earlier one is the same
+    # in whole blocks of both (probes.engine.prefix_cache), the whole prefix when an earlier one is the same
     prefixes = [record.input_ids[: min(record.query_rows)] for record in records]
+    breaks = TokenBreaks(AutoTokenizer.from_pretrained(tiny_dir))
 
     def reused(earlier: list[int], prefix: list[int]) -> int:
         common = next((i for i, (x, y) in enumerate(zip(earlier, prefix)) if x != y), min(len(earlier), len(prefix)))
-        return len(prefix) if earlier == prefix else common // PREFIX_BLOCK * PREFIX_BLOCK
+        theirs, end = set(prefix_blocks(breaks.kinds(earlier))), 0
+        for a, b in prefix_blocks(breaks.kinds(prefix)):
+            if b > common or (a, b) not in theirs:
+                break
+            end = b
+        return end
 
     shared = [max((reused(earlier, prefix) for earlier in prefixes[:j]), default=0) for j, prefix in enumerate(prefixes)]
     counter = reuse.prefix_reuse
@@ -131,7 +137,8 @@ def test_reuse_from_a_longer_cached_prefix_and_a_repeat(tiny_dir, records):
     spans = {"boundary": span_positions(long.spans["boundary"])[:5]}
     knockout = [Knockout("early", range(10, 30))]
     score(reuse, long)
-    for expected in (rows[0] // PREFIX_BLOCK * PREFIX_BLOCK, rows[0]):
+    long_blocks = prefix_blocks(TokenBreaks(AutoTokenizer.from_pretrained(tiny_dir)).kinds(long.input_ids[:p]))
+    for expected in (max(b for _, b in long_blocks if b <= rows[0]), rows[0]):
         before = reuse.prefix_reuse.tokens_reused
         a = reuse.run(short_ids, rows, spans, knockout, {"c": (rows[-1], [11, 12, 13])}, record_rows=True, record_residual=True)
         assert reuse.prefix_reuse.tokens_reused - before == expected
@@ -145,25 +152,28 @@ def test_cache_is_bounded_lru_and_clearable():
         return Segment(start, {0: (torch.arange(n, dtype=torch.float32).expand(1, 2, n)[..., None].repeat(1, 1, 1, 4) + start,
                                    torch.ones(1, 2, n, 4))})
 
-    cache = PrefixKVCache(2)  # blocks of 2 tokens below
+    def pairs(ids: list[int]) -> list[tuple[int, int]]:  # a prefix's own blocks: 2 tokens each here
+        return [(a, min(a + 2, len(ids))) for a in range(0, len(ids), 2)]
+
+    cache = PrefixKVCache(2)
     cache.store([1, 2, 3, 4], (segment(0, 2), segment(2, 2)))
-    m, got = cache.longest([1, 2, 9], block=2)
+    m, got = cache.longest([1, 2, 9], pairs([1, 2, 9]))
     assert m == 2 and [s.length for s in got] == [2]
     cache.store([1, 2, 9], (*got, segment(2, 1)))  # shares positions 0..1 with the first entry
-    m, got = cache.longest([1, 2, 3, 7, 7], block=2)
+    m, got = cache.longest([1, 2, 3, 7, 7], pairs([1, 2, 3, 7, 7]))
     assert m == 2 and join(got)[0][0].shape == (1, 2, 2, 4)  # [2, 4) of the first entry is not a block of this prefix
-    m, got = cache.longest([1, 2, 3, 4, 7], block=2)
+    m, got = cache.longest([1, 2, 3, 4, 7], pairs([1, 2, 3, 4, 7]))
     assert m == 4 and torch.equal(join(got)[0][0][0, 0, :, 0], torch.tensor([0.0, 1.0, 2.0, 3.0]))  # positions 0..3
-    m, got = cache.longest([1, 2, 9], block=2)
+    m, got = cache.longest([1, 2, 9], pairs([1, 2, 9]))
     assert m == 3 and torch.equal(join(got)[0][0][0, 0, :, 0], torch.tensor([0.0, 1.0, 2.0]))  # the same prefix: its partial block too
     assert cache.held_tokens() == 5
     with pytest.raises(ValueError, match="cover the prefix"):
         cache.store([1, 2, 3], (segment(0, 2),))
     cache.store([5, 6], (segment(0, 2),))  # evicts the least recently used entry, [1, 2, 3, 4]
-    assert len(cache) == 2 and cache.longest([1, 2, 3, 4], block=2)[0] == 2
-    assert cache.longest([8])[0] == 0
+    assert len(cache) == 2 and cache.longest([1, 2, 3, 4], pairs([1, 2, 3, 4]))[0] == 2
+    assert cache.longest([8], pairs([8]))[0] == 0
     cache.clear()
-    assert len(cache) == 0 and cache.longest([1, 2, 3])[0] == 0
+    assert len(cache) == 0 and cache.longest([1, 2, 3], pairs([1, 2, 3]))[0] == 0
     off = PrefixKVCache(0)
     off.store([1, 2], (segment(0, 2),))
     assert len(off) == 0

@@ -60,6 +60,11 @@ def test_tiny_run_reports_every_section(gpu_bench, tmp_path):
     steer = report["steer"]
     assert list(steer["pieces"]) == ["clean", "decision C=1", "call C=1"] and report["failed"] == {}
     assert all(p["forwards"] > 0 and p["tokens_computed"] == steer["tokens"] for p in steer["pieces"].values())
+    # section 11 (tiny: repair alone), as a user runs it, and the one table of every analysis
+    repair = report["analysis repair"]
+    assert repair["analysis"] == "repair" and repair["prompts"] >= 1 and repair["forwards_per_prompt"] > 0
+    table = [name for name, _, _ in gpu_bench.cost_table(report)]
+    assert table[-1].startswith("repair") and any(name.startswith("circuit") for name in table) and len(table) == 8
 
 
 def test_budget_skips_with_reasons(gpu_bench, tmp_path):
@@ -67,7 +72,7 @@ def test_budget_skips_with_reasons(gpu_bench, tmp_path):
     assert gpu_bench.main(["--tiny", "--budget-s", "0", "--json", str(out)]) == 0
     skipped = json.loads(out.read_text())["skipped"]
     assert set(skipped) == {"records[0:]", "eager_attn", "mask_4d", "knockout_analysis[0:]", "sweep_item",
-                            "attribution", "circuit", "steer", "long n=256", "long n=512"}
+                            "attribution", "circuit", "steer", "analysis repair", "long n=256", "long n=512"}
     assert all("s left" in why for why in skipped.values())
 
 
@@ -79,3 +84,36 @@ def test_memory_table_counts_qwen3_parameters(gpu_bench):
         block = h * q * d * 2 + h * kv * d * 2 + 3 * h * i + 2 * h + 2 * d  # q,o + k,v + MLP + 2 norms + q/k norms
         assert row["parameters"] == L * block + 2 * v * h + h  # untied embeddings and head, final norm
     assert [round(r["parameters"] / 1e9, 2) for r in gpu_bench.memory_table()] == [8.19, 14.77, 32.76]
+
+
+@pytest.mark.slow
+def test_tiny_gemma3_shape_with_sliding_windows(gpu_bench, tmp_path):
+    """A Gemma 3 shape (Gemma3TextConfig; a window of 128 keys on three of four layers, ~1.4k-token prompts): the
+    engine's knockout logits equal the 4D-mask eager forwards that apply each layer's window; a section the engine
+    cannot run on it fails loudly (FAILED, exit 1), named in the report, and the others still run."""
+    out = tmp_path / "gpu.json"
+    status = gpu_bench.main(["--tiny", "--shape", "gemma3-270m", "--analyses", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert report["shape"] == "gemma3-270m" and report["parity"]["max_abs_diff"] <= 1e-5
+    assert status == (1 if report["failed"] else 0) and set(report["failed"]) <= {"circuit"}  # DLA refuses post-norm blocks
+    assert report["sweep_item"]["max_abs_margin_diff"] == 0.0 and report["skipped"] == {}
+
+
+def test_sliding_window_masks_of_the_reference(gpu_bench):
+    """The reference's per-layer mask: causal, within the window on sliding layers (a key is seen while
+    query − key < window, as transformers' sliding_window_overlay), the knocked keys at the query rows."""
+    from probes.engine.session import Knockout
+
+    masks = gpu_bench.mask_4d(8, 2, 1, Knockout("k", (1,)), [6, 7], torch.float32, torch.device("cpu"), [3, None])
+    seen = [m[0, 0] == 0 for m in masks]
+    assert seen[0][5].tolist() == [False, False, False, True, True, True, False, False]
+    assert seen[1][7].tolist() == [True, False, True, True, True, True, True, True]
+    assert seen[1][5].tolist() == [True, True, True, True, True, True, False, False]
+
+
+@pytest.mark.slow
+def test_tiny_run_of_every_added_analysis(gpu_bench, tmp_path):
+    out = tmp_path / "gpu.json"
+    assert gpu_bench.main(["--tiny", "--records", "1", "--long", "--analyses", *gpu_bench.ANALYSIS_RUNS, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert all(report[f"analysis {label}"]["forwards_per_prompt"] > 0 for label in gpu_bench.ANALYSIS_RUNS)
