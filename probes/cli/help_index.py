@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 INDEX = Path(__file__).with_name("help_index.json")
+# Defaults that name bundled files (the organism, the datasets) hold this install's package folder: the
+# index stores it as PACKAGE and the help puts back the folder of the package that reads it.
+PACKAGE_DIR, PACKAGE = str(Path(__file__).resolve().parents[1]), "<probes package>"
 
 # argparse's action classes by the name add_argument takes; an action outside this table is refused
 # when the index is written, so no flag can drop out of the help unnoticed.
@@ -41,7 +44,16 @@ KEYWORDS = {
 def _plain(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
-    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
+    if value is None or isinstance(value, (int, float, bool)):
+        return value
+    return str(value).replace(PACKAGE_DIR, PACKAGE)
+
+
+def _here(value: Any) -> Any:
+    """A stored value with this install's package folder put back (:func:`_plain` took it out)."""
+    if isinstance(value, list):
+        return [_here(v) for v in value]
+    return value.replace(PACKAGE, PACKAGE_DIR) if isinstance(value, str) else value
 
 
 def describe(parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -53,7 +65,7 @@ def describe(parser: argparse.ArgumentParser) -> dict[str, Any]:
             continue
         where = {"group": group_of[id(action)]}
         if isinstance(action, argparse._SubParsersAction):
-            arguments.append({**where, "subcommands": {name: {"help": choice.help, "parser": describe(action.choices[name])}
+            arguments.append({**where, "subcommands": {name: {"help": _plain(choice.help), "parser": describe(action.choices[name])}
                                                        for name, choice in zip(action.choices, action._choices_actions)},
                               "dest": action.dest, "required": action.required})
             continue
@@ -63,22 +75,22 @@ def describe(parser: argparse.ArgumentParser) -> dict[str, Any]:
                             "cannot record; add it to probes.cli.help_index.ACTIONS")
         keywords = {k: _plain(getattr(action, k)) for k in KEYWORDS[kind]}
         arguments.append({**where, "flags": list(action.option_strings) or None, "action": kind, **keywords})
-    groups = [{"title": g.title, "description": g.description, "default": g in (parser._positionals, parser._optionals)}
+    groups = [{"title": _plain(g.title), "description": _plain(g.description), "default": g in (parser._positionals, parser._optionals)}
               for g in parser._action_groups]
-    return {"description": parser.description, "groups": groups, "arguments": arguments}
+    return {"description": _plain(parser.description), "groups": groups, "arguments": arguments}
 
 
 def rebuild(parser: argparse.ArgumentParser, spec: dict[str, Any]) -> None:
     """Add the groups and arguments of ``spec`` (:func:`describe`) to ``parser``, in their order."""
-    groups = [parser if g["default"] else parser.add_argument_group(g["title"], g["description"]) for g in spec["groups"]]
+    groups = [parser if g["default"] else parser.add_argument_group(_here(g["title"]), _here(g["description"])) for g in spec["groups"]]
     for argument in spec["arguments"]:
         group = groups[argument["group"]]
         if "subcommands" in argument:
             sub = parser.add_subparsers(dest=argument["dest"], required=argument["required"])
             for name, child in argument["subcommands"].items():
-                rebuild(sub.add_parser(name, help=child["help"], description=child["parser"]["description"]), child["parser"])
+                rebuild(sub.add_parser(name, help=_here(child["help"]), description=_here(child["parser"]["description"])), child["parser"])
             continue
-        keywords = {k: v for k, v in argument.items() if k not in ("group", "flags", "action")}
+        keywords = {k: _here(v) for k, v in argument.items() if k not in ("group", "flags", "action")}
         if isinstance(keywords.get("metavar"), list):
             keywords["metavar"] = tuple(keywords["metavar"])
         if not argument["flags"]:  # a positional: its name is its dest, and argparse decides whether it is required
