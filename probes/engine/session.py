@@ -396,6 +396,8 @@ class _ProbeState:
     prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # prefix mode: the prefix's per-layer key/value buffers; this forward computes positions q_offset on
     prefix_buffers: PrefixBuffers | None = None
+    # prefix mode: the last layer, whose keys and values end the forward (:class:`_PrefixWritten`)
+    last_layer: int = -1
     # row: the attention of a one-row replay (probes.engine.decision_row), called with (module, q, k, v,
     # scaling, sliding_window) in place of this module's attention
     row_attention: Callable[..., torch.Tensor] | None = None
@@ -422,6 +424,11 @@ class _ProbeState:
 
 
 _STATE: ContextVar[_ProbeState | None] = ContextVar("basm_probe_state", default=None)
+
+
+class _PrefixWritten(Exception):
+    """Ends a prefix block's forward once the last layer's keys and values are written: nothing after
+    them (that layer's attention and MLP, the final norm) is read, as nnsight's early stop."""
 
 
 @contextlib.contextmanager
@@ -542,6 +549,8 @@ def probe_attention_forward(
     if state is None or state.mode == "prefix":
         if state is not None:
             key, value = state.prefix_buffers.write(module.layer_idx, state.q_offset, key, value)
+            if module.layer_idx == state.last_layer:
+                raise _PrefixWritten
             if state.q_offset:
                 # A later block: this forward holds positions q_offset.. only, so the mask
                 # transformers built for it knows nothing of the keys before them; build it here.
@@ -850,9 +859,12 @@ class EngineSession:
         else:
             buffers = PrefixBuffers(len(prefix), segments)
             for start, end in todo:
-                with _activate(_ProbeState(mode="prefix", q_offset=start, prefix_buffers=buffers)):
-                    self.model.base_model(input_ids=torch.tensor([prefix[start:end]], device=self.device),
-                                          position_ids=torch.arange(start, end, device=self.device)[None], use_cache=False)
+                with _activate(_ProbeState(mode="prefix", q_offset=start, prefix_buffers=buffers, last_layer=self.n_layers - 1)):
+                    try:
+                        self.model.base_model(input_ids=torch.tensor([prefix[start:end]], device=self.device),
+                                              position_ids=torch.arange(start, end, device=self.device)[None], use_cache=False)
+                    except _PrefixWritten:
+                        pass
             if self._prefix_cache.max_entries:
                 self._prefix_cache.store(prefix, segments + buffers.computed(todo))
             kv = buffers.kv

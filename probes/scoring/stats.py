@@ -183,14 +183,20 @@ def summarise(rows: pd.DataFrame, by: Sequence[str], value: str = "margin", *, s
     accident); a CI of zero width (every group has the same value, e.g. identical k = 0 prompts)
     says so in its note.
     """
+    # cells by position, in numpy: a pandas sub-frame per cell cost 10 ms, and steer has thousands of cells
+    codes = rows.groupby(list(by), sort=False, dropna=False).ngroup().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(codes.max() + 2 if len(codes) else 1))
+    keys = rows[list(by)].iloc[order[bounds[:-1]]].itertuples(index=False, name=None)
+    values, groups = rows[value].astype(float).to_numpy(), rows["task_group"].to_numpy()
     out = []
-    for key, sub in rows.groupby(list(by), sort=False, dropna=False):
-        key = key if isinstance(key, tuple) else (key,)
-        finite = sub[np.isfinite(sub[value].astype(float))]
-        est = bootstrap_mean(finite[value].astype(float).to_numpy(), finite["task_group"].to_numpy(), seed=seed)
+    for cell, key in enumerate(keys):
+        members = order[bounds[cell]:bounds[cell + 1]]
+        finite = members[np.isfinite(values[members])]
+        est = bootstrap_mean(values[finite], groups[finite], seed=seed)
         note = no_ci_note(est.n_units) or ("zero width: every task group has this value" if est.low == est.high else "")
         out.append({**dict(zip(by, key)), "value": est.value, "low": est.low, "high": est.high, "n": est.n_units,
-                    "n_items": len(finite), "n_nan": len(sub) - len(finite), "note": note})
+                    "n_items": len(finite), "n_nan": len(members) - len(finite), "note": note})
     return pd.DataFrame(out, columns=[*by, "value", "low", "high", "n", "n_items", "n_nan", "note"])
 
 

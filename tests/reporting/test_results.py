@@ -180,6 +180,19 @@ def test_results_are_strict_json_and_nan_reads_back(tmp_path: Path) -> None:
     assert "_nonfinite" not in frame.columns and frame["ok"][0] == 2.5
 
 
+def test_the_header_is_shared_by_derived_frames_not_copied(tmp_path: Path) -> None:
+    from probes.reporting.results import ResultsStore
+
+    path = tmp_path / "r.jsonl"
+    ResultsStore(path, "x", {"items": list(range(1000))}).append([{"key": str(i), "g": i % 3, "m": float(i)} for i in range(30)])
+    frame = load_results(path)
+    header = frame.attrs["meta"]
+    assert header["config"]["items"][-1] == 999 and header["analysis"] == "x"
+    derived = [frame["m"], frame[frame["g"] == 1], frame.astype({"m": "float32"}), frame.iloc[3], *(part for _, part in frame.groupby("g"))]
+    # pandas deep-copies attrs on every operation; the header must be the one object, not a copy per operation
+    assert all(d.attrs["meta"] is header for d in derived)
+
+
 def test_a_symlinked_results_file_is_never_written_through(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\nlines\n")
