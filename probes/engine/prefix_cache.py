@@ -55,28 +55,36 @@ class TokenBreaks:
     session opened on a loaded model without one) no token breaks a line and blocks end every
     :data:`MAX_BLOCK` tokens."""
 
+    # per token id, what its text holds (bits): decided once per id, so a prompt's kinds are array lookups
+    _DOUBLE, _STARTS, _ENDS, _NEWLINE = 1, 2, 4, 8
+
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self._text: dict[int, str] = {}
+        self._bits = np.zeros(0, dtype=np.uint8)
+        self._known = np.zeros(0, dtype=bool)
         self._special = frozenset(getattr(tokenizer, "all_special_ids", ()))
+
+    def _bits_of(self, ids: np.ndarray) -> np.ndarray:
+        if len(ids) and ids.max() >= len(self._bits):
+            grow = int(ids.max()) + 1 - len(self._bits)
+            self._bits = np.concatenate([self._bits, np.zeros(grow, np.uint8)])
+            self._known = np.concatenate([self._known, np.zeros(grow, bool)])
+        new = np.unique(ids[~self._known[ids]])
+        for token, text in zip(new.tolist(), self.tokenizer.batch_decode([[i] for i in new.tolist()])):
+            self._bits[token] = ((self._DOUBLE if "\n\n" in text or token in self._special else 0) | (self._STARTS if text.startswith("\n") else 0)
+                                 | (self._ENDS if text.endswith("\n") else 0) | (self._NEWLINE if "\n" in text else 0))
+        self._known[new] = True
+        return self._bits[ids]
 
     def kinds(self, ids: Sequence[int]) -> np.ndarray:
         """Per position of ``ids``: :data:`PLAIN`, :data:`LINE_BREAK` or :data:`BREAK`; position ``i``
         depends on ``ids[i-1]`` and ``ids[i]`` only."""
-        kinds = np.full(len(ids), PLAIN, dtype=np.int8)
-        if self.tokenizer is None:
-            return kinds
-        new = sorted(set(map(int, ids)) - self._text.keys())
-        self._text.update(zip(new, self.tokenizer.batch_decode([[i] for i in new])))
-        previous = ""
-        for i, token in enumerate(ids):
-            text = self._text[int(token)]
-            if "\n\n" in text or (text.startswith("\n") and previous.endswith("\n")) or int(token) in self._special:
-                kinds[i] = BREAK
-            elif "\n" in text:
-                kinds[i] = LINE_BREAK
-            previous = text
-        return kinds
+        if self.tokenizer is None or not len(ids):
+            return np.full(len(ids), PLAIN, dtype=np.int8)
+        bits = self._bits_of(np.asarray(ids, dtype=np.int64))
+        after_newline = np.concatenate([[False], (bits[:-1] & self._ENDS) > 0])
+        opens_blank = ((bits & self._DOUBLE) > 0) | (((bits & self._STARTS) > 0) & after_newline)
+        return np.where(opens_blank, BREAK, np.where((bits & self._NEWLINE) > 0, LINE_BREAK, PLAIN)).astype(np.int8)
 
 
 def prefix_blocks(kinds: np.ndarray) -> list[tuple[int, int]]:
@@ -85,14 +93,20 @@ def prefix_blocks(kinds: np.ndarray) -> list[tuple[int, int]]:
     tokens, a :data:`LINE_BREAK` and it holds :data:`LINE_BLOCK`, or it holds :data:`MAX_BLOCK`; the
     last block ends at the prefix's end. An end depends on the tokens up to it only, so a prefix's
     blocks are the blocks of any longer prefix that end inside it, then its own last one."""
-    out, start = [], 0
-    for b in range(1, len(kinds)):
+    out, start, n = [], 0, len(kinds)
+    for b in (np.flatnonzero(kinds[1:] != PLAIN) + 1).tolist():  # only where a break can end a block, and at MAX_BLOCK
+        while start + MAX_BLOCK < b:
+            out.append((start, start + MAX_BLOCK))
+            start += MAX_BLOCK
         held = b - start
         if held >= MAX_BLOCK or (kinds[b] == BREAK and held >= BREAK_BLOCK) or (kinds[b] == LINE_BREAK and held >= LINE_BLOCK):
             out.append((start, b))
             start = b
-    if len(kinds):
-        out.append((start, len(kinds)))
+    while start + MAX_BLOCK < n:
+        out.append((start, start + MAX_BLOCK))
+        start += MAX_BLOCK
+    if n:
+        out.append((start, n))
     return out
 
 
