@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import io
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -31,7 +30,7 @@ from typing import Protocol
 import numpy as np
 from sklearn.feature_extraction.text import CountVectorizer, HashingVectorizer
 
-from probes.core.files import write_bytes
+from probes.core.files import OutputRoot
 from probes.data.dataset import Item, ProbeDataset
 from probes.data.schema import BOUNDARY_SLOTS, Skill
 
@@ -174,10 +173,9 @@ def write_stored_vectors(embedder: MiniLMEmbedder, texts: Iterable[str], path: P
     """Encode ``texts`` afresh and write them, keyed by :func:`text_key`, with the embedder's
     fingerprint to ``path``; returns the number of texts."""
     unique = sorted(dict.fromkeys(texts))
-    buffer = io.BytesIO()
-    np.savez(buffer, fingerprint=np.array(embedder.fingerprint), keys=np.array([text_key(text) for text in unique]),
-             vectors=embedder.encode(unique).astype(np.float32))
-    write_bytes(path, buffer.getvalue())
+    vectors = embedder.encode(unique).astype(np.float32)
+    with OutputRoot(path.parent).atomic(path.name) as tmp:
+        np.savez(tmp, fingerprint=np.array(embedder.fingerprint), keys=np.array([text_key(text) for text in unique]), vectors=vectors)
     return len(unique)
 
 
