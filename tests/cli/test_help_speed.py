@@ -113,3 +113,16 @@ def test_the_command_line_never_compiles_the_iri_grammars() -> None:
         "assert jsonschema.Draft202012Validator({'type': 'string', 'format': 'iri'}).is_valid('not an iri')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+def test_a_command_runs_with_the_cli_thresholds_and_leaves_the_callers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from probes.cli import main as cli_main
+
+    module = sys.modules["probes.cli.main"]
+    seen = []
+    monkeypatch.setattr(module.analyses, "migrate", lambda folder: seen.append(gc.get_threshold()) or [])
+    before = gc.get_threshold()
+    assert cli_main(["migrate", "/nonexistent"]) == 0
+    assert seen == [module.GC_THRESHOLDS] and gc.get_threshold() == before
