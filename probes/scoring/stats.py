@@ -92,7 +92,8 @@ def resample_blocks(members: Sequence[np.ndarray], drawn: np.ndarray) -> Iterato
     lengths = sizes[drawn].sum(axis=1)
     for length in np.unique(lengths):
         same = np.flatnonzero(lengths == length)
-        for which in np.array_split(same, -(-len(same) * length // BLOCK_ROWS)):  # ceil: at most BLOCK_ROWS rows a block
+        per_block = max(1, BLOCK_ROWS // length)
+        for which in (same[start:start + per_block] for start in range(0, len(same), per_block)):
             segment_sizes, segment_starts = sizes[drawn[which]].ravel(), starts[drawn[which]].ravel()
             offsets = np.repeat(segment_starts - (np.cumsum(segment_sizes) - segment_sizes), segment_sizes)
             yield which, grouped[offsets + np.arange(len(offsets))].reshape(len(which), length)
