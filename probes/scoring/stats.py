@@ -81,6 +81,22 @@ def drawn_groups(n_groups: int, *, resamples: int = DEFAULT_RESAMPLES, seed: int
     return np.random.default_rng(seed).integers(0, n_groups, (resamples, n_groups))
 
 
+def drawn_counts(n_groups: int, *, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> np.ndarray:
+    """[resamples, n_groups] multiplicities (float) of the groups of :func:`drawn_groups`: for statistics
+    that are sums over the drawn groups, evaluated on all resamples at once as a matrix product."""
+    flat = np.arange(resamples)[:, None] * n_groups + drawn_groups(n_groups, resamples=resamples, seed=seed)
+    return np.bincount(flat.ravel(), minlength=resamples * n_groups).reshape(resamples, n_groups).astype(float)
+
+
+def percentile_interval(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """The percentile CI of the finite resampled values (NaN, NaN without any)."""
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return math.nan, math.nan
+    alpha = (1 - confidence) / 2
+    return float(np.quantile(finite, alpha)), float(np.quantile(finite, 1 - alpha))
+
+
 def resample_blocks(members: Sequence[np.ndarray], drawn: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The rows of every resample (the rows of its ``drawn`` groups, ``members[g]`` each, concatenated)
     in blocks of resamples with as many rows: (which resamples, [those resamples, rows] row indices).
@@ -122,11 +138,7 @@ def cluster_bootstrap_blocks(
     with np.errstate(divide="ignore", invalid="ignore"):
         for which, rows in resample_blocks(members, drawn_groups(len(members), resamples=resamples, seed=seed)):
             values[which] = statistic(rows)
-    values = values[np.isfinite(values)]
-    if not len(values):
-        return math.nan, math.nan
-    alpha = (1 - confidence) / 2
-    return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
+    return percentile_interval(values, confidence)
 
 
 def cluster_bootstrap(
@@ -308,8 +320,7 @@ def group_bootstrap_auc_draws(y: np.ndarray, scores: np.ndarray, groups: Sequenc
     W = np.zeros((len(order), len(order)))
     np.add.at(W, (index[pos][:, None], index[neg][None, :]), wins)
     n_pos, n_neg = np.bincount(index[pos], minlength=len(order)), np.bincount(index[neg], minlength=len(order))
-    counts = np.zeros((resamples, len(order)))
-    np.add.at(counts, (np.arange(resamples)[:, None], drawn_groups(len(order), resamples=resamples, seed=seed)), 1)
+    counts = drawn_counts(len(order), resamples=resamples, seed=seed)
     denominator = (counts @ n_pos) * (counts @ n_neg)
     valid = denominator > 0
     values = np.einsum("ri,ij,rj->r", counts[valid], W, counts[valid]) / denominator[valid]

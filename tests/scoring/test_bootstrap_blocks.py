@@ -53,6 +53,14 @@ def test_drawn_groups_are_one_draw_per_resample(n_groups: int) -> None:
     assert np.array_equal(stats.drawn_groups(n_groups, resamples=300, seed=5), loop)
 
 
+@pytest.mark.parametrize("n_groups", [2, 13, 80])
+def test_drawn_counts_are_the_former_bincount_per_resample(n_groups: int) -> None:
+    """The multiplicities that looking_stats.group_draws and the AUC draws took, one bincount per resample."""
+    rng = np.random.default_rng(2)
+    loop = np.stack([np.bincount(rng.integers(0, n_groups, n_groups), minlength=n_groups) for _ in range(300)]).astype(float)
+    assert np.array_equal(stats.drawn_counts(n_groups, resamples=300, seed=2), loop)
+
+
 def test_resample_blocks_hold_each_resample_s_rows_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of one length, split at BLOCK_ROWS rows: every resample appears once, with its drawn groups'
     rows concatenated in draw order."""
