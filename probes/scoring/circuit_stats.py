@@ -168,7 +168,7 @@ def _ratio_ci(recovered: np.ndarray, gap: np.ndarray, groups: np.ndarray, *, res
     below :data:`MIN_GAP` (no faithfulness there)."""
     skipped = 0
 
-    def ratio(block: np.ndarray) -> np.ndarray:  # all resamples of a block at once (0.9 s in report --quick one at a time)
+    def ratio(block: np.ndarray) -> np.ndarray:  # all resamples of a block at once: report --quick 0.9 s -> 0.02 s
         nonlocal skipped
         denominator = gap[block].mean(axis=1)
         too_small = np.abs(denominator) < MIN_GAP

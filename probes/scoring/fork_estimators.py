@@ -140,8 +140,8 @@ def budget_curve(labels: np.ndarray, scores: np.ndarray, groups: Sequence[str], 
         precision, recall = precision_at_budget(labels, order, fraction)
 
         def resampled(block: np.ndarray, fraction: float = fraction) -> np.ndarray:
-            # every resample of a block at once (ties: the permutation of its length, seed [seed, 4]): 9.9 s of
-            # report --quick's forks went to one resample at a time
+            # every resample of a block at once (ties: the permutation of its length, seed [seed, 4]): report
+            # --quick's budget CIs 9.9 s -> 0.16 s (py-spy) against one resample at a time
             return forked_labels(labels[block], ranked_order(scores[block], np.random.default_rng([seed, 4])), fraction).mean(axis=1)
 
         low, high = cluster_bootstrap_blocks(resampled, groups, resamples=resamples, seed=seed)
