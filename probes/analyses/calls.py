@@ -56,7 +56,7 @@ from probes.scoring.checker import (BOUNDARY_RULES, RULES, RUNNABLE_RULES, ChatJ
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.margins import candidate_path_logprobs, candidates_from_record
 from probes.scoring.score import row_fields
-from probes.scoring.stats import DEFAULT_SEED, MIN_CI_GROUPS, bootstrap_mean, ci_text, cluster_bootstrap, no_ci_note, paired_differences
+from probes.scoring.stats import DEFAULT_SEED, MIN_CI_GROUPS, bootstrap_mean, ci_text, cluster_bootstrap_blocks, no_ci_note, paired_differences
 from probes.scoring.toolcalls import MODES, OUTCOMES, is_solved, mode_description, outcome, parse_reply
 
 MAX_NEW_TOKENS = 48
@@ -382,7 +382,7 @@ def pooled_ratio(hits: np.ndarray, totals: np.ndarray, groups: Sequence[str], *,
                  seed: int = DEFAULT_SEED) -> tuple[float, float, float, int]:
     """Σ hits / Σ totals over the rows (a precision or a recall: pooled counts, as the table's counts
     beside it) with a 95% percentile CI from resampling task groups
-    (:func:`probes.scoring.stats.cluster_bootstrap`). Returns (value, low, high, resamples used):
+    (:func:`probes.scoring.stats.cluster_bootstrap_blocks`). Returns (value, low, high, resamples used):
     resamples whose drawn groups hold no total are undefined and left out (their number is the
     difference to ``resamples``); no CI (NaN) below two task groups or without a total."""
     hits, totals = np.asarray(hits, dtype=float), np.asarray(totals, dtype=float)
@@ -390,13 +390,13 @@ def pooled_ratio(hits: np.ndarray, totals: np.ndarray, groups: Sequence[str], *,
         return math.nan, math.nan, math.nan, 0
     used = 0
 
-    def ratio(idx: np.ndarray) -> float:
+    def ratio(block: np.ndarray) -> np.ndarray:  # all resamples of a block at once
         nonlocal used
-        total = totals[idx].sum()
-        used += bool(total)
-        return hits[idx].sum() / total if total else math.nan
+        total = totals[block].sum(axis=1)
+        used += int(np.count_nonzero(total))
+        return np.where(total != 0, hits[block].sum(axis=1) / total, math.nan)
 
-    low, high = cluster_bootstrap(ratio, groups, resamples=resamples, seed=seed)
+    low, high = cluster_bootstrap_blocks(ratio, groups, resamples=resamples, seed=seed)
     return float(hits.sum() / totals.sum()), low, high, used
 
 

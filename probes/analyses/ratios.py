@@ -65,7 +65,7 @@ from probes.analyses.run_context import RunContext, provenance
 from probes.reporting.markdown import cell, markdown_table
 from probes.scoring.claims import Claim, effect_claim
 from probes.scoring.score import ATTENTION_ROWS, EPSILON
-from probes.scoring.stats import DEFAULT_RESAMPLES, MIN_CI_GROUPS, bootstrap_ratio, cluster_bootstrap, no_ci_note
+from probes.scoring.stats import DEFAULT_RESAMPLES, MIN_CI_GROUPS, bootstrap_ratio, cluster_bootstrap, cluster_bootstrap_blocks, no_ci_note
 from probes.data.configs import CONFIGS, CONTROL_CONFIGS
 from probes.reporting.results import load_results
 
@@ -140,13 +140,17 @@ def with_spans(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[(rows["boundary_size"] > 0) & (rows["procedure_size"] > 0)]
 
 
-def median_log2(alpha_b: np.ndarray, alpha_p: np.ndarray, epsilon: float = EPSILON) -> float:
-    """alpha_*: [item, layer, head] -> median over heads of log2 of the item-averaged ratio."""
-    return float(np.median(np.log2((alpha_b.mean(0) + epsilon) / (alpha_p.mean(0) + epsilon))))
+def median_log2(alpha_b: np.ndarray, alpha_p: np.ndarray, epsilon: float = EPSILON) -> float | np.ndarray:
+    """alpha_*: [item, layer, head] -> median over heads of log2 of the item-averaged ratio; with leading
+    axes ([resample, item, layer, head]) one median per resample."""
+    log2_ratio = np.log2((alpha_b.mean(axis=-3) + epsilon) / (alpha_p.mean(axis=-3) + epsilon))
+    medians = np.median(log2_ratio.reshape(*log2_ratio.shape[:-2], -1), axis=-1)
+    return float(medians) if medians.ndim == 0 else medians
 
 
 def _median_ci(alpha_b: np.ndarray, alpha_p: np.ndarray, groups: np.ndarray, seed: int, resamples: int = 1000) -> tuple[float, float]:
-    return cluster_bootstrap(lambda idx: median_log2(alpha_b[idx], alpha_p[idx]), groups, resamples=resamples, seed=seed)
+    # all resamples of a block at once: report --quick 2.0 s -> 0.04 s (py-spy) against one resample at a time
+    return cluster_bootstrap_blocks(lambda block: median_log2(alpha_b[block], alpha_p[block]), groups, resamples=resamples, seed=seed)
 
 
 # ----------------------------------------------------------------------------- per-record log2 η and group-paired shifts

@@ -45,7 +45,7 @@ from scipy import integrate
 from scipy import stats as scipy_stats
 
 from probes.scoring.claims import Claim, effect_claim
-from probes.scoring.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, MAX_SKIPPED_SHARE, cluster_bootstrap, no_ci_note
+from probes.scoring.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, MAX_SKIPPED_SHARE, cluster_bootstrap_blocks, no_ci_note
 
 # The family's smallest effect of interest in logits of the wrong-tool margin: the knockout family's δ
 # (probes.analyses.knockout.DEFAULT_SESOI, an odds change of 1.28×, fixed before any run). It lives in
@@ -126,7 +126,7 @@ def faithfulness_curve(sizes: Sequence[int], n_edges_total: int, m_circuit: np.n
                        m_full: Sequence[float], groups: Sequence[str], *, resamples: int = DEFAULT_RESAMPLES,
                        seed: int = DEFAULT_SEED) -> pd.DataFrame:
     """Faithfulness of the circuit of each size (``m_circuit[i, n]``: item i, the n-th size) with a
-    95% percentile CI from resampling task groups (:func:`probes.scoring.stats.cluster_bootstrap` of
+    95% percentile CI from resampling task groups (:func:`probes.scoring.stats.cluster_bootstrap_blocks` of
     the ratio of item means; the same group draws at every size). Columns: n_edges, fraction
     (n_edges / n_edges_total), faithfulness, low, high, n_groups, note. Fewer than two task groups:
     no CI (:func:`no_ci_note`). Resamples whose full − empty gap falls below :data:`MIN_GAP` have no
@@ -168,15 +168,14 @@ def _ratio_ci(recovered: np.ndarray, gap: np.ndarray, groups: np.ndarray, *, res
     below :data:`MIN_GAP` (no faithfulness there)."""
     skipped = 0
 
-    def ratio(rows: np.ndarray) -> float:
+    def ratio(block: np.ndarray) -> np.ndarray:  # all resamples of a block at once: report --quick 0.9 s -> 0.02 s
         nonlocal skipped
-        denominator = gap[rows].mean()
-        if abs(denominator) < MIN_GAP:
-            skipped += 1
-            return math.nan
-        return recovered[rows].mean() / denominator
+        denominator = gap[block].mean(axis=1)
+        too_small = np.abs(denominator) < MIN_GAP
+        skipped += int(too_small.sum())
+        return np.where(too_small, math.nan, recovered[block].mean(axis=1) / denominator)
 
-    low, high = cluster_bootstrap(ratio, groups, resamples=resamples, seed=seed)
+    low, high = cluster_bootstrap_blocks(ratio, groups, resamples=resamples, seed=seed)
     return low, high, skipped
 
 

@@ -33,7 +33,7 @@ from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparatio
 
 from probes.scoring.claims import Claim
 from probes.scoring.score import EPSILON
-from probes.scoring.stats import DEFAULT_RESAMPLES, MIN_CI_GROUPS, permuted_labels
+from probes.scoring.stats import DEFAULT_RESAMPLES, MIN_CI_GROUPS, drawn_counts, percentile_interval, permuted_labels
 
 LOOKS_THRESHOLD = 1.0  # η > 1: more attention per token to B than to P; fixed before any run
 PERMUTATIONS = 9999  # within-group permutations of a looks test: floor 1e-4 where the arrangements allow it
@@ -51,14 +51,12 @@ def window_eta(alpha_boundary_heads: Sequence, alpha_procedure_heads: Sequence, 
 def group_draws(groups: Sequence[str], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
     """(each item's task-group index, [resamples, G] multiplicities of the groups drawn with replacement): the
     draws of :func:`probes.scoring.stats.cluster_bootstrap` with the same seed (groups in first-seen order),
-    as counts, so that every pooled ratio of sums over items is evaluated on all of them at once
-    (:func:`ratio_draws`). None with fewer than two groups (no CI)."""
+    as counts (:func:`probes.scoring.stats.drawn_counts`), so that every pooled ratio of sums over items is
+    evaluated on all of them at once (:func:`ratio_draws`). None with fewer than two groups (no CI)."""
     index, labels = pd.factorize(np.asarray(groups))
     if len(labels) < MIN_CI_GROUPS:
         return None
-    rng = np.random.default_rng(seed)
-    counts = np.stack([np.bincount(rng.integers(0, len(labels), len(labels)), minlength=len(labels)) for _ in range(resamples)])
-    return index, counts.astype(float)
+    return index, drawn_counts(len(labels), resamples=resamples, seed=seed)
 
 
 def ratio_draws(numerator: np.ndarray, denominator: np.ndarray, draws: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -70,15 +68,6 @@ def ratio_draws(numerator: np.ndarray, denominator: np.ndarray, draws: tuple[np.
     den = np.bincount(index, weights=np.asarray(denominator, float), minlength=size)
     with np.errstate(divide="ignore", invalid="ignore"):
         return counts @ num / (counts @ den)
-
-
-def percentile_interval(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
-    """The percentile CI of the finite resampled values, as :func:`probes.scoring.stats.cluster_bootstrap` takes it."""
-    finite = values[np.isfinite(values)]
-    if not len(finite):
-        return math.nan, math.nan
-    alpha = (1 - confidence) / 2
-    return float(np.quantile(finite, alpha)), float(np.quantile(finite, 1 - alpha))
 
 
 Draws = tuple[np.ndarray, np.ndarray] | None  # group_draws of the items at hand, drawn once and shared by their statistics

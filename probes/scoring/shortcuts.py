@@ -35,7 +35,7 @@ from sklearn.linear_model import LogisticRegression
 from probes.data.dataset import Item, ProbeDataset, fold_groups as item_fold_groups
 from probes.data.retrieval import content_words as retrieval_words
 from probes.data.schema import Skill
-from probes.scoring.stats import auc, bootstrap_mean, cluster_bootstrap, group_bootstrap_auc, grouped_folds
+from probes.scoring.stats import auc, bootstrap_mean, cluster_bootstrap_blocks, group_bootstrap_auc, grouped_folds
 
 PAIR = ("T_ok", "T_wrong")
 COMPARED = "T_ok vs T_wrong"
@@ -177,10 +177,15 @@ def _rate_row(shortcut: str, split: str, compared: str, statistic: str, values: 
     return _row(shortcut, split, compared, statistic, estimate.value, estimate.low, estimate.high, len(values), estimate.n_units, note)
 
 
-def balanced_accuracy(correct: np.ndarray, y: np.ndarray) -> float:
+def balanced_accuracy(correct: np.ndarray, y: np.ndarray) -> float | np.ndarray:
     """Mean of the per-class accuracies (NaN where a class is absent): chance is 0.5 whatever the
-    class balance, unlike plain accuracy on an imbalanced set such as BFCL's (2,034 T_ok, 182 T_wrong)."""
-    return float(np.mean([correct[y == c].mean() for c in (0, 1)])) if len(set(y.tolist())) == 2 else float("nan")
+    class balance, unlike plain accuracy on an imbalanced set such as BFCL's (2,034 T_ok, 182 T_wrong).
+    ``correct`` is 0/1 (its sums are exact counts); with a leading axis ([resample, item]) one value per resample."""
+    correct, y = np.asarray(correct, dtype=float), np.asarray(y)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a class absent: 0 / 0, NaN
+        per_class = [np.where(y == c, correct, 0.0).sum(axis=-1) / (y == c).sum(axis=-1) for c in (0, 1)]
+    value = (per_class[0] + per_class[1]) / 2
+    return float(value) if value.ndim == 0 else value
 
 
 def _accuracy_rows(shortcut: str, split: str, predicted: Sequence[str], items: Sequence[Item], note: str, *, resamples: int, seed: int) -> list[dict[str, Any]]:
@@ -192,7 +197,7 @@ def _accuracy_rows(shortcut: str, split: str, predicted: Sequence[str], items: S
     if len(set(predicted)) == 1:
         note = f"{note}; the rule answers {predicted[0]} for all {len(items)} items (never separates them): chance by construction"
     groups = [item.task_group for item in items]
-    low, high = cluster_bootstrap(lambda idx: balanced_accuracy(correct[idx], y[idx]), groups, resamples=resamples, seed=seed)
+    low, high = cluster_bootstrap_blocks(lambda block: balanced_accuracy(correct[block], y[block]), groups, resamples=resamples, seed=seed)
     return [_rate_row(shortcut, split, COMPARED, "accuracy", correct, groups, note, resamples=resamples, seed=seed),
             _row(shortcut, split, COMPARED, "balanced_accuracy", balanced_accuracy(correct, y), low, high, len(items), len(set(groups)),
                  f"{note}; mean of the T_ok and T_wrong accuracies (chance 0.5)")]

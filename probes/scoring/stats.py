@@ -8,7 +8,7 @@ CIs resample task groups (the mean of group means), never individual items.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +21,7 @@ DEFAULT_RESAMPLES = 2000
 PERMUTATION_RESAMPLES = 10000  # sign flips of a permutation test: exact enumeration up to 13 task groups
 DEFAULT_SEED = 0
 MIN_CI_GROUPS = 2  # a bootstrap over fewer task groups has zero width: no CI is reported
+BLOCK_ROWS = 2**14  # rows of the resamples evaluated at once: bounds a block's memory ([rows, 24, 14] α: 44 MB)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,73 @@ def bootstrap_mean(
     return Estimate(float(units.mean()), float(result.confidence_interval.low), float(result.confidence_interval.high), len(units))
 
 
+def drawn_groups(n_groups: int, *, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> np.ndarray:
+    """[resamples, n_groups]: the groups (indices) each resample of a cluster bootstrap draws with
+    replacement. One draw of the whole array gives the numbers of one draw per resample (the same
+    stream, tested) in 1/25 of the time (0.7 ms instead of 18 ms for 2,000 × 60)."""
+    return np.random.default_rng(seed).integers(0, n_groups, (resamples, n_groups))
+
+
+def drawn_counts(n_groups: int, *, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> np.ndarray:
+    """[resamples, n_groups] multiplicities (float) of the groups of :func:`drawn_groups`: for statistics
+    that are sums over the drawn groups, evaluated on all resamples at once as a matrix product."""
+    flat = np.arange(resamples)[:, None] * n_groups + drawn_groups(n_groups, resamples=resamples, seed=seed)
+    return np.bincount(flat.ravel(), minlength=resamples * n_groups).reshape(resamples, n_groups).astype(float)
+
+
+def percentile_interval(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """The percentile CI of the finite resampled values (NaN, NaN without any)."""
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return math.nan, math.nan
+    alpha = (1 - confidence) / 2
+    return float(np.quantile(finite, alpha)), float(np.quantile(finite, 1 - alpha))
+
+
+def resample_blocks(members: Sequence[np.ndarray], drawn: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The rows of every resample (the rows of its ``drawn`` groups, ``members[g]`` each, concatenated)
+    in blocks of resamples with as many rows: (which resamples, [those resamples, rows] row indices).
+    A reduction along axis 1 of a block gives each resample what the same reduction of its rows alone
+    gives (the same summation order), so statistics vectorise over a block."""
+    sizes = np.array([len(m) for m in members])
+    grouped = np.concatenate(members)
+    starts = np.cumsum(sizes) - sizes
+    lengths = sizes[drawn].sum(axis=1)
+    for length in np.unique(lengths):
+        same = np.flatnonzero(lengths == length)
+        per_block = max(1, BLOCK_ROWS // length)
+        for which in (same[start:start + per_block] for start in range(0, len(same), per_block)):
+            segment_sizes, segment_starts = sizes[drawn[which]].ravel(), starts[drawn[which]].ravel()
+            offsets = np.repeat(segment_starts - (np.cumsum(segment_sizes) - segment_sizes), segment_sizes)
+            yield which, grouped[offsets + np.arange(len(offsets))].reshape(len(which), length)
+
+
+def cluster_bootstrap_blocks(
+    statistic: Callable[[np.ndarray], np.ndarray],
+    groups: Sequence[str],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile CI of a statistic over resamples that draw task groups with replacement (groups in
+    first-seen order, :func:`drawn_groups`), each resample being the row indices of its drawn groups,
+    concatenated. ``statistic`` takes a block of resamples with as many rows ([resamples, rows],
+    :func:`resample_blocks`) and returns one value per resample: vectorised statistics (means, ratios
+    of means, medians over heads) are evaluated on all resamples at once. For statistics that are not
+    a mean of group means; :func:`bootstrap_mean` is the special case of a mean. Non-finite resamples
+    are skipped; fewer than two groups give no CI: (NaN, NaN), never a zero-width one."""
+    groups = np.asarray(groups)
+    members = [np.flatnonzero(groups == g) for g in dict.fromkeys(groups.tolist())]
+    if len(members) < MIN_CI_GROUPS:
+        return math.nan, math.nan
+    values = np.empty(resamples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for which, rows in resample_blocks(members, drawn_groups(len(members), resamples=resamples, seed=seed)):
+            values[which] = statistic(rows)
+    return percentile_interval(values, confidence)
+
+
 def cluster_bootstrap(
     statistic: Callable[[np.ndarray], float],
     groups: Sequence[str],
@@ -81,26 +149,10 @@ def cluster_bootstrap(
     seed: int = DEFAULT_SEED,
     confidence: float = 0.95,
 ) -> tuple[float, float]:
-    """Percentile CI of ``statistic(rows)`` over resamples that draw task groups with replacement
-    (groups in first-seen order) and pass the row indices of the drawn groups, concatenated. For
-    statistics that are not a mean of group means (ratios of means, medians over heads, AUCs);
-    :func:`bootstrap_mean` is the special case of a mean. Non-finite resamples are skipped; fewer
-    than two groups give no CI: (NaN, NaN), never a zero-width one."""
-    groups = np.asarray(groups)
-    members = [np.flatnonzero(groups == g) for g in dict.fromkeys(groups.tolist())]
-    if len(members) < MIN_CI_GROUPS:
-        return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    values = []
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for _ in range(resamples):
-            value = statistic(np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))]))
-            if np.isfinite(value):
-                values.append(value)
-    if not values:
-        return math.nan, math.nan
-    alpha = (1 - confidence) / 2
-    return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
+    """:func:`cluster_bootstrap_blocks` of a statistic that takes one resample's rows at a time: for
+    statistics that do not vectorise over resamples (a model refitted on each resample)."""
+    return cluster_bootstrap_blocks(lambda block: np.array([statistic(rows) for rows in block], dtype=float), groups,
+                                    resamples=resamples, seed=seed, confidence=confidence)
 
 
 def bootstrap_ratio(
@@ -113,7 +165,7 @@ def bootstrap_ratio(
     seed: int = DEFAULT_SEED,
 ) -> tuple[float, float, float, int]:
     """mean(numerator) / (mean(denominator) + ε) over task-group means, with a percentile CI from
-    resampling task groups *jointly* for numerator and denominator (:func:`cluster_bootstrap`).
+    resampling task groups *jointly* for numerator and denominator (:func:`cluster_bootstrap_blocks`).
     Returns (value, low, high, n groups); low = high = NaN with fewer than two groups."""
     num, den, groups = np.asarray(numerator, float), np.asarray(denominator, float), np.asarray(groups)
     ok = np.isfinite(num) & np.isfinite(den)
@@ -124,8 +176,9 @@ def bootstrap_ratio(
     g_num = np.array([num[groups == g].mean() for g in labels])
     g_den = np.array([den[groups == g].mean() for g in labels])
     value = float(g_num.mean() / (g_den.mean() + epsilon))
-    low, high = cluster_bootstrap(lambda idx: g_num[idx].mean() / (g_den[idx].mean() + epsilon), labels,
-                                  resamples=resamples, seed=seed)
+    # all resamples at once: report --quick 2.1 s -> 0.04 s (py-spy) against one resample at a time
+    low, high = cluster_bootstrap_blocks(lambda rows: g_num[rows].mean(axis=1) / (g_den[rows].mean(axis=1) + epsilon), labels,
+                                         resamples=resamples, seed=seed)
     return value, low, high, len(labels)
 
 
@@ -268,8 +321,7 @@ def group_bootstrap_auc_draws(y: np.ndarray, scores: np.ndarray, groups: Sequenc
     W = np.zeros((len(order), len(order)))
     np.add.at(W, (index[pos][:, None], index[neg][None, :]), wins)
     n_pos, n_neg = np.bincount(index[pos], minlength=len(order)), np.bincount(index[neg], minlength=len(order))
-    rng = np.random.default_rng(seed)
-    counts = np.array([np.bincount(rng.integers(0, len(order), len(order)), minlength=len(order)) for _ in range(resamples)], dtype=float)
+    counts = drawn_counts(len(order), resamples=resamples, seed=seed)
     denominator = (counts @ n_pos) * (counts @ n_neg)
     valid = denominator > 0
     values = np.einsum("ri,ij,rj->r", counts[valid], W, counts[valid]) / denominator[valid]
