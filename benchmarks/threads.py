@@ -3,12 +3,15 @@
 
     PYTHONPATH=. python benchmarks/threads.py forward [--busy 0 2] [--threads 1 2] [--repeats 5]
     PYTHONPATH=. python benchmarks/threads.py sweep   [--busy 0 2] [--threads 1 2] [--repeats 1]
+    PYTHONPATH=. python benchmarks/threads.py quick   [--busy 0 2] [--threads auto] [--repeats 1]
 
 ``forward``: one plain forward pass (no grad, 256 tokens) of random-weight Qwen3 models from the organism's
 size up, per thread count, the median over ``--repeats``, with ``--busy`` N processes spinning beside it
 (``python -c "while True: pass"``, killed after). ``sweep``: the wall time of the main command,
-``basm-probes sweep --threads N`` from a fresh folder, with N busy processes beside it. Each line also
-gives the load average before the measurement: on a shared machine other jobs are part of the load.
+``basm-probes sweep --threads N`` from a fresh folder, with N busy processes beside it; ``quick`` the same for
+``basm-probes report --quick`` (issue #45's two targets: under 60 s and under 4 min with two busy processes). Each
+line also gives the load average before the measurement (on a shared machine other jobs are part of the load) and
+the command's CPU seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -75,26 +79,31 @@ def forward(args: argparse.Namespace) -> None:
                 print(f"| {parameters:,} | {n_busy} | {before:.1f} | " + " | ".join(cells) + " |", flush=True)
 
 
-def sweep(args: argparse.Namespace) -> None:
-    print("| busy | threads | load before | wall (s) |\n|---|---|---|---|")
+COMMANDS = {"sweep": ["sweep"], "quick": ["report", "--quick"]}  # README's main command, and every analysis at --quick
+
+
+def command(args: argparse.Namespace) -> None:
+    print("| busy | threads | load before | wall (s) | CPU (s) |\n|---|---|---|---|---|")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     for _ in range(args.repeats):
         for n_busy in args.busy:
             for threads in args.threads:
                 with tempfile.TemporaryDirectory() as out, busy(n_busy):
                     before = load()
-                    start = time.perf_counter()
-                    subprocess.run([sys.executable, "-m", "probes.cli", "sweep", "--out", out, "--threads", str(threads)], env=env,
-                                   check=True, capture_output=True)
-                    print(f"| {n_busy} | {threads} | {before:.1f} | {time.perf_counter() - start:.1f} |", flush=True)
+                    start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+                    subprocess.run([sys.executable, "-m", "probes.cli", *COMMANDS[args.what], "--out", out, "--threads", str(threads)],
+                                   env=env, check=True, capture_output=True)
+                    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+                    cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
+                    print(f"| {n_busy} | {threads} | {before:.1f} | {wall:.1f} | {cpu:.1f} |", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("forward", "sweep"))
+    parser.add_argument("what", choices=("forward", *COMMANDS))
     parser.add_argument("--busy", type=int, nargs="+", default=[0, 2], help="busy processes beside the measurement")
     parser.add_argument("--threads", nargs="+", default=["1", "2"], help="thread counts (sweep: also auto)")
-    parser.add_argument("--repeats", type=int, default=None, help="forward: passes per median (5); sweep: rounds (1)")
+    parser.add_argument("--repeats", type=int, default=None, help="forward: passes per median (5); sweep, quick: rounds (1)")
     args = parser.parse_args()
     if args.what == "forward":
         args.threads = [int(t) for t in args.threads]
@@ -102,7 +111,7 @@ def main() -> None:
         forward(args)
     else:
         args.repeats = args.repeats or 1
-        sweep(args)
+        command(args)
 
 
 if __name__ == "__main__":
