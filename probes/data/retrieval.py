@@ -164,9 +164,10 @@ class MiniLMEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         stored = self.stored
-        missing = [text for text in dict.fromkeys(texts) if text_key(text) not in stored]
+        keys = {text: text_key(text) for text in texts}
+        missing = [text for text, key in keys.items() if key not in stored]
         computed = dict(zip(missing, self.encode(missing))) if missing else {}
-        return np.stack([computed[text] if text in computed else stored[text_key(text)] for text in texts])
+        return np.stack([computed[text] if text in computed else stored[keys[text]] for text in texts])
 
 
 def write_stored_vectors(embedder: MiniLMEmbedder, texts: Iterable[str], path: Path = STORED_VECTORS) -> int:

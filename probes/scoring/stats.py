@@ -173,8 +173,7 @@ def bootstrap_ratio(
     labels = list(dict.fromkeys(groups.tolist()))
     if not labels:
         return math.nan, math.nan, math.nan, 0
-    g_num = np.array([num[groups == g].mean() for g in labels])
-    g_den = np.array([den[groups == g].mean() for g in labels])
+    g_num, g_den = group_means(num, groups), group_means(den, groups)
     value = float(g_num.mean() / (g_den.mean() + epsilon))
     # all resamples at once: report --quick 2.1 s -> 0.04 s (py-spy) against one resample at a time
     low, high = cluster_bootstrap_blocks(lambda rows: g_num[rows].mean(axis=1) / (g_den[rows].mean(axis=1) + epsilon), labels,
